@@ -1,0 +1,3 @@
+from quantpick.cli import main
+
+main()

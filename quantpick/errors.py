@@ -1,0 +1,62 @@
+"""Exit codes and the expected-failure exceptions every module raises (no typer/click here)."""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+
+class ExitCode(IntEnum):
+    OK = 0
+    ERROR = 1  # any QuantpickError without a more specific code
+    USAGE = 2  # bad flags or arguments (click's own code for usage errors)
+    NO_FIT = 3  # planner: nothing fits the machine at the requested context
+    VERIFY_FAILED = 4  # a checksum or size mismatch
+    DOWNLOAD_FAILED = 5  # network / hub failure after retries
+    INTERRUPTED = 130  # 128 + SIGINT
+
+
+class QuantpickError(Exception):
+    """An expected failure: one line for the user, no traceback."""
+
+    exit_code: ExitCode = ExitCode.ERROR
+
+    def __init__(self, message: str, *, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+
+class UsageError(QuantpickError):
+    """Flags or arguments that cannot be honoured (exit 2)."""
+
+    exit_code = ExitCode.USAGE
+
+
+class ManifestError(QuantpickError):
+    """A manifest that does not load or does not validate."""
+
+
+class HardwareError(QuantpickError):
+    """A described machine that cannot be read."""
+
+
+class GGUFError(QuantpickError):
+    """A GGUF header that is missing, truncated, hostile or of an unknown architecture."""
+
+
+class NoFitError(QuantpickError):
+    """No candidate fits the machine (exit 3)."""
+
+    exit_code = ExitCode.NO_FIT
+
+
+class VerificationError(QuantpickError):
+    """A file whose sha256 or size does not match what was expected (exit 4)."""
+
+    exit_code = ExitCode.VERIFY_FAILED
+
+
+class DownloadError(QuantpickError):
+    """A transfer or hub failure after retries (exit 5)."""
+
+    exit_code = ExitCode.DOWNLOAD_FAILED
