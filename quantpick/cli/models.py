@@ -1,1 +1,193 @@
-"""CLI commands (placeholder, being written)."""
+"""`quantpick models` and `quantpick show MODEL`: the manifests quantpick knows.
+
+Usage:
+    quantpick models
+    quantpick models --json | jq -r '.models[].id'
+    quantpick show qwen3.8-35b-a3b-distill
+    quantpick show empero-ai/Qwen3.8-35B-A3B-Distill-GGUF --json | jq '.files[].size_bytes'
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+from quantpick.cli.app import app
+from quantpick.cli.options import JsonOpt
+
+if TYPE_CHECKING:
+    from quantpick.errors import ManifestError
+    from quantpick.manifest import Manifest
+
+ModelArg = Annotated[
+    str,
+    typer.Argument(
+        help="A manifest id (see `quantpick models`) or a repo id such as "
+        "empero-ai/Qwen3.8-35B-A3B-Distill-GGUF.",
+        show_default=False,
+    ),
+]
+
+MODELS_EXAMPLES = ["quantpick models", "quantpick models --json | jq -r '.models[].id'"]
+SHOW_EXAMPLES = [
+    "quantpick show qwen3.8-35b-a3b-distill",
+    "quantpick show unsloth/Qwen3.6-35B-A3B-GGUF --json | jq '.files[].size_bytes'",
+]
+
+
+def _epilog(examples: list[str]) -> str:
+    return "Examples:\n\n" + "\n\n".join(f"  $ {e}" for e in examples)
+
+
+def _size_range(manifest: Manifest) -> tuple[int, int]:
+    sizes = [sum(f.size_bytes for f in manifest.quant_files(q)) for q in manifest.quants] or [0]
+    return min(sizes), max(sizes)
+
+
+def _summary(manifest: Manifest) -> dict[str, Any]:
+    from dataclasses import asdict
+
+    smallest, largest = _size_range(manifest)
+    return {
+        "id": manifest.id,
+        "display_name": manifest.display_name,
+        "quants": list(manifest.quants),
+        "quant_count": len(manifest.quants),
+        "min_size_bytes": smallest,
+        "max_size_bytes": largest,
+        "has_projector": manifest.projector is not None,
+        "sources": [asdict(s) for s in manifest.sources],
+        "origin": manifest.origin,
+        "path": manifest.path,
+    }
+
+
+def _error_dict(exc: ManifestError) -> dict[str, Any]:
+    return {"message": exc.message, "hint": exc.hint}
+
+
+@app.command("models", epilog=_epilog(MODELS_EXAMPLES))
+def models_command(json_: JsonOpt = False) -> None:
+    """List the models quantpick knows (bundled, user and QUANTPICK_MANIFESTS manifests)."""
+    from quantpick import output
+    from quantpick.manifest import list_manifests
+    from quantpick.units import GB
+
+    # A broken manifest must not hide the others here: list what loads, report the rest on stderr
+    # (and under "errors" in JSON). Commands that need one model (show, plan, ...) stay strict.
+    errors: list[ManifestError] = []
+    manifests = list_manifests(errors=errors)
+    for exc in errors:
+        output.warn(f"skipped {exc.message}")
+    if json_:
+        output.print_json(
+            {
+                "models": [_summary(m) for m in manifests],
+                "errors": [_error_dict(e) for e in errors],
+            }
+        )
+        return
+
+    from rich.table import Table
+
+    table = Table(title=None, show_edge=False, pad_edge=False)
+    table.add_column("ID", no_wrap=True)
+    table.add_column("Name", overflow="fold")
+    table.add_column("Quants", justify="right", no_wrap=True)
+    table.add_column("Sizes", no_wrap=True)
+    table.add_column("Sources", overflow="fold")
+    table.add_column("From", no_wrap=True)
+    for m in manifests:
+        smallest, largest = _size_range(m)
+        table.add_row(
+            m.id,
+            m.display_name,
+            str(len(m.quants)),
+            f"{smallest / GB:.1f}-{largest / GB:.1f} GB",
+            ", ".join(s.kind if s.kind != "mirror" else s.name or "mirror" for s in m.sources),
+            m.origin or "-",
+        )
+    console = output.stdout()
+    if not manifests:
+        console.print("No manifests found.")
+        return
+    console.print(table)
+
+
+@app.command("show", epilog=_epilog(SHOW_EXAMPLES))
+def show_command(model: ModelArg, json_: JsonOpt = False) -> None:
+    """Show one model: its files (sizes, quants, hashes), architecture, sources and sampling."""
+    from quantpick import output
+    from quantpick.manifest import find_manifest, manifest_to_dict
+    from quantpick.units import GB, GiB
+
+    manifest = find_manifest(model)
+    if json_:
+        output.print_json(manifest_to_dict(manifest))
+        return
+
+    from rich.table import Table
+
+    console = output.stdout()
+
+    def line(text: str = "") -> None:
+        # soft_wrap: long URLs and hashes stay on one line (copy-paste), the terminal wraps them.
+        console.print(text, soft_wrap=True)
+
+    line(f"{manifest.display_name}  ({manifest.id})")
+    if manifest.description:
+        line(manifest.description)
+    line(
+        f"License: {manifest.license or 'unknown'}    "
+        f"Reasoning: {'yes' if manifest.reasoning else 'no'}    "
+        f"Checksums file: {manifest.checksums_file or 'none'}"
+    )
+    line(f"Manifest: {manifest.path} ({manifest.origin or 'given'})")
+    line()
+
+    # Quant first and the file name last: at 80 columns only the name column folds.
+    files = Table(show_edge=False, pad_edge=False)
+    files.add_column("Quant", no_wrap=True)
+    files.add_column("GB", justify="right", no_wrap=True)
+    files.add_column("GiB", justify="right", no_wrap=True)
+    files.add_column("BPW", justify="right", no_wrap=True)
+    files.add_column("Rank", justify="right", no_wrap=True)
+    files.add_column("sha256", no_wrap=True)
+    files.add_column("File", overflow="fold")
+    for f in manifest.files:
+        approx = "" if f.size_exact else "~"
+        files.add_row(
+            f.quant,
+            f"{approx}{f.size_bytes / GB:.3f}",
+            f"{approx}{f.size_bytes / GiB:.2f}",
+            f"{f.bits_per_weight:.2f}" if f.bits_per_weight is not None else "-",
+            str(f.quality_rank) if f.role == "model" else f.role,
+            f.sha256[:10] if f.sha256 else "-",
+            f.name,
+        )
+    console.print(files)
+    line("~ = size from the model card (decimal GB); the hub listing is the authority")
+    line()
+
+    a = manifest.architecture
+    nextn = f" + {a.nextn_predict_layers} NextN/MTP" if a.nextn_predict_layers else ""
+    line(
+        f"Architecture: {a.name}, {a.n_layer} layers{nextn} "
+        f"({len(a.attention_layers)} attention, {len(a.recurrent_layers)} recurrent), "
+        f"context {a.context_length:,}, embedding {a.embedding_length}, "
+        f"heads {a.head_count}/{a.head_count_kv} kv ({a.key_length}/{a.value_length}), "
+        f"experts {a.expert_count}/{a.expert_used_count} used, vocab {a.vocab_size:,}"
+    )
+    line("Sources:")
+    for s in manifest.sources:
+        if s.kind == "mirror":
+            line(f"  mirror {s.name or ''}: {s.url_template}")
+        else:
+            line(f"  {s.kind}: {s.repo} @ {s.revision or '(default branch)'}")
+    if manifest.sampling:
+        sp = manifest.sampling
+        line(
+            f"Sampling: --temp {sp.temperature:g} --top-p {sp.top_p:g} "
+            f"--top-k {sp.top_k} --min-p {sp.min_p:g}"
+        )

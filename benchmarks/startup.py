@@ -1,0 +1,108 @@
+"""Startup time of the CLI: median wall time of a few commands, run interleaved.
+
+Usage:
+    python benchmarks/startup.py            # 15 rounds
+    python benchmarks/startup.py -n 31
+
+Each round runs every command once, in turn, so that a slow moment of the machine hits all of
+them alike. A last pass re-runs each command inside a wrapper that reports which heavy modules
+(hub SDKs, HTTP, NVML) got imported: a command that does not need them should not pay for them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HEAVY = ("huggingface_hub", "modelscope", "httpx", "pynvml")
+
+# None = the bare interpreter, as the floor; the rest are quantpick arguments.
+COMMANDS: list[list[str] | None] = [
+    None,
+    ["--help"],
+    ["probe", "--json"],
+    ["probe", "--json", "--gpu", "3090", "--gpu", "t4"],
+    ["pick", "qwen3.8-35b-a3b-distill", "-c", "262144", "--gpu", "3090", "--gpu", "t4", "--json"],
+]
+
+# Runs the CLI like the console script, then reports sys.modules on the real stderr at exit.
+_WRAPPER = """
+import atexit, sys
+heavy = {heavy!r}
+atexit.register(lambda: sys.__stderr__.write(
+    "IMPORTED=" + ",".join(m for m in heavy if m in sys.modules) + "\\n"))
+sys.argv = ["quantpick", *{args!r}]
+from quantpick.cli import main
+main()
+"""
+
+
+def _label(args: list[str] | None) -> str:
+    return "python -c pass" if args is None else shlex.join(["quantpick", *args])
+
+
+def _argv(args: list[str] | None) -> list[str]:
+    if args is None:
+        return [sys.executable, "-c", "pass"]
+    # The console script is what users run; fall back to -m when it is not installed.
+    script = shutil.which("quantpick", path=os.path.dirname(sys.executable))
+    return [script, *args] if script else [sys.executable, "-m", "quantpick", *args]
+
+
+def _run(argv: list[str], env: dict[str, str]) -> tuple[float, subprocess.CompletedProcess[str]]:
+    start = time.perf_counter()
+    proc = subprocess.run(argv, capture_output=True, text=True, env=env, check=False)
+    return time.perf_counter() - start, proc
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("-n", "--rounds", type=int, default=15)
+    opts = parser.parse_args()
+
+    home = tempfile.mkdtemp(prefix="quantpick-bench-")
+    env = {**os.environ, "QUANTPICK_HOME": home, "NO_COLOR": "1"}
+
+    commands: list[tuple[str, list[str] | None]] = []
+    for args in COMMANDS:
+        label = _label(args)
+        _, proc = _run(_argv(args), env)
+        if proc.returncode != 0:
+            tail = (proc.stderr.strip().splitlines() or ["?"])[-1]
+            print(f"skip  {label}: exit {proc.returncode}: {tail}")
+            continue
+        commands.append((label, args))
+
+    times: dict[str, list[float]] = {label: [] for label, _ in commands}
+    for _ in range(opts.rounds):
+        for label, args in commands:
+            elapsed, _ = _run(_argv(args), env)
+            times[label].append(elapsed)
+
+    width = max(len(label) for label, _ in commands)
+    print(f"{'command':<{width}}  median ms    min ms  heavy modules imported")
+    for label, args in commands:
+        imported = "-"
+        if args:
+            code = _WRAPPER.format(heavy=HEAVY, args=args)
+            _, proc = _run([sys.executable, "-c", code], env)
+            lines = [line for line in proc.stderr.splitlines() if line.startswith("IMPORTED=")]
+            imported = (lines[-1].removeprefix("IMPORTED=") or "none") if lines else "?"
+        samples = times[label]
+        print(
+            f"{label:<{width}}  {statistics.median(samples) * 1000:9.0f}"
+            f"  {min(samples) * 1000:8.0f}  {imported}"
+        )
+    print(f"({opts.rounds} interleaved rounds, {sys.executable})")
+    shutil.rmtree(home, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
