@@ -33,7 +33,7 @@ def parse_version_output(text: str) -> tuple[str | None, int | None, str | None]
 
     version is the semver string of new builds ("0.5.0-dev"); old builds have none.
     """
-    match = None
+    match = _NEW_FORM.search(text)
     if match:
         return match["version"], int(match["build"]), match["commit"].lower()
     for pattern in (_OLD_FORM, _COMPACT_FORM):

@@ -24,3 +24,19 @@ try:
     from fakehub import fake_hub  # noqa: E402,F401
 except ImportError:  # tests/ imported as a package
     from tests.fakehub import fake_hub  # noqa: E402,F401
+
+
+# No test sees this machine's real GPUs unless marked `gpu`: by default `import pynvml` yields a
+# fake whose nvmlInit() fails like a machine without libnvidia-ml (tests/fake_nvml.py), so every
+# un-described probe is CPU-only and deterministic. Tests install their own FakeNvml on top.
+@pytest.fixture(autouse=True)
+def _no_real_nvml(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    if request.node.get_closest_marker("gpu") is not None:
+        return
+    try:
+        from fake_nvml import FakeNvml, NVMLError_LibraryNotFound
+    except ImportError:  # tests/ imported as a package
+        from tests.fake_nvml import FakeNvml, NVMLError_LibraryNotFound
+    monkeypatch.setitem(sys.modules, "pynvml", FakeNvml(init_error=NVMLError_LibraryNotFound))

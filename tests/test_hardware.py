@@ -309,3 +309,15 @@ def test_probe_reports_missing_llama_server(
     machine = hardware.probe(**host_files)
     assert machine.llama_server is None
     assert any("llama-server not found" in n for n in machine.notes)
+
+
+@pytest.mark.gpu
+def test_real_nvml_smoke(tmp_path: Path) -> None:
+    """On a machine with an NVIDIA GPU: the real probe sees it with sane numbers."""
+    machine = hardware.probe(disk_path=tmp_path)
+    if not machine.gpus:
+        pytest.skip("NVML cannot initialise or sees no GPU here")
+    gpu = machine.gpus[0]
+    assert gpu.error is None and gpu.total_bytes > 0 and gpu.free_bytes <= gpu.total_bytes
+    if gpu.bandwidth_bytes_per_s is not None:
+        assert 50e9 < gpu.bandwidth_bytes_per_s < 10e12
