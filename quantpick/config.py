@@ -19,7 +19,9 @@ def _is_true(value: str | None) -> bool:
 
 @dataclass(frozen=True)
 class Settings:
-    home: Path | None  # QUANTPICK_HOME: one root for config, cache and data (tests, portable installs)
+    home: (
+        Path | None
+    )  # QUANTPICK_HOME: one root for config, cache and data (tests, portable installs)
     config_dir: Path  # user manifests live in config_dir / "manifests"
     cache_dir: Path  # parsed GGUF headers, hub listings
     models_dir: Path  # where `download`/`get` put files (QUANTPICK_MODELS_DIR)

@@ -47,7 +47,15 @@ TYPE_BY_ID: dict[int, str] = {v[0]: k for k, v in GGML_TYPES.items()}
 
 # KV cache types llama-server accepts for -ctk/-ctv (common/arg.cpp: kv_cache_types).
 KV_CACHE_TYPES: tuple[str, ...] = (
-    "f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1",
+    "f32",
+    "f16",
+    "bf16",
+    "q8_0",
+    "q4_0",
+    "q4_1",
+    "iq4_nl",
+    "q5_0",
+    "q5_1",
 )
 
 

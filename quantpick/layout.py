@@ -82,7 +82,7 @@ class ModelLayout:
                 expert[slot] += t.n_bytes
             else:
                 dense[slot] += t.n_bytes
-        return tuple(SlotWeights(d, e) for d, e in zip(dense, expert))
+        return tuple(SlotWeights(d, e) for d, e in zip(dense, expert, strict=False))
 
     @cached_property
     def input_bytes(self) -> int:
@@ -128,7 +128,10 @@ def tensor_shapes(arch: Architecture) -> list[tuple[str, tuple[int, ...]]]:
     for il in range(arch.block_count):
         p = f"blk.{il}."
         nextn = il >= arch.n_layer
-        shapes += [(p + "attn_norm.weight", (n_embd,)), (p + "post_attention_norm.weight", (n_embd,))]
+        shapes += [
+            (p + "attn_norm.weight", (n_embd,)),
+            (p + "post_attention_norm.weight", (n_embd,)),
+        ]
         if arch.is_recurrent(il):
             shapes += [
                 (p + "attn_qkv.weight", (n_embd, conv_dim)),
@@ -173,21 +176,57 @@ def tensor_shapes(arch: Architecture) -> list[tuple[str, tuple[int, ...]]]:
 # ----------------------------------------------------------------------------------------------
 # Synthesizing a layout from a quant name and a file size (no header available).
 
-# Base ggml type llama-quantize uses for each file type (src/llama-quant.cpp: llama_model_quantize_impl).
+# Base ggml type llama-quantize uses for each file type
+# (src/llama-quant.cpp: llama_model_quantize_impl).
 _BASE_TYPE = {
-    "IQ1_S": "IQ1_S", "IQ1_M": "IQ1_M", "IQ2_XXS": "IQ2_XXS", "IQ2_XS": "IQ2_XS",
-    "IQ2_S": "IQ2_XS", "IQ2_M": "IQ2_S", "Q2_K": "Q2_K", "Q2_K_S": "Q2_K", "Q2_K_L": "Q2_K",
-    "IQ3_XXS": "IQ3_XXS", "IQ3_XS": "IQ3_XXS", "IQ3_S": "IQ3_S", "IQ3_M": "IQ3_S",
-    "Q3_K_S": "Q3_K", "Q3_K_M": "Q3_K", "Q3_K_L": "Q3_K", "IQ4_XS": "IQ4_XS", "IQ4_NL": "IQ4_NL",
-    "Q4_0": "Q4_0", "Q4_1": "Q4_1", "Q4_K_S": "Q4_K", "Q4_K_M": "Q4_K", "Q4_K_L": "Q4_K",
-    "Q5_0": "Q5_0", "Q5_1": "Q5_1", "Q5_K_S": "Q5_K", "Q5_K_M": "Q5_K", "Q5_K_L": "Q5_K",
-    "Q6_K": "Q6_K", "Q6_K_L": "Q6_K", "Q8_0": "Q8_0", "BF16": "BF16", "F16": "F16", "F32": "F32",
+    "IQ1_S": "IQ1_S",
+    "IQ1_M": "IQ1_M",
+    "IQ2_XXS": "IQ2_XXS",
+    "IQ2_XS": "IQ2_XS",
+    "IQ2_S": "IQ2_XS",
+    "IQ2_M": "IQ2_S",
+    "Q2_K": "Q2_K",
+    "Q2_K_S": "Q2_K",
+    "Q2_K_L": "Q2_K",
+    "IQ3_XXS": "IQ3_XXS",
+    "IQ3_XS": "IQ3_XXS",
+    "IQ3_S": "IQ3_S",
+    "IQ3_M": "IQ3_S",
+    "Q3_K_S": "Q3_K",
+    "Q3_K_M": "Q3_K",
+    "Q3_K_L": "Q3_K",
+    "IQ4_XS": "IQ4_XS",
+    "IQ4_NL": "IQ4_NL",
+    "Q4_0": "Q4_0",
+    "Q4_1": "Q4_1",
+    "Q4_K_S": "Q4_K",
+    "Q4_K_M": "Q4_K",
+    "Q4_K_L": "Q4_K",
+    "Q5_0": "Q5_0",
+    "Q5_1": "Q5_1",
+    "Q5_K_S": "Q5_K",
+    "Q5_K_M": "Q5_K",
+    "Q5_K_L": "Q5_K",
+    "Q6_K": "Q6_K",
+    "Q6_K_L": "Q6_K",
+    "Q8_0": "Q8_0",
+    "BF16": "BF16",
+    "F16": "F16",
+    "F32": "F32",
     "MXFP4_MOE": "MXFP4",
 }
 # The "more bits" type for attn_v / DeltaNet in-projection / ffn_down on the layers llama.cpp's
 # use_more_bits() selects (the *_M mixes).
-_MORE_BITS = {"Q2_K": "Q3_K", "Q3_K": "Q4_K", "Q4_K": "Q6_K", "Q5_K": "Q6_K", "IQ2_S": "IQ3_S",
-              "IQ3_S": "IQ4_XS", "IQ2_XS": "IQ3_XXS", "IQ3_XXS": "IQ3_S"}
+_MORE_BITS = {
+    "Q2_K": "Q3_K",
+    "Q3_K": "Q4_K",
+    "Q4_K": "Q6_K",
+    "Q5_K": "Q6_K",
+    "IQ2_S": "IQ3_S",
+    "IQ3_S": "IQ4_XS",
+    "IQ2_XS": "IQ3_XXS",
+    "IQ3_XXS": "IQ3_S",
+}
 _HIGH_PRECISION = {"Q8_0", "BF16", "F16", "F32"}
 
 
@@ -205,7 +244,11 @@ def normalize_quant(quant: str) -> str:
 
 def _use_more_bits(i_layer: int, n_layers: int) -> bool:
     # src/llama-quant.cpp: use_more_bits
-    return i_layer < n_layers // 8 or i_layer >= 7 * n_layers // 8 or (i_layer - n_layers // 8) % 3 == 2
+    return (
+        i_layer < n_layers // 8
+        or i_layer >= 7 * n_layers // 8
+        or (i_layer - n_layers // 8) % 3 == 2
+    )
 
 
 def _unquantized(name: str, shape: tuple[int, ...]) -> bool:
@@ -227,10 +270,12 @@ def synthesize_layout(arch: Architecture, quant: str, file_bytes: int) -> ModelL
     base = _BASE_TYPE.get(key, "Q4_K")
     mix = key.endswith(("_M", "_L")) or quant.upper().startswith("UD-")
     high = base in _HIGH_PRECISION
-    n_ffn_down = arch.block_count
-    n_attn_v = sum(1 for il in range(arch.block_count) if not arch.is_recurrent(il))
-    n_qkv = arch.block_count - n_attn_v
-    counters = {"ffn_down": 0, "attn_v": 0, "attn_qkv": 0}
+    # use_more_bits() counts each tensor kind in layer order: ordinals per kind.
+    attn_blocks = [il for il in range(arch.block_count) if not arch.is_recurrent(il)]
+    recurrent_blocks = [il for il in range(arch.block_count) if arch.is_recurrent(il)]
+    attn_ordinal = {il: i for i, il in enumerate(attn_blocks)}
+    recurrent_ordinal = {il: i for i, il in enumerate(recurrent_blocks)}
+    n_attn_v, n_qkv = len(attn_blocks), len(recurrent_blocks)
     types: list[tuple[str, tuple[int, ...], str]] = []
     for name, shape in tensor_shapes(arch):
         if _unquantized(name, shape):
@@ -245,21 +290,16 @@ def synthesize_layout(arch: Architecture, quant: str, file_bytes: int) -> ModelL
             qtype = base
             if base == "MXFP4":
                 qtype = "MXFP4" if EXPERT_TENSOR_RE.search(name) else "Q8_0"
-            kind, count = None, 0
-            if ".ffn_down" in name:
-                kind, count = "ffn_down", n_ffn_down
+            block = int(name.split(".")[1]) if name.startswith("blk.") else -1
+            more_bits = False
+            if ".ffn_down" in name:  # ffn_down_exps and ffn_down_shexp, by block index
+                more_bits = _use_more_bits(block, arch.block_count)
             elif name.endswith("attn_v.weight"):
-                kind, count = "attn_v", n_attn_v
+                more_bits = _use_more_bits(attn_ordinal[block], n_attn_v)
             elif name.endswith("attn_qkv.weight"):
-                kind, count = "attn_qkv", n_qkv
-            if kind is not None:
-                index = counters[kind]
-                if not name.endswith("ffn_down_exps.weight"):
-                    counters[kind] += 1
-                else:
-                    counters[kind] += 1
-                if mix and _use_more_bits(index, count) and base in _MORE_BITS:
-                    qtype = _MORE_BITS[base]
+                more_bits = _use_more_bits(recurrent_ordinal[block], n_qkv)
+            if mix and more_bits and base in _MORE_BITS:
+                qtype = _MORE_BITS[base]
         # ggml requires whole blocks; fall back to a block-free type when a row does not fill one.
         if shape[0] % GGML_TYPES[qtype][1] != 0:
             qtype = "F16" if qtype != "F32" else "F32"

@@ -1,7 +1,8 @@
 """What a machine is, as plain data: GPUs, host memory and CPU, disk, llama-server.
 
-Pure: the probe (`hardware.py`) and described machines (`describe.py`) build these; the planner reads
-them. `to_dict`/`machine_from_dict` make `probe --json` round-trip into `--hardware FILE`.
+Pure: the probe (`hardware.py`) and described machines (`describe.py`) build these; the
+planner reads them. `to_dict`/`machine_from_dict` make `probe --json` round-trip into
+`--hardware FILE`.
 """
 
 from __future__ import annotations
@@ -79,7 +80,7 @@ def _only_known(cls: type, data: dict[str, Any]) -> dict[str, Any]:
 
 
 def machine_from_dict(data: dict[str, Any]) -> Machine:
-    """Inverse of Machine.to_dict (unknown keys are ignored; type errors raise TypeError/KeyError)."""
+    """Inverse of Machine.to_dict (unknown keys ignored; bad types raise TypeError/KeyError)."""
     gpus = tuple(Gpu(**_only_known(Gpu, g)) for g in data.get("gpus", []))
     host = Host(**_only_known(Host, data["host"]))
     llama = data.get("llama_server")

@@ -1,8 +1,8 @@
 """What llama.cpp will allocate on each device for one configuration. Pure: data in, data out.
 
-Every rule mirrors llama.cpp (tree of 2026-10-01, commit 0c1e570); `../shared/notes/llamacpp-memory.md`
-cites the functions. Weights, KV cache and recurrent state are deterministic in llama.cpp and are
-computed to the byte; compute buffers and the CUDA context are estimates and labelled as such.
+Every rule mirrors llama.cpp (tree of 2026-10-01, commit 0c1e570); the project's llamacpp-memory
+notes cite the functions. Weights, KV cache and recurrent state are deterministic in llama.cpp and
+are computed to the byte; compute buffers and the CUDA context are estimates, labelled as such.
 """
 
 from __future__ import annotations
@@ -128,8 +128,10 @@ def pad(value: int, multiple: int) -> int:
     return (value + multiple - 1) // multiple * multiple
 
 
-def context_cells(ctx_size: int, n_ctx_train: int, n_parallel: int, kv_unified: bool) -> tuple[int, int, int]:
-    """(n_ctx, kv_size per stream, n_stream): n_ctx padded to 256; non-unified splits it per slot."""
+def context_cells(
+    ctx_size: int, n_ctx_train: int, n_parallel: int, kv_unified: bool
+) -> tuple[int, int, int]:
+    """(n_ctx, kv_size per stream, n_stream): n_ctx padded to 256; non-unified splits per slot."""
     n_ctx = pad(ctx_size if ctx_size > 0 else n_ctx_train, 256)
     n_seq = max(1, n_parallel)
     if kv_unified or n_seq == 1:
@@ -148,7 +150,9 @@ def kv_bytes_per_cell_per_layer(layout: ModelLayout, type_k: str, type_v: str) -
 def recurrent_bytes_per_layer_per_row(layout: ModelLayout) -> int:
     """src/llama-hparams.cpp n_embd_r + n_embd_s, always f32 (create_memory)."""
     arch = layout.architecture
-    n_embd_r = (arch.ssm_conv_kernel - 1) * (arch.ssm_inner_size + 2 * arch.ssm_group_count * arch.ssm_state_size)
+    n_embd_r = (arch.ssm_conv_kernel - 1) * (
+        arch.ssm_inner_size + 2 * arch.ssm_group_count * arch.ssm_state_size
+    )
     n_embd_s = arch.ssm_state_size * arch.ssm_inner_size
     return (n_embd_r + n_embd_s) * 4
 
@@ -156,7 +160,10 @@ def recurrent_bytes_per_layer_per_row(layout: ModelLayout) -> int:
 def validate_config(config: RunConfig, layout: ModelLayout) -> None:
     for flag, value in (("-ctk", config.cache_type_k), ("-ctv", config.cache_type_v)):
         if value not in KV_CACHE_TYPES:
-            raise UsageError(f"{flag} {value}: not a KV cache type", hint="use one of " + ", ".join(KV_CACHE_TYPES))
+            raise UsageError(
+                f"{flag} {value}: not a KV cache type",
+                hint="use one of " + ", ".join(KV_CACHE_TYPES),
+            )
     if config.flash_attn not in ("on", "off", "auto"):
         raise UsageError(f"-fa {config.flash_attn}: use on, off or auto")
     if config.flash_attn == "off" and config.cache_type_v not in ("f16", "f32", "bf16"):
@@ -202,7 +209,9 @@ def _buft_to_device(buft: str, gpu_names: list[str]) -> int | None:
         return None
     if b in gpu_names:
         return gpu_names.index(b)
-    raise UsageError(f"-ot buffer type {b!r} is not a device here", hint="use CPU or " + ", ".join(gpu_names))
+    raise UsageError(
+        f"-ot buffer type {b!r} is not a device here", hint="use CPU or " + ", ".join(gpu_names)
+    )
 
 
 def estimate(
@@ -237,7 +246,9 @@ def estimate(
 
     # llama_model_base::load_tensors: cumulative split fractions, from -ts or free memory.
     if config.tensor_split is not None and any(config.tensor_split) and n_gpu:
-        shares = list(config.tensor_split[:n_gpu]) + [0.0] * max(0, n_gpu - len(config.tensor_split))
+        shares = list(config.tensor_split[:n_gpu]) + [0.0] * max(
+            0, n_gpu - len(config.tensor_split)
+        )
     else:
         shares = [float(g.free_bytes) for g in usable]
     total_share = sum(shares) or 1.0
@@ -284,10 +295,14 @@ def estimate(
                 continue
             acc[slot_device[slot]].layers.append(slot)
         host_expert_layer_bytes = max(
-            (sum(t.n_bytes for t in layout.tensors if t.is_expert and layout.slot_of(t.name) == s)
-             for s in range(n_slots)
-             if any(p.search(f"blk.{s}.ffn_up_exps.weight") and d is None for p, d in overrides)
-             or s < n_cpu_moe),
+            (
+                sum(
+                    t.n_bytes for t in layout.tensors if t.is_expert and layout.slot_of(t.name) == s
+                )
+                for s in range(n_slots)
+                if any(p.search(f"blk.{s}.ffn_up_exps.weight") and d is None for p, d in overrides)
+                or s < n_cpu_moe
+            ),
             default=0,
         )
     else:
@@ -316,14 +331,22 @@ def estimate(
     for slot in range(arch.block_count):
         if slot_device[slot] == host_pos and n_gpu and layout.slots[slot].expert_bytes:
             if not (layout.is_nextn_slot(slot) and not mtp_loaded):
-                host_expert_layer_bytes = max(host_expert_layer_bytes, layout.slots[slot].expert_bytes)
+                host_expert_layer_bytes = max(
+                    host_expert_layer_bytes, layout.slots[slot].expert_bytes
+                )
 
     # KV cache (10 attention layers) and recurrent state (30 DeltaNet layers).
     n_ctx, kv_size, n_stream = context_cells(
         config.ctx_size, arch.context_length, config.n_parallel, config.kv_unified
     )
-    kv_layer = kv_size * n_stream * kv_bytes_per_cell_per_layer(layout, config.cache_type_k, config.cache_type_v)
-    rows = max(1, config.n_parallel) * (1 + (config.spec_draft_n if mtp_loaded or config.spec_draft_n else 0))
+    kv_layer = (
+        kv_size
+        * n_stream
+        * kv_bytes_per_cell_per_layer(layout, config.cache_type_k, config.cache_type_v)
+    )
+    rows = max(1, config.n_parallel) * (
+        1 + (config.spec_draft_n if mtp_loaded or config.spec_draft_n else 0)
+    )
     rs_layer = rows * recurrent_bytes_per_layer_per_row(layout)
     for il in range(arch.n_layer):
         dev = slot_device[il] if config.kv_offload else host_pos
@@ -355,7 +378,11 @@ def estimate(
     logits_rows = min(ub, n_outputs_max)
     logits_bytes = arch.vocab_size * logits_rows * 4
     non_f16_kv = config.cache_type_k != "f16" or config.cache_type_v != "f16"
-    fa_scratch = 2 * (arch.key_length * arch.head_count_kv) * kv_size * n_stream * 2 if fa and non_f16_kv else 0
+    fa_scratch = (
+        2 * (arch.key_length * arch.head_count_kv) * kv_size * n_stream * 2
+        if fa and non_f16_kv
+        else 0
+    )
     no_fa_kq = 0 if fa else kv_size * ub * arch.head_count * 4
     output_dev = slot_device[layout.output_slot]
     for pos in range(n_gpu):
@@ -404,17 +431,34 @@ def estimate(
         total = a.weights + a.kv + a.recurrent + a.compute + a.overhead + a.projector
         devices.append(
             DeviceEstimate(
-                name=name, kind=kind, device=device, gpu_index=gpu_index,
-                weights_bytes=a.weights, kv_bytes=a.kv, recurrent_bytes=a.recurrent,
-                compute_bytes=a.compute, overhead_bytes=a.overhead, projector_bytes=a.projector,
-                total_bytes=total, free_bytes=free, budget_bytes=budget,
-                layers=tuple(a.layers), attention_layers=tuple(a.attention),
-                recurrent_layers=tuple(a.recurrent_layers), expert_layers=tuple(a.experts),
+                name=name,
+                kind=kind,
+                device=device,
+                gpu_index=gpu_index,
+                weights_bytes=a.weights,
+                kv_bytes=a.kv,
+                recurrent_bytes=a.recurrent,
+                compute_bytes=a.compute,
+                overhead_bytes=a.overhead,
+                projector_bytes=a.projector,
+                total_bytes=total,
+                free_bytes=free,
+                budget_bytes=budget,
+                layers=tuple(a.layers),
+                attention_layers=tuple(a.attention),
+                recurrent_layers=tuple(a.recurrent_layers),
+                expert_layers=tuple(a.experts),
             )
         )
     return Estimate(
-        devices=tuple(devices), config=config, basis=layout.basis, exact_weights=layout.exact,
-        n_ctx=n_ctx, kv_size=kv_size, n_stream=n_stream, pipeline_parallel=pipeline,
+        devices=tuple(devices),
+        config=config,
+        basis=layout.basis,
+        exact_weights=layout.exact,
+        n_ctx=n_ctx,
+        kv_size=kv_size,
+        n_stream=n_stream,
+        pipeline_parallel=pipeline,
         notes=tuple(notes),
     )
 

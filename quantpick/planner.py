@@ -22,7 +22,12 @@ from quantpick.layout import ModelLayout
 from quantpick.machine import Machine
 from quantpick.manifest import Manifest, ModelFile
 from quantpick.memory import Estimate, Overheads, RunConfig, estimate
-from quantpick.speed import DEFAULT_GPU_BANDWIDTH, DEFAULT_HOST_BANDWIDTH, SpeedEstimate, decode_speed
+from quantpick.speed import (
+    DEFAULT_GPU_BANDWIDTH,
+    DEFAULT_HOST_BANDWIDTH,
+    SpeedEstimate,
+    decode_speed,
+)
 
 GiB = 1024**3
 DEFAULT_KV_TYPES = ("f16", "q8_0")
@@ -118,14 +123,20 @@ class _Search:
 
     def run(self, config: RunConfig) -> Estimate:
         return estimate(
-            self.layout, self.machine, config,
-            overheads=self.overheads, projector_bytes=self.projector_bytes,
+            self.layout,
+            self.machine,
+            config,
+            overheads=self.overheads,
+            projector_bytes=self.projector_bytes,
         )
 
     def speed(self, est: Estimate) -> SpeedEstimate:
         return decode_speed(
-            self.layout, est, self.bandwidths,
-            target_context=self.target_context, efficiency=self.efficiency,
+            self.layout,
+            est,
+            self.bandwidths,
+            target_context=self.target_context,
+            efficiency=self.efficiency,
         )
 
     def splits(self, n_gpu: int, n_slots: int) -> Iterable[tuple[int, ...]]:
@@ -174,7 +185,11 @@ class _Search:
             evaluated = self._two_gpu_candidates(config, n_slots)
         else:
             evaluated = (
-                self.run(replace(config, tensor_split=tuple(float(c) for c in counts) if n_gpu > 1 else None))
+                self.run(
+                    replace(
+                        config, tensor_split=tuple(float(c) for c in counts) if n_gpu > 1 else None
+                    )
+                )
                 for counts in self.splits(n_gpu, n_slots)
             )
         for est in evaluated:
@@ -297,7 +312,8 @@ def plan(
         wanted = [q for q in quants if q.upper() == request.quant.upper()]
         if not wanted:
             raise UsageError(
-                f"{manifest.id} has no quant {request.quant}", hint="available: " + ", ".join(quants)
+                f"{manifest.id} has no quant {request.quant}",
+                hint="available: " + ", ".join(quants),
             )
         quants = wanted
     ctx_train = manifest.architecture.context_length
@@ -324,29 +340,58 @@ def plan(
     # Candidate order: quant quality, then KV quality (the order given).
     for quant in quants:
         layout = layout_of(quant)
-        search = _Search(layout, machine, overheads, projector_bytes, bandwidths,
-                         request.efficiency, target)
+        search = _Search(
+            layout, machine, overheads, projector_bytes, bandwidths, request.efficiency, target
+        )
         for kv in request.kv_types:
             base = RunConfig(
-                ctx_size=target, n_parallel=request.n_parallel, kv_unified=request.kv_unified,
-                cache_type_k=kv, cache_type_v=kv, flash_attn=request.flash_attn,
-                ubatch=request.ubatch, batch=request.batch, vision=request.vision,
+                ctx_size=target,
+                n_parallel=request.n_parallel,
+                kv_unified=request.kv_unified,
+                cache_type_k=kv,
+                cache_type_v=kv,
+                flash_attn=request.flash_attn,
+                ubatch=request.ubatch,
+                batch=request.batch,
+                vision=request.vision,
             )
-            if chosen is not None and request.prefer == "quality" and ranks[quant] < chosen.quality_rank:
-                candidates.append(Candidate(
-                    quant, ranks[quant], kv, "not searched", False, False,
-                    f"lower quality than the chosen {chosen.quant}",
-                ))
+            if (
+                chosen is not None
+                and request.prefer == "quality"
+                and ranks[quant] < chosen.quality_rank
+            ):
+                candidates.append(
+                    Candidate(
+                        quant,
+                        ranks[quant],
+                        kv,
+                        "not searched",
+                        False,
+                        False,
+                        f"lower quality than the chosen {chosen.quant}",
+                    )
+                )
                 continue
             placement, best, least = search.place(base, request.allow_offload)
             if best is None:
                 over, where = _overflow(least)
                 dev_name = next((d.name for d in least.devices if d.device == where), where)
-                candidates.append(Candidate(
-                    quant, ranks[quant], kv, "none", False, False,
-                    f"too big by {over / GiB:.2f} GiB on {where} ({dev_name})",
-                    least.config, least, search.speed(least), over, where,
-                ))
+                candidates.append(
+                    Candidate(
+                        quant,
+                        ranks[quant],
+                        kv,
+                        "none",
+                        False,
+                        False,
+                        f"too big by {over / GiB:.2f} GiB on {where} ({dev_name})",
+                        least.config,
+                        least,
+                        search.speed(least),
+                        over,
+                        where,
+                    )
+                )
                 continue
             speed = search.speed(best)
             needs_floor = placement != "gpu"
@@ -357,10 +402,13 @@ def plan(
                 else f"fits only with {placement} at {speed.tokens_per_s_target:.1f} tok/s, "
                 f"below --min-tps {request.min_tps:g}"
             )
-            cand = Candidate(quant, ranks[quant], kv, placement, True, feasible, reason,
-                             best.config, best, speed)
+            cand = Candidate(
+                quant, ranks[quant], kv, placement, True, feasible, reason, best.config, best, speed
+            )
             candidates.append(cand)
-            if feasible and (chosen is None or _better(cand, chosen, request.prefer, request.kv_types)):
+            if feasible and (
+                chosen is None or _better(cand, chosen, request.prefer, request.kv_types)
+            ):
                 chosen, chosen_layout = cand, layout
 
     if chosen is None or chosen_layout is None:
@@ -376,13 +424,22 @@ def plan(
     notes = []
     if not chosen_layout.exact:
         notes.append(
-            "weights from a synthesized tensor table (manifest size); use --exact for the GGUF header"
+            "weights from a synthesized tensor table (manifest size); "
+            "use --exact for the GGUF header"
         )
     return Plan(
-        model=manifest.id, quant=chosen.quant, files=manifest.quant_files(chosen.quant),
-        projector=projector, config=chosen.config, estimate=chosen.estimate, speed=chosen.speed,
-        placement=chosen.placement, policy=request.prefer, layout_basis=chosen_layout.basis,
-        candidates=tuple(final), notes=tuple(notes),
+        model=manifest.id,
+        quant=chosen.quant,
+        files=manifest.quant_files(chosen.quant),
+        projector=projector,
+        config=chosen.config,
+        estimate=chosen.estimate,
+        speed=chosen.speed,
+        placement=chosen.placement,
+        policy=request.prefer,
+        layout_basis=chosen_layout.basis,
+        candidates=tuple(final),
+        notes=tuple(notes),
     )
 
 
@@ -416,7 +473,9 @@ def _why_lost(c: Candidate, chosen: Candidate) -> str:
     return "slower"
 
 
-def _no_fit(manifest: Manifest, candidates: list[Candidate], target: int, request: PlanRequest) -> NoFitError:
+def _no_fit(
+    manifest: Manifest, candidates: list[Candidate], target: int, request: PlanRequest
+) -> NoFitError:
     failing = [c for c in candidates if c.placement != "not searched"]
     slow = [c for c in failing if c.fits and not c.feasible]
     if slow:
@@ -467,15 +526,23 @@ def max_context(
     """The largest context (a multiple of 256, up to the model's) each quant supports here."""
     overheads = overheads or Overheads()
     ctx_train = manifest.architecture.context_length
-    quants = [q for q in manifest.quants if request.quant is None or q.upper() == request.quant.upper()]
+    quants = [
+        q for q in manifest.quants if request.quant is None or q.upper() == request.quant.upper()
+    ]
     if not quants:
         raise UsageError(f"{manifest.id} has no quant {request.quant}")
     results = []
     for quant in quants:
+
         def feasible(ctx: int, quant: str = quant) -> Candidate | None:
             try:
-                p = plan(manifest, machine, layout_of,
-                         replace(request, ctx_size=ctx, quant=quant), overheads=overheads)
+                p = plan(
+                    manifest,
+                    machine,
+                    layout_of,
+                    replace(request, ctx_size=ctx, quant=quant),
+                    overheads=overheads,
+                )
             except NoFitError:
                 return None
             return next(c for c in p.candidates if c.reason.startswith("chosen"))
@@ -502,5 +569,11 @@ def max_context(
 
 
 def _limit(quant: str, rank: int, ctx: int, c: Candidate) -> ContextLimit:
-    return ContextLimit(quant, rank, ctx, c.cache_type, c.placement,
-                        c.speed.tokens_per_s_target if c.speed else None)
+    return ContextLimit(
+        quant,
+        rank,
+        ctx,
+        c.cache_type,
+        c.placement,
+        c.speed.tokens_per_s_target if c.speed else None,
+    )

@@ -15,16 +15,24 @@ MB = 10**6
 _UNITS = {
     "": 1,
     "b": 1,
-    "k": KiB, "kib": KiB, "kb": 1000,
-    "m": MiB, "mib": MiB, "mb": MB,
-    "g": GiB, "gib": GiB, "gb": GB,
-    "t": 1024**4, "tib": 1024**4, "tb": 10**12,
+    "k": KiB,
+    "kib": KiB,
+    "kb": 1000,
+    "m": MiB,
+    "mib": MiB,
+    "mb": MB,
+    "g": GiB,
+    "gib": GiB,
+    "gb": GB,
+    "t": 1024**4,
+    "tib": 1024**4,
+    "tb": 10**12,
 }
 _SIZE_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*$")
 
 
 def parse_size(text: str) -> int:
-    """Parse a size: a bare number is bytes; K/M/G/T (and KiB...) are binary; KB/MB/GB are decimal."""
+    """Parse a size: bare number = bytes; K/M/G/T and KiB... binary; KB/MB/GB decimal."""
     match = _SIZE_RE.match(text)
     unit = match.group(2).lower() if match else None
     if match is None or unit not in _UNITS:

@@ -22,7 +22,8 @@ GpuOpt = Annotated[
     Optional[list[str]],  # noqa: UP045
     typer.Option(
         "--gpu",
-        help="Describe a GPU: NAME[:VRAM[:BANDWIDTH]] (e.g. 3090, t4, 'a100-80g', 4090:24G:1008GB/s). "
+        help="Describe a GPU: NAME[:VRAM[:BANDWIDTH]] "
+        "(e.g. 3090, t4, 'a100-80g', 4090:24G:1008GB/s). "
         "Repeatable; order = device order.",
     ),
 ]
