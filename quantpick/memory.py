@@ -62,7 +62,8 @@ class Overheads:
     """What llama.cpp does not account for, per documented defaults (all configurable)."""
 
     gpu_context_bytes: int = 384 * MiB  # CUDA context + cuBLAS + kernels (notes: 0.3-0.6 GiB)
-    gpu_margin_bytes: int = 512 * MiB  # safety margin (VMM pool growth, fragmentation)
+    # safety margin kept free (VMM pool growth, fragmentation): llama.cpp --fit-target default
+    gpu_margin_bytes: int = 1 * GiB
     host_margin_bytes: int = 1 * GiB  # the OS and everything else on the host
 
 

@@ -62,7 +62,10 @@ GpuOverheadOpt = Annotated[
 ]
 MarginOpt = Annotated[
     Optional[str],  # noqa: UP045
-    typer.Option("--margin", help="Safety margin kept free on every GPU (default 512MiB)."),
+    typer.Option(
+        "--margin",
+        help="Safety margin kept free on every GPU (default 1GiB, as llama.cpp --fit-target).",
+    ),
 ]
 RamBandwidthOpt = Annotated[
     Optional[str],  # noqa: UP045
