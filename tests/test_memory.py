@@ -188,3 +188,81 @@ def test_synthesized_layout_totals_match_the_file(q4km: ModelLayout) -> None:
         exact_total = exact_slot.dense_bytes + exact_slot.expert_bytes
         syn_total = syn_slot.dense_bytes + syn_slot.expert_bytes
         assert abs(syn_total - exact_total) <= 0.01 * exact_total
+
+
+# ---- a wider grid recorded with scripts/record_conformance.py -------------------------------
+
+EXTRA = json.loads((DATA / "llamacpp-fit-extra.json").read_text())
+
+
+def config_from_args(args: list[str]) -> tuple[RunConfig, int]:
+    """llama-fit-params flags -> (RunConfig, number of GPU devices)."""
+    values: dict[str, str] = {}
+    flags: set[str] = set()
+    overrides: list[tuple[str, str]] = []
+    i = 0
+    while i < len(args):
+        a = args[i]
+        if a in ("--cpu-moe", "-nkvo"):
+            flags.add(a)
+            i += 1
+            continue
+        if a == "-ot":
+            pattern, _, buft = args[i + 1].rpartition("=")
+            overrides.append((pattern, buft))
+        else:
+            values[a] = args[i + 1]
+        i += 2
+    n_gpu = 0 if values.get("-dev") == "none" else 2
+    ngl = int(values.get("-ngl", "99"))
+    config = RunConfig(
+        ctx_size=int(values["-c"]),
+        n_parallel=int(values.get("-np", "1")),
+        n_gpu_layers=None if ngl >= 99 else ngl,
+        tensor_split=tuple(float(x) for x in values["-ts"].split(",")) if "-ts" in values else None,
+        n_cpu_moe=int(values.get("--n-cpu-moe", "0")),
+        cpu_moe="--cpu-moe" in flags,
+        override_tensors=tuple(overrides),
+        cache_type_k=values.get("-ctk", "f16"),
+        cache_type_v=values.get("-ctv", "f16"),
+        ubatch=int(values.get("-ub", "512")),
+        batch=int(values.get("-b", "2048")),
+        kv_offload="-nkvo" not in flags,
+        logits_rows="batch",
+    )
+    return config, n_gpu
+
+
+@pytest.fixture(scope="module")
+def extra_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, ModelLayout]:
+    from conformance_model import load_types
+
+    types = load_types()
+    specs = {
+        "q4km": (types, True, "BF16"),
+        "bf16": ({}, True, "BF16"),
+        "q8_0": ({}, True, "Q8_0"),
+        "q4km-nomtp": ({k: v for k, v in types.items() if not k.startswith("blk.40.")}, False, "BF16"),
+    }
+    out = {}
+    tmp = tmp_path_factory.mktemp("extra")
+    for key, (t, mtp, default) in specs.items():
+        path = tmp / f"{key}.gguf"
+        size = write_conformance_gguf(path, t, mtp=mtp, default=default)
+        out[key] = layout_from_header(read_gguf_file(path), basis=str(path), file_bytes=size)
+    return out
+
+
+@pytest.mark.parametrize(
+    "case", EXTRA["cases"], ids=lambda c: c["model"] + " " + " ".join(c["llama_cpp_args"])
+)
+def test_conformance_wider_grid(extra_models: dict[str, ModelLayout], case: dict) -> None:
+    """Other quants, MTP and no-MTP files, partial -ngl, -ts ratios, --n-cpu-moe, --cpu-moe, -ot,
+    -nkvo, mixed K/V types, odd context sizes, 2..8 slots: weights and context exact."""
+    config, n_gpu = config_from_args(case["llama_cpp_args"])
+    est = estimate(extra_models[case["model"]], rpc_machine(n_gpu), config)
+    assert len(est.devices) == len(case["mib"])
+    for dev, (name, want) in zip(est.devices, case["mib"].items(), strict=True):
+        if want["model"] is not None:
+            assert dev.weights_bytes // MiB == want["model"], name
+        assert (dev.kv_bytes + dev.recurrent_bytes) // MiB == want["context"], name

@@ -1,0 +1,176 @@
+"""Write a tiny, loadable qwen35moe GGUF with random weights (a test fixture of quantpick's own).
+
+Same architecture and tensor set as Qwen3.6-35B-A3B (hybrid DeltaNet / attention blocks, routed +
+shared experts), scaled down to a few MiB, with a byte-level BPE vocabulary and a ChatML template.
+Tensor shapes mirror llama.cpp's qwen35moe loader (notes llamacpp-memory.md section 1.3/1.4).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import gguf
+import numpy as np
+from gguf import GGMLQuantizationType as T
+
+TINY = dict(
+    n_embd=256, n_layer=8, n_head=4, n_head_kv=2, head_dim=64, n_expert=16, n_expert_used=4,
+    n_ff_exp=128, n_ff_shexp=128, n_vocab=1024, ssm_state=32, ssm_groups=4, ssm_v_heads=8, conv=4,
+    ctx=32768, interval=4,
+)  # fmt: skip
+ARCH = "qwen35moe"
+ALIGN = 32  # GGUF default general.alignment
+
+
+def tensor_list(h: dict[str, int]) -> list[tuple[str, tuple[int, ...]]]:
+    """(name, ne) in ggml order (ne[0] = row length); every 4th block is full attention."""
+    e, v = h["n_embd"], h["n_vocab"]
+    hd, nh, nkv = h["head_dim"], h["n_head"], h["n_head_kv"]
+    key_dim = h["ssm_state"] * h["ssm_groups"]
+    value_dim = h["ssm_state"] * h["ssm_v_heads"]
+    vh = h["ssm_v_heads"]
+    out: list[tuple[str, tuple[int, ...]]] = [
+        ("token_embd.weight", (e, v)),
+        ("output_norm.weight", (e,)),
+        ("output.weight", (e, v)),
+    ]
+    for il in range(h["n_layer"]):
+        p = f"blk.{il}."
+        out += [(p + "attn_norm.weight", (e,)), (p + "post_attention_norm.weight", (e,))]
+        if (il + 1) % h["interval"] == 0:
+            out += [
+                (p + "attn_q.weight", (e, hd * nh * 2)),  # query + gate
+                (p + "attn_k.weight", (e, hd * nkv)),
+                (p + "attn_v.weight", (e, hd * nkv)),
+                (p + "attn_output.weight", (hd * nh, e)),
+                (p + "attn_q_norm.weight", (hd,)),
+                (p + "attn_k_norm.weight", (hd,)),
+            ]
+        else:
+            out += [
+                (p + "attn_qkv.weight", (e, key_dim * 2 + value_dim)),
+                (p + "attn_gate.weight", (e, value_dim)),
+                (p + "ssm_conv1d.weight", (h["conv"], key_dim * 2 + value_dim)),
+                (p + "ssm_dt.bias", (vh,)),
+                (p + "ssm_a", (vh,)),
+                (p + "ssm_beta.weight", (e, vh)),
+                (p + "ssm_alpha.weight", (e, vh)),
+                (p + "ssm_norm.weight", (h["ssm_state"],)),
+                (p + "ssm_out.weight", (value_dim, e)),
+            ]
+        x, f, s = h["n_expert"], h["n_ff_exp"], h["n_ff_shexp"]
+        out += [
+            (p + "ffn_gate_inp.weight", (e, x)),
+            (p + "ffn_down_exps.weight", (f, e, x)),
+            (p + "ffn_gate_exps.weight", (e, f, x)),
+            (p + "ffn_up_exps.weight", (e, f, x)),
+            (p + "ffn_gate_inp_shexp.weight", (e,)),
+            (p + "ffn_gate_shexp.weight", (e, s)),
+            (p + "ffn_up_shexp.weight", (e, s)),
+            (p + "ffn_down_shexp.weight", (s, e)),
+        ]
+    return out
+
+
+def _qtype(name: str, ne: tuple[int, ...]) -> T:
+    # Vectors, the conv kernel, the router and ssm_a stay F32 as in real files; matrices Q8_0.
+    if len(ne) == 1 or name.endswith(("ssm_conv1d.weight", "ffn_gate_inp.weight", "ssm_a")):
+        return T.F32
+    return T.Q8_0
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's byte -> printable character map (byte-level BPE vocabularies)."""
+    bs = (
+        list(range(ord("!"), ord("~") + 1))
+        + list(range(ord("¡"), ord("¬") + 1))
+        + list(range(ord("®"), ord("ÿ") + 1))
+    )
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return dict(zip(bs, (chr(c) for c in cs), strict=True))
+
+
+def write_tiny_model(path: Path, *, seed: int = 0) -> int:
+    """Write the model to `path`; returns its size in bytes."""
+    h = TINY
+    w = gguf.GGUFWriter(str(path), ARCH)
+    w.add_name("quantpick-tiny-qwen35moe")
+    w.add_block_count(h["n_layer"])
+    w.add_context_length(h["ctx"])
+    w.add_embedding_length(h["n_embd"])
+    w.add_feed_forward_length(h["n_ff_exp"])
+    w.add_head_count(h["n_head"])
+    w.add_head_count_kv(h["n_head_kv"])
+    w.add_key_length(h["head_dim"])
+    w.add_value_length(h["head_dim"])
+    w.add_rope_dimension_count(h["head_dim"] // 4)
+    w.add_rope_freq_base(1e7)
+    w.add_rope_dimension_sections([3, 3, 2, 0])  # IMROPE sections for head_dim 64
+    w.add_layer_norm_rms_eps(1e-6)
+    w.add_expert_count(h["n_expert"])
+    w.add_expert_used_count(h["n_expert_used"])
+    w.add_expert_feed_forward_length(h["n_ff_exp"])
+    w.add_expert_shared_feed_forward_length(h["n_ff_shexp"])
+    w.add_ssm_conv_kernel(h["conv"])
+    w.add_ssm_state_size(h["ssm_state"])
+    w.add_ssm_group_count(h["ssm_groups"])
+    w.add_ssm_time_step_rank(h["ssm_v_heads"])
+    w.add_ssm_inner_size(h["ssm_state"] * h["ssm_v_heads"])
+    w.add_full_attention_interval(h["interval"])
+
+    vocab = h["n_vocab"]
+    byte_map = _bytes_to_unicode()
+    byte_tokens = [byte_map[b] for b in range(256)]
+    merged = ["Ġt", "Ġa", "he", "in"]
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>"]
+    filler = [f"<unused_{i}>" for i in range(vocab - 256 - len(merged) - len(specials))]
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("qwen35")
+    w.add_token_list(byte_tokens + merged + filler + specials)
+    w.add_token_types([1] * (256 + len(merged)) + [5] * len(filler) + [3] * len(specials))
+    w.add_token_merges(["Ġ t", "Ġ a", "h e", "i n"])
+    w.add_eos_token_id(vocab - len(specials) + 2)  # <|im_end|>
+    w.add_bos_token_id(vocab - len(specials))
+    w.add_pad_token_id(vocab - len(specials))
+    w.add_add_bos_token(False)
+    w.add_chat_template(
+        "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+        "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
+
+    entries: list[tuple[str, T, int]] = []
+    for name, ne in tensor_list(h):
+        qt = _qtype(name, ne)
+        block, type_size = gguf.GGML_QUANT_SIZES[qt]
+        n = int(np.prod(ne))
+        nbytes = n // block * type_size
+        w.add_tensor_info(name, tuple(reversed(ne)), np.dtype(np.float32), nbytes, raw_dtype=qt)
+        entries.append((name, qt, nbytes))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+    f = w.fout[0]
+    f.write(b"\0" * ((-f.tell()) % ALIGN))
+    rng = np.random.default_rng(seed)
+    for name, qt, nbytes in entries:
+        if qt == T.F32:
+            arr = rng.standard_normal(nbytes // 4).astype(np.float32) * 0.02
+            if name.endswith("norm.weight"):
+                arr[:] = 1.0  # RMS-norm gains of 1 keep activations finite
+            f.write(arr.tobytes())
+        else:  # Q8_0 blocks: f16 scale + 32 int8
+            blocks = nbytes // 34
+            d = np.full(blocks, 0.0005, dtype=np.float16).view(np.uint8).reshape(blocks, 2)
+            q = rng.integers(-20, 20, size=(blocks, 32), dtype=np.int8).view(np.uint8)
+            f.write(np.concatenate([d, q], axis=1).tobytes())
+        f.write(b"\0" * ((-f.tell()) % ALIGN))
+    f.flush()
+    size = f.tell()
+    w.close()
+    return size
