@@ -514,3 +514,47 @@ def write_script(path: Path, text: str) -> None:
         except FileNotFoundError:
             pass
         raise
+
+
+# Flags that say where the model comes from or how the server listens, not how memory is placed.
+_NOT_PLACEMENT = {
+    "-m",
+    "--mmproj",
+    "--host",
+    "--port",
+    "--alias",
+    "--fit",
+    "--jinja",
+    "--reasoning-format",
+    "--temp",
+    "--top-p",
+    "--top-k",
+    "--min-p",
+}
+
+
+def placement_flags(config: RunConfig, block_count: int) -> list[str]:
+    """The llama-server flags a plan implies for memory and placement (for `pick` output):
+    `-c 262144 -np 1 -ngl 42 -ts 27,15 -ctk f16 -ctv f16 -fa on`, as shell words."""
+    cmd = build_command(
+        config,
+        model_path=Path("/model.gguf"),
+        mmproj_path=Path("/mmproj.gguf") if config.vision else None,
+        manifest=None,
+        block_count=block_count,
+        server=ServerOptions(),
+        capabilities=None,
+    )
+    words: list[str] = [f"{k}={v}" for k, v in sorted(cmd.env.items())]
+    argv = list(cmd.argv[1:])
+    i = 0
+    while i < len(argv):
+        flag = argv[i]
+        takes_value = i + 1 < len(argv) and not argv[i + 1].startswith("-") or flag == "-ot"
+        value = argv[i + 1] if takes_value and i + 1 < len(argv) else None
+        if flag not in _NOT_PLACEMENT:
+            words.append(flag)
+            if value is not None:
+                words.append(shlex.quote(value))
+        i += 2 if value is not None else 1
+    return words

@@ -154,7 +154,8 @@ CATALOG: tuple[GpuModel, ...] = (
         16,
     ),
     GpuModel("l4", "NVIDIA L4", (), _g(24), 192, 6251, "8.9", 4, 16),
-    GpuModel("t4", "Tesla T4", ("t4-16g",), _g(16), 256, 5001, "7.5", 3, 16),
+    # A "16 GB" T4 reports 15360 MiB total with ECC on (nvidia-smi / NVML), as datacenter T4s ship.
+    GpuModel("t4", "Tesla T4", ("t4-16g",), _g(15), 256, 5001, "7.5", 3, 16),
     GpuModel(
         "v100-16g",
         "Tesla V100-SXM2-16GB",

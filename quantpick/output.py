@@ -22,7 +22,9 @@ def stdout() -> Console:
     if _stdout is None or _stdout.file is not sys.stdout:
         from rich.console import Console
 
-        _stdout = Console(file=sys.stdout, highlight=False, soft_wrap=False)
+        # Piped output (scripts, `| less`) gets room for the tables instead of rich's 80 columns.
+        width = None if sys.stdout.isatty() else 160
+        _stdout = Console(file=sys.stdout, highlight=False, soft_wrap=False, width=width)
     return _stdout
 
 

@@ -99,7 +99,7 @@ def test_gpu_spec_overrides() -> None:
     assert gpu.total_bytes == gpu.free_bytes == 48 * GiB
     assert gpu.bandwidth_bytes_per_s == 1_200_000_000_000
     assert gpu.memory_clock_mhz is None  # no longer consistent with the given bandwidth
-    assert parse_gpu_spec("t4::300G").total_bytes == 16 * GiB
+    assert parse_gpu_spec("t4::300G").total_bytes == 15 * GiB
 
 
 def test_gpu_spec_unknown_card_needs_vram() -> None:

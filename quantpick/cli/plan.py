@@ -8,7 +8,6 @@ Usage:
 
 from __future__ import annotations
 
-import functools
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Optional
 
@@ -134,26 +133,81 @@ def _load_manifest(model: str | None) -> Manifest:
     return find_manifest(model)
 
 
-def _layout_source(manifest: Manifest, *, exact: bool, network: bool):  # type: ignore[no-untyped-def]
-    """quant -> ModelLayout, memoised: the GGUF header when available, else synthesized."""
+def _layout_source(manifest: Manifest, *, exact: bool, network: bool) -> LayoutSource:
+    return LayoutSource(manifest, exact=exact, network=network)
 
-    from quantpick.config import load_settings
 
-    try:
+class LayoutSource:
+    """quant -> ModelLayout for the planner, memoised.
+
+    Candidates are planned from the header cache or the manifest's synthesized table; with
+    --exact every candidate's header is required (read over the network when not cached). Without
+    --exact, the chosen quant's header is read once over the network (then cached) and the plan
+    is redone on it, so the answer rests on the exact table whenever it can be had.
+    """
+
+    def __init__(self, manifest: Manifest, *, exact: bool, network: bool) -> None:
+        from quantpick.config import load_settings
+
+        self.manifest = manifest
+        self.exact = exact
+        self.network = network and not _offline_env()
+        self.settings = load_settings()
+        self._cache: dict[str, ModelLayout] = {}
+        self.problems: list[str] = []
+
+    def __call__(self, quant: str) -> ModelLayout:
         from quantpick.layouts import layout_for
-    except ImportError:  # TEMP until layouts.py lands
-        from quantpick.layout import synthesize_layout
 
-        def layout_for(m, q, settings, network, require_exact):  # type: ignore[no-untyped-def]
-            return synthesize_layout(m.architecture, q, sum(f.size_bytes for f in m.quant_files(q)))
+        if quant not in self._cache:
+            self._cache[quant] = layout_for(
+                self.manifest,
+                quant,
+                settings=self.settings,
+                network=self.network and self.exact,
+                require_exact=self.exact,
+            )
+        return self._cache[quant]
 
-    settings = load_settings()
+    def upgrade(self, quant: str) -> bool:
+        """Replace quant's synthesized layout by the exact header when it can be fetched."""
+        from quantpick.errors import GGUFError
+        from quantpick.layouts import layout_for
 
-    @functools.cache
-    def layout_of(quant: str) -> ModelLayout:
-        return layout_for(manifest, quant, settings=settings, network=network, require_exact=exact)
+        if self(quant).exact or not self.network:
+            return False
+        try:
+            layout = layout_for(
+                self.manifest, quant, settings=self.settings, network=True, require_exact=True
+            )
+        except GGUFError as exc:
+            self.problems.append(exc.message)
+            return False
+        self._cache[quant] = layout
+        return True
 
-    return layout_of
+
+def _offline_env() -> bool:
+    import os
+
+    return any(
+        os.environ.get(v, "").strip().lower() in ("1", "true", "yes", "on")
+        for v in ("QUANTPICK_OFFLINE", "HF_HUB_OFFLINE")
+    )
+
+
+def plan_exact(
+    manifest: Manifest, machine: Machine, layouts: LayoutSource, request: Any, overheads: Overheads
+) -> Plan:
+    """Plan, then redo it on the chosen quant's exact header (at most three rounds)."""
+    from quantpick.planner import plan
+
+    p = plan(manifest, machine, layouts, request, overheads=overheads)
+    for _ in range(3):
+        if not layouts.upgrade(p.quant):
+            break
+        p = plan(manifest, machine, layouts, request, overheads=overheads)
+    return p
 
 
 # ---- rendering -------------------------------------------------------------------------------
@@ -235,51 +289,43 @@ def _machine_summary(machine: Machine) -> dict[str, Any]:
 
 
 def _flags(config: Any, n_slots: int) -> list[str]:
-    try:
-        from quantpick.command import placement_flags
-    except ImportError:  # TEMP until command.py lands
-        return [
-            f"-c {config.ctx_size}",
-            f"-ts {config.tensor_split}",
-            f"--n-cpu-moe {config.n_cpu_moe}",
-        ]
-    return placement_flags(config, n_slots)
+    from quantpick.command import placement_flags
+
+    return placement_flags(config, n_slots - 1)
 
 
 def _device_table(est: Estimate, title: str) -> Any:
     from rich.table import Table
 
-    from quantpick.units import human
-
-    table = Table(title=title, title_justify="left")
+    gib = 1024**3
+    table = Table(title=title + "  (GiB)", title_justify="left", pad_edge=False)
     for col in (
         "device",
-        "name",
         "weights",
         "KV",
         "state",
         "compute*",
-        "overhead*",
+        "other*",
         "total",
         "budget",
-        "headroom",
+        "free after",
         "layers",
     ):
-        table.add_column(col, justify="right" if col not in ("device", "name") else "left")
+        table.add_column(col, justify="left" if col == "device" else "right")
     for d in est.devices:
-        layers = _ranges(d.layers)
+        name = d.name.replace("NVIDIA ", "").replace("GeForce ", "")
+        style = "" if d.fits else "[bold red]"
         table.add_row(
-            d.device,
-            d.name,
-            human(d.weights_bytes),
-            human(d.kv_bytes),
-            human(d.recurrent_bytes),
-            human(d.compute_bytes),
-            human(d.overhead_bytes + d.projector_bytes),
-            human(d.total_bytes),
-            human(d.budget_bytes),
-            ("" if d.fits else "[red]") + human(d.headroom_bytes),
-            layers,
+            f"{d.device} {name}",
+            f"{d.weights_bytes / gib:.2f}",
+            f"{d.kv_bytes / gib:.2f}",
+            f"{d.recurrent_bytes / gib:.2f}",
+            f"{d.compute_bytes / gib:.2f}",
+            f"{(d.overhead_bytes + d.projector_bytes) / gib:.2f}",
+            f"{d.total_bytes / gib:.2f}",
+            f"{d.budget_bytes / gib:.2f}",
+            f"{style}{d.headroom_bytes / gib:.2f}",
+            _ranges(d.layers),
         )
     return table
 
@@ -472,13 +518,14 @@ def _resolve_layout(
     manifest = _load_manifest(model)
     if not quant:
         raise UsageError("give --quant (see `quantpick show " + manifest.id + "`) or --gguf PATH")
-    layout_of = _layout_source(manifest, exact=exact, network=network)
+    layouts = _layout_source(manifest, exact=exact, network=network)
     wanted = [q for q in manifest.quants if q.upper() == quant.upper()]
     if not wanted:
         raise UsageError(
             f"{manifest.id} has no quant {quant}", hint="available: " + ", ".join(manifest.quants)
         )
-    return layout_of(wanted[0]), manifest, f"{manifest.id} {wanted[0]}"
+    layouts.upgrade(wanted[0])
+    return layouts(wanted[0]), manifest, f"{manifest.id} {wanted[0]}"
 
 
 def _parse_split(text: str | None) -> tuple[float, ...] | None:
@@ -713,7 +760,6 @@ def pick_cmd(
         )
         return
     from quantpick import output
-    from quantpick.planner import plan
 
     manifest = _load_manifest(model)
     machine = _machine(hardware, gpu, ram, cpu_only, llama_server, ram_bandwidth)
@@ -732,12 +778,18 @@ def pick_cmd(
         flash_attn,
         no_offload,
     )
-    layout_of = _layout_source(manifest, exact=exact, network=not no_network)
-    p = plan(manifest, machine, layout_of, request, overheads=_overheads(gpu_overhead, margin))
+    layouts = _layout_source(manifest, exact=exact, network=not no_network)
+    p = plan_exact(manifest, machine, layouts, request, _overheads(gpu_overhead, margin))
     n_slots = manifest.architecture.block_count + 1
+    if layouts.problems:
+        output.note(
+            f"Note: exact GGUF header unavailable, planned from the manifest: "
+            f"{layouts.problems[-1]}"
+        )
     if json_:
         doc = plan_to_dict(p, machine)
         doc["flags"] = _flags(p.config, n_slots)
+        doc["header_problems"] = layouts.problems
         output.print_json(doc)
         return
     render_plan(p, machine, n_slots)
