@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+import importlib
 import sys
 
-# Each module registers its commands on `app` when imported. Keep their top-level imports light:
-# hub clients, NVML and rich progress are imported inside the commands that use them.
-from quantpick.cli import models as _models  # noqa: E402,F401  (models, show)
-from quantpick.cli import plan as _plan  # noqa: E402,F401  (estimate, pick, max-context)
-from quantpick.cli import probe as _probe  # noqa: E402,F401  (probe)
 from quantpick.cli.app import app
 from quantpick.errors import ExitCode
+
+# Each module registers its commands on `app` when imported, in this order (the order of --help).
+# Their top-level imports stay light: hub clients, NVML and rich are imported inside commands.
+for _module in ("probe", "models", "plan", "download", "run", "manifests"):
+    importlib.import_module(f"quantpick.cli.{_module}")
 
 __all__ = ["app", "main"]
 

@@ -1,0 +1,504 @@
+"""`quantpick command` and `quantpick get`: the ready-to-run llama-server command, and the whole
+pipeline (probe -> pick -> download + verify -> command) in one step.
+
+Usage:
+    quantpick get qwen3.8-35b-a3b-distill -c 262144
+    quantpick get qwen3.8-35b-a3b-distill -c 131072 --gpu 3090 --gpu t4 --dry-run --json
+    quantpick get qwen3.8-35b-a3b-distill -c 65536 --script ~/bin/serve-qwen
+    quantpick command --gguf ./Qwen3.8-35B-A3B-Q4_K_M.gguf -c 65536
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, Optional
+
+import typer
+
+from quantpick.cli.app import app
+from quantpick.cli.options import CpuOnlyOpt, GpuOpt, HardwareOpt, JsonOpt, LlamaServerOpt, RamOpt
+from quantpick.cli.plan import (
+    AllowQ4Opt,
+    CtxOpt,
+    ExactOpt,
+    GgufOpt,
+    GpuOverheadOpt,
+    KvOpt,
+    KvuOpt,
+    MarginOpt,
+    MinTpsOpt,
+    ModelArg,
+    NoNetworkOpt,
+    NoOffloadOpt,
+    NpOpt,
+    PreferOpt,
+    QuantOpt,
+    RamBandwidthOpt,
+    VisionOpt,
+)
+
+if TYPE_CHECKING:
+    from quantpick.command import ServerCommand, ServerOptions
+    from quantpick.layout import ModelLayout
+    from quantpick.machine import Machine
+    from quantpick.manifest import Manifest
+    from quantpick.planner import Plan
+    from quantpick.server_flags import ServerCapabilities
+
+FORMATS = ("line", "script", "json", "env")
+
+FormatOpt = Annotated[
+    str, typer.Option("--format", help="line (default), script, json or env (LLAMA_ARG_*).")
+]
+ScriptOpt = Annotated[
+    Optional[Path],  # noqa: UP045
+    typer.Option(
+        "--script",
+        help="Write an executable launch script here (atomic, mode 0755).",
+        dir_okay=False,
+    ),
+]
+HostOpt = Annotated[str, typer.Option("--host", help="llama-server --host.")]
+PortOpt = Annotated[int, typer.Option("--port", help="llama-server --port.")]
+AliasOpt = Annotated[
+    Optional[str],  # noqa: UP045
+    typer.Option("--alias", help="Model name the server reports (default: the model id)."),
+]
+ApiKeyEnvOpt = Annotated[
+    Optional[str],  # noqa: UP045
+    typer.Option(
+        "--api-key-env",
+        help="NAME of an environment variable holding the API key "
+        "(the key itself is never written).",
+    ),
+]
+DirOpt = Annotated[
+    Optional[Path],  # noqa: UP045
+    typer.Option(
+        "--dir",
+        help="Model directory (default: QUANTPICK_MODELS_DIR or the data dir).",
+        file_okay=False,
+    ),
+]
+
+
+def _server_options(
+    host: str, port: int, alias: str | None, api_key_env: str | None
+) -> ServerOptions:
+    from quantpick.command import ServerOptions
+
+    return ServerOptions(host=host, port=port, alias=alias, api_key_env=api_key_env)
+
+
+def _capabilities(machine: Machine, llama_server: Path | None) -> ServerCapabilities | None:
+    """The installed llama-server's flags (PATH or --llama-server), or None: target current."""
+    from quantpick.errors import UsageError
+    from quantpick.llama_server import find_llama_server
+    from quantpick.server_flags import capabilities_for
+
+    path = find_llama_server(llama_server)
+    if path is None:
+        if llama_server is not None:
+            raise UsageError(f"--llama-server {llama_server}: not an executable")
+        return None
+    return capabilities_for(path)
+
+
+def _emit_command(
+    cmd: ServerCommand,
+    *,
+    fmt: str,
+    script: Path | None,
+    comment: str,
+    json_doc: dict[str, Any] | None,
+) -> None:
+    from quantpick import output
+    from quantpick.command import render_env, render_json, render_line, render_script, write_script
+    from quantpick.errors import UsageError
+
+    if fmt not in FORMATS:
+        raise UsageError(f"--format {fmt}: use one of " + ", ".join(FORMATS))
+    for warning in cmd.warnings:
+        output.warn(warning)
+    if script is not None:
+        write_script(script, render_script(cmd, comment))
+        output.note(f"Wrote {script}")
+    if json_doc is not None:
+        output.print_json(
+            {**json_doc, "command": render_json(cmd), "script": str(script) if script else None}
+        )
+        return
+    if fmt == "json":
+        output.print_json({"command": render_json(cmd)})
+    elif fmt == "script":
+        sys.stdout.write(render_script(cmd, comment))
+    elif fmt == "env":
+        sys.stdout.write(render_env(cmd))
+    elif script is None:
+        sys.stdout.write(render_line(cmd) + "\n")
+
+
+def _plan_comment(p: Plan, machine: Machine) -> str:
+    where = machine.source if machine.described else "this machine (probed)"
+    gpus = ", ".join(d.name for d in p.estimate.gpus) or "no GPU"
+    return (
+        f"quantpick plan: {p.model} {p.quant}, KV {p.config.cache_type_k}/{p.config.cache_type_v}, "
+        f"-c {p.config.ctx_size}, {p.placement} on {gpus} ({where}); decode upper bound "
+        f"{p.speed.tokens_per_s_empty:.0f} tok/s empty, {p.speed.tokens_per_s_target:.0f} at "
+        f"{p.speed.target_context} tokens"
+    )
+
+
+def _manifest_for_gguf(path: Path, layout: ModelLayout) -> Manifest:
+    """A one-file manifest for a GGUF that no manifest describes (`command --gguf`)."""
+    from quantpick.gguf_names import quant_tag
+    from quantpick.manifest import Manifest, ModelFile, Sampling
+
+    meta = layout.metadata
+    quant = quant_tag(path.name) or "custom"
+    sampling = None
+    if all(f"general.sampling.{k}" in meta for k in ("temp", "top_p", "top_k", "min_p")):
+        sampling = Sampling(
+            float(meta["general.sampling.temp"]),
+            float(meta["general.sampling.top_p"]),
+            int(meta["general.sampling.top_k"]),
+            float(meta["general.sampling.min_p"]),
+        )
+    return Manifest(
+        id=path.stem,
+        display_name=str(meta.get("general.name", path.stem)),
+        license=None,
+        architecture=layout.architecture,
+        sources=(),
+        files=(
+            ModelFile(
+                name=path.name,
+                quant=quant,
+                size_bytes=path.stat().st_size,
+                size_exact=True,
+                quality_rank=1,
+                role="model",
+            ),
+        ),
+        sampling=sampling,
+        reasoning=False,
+        checksums_file=None,
+    )
+
+
+def _local_layout(path: Path, quant: str | None) -> ModelLayout:
+    from quantpick.gguf_header import layout_from_header, read_gguf_file
+
+    size = path.stat().st_size
+    return layout_from_header(
+        read_gguf_file(path), basis=f"gguf:{path}", file_bytes=size, quant=quant
+    )
+
+
+def _shard_total(files: list[Path]) -> int:
+    return sum(p.stat().st_size for p in files)
+
+
+@app.command("command")
+def command_cmd(
+    model: ModelArg = None,
+    quant: QuantOpt = None,
+    gguf: GgufOpt = None,
+    mmproj: Annotated[
+        Path | None,
+        typer.Option("--mmproj", help="Projector file for --gguf with --vision.", dir_okay=False),
+    ] = None,  # noqa: UP045
+    ctx_size: CtxOpt = 0,
+    parallel: NpOpt = 1,
+    kv_unified: KvuOpt = False,
+    prefer: PreferOpt = "quality",
+    vision: VisionOpt = False,
+    min_tps: MinTpsOpt = 10.0,
+    allow_q4_kv: AllowQ4Opt = False,
+    kv: KvOpt = None,
+    no_offload: NoOffloadOpt = False,
+    dir_: DirOpt = None,
+    hardware: HardwareOpt = None,
+    gpu: GpuOpt = None,
+    ram: RamOpt = None,
+    cpu_only: CpuOnlyOpt = False,
+    llama_server: LlamaServerOpt = None,
+    gpu_overhead: GpuOverheadOpt = None,
+    margin: MarginOpt = None,
+    ram_bandwidth: RamBandwidthOpt = None,
+    host: HostOpt = "127.0.0.1",
+    port: PortOpt = 8080,
+    alias: AliasOpt = None,
+    api_key_env: ApiKeyEnvOpt = None,
+    fmt: FormatOpt = "line",
+    script: ScriptOpt = None,
+    json_: JsonOpt = False,
+) -> None:
+    """Plan for a GGUF already on disk and print the llama-server command that runs it."""
+    from functools import partial
+
+    from quantpick.cli.plan import _load_manifest, _machine, _overheads, _request, plan_to_dict
+    from quantpick.command import build_command
+    from quantpick.config import load_settings
+    from quantpick.errors import UsageError
+    from quantpick.planner import plan
+
+    machine = _machine(hardware, gpu, ram, cpu_only, llama_server, ram_bandwidth)
+    if gguf is not None:
+        model_path = gguf
+        layout = _local_layout(gguf, quant)
+        manifest = _load_manifest(model) if model else _manifest_for_gguf(gguf, layout)
+        if model:
+            q = quant or _quant_of(manifest, gguf.name)
+        else:
+            q = manifest.files[0].quant
+        layouts = {q: layout}
+        projector = mmproj
+        if vision and projector is None:
+            raise UsageError("--vision with --gguf needs --mmproj PATH")
+    else:
+        manifest = _load_manifest(model)
+        if not quant:
+            raise UsageError("give --quant Q (or --gguf PATH)")
+        q = _canonical_quant(manifest, quant)
+        base = dir_ or load_settings().models_dir / manifest.id
+        files = [base / f.name for f in manifest.quant_files(q)]
+        missing = [p for p in files if not p.is_file()]
+        if missing:
+            raise UsageError(
+                f"{missing[0]} is not there",
+                hint=f"download it first: quantpick get {manifest.id} --quant {q} (or pass --dir)",
+            )
+        model_path = files[0]
+        layout = _local_layout(model_path, q)
+        if len(files) > 1:
+            from dataclasses import replace as _replace
+
+            layout = _replace(layout, file_bytes=_shard_total(files))
+        layouts = {q: layout}
+        projector = None
+        if vision:
+            if manifest.projector is None:
+                raise UsageError(f"{manifest.id} has no vision projector")
+            projector = base / manifest.projector.name
+            if not projector.is_file():
+                raise UsageError(
+                    f"{projector} is not there",
+                    hint=f"quantpick get {manifest.id} --quant {q} --vision",
+                )
+    request = _request(
+        ctx_size,
+        parallel,
+        kv_unified,
+        prefer,
+        q,
+        vision,
+        min_tps,
+        allow_q4_kv,
+        kv,
+        512,
+        2048,
+        "on",
+        no_offload,
+    )
+    p = plan(
+        manifest,
+        machine,
+        partial(_from_table, layouts),
+        request,
+        overheads=_overheads(gpu_overhead, margin),
+    )
+    caps = _capabilities(machine, llama_server)
+    cmd = build_command(
+        p.config,
+        model_path=model_path,
+        mmproj_path=projector,
+        manifest=manifest,
+        block_count=manifest.architecture.block_count,
+        server=_server_options(host, port, alias, api_key_env),
+        capabilities=caps,
+    )
+    doc = {"plan": plan_to_dict(p, machine)} if json_ else None
+    _emit_command(cmd, fmt=fmt, script=script, comment=_plan_comment(p, machine), json_doc=doc)
+
+
+def _from_table(table: dict[str, ModelLayout], quant: str) -> ModelLayout:
+    return table[quant]
+
+
+def _canonical_quant(manifest: Manifest, quant: str) -> str:
+    from quantpick.errors import UsageError
+
+    for q in manifest.quants:
+        if q.upper() == quant.upper():
+            return q
+    raise UsageError(
+        f"{manifest.id} has no quant {quant}", hint="available: " + ", ".join(manifest.quants)
+    )
+
+
+def _quant_of(manifest: Manifest, filename: str) -> str:
+    from quantpick.errors import UsageError
+
+    for f in manifest.files:
+        if f.name == filename and f.role == "model":
+            return f.quant
+    raise UsageError(f"{filename} is not a file of {manifest.id}", hint="pass --quant Q")
+
+
+@app.command("get")
+def get_cmd(
+    model: ModelArg = None,
+    ctx_size: CtxOpt = 0,
+    quant: QuantOpt = None,
+    parallel: NpOpt = 1,
+    kv_unified: KvuOpt = False,
+    prefer: PreferOpt = "quality",
+    vision: VisionOpt = False,
+    min_tps: MinTpsOpt = 10.0,
+    allow_q4_kv: AllowQ4Opt = False,
+    kv: KvOpt = None,
+    no_offload: NoOffloadOpt = False,
+    dir_: DirOpt = None,
+    source: Annotated[
+        str, typer.Option("--source", help="auto, hf, modelscope or mirror.")
+    ] = "auto",
+    allow_unverified: Annotated[
+        bool, typer.Option("--allow-unverified", help="Download files no sha256 vouches for.")
+    ] = False,
+    dry_run: Annotated[
+        bool,
+        typer.Option("--dry-run", help="Stop before downloading: plan, bytes, source, command."),
+    ] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-Q", help="No progress on stderr.")] = False,
+    hardware: HardwareOpt = None,
+    gpu: GpuOpt = None,
+    ram: RamOpt = None,
+    cpu_only: CpuOnlyOpt = False,
+    llama_server: LlamaServerOpt = None,
+    gpu_overhead: GpuOverheadOpt = None,
+    margin: MarginOpt = None,
+    ram_bandwidth: RamBandwidthOpt = None,
+    exact: ExactOpt = False,
+    no_network: NoNetworkOpt = False,
+    host: HostOpt = "127.0.0.1",
+    port: PortOpt = 8080,
+    alias: AliasOpt = None,
+    api_key_env: ApiKeyEnvOpt = None,
+    fmt: FormatOpt = "line",
+    script: ScriptOpt = None,
+    json_: JsonOpt = False,
+) -> None:
+    """Pick, download + verify, and print (or --script) the llama-server command: the whole job."""
+    from dataclasses import replace
+
+    from quantpick import output
+    from quantpick.cli.download import _progress, report_to_dict
+    from quantpick.cli.download import plan_to_dict as fetch_plan_to_dict
+    from quantpick.cli.plan import (
+        _layout_source,
+        _load_manifest,
+        _machine,
+        _overheads,
+        _request,
+        plan_exact,
+        plan_to_dict,
+    )
+    from quantpick.command import build_command
+    from quantpick.config import load_settings
+    from quantpick.download import fetch_model
+    from quantpick.errors import UsageError
+    from quantpick.planner import plan
+
+    if fmt not in FORMATS:
+        raise UsageError(f"--format {fmt}: use one of " + ", ".join(FORMATS))
+    settings = load_settings()
+    manifest = _load_manifest(model)
+    machine = _machine(hardware, gpu, ram, cpu_only, llama_server, ram_bandwidth)
+    request = _request(
+        ctx_size,
+        parallel,
+        kv_unified,
+        prefer,
+        quant,
+        vision,
+        min_tps,
+        allow_q4_kv,
+        kv,
+        512,
+        2048,
+        "on",
+        no_offload,
+    )
+    overheads = _overheads(gpu_overhead, margin)
+    layouts = _layout_source(manifest, exact=exact, network=not no_network)
+    p = plan_exact(manifest, machine, layouts, request, overheads)
+    if not json_:
+        output.note(
+            f"Plan: {p.model} {p.quant} (KV {p.config.cache_type_k}, {p.placement}) for "
+            f"-c {p.config.ctx_size}; decode upper bound {p.speed.tokens_per_s_target:.0f} tok/s "
+            f"at that context"
+        )
+    dest = dir_ or settings.models_dir / manifest.id
+    progress, live = _progress(quiet or json_)
+    with live:
+        report = fetch_model(
+            manifest,
+            p.quant,
+            settings=settings,
+            vision=vision,
+            dest_dir=dest,
+            source=source,
+            allow_unverified=allow_unverified,
+            dry_run=dry_run,
+            progress=progress,
+        )
+    model_path = dest / manifest.quant_files(p.quant)[0].name
+    mmproj_path = dest / manifest.projector.name if vision and manifest.projector else None
+    caps = _capabilities(machine, llama_server)
+    if not dry_run:
+        # The file on disk is the truth: re-plan the chosen quant on its own header.
+        files = [dest / f.name for f in manifest.quant_files(p.quant)]
+        local = _local_layout(model_path, p.quant)
+        if len(files) > 1:
+            local = replace(local, file_bytes=_shard_total(files))
+        p = plan(
+            manifest, machine, lambda q: local, replace(request, quant=p.quant), overheads=overheads
+        )
+    cmd = build_command(
+        p.config,
+        model_path=model_path,
+        mmproj_path=mmproj_path,
+        manifest=manifest,
+        block_count=manifest.architecture.block_count,
+        server=_server_options(host, port, alias, api_key_env),
+        capabilities=caps,
+    )
+    doc = None
+    if json_:
+        doc = {
+            "plan": plan_to_dict(p, machine),
+            "dry_run": dry_run,
+            "fetch": fetch_plan_to_dict(report.plan),
+            "files": report_to_dict(report)["files"] if not dry_run else [],
+        }
+    elif dry_run:
+        fp = report.plan
+        from quantpick.units import human
+
+        output.note(
+            f"Would fetch {human(fp.bytes_to_fetch)} from {fp.source} into {fp.dest_dir} "
+            f"({human(fp.free_bytes)} free: {'enough' if fp.enough_space else 'NOT enough'})"
+        )
+        for f in fp.files:
+            output.note(
+                f"  {f.name}: {f.state}, sha256 from {', '.join(f.sha256_from) or 'nowhere'}"
+            )
+    _emit_command(
+        cmd,
+        fmt=fmt,
+        script=None if dry_run else script,
+        comment=_plan_comment(p, machine),
+        json_doc=doc,
+    )
