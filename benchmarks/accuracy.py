@@ -39,21 +39,38 @@ def models(tmp: Path) -> dict:
         "q4km": (types, True, "BF16"),
         "bf16": ({}, True, "BF16"),
         "q8_0": ({}, True, "Q8_0"),
-        "q4km-nomtp": ({k: v for k, v in types.items() if not k.startswith("blk.40.")}, False, "BF16"),
+        "q4km-nomtp": (
+            {k: v for k, v in types.items() if not k.startswith("blk.40.")},
+            False,
+            "BF16",
+        ),
     }
     out = {}
     for key, (t, mtp, default) in specs.items():
         path = tmp / f"{key}.gguf"
         size = write_conformance_gguf(path, t, mtp=mtp, default=default)
-        out[key] = (path, layout_from_header(read_gguf_file(path), basis=str(path), file_bytes=size))
+        out[key] = (
+            path,
+            layout_from_header(read_gguf_file(path), basis=str(path), file_bytes=size),
+        )
     return out
 
 
 def live(bin_dir: Path, model: Path, args: list[str]) -> dict:
     from record_conformance import parse  # type: ignore[import-not-found]
 
-    cmd = [str(bin_dir / "llama-fit-params"), "-m", str(model), "-fa", "on", "-fitp", "on",
-           "-fit", "off", *args]
+    cmd = [
+        str(bin_dir / "llama-fit-params"),
+        "-m",
+        str(model),
+        "-fa",
+        "on",
+        "-fitp",
+        "on",
+        "-fit",
+        "off",
+        *args,
+    ]
     if "-dev" not in args:
         cmd += ["--rpc", "127.0.0.1:50072,127.0.0.1:50073"]
     return parse(subprocess.run(cmd, capture_output=True, text=True, timeout=120).stdout)
@@ -65,20 +82,36 @@ def main() -> None:
     args = ap.parse_args()
     sys.path.insert(0, str(ROOT / "scripts"))
     tables = [
-        ("q4km", json.loads((ROOT / "tests/data/llamacpp-fit-q4_k_m.json").read_text())["cases"], True),
-        (None, json.loads((ROOT / "tests/data/llamacpp-fit-extra.json").read_text())["cases"], False),
+        (
+            "q4km",
+            json.loads((ROOT / "tests/data/llamacpp-fit-q4_k_m.json").read_text())["cases"],
+            True,
+        ),
+        (
+            None,
+            json.loads((ROOT / "tests/data/llamacpp-fit-extra.json").read_text())["cases"],
+            False,
+        ),
     ]
     workers = []
     if args.llama_bin:
-        workers = [subprocess.Popen([str(args.llama_bin / "ggml-rpc-server"), "-H", "127.0.0.1",
-                                     "-p", str(p)], stdout=subprocess.DEVNULL,
-                                    stderr=subprocess.DEVNULL) for p in (50072, 50073)]
+        workers = [
+            subprocess.Popen(
+                [str(args.llama_bin / "ggml-rpc-server"), "-H", "127.0.0.1", "-p", str(p)],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+            for p in (50072, 50073)
+        ]
         time.sleep(1.5)
     errors: dict[str, list[int]] = {"model": [], "context": [], "compute": [], "host_compute": []}
     try:
         with tempfile.TemporaryDirectory() as tmp:
             built = models(Path(tmp))
-            print(f"{'case':<62} {'device':<6} {'model q/l':>13} {'context q/l':>13} {'compute q/l':>13}")
+            print(
+                f"{'case':<62} {'device':<6} {'model q/l':>13} {'context q/l':>13} "
+                f"{'compute q/l':>13}"
+            )
             for default_model, cases, original in tables:
                 for case in cases:
                     key = default_model or case["model"]
@@ -94,9 +127,11 @@ def main() -> None:
                     est = estimate(layout, rpc_machine(n_gpu), config)
                     label = (key + " " + " ".join(flags))[:62]
                     for dev, (name, w) in zip(est.devices, want.items(), strict=True):
-                        got = {"model": dev.weights_bytes // MiB,
-                               "context": (dev.kv_bytes + dev.recurrent_bytes) // MiB,
-                               "compute": dev.compute_bytes // MiB}
+                        got = {
+                            "model": dev.weights_bytes // MiB,
+                            "context": (dev.kv_bytes + dev.recurrent_bytes) // MiB,
+                            "compute": dev.compute_bytes // MiB,
+                        }
                         cells = []
                         for comp in ("model", "context", "compute"):
                             ref = w[comp]
@@ -104,7 +139,9 @@ def main() -> None:
                                 cells.append(f"{got[comp]:>6}/{'-':>6}")
                                 continue
                             cells.append(f"{got[comp]:>6}/{ref:>6}")
-                            bucket = "host_compute" if comp == "compute" and name == "Host" else comp
+                            bucket = (
+                                "host_compute" if comp == "compute" and name == "Host" else comp
+                            )
                             errors[bucket].append(abs(got[comp] - ref))
                         print(f"{label:<62} {name:<6} {cells[0]:>13} {cells[1]:>13} {cells[2]:>13}")
                         label = ""
@@ -115,10 +152,15 @@ def main() -> None:
     print("absolute error, MiB (q = quantpick, l = llama.cpp):")
     for comp, values in errors.items():
         if values:
-            print(f"  {comp:<13} n={len(values):<3} max={max(values):>6}  median={statistics.median(values):>7.1f}"
-                  f"  exact={sum(v == 0 for v in values)}/{len(values)}")
-    print("compute: llama.cpp figures are its CPU backend behind RPC; quantpick models CUDA "
-          "(FA scratch for quantized KV, host experts copied for prompt processing).")
+            print(
+                f"  {comp:<13} n={len(values):<3} max={max(values):>6}  "
+                f"median={statistics.median(values):>7.1f}"
+                f"  exact={sum(v == 0 for v in values)}/{len(values)}"
+            )
+    print(
+        "compute: llama.cpp figures are its CPU backend behind RPC; quantpick models CUDA "
+        "(FA scratch for quantized KV, host experts copied for prompt processing)."
+    )
 
 
 if __name__ == "__main__":

@@ -30,28 +30,78 @@ from conformance_model import load_types, write_conformance_gguf  # noqa: E402
 # types, with MTP), q4km-nomtp (40 blocks).
 GRID: list[tuple[str, list[str]]] = [
     ("q4km", ["-c", "10000", "-np", "3", "-ngl", "99", "-ts", "24,16"]),
-    ("q4km", ["-c", "65536", "-np", "2", "-ngl", "99", "-ts", "3,1", "-ctk", "q8_0", "-ctv", "f16"]),
-    ("q4km", ["-c", "131072", "-np", "1", "-ngl", "99", "-ts", "1,1", "-ctk", "q4_0", "-ctv", "q4_0"]),
+    (
+        "q4km",
+        ["-c", "65536", "-np", "2", "-ngl", "99", "-ts", "3,1", "-ctk", "q8_0", "-ctv", "f16"],
+    ),
+    (
+        "q4km",
+        ["-c", "131072", "-np", "1", "-ngl", "99", "-ts", "1,1", "-ctk", "q4_0", "-ctv", "q4_0"],
+    ),
     ("q4km", ["-c", "65536", "-np", "4", "-ngl", "20", "-ts", "24,16"]),
     ("q4km", ["-c", "32768", "-np", "1", "-ngl", "1", "-ts", "24,16"]),
     ("q4km", ["-c", "32768", "-np", "1", "-ngl", "99", "-ts", "24,16", "--n-cpu-moe", "25"]),
     ("q4km", ["-c", "32768", "-np", "1", "-ngl", "99", "-ts", "24,16", "--cpu-moe"]),
-    ("q4km", ["-c", "32768", "-np", "1", "-ngl", "99", "-ts", "24,16", "-ot",
-              r"blk\.(1[0-9]|2[0-9])\.ffn_(up|down|gate)_exps=CPU"]),
+    (
+        "q4km",
+        [
+            "-c",
+            "32768",
+            "-np",
+            "1",
+            "-ngl",
+            "99",
+            "-ts",
+            "24,16",
+            "-ot",
+            r"blk\.(1[0-9]|2[0-9])\.ffn_(up|down|gate)_exps=CPU",
+        ],
+    ),
     ("q4km", ["-c", "32768", "-np", "1", "-ngl", "99", "-ts", "24,16", "-nkvo"]),
-    ("q4km", ["-c", "49152", "-np", "2", "-ngl", "99", "-ts", "30,12", "-ctk", "q5_1", "-ctv", "q5_0"]),
-    ("q4km", ["-c", "262144", "-np", "8", "-ngl", "99", "-ts", "24,16", "-ctk", "f32", "-ctv", "f32"]),
-    ("q4km", ["-c", "16384", "-np", "1", "-ngl", "99", "-ts", "24,16", "-ub", "2048", "-b", "2048"]),
-    ("q4km", ["-c", "8192", "-np", "1", "-ngl", "99", "-ts", "24,16", "-ctk", "iq4_nl", "-ctv", "q4_1"]),
+    (
+        "q4km",
+        ["-c", "49152", "-np", "2", "-ngl", "99", "-ts", "30,12", "-ctk", "q5_1", "-ctv", "q5_0"],
+    ),
+    (
+        "q4km",
+        ["-c", "262144", "-np", "8", "-ngl", "99", "-ts", "24,16", "-ctk", "f32", "-ctv", "f32"],
+    ),
+    (
+        "q4km",
+        ["-c", "16384", "-np", "1", "-ngl", "99", "-ts", "24,16", "-ub", "2048", "-b", "2048"],
+    ),
+    (
+        "q4km",
+        ["-c", "8192", "-np", "1", "-ngl", "99", "-ts", "24,16", "-ctk", "iq4_nl", "-ctv", "q4_1"],
+    ),
     ("q4km", ["-c", "100000", "-np", "4", "-dev", "none"]),
     ("bf16", ["-c", "32768", "-np", "1", "-ngl", "99", "-ts", "1,1", "--n-cpu-moe", "30"]),
     ("bf16", ["-c", "65536", "-np", "2", "-dev", "none"]),
-    ("q8_0", ["-c", "131072", "-np", "1", "-ngl", "99", "-ts", "24,16", "--n-cpu-moe", "12",
-              "-ctk", "q8_0", "-ctv", "q8_0"]),
+    (
+        "q8_0",
+        [
+            "-c",
+            "131072",
+            "-np",
+            "1",
+            "-ngl",
+            "99",
+            "-ts",
+            "24,16",
+            "--n-cpu-moe",
+            "12",
+            "-ctk",
+            "q8_0",
+            "-ctv",
+            "q8_0",
+        ],
+    ),
     ("q8_0", ["-c", "4096", "-np", "1", "-ngl", "30", "-ts", "2,1"]),
     ("q4km-nomtp", ["-c", "32768", "-np", "1", "-ngl", "99", "-ts", "24,16"]),
-    ("q4km-nomtp", ["-c", "262144", "-np", "4", "-ngl", "41", "-ts", "24,16", "-ctk", "q8_0",
-                    "-ctv", "q8_0"]),
+    (
+        "q4km-nomtp",
+        ["-c", "262144", "-np", "4", "-ngl", "41", "-ts", "24,16", "-ctk", "q8_0", "-ctv", "q8_0"],
+    ),
     ("q4km-nomtp", ["-c", "65536", "-np", "1", "-ngl", "99", "-ts", "24,16", "--n-cpu-moe", "8"]),
 ]
 
@@ -62,7 +112,11 @@ def write_models(tmp: Path) -> dict[str, Path]:
         "q4km": (types, True, "BF16"),
         "bf16": ({}, True, "BF16"),
         "q8_0": ({}, True, "Q8_0"),
-        "q4km-nomtp": ({k: v for k, v in types.items() if not k.startswith("blk.40.")}, False, "BF16"),
+        "q4km-nomtp": (
+            {k: v for k, v in types.items() if not k.startswith("blk.40.")},
+            False,
+            "BF16",
+        ),
     }
     paths = {}
     for key, (t, mtp, default) in models.items():
@@ -76,8 +130,10 @@ def parse(text: str) -> dict[str, dict[str, int | None]]:
     out: dict[str, dict[str, int | None]] = {}
     for line in text.splitlines():
         parts = line.split()
-        if len(parts) == 4 and parts[0] in ("RPC0", "RPC1", "Host") and all(
-            p.lstrip("-").isdigit() for p in parts[1:]
+        if (
+            len(parts) == 4
+            and parts[0] in ("RPC0", "RPC1", "Host")
+            and all(p.lstrip("-").isdigit() for p in parts[1:])
         ):
             model = int(parts[1])
             out[parts[0]] = {
@@ -97,18 +153,31 @@ def main() -> None:
     args.tmp.mkdir(parents=True, exist_ok=True)
     models = write_models(args.tmp)
     workers = [
-        subprocess.Popen([str(args.bin / "ggml-rpc-server"), "-H", "127.0.0.1", "-p", str(port)],
-                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        subprocess.Popen(
+            [str(args.bin / "ggml-rpc-server"), "-H", "127.0.0.1", "-p", str(port)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         for port in (50062, 50063)
     ]
     time.sleep(1.5)
-    version = subprocess.run([str(args.bin / "llama-server"), "--version"], capture_output=True,
-                             text=True).stderr.splitlines()[0]
+    version = subprocess.run(
+        [str(args.bin / "llama-server"), "--version"], capture_output=True, text=True
+    ).stderr.splitlines()[0]
     cases = []
     try:
         for key, extra in GRID:
-            cmd = [str(args.bin / "llama-fit-params"), "-m", str(models[key]), "-fa", "on",
-                   "-fitp", "on", "-fit", "off"] + extra
+            cmd = [
+                str(args.bin / "llama-fit-params"),
+                "-m",
+                str(models[key]),
+                "-fa",
+                "on",
+                "-fitp",
+                "on",
+                "-fit",
+                "off",
+            ] + extra
             if "-dev" not in extra:
                 cmd += ["--rpc", "127.0.0.1:50062,127.0.0.1:50063"]
             run = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
@@ -121,17 +190,24 @@ def main() -> None:
     finally:
         for w in workers:
             w.terminate()
-    args.out.write_text(json.dumps({
-        "source": f"llama-fit-params --fit-print on -fit off -fa on ({version})",
-        "models": {
-            "q4km": "llama.cpp Q4_K_M tensor types (tests/data/q4_k_m-tensor-types.tsv), 41 blocks",
-            "bf16": "every matrix BF16, 41 blocks", "q8_0": "every matrix Q8_0, 41 blocks",
-            "q4km-nomtp": "Q4_K_M types without the MTP block (40 blocks)",
-        },
-        "devices_note": "RPC0/RPC1: two llama.cpp RPC workers on 127.0.0.1 standing in for two "
-                        "GPUs (free memory = host RAM). MiB floored. Compute is the CPU backend's.",
-        "cases": cases,
-    }, indent=1) + "\n")
+    args.out.write_text(
+        json.dumps(
+            {
+                "source": f"llama-fit-params --fit-print on -fit off -fa on ({version})",
+                "models": {
+                    "q4km": "llama.cpp Q4_K_M tensor types (q4_k_m-tensor-types.tsv), 41 blocks",
+                    "bf16": "every matrix BF16, 41 blocks",
+                    "q8_0": "every matrix Q8_0, 41 blocks",
+                    "q4km-nomtp": "Q4_K_M types without the MTP block (40 blocks)",
+                },
+                "devices_note": "RPC0/RPC1: two llama.cpp RPC workers on 127.0.0.1 stand in for "
+                "two GPUs (free memory = host RAM). MiB floored. Compute: the CPU backend's.",
+                "cases": cases,
+            },
+            indent=1,
+        )
+        + "\n"
+    )
 
 
 if __name__ == "__main__":

@@ -242,7 +242,11 @@ def extra_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, ModelLay
         "q4km": (types, True, "BF16"),
         "bf16": ({}, True, "BF16"),
         "q8_0": ({}, True, "Q8_0"),
-        "q4km-nomtp": ({k: v for k, v in types.items() if not k.startswith("blk.40.")}, False, "BF16"),
+        "q4km-nomtp": (
+            {k: v for k, v in types.items() if not k.startswith("blk.40.")},
+            False,
+            "BF16",
+        ),
     }
     out = {}
     tmp = tmp_path_factory.mktemp("extra")

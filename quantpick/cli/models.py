@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from quantpick.cli.app import app
-from quantpick.cli.options import JsonOpt
+from quantpick.cli.options import JsonOpt, complete_model_id
 
 if TYPE_CHECKING:
     from quantpick.errors import ManifestError
@@ -26,6 +26,7 @@ ModelArg = Annotated[
         help="A manifest id (see `quantpick models`) or a repo id such as "
         "empero-ai/Qwen3.8-35B-A3B-Distill-GGUF.",
         show_default=False,
+        autocompletion=complete_model_id,
     ),
 ]
 

@@ -38,3 +38,14 @@ LlamaServerOpt = Annotated[
     Optional[Path],  # noqa: UP045
     typer.Option("--llama-server", help="The llama-server binary to inspect (default: PATH)."),
 ]
+
+
+def complete_model_id(incomplete: str) -> list[str]:
+    """Shell completion for MODEL: the ids of the manifests quantpick knows."""
+    try:
+        from quantpick.manifest import list_manifests
+
+        ids = [m.id for m in list_manifests(errors=[])]
+    except Exception:  # completion must never print a traceback into the shell
+        return []
+    return [i for i in ids if i.startswith(incomplete)]

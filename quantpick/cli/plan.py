@@ -14,7 +14,15 @@ from typing import TYPE_CHECKING, Annotated, Any, Optional
 import typer
 
 from quantpick.cli.app import app
-from quantpick.cli.options import CpuOnlyOpt, GpuOpt, HardwareOpt, JsonOpt, LlamaServerOpt, RamOpt
+from quantpick.cli.options import (
+    CpuOnlyOpt,
+    GpuOpt,
+    HardwareOpt,
+    JsonOpt,
+    LlamaServerOpt,
+    RamOpt,
+    complete_model_id,
+)
 
 if TYPE_CHECKING:
     from quantpick.layout import ModelLayout
@@ -28,7 +36,10 @@ if TYPE_CHECKING:
 
 ModelArg = Annotated[
     Optional[str],  # noqa: UP045
-    typer.Argument(help="Model id (see `quantpick models`) or its Hugging Face repo."),
+    typer.Argument(
+        help="Model id (see `quantpick models`) or its Hugging Face repo.",
+        autocompletion=complete_model_id,
+    ),
 ]
 QuantOpt = Annotated[Optional[str], typer.Option("--quant", "-q", help="The quant, e.g. Q4_K_M.")]  # noqa: UP045
 GgufOpt = Annotated[

@@ -1,0 +1,1 @@
+complete --command quantpick --no-files --arguments "(env _QUANTPICK_COMPLETE=complete_fish _TYPER_COMPLETE_FISH_ACTION=get-args _TYPER_COMPLETE_ARGS=(commandline -cp) quantpick)" --condition "env _QUANTPICK_COMPLETE=complete_fish _TYPER_COMPLETE_FISH_ACTION=is-args _TYPER_COMPLETE_ARGS=(commandline -cp) quantpick"

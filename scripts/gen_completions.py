@@ -1,0 +1,52 @@
+#!/usr/bin/env python3
+"""Regenerate completions/quantpick.{bash,zsh,fish} from the CLI (typer's completion scripts).
+
+The scripts ask `quantpick` itself for candidates (`_QUANTPICK_COMPLETE=complete_<shell>`), so
+commands, options and model ids stay current; tests/test_completions.py fails when these files
+differ from what this prints, and checks that completion answers.
+
+    python scripts/gen_completions.py            # rewrite the files
+    python scripts/gen_completions.py --check    # exit 1 when a file is stale
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SHELLS = ("bash", "zsh", "fish")
+PROG = "quantpick"
+COMPLETE_VAR = "_QUANTPICK_COMPLETE"
+
+
+def completion_script(shell: str) -> str:
+    # typer's own templates (the same text `quantpick --show-completion` prints for that shell)
+    from typer._completion_shared import get_completion_script
+
+    return get_completion_script(prog_name=PROG, complete_var=COMPLETE_VAR, shell=shell) + "\n"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--check", action="store_true")
+    args = ap.parse_args()
+    stale = []
+    for shell in SHELLS:
+        path = ROOT / "completions" / f"{PROG}.{shell}"
+        text = completion_script(shell)
+        if args.check:
+            if not path.exists() or path.read_text() != text:
+                stale.append(str(path))
+        else:
+            path.parent.mkdir(exist_ok=True)
+            path.write_text(text)
+    if stale:
+        print("stale: " + ", ".join(stale), file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
