@@ -276,11 +276,17 @@ def estimate(
     # Weights. The NextN/MTP block is skipped (never allocated) unless MTP speculation loads it.
     overrides = [(re.compile(p), _buft_to_device(b, gpu_names)) for p, b in config.override_tensors]
     n_cpu_moe = arch.block_count if config.cpu_moe else config.n_cpu_moe
-    host_expert_layer_bytes = 0
+
+    def skipped(slot: int) -> bool:
+        return slot != INPUT_SLOT and layout.is_nextn_slot(slot) and not mtp_loaded
+
+    host_experts = [0] * n_slots  # routed-expert bytes of each block that live in host memory
     if overrides:
+        # -ot: std::regex_search on every tensor name, first match wins, before the normal choice
+        # (llama_model_loader::create_tensor); --n-cpu-moe's own patterns come after the user's.
         for t in layout.tensors:
             slot = layout.slot_of(t.name)
-            if slot != INPUT_SLOT and layout.is_nextn_slot(slot) and not mtp_loaded:
+            if skipped(slot):
                 continue
             target = host_pos if slot == INPUT_SLOT else slot_device[slot]
             for pattern, dev in overrides:
@@ -291,50 +297,28 @@ def estimate(
                 if slot != INPUT_SLOT and t.is_expert and slot < n_cpu_moe:
                     target = host_pos
             acc[target].weights += t.n_bytes
-        for slot in range(n_slots):
-            if layout.is_nextn_slot(slot) and not mtp_loaded:
-                continue
-            acc[slot_device[slot]].layers.append(slot)
-        host_expert_layer_bytes = max(
-            (
-                sum(
-                    t.n_bytes for t in layout.tensors if t.is_expert and layout.slot_of(t.name) == s
-                )
-                for s in range(n_slots)
-                if any(p.search(f"blk.{s}.ffn_up_exps.weight") and d is None for p, d in overrides)
-                or s < n_cpu_moe
-            ),
-            default=0,
-        )
+            if t.is_expert and target == host_pos and slot != INPUT_SLOT:
+                host_experts[slot] += t.n_bytes
     else:
         acc[host_pos].weights += layout.input_bytes
         for slot, sw in enumerate(layout.slots):
-            if layout.is_nextn_slot(slot) and not mtp_loaded:
+            if skipped(slot):
                 continue
             dev = slot_device[slot]
-            acc[dev].layers.append(slot)
+            on_host = slot < n_cpu_moe or dev == host_pos
             acc[dev].weights += sw.dense_bytes
-            if sw.expert_bytes:
-                if slot < n_cpu_moe and slot != layout.output_slot:
-                    acc[host_pos].weights += sw.expert_bytes
-                    host_expert_layer_bytes = max(host_expert_layer_bytes, sw.expert_bytes)
-                else:
-                    acc[dev].weights += sw.expert_bytes
+            acc[host_pos if on_host else dev].weights += sw.expert_bytes
+            if on_host:
+                host_experts[slot] = sw.expert_bytes
     for slot in range(n_slots):
-        if slot >= arch.block_count or (layout.is_nextn_slot(slot) and not mtp_loaded):
+        if skipped(slot):
             continue
+        acc[slot_device[slot]].layers.append(slot)
         if layout.slots[slot].expert_bytes:
-            on_host = slot < n_cpu_moe or slot_device[slot] == host_pos
-            acc[host_pos if on_host else slot_device[slot]].experts.append(slot)
-    if slot_device[layout.output_slot] == host_pos:
-        pass  # output layer on the host: already counted there
-    # CPU layers' experts count as host-resident experts for op offload.
-    for slot in range(arch.block_count):
-        if slot_device[slot] == host_pos and n_gpu and layout.slots[slot].expert_bytes:
-            if not (layout.is_nextn_slot(slot) and not mtp_loaded):
-                host_expert_layer_bytes = max(
-                    host_expert_layer_bytes, layout.slots[slot].expert_bytes
-                )
+            acc[host_pos if host_experts[slot] else slot_device[slot]].experts.append(slot)
+    # With op offload, prompt processing copies one host-resident layer of experts at a time into
+    # the first GPU's compute buffer (notes section 2d, item 6).
+    host_expert_layer_bytes = max(host_experts) if n_gpu else 0
 
     # KV cache (10 attention layers) and recurrent state (30 DeltaNet layers).
     n_ctx, kv_size, n_stream = context_cells(
@@ -345,9 +329,8 @@ def estimate(
         * n_stream
         * kv_bytes_per_cell_per_layer(layout, config.cache_type_k, config.cache_type_v)
     )
-    rows = max(1, config.n_parallel) * (
-        1 + (config.spec_draft_n if mtp_loaded or config.spec_draft_n else 0)
-    )
+    # one cell per sequence, times (1 + drafts) rollback snapshots with MTP speculation
+    rows = max(1, config.n_parallel) * (1 + config.spec_draft_n)
     rs_layer = rows * recurrent_bytes_per_layer_per_row(layout)
     for il in range(arch.n_layer):
         dev = slot_device[il] if config.kv_offload else host_pos
