@@ -45,7 +45,7 @@ MAX_DIMS = 4  # GGML_MAX_DIMS
 MAX_NAME = 64  # GGML_MAX_NAME: llama.cpp's gguf.cpp rejects longer tensor names
 MAX_KEY = 65535  # GGUF spec: keys are at most 65535 bytes
 MAX_NESTING = 4  # arrays of arrays: llama.cpp writes none; bound the recursion anyway
-_SPLIT_TOTAL = 1 << 62  # sanity bound for products of dims
+_MAX_ELEMENTS = 1 << 62  # sanity bound for the product of dims (ggml uses int64)
 
 # GGUF value types (gguf.constants.GGUFValueType) -> struct code; STRING=8, ARRAY=9 handled apart.
 _SCALAR: dict[int, str] = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?",
@@ -82,6 +82,10 @@ class GGUFHeader:
 Fill = Callable[[int, int], bytes]
 
 
+class _Truncated(GGUFError):
+    """The bytes ran out (as opposed to an HTTP or I/O failure inside `fill`)."""
+
+
 class _Cursor:
     """Sequential reads over a growing buffer, with every length checked before it is trusted."""
 
@@ -97,6 +101,11 @@ class _Cursor:
     # -- limits -----------------------------------------------------------------------------
     def fail(self, message: str) -> GGUFError:
         return GGUFError(f"{self.source}: {message}")
+
+    def limit_text(self) -> str:
+        if self.file_size is not None and self.file_size <= self.max_bytes:
+            return f"the {self.file_size}-byte file"
+        return f"the {self.max_bytes}-byte header cap"
 
     def remaining(self) -> int:
         """Bytes that can still belong to the header: to the end of file, or to the header cap."""
@@ -114,7 +123,8 @@ class _Cursor:
             have = self.base + len(self.buf)
             chunk = self.fill(have, end - have)
             if not chunk:
-                raise self.fail(
+                raise _Truncated(
+                    f"{self.source}: "
                     f"truncated GGUF header: the file ends at byte {have}, a field at offset "
                     f"{self.pos} needs {n} bytes"
                 )
@@ -150,7 +160,10 @@ class _Cursor:
         at = self.pos
         length = self.unpack("Q")
         if length > self.remaining() or (cap is not None and length > cap):
-            limit = f"the {cap}-byte limit" if cap is not None and length > cap else "what is left"
+            if cap is not None and length > cap:
+                limit = f"the {cap}-byte limit"
+            else:
+                limit = f"what is left of {self.limit_text()}"
             raise self.fail(f"{what} at offset {at} claims {length} bytes, more than {limit}")
         return int(length)
 
@@ -165,8 +178,8 @@ class _Cursor:
         n = int(self.unpack("Q"))
         if n * min_item_bytes > self.remaining():
             raise self.fail(
-                f"{what} at offset {at} is {n}, more than the {self.remaining()} remaining "
-                "header bytes can hold"
+                f"{what} at offset {at} is {n}, more than the {self.remaining()} bytes left of "
+                f"{self.limit_text()} can hold"
             )
         return n
 
@@ -257,7 +270,7 @@ def parse_gguf_header(
     cur = _Cursor(fill, source, max_header_bytes, file_size)
     try:
         magic = cur.take(4)
-    except GGUFError:
+    except _Truncated:
         raise cur.fail("not a GGUF file (shorter than the 4-byte magic)") from None
     if magic != GGUF_MAGIC:
         raise cur.fail(f"not a GGUF file (magic {bytes(magic)!r}, expected b'GGUF')")
@@ -266,8 +279,9 @@ def parse_gguf_header(
         if version & 0xFFFF == 0 and (version >> 24) in SUPPORTED_VERSIONS:
             raise cur.fail("big-endian GGUF files are not supported")
         raise cur.fail(f"unsupported GGUF version {version} (quantpick reads versions 2 and 3)")
-    # Minimum sizes: a tensor info is name(8+1) + n_dims(4) + one dim(8) + type(4) + offset(8).
-    n_tensors = cur.count("tensor count", 33)
+    # Minimum sizes: a tensor info is name(8) + n_dims(4) + one dim(8) + type(4) + offset(8);
+    # a metadata pair is key(8+1) + type(4) + one byte of value.
+    n_tensors = cur.count("tensor count", 32)
     n_kv = cur.count("metadata count", 8 + 1 + 4 + 1)
     metadata: dict[str, Any] = {}
     for _ in range(n_kv):
@@ -303,7 +317,7 @@ def parse_gguf_header(
         elements = 1
         for dim in shape:
             elements *= dim
-            if elements > _SPLIT_TOTAL:
+            if elements > _MAX_ELEMENTS:
                 raise cur.fail(f"tensor {name}: shape {shape} is absurdly large")
         type_id = int(cur.unpack("I"))
         type_name = TYPE_BY_ID.get(type_id)
@@ -471,11 +485,16 @@ class RangeReader:
         raise GGUFError(f"{self.url}: more than {MAX_REDIRECTS} redirects")
 
     def _read_body(self, response: httpx.Response, limit: int) -> bytes:
+        import httpx
+
         out = bytearray()
-        for chunk in response.iter_raw(64 * 1024):
-            out += chunk
-            if len(out) >= limit:
-                break
+        try:
+            for chunk in response.iter_raw(64 * 1024):
+                out += chunk
+                if len(out) >= limit:
+                    break
+        except httpx.HTTPError as exc:  # timeouts, resets mid-body
+            raise GGUFError(f"{self.url}: reading the header failed: {exc!r}") from None
         self.bytes_fetched += len(out)
         return bytes(out[:limit])
 
@@ -532,11 +551,15 @@ class RangeReader:
             raise GGUFError(f"{self.url}: non-sequential read at {offset} of a streamed body")
         out = bytearray(self._pending)
         self._pending = b""
+        import httpx
+
         while len(out) < want:
             try:
                 chunk = next(self._stream_iter)
             except StopIteration:
                 break
+            except httpx.HTTPError as exc:
+                raise GGUFError(f"{self.url}: reading the header failed: {exc!r}") from None
             out += chunk
             self.bytes_fetched += len(chunk)
         if len(out) > want:

@@ -515,12 +515,13 @@ def _resolve_layout(
     model: str | None, quant: str | None, gguf: Path | None, *, exact: bool, network: bool
 ) -> tuple[ModelLayout, Manifest | None, str]:
     from quantpick.errors import UsageError
-    from quantpick.gguf_header import layout_from_header, read_gguf_file
+    from quantpick.gguf_header import layout_from_header, read_gguf_split
 
     if gguf is not None:
-        header = read_gguf_file(gguf)
+        # a split GGUF: every shard's header (each shard carries its own tensors)
+        header = read_gguf_split(gguf)
         layout = layout_from_header(
-            header, basis=f"gguf:{gguf}", file_bytes=gguf.stat().st_size, quant=quant
+            header, basis=f"gguf:{gguf}", file_bytes=header.stats.get("file_bytes"), quant=quant
         )
         manifest = None
         if model:

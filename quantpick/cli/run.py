@@ -188,16 +188,13 @@ def _manifest_for_gguf(path: Path, layout: ModelLayout) -> Manifest:
 
 
 def _local_layout(path: Path, quant: str | None) -> ModelLayout:
-    from quantpick.gguf_header import layout_from_header, read_gguf_file
+    """The exact layout of a GGUF on disk (all shards of a split file)."""
+    from quantpick.gguf_header import layout_from_header, read_gguf_split
 
-    size = path.stat().st_size
+    header = read_gguf_split(path)
     return layout_from_header(
-        read_gguf_file(path), basis=f"gguf:{path}", file_bytes=size, quant=quant
+        header, basis=f"gguf:{path}", file_bytes=header.stats.get("file_bytes"), quant=quant
     )
-
-
-def _shard_total(files: list[Path]) -> int:
-    return sum(p.stat().st_size for p in files)
 
 
 @app.command("command")
@@ -272,10 +269,6 @@ def command_cmd(
             )
         model_path = files[0]
         layout = _local_layout(model_path, q)
-        if len(files) > 1:
-            from dataclasses import replace as _replace
-
-            layout = _replace(layout, file_bytes=_shard_total(files))
         layouts = {q: layout}
         projector = None
         if vision:
@@ -459,10 +452,7 @@ def get_cmd(
     caps = _capabilities(machine, llama_server)
     if not dry_run:
         # The file on disk is the truth: re-plan the chosen quant on its own header.
-        files = [dest / f.name for f in manifest.quant_files(p.quant)]
         local = _local_layout(model_path, p.quant)
-        if len(files) > 1:
-            local = replace(local, file_bytes=_shard_total(files))
         p = plan(
             manifest, machine, lambda q: local, replace(request, quant=p.quant), overheads=overheads
         )
