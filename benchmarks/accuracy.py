@@ -24,7 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
-from conformance_model import load_types, write_conformance_gguf  # noqa: E402
+from conformance_model import write_grid_models  # noqa: E402
 from test_memory import case_config, config_from_args, rpc_machine  # noqa: E402
 
 from quantpick.gguf_header import layout_from_header, read_gguf_file  # noqa: E402
@@ -34,26 +34,10 @@ MiB = 1024**2
 
 
 def models(tmp: Path) -> dict:
-    types = load_types()
-    specs = {
-        "q4km": (types, True, "BF16"),
-        "bf16": ({}, True, "BF16"),
-        "q8_0": ({}, True, "Q8_0"),
-        "q4km-nomtp": (
-            {k: v for k, v in types.items() if not k.startswith("blk.40.")},
-            False,
-            "BF16",
-        ),
+    return {
+        key: (path, layout_from_header(read_gguf_file(path), basis=str(path), file_bytes=size))
+        for key, (path, size) in write_grid_models(tmp).items()
     }
-    out = {}
-    for key, (t, mtp, default) in specs.items():
-        path = tmp / f"{key}.gguf"
-        size = write_conformance_gguf(path, t, mtp=mtp, default=default)
-        out[key] = (
-            path,
-            layout_from_header(read_gguf_file(path), basis=str(path), file_bytes=size),
-        )
-    return out
 
 
 def live(bin_dir: Path, model: Path, args: list[str]) -> dict:

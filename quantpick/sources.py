@@ -115,6 +115,7 @@ class HFSource(RepoSource):
         # Read at call time: huggingface_hub reads HF_ENDPOINT/HF_HUB_OFFLINE once, at import.
         self.endpoint = (os.environ.get("HF_ENDPOINT") or constants.ENDPOINT).rstrip("/")
         self.repo = repo
+        self.revision = revision or "main"  # until repo_info pins it to the commit
         if _truthy(os.environ.get("HF_HUB_OFFLINE")) or constants.HF_HUB_OFFLINE:
             raise DownloadError(
                 f"cannot reach {repo} on Hugging Face: offline mode is on (HF_HUB_OFFLINE)",
@@ -220,7 +221,8 @@ class ModelScopeSource(RepoSource):
                 continue
             url = (
                 f"{self.endpoint}/api/v1/models/{self.repo}/repo?"
-                f"Revision={quote_plus(self.revision or 'master')}&FilePath={quote_plus(entry.path)}"
+                f"Revision={quote_plus(self.revision or 'master')}"
+                f"&FilePath={quote_plus(entry.path)}"
             )
             sha = (entry.sha256 or "").lower() or None
             files.append(RemoteFile(entry.path, entry.size, sha, url, "modelscope", self.revision))
@@ -242,7 +244,9 @@ class ModelScopeSource(RepoSource):
                 hint="log in with `modelscope login` or set MODELSCOPE_API_TOKEN",
             )
         if isinstance(exc, errors.NotExistError):
-            return DownloadError(f"{self.repo} (revision {self.revision}) was not found on ModelScope")
+            return DownloadError(
+                f"{self.repo} (revision {self.revision}) was not found on ModelScope"
+            )
         return DownloadError(f"ModelScope {self.repo}: {_short(exc)}")
 
 
@@ -292,7 +296,9 @@ def open_source(source: Source, *, settings: Settings | None = None) -> RepoSour
         if not source.url_template:
             raise UsageError("a mirror source needs a url_template")
         return MirrorSource(source.url_template, source.revision, source.name)
-    raise UsageError(f"unknown source kind {source.kind!r}", hint=f"one of {', '.join(SOURCE_KINDS)}")
+    raise UsageError(
+        f"unknown source kind {source.kind!r}", hint=f"one of {', '.join(SOURCE_KINDS)}"
+    )
 
 
 def describe(source: Source) -> dict[str, Any]:

@@ -24,7 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
-from conformance_model import load_types, write_conformance_gguf  # noqa: E402
+from conformance_model import write_grid_models  # noqa: E402
 
 # (model key, args) -- model keys: q4km (llama.cpp's Q4_K_M mix, with MTP), bf16, q8_0 (uniform
 # types, with MTP), q4km-nomtp (40 blocks).
@@ -107,23 +107,7 @@ GRID: list[tuple[str, list[str]]] = [
 
 
 def write_models(tmp: Path) -> dict[str, Path]:
-    types = load_types()
-    models = {
-        "q4km": (types, True, "BF16"),
-        "bf16": ({}, True, "BF16"),
-        "q8_0": ({}, True, "Q8_0"),
-        "q4km-nomtp": (
-            {k: v for k, v in types.items() if not k.startswith("blk.40.")},
-            False,
-            "BF16",
-        ),
-    }
-    paths = {}
-    for key, (t, mtp, default) in models.items():
-        path = tmp / f"{key}.gguf"
-        write_conformance_gguf(path, t, mtp=mtp, default=default)
-        paths[key] = path
-    return paths
+    return {key: path for key, (path, _) in write_grid_models(tmp).items()}
 
 
 def parse(text: str) -> dict[str, dict[str, int | None]]:

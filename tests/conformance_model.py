@@ -171,3 +171,27 @@ def write_conformance_gguf(
     f.truncate(total)
     w.close()
     return total
+
+
+def grid_models() -> dict[str, tuple[dict[str, str], bool, str]]:
+    """The models of tests/data/llamacpp-fit-extra.json: key -> (types, with MTP, default type)."""
+    types = load_types()
+    return {
+        "q4km": (types, True, "BF16"),
+        "bf16": ({}, True, "BF16"),
+        "q8_0": ({}, True, "Q8_0"),
+        "q4km-nomtp": (
+            {k: v for k, v in types.items() if not k.startswith("blk.40.")},
+            False,
+            "BF16",
+        ),
+    }
+
+
+def write_grid_models(directory: Path) -> dict[str, tuple[Path, int]]:
+    """Write every grid model into `directory`: key -> (path, file size)."""
+    out = {}
+    for key, (types, mtp, default) in grid_models().items():
+        path = directory / f"{key}.gguf"
+        out[key] = (path, write_conformance_gguf(path, types, mtp=mtp, default=default))
+    return out

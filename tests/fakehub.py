@@ -137,6 +137,15 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
+class _Server(ThreadingHTTPServer):
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        import sys
+
+        # Clients that hang up mid-answer (cut/stall tests, killed processes) are expected.
+        if not isinstance(sys.exc_info()[1], (ConnectionError, TimeoutError)):
+            super().handle_error(request, client_address)
+
+
 class FakeHub:
     def __init__(self, root: Path) -> None:
         self.root = Path(root)
@@ -153,11 +162,11 @@ class FakeHub:
 
     def start(self) -> FakeHub:
         for role in ("hub", "cdn"):
-            server = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+            server = _Server(("127.0.0.1", 0), _Handler)
             server.daemon_threads = True
             server.fake = self  # type: ignore[attr-defined]
             server.role = role  # type: ignore[attr-defined]
-            threading.Thread(target=server.serve_forever, daemon=True).start()
+            threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
             self._servers.append(server)
             url = f"http://127.0.0.1:{server.server_address[1]}"
             if role == "hub":
@@ -204,14 +213,19 @@ class FakeHub:
         token: str | None = None,
         lfs_suffixes: tuple[str, ...] = (".gguf", ".bin"),
     ) -> HubRepo:
-        """Serve `files` as `repo_id` on HF, ModelScope and the mirror. Bytes are written to disk."""
-        commit = revision or hashlib.sha1(repo_id.encode() + os.urandom(8)).hexdigest()  # noqa: S324
+        """Serve `files` as `repo_id` on HF, ModelScope and the mirror (bytes written to disk)."""
+        # A fresh 40-hex "commit" per repo (S324: sha1 is git's object id, not security).
+        commit = revision or hashlib.sha1(repo_id.encode() + os.urandom(8)).hexdigest()
         entries: dict[str, HubFile] = {}
         for name, content in files.items():
             if isinstance(content, Path):
                 path = content
             else:
-                path = self.root / "blobs" / hashlib.sha256(repo_id.encode() + name.encode()).hexdigest()
+                path = (
+                    self.root
+                    / "blobs"
+                    / hashlib.sha256(repo_id.encode() + name.encode()).hexdigest()
+                )
                 path.parent.mkdir(parents=True, exist_ok=True)
                 path.write_bytes(content)
             size = path.stat().st_size
@@ -227,9 +241,10 @@ class FakeHub:
         self.repos[repo_id].advertised[name] = fake
         return fake
 
-    def log(self, **entry: Any) -> None:
+    def log(self, **entry: Any) -> dict[str, Any]:
         with self._log_lock:
             self.requests.append(entry)
+            return entry
 
     def requests_for(self, name: str, method: str = "GET") -> list[dict[str, Any]]:
         """Logged byte requests (CDN, MS download, mirror) of one file name."""
@@ -252,9 +267,11 @@ class _Handler(BaseHTTPRequestHandler):
 
     # -- plumbing -----------------------------------------------------------------------------
 
-    def _entry(self, status: int, sent: int = 0, file: str | None = None, **extra: Any) -> None:
+    def _entry(
+        self, status: int, sent: int = 0, file: str | None = None, **extra: Any
+    ) -> dict[str, Any]:
         parts = urlsplit(self.path)
-        self.hub.log(
+        entry = dict(
             server=self.server.role,
             method=self.command,
             path=unquote(parts.path),
@@ -267,8 +284,15 @@ class _Handler(BaseHTTPRequestHandler):
             sent=sent,
             **extra,
         )
+        return self.hub.log(**entry)
 
-    def _json(self, status: int, document: Any, headers: dict[str, str] | None = None) -> None:
+    def _json(
+        self,
+        status: int,
+        document: Any,
+        headers: dict[str, str] | None = None,
+        file: str | None = None,
+    ) -> None:
         body = json.dumps(document).encode()
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
@@ -278,16 +302,22 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         if self.command != "HEAD":
             self.wfile.write(body)
-        self._entry(status)
+        self._entry(status, file=file)
 
-    def _error(self, status: int, code: str | None = None, message: str = "",
-               headers: dict[str, str] | None = None) -> None:
+    def _error(
+        self,
+        status: int,
+        code: str | None = None,
+        message: str = "",
+        headers: dict[str, str] | None = None,
+        file: str | None = None,
+    ) -> None:
         extra = dict(headers or {})
         if code:
             extra["X-Error-Code"] = code
         if message:
             extra["X-Error-Message"] = message
-        self._json(status, {"error": message or code or "error"}, extra)
+        self._json(status, {"error": message or code or "error"}, extra, file)
 
     def _authorized(self, repo: HubRepo) -> bool:
         if repo.token is None:
@@ -317,9 +347,9 @@ class _Handler(BaseHTTPRequestHandler):
             if path == "/api/agent-harnesses" or path == "/api/v1/repos/internalAccelerationInfo":
                 return self._error(404, None, "not here")
             if path.startswith("/api/models/"):
-                return self._hf_api(path[len("/api/models/"):], query)
+                return self._hf_api(path[len("/api/models/") :], query)
             if path.startswith("/api/v1/models/"):
-                return self._ms_api(path[len("/api/v1/models/"):], query)
+                return self._ms_api(path[len("/api/v1/models/") :], query)
             match = re.match(r"^/([^/]+/[^/]+)/resolve/([^/]+)/(.+)$", path)
             if match:
                 return self._hf_resolve(*match.groups())
@@ -333,8 +363,9 @@ class _Handler(BaseHTTPRequestHandler):
             if kind == "hf":
                 self._error(401 if repo else 404, "RepoNotFound", "Repository not found")
             else:
-                self._json(404, {"Code": 10010101, "Message": "model does not exist",
-                                 "Success": False})
+                self._json(
+                    404, {"Code": 10010101, "Message": "model does not exist", "Success": False}
+                )
             return None
         return repo
 
@@ -356,8 +387,10 @@ class _Handler(BaseHTTPRequestHandler):
             return
         tail = segments[2:]
         revision = tail[1] if len(tail) >= 2 else "main"
-        if tail and tail[0] in ("revision", "tree", "paths-info") and not self._revision_ok(
-            repo, revision, "main"
+        if (
+            tail
+            and tail[0] in ("revision", "tree", "paths-info")
+            and not self._revision_ok(repo, revision, "main")
         ):
             return self._error(404, "RevisionNotFound", f"Invalid rev id: {revision}")
         if not tail or tail[0] == "revision":
@@ -365,12 +398,22 @@ class _Handler(BaseHTTPRequestHandler):
             for f in repo.files.values():
                 sibling: dict[str, Any] = {"rfilename": f.name, "size": f.size, "blobId": f.git_oid}
                 if f.lfs:
-                    sibling["lfs"] = {"sha256": repo.sha_for(f.name), "size": f.size,
-                                      "pointerSize": 134}
+                    sibling["lfs"] = {
+                        "sha256": repo.sha_for(f.name),
+                        "size": f.size,
+                        "pointerSize": 134,
+                    }
                 siblings.append(sibling)
-            return self._json(200, {"id": repo.repo_id, "sha": repo.commit, "private": repo.private,
-                                    "gated": "manual" if repo.gated else False,
-                                    "siblings": siblings})
+            return self._json(
+                200,
+                {
+                    "id": repo.repo_id,
+                    "sha": repo.commit,
+                    "private": repo.private,
+                    "gated": "manual" if repo.gated else False,
+                    "siblings": siblings,
+                },
+            )
         if tail[0] == "tree":
             prefix = "/".join(tail[2:])
             files = [f for f in repo.files.values() if f.name.startswith(prefix)]
@@ -393,20 +436,24 @@ class _Handler(BaseHTTPRequestHandler):
             return self._error(404, "RevisionNotFound", f"Invalid rev id: {revision}")
         if repo.gated and not self._authorized(repo):
             return self._error(
-                401, "GatedRepo",
+                401,
+                "GatedRepo",
                 f"Access to model {repo_id} is restricted. You must have access to it and be "
                 "authenticated to access it. Please log in.",
             )
         f = repo.files.get(name)
         if f is None:
-            return self._error(404, "EntryNotFound", "Entry not found",
-                               {"X-Repo-Commit": repo.commit})
+            return self._error(
+                404, "EntryNotFound", "Entry not found", {"X-Repo-Commit": repo.commit}
+            )
         common = {"X-Repo-Commit": repo.commit, "Accept-Ranges": "bytes"}
         if f.lfs:
             sha = repo.sha_for(name)
             self.send_response(302)
-            self.send_header("Location", f"{self.hub.cdn_url}/lfs/{f.sha256}?name={quote(name)}"
-                             f"&repo={quote(repo_id)}")
+            self.send_header(
+                "Location",
+                f"{self.hub.cdn_url}/lfs/{f.sha256}?name={quote(name)}&repo={quote(repo_id)}",
+            )
             self.send_header("X-Linked-Etag", f'"{sha}"')
             self.send_header("X-Linked-Size", str(f.size))
             self.send_header("ETag", f'"{f.git_oid}"')
@@ -428,27 +475,41 @@ class _Handler(BaseHTTPRequestHandler):
         tail = "/".join(segments[2:])
         if tail == "revisions":
             branch = {"Revision": "master", "CreatedAt": 1_700_000_000}
-            return self._json(200, {"Code": 200, "Data": {"RevisionMap": {
-                "Branches": [branch], "Tags": []}}, "Success": True})
+            return self._json(
+                200,
+                {
+                    "Code": 200,
+                    "Data": {"RevisionMap": {"Branches": [branch], "Tags": []}},
+                    "Success": True,
+                },
+            )
         if tail == "":
             return self._json(200, {"Code": 200, "Data": {"Name": repo.repo_id}, "Success": True})
         revision = query.get("Revision", "master")
         if not self._revision_ok(repo, revision, "master"):
-            return self._json(404, {"Code": 10010205, "Message": "revision not found",
-                                    "Success": False})
+            return self._json(
+                404, {"Code": 10010205, "Message": "revision not found", "Success": False}
+            )
         if tail == "repo/files":
             files = [
-                {"Path": f.name, "Name": f.name.rsplit("/", 1)[-1], "Type": "blob",
-                 "Size": f.size, "Sha256": repo.sha_for(f.name), "IsLFS": f.lfs,
-                 "Revision": repo.commit}
+                {
+                    "Path": f.name,
+                    "Name": f.name.rsplit("/", 1)[-1],
+                    "Type": "blob",
+                    "Size": f.size,
+                    "Sha256": repo.sha_for(f.name),
+                    "IsLFS": f.lfs,
+                    "Revision": repo.commit,
+                }
                 for f in repo.files.values()
             ]
             return self._json(200, {"Code": 200, "Data": {"Files": files}, "Success": True})
         if tail == "repo":
             f = repo.files.get(query.get("FilePath", ""))
             if f is None:
-                return self._json(404, {"Code": 10010101, "Message": "file not found",
-                                        "Success": False})
+                return self._json(
+                    404, {"Code": 10010101, "Message": "file not found", "Success": False}
+                )
             return self._send_file(repo, f, {}, ms_style=True)
         self._error(404, None, "no route")
 
@@ -458,10 +519,11 @@ class _Handler(BaseHTTPRequestHandler):
         if path.startswith("/lfs/"):
             repo = self.hub.repos.get(query.get("repo", ""))
             f = repo.files.get(query.get("name", "")) if repo else None
-            if repo is None or f is None or f.sha256 != path[len("/lfs/"):]:
+            if repo is None or f is None or f.sha256 != path[len("/lfs/") :]:
                 return self._error(404, None, "no such object")
-            return self._send_file(repo, f, {
-                "Content-Disposition": f'inline; filename="{f.name.rsplit("/", 1)[-1]}";'})
+            return self._send_file(
+                repo, f, {"Content-Disposition": f'inline; filename="{f.name.rsplit("/", 1)[-1]}";'}
+            )
         match = re.match(r"^/mirror/([^/]+/[^/]+)/(.+)$", path)
         if match:
             repo = self.hub.repos.get(match.group(1))
@@ -481,7 +543,7 @@ class _Handler(BaseHTTPRequestHandler):
                 extra = {}
                 if kind == "429":
                     extra["Retry-After"] = str(faults[kind].params.get("retry_after", 1))
-                return self._error(status, None, "injected", extra)
+                return self._error(status, None, "injected", extra, f.name)
         start, end, ranged = 0, f.size - 1, False
         range_header = self.headers.get("Range")
         if range_header and "ignore_range" not in faults:
@@ -494,31 +556,43 @@ class _Handler(BaseHTTPRequestHandler):
                     start = max(0, f.size - int(match.group(2)))
                 end = min(end, f.size - 1)
                 if start >= f.size or start > end:
-                    return self._error(416, None, "range", {"Content-Range": f"bytes */{f.size}"})
+                    return self._error(
+                        416, None, "range", {"Content-Range": f"bytes */{f.size}"}, f.name
+                    )
                 ranged = True
         length = end - start + 1
         status = (self.hub.ms_range_status if ms_style else 206) if ranged else 200
         self.send_response(status)
         for key, value in headers.items():
             self.send_header(key, value)
-        declared = length + int(faults["wrong_length"].params.get("delta", 1)) \
-            if "wrong_length" in faults else length
+        declared = (
+            length + int(faults["wrong_length"].params.get("delta", 1))
+            if "wrong_length" in faults
+            else length
+        )
         self.send_header("Content-Length", str(declared))
         self.send_header("Content-Type", "application/octet-stream")
         if ranged:
-            shift = int(faults["wrong_range"].params.get("delta", 4096)) \
-                if "wrong_range" in faults else 0
+            shift = (
+                int(faults["wrong_range"].params.get("delta", 4096))
+                if "wrong_range" in faults
+                else 0
+            )
             self.send_header("Content-Range", f"bytes {start + shift}-{end}/{f.size}")
         self.end_headers()
         if self.command == "HEAD":
             self._entry(status, file=f.name)
             return
-        sent, cut = self._body(f, start, length, faults)
-        self._entry(status, sent=sent, file=f.name, cut=cut, faults=sorted(faults))
+        # Logged before the body, so tests see a transfer in progress; `sent`/`cut` filled after.
+        entry = self._entry(status, file=f.name, cut=False, faults=sorted(faults))
+        sent, cut = self._body(f, start, length, faults, entry)
+        entry["cut"] = cut
         if cut or "wrong_length" in faults:
             self.close_connection = True
 
-    def _body(self, f: HubFile, start: int, length: int, faults: dict[str, Fault]) -> tuple[int, bool]:
+    def _body(
+        self, f: HubFile, start: int, length: int, faults: dict[str, Fault], entry: dict[str, Any]
+    ) -> tuple[int, bool]:
         """Send bytes [start, start+length); returns (bytes sent, connection cut on purpose)."""
         self.wfile.flush()
         sock = self.connection
@@ -537,6 +611,7 @@ class _Handler(BaseHTTPRequestHandler):
                     if n == 0:
                         break
                     sent += n
+                    entry["sent"] = sent
             else:
                 handle.seek(start)
                 began = time.monotonic()
@@ -548,6 +623,7 @@ class _Handler(BaseHTTPRequestHandler):
                         chunk[flip_at - start - sent] ^= 0xFF
                     sock.sendall(chunk)
                     sent += len(chunk)
+                    entry["sent"] = sent
                     if rate:
                         ahead = sent / rate - (time.monotonic() - began)
                         if ahead > 0:
@@ -571,7 +647,9 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 @pytest.fixture
-def fake_hub(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeHub]:
+def fake_hub(
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[FakeHub]:
     """A running FakeHub with the real clients pointed at it (env vars, temp caches, no tokens)."""
     root = tmp_path_factory.mktemp("fakehub")
     hub = FakeHub(root).start()
@@ -592,3 +670,74 @@ def fake_hub(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.Monke
         yield hub
     finally:
         hub.stop()
+
+
+def make_manifest(
+    model_id: str,
+    files: dict[str, bytes],
+    sources: tuple[Any, ...],
+    *,
+    quant: str = "Q4_K_M",
+    checksums_file: str | None = "SHA256SUMS",
+    manifest_sha: dict[str, str | None] | None = None,
+) -> Any:
+    """A Manifest for `files` (each *.gguf is a model file of `quant`, "mmproj*" the projector)."""
+    from quantpick.manifest import Architecture, Manifest, ModelFile
+
+    arch = Architecture(
+        name="qwen35moe",
+        block_count=4,
+        nextn_predict_layers=0,
+        context_length=4096,
+        embedding_length=64,
+        head_count=4,
+        head_count_kv=2,
+        key_length=16,
+        value_length=16,
+        expert_count=4,
+        expert_used_count=2,
+        expert_feed_forward_length=32,
+        expert_shared_feed_forward_length=32,
+        ssm_conv_kernel=4,
+        ssm_state_size=16,
+        ssm_group_count=2,
+        ssm_time_step_rank=4,
+        ssm_inner_size=64,
+        full_attention_interval=4,
+        vocab_size=256,
+    )
+    shas = manifest_sha or {}
+    model_files = []
+    names = [n for n in files if n.endswith(".gguf")]
+    shards = [n for n in names if not n.startswith("mmproj")]
+    for name in names:
+        is_projector = name.startswith("mmproj")
+        sha = shas[name] if name in shas else hashlib.sha256(files[name]).hexdigest()
+        model_files.append(
+            ModelFile(
+                name=name,
+                quant="F16" if is_projector else quant,
+                size_bytes=len(files[name]),
+                size_exact=True,
+                sha256=sha,
+                quality_rank=None if is_projector else 5,
+                role="mmproj" if is_projector else "model",
+                shard=None if is_projector or len(shards) == 1 else shards.index(name) + 1,
+                shard_count=None if is_projector or len(shards) == 1 else len(shards),
+            )
+        )
+    return Manifest(
+        id=model_id,
+        display_name=model_id,
+        license=None,
+        architecture=arch,
+        sources=tuple(sources),
+        files=tuple(model_files),
+        checksums_file=checksums_file,
+    )
+
+
+def sha256sums(files: dict[str, bytes]) -> bytes:
+    return "".join(
+        f"{hashlib.sha256(data).hexdigest()}  {name}\n" for name, data in files.items()
+    ).encode()

@@ -7,7 +7,7 @@ import json
 from dataclasses import replace
 
 import pytest
-from conformance_model import DATA, write_conformance_gguf
+from conformance_model import DATA, write_conformance_gguf, write_grid_models
 
 from quantpick.errors import UsageError
 from quantpick.gguf_header import layout_from_header, read_gguf_file
@@ -235,26 +235,11 @@ def config_from_args(args: list[str]) -> tuple[RunConfig, int]:
 
 @pytest.fixture(scope="module")
 def extra_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, ModelLayout]:
-    from conformance_model import load_types
-
-    types = load_types()
-    specs = {
-        "q4km": (types, True, "BF16"),
-        "bf16": ({}, True, "BF16"),
-        "q8_0": ({}, True, "Q8_0"),
-        "q4km-nomtp": (
-            {k: v for k, v in types.items() if not k.startswith("blk.40.")},
-            False,
-            "BF16",
-        ),
+    built = write_grid_models(tmp_path_factory.mktemp("extra"))
+    return {
+        key: layout_from_header(read_gguf_file(path), basis=str(path), file_bytes=size)
+        for key, (path, size) in built.items()
     }
-    out = {}
-    tmp = tmp_path_factory.mktemp("extra")
-    for key, (t, mtp, default) in specs.items():
-        path = tmp / f"{key}.gguf"
-        size = write_conformance_gguf(path, t, mtp=mtp, default=default)
-        out[key] = layout_from_header(read_gguf_file(path), basis=str(path), file_bytes=size)
-    return out
 
 
 @pytest.mark.parametrize(
