@@ -658,12 +658,13 @@ NoOffloadOpt = Annotated[
 ]
 
 
-def plan_to_dict(p: Plan, machine: Machine) -> dict[str, Any]:
-    n_slots = p.estimate.devices and (p.config and 0)
-    del n_slots
+def plan_to_dict(p: Plan, machine: Machine, block_count: int) -> dict[str, Any]:
+    """The plan as JSON: the chosen configuration, per-device bytes, speed, the llama-server
+    flags it implies and every candidate with the reason it lost."""
     return {
         "model": p.model,
         "quant": p.quant,
+        "flags": _flags(p.config, block_count + 1),
         "files": [
             {"name": f.name, "size_bytes": f.size_bytes, "sha256": f.sha256} for f in p.files
         ],
@@ -799,8 +800,7 @@ def pick_cmd(
             f"{layouts.problems[-1]}"
         )
     if json_:
-        doc = plan_to_dict(p, machine)
-        doc["flags"] = _flags(p.config, n_slots)
+        doc = plan_to_dict(p, machine, manifest.architecture.block_count)
         doc["header_problems"] = layouts.problems
         output.print_json(doc)
         return

@@ -312,7 +312,7 @@ def command_cmd(
         server=_server_options(host, port, alias, api_key_env),
         capabilities=caps,
     )
-    doc = {"plan": plan_to_dict(p, machine)} if json_ else None
+    doc = {"plan": plan_to_dict(p, machine, manifest.architecture.block_count)} if json_ else None
     _emit_command(cmd, fmt=fmt, script=script, comment=_plan_comment(p, machine), json_doc=doc)
 
 
@@ -468,7 +468,7 @@ def get_cmd(
     doc = None
     if json_:
         doc = {
-            "plan": plan_to_dict(p, machine),
+            "plan": plan_to_dict(p, machine, manifest.architecture.block_count),
             "dry_run": dry_run,
             "fetch": fetch_plan_to_dict(report.plan),
             "files": report_to_dict(report)["files"] if not dry_run else [],

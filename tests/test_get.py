@@ -1,0 +1,205 @@
+"""`quantpick get`: the whole pipeline against the fake hubs (probe/described machine -> pick ->
+download + verify -> command), its dry run, re-runs, script output and Ctrl-C."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from fakehub import FakeHub
+from gguf_fixtures import TINY, write_gguf
+from typer.testing import CliRunner
+
+from quantpick.cli import app
+
+runner = CliRunner()
+REPO = "org/Tiny-GGUF"
+BOX = ["--gpu", "3090", "--gpu", "t4", "--ram", "64G"]
+LONG = dict(TINY, ctx=262144)  # the tiny architecture with the real model's context length
+
+
+def sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.fixture(scope="module")
+def repo_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("tinyrepo")
+    files: dict[str, Path] = {}
+    for big in ("Q8_0", "BF16"):
+        path = root / f"Tiny-{big}.gguf"
+        write_gguf(path, LONG, big=big, mtp=True, data="random")
+        files[path.name] = path
+    mmproj = root / "mmproj-Tiny-F16.gguf"
+    mmproj.write_bytes(b"GGUF" + os.urandom(200_000))
+    files[mmproj.name] = mmproj
+    (root / "SHA256SUMS").write_text("".join(f"{sha(p)}  {n}\n" for n, p in files.items()))
+    files["SHA256SUMS"] = root / "SHA256SUMS"
+    return files
+
+
+@pytest.fixture
+def tiny(fake_hub: FakeHub, repo_files: dict[str, Path]) -> str:
+    fake_hub.add_repo(REPO, dict(repo_files))
+    added = runner.invoke(app, ["manifest", "add", REPO, "--id", "tiny", "--json"])
+    assert added.exit_code == 0, added.stderr
+    return "tiny"
+
+
+def get_json(args: list[str]) -> dict:
+    result = runner.invoke(app, ["get", *args, "--json"])
+    assert result.exit_code == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+def byte_gets(hub: FakeHub) -> list[dict]:
+    """Transfers of file bodies: GETs without Range or with an open-ended resume range. (GGUF
+    header reads for planning ask for a closed window, `bytes=0-4194303`.)"""
+    return [
+        r
+        for r in hub.requests
+        if str(r.get("file", "")).endswith(".gguf")
+        and r.get("method") == "GET"
+        and (r.get("range") is None or str(r["range"]).endswith("-"))
+    ]
+
+
+def test_get_reference_box_262144(
+    tiny: str, fake_hub: FakeHub, repo_files: dict[str, Path], tmp_path: Path
+) -> None:
+    dest = tmp_path / "models"
+    doc = get_json([tiny, "-c", "262144", *BOX, "--dir", str(dest)])
+    plan = doc["plan"]
+    assert plan["quant"] == "BF16" and plan["placement"] == "gpu" and plan["fits"] is True
+    assert plan["machine"]["source"] == "described: --gpu 3090 --gpu t4 --ram 64G"
+    # verified files at their final names, with the repository's hashes
+    (entry,) = doc["files"]
+    path = Path(entry["path"])
+    assert entry["verified"] is True and path == dest / "Tiny-BF16.gguf"
+    assert sha(path) == sha(repo_files["Tiny-BF16.gguf"]) == entry["sha256"]
+    assert not list(dest.glob("*.part")) and (dest / "SHA256SUMS").exists()
+    # the command carries exactly the plan's placement flags
+    argv = doc["command"]["argv"]
+    assert argv[argv.index("-m") + 1] == str(path)
+    flags = plan["flags"]
+    env_words = [w for w in flags if "=" in w and not w.startswith("-")]
+    placement = [w for w in flags if w not in env_words]
+    joined = " ".join(argv)
+    assert " ".join(placement) in joined
+    for word in env_words:
+        key, value = word.split("=", 1)
+        assert doc["command"]["env"][key] == value
+    assert "-c 262144" in joined and "--fit off" in joined and "--jinja" in joined
+    assert plan["layout_basis"].startswith("gguf:")  # re-planned on the downloaded file's header
+
+    # a second run verifies what is there and downloads nothing
+    before = len(byte_gets(fake_hub))
+    again = get_json([tiny, "-c", "262144", *BOX, "--dir", str(dest)])
+    assert len(byte_gets(fake_hub)) == before
+    assert again["files"][0]["verified"] is True and again["files"][0]["reused"] is True
+    assert again["command"]["argv"] == argv
+
+
+def test_get_dry_run_writes_nothing(tiny: str, fake_hub: FakeHub, tmp_path: Path) -> None:
+    dest = tmp_path / "models"
+    doc = get_json([tiny, "-c", "32768", *BOX, "--dir", str(dest), "--dry-run", "--vision"])
+    assert doc["dry_run"] is True and doc["files"] == []
+    fetch = doc["fetch"]
+    assert fetch["bytes_to_fetch"] > 0 and fetch["enough_space"] is True
+    assert {f["name"] for f in fetch["files"]} == {"Tiny-BF16.gguf", "mmproj-Tiny-F16.gguf"}
+    assert fetch["source"].startswith("hf:")
+    assert "--mmproj" in doc["command"]["argv"]
+    assert not dest.exists() or not any(dest.iterdir())
+    assert byte_gets(fake_hub) == []
+
+
+def test_get_script_and_fixed_quant(tiny: str, tmp_path: Path) -> None:
+    script = tmp_path / "serve-tiny"
+    result = runner.invoke(
+        app,
+        [
+            "get",
+            tiny,
+            "-c",
+            "65536",
+            "--quant",
+            "Q8_0",
+            *BOX,
+            "--dir",
+            str(tmp_path / "m"),
+            "--script",
+            str(script),
+            "--quiet",
+        ],
+    )
+    assert result.exit_code == 0, result.stderr
+    assert stat.S_IMODE(script.stat().st_mode) == 0o755
+    text = script.read_text()
+    assert text.startswith("#!") and "set -euo pipefail" in text and "Tiny-Q8_0.gguf" in text
+    assert "quantpick plan: tiny Q8_0" in text
+
+
+def test_get_nothing_fits_downloads_nothing(tiny: str, fake_hub: FakeHub, tmp_path: Path) -> None:
+    result = runner.invoke(
+        app,
+        [
+            "get",
+            "qwen3.8-35b-a3b-distill",
+            "-c",
+            "262144",
+            "--gpu",
+            "tiny:2G",
+            "--ram",
+            "4G",
+            "--offline",
+            "--dir",
+            str(tmp_path),
+        ],
+    )
+    assert result.exit_code == 3 and result.stdout == ""
+    assert byte_gets(fake_hub) == []
+
+
+def test_ctrl_c_exits_130_and_the_rerun_resumes(
+    tiny: str, fake_hub: FakeHub, tmp_path: Path
+) -> None:
+    dest = tmp_path / "models"
+    fake_hub.faults.add("Tiny-BF16.gguf", "throttle", rate=2_000_000, times=1)
+    args = [
+        sys.executable,
+        "-m",
+        "quantpick",
+        "get",
+        tiny,
+        "-c",
+        "32768",
+        *BOX,
+        "--dir",
+        str(dest),
+        "--quant",
+        "BF16",
+    ]
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    part = dest / "Tiny-BF16.gguf.part"
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and not (part.exists() and part.stat().st_size > 1_000_000):
+        time.sleep(0.05)
+    assert part.exists(), proc.stderr.read() if proc.poll() is not None else "no .part"
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130, err
+    assert part.exists() and not (dest / "Tiny-BF16.gguf").exists()
+    kept = part.stat().st_size
+    rerun = subprocess.run(args, capture_output=True, text=True, timeout=60)
+    assert rerun.returncode == 0, rerun.stderr
+    assert (dest / "Tiny-BF16.gguf").exists() and not part.exists()
+    resumed = [r["range"] for r in byte_gets(fake_hub) if r["range"]]
+    assert resumed and int(resumed[-1][len("bytes=") : -1]) >= kept, "the rerun resumed"
