@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from functools import cached_property
+from functools import cached_property, lru_cache
 
 from quantpick.ggml import GGML_TYPES, tensor_bytes
 from quantpick.manifest import Architecture
@@ -104,7 +104,8 @@ class ModelLayout:
 SUPPORTED_ARCHITECTURES = ("qwen35moe",)
 
 
-def tensor_shapes(arch: Architecture) -> list[tuple[str, tuple[int, ...]]]:
+@lru_cache(maxsize=8)
+def tensor_shapes(arch: Architecture) -> tuple[tuple[str, tuple[int, ...]], ...]:
     """(name, ne) for every tensor llama.cpp's qwen35moe loader expects, MTP block included."""
     if arch.name not in SUPPORTED_ARCHITECTURES:
         raise ValueError(f"architecture {arch.name!r} is not modelled (supported: qwen35moe)")
@@ -170,7 +171,7 @@ def tensor_shapes(arch: Architecture) -> list[tuple[str, tuple[int, ...]]]:
                 (p + "nextn.hnorm.weight", (n_embd,)),
                 (p + "nextn.shared_head_norm.weight", (n_embd,)),
             ]
-    return shapes
+    return tuple(shapes)
 
 
 # ----------------------------------------------------------------------------------------------

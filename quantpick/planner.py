@@ -181,6 +181,16 @@ class _Search:
         best_speed = -1.0
         least: Estimate | None = None
         least_over = math.inf
+        if n_gpu >= 2:
+            # Split-invariant lower bound: with every slot on the GPUs, their weights, KV and
+            # state add up to the same bytes whatever the split, and the host's load does not
+            # depend on it either. If either already overflows, no split can fit.
+            budgets = [g.free_bytes for g in self.machine.usable_gpus]
+            even = tuple(float(b) for b in budgets)
+            probe = self.run(replace(config, tensor_split=even))
+            fixed = sum(d.weights_bytes + d.kv_bytes + d.recurrent_bytes for d in probe.gpus)
+            if fixed > sum(d.budget_bytes for d in probe.gpus) or not probe.host.fits:
+                return None, probe
         if n_gpu == 2:
             evaluated = self._two_gpu_candidates(config, n_slots)
         else:
@@ -339,10 +349,7 @@ def plan(
     chosen_layout: ModelLayout | None = None
     # Candidate order: quant quality, then KV quality (the order given).
     for quant in quants:
-        layout = layout_of(quant)
-        search = _Search(
-            layout, machine, overheads, projector_bytes, bandwidths, request.efficiency, target
-        )
+        search: _Search | None = None  # built on first use: skipped quants need no layout
         for kv in request.kv_types:
             base = RunConfig(
                 ctx_size=target,
@@ -372,6 +379,17 @@ def plan(
                     )
                 )
                 continue
+            if search is None:
+                layout = layout_of(quant)
+                search = _Search(
+                    layout,
+                    machine,
+                    overheads,
+                    projector_bytes,
+                    bandwidths,
+                    request.efficiency,
+                    target,
+                )
             placement, best, least = search.place(base, request.allow_offload)
             if best is None:
                 over, where = _overflow(least)
