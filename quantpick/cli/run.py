@@ -427,7 +427,7 @@ def get_cmd(
     overheads = _overheads(gpu_overhead, margin)
     layouts = _layout_source(manifest, exact=exact, network=not no_network)
     p = plan_exact(manifest, machine, layouts, request, overheads)
-    if not json_:
+    if not (json_ or quiet):
         output.note(
             f"Plan: {p.model} {p.quant} (KV {p.config.cache_type_k}, {p.placement}) for "
             f"-c {p.config.ctx_size}; decode upper bound {p.speed.tokens_per_s_target:.0f} tok/s "
