@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from quantpick.errors import UsageError
 from quantpick.ggml import KV_CACHE_TYPES, row_size
-from quantpick.layout import EXPERT_TENSOR_RE, INPUT_SLOT, ModelLayout
+from quantpick.layout import INPUT_SLOT, ModelLayout
 from quantpick.machine import Machine
 
 MiB = 1024**2
@@ -445,7 +445,3 @@ def estimate(
         pipeline_parallel=pipeline,
         notes=tuple(notes),
     )
-
-
-def expert_tensor(name: str) -> bool:
-    return EXPERT_TENSOR_RE.search(name) is not None

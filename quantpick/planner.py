@@ -299,10 +299,6 @@ class _Search:
         return ("none", None, last_least)
 
 
-def _kv_label(kv: str) -> str:
-    return f"{kv} KV"
-
-
 def plan(
     manifest: Manifest,
     machine: Machine,
