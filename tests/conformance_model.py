@@ -2,8 +2,9 @@
 Qwen3.8-35B-A3B-Distill architecture (41 blocks incl. MTP) and llama.cpp's Q4_K_M tensor types
 (tests/data/q4_k_m-tensor-types.tsv, from `llama-quantize --dry-run`).
 
-The shapes here are written out independently of quantpick.layout, so a mistake there shows up as a
-conformance failure instead of being copied into the fixture. The tensor data is a hole: the file
+The shapes come from the test fixtures (tests/gguf_fixtures.py), written out independently of
+quantpick.layout, so a mistake there shows up as a conformance failure instead of being copied
+into the fixture. The tensor data is a hole: the file
 has its full size (21,709,111,616 bytes with the full tokenizer) but uses no disk.
 """
 
@@ -11,89 +12,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from gguf_fixtures import FULL, tensor_list
+
 DATA = Path(__file__).parent / "data"
-
-FULL = dict(
-    n_embd=2048,
-    n_layer=40,
-    n_head=16,
-    n_head_kv=2,
-    head_dim=256,
-    n_expert=256,
-    n_expert_used=8,
-    n_ff_exp=512,
-    n_ff_shexp=512,
-    n_vocab=248320,
-    ssm_state=128,
-    ssm_groups=16,
-    ssm_v_heads=32,
-    conv=4,
-    ctx=262144,
-    interval=4,
-)
-
-
-def tensor_list(h: dict[str, int], mtp: bool) -> list[tuple[str, tuple[int, ...]]]:
-    """(name, ne) in ggml order, as llama.cpp's qwen35moe loader expects them."""
-    e, v = h["n_embd"], h["n_vocab"]
-    hd, nh, nkv = h["head_dim"], h["n_head"], h["n_head_kv"]
-    key_dim = h["ssm_state"] * h["ssm_groups"]
-    value_dim = h["ssm_state"] * h["ssm_v_heads"]
-    out: list[tuple[str, tuple[int, ...]]] = [
-        ("token_embd.weight", (e, v)),
-        ("output_norm.weight", (e,)),
-        ("output.weight", (e, v)),
-    ]
-
-    def block(il: int, attn: bool, nextn: bool) -> list[tuple[str, tuple[int, ...]]]:
-        p = f"blk.{il}."
-        t = [(p + "attn_norm.weight", (e,)), (p + "post_attention_norm.weight", (e,))]
-        if attn:
-            t += [
-                (p + "attn_q.weight", (e, hd * nh * 2)),
-                (p + "attn_k.weight", (e, hd * nkv)),
-                (p + "attn_v.weight", (e, hd * nkv)),
-                (p + "attn_output.weight", (hd * nh, e)),
-                (p + "attn_q_norm.weight", (hd,)),
-                (p + "attn_k_norm.weight", (hd,)),
-            ]
-        else:
-            t += [
-                (p + "attn_qkv.weight", (e, key_dim * 2 + value_dim)),
-                (p + "attn_gate.weight", (e, value_dim)),
-                (p + "ssm_conv1d.weight", (h["conv"], key_dim * 2 + value_dim)),
-                (p + "ssm_dt.bias", (h["ssm_v_heads"],)),
-                (p + "ssm_a", (h["ssm_v_heads"],)),
-                (p + "ssm_beta.weight", (e, h["ssm_v_heads"])),
-                (p + "ssm_alpha.weight", (e, h["ssm_v_heads"])),
-                (p + "ssm_norm.weight", (h["ssm_state"],)),
-                (p + "ssm_out.weight", (value_dim, e)),
-            ]
-        x, f, s = h["n_expert"], h["n_ff_exp"], h["n_ff_shexp"]
-        t += [
-            (p + "ffn_gate_inp.weight", (e, x)),
-            (p + "ffn_down_exps.weight", (f, e, x)),
-            (p + "ffn_gate_exps.weight", (e, f, x)),
-            (p + "ffn_up_exps.weight", (e, f, x)),
-            (p + "ffn_gate_inp_shexp.weight", (e,)),
-            (p + "ffn_gate_shexp.weight", (e, s)),
-            (p + "ffn_up_shexp.weight", (e, s)),
-            (p + "ffn_down_shexp.weight", (s, e)),
-        ]
-        if nextn:
-            t += [
-                (p + "nextn.eh_proj.weight", (2 * e, e)),
-                (p + "nextn.enorm.weight", (e,)),
-                (p + "nextn.hnorm.weight", (e,)),
-                (p + "nextn.shared_head_norm.weight", (e,)),
-            ]
-        return t
-
-    for il in range(h["n_layer"]):
-        out += block(il, (il + 1) % h["interval"] == 0, False)
-    if mtp:
-        out += block(h["n_layer"], True, True)
-    return out
 
 
 def load_types(path: Path = DATA / "q4_k_m-tensor-types.tsv") -> dict[str, str]:

@@ -12,64 +12,10 @@ from pathlib import Path
 import gguf
 import numpy as np
 from gguf import GGMLQuantizationType as T
+from gguf_fixtures import TINY, tensor_list
 
-TINY = dict(
-    n_embd=256, n_layer=8, n_head=4, n_head_kv=2, head_dim=64, n_expert=16, n_expert_used=4,
-    n_ff_exp=128, n_ff_shexp=128, n_vocab=1024, ssm_state=32, ssm_groups=4, ssm_v_heads=8, conv=4,
-    ctx=32768, interval=4,
-)  # fmt: skip
 ARCH = "qwen35moe"
 ALIGN = 32  # GGUF default general.alignment
-
-
-def tensor_list(h: dict[str, int]) -> list[tuple[str, tuple[int, ...]]]:
-    """(name, ne) in ggml order (ne[0] = row length); every 4th block is full attention."""
-    e, v = h["n_embd"], h["n_vocab"]
-    hd, nh, nkv = h["head_dim"], h["n_head"], h["n_head_kv"]
-    key_dim = h["ssm_state"] * h["ssm_groups"]
-    value_dim = h["ssm_state"] * h["ssm_v_heads"]
-    vh = h["ssm_v_heads"]
-    out: list[tuple[str, tuple[int, ...]]] = [
-        ("token_embd.weight", (e, v)),
-        ("output_norm.weight", (e,)),
-        ("output.weight", (e, v)),
-    ]
-    for il in range(h["n_layer"]):
-        p = f"blk.{il}."
-        out += [(p + "attn_norm.weight", (e,)), (p + "post_attention_norm.weight", (e,))]
-        if (il + 1) % h["interval"] == 0:
-            out += [
-                (p + "attn_q.weight", (e, hd * nh * 2)),  # query + gate
-                (p + "attn_k.weight", (e, hd * nkv)),
-                (p + "attn_v.weight", (e, hd * nkv)),
-                (p + "attn_output.weight", (hd * nh, e)),
-                (p + "attn_q_norm.weight", (hd,)),
-                (p + "attn_k_norm.weight", (hd,)),
-            ]
-        else:
-            out += [
-                (p + "attn_qkv.weight", (e, key_dim * 2 + value_dim)),
-                (p + "attn_gate.weight", (e, value_dim)),
-                (p + "ssm_conv1d.weight", (h["conv"], key_dim * 2 + value_dim)),
-                (p + "ssm_dt.bias", (vh,)),
-                (p + "ssm_a", (vh,)),
-                (p + "ssm_beta.weight", (e, vh)),
-                (p + "ssm_alpha.weight", (e, vh)),
-                (p + "ssm_norm.weight", (h["ssm_state"],)),
-                (p + "ssm_out.weight", (value_dim, e)),
-            ]
-        x, f, s = h["n_expert"], h["n_ff_exp"], h["n_ff_shexp"]
-        out += [
-            (p + "ffn_gate_inp.weight", (e, x)),
-            (p + "ffn_down_exps.weight", (f, e, x)),
-            (p + "ffn_gate_exps.weight", (e, f, x)),
-            (p + "ffn_up_exps.weight", (e, f, x)),
-            (p + "ffn_gate_inp_shexp.weight", (e,)),
-            (p + "ffn_gate_shexp.weight", (e, s)),
-            (p + "ffn_up_shexp.weight", (e, s)),
-            (p + "ffn_down_shexp.weight", (s, e)),
-        ]
-    return out
 
 
 def _qtype(name: str, ne: tuple[int, ...]) -> T:
@@ -145,7 +91,7 @@ def write_tiny_model(path: Path, *, seed: int = 0) -> int:
     )
 
     entries: list[tuple[str, T, int]] = []
-    for name, ne in tensor_list(h):
+    for name, ne in tensor_list(h, mtp=False):
         qt = _qtype(name, ne)
         block, type_size = gguf.GGML_QUANT_SIZES[qt]
         n = int(np.prod(ne))
