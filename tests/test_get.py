@@ -203,3 +203,26 @@ def test_ctrl_c_exits_130_and_the_rerun_resumes(
     assert (dest / "Tiny-BF16.gguf").exists() and not part.exists()
     resumed = [r["range"] for r in byte_gets(fake_hub) if r["range"]]
     assert resumed and int(resumed[-1][len("bytes=") : -1]) >= kept, "the rerun resumed"
+
+
+def test_get_offline_uses_verified_local_files(
+    tiny: str, fake_hub: FakeHub, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    dest = tmp_path / "models"
+    first = get_json([tiny, "-c", "32768", *BOX, "--dir", str(dest)])
+    fake_hub.stop()  # the hub is gone: the files in place still serve, once verified
+    monkeypatch.setenv("QUANTPICK_OFFLINE", "1")
+    result = runner.invoke(app, ["get", tiny, "-c", "32768", *BOX, "--dir", str(dest), "--json"])
+    assert result.exit_code == 0, result.stderr
+    doc = json.loads(result.stdout)
+    assert "verified against its SHA256SUMS" in result.stderr
+    assert doc["files"][0]["verified"] is True and doc["files"][0]["bytes_fetched"] == 0
+    assert doc["command"]["argv"] == first["command"]["argv"]
+    # an altered file is never used
+    path = Path(doc["files"][0]["path"])
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 0xFF
+    path.write_bytes(bytes(data))
+    result = runner.invoke(app, ["get", tiny, "-c", "32768", *BOX, "--dir", str(dest)])
+    assert result.exit_code == 4 and result.stdout == ""
+    assert "does not match" in result.stderr

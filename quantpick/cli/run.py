@@ -340,6 +340,53 @@ def _quant_of(manifest: Manifest, filename: str) -> str:
     raise UsageError(f"{filename} is not a file of {manifest.id}", hint="pass --quant Q")
 
 
+def verified_local_files(
+    manifest: Manifest, quant: str, vision: bool, dest: Path
+) -> list[dict[str, Any]] | None:
+    """The quant's files in `dest`, hashed against dest/SHA256SUMS (written by an earlier download)
+    and the manifest's own hashes; None when a file or its checksum is missing. A mismatch is a
+    VerificationError (exit 4): a bad file is never used."""
+    from quantpick.download import wanted_files
+    from quantpick.errors import VerificationError
+    from quantpick.verify import parse_sha256sums, verify_files
+
+    sums_path = dest / "SHA256SUMS"
+    if not sums_path.is_file():
+        return None
+    sums = parse_sha256sums(sums_path.read_text())
+    expected: dict[str, str] = {}
+    for mf in wanted_files(manifest, quant, vision):
+        if mf.name not in sums or not (dest / mf.name).is_file():
+            return None
+        if mf.sha256 and mf.sha256.lower() != sums[mf.name].lower():
+            raise VerificationError(
+                f"{sums_path} lists {sums[mf.name]} for {mf.name}, the manifest {mf.sha256}"
+            )
+        expected[mf.name] = sums[mf.name]
+    result = verify_files(dest, expected)
+    bad = [c for c in result.files if c.status != "ok"]
+    if bad:
+        raise VerificationError(
+            f"{dest / bad[0].name}: sha256 {bad[0].actual} does not match {bad[0].expected} "
+            f"from {sums_path}",
+            hint="run the command again with the hub reachable to fetch it afresh",
+        )
+    return [
+        {
+            "name": c.name,
+            "path": str(dest / c.name),
+            "size": c.size,
+            "sha256": c.actual,
+            "verified": True,
+            "bytes_fetched": 0,
+            "resumed_from": 0,
+            "reused": True,
+            "source": f"local {sums_path}",
+        }
+        for c in result.files
+    ]
+
+
 @app.command("get")
 def get_cmd(
     model: ModelArg = None,
@@ -393,6 +440,7 @@ def get_cmd(
         _layout_source,
         _load_manifest,
         _machine,
+        _offline_env,
         _overheads,
         _request,
         plan_exact,
@@ -401,7 +449,7 @@ def get_cmd(
     from quantpick.command import build_command
     from quantpick.config import load_settings
     from quantpick.download import fetch_model
-    from quantpick.errors import UsageError
+    from quantpick.errors import DownloadError, UsageError
     from quantpick.planner import plan
 
     if fmt not in FORMATS:
@@ -435,18 +483,31 @@ def get_cmd(
         )
     dest = dir_ or settings.models_dir / manifest.id
     progress, live = _progress(quiet or json_)
-    with live:
-        report = fetch_model(
-            manifest,
-            p.quant,
-            settings=settings,
-            vision=vision,
-            dest_dir=dest,
-            source=source,
-            allow_unverified=allow_unverified,
-            dry_run=dry_run,
-            progress=progress,
-        )
+    report = None
+    offline = no_network or _offline_env()
+    try:
+        if offline and not dry_run:
+            raise DownloadError("offline (--offline or QUANTPICK_OFFLINE): no hub contacted")
+        with live:
+            report = fetch_model(
+                manifest,
+                p.quant,
+                settings=settings,
+                vision=vision,
+                dest_dir=dest,
+                source=source,
+                allow_unverified=allow_unverified,
+                dry_run=dry_run,
+                progress=progress,
+            )
+        files = report_to_dict(report)["files"] if not dry_run else []
+    except DownloadError as exc:
+        # No hub (offline, HF_HUB_OFFLINE, an outage): files already in place still serve, once
+        # verified against the checksums a previous run left beside them.
+        files = None if dry_run else verified_local_files(manifest, p.quant, vision, dest)
+        if files is None:
+            raise
+        output.warn(f"{exc.message}; using the files in {dest}, verified against its SHA256SUMS")
     model_path = dest / manifest.quant_files(p.quant)[0].name
     mmproj_path = dest / manifest.projector.name if vision and manifest.projector else None
     caps = _capabilities(machine, llama_server)
@@ -470,10 +531,10 @@ def get_cmd(
         doc = {
             "plan": plan_to_dict(p, machine, manifest.architecture.block_count),
             "dry_run": dry_run,
-            "fetch": fetch_plan_to_dict(report.plan),
-            "files": report_to_dict(report)["files"] if not dry_run else [],
+            "fetch": fetch_plan_to_dict(report.plan) if report is not None else None,
+            "files": files,
         }
-    elif dry_run:
+    elif dry_run and report is not None:
         fp = report.plan
         from quantpick.units import human
 
