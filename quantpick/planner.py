@@ -334,6 +334,10 @@ def plan(
         raise UsageError(f"{manifest.id} has no vision projector (mmproj)")
     projector_bytes = projector.size_bytes if projector else 0
     bandwidths = device_bandwidths(machine)
+    # A GPU whose query failed is left out of the plan, so name the ones used (--device): llama.cpp
+    # would otherwise spread layers over every GPU it sees.
+    usable = machine.usable_gpus
+    devices = None if len(usable) == len(machine.gpus) else tuple(g.index for g in usable)
     ranks = {
         f.quant: (f.quality_rank if f.quality_rank is not None else -1)
         for f in manifest.files
@@ -357,6 +361,7 @@ def plan(
                 ubatch=request.ubatch,
                 batch=request.batch,
                 vision=request.vision,
+                devices=devices,
             )
             if (
                 chosen is not None

@@ -287,3 +287,11 @@ def test_q8_0_kv_never_costs_more_than_f16(
     for a, b in zip(q8.devices, f16.devices, strict=True):
         assert a.kv_bytes <= b.kv_bytes
     assert sum(d.kv_bytes for d in q8.devices) < sum(d.kv_bytes for d in f16.devices)
+
+
+def test_a_failed_gpu_is_left_out_by_name() -> None:
+    broken = Gpu(index=1, name="GPU1", total_bytes=24 * GiB, free_bytes=0, error="Unknown Error")
+    m = machine(gpu(0, 24, 936), broken, gpu(2, 16, 320))
+    p = plan(MANIFEST, m, layout_of, PlanRequest(ctx_size=32768, prefer="speed"))
+    assert p.config.devices == (0, 2)
+    assert [d.device for d in p.estimate.gpus] == ["CUDA0", "CUDA2"]
