@@ -92,6 +92,12 @@ class ModelLayout:
     def tensor_bytes_total(self) -> int:
         return sum(t.n_bytes for t in self.tensors)
 
+    @cached_property
+    def recurrent_flags(self) -> tuple[bool, ...]:
+        """For each trunk block (0..n_layer-1): True for DeltaNet, False for full attention."""
+        arch = self.architecture
+        return tuple(arch.is_recurrent(il) for il in range(arch.n_layer))
+
     def is_nextn_slot(self, slot: int) -> bool:
         arch = self.architecture
         return arch.n_layer <= slot < arch.block_count

@@ -277,8 +277,10 @@ def estimate(
     overrides = [(re.compile(p), _buft_to_device(b, gpu_names)) for p, b in config.override_tensors]
     n_cpu_moe = arch.block_count if config.cpu_moe else config.n_cpu_moe
 
+    nextn_skipped = frozenset() if mtp_loaded else frozenset(range(arch.n_layer, arch.block_count))
+
     def skipped(slot: int) -> bool:
-        return slot != INPUT_SLOT and layout.is_nextn_slot(slot) and not mtp_loaded
+        return slot in nextn_skipped
 
     host_experts = [0] * n_slots  # routed-expert bytes of each block that live in host memory
     if overrides:
@@ -332,9 +334,9 @@ def estimate(
     # one cell per sequence, times (1 + drafts) rollback snapshots with MTP speculation
     rows = max(1, config.n_parallel) * (1 + config.spec_draft_n)
     rs_layer = rows * recurrent_bytes_per_layer_per_row(layout)
-    for il in range(arch.n_layer):
+    for il, recurrent in enumerate(layout.recurrent_flags):
         dev = slot_device[il] if config.kv_offload else host_pos
-        if arch.is_recurrent(il):
+        if recurrent:
             acc[dev].recurrent += rs_layer
             acc[dev].recurrent_layers.append(il)
         else:
