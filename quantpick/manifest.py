@@ -310,24 +310,9 @@ def check_file_name(name: str) -> str | None:
     Plain sub-folders ("BF16/x-00001-of-00002.gguf") are fine; anything that could escape the
     destination directory or mean different things on different systems is not.
     """
-    if not name:
-        return "must not be empty"
-    if "\x00" in name:
-        return "must not contain NUL"
-    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in name):
-        return "must not contain control characters"
-    if "\\" in name:
-        return "must not contain backslashes (use '/')"
-    if name.startswith("/"):
-        return "must be relative (no leading '/')"
-    if re.match(r"^[A-Za-z]:", name):
-        return "must be relative (no drive letter)"
-    parts = name.split("/")
-    if ".." in parts:
-        return "must not contain '..'"
-    if any(p in ("", ".") for p in parts):
-        return "must not contain empty or '.' path components"
-    return None
+    from quantpick.verify import name_problem
+
+    return name_problem(name)
 
 
 def _parse_architecture(r: _Reader) -> Architecture:

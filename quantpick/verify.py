@@ -6,11 +6,9 @@
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
 from collections.abc import Mapping
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,30 +30,34 @@ def safe_relative_name(name: str) -> str:
     percent-escaped separators or dots. Raises VerificationError (a hostile listing is an integrity
     problem, exit 4). Shared by every place that turns a remote name into a local path.
     """
-    problem = _name_problem(name)
+    problem = name_problem(name)
     if problem is not None:
         raise VerificationError(f"refusing file name {name!r}: {problem}")
     return name
 
 
-def _name_problem(name: str) -> str | None:
+def name_problem(name: str) -> str | None:
+    """Why `name` is not a safe relative file name inside a repository (None when it is): the one
+    rule for manifests, checksum files and hub listings alike."""
     if not name:
-        return "empty name"
+        return "must not be empty"
+    if "\x00" in name:
+        return "must not contain NUL"
     if any(ord(c) < 0x20 or ord(c) == 0x7F for c in name):
-        return "contains NUL or control characters"
+        return "must not contain control characters"
     if "\\" in name:
-        return "contains a backslash"
+        return "must not contain backslashes (use '/')"
     if name.startswith("/"):
-        return "absolute path"
+        return "must be relative (no leading '/')"
     if re.match(r"^[A-Za-z]:", name):
-        return "drive letter"
+        return "must be relative (no drive letter)"
     if _ESCAPE.search(name):
-        return "contains a percent-escaped separator, dot or NUL"
+        return "must not contain a percent-escaped separator, dot or NUL"
     parts = name.split("/")
     if ".." in parts:
-        return "contains '..'"
+        return "must not contain '..'"
     if any(part in ("", ".") for part in parts):
-        return "contains an empty or '.' path component"
+        return "must not contain empty or '.' path components"
     return None
 
 
@@ -95,6 +97,8 @@ def format_sha256sums(entries: Mapping[str, str]) -> str:
 
 def hash_file(path: Path | str, *, chunk_size: int = HASH_CHUNK) -> str:
     """sha256 hex of a file, read with a reused buffer."""
+    import hashlib  # here, not at import: manifest loading uses this module for name checks
+
     digest = hashlib.sha256()
     buffer = bytearray(chunk_size)
     view = memoryview(buffer)
@@ -144,6 +148,8 @@ def verify_files(
     root: Path | str, expected: Mapping[str, str], workers: int | None = None
 ) -> Verification:
     """Hash each listed file under `root` (in parallel) and compare with `expected`."""
+    from concurrent.futures import ThreadPoolExecutor  # not at import: manifests load this module
+
     base = Path(root)
     names = sorted(expected)
     for name in names:
