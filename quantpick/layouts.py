@@ -13,7 +13,6 @@ import hashlib
 import json
 import os
 import re
-import tempfile
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -92,6 +91,7 @@ def load_cached_header(settings: Settings, key: str) -> GGUFHeader | None:
 
 def store_cached_header(settings: Settings, keys: list[str], header: GGUFHeader) -> None:
     """Write the header under every key, atomically (temp file + rename); best effort."""
+    import tempfile  # only when writing: planning from the cache stays light
     directory = header_cache_dir(settings)
     try:
         directory.mkdir(parents=True, exist_ok=True)
