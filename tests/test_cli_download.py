@@ -17,7 +17,7 @@ from fakehub import FakeHub, gguf_bytes, sha256sums
 from typer.testing import CliRunner
 
 import quantpick.cli.download  # noqa: F401 - registers the commands
-from quantpick.cli.app import app
+from quantpick.cli import app
 
 MODEL = "Tiny-Q4_K_M.gguf"
 PROJ = "mmproj-F16.gguf"

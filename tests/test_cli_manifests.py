@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 import quantpick.cli  # noqa: F401 - registers models/show on the app
 import quantpick.cli.manifests  # noqa: F401 - registers `manifest` (not yet in cli/__init__)
-from quantpick.cli.app import app
+from quantpick.cli import app
 from quantpick.config import load_settings
 from quantpick.gguf_header import read_gguf_file, read_gguf_split
 from quantpick.layouts import layout_for

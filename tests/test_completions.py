@@ -66,3 +66,19 @@ def test_fish_and_zsh_completion_answer() -> None:
     assert "max-context" in fish and "manifest" in fish
     zsh = complete({"_QUANTPICK_COMPLETE": "complete_zsh", "_TYPER_COMPLETE_ARGS": "quantpick pro"})
     assert "probe" in zsh
+
+
+def test_main_loads_only_the_command_it_runs() -> None:
+    """The console script builds just the invoked command's module (start-up), yet help and
+    completion see every command."""
+    from quantpick.cli import COMMAND_MODULE, MODULES, _modules_for
+
+    assert _modules_for(["pick", "m", "-c", "4096"]) == ("plan",)
+    assert _modules_for(["--help"]) == MODULES and _modules_for([]) == MODULES
+    assert _modules_for(["no-such-command"]) == MODULES
+    assert set(COMMAND_MODULE.values()) == set(MODULES)
+    out = subprocess.run(
+        [sys.executable, "-m", "quantpick", "--help"], capture_output=True, text=True, check=True
+    ).stdout
+    for command in COMMAND_MODULE:
+        assert f"  {command} " in out, command

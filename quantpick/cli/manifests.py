@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
 
-from quantpick.cli.app import app
+from quantpick.cli.core import app
 from quantpick.cli.options import JsonOpt
 from quantpick.errors import ManifestError, QuantpickError, UsageError
 

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from quantpick.cli.app import app
+from quantpick.cli.core import app
 from quantpick.cli.options import JsonOpt, complete_model_id
 
 if TYPE_CHECKING:

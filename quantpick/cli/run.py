@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
 
-from quantpick.cli.app import app
+from quantpick.cli.core import app
 from quantpick.cli.options import CpuOnlyOpt, GpuOpt, HardwareOpt, JsonOpt, LlamaServerOpt, RamOpt
 from quantpick.cli.plan import (
     AllowQ4Opt,
