@@ -435,7 +435,10 @@ class RangeReader:
         self.final_url: str | None = None
         self.headers_for = headers_for or _default_headers
         self._own_client = client is None
-        self.client = client or httpx.Client(timeout=timeout, follow_redirects=False)
+        # a short connect timeout: a firewalled hub should not stall planning for long
+        self.client = client or httpx.Client(
+            timeout=httpx.Timeout(timeout, connect=min(timeout, 5.0)), follow_redirects=False
+        )
         self.initial_window = initial_window
         self.requests = 0
         self.bytes_fetched = 0

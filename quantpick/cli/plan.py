@@ -193,6 +193,8 @@ class LayoutSource:
             )
         except GGUFError as exc:
             self.problems.append(exc.message)
+            # One failed round per run: the other quants' headers sit on the same hubs.
+            self.network = False
             return False
         self._cache[quant] = layout
         return True
