@@ -293,8 +293,11 @@ def resolve_machine(
     cpu_only: bool = False,
     llama_server: Path | None = None,
     disk_path: Path | None = None,
+    inspect_server: bool = True,
 ) -> Machine:
     """The machine to plan for, from the options every planning command shares (see module doc).
+
+    inspect_server=False leaves llama-server alone (no `--version` run): only `probe` reports it.
 
     --gpu without --hardware keeps this machine's host, disk and llama-server but does not touch
     NVML. With --hardware, the file's llama-server and disk stand unless --llama-server / --dir
@@ -311,7 +314,7 @@ def resolve_machine(
         machine = load_hardware_file(hardware_file, default_host=hardware.probe_host)
         how.append(f"--hardware {hardware_file}")
         notes.extend(machine.notes)
-        if llama_server is not None:
+        if llama_server is not None and inspect_server:
             machine = dataclasses.replace(
                 machine, llama_server=hardware.probe_llama_server(llama_server)
             )
@@ -330,10 +333,12 @@ def resolve_machine(
             host=host,
             disk_path=str(target),
             disk_free_bytes=disk[1] if disk else None,
-            llama_server=hardware.probe_llama_server(llama_server),
+            llama_server=hardware.probe_llama_server(llama_server) if inspect_server else None,
         )
     else:
-        machine = hardware.probe(disk_path=disk_path, llama_server=llama_server)
+        machine = hardware.probe(
+            disk_path=disk_path, llama_server=llama_server, inspect_server=inspect_server
+        )
         notes.extend(machine.notes)
         how.append("probe")
 
@@ -366,9 +371,12 @@ def machine_from_options(
     cpu_only: bool,
     llama_server: Path | None,
     disk_path: Path | None = None,
+    *,
+    inspect_server: bool = True,
 ) -> Machine:
     """resolve_machine with the CLI's option names, for pick/estimate/get/probe."""
     return resolve_machine(
+        inspect_server=inspect_server,
         hardware_file=hardware,
         gpus=gpu,
         ram=ram,

@@ -297,8 +297,13 @@ def probe(
     meminfo_path: Path = MEMINFO,
     cgroup_root: Path = CGROUP_ROOT,
     cpuinfo_path: Path = CPUINFO,
+    inspect_server: bool = True,
 ) -> Machine:
-    """This machine as it is now. Never raises for missing hardware or tools."""
+    """This machine as it is now. Never raises for missing hardware or tools.
+
+    inspect_server=False skips running `llama-server --version`: planning does not need it, and
+    the command builder inspects the binary it targets itself.
+    """
     gpus, driver, gpu_notes = probe_gpus()
     notes = list(gpu_notes)
     host = probe_host(
@@ -306,10 +311,10 @@ def probe(
     )
     target = disk_path if disk_path is not None else default_disk_path()
     disk = disk_free(target)
-    server = probe_llama_server(llama_server)
-    if server is None:
+    server = probe_llama_server(llama_server) if inspect_server else None
+    if server is None and inspect_server:
         notes.append("llama-server not found on PATH (give it with --llama-server)")
-    elif server.error:
+    elif server is not None and server.error:
         notes.append(f"llama-server {server.path}: {server.error}")
     return Machine(
         gpus=gpus,

@@ -229,3 +229,34 @@ def test_command_needs_the_file(tmp_path: Path) -> None:
     )
     assert result.exit_code == 2
     assert "is not there" in result.stderr and "quantpick get" in result.stderr
+
+
+def test_llama_server_runs_only_where_it_is_needed(
+    q4km_gguf: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Planning never starts llama-server; `command` asks it for --help and --version once each."""
+    data = Path(__file__).parent / "data"
+    log = tmp_path / "calls.log"
+    fake = tmp_path / "bin" / "llama-server"
+    fake.parent.mkdir()
+    fake.write_text(
+        "#!/bin/sh\n"
+        f'echo "$1" >> "{log}"\n'
+        f'if [ "$1" = "--help" ]; then cat "{data / "llama-server-help-current.txt"}"; '
+        f'else cat "{data / "llama-server-version-current.txt"}" >&2; fi\n'
+    )
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake.parent}{os.pathsep}{os.environ['PATH']}")
+    for args in (
+        ["pick", MODEL, "-c", "32768"],
+        ["estimate", MODEL, "-q", "Q4_K_M"],
+        ["max-context", MODEL, "--quant", "IQ2_M"],
+    ):
+        result = runner.invoke(app, [*args, *BOX, "--json"])
+        assert result.exit_code == 0, result.stderr
+    assert not log.exists()
+    result = runner.invoke(app, ["command", "--gguf", str(q4km_gguf), "-c", "8192", *BOX, "--json"])
+    assert result.exit_code == 0, result.stderr
+    assert log.read_text().split() == ["--help", "--version"]
+    target = json.loads(result.stdout)["command"]
+    assert target["argv"][0] == str(fake)

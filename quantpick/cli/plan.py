@@ -110,7 +110,9 @@ def _machine(
     from quantpick import output
     from quantpick.describe import machine_from_options, parse_bandwidth
 
-    machine = machine_from_options(hardware, gpu, ram, cpu_only, llama_server)
+    # llama-server is not run here: planning does not need it, and `get`/`command` inspect the
+    # binary they target when they build the command (server_flags.capabilities_for).
+    machine = machine_from_options(hardware, gpu, ram, cpu_only, llama_server, inspect_server=False)
     for line in machine.notes:
         output.note(f"Note: {line}")
     if ram_bandwidth:
