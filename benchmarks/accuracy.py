@@ -15,10 +15,8 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -31,6 +29,7 @@ from quantpick.gguf_header import layout_from_header, read_gguf_file  # noqa: E4
 from quantpick.memory import estimate  # noqa: E402
 
 MiB = 1024**2
+PORTS = (50072, 50073)  # not record_conformance's, so both can run at once
 
 
 def models(tmp: Path) -> dict:
@@ -38,26 +37,6 @@ def models(tmp: Path) -> dict:
         key: (path, layout_from_header(read_gguf_file(path), basis=str(path), file_bytes=size))
         for key, (path, size) in write_grid_models(tmp).items()
     }
-
-
-def live(bin_dir: Path, model: Path, args: list[str]) -> dict:
-    from record_conformance import parse  # type: ignore[import-not-found]
-
-    cmd = [
-        str(bin_dir / "llama-fit-params"),
-        "-m",
-        str(model),
-        "-fa",
-        "on",
-        "-fitp",
-        "on",
-        "-fit",
-        "off",
-        *args,
-    ]
-    if "-dev" not in args:
-        cmd += ["--rpc", "127.0.0.1:50072,127.0.0.1:50073"]
-    return parse(subprocess.run(cmd, capture_output=True, text=True, timeout=120).stdout)
 
 
 def main() -> None:
@@ -77,61 +56,52 @@ def main() -> None:
             False,
         ),
     ]
-    workers = []
-    if args.llama_bin:
-        workers = [
-            subprocess.Popen(
-                [str(args.llama_bin / "ggml-rpc-server"), "-H", "127.0.0.1", "-p", str(p)],
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-            )
-            for p in (50072, 50073)
-        ]
-        time.sleep(1.5)
+    from contextlib import nullcontext
+
+    from record_conformance import fit_params, rpc_workers  # type: ignore[import-not-found]
+
+    live = rpc_workers(args.llama_bin, PORTS) if args.llama_bin else nullcontext()
     errors: dict[str, list[int]] = {"model": [], "context": [], "compute": [], "host_compute": []}
-    try:
-        with tempfile.TemporaryDirectory() as tmp:
-            built = models(Path(tmp))
-            print(
-                f"{'case':<62} {'device':<6} {'model q/l':>13} {'context q/l':>13} "
-                f"{'compute q/l':>13}"
-            )
-            for default_model, cases, original in tables:
-                for case in cases:
-                    key = default_model or case["model"]
-                    path, layout = built[key]
-                    if original:
-                        config = case_config(case["config"])
-                        n_gpu = case["config"]["devices"]
-                        flags = case["llama_cpp_args"]
-                    else:
-                        config, n_gpu = config_from_args(case["llama_cpp_args"])
-                        flags = case["llama_cpp_args"]
-                    want = live(args.llama_bin, path, flags) if args.llama_bin else case["mib"]
-                    est = estimate(layout, rpc_machine(n_gpu), config)
-                    label = (key + " " + " ".join(flags))[:62]
-                    for dev, (name, w) in zip(est.devices, want.items(), strict=True):
-                        got = {
-                            "model": dev.weights_bytes // MiB,
-                            "context": (dev.kv_bytes + dev.recurrent_bytes) // MiB,
-                            "compute": dev.compute_bytes // MiB,
-                        }
-                        cells = []
-                        for comp in ("model", "context", "compute"):
-                            ref = w[comp]
-                            if ref is None:
-                                cells.append(f"{got[comp]:>6}/{'-':>6}")
-                                continue
-                            cells.append(f"{got[comp]:>6}/{ref:>6}")
-                            bucket = (
-                                "host_compute" if comp == "compute" and name == "Host" else comp
-                            )
-                            errors[bucket].append(abs(got[comp] - ref))
-                        print(f"{label:<62} {name:<6} {cells[0]:>13} {cells[1]:>13} {cells[2]:>13}")
-                        label = ""
-    finally:
-        for w in workers:
-            w.terminate()
+    with live, tempfile.TemporaryDirectory() as tmp:
+        built = models(Path(tmp))
+        print(
+            f"{'case':<62} {'device':<6} {'model q/l':>13} {'context q/l':>13} {'compute q/l':>13}"
+        )
+        for default_model, cases, original in tables:
+            for case in cases:
+                key = default_model or case["model"]
+                path, layout = built[key]
+                if original:
+                    config = case_config(case["config"])
+                    n_gpu = case["config"]["devices"]
+                    flags = case["llama_cpp_args"]
+                else:
+                    config, n_gpu = config_from_args(case["llama_cpp_args"])
+                    flags = case["llama_cpp_args"]
+                want = (
+                    fit_params(args.llama_bin, path, flags, PORTS)[0]
+                    if args.llama_bin
+                    else case["mib"]
+                )
+                est = estimate(layout, rpc_machine(n_gpu), config)
+                label = (key + " " + " ".join(flags))[:62]
+                for dev, (name, w) in zip(est.devices, want.items(), strict=True):
+                    got = {
+                        "model": dev.weights_bytes // MiB,
+                        "context": (dev.kv_bytes + dev.recurrent_bytes) // MiB,
+                        "compute": dev.compute_bytes // MiB,
+                    }
+                    cells = []
+                    for comp in ("model", "context", "compute"):
+                        ref = w[comp]
+                        if ref is None:
+                            cells.append(f"{got[comp]:>6}/{'-':>6}")
+                            continue
+                        cells.append(f"{got[comp]:>6}/{ref:>6}")
+                        bucket = "host_compute" if comp == "compute" and name == "Host" else comp
+                        errors[bucket].append(abs(got[comp] - ref))
+                    print(f"{label:<62} {name:<6} {cells[0]:>13} {cells[1]:>13} {cells[2]:>13}")
+                    label = ""
     print()
     print("absolute error, MiB (q = quantpick, l = llama.cpp):")
     for comp, values in errors.items():

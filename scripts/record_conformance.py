@@ -19,6 +19,8 @@ import json
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -128,6 +130,40 @@ def parse(text: str) -> dict[str, dict[str, int | None]]:
     return out
 
 
+RPC_PORTS = (50062, 50063)
+
+
+@contextmanager
+def rpc_workers(bin_dir: Path, ports: tuple[int, ...] = RPC_PORTS) -> Iterator[None]:
+    """Two ggml-rpc-server workers on 127.0.0.1: the "GPUs" of the two-device cases."""
+    workers = [
+        subprocess.Popen(
+            [str(bin_dir / "ggml-rpc-server"), "-H", "127.0.0.1", "-p", str(port)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        for port in ports
+    ]
+    time.sleep(1.5)
+    try:
+        yield
+    finally:
+        for w in workers:
+            w.terminate()
+
+
+def fit_params(
+    bin_dir: Path, model: Path, args: list[str], ports: tuple[int, ...] = RPC_PORTS
+) -> tuple[dict[str, dict[str, int | None]], str]:
+    """llama.cpp's projection for `args` (-fa on, printed, not fitted): (MiB per device, stderr)."""
+    cmd = [str(bin_dir / "llama-fit-params"), "-m", str(model), "-fa", "on", "-fitp", "on",
+           "-fit", "off", *args]  # fmt: skip
+    if "-dev" not in args:
+        cmd += ["--rpc", ",".join(f"127.0.0.1:{p}" for p in ports)]
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    return parse(run.stdout), run.stderr
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--bin", type=Path, required=True, help="llama.cpp build/bin")
@@ -136,44 +172,18 @@ def main() -> None:
     args = ap.parse_args()
     args.tmp.mkdir(parents=True, exist_ok=True)
     models = write_models(args.tmp)
-    workers = [
-        subprocess.Popen(
-            [str(args.bin / "ggml-rpc-server"), "-H", "127.0.0.1", "-p", str(port)],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        for port in (50062, 50063)
-    ]
-    time.sleep(1.5)
     version = subprocess.run(
         [str(args.bin / "llama-server"), "--version"], capture_output=True, text=True
     ).stderr.splitlines()[0]
     cases = []
-    try:
+    with rpc_workers(args.bin):
         for key, extra in GRID:
-            cmd = [
-                str(args.bin / "llama-fit-params"),
-                "-m",
-                str(models[key]),
-                "-fa",
-                "on",
-                "-fitp",
-                "on",
-                "-fit",
-                "off",
-            ] + extra
-            if "-dev" not in extra:
-                cmd += ["--rpc", "127.0.0.1:50062,127.0.0.1:50063"]
-            run = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
-            mib = parse(run.stdout)
+            mib, stderr = fit_params(args.bin, models[key], extra)
             if not mib:
-                print(f"FAILED {key} {' '.join(extra)}\n{run.stderr[-2000:]}", file=sys.stderr)
+                print(f"FAILED {key} {' '.join(extra)}\n{stderr[-2000:]}", file=sys.stderr)
                 continue
             cases.append({"model": key, "llama_cpp_args": extra, "mib": mib})
             print(key, " ".join(extra), json.dumps(mib))
-    finally:
-        for w in workers:
-            w.terminate()
     args.out.write_text(
         json.dumps(
             {
