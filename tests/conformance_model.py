@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gguf_fixtures import FULL, tensor_list
+from gguf_fixtures import FULL, add_hparams, tensor_list
 
 DATA = Path(__file__).parent / "data"
 
@@ -37,29 +37,7 @@ def write_conformance_gguf(
     h = FULL
     w = gguf.GGUFWriter(str(path), "qwen35moe")
     w.add_name("conformance-qwen35moe-35B-A3B")
-    w.add_block_count(h["n_layer"] + (1 if mtp else 0))
-    w.add_context_length(h["ctx"])
-    w.add_embedding_length(h["n_embd"])
-    w.add_head_count(h["n_head"])
-    w.add_head_count_kv(h["n_head_kv"])
-    w.add_key_length(h["head_dim"])
-    w.add_value_length(h["head_dim"])
-    w.add_rope_dimension_count(h["head_dim"] // 4)
-    w.add_rope_freq_base(1e7)
-    w.add_rope_dimension_sections([11, 11, 10, 0])
-    w.add_layer_norm_rms_eps(1e-6)
-    w.add_expert_count(h["n_expert"])
-    w.add_expert_used_count(h["n_expert_used"])
-    w.add_expert_feed_forward_length(h["n_ff_exp"])
-    w.add_expert_shared_feed_forward_length(h["n_ff_shexp"])
-    w.add_ssm_conv_kernel(h["conv"])
-    w.add_ssm_state_size(h["ssm_state"])
-    w.add_ssm_group_count(h["ssm_groups"])
-    w.add_ssm_time_step_rank(h["ssm_v_heads"])
-    w.add_ssm_inner_size(h["ssm_state"] * h["ssm_v_heads"])
-    w.add_full_attention_interval(h["interval"])
-    if mtp:
-        w.add_nextn_predict_layers(1)
+    add_hparams(w, h, mtp=mtp)
     # llama.cpp's vocab shortcut: tokenizer "none" + vocab_size creates dummy tokens (notes §1.4).
     w.add_tokenizer_model("none")
     w.add_vocab_size(h["n_vocab"])

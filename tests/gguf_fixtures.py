@@ -80,6 +80,35 @@ def tensor_type(name: str, ne: tuple[int, ...], big: str) -> str:
     return big
 
 
+def add_hparams(w: Any, h: dict[str, int], *, mtp: bool) -> None:
+    """The qwen35moe hyperparameters llama.cpp's loader reads (load_arch_hparams), from `h`."""
+    w.add_block_count(h["n_layer"] + (1 if mtp else 0))
+    w.add_context_length(h["ctx"])
+    w.add_embedding_length(h["n_embd"])
+    w.add_feed_forward_length(h["n_ff_exp"])
+    w.add_head_count(h["n_head"])
+    w.add_head_count_kv(h["n_head_kv"])
+    w.add_key_length(h["head_dim"])
+    w.add_value_length(h["head_dim"])
+    w.add_rope_dimension_count(h["head_dim"] // 4)  # partial rotary 0.25
+    w.add_rope_freq_base(1e7)
+    # IMROPE sections add up to half the rotary dims: [11, 11, 10, 0] for the real head_dim 256
+    w.add_rope_dimension_sections([11, 11, 10, 0] if h["head_dim"] == 256 else [3, 3, 2, 0])
+    w.add_layer_norm_rms_eps(1e-6)
+    w.add_expert_count(h["n_expert"])
+    w.add_expert_used_count(h["n_expert_used"])
+    w.add_expert_feed_forward_length(h["n_ff_exp"])
+    w.add_expert_shared_feed_forward_length(h["n_ff_shexp"])
+    w.add_ssm_conv_kernel(h["conv"])
+    w.add_ssm_state_size(h["ssm_state"])
+    w.add_ssm_group_count(h["ssm_groups"])
+    w.add_ssm_time_step_rank(h["ssm_v_heads"])
+    w.add_ssm_inner_size(h["ssm_state"] * h["ssm_v_heads"])
+    w.add_full_attention_interval(h["interval"])
+    if mtp:
+        w.add_nextn_predict_layers(1)
+
+
 def write_gguf(
     path: Path,
     h: dict[str, int] = TINY,
@@ -101,33 +130,9 @@ def write_gguf(
 
     w = gguf.GGUFWriter(str(path), arch)
     if metadata:
-        n_blocks = h["n_layer"] + (1 if mtp else 0)
         w.add_name(name)
         w.add_license("apache-2.0")
-        w.add_block_count(n_blocks)
-        w.add_context_length(h["ctx"])
-        w.add_embedding_length(h["n_embd"])
-        w.add_feed_forward_length(h["n_ff_exp"])
-        w.add_head_count(h["n_head"])
-        w.add_head_count_kv(h["n_head_kv"])
-        w.add_key_length(h["head_dim"])
-        w.add_value_length(h["head_dim"])
-        w.add_rope_dimension_count(h["head_dim"] // 4)
-        w.add_rope_freq_base(1e7)
-        w.add_rope_dimension_sections([11, 11, 10, 0])
-        w.add_layer_norm_rms_eps(1e-6)
-        w.add_expert_count(h["n_expert"])
-        w.add_expert_used_count(h["n_expert_used"])
-        w.add_expert_feed_forward_length(h["n_ff_exp"])
-        w.add_expert_shared_feed_forward_length(h["n_ff_shexp"])
-        w.add_ssm_conv_kernel(h["conv"])
-        w.add_ssm_state_size(h["ssm_state"])
-        w.add_ssm_group_count(h["ssm_groups"])
-        w.add_ssm_time_step_rank(h["ssm_v_heads"])
-        w.add_ssm_inner_size(h["ssm_state"] * h["ssm_v_heads"])
-        w.add_full_attention_interval(h["interval"])
-        if mtp:
-            w.add_nextn_predict_layers(1)
+        add_hparams(w, h, mtp=mtp)
         if sampling:
             w.add_float32("general.sampling.temp", 0.6)
             w.add_float32("general.sampling.top_p", 0.95)

@@ -112,7 +112,7 @@ def test_tiny_file_matches_gguf_reader(tiny: Path) -> None:
     _same_as_reader(header, tiny)
     assert len(header.tensors) == len(tensor_list(TINY, mtp=True))
     assert header.metadata["tokenizer.ggml.tokens"] == ArraySummary(STR, TINY["n_vocab"])
-    assert header.metadata["qwen35moe.rope.dimension_sections"] == [11, 11, 10, 0]
+    assert header.metadata["qwen35moe.rope.dimension_sections"] == [3, 3, 2, 0]
 
 
 @pytest.mark.parametrize("big", ["Q8_0", "BF16", "F16"])

@@ -12,7 +12,7 @@ from pathlib import Path
 import gguf
 import numpy as np
 from gguf import GGMLQuantizationType as T
-from gguf_fixtures import TINY, tensor_list
+from gguf_fixtures import TINY, add_hparams, tensor_list
 
 ARCH = "qwen35moe"
 ALIGN = 32  # GGUF default general.alignment
@@ -47,28 +47,7 @@ def write_tiny_model(path: Path, *, seed: int = 0) -> int:
     h = TINY
     w = gguf.GGUFWriter(str(path), ARCH)
     w.add_name("quantpick-tiny-qwen35moe")
-    w.add_block_count(h["n_layer"])
-    w.add_context_length(h["ctx"])
-    w.add_embedding_length(h["n_embd"])
-    w.add_feed_forward_length(h["n_ff_exp"])
-    w.add_head_count(h["n_head"])
-    w.add_head_count_kv(h["n_head_kv"])
-    w.add_key_length(h["head_dim"])
-    w.add_value_length(h["head_dim"])
-    w.add_rope_dimension_count(h["head_dim"] // 4)
-    w.add_rope_freq_base(1e7)
-    w.add_rope_dimension_sections([3, 3, 2, 0])  # IMROPE sections for head_dim 64
-    w.add_layer_norm_rms_eps(1e-6)
-    w.add_expert_count(h["n_expert"])
-    w.add_expert_used_count(h["n_expert_used"])
-    w.add_expert_feed_forward_length(h["n_ff_exp"])
-    w.add_expert_shared_feed_forward_length(h["n_ff_shexp"])
-    w.add_ssm_conv_kernel(h["conv"])
-    w.add_ssm_state_size(h["ssm_state"])
-    w.add_ssm_group_count(h["ssm_groups"])
-    w.add_ssm_time_step_rank(h["ssm_v_heads"])
-    w.add_ssm_inner_size(h["ssm_state"] * h["ssm_v_heads"])
-    w.add_full_attention_interval(h["interval"])
+    add_hparams(w, h, mtp=False)
 
     vocab = h["n_vocab"]
     byte_map = _bytes_to_unicode()
