@@ -152,26 +152,26 @@ def _machine_from_json(data: Any) -> Machine:
     return machine
 
 
-def _toml_size(table: dict[str, Any], key: str, where: str) -> int | None:
+def _toml_amount(
+    table: dict[str, Any], key: str, where: str, parse: Callable[[str], int], example: str
+) -> int | None:
+    """An integer, or a string for `parse` ("24G", "936GB/s"); None when absent."""
     value = table.get(key)
     if value is None:
         return None
     if isinstance(value, int) and not isinstance(value, bool):
         return value
     if isinstance(value, str):
-        return parse_size(value)
-    raise ValueError(f'{where}.{key} must be a size like "24G"')
+        return parse(value)
+    raise ValueError(f"{where}.{key} must be like {example!r}")
+
+
+def _toml_size(table: dict[str, Any], key: str, where: str) -> int | None:
+    return _toml_amount(table, key, where, parse_size, "24G")
 
 
 def _toml_bandwidth(table: dict[str, Any], key: str, where: str) -> int | None:
-    value = table.get(key)
-    if value is None:
-        return None
-    if isinstance(value, int) and not isinstance(value, bool):
-        return value
-    if isinstance(value, str):
-        return parse_bandwidth(value)
-    raise ValueError(f'{where}.{key} must be a bandwidth like "936GB/s"')
+    return _toml_amount(table, key, where, parse_bandwidth, "936GB/s")
 
 
 def _only(table: Any, keys: set[str], where: str) -> dict[str, Any]:
