@@ -222,3 +222,43 @@ def test_sigkill_mid_file_then_rerun_resumes(
     ranges = [r["range"] for r in fake_hub.requests_for(MODEL) if r["server"] == "cdn"]
     assert ranges == [None, f"bytes={kept}-"]
     assert not part.exists()
+
+
+def test_progress_bars_on_a_terminal_lines_elsewhere_nothing_when_quiet(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    import io
+
+    from quantpick.cli.download import LineProgress, RichProgress, _progress
+    from quantpick.download import DownloadResult, NullProgress
+
+    class Tty(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    result = DownloadResult(
+        "m.gguf", tmp_path / "m.gguf", 3 << 20, "ab" * 32, True, 3 << 20, 0, "hf:org/repo", False
+    )
+
+    def drive(stream: io.StringIO, quiet: bool) -> tuple[object, str]:
+        monkeypatch.setattr(sys, "stderr", stream)
+        sink, live = _progress(quiet)
+        with live:
+            sink.total_started(1, 3 << 20)
+            sink.file_started("m.gguf", 3 << 20, 0)
+            sink.advance("m.gguf", 3 << 20)
+            sink.file_finished("m.gguf", result)
+        return sink, stream.getvalue()
+
+    sink, shown = drive(Tty(), quiet=False)
+    assert isinstance(sink, RichProgress)
+    assert "m.gguf" in shown and "total (1 files)" in shown and "3.0/3.0 MiB" in shown
+    sink, shown = drive(io.StringIO(), quiet=False)
+    assert type(sink) is LineProgress
+    assert shown.splitlines() == [
+        "1 file(s), 3.00 MiB to fetch",
+        "Downloading m.gguf (3.00 MiB)",
+        "Done m.gguf: 3.00 MiB fetched, sha256 verified",
+    ]
+    sink, shown = drive(Tty(), quiet=True)
+    assert isinstance(sink, NullProgress) and shown == ""
