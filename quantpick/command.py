@@ -21,7 +21,6 @@ from __future__ import annotations
 import os
 import re
 import shlex
-import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -498,6 +497,8 @@ def render_env(cmd: ServerCommand) -> str:
 
 def write_script(path: Path, text: str) -> None:
     """Write `text` to `path` atomically with mode 0755 (temp file in the same dir + os.replace)."""
+    import tempfile  # only when writing: `pick` imports this module for its flags
+
     directory = path.parent if str(path.parent) else Path(".")
     fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{path.name}.", suffix=".tmp")
     try:

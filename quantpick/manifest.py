@@ -5,7 +5,6 @@ or in QUANTPICK_MANIFESTS.
 
 from __future__ import annotations
 
-import difflib
 import re
 import sys
 from collections.abc import Iterable, Mapping
@@ -214,6 +213,8 @@ class _Reader:
         allowed = tuple(allowed)
         for key in self.data:
             if key not in allowed:
+                import difflib  # only on errors: not on the start-up path
+
                 close = difflib.get_close_matches(key, allowed, n=1)
                 extra = f" (did you mean {close[0]!r}?)" if close else ""
                 free = " (free-form keys go under [extra])" if not self.prefix else ""
@@ -655,6 +656,8 @@ def find_manifest(model: str, settings: Settings | None = None) -> Manifest:
             hint="use the manifest id",
         )
     known = ", ".join(m.id for m in manifests) or "(none)"
+    import difflib  # only on errors: not on the start-up path
+
     close = difflib.get_close_matches(want, [m.id for m in manifests], n=1)
     suggestion = f"did you mean {close[0]}? " if close else ""
     raise ManifestError(
