@@ -25,8 +25,8 @@ sys.path.insert(0, str(ROOT / "tests"))
 from conformance_model import write_grid_models  # noqa: E402
 from test_memory import case_config, config_from_args, rpc_machine  # noqa: E402
 
-from quantpick.gguf_header import layout_from_header, read_gguf_file  # noqa: E402
-from quantpick.memory import estimate  # noqa: E402
+from quantpick.model.gguf import layout_from_header, read_gguf_file  # noqa: E402
+from quantpick.plan.memory import estimate  # noqa: E402
 
 MiB = 1024**2
 PORTS = (50072, 50073)  # not record_conformance's, so both can run at once

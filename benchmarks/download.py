@@ -5,7 +5,7 @@
 Methods, interleaved round-robin (one round = each method once), each client in a fresh
 subprocess timed around the transfer only (imports excluded), output deleted and `sync` run
 between runs outside the timing:
-  * quantpick   - quantpick.download.download_file: hub 302 -> CDN, sha256 while downloading,
+  * quantpick   - quantpick.fetch.transfer.download_file: hub 302 -> CDN, sha256 while downloading,
                   verified, atomic rename (end-to-end verified).
   * curl        - `curl -s -o FILE` on the CDN URL (bare download, no verification).
   * curl+hash   - the same followed by hashlib sha256 of the file.
@@ -38,8 +38,8 @@ NAME = "model.gguf"
 QUANTPICK = r"""
 import json, sys, time
 from pathlib import Path
-from quantpick.download import download_file
-from quantpick.sources import RemoteFile
+from quantpick.fetch.transfer import download_file
+from quantpick.fetch.sources import RemoteFile
 url, dest, size, sha = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 remote = RemoteFile("model.gguf", size, sha, url, "hf", None)
 t = time.perf_counter()
@@ -180,7 +180,7 @@ def main() -> None:
                     [
                         PY,
                         "-c",
-                        "import sys; from quantpick.verify import verify_files, "
+                        "import sys; from quantpick.fetch.verify import verify_files, "
                         "parse_sha256sums; from pathlib import Path; d=Path(sys.argv[1]); "
                         "r=verify_files(d, parse_sha256sums((d/'SHA256SUMS').read_text())); "
                         "sys.exit(0 if r.ok else 4)",

@@ -3,6 +3,7 @@
 Usage:
     python benchmarks/startup.py            # 15 rounds
     python benchmarks/startup.py -n 31
+    python benchmarks/startup.py --reference /tmp/quantpick-main   # side by side with another tree
 
 Each round runs every command once, in turn, so that a slow moment of the machine hits all of
 them alike. A last pass re-runs each command inside a wrapper that reports which heavy modules
@@ -81,6 +82,12 @@ def _run(argv: list[str], env: dict[str, str]) -> tuple[float, subprocess.Comple
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("-n", "--rounds", type=int, default=15)
+    parser.add_argument(
+        "--reference",
+        metavar="DIR",
+        help="another quantpick source tree (e.g. a `git worktree` of main), timed in the same "
+        "interleaved rounds through PYTHONPATH",
+    )
     opts = parser.parse_args()
 
     home = tempfile.mkdtemp(prefix="quantpick-bench-")
@@ -99,14 +106,22 @@ def main() -> None:
             continue
         commands.append((label, args))
 
+    ref_env = None
+    if opts.reference:
+        ref_env = {**env, "PYTHONPATH": os.path.abspath(opts.reference)}
     times: dict[str, list[float]] = {label: [] for label, _ in commands}
+    ref_times: dict[str, list[float]] = {label: [] for label, _ in commands}
     for _ in range(opts.rounds):
         for label, args in commands:
             elapsed, _ = _run(_argv(args), env)
             times[label].append(elapsed)
+            if ref_env is not None:
+                elapsed, _ = _run(_argv(args), ref_env)
+                ref_times[label].append(elapsed)
 
     width = max(len(label) for label, _ in commands)
-    print(f"{'command':<{width}}  median ms    min ms  heavy modules imported")
+    ref_head = "  reference ms  ratio" if ref_env is not None else ""
+    print(f"{'command':<{width}}  median ms    min ms{ref_head}  heavy modules imported")
     for label, args in commands:
         imported = "-"
         if args:
@@ -115,11 +130,17 @@ def main() -> None:
             lines = [line for line in proc.stderr.splitlines() if line.startswith("IMPORTED=")]
             imported = (lines[-1].removeprefix("IMPORTED=") or "none") if lines else "?"
         samples = times[label]
+        median = statistics.median(samples)
+        ref_cols = ""
+        if ref_env is not None:
+            ref_median = statistics.median(ref_times[label])
+            ref_cols = f"  {ref_median * 1000:12.0f}  {median / ref_median:5.2f}"
         print(
-            f"{label:<{width}}  {statistics.median(samples) * 1000:9.0f}"
-            f"  {min(samples) * 1000:8.0f}  {imported}"
+            f"{label:<{width}}  {median * 1000:9.0f}  {min(samples) * 1000:8.0f}{ref_cols}"
+            f"  {imported}"
         )
-    print(f"({opts.rounds} interleaved rounds, {sys.executable})")
+    ref_note = f"; reference: {opts.reference}" if opts.reference else ""
+    print(f"({opts.rounds} interleaved rounds, {sys.executable}{ref_note})")
     shutil.rmtree(home, ignore_errors=True)
 
 

@@ -27,6 +27,7 @@ class Settings:
     models_dir: Path  # where `download`/`get` put files (QUANTPICK_MODELS_DIR)
     extra_manifest_dirs: tuple[Path, ...]  # QUANTPICK_MANIFESTS (os.pathsep-separated)
     debug: bool  # QUANTPICK_DEBUG: tracebacks for expected errors
+    offline: bool = False  # QUANTPICK_OFFLINE or HF_HUB_OFFLINE: no hub is contacted
 
     @property
     def user_manifest_dir(self) -> Path:
@@ -59,4 +60,5 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         models_dir=models_dir,
         extra_manifest_dirs=extra,
         debug=_is_true(env.get("QUANTPICK_DEBUG")),
+        offline=_is_true(env.get("QUANTPICK_OFFLINE")) or _is_true(env.get("HF_HUB_OFFLINE")),
     )

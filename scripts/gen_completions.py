@@ -2,7 +2,7 @@
 """Regenerate completions/quantpick.{bash,zsh,fish} from the CLI (typer's completion scripts).
 
 The scripts ask `quantpick` itself for candidates (`_QUANTPICK_COMPLETE=complete_<shell>`), so
-commands, options and model ids stay current; tests/test_completions.py fails when these files
+commands, options and model ids stay current; tests/cli/test_completions.py fails when these files
 differ from what this prints, and checks that completion answers.
 
     python scripts/gen_completions.py            # rewrite the files

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Record llama.cpp's own per-device memory projection for a grid of configurations.
 
-Writes tests/data/llamacpp-fit-extra.json, which tests/test_memory.py checks the memory model
+Writes tests/data/llamacpp-fit-extra.json, which tests/plan/test_memory.py checks the memory model
 against (weights and KV+recurrent state exact, in MiB floored as llama.cpp prints them).
 
 Needs a llama.cpp build with llama-fit-params and ggml-rpc-server (two RPC workers on 127.0.0.1

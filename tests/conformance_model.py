@@ -3,7 +3,7 @@ Qwen3.8-35B-A3B-Distill architecture (41 blocks incl. MTP) and llama.cpp's Q4_K_
 (tests/data/q4_k_m-tensor-types.tsv, from `llama-quantize --dry-run`).
 
 The shapes come from the test fixtures (tests/gguf_fixtures.py), written out independently of
-quantpick.layout, so a mistake there shows up as a conformance failure instead of being copied
+quantpick.model.layout, so a mistake there shows up as a conformance failure instead of being copied
 into the fixture. The tensor data is a hole: the file
 has its full size (21,709,111,616 bytes with the full tokenizer) but uses no disk.
 """

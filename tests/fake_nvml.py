@@ -93,7 +93,7 @@ def _with(gpu: FakeGpu, changes: dict[str, Any]) -> FakeGpu:
 
 
 class FakeNvml(types.ModuleType):
-    """The subset of pynvml that quantpick.hardware calls, plus call bookkeeping for asserts."""
+    """The subset of pynvml that quantpick.machine.probe calls, plus bookkeeping for asserts."""
 
     NVML_CLOCK_MEM = NVML_CLOCK_MEM
     NVMLError = NVMLError

@@ -682,7 +682,7 @@ def make_manifest(
     manifest_sha: dict[str, str | None] | None = None,
 ) -> Any:
     """A Manifest for `files` (each *.gguf is a model file of `quant`, "mmproj*" the projector)."""
-    from quantpick.manifest import Architecture, Manifest, ModelFile
+    from quantpick.model.manifest import Architecture, Manifest, ModelFile
 
     arch = Architecture(
         name="qwen35moe",

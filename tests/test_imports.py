@@ -28,18 +28,22 @@ def test_cli_imports_no_heavy_module() -> None:
 
 def test_describe_and_hardware_import_no_heavy_module() -> None:
     # hardware imports pynvml only inside probe_gpus(); describe only calls it for a real probe.
-    assert imported_after("import quantpick.describe, quantpick.hardware") == []
+    assert imported_after("import quantpick.machine.describe, quantpick.machine.probe") == []
 
 
 PURE = (
-    "quantpick.planner",
-    "quantpick.memory",
-    "quantpick.layout",
-    "quantpick.speed",
-    "quantpick.command",
-    "quantpick.verify",
-    "quantpick.ggml",
-    "quantpick.gguf_names",
+    "quantpick.plan.planner",
+    "quantpick.plan.memory",
+    "quantpick.plan.speed",
+    "quantpick.model.layout",
+    "quantpick.model.manifest",
+    "quantpick.model.ggml",
+    "quantpick.model.gguf_names",
+    "quantpick.machine.spec",
+    "quantpick.safe_names",
+    "quantpick.serve.command",
+    "quantpick.fetch.verify",
+    "quantpick.pipeline",
 )
 
 
@@ -56,6 +60,7 @@ def test_pure_core_imports_no_heavy_module(module: str) -> None:
 
 def test_described_probe_never_imports_pynvml() -> None:
     statement = (
-        "from quantpick.describe import resolve_machine; resolve_machine(gpus=['3090', 't4'])"
+        "from quantpick.machine.describe import resolve_machine; "
+        "resolve_machine(gpus=['3090', 't4'])"
     )
     assert imported_after(statement) == []

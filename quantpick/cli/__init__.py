@@ -16,12 +16,12 @@ from quantpick.errors import ExitCode
 
 # In --help order. Each module registers its commands on quantpick.cli.core.app when imported;
 # their top-level imports stay light (hub clients, NVML and rich load inside the commands).
-MODULES = ("probe", "models", "plan", "download", "run", "manifests")
+MODULES = ("probe", "models", "estimate", "plan", "download", "run", "manifests")
 COMMAND_MODULE = {
     "probe": "probe",
     "models": "models",
     "show": "models",
-    "estimate": "plan",
+    "estimate": "estimate",
     "pick": "plan",
     "max-context": "plan",
     "download": "download",

@@ -24,7 +24,7 @@ class QuantpickGroup(TyperGroup):
     """
 
     def invoke(self, ctx: Any) -> Any:
-        from quantpick import output
+        from quantpick.cli import output
 
         try:
             return super().invoke(ctx)

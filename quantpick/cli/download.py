@@ -13,8 +13,9 @@ from quantpick.cli.options import JsonOpt
 from quantpick.errors import QuantpickError, UsageError, VerificationError
 
 if TYPE_CHECKING:
-    from quantpick.download import DownloadResult, FetchPlan, FetchReport, ProgressSink
-    from quantpick.verify import Verification
+    from quantpick.fetch.download import FetchPlan, FetchReport
+    from quantpick.fetch.transfer import DownloadResult, ProgressSink
+    from quantpick.fetch.verify import Verification
 
 SOURCE_CHOICES = ("auto", "hf", "modelscope", "mirror")
 
@@ -37,7 +38,7 @@ class LineProgress:
     """Non-TTY stderr: one line when a file starts and one when it ends, plus notes."""
 
     def message(self, text: str) -> None:
-        from quantpick import output
+        from quantpick.cli import output
 
         output.note(text)
 
@@ -76,7 +77,7 @@ class RichProgress(LineProgress):
             TransferSpeedColumn,
         )
 
-        from quantpick import output
+        from quantpick.cli import output
 
         self._progress = Progress(
             TextColumn("{task.description}"),
@@ -126,7 +127,7 @@ class _Quiet:
 
 
 def _progress(quiet: bool) -> tuple[ProgressSink, Any]:
-    from quantpick.download import NullProgress
+    from quantpick.fetch.transfer import NullProgress
 
     if quiet:
         return NullProgress(), _Quiet()
@@ -197,7 +198,7 @@ def report_to_dict(report: FetchReport) -> dict[str, Any]:
 def _print_plan(plan: FetchPlan) -> None:
     from rich.table import Table
 
-    from quantpick import output
+    from quantpick.cli import output
     from quantpick.units import human
 
     table = Table(title=f"{plan.manifest_id} {plan.quant} from {plan.source}")
@@ -224,7 +225,7 @@ def _print_plan(plan: FetchPlan) -> None:
 def _print_report(report: FetchReport) -> None:
     from rich.table import Table
 
-    from quantpick import output
+    from quantpick.cli import output
     from quantpick.units import human
 
     table = Table(title=f"{report.plan.manifest_id} {report.plan.quant} from {report.plan.source}")
@@ -284,10 +285,10 @@ def download(
     json_: JsonOpt = False,
 ) -> None:
     """Download one quant of MODEL (all shards, + projector with --vision), verified by sha256."""
+    from quantpick.cli.output import print_json
     from quantpick.config import load_settings
-    from quantpick.download import fetch_model
-    from quantpick.manifest import find_manifest
-    from quantpick.output import print_json
+    from quantpick.fetch.download import fetch_model
+    from quantpick.model.registry import find_manifest
 
     if source not in SOURCE_CHOICES:
         raise UsageError(f"--source must be one of {', '.join(SOURCE_CHOICES)}, not {source!r}")
@@ -352,8 +353,8 @@ def verify(
     json_: JsonOpt = False,
 ) -> None:
     """Check files against DIR/SHA256SUMS (like `sha256sum -c --ignore-missing`), in parallel."""
-    from quantpick import output
-    from quantpick.verify import parse_sha256sums, verify_files
+    from quantpick.cli import output
+    from quantpick.fetch.verify import parse_sha256sums, verify_files
 
     sums_path = directory / checksums
     if not sums_path.is_file():

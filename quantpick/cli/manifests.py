@@ -19,7 +19,7 @@ from quantpick.cli.options import JsonOpt
 from quantpick.errors import ManifestError, QuantpickError
 
 if TYPE_CHECKING:
-    from quantpick.manifest import Manifest
+    from quantpick.model.manifest import Manifest
 
 manifest_app = typer.Typer(
     help="Create and check model manifests (TOML descriptions of GGUF repositories).",
@@ -53,9 +53,9 @@ def add_command(
     json_: JsonOpt = False,
 ) -> None:
     """Write a manifest for any GGUF repository (listing + one remote header read)."""
-    from quantpick import output
+    from quantpick.cli import output
     from quantpick.config import load_settings
-    from quantpick.manifest_add import build_manifest, write_manifest
+    from quantpick.model.from_repo import build_manifest, write_manifest
 
     settings = load_settings()
     new = build_manifest(
@@ -107,7 +107,7 @@ def check_command(
     json_: JsonOpt = False,
 ) -> None:
     """Validate a manifest file: prints OK, or the one-line error (exit 1)."""
-    from quantpick import output
+    from quantpick.cli import output
 
     try:
         manifest = _check(file)
@@ -125,8 +125,8 @@ def check_command(
 
 
 def _check(file: Path) -> Manifest:
-    from quantpick.layout import SUPPORTED_ARCHITECTURES
-    from quantpick.manifest import load_manifest_file
+    from quantpick.model.layout import SUPPORTED_ARCHITECTURES
+    from quantpick.model.registry import load_manifest_file
 
     manifest = load_manifest_file(file)
     arch = manifest.architecture.name

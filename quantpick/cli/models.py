@@ -18,7 +18,7 @@ from quantpick.cli.options import JsonOpt, complete_model_id
 
 if TYPE_CHECKING:
     from quantpick.errors import ManifestError
-    from quantpick.manifest import Manifest
+    from quantpick.model.manifest import Manifest
 
 ModelArg = Annotated[
     str,
@@ -71,8 +71,8 @@ def _error_dict(exc: ManifestError) -> dict[str, Any]:
 @app.command("models", epilog=_epilog(MODELS_EXAMPLES))
 def models_command(json_: JsonOpt = False) -> None:
     """List the models quantpick knows (bundled, user and QUANTPICK_MANIFESTS manifests)."""
-    from quantpick import output
-    from quantpick.manifest import list_manifests
+    from quantpick.cli import output
+    from quantpick.model.registry import list_manifests
     from quantpick.units import GB
 
     # A broken manifest must not hide the others here: list what loads, report the rest on stderr
@@ -119,8 +119,9 @@ def models_command(json_: JsonOpt = False) -> None:
 @app.command("show", epilog=_epilog(SHOW_EXAMPLES))
 def show_command(model: ModelArg, json_: JsonOpt = False) -> None:
     """Show one model: its files (sizes, quants, hashes), architecture, sources and sampling."""
-    from quantpick import output
-    from quantpick.manifest import find_manifest, manifest_to_dict
+    from quantpick.cli import output
+    from quantpick.model.manifest import manifest_to_dict
+    from quantpick.model.registry import find_manifest
     from quantpick.units import GB, GiB
 
     manifest = find_manifest(model)

@@ -17,7 +17,7 @@ from quantpick.cli.core import app
 from quantpick.cli.options import CpuOnlyOpt, GpuOpt, HardwareOpt, JsonOpt, LlamaServerOpt, RamOpt
 
 if TYPE_CHECKING:
-    from quantpick.machine import Machine
+    from quantpick.machine.spec import Machine
 
 DirOpt = Annotated[
     Optional[Path],  # noqa: UP045 - typer needs Optional on 3.10
@@ -50,8 +50,8 @@ def probe(
     dir_: DirOpt = None,
 ) -> None:
     """Show the GPUs, RAM, CPU, disk and llama-server that planning will use."""
-    from quantpick import output
-    from quantpick.describe import machine_from_options
+    from quantpick.cli import output
+    from quantpick.machine.describe import machine_from_options
 
     machine = machine_from_options(hardware, gpu, ram, cpu_only, llama_server, dir_)
     for line in machine.notes:
@@ -86,7 +86,7 @@ def render_machine(machine: Machine) -> None:
     from rich import box
     from rich.table import Table
 
-    from quantpick import output
+    from quantpick.cli import output
     from quantpick.units import human
 
     console = output.stdout()

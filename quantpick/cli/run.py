@@ -17,15 +17,19 @@ from typing import TYPE_CHECKING, Annotated, Any, Optional
 import typer
 
 from quantpick.cli.core import app
-from quantpick.cli.options import CpuOnlyOpt, GpuOpt, HardwareOpt, JsonOpt, LlamaServerOpt, RamOpt
-from quantpick.cli.plan import (
+from quantpick.cli.options import (
     AllowQ4Opt,
+    CpuOnlyOpt,
     CtxOpt,
     ExactOpt,
     GgufOpt,
+    GpuOpt,
     GpuOverheadOpt,
+    HardwareOpt,
+    JsonOpt,
     KvOpt,
     KvuOpt,
+    LlamaServerOpt,
     MarginOpt,
     MinTpsOpt,
     ModelArg,
@@ -35,16 +39,21 @@ from quantpick.cli.plan import (
     PreferOpt,
     QuantOpt,
     RamBandwidthOpt,
+    RamOpt,
     VisionOpt,
+    load_manifest,
+    machine_from_cli,
+    overheads_from_cli,
+    plan_request,
 )
 
 if TYPE_CHECKING:
-    from quantpick.command import ServerCommand, ServerOptions
-    from quantpick.layout import ModelLayout
-    from quantpick.machine import Machine
-    from quantpick.manifest import Manifest
-    from quantpick.planner import Plan
-    from quantpick.server_flags import ServerCapabilities
+    from quantpick.machine.spec import Machine
+    from quantpick.model.layout import ModelLayout
+    from quantpick.model.manifest import Manifest
+    from quantpick.plan.planner import Plan
+    from quantpick.serve.command import ServerCommand, ServerOptions
+    from quantpick.serve.flags import ServerCapabilities
 
 FORMATS = ("line", "script", "json", "env")
 
@@ -86,7 +95,7 @@ DirOpt = Annotated[
 def _server_options(
     host: str, port: int, alias: str | None, api_key_env: str | None
 ) -> ServerOptions:
-    from quantpick.command import ServerOptions
+    from quantpick.serve.command import ServerOptions
 
     return ServerOptions(host=host, port=port, alias=alias, api_key_env=api_key_env)
 
@@ -94,8 +103,8 @@ def _server_options(
 def _capabilities(machine: Machine, llama_server: Path | None) -> ServerCapabilities | None:
     """The installed llama-server's flags (PATH or --llama-server), or None: target current."""
     from quantpick.errors import UsageError
-    from quantpick.llama_server import find_llama_server
-    from quantpick.server_flags import capabilities_for
+    from quantpick.machine.llamacpp import find_llama_server
+    from quantpick.serve.flags import capabilities_for
 
     path = find_llama_server(llama_server)
     if path is None:
@@ -113,9 +122,15 @@ def _emit_command(
     comment: str,
     json_doc: dict[str, Any] | None,
 ) -> None:
-    from quantpick import output
-    from quantpick.command import render_env, render_json, render_line, render_script, write_script
+    from quantpick.cli import output
     from quantpick.errors import UsageError
+    from quantpick.serve.command import (
+        render_env,
+        render_json,
+        render_line,
+        render_script,
+        write_script,
+    )
 
     if fmt not in FORMATS:
         raise UsageError(f"--format {fmt}: use one of " + ", ".join(FORMATS))
@@ -147,53 +162,6 @@ def _plan_comment(p: Plan, machine: Machine) -> str:
         f"-c {p.config.ctx_size}, {p.placement} on {gpus} ({where}); decode upper bound "
         f"{p.speed.tokens_per_s_empty:.0f} tok/s empty, {p.speed.tokens_per_s_target:.0f} at "
         f"{p.speed.target_context} tokens"
-    )
-
-
-def _manifest_for_gguf(path: Path, layout: ModelLayout) -> Manifest:
-    """A one-file manifest for a GGUF that no manifest describes (`command --gguf`)."""
-    from quantpick.gguf_names import quant_tag
-    from quantpick.manifest import Manifest, ModelFile, Sampling
-
-    meta = layout.metadata
-    quant = quant_tag(path.name) or "custom"
-    sampling = None
-    if all(f"general.sampling.{k}" in meta for k in ("temp", "top_p", "top_k", "min_p")):
-        sampling = Sampling(
-            float(meta["general.sampling.temp"]),
-            float(meta["general.sampling.top_p"]),
-            int(meta["general.sampling.top_k"]),
-            float(meta["general.sampling.min_p"]),
-        )
-    return Manifest(
-        id=path.stem,
-        display_name=str(meta.get("general.name", path.stem)),
-        license=None,
-        architecture=layout.architecture,
-        sources=(),
-        files=(
-            ModelFile(
-                name=path.name,
-                quant=quant,
-                size_bytes=path.stat().st_size,
-                size_exact=True,
-                quality_rank=1,
-                role="model",
-            ),
-        ),
-        sampling=sampling,
-        reasoning=False,
-        checksums_file=None,
-    )
-
-
-def _local_layout(path: Path, quant: str | None) -> ModelLayout:
-    """The exact layout of a GGUF on disk (all shards of a split file)."""
-    from quantpick.gguf_header import layout_from_header, read_gguf_split
-
-    header = read_gguf_split(path)
-    return layout_from_header(
-        header, basis=f"gguf:{path}", file_bytes=header.stats.get("file_bytes"), quant=quant
     )
 
 
@@ -235,17 +203,18 @@ def command_cmd(
     """Plan for a GGUF already on disk and print the llama-server command that runs it."""
     from functools import partial
 
-    from quantpick.cli.plan import _load_manifest, _machine, _overheads, _request, plan_to_dict
-    from quantpick.command import build_command
+    from quantpick.cli.render import plan_to_dict
     from quantpick.config import load_settings
     from quantpick.errors import UsageError
-    from quantpick.planner import plan
+    from quantpick.model.local import local_layout, manifest_for_gguf
+    from quantpick.plan.planner import plan
+    from quantpick.serve.command import build_command
 
-    machine = _machine(hardware, gpu, ram, cpu_only, llama_server, ram_bandwidth)
+    machine = machine_from_cli(hardware, gpu, ram, cpu_only, llama_server, ram_bandwidth)
     if gguf is not None:
         model_path = gguf
-        layout = _local_layout(gguf, quant)
-        manifest = _load_manifest(model) if model else _manifest_for_gguf(gguf, layout)
+        layout = local_layout(gguf, quant)
+        manifest = load_manifest(model) if model else manifest_for_gguf(gguf, layout)
         if model:
             q = quant or _quant_of(manifest, gguf.name)
         else:
@@ -255,7 +224,7 @@ def command_cmd(
         if vision and projector is None:
             raise UsageError("--vision with --gguf needs --mmproj PATH")
     else:
-        manifest = _load_manifest(model)
+        manifest = load_manifest(model)
         if not quant:
             raise UsageError("give --quant Q (or --gguf PATH)")
         q = _canonical_quant(manifest, quant)
@@ -268,7 +237,7 @@ def command_cmd(
                 hint=f"download it first: quantpick get {manifest.id} --quant {q} (or pass --dir)",
             )
         model_path = files[0]
-        layout = _local_layout(model_path, q)
+        layout = local_layout(model_path, q)
         layouts = {q: layout}
         projector = None
         if vision:
@@ -280,7 +249,7 @@ def command_cmd(
                     f"{projector} is not there",
                     hint=f"quantpick get {manifest.id} --quant {q} --vision",
                 )
-    request = _request(
+    request = plan_request(
         ctx_size,
         parallel,
         kv_unified,
@@ -300,7 +269,7 @@ def command_cmd(
         machine,
         partial(_from_table, layouts),
         request,
-        overheads=_overheads(gpu_overhead, margin),
+        overheads=overheads_from_cli(gpu_overhead, margin),
     )
     caps = _capabilities(machine, llama_server)
     cmd = build_command(
@@ -338,53 +307,6 @@ def _quant_of(manifest: Manifest, filename: str) -> str:
         if f.name == filename and f.role == "model":
             return f.quant
     raise UsageError(f"{filename} is not a file of {manifest.id}", hint="pass --quant Q")
-
-
-def verified_local_files(
-    manifest: Manifest, quant: str, vision: bool, dest: Path
-) -> list[dict[str, Any]] | None:
-    """The quant's files in `dest`, hashed against dest/SHA256SUMS (written by an earlier download)
-    and the manifest's own hashes; None when a file or its checksum is missing. A mismatch is a
-    VerificationError (exit 4): a bad file is never used."""
-    from quantpick.download import wanted_files
-    from quantpick.errors import VerificationError
-    from quantpick.verify import parse_sha256sums, verify_files
-
-    sums_path = dest / "SHA256SUMS"
-    if not sums_path.is_file():
-        return None
-    sums = parse_sha256sums(sums_path.read_text())
-    expected: dict[str, str] = {}
-    for mf in wanted_files(manifest, quant, vision):
-        if mf.name not in sums or not (dest / mf.name).is_file():
-            return None
-        if mf.sha256 and mf.sha256.lower() != sums[mf.name].lower():
-            raise VerificationError(
-                f"{sums_path} lists {sums[mf.name]} for {mf.name}, the manifest {mf.sha256}"
-            )
-        expected[mf.name] = sums[mf.name]
-    result = verify_files(dest, expected)
-    bad = [c for c in result.files if c.status != "ok"]
-    if bad:
-        raise VerificationError(
-            f"{dest / bad[0].name}: sha256 {bad[0].actual} does not match {bad[0].expected} "
-            f"from {sums_path}",
-            hint="run the command again with the hub reachable to fetch it afresh",
-        )
-    return [
-        {
-            "name": c.name,
-            "path": str(dest / c.name),
-            "size": c.size,
-            "sha256": c.actual,
-            "verified": True,
-            "bytes_fetched": 0,
-            "resumed_from": 0,
-            "reused": True,
-            "source": f"local {sums_path}",
-        }
-        for c in result.files
-    ]
 
 
 @app.command("get")
@@ -433,31 +355,23 @@ def get_cmd(
     """Pick, download + verify, and print (or --script) the llama-server command: the whole job."""
     from dataclasses import replace
 
-    from quantpick import output
+    from quantpick.cli import output
     from quantpick.cli.download import _progress, report_to_dict
     from quantpick.cli.download import plan_to_dict as fetch_plan_to_dict
-    from quantpick.cli.plan import (
-        _layout_source,
-        _load_manifest,
-        _machine,
-        _offline_env,
-        _overheads,
-        _request,
-        plan_exact,
-        plan_to_dict,
-    )
-    from quantpick.command import build_command
+    from quantpick.cli.render import plan_to_dict
     from quantpick.config import load_settings
-    from quantpick.download import fetch_model
     from quantpick.errors import DownloadError, UsageError
-    from quantpick.planner import plan
+    from quantpick.fetch.download import fetch_model, verified_local_files
+    from quantpick.model.local import local_layout
+    from quantpick.plan.planner import plan
+    from quantpick.serve.command import build_command
 
     if fmt not in FORMATS:
         raise UsageError(f"--format {fmt}: use one of " + ", ".join(FORMATS))
     settings = load_settings()
-    manifest = _load_manifest(model)
-    machine = _machine(hardware, gpu, ram, cpu_only, llama_server, ram_bandwidth)
-    request = _request(
+    manifest = load_manifest(model)
+    machine = machine_from_cli(hardware, gpu, ram, cpu_only, llama_server, ram_bandwidth)
+    request = plan_request(
         ctx_size,
         parallel,
         kv_unified,
@@ -472,8 +386,12 @@ def get_cmd(
         "on",
         no_offload,
     )
-    overheads = _overheads(gpu_overhead, margin)
-    layouts = _layout_source(manifest, exact=exact, network=not no_network)
+    overheads = overheads_from_cli(gpu_overhead, margin)
+    from quantpick.model.headers import LayoutSource
+
+    layouts = LayoutSource(manifest, exact=exact, network=not no_network)
+    from quantpick.pipeline import plan_exact
+
     p = plan_exact(manifest, machine, layouts, request, overheads)
     if not (json_ or quiet):
         output.note(
@@ -484,7 +402,7 @@ def get_cmd(
     dest = dir_ or settings.models_dir / manifest.id
     progress, live = _progress(quiet or json_)
     report = None
-    offline = no_network or _offline_env()
+    offline = no_network or load_settings().offline
     try:
         if offline and not dry_run:
             raise DownloadError("offline (--offline or QUANTPICK_OFFLINE): no hub contacted")
@@ -513,7 +431,7 @@ def get_cmd(
     caps = _capabilities(machine, llama_server)
     if not dry_run:
         # The file on disk is the truth: re-plan the chosen quant on its own header.
-        local = _local_layout(model_path, p.quant)
+        local = local_layout(model_path, p.quant)
         p = plan(
             manifest, machine, lambda q: local, replace(request, quant=p.quant), overheads=overheads
         )

@@ -1,0 +1,276 @@
+"""`quantpick estimate`: one configuration in llama-server's own flags, itemized per device.
+
+Usage:
+    quantpick estimate qwen3.8-35b-a3b-distill --quant Q4_K_M -c 131072 -ts 26,16 --json
+    quantpick estimate --gguf ./model.gguf -c 32768 --gpu 3090
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from quantpick.cli.core import app
+from quantpick.cli.options import (
+    BOpt,
+    CpuOnlyOpt,
+    CtxOpt,
+    ExactOpt,
+    FaOpt,
+    GgufOpt,
+    GpuOpt,
+    GpuOverheadOpt,
+    HardwareOpt,
+    JsonOpt,
+    KvuOpt,
+    LlamaServerOpt,
+    MarginOpt,
+    ModelArg,
+    NoNetworkOpt,
+    NpOpt,
+    QuantOpt,
+    RamBandwidthOpt,
+    RamOpt,
+    UbOpt,
+    VisionOpt,
+    load_manifest,
+    machine_from_cli,
+    overheads_from_cli,
+)
+from quantpick.cli.render import (
+    _config_dict,
+    _device_table,
+    _estimate_dict,
+    _flags,
+    _machine_summary,
+    _print_footer,
+    _speed_dict,
+)
+
+if TYPE_CHECKING:
+    from quantpick.machine.spec import Machine
+    from quantpick.model.layout import ModelLayout
+    from quantpick.model.manifest import Manifest
+
+# ---------------------------------------------------------------------------------
+
+
+@app.command("estimate")
+def estimate_cmd(
+    model: ModelArg = None,
+    quant: QuantOpt = None,
+    gguf: GgufOpt = None,
+    ctx_size: CtxOpt = 0,
+    n_gpu_layers: Annotated[
+        str | None,
+        typer.Option(
+            "-ngl", "--n-gpu-layers", help="Layers on GPUs: N, all or auto (default all)."
+        ),
+    ] = None,  # noqa: UP045
+    tensor_split: Annotated[
+        str | None,
+        typer.Option("-ts", "--tensor-split", help="Split among GPUs, e.g. 3,1 or 26,16."),
+    ] = None,  # noqa: UP045
+    n_cpu_moe: Annotated[
+        int,
+        typer.Option("-ncmoe", "--n-cpu-moe", help="Experts of the first N layers in host memory."),
+    ] = 0,
+    cpu_moe: Annotated[
+        bool, typer.Option("-cmoe", "--cpu-moe", help="All experts in host memory.")
+    ] = False,
+    override_tensor: Annotated[
+        list[str] | None,
+        typer.Option("-ot", "--override-tensor", help="<regex>=<buffer type>,... (repeatable)"),
+    ] = None,  # noqa: UP045
+    cache_type_k: Annotated[
+        str, typer.Option("-ctk", "--cache-type-k", help="K cache type.")
+    ] = "f16",
+    cache_type_v: Annotated[
+        str, typer.Option("-ctv", "--cache-type-v", help="V cache type.")
+    ] = "f16",
+    parallel: NpOpt = 1,
+    kv_unified: KvuOpt = False,
+    ubatch: UbOpt = 512,
+    batch: BOpt = 2048,
+    flash_attn: FaOpt = "on",
+    device: Annotated[
+        str | None, typer.Option("-dev", "--device", help="GPUs to use: CUDA0,CUDA1 or none.")
+    ] = None,  # noqa: UP045
+    no_kv_offload: Annotated[
+        bool, typer.Option("-nkvo", "--no-kv-offload", help="Keep KV cache in host memory.")
+    ] = False,
+    spec_draft: Annotated[
+        int,
+        typer.Option("--spec-draft-n-max", help="MTP speculation with N draft tokens (0 = off)."),
+    ] = 0,
+    vision: VisionOpt = False,
+    hardware: HardwareOpt = None,
+    gpu: GpuOpt = None,
+    ram: RamOpt = None,
+    cpu_only: CpuOnlyOpt = False,
+    llama_server: LlamaServerOpt = None,
+    gpu_overhead: GpuOverheadOpt = None,
+    margin: MarginOpt = None,
+    ram_bandwidth: RamBandwidthOpt = None,
+    exact: ExactOpt = False,
+    no_network: NoNetworkOpt = False,
+    json_: JsonOpt = False,
+) -> None:
+    """Itemize what llama.cpp will allocate on each device for one configuration."""
+    from quantpick.cli import output
+    from quantpick.errors import UsageError
+    from quantpick.plan.memory import RunConfig, estimate
+    from quantpick.plan.planner import device_bandwidths
+    from quantpick.plan.speed import decode_speed
+
+    machine = machine_from_cli(hardware, gpu, ram, cpu_only, llama_server, ram_bandwidth)
+    layout, manifest, label = _resolve_layout(
+        model, quant, gguf, exact=exact, network=not no_network
+    )
+    ngl: int | None
+    if n_gpu_layers in (None, "all", "auto", "-1"):
+        ngl = None
+    else:
+        try:
+            ngl = int(n_gpu_layers)
+        except ValueError:
+            raise UsageError(f"-ngl {n_gpu_layers}: use a number, all or auto") from None
+    ts = _parse_split(tensor_split)
+    overrides = _parse_overrides(override_tensor or [])
+    devices = _parse_devices(device, machine)
+    config = RunConfig(
+        ctx_size=ctx_size,
+        n_parallel=parallel,
+        kv_unified=kv_unified,
+        n_gpu_layers=ngl,
+        tensor_split=ts,
+        n_cpu_moe=n_cpu_moe,
+        cpu_moe=cpu_moe,
+        override_tensors=overrides,
+        cache_type_k=cache_type_k,
+        cache_type_v=cache_type_v,
+        flash_attn=flash_attn,
+        ubatch=ubatch,
+        batch=batch,
+        kv_offload=not no_kv_offload,
+        vision=vision,
+        spec_draft_n=spec_draft,
+        devices=devices,
+    )
+    projector_bytes = 0
+    if vision:
+        if manifest is None or manifest.projector is None:
+            raise UsageError("--vision needs a model whose manifest has a projector (mmproj)")
+        projector_bytes = manifest.projector.size_bytes
+    est = estimate(
+        layout,
+        machine,
+        config,
+        overheads=overheads_from_cli(gpu_overhead, margin),
+        projector_bytes=projector_bytes,
+    )
+    speed = decode_speed(layout, est, device_bandwidths(machine))
+    if json_:
+        output.print_json(
+            {
+                "model": label,
+                "quant": layout.quant,
+                "machine": _machine_summary(machine),
+                "config": _config_dict(config),
+                "flags": _flags(config, layout.n_slots),
+                **_estimate_dict(est),
+                "speed": _speed_dict(speed),
+            }
+        )
+        return
+    con = output.stdout()
+    con.print(
+        _device_table(
+            est,
+            f"{label}  -c {ctx_size or layout.architecture.context_length}"
+            f" ({'described machine' if machine.described else 'this machine'})",
+        )
+    )
+    _print_footer(con, est, speed, layout)
+
+
+def _resolve_layout(
+    model: str | None, quant: str | None, gguf: Path | None, *, exact: bool, network: bool
+) -> tuple[ModelLayout, Manifest | None, str]:
+    from quantpick.errors import UsageError
+    from quantpick.model.gguf import layout_from_header, read_gguf_split
+
+    if gguf is not None:
+        # a split GGUF: every shard's header (each shard carries its own tensors)
+        header = read_gguf_split(gguf)
+        layout = layout_from_header(
+            header, basis=f"gguf:{gguf}", file_bytes=header.stats.get("file_bytes"), quant=quant
+        )
+        manifest = None
+        if model:
+            manifest = load_manifest(model)
+        return layout, manifest, str(gguf)
+    manifest = load_manifest(model)
+    if not quant:
+        raise UsageError("give --quant (see `quantpick show " + manifest.id + "`) or --gguf PATH")
+    from quantpick.model.headers import LayoutSource
+
+    layouts = LayoutSource(manifest, exact=exact, network=network)
+    wanted = [q for q in manifest.quants if q.upper() == quant.upper()]
+    if not wanted:
+        raise UsageError(
+            f"{manifest.id} has no quant {quant}", hint="available: " + ", ".join(manifest.quants)
+        )
+    layouts.upgrade(wanted[0])
+    return layouts(wanted[0]), manifest, f"{manifest.id} {wanted[0]}"
+
+
+def _parse_split(text: str | None) -> tuple[float, ...] | None:
+    from quantpick.errors import UsageError
+
+    if not text:
+        return None
+    try:
+        values = tuple(float(v) for v in text.replace("/", ",").split(","))
+    except ValueError:
+        raise UsageError(f"-ts {text}: use comma-separated numbers, e.g. 3,1") from None
+    return values
+
+
+def _parse_overrides(items: list[str]) -> tuple[tuple[str, str], ...]:
+    import re
+
+    from quantpick.errors import UsageError
+
+    pairs: list[tuple[str, str]] = []
+    for item in items:
+        for part in item.split(","):
+            if not part:
+                continue
+            pattern, sep, buft = part.rpartition("=")
+            if not sep or not pattern or not buft:
+                raise UsageError(f"-ot {part}: use <regex>=<buffer type>, e.g. exps=CPU")
+            try:
+                re.compile(pattern)
+            except re.error as exc:
+                raise UsageError(f"-ot {part}: bad regex ({exc})") from None
+            pairs.append((pattern, buft))
+    return tuple(pairs)
+
+
+def _parse_devices(text: str | None, machine: Machine) -> tuple[int, ...] | None:
+    from quantpick.errors import UsageError
+
+    if text is None:
+        return None
+    if text.strip().lower() == "none":
+        return ()
+    out = []
+    for part in text.split(","):
+        name = part.strip().upper()
+        if not name.startswith("CUDA") or not name[4:].isdigit():
+            raise UsageError(f"--device {part}: use CUDA0,CUDA1,... or none")
+        out.append(int(name[4:]))
+    return tuple(out)

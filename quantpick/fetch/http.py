@@ -1,0 +1,256 @@
+"""HTTP for the transfer engine: connections, redirects, retries, small GETs. Stdlib http.client.
+
+Why http.client and not httpx: on loopback the notes measured ~900 MiB/s with sha256 for
+http.client `readinto(1 MiB)` against ~300 MiB/s for httpx (pure-Python h11 in 64 KiB reads).
+Redirects are followed by hand so that `Authorization`/`Cookie` are dropped when the origin changes.
+"""
+
+from __future__ import annotations
+
+import http.client
+import random
+import re
+import socket
+import ssl
+import time
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass
+from email.utils import parsedate_to_datetime
+from typing import Any
+from urllib.parse import urljoin, urlsplit
+
+from quantpick.errors import DownloadError
+
+_REDIRECTS = {301, 302, 303, 307, 308}
+_CREDENTIAL_HEADERS = ("authorization", "cookie")
+
+HeadersFor = Callable[[str], dict[str, str]]
+
+
+def origin(url: str) -> tuple[str, str, int]:
+    """(scheme, host, port): what "same origin" means for sending credentials."""
+    parts = urlsplit(url)
+    scheme = parts.scheme.lower()
+    port = parts.port or (443 if scheme == "https" else 80)
+    return scheme, (parts.hostname or "").lower(), port
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How hard to try. `sleep` and `jitter` are injectable so fault tests run in milliseconds."""
+
+    attempts: int = 6  # consecutive failed attempts without progress before giving up
+    base_delay: float = 1.0
+    max_delay: float = 60.0
+    max_retry_after: float = 300.0
+    idle_timeout: float = 30.0  # seconds without a byte before a connection counts as stalled
+    connect_timeout: float = 15.0
+    sleep: Callable[[float], None] = time.sleep
+    jitter: Callable[[], float] = random.random
+
+    def backoff(self, failures: int) -> float:
+        delay = min(self.max_delay, self.base_delay * 2 ** max(0, failures - 1))
+        return delay * (0.5 + 0.5 * self.jitter())  # "equal jitter": never below half
+
+
+# ---------------------------------------------------------------------------------------------
+# HTTP primitives
+
+
+class TransientError(Exception):
+    """Worth retrying (connection error, stall, 5xx, 429, short body)."""
+
+    def __init__(self, message: str, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class RestartTransfer(Exception):
+    """The server's answer to a resume cannot be trusted: start the file again from byte 0."""
+
+
+def _proxy_for(url: str) -> str | None:
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    if host in ("localhost", "127.0.0.1", "::1") or urllib.request.proxy_bypass(host):
+        return None
+    return urllib.request.getproxies().get(parts.scheme)
+
+
+def _connect(url: str, policy: RetryPolicy) -> tuple[http.client.HTTPConnection, str]:
+    """A connected HTTP(S) connection and the request target (honours *_proxy / no_proxy)."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https"):
+        raise DownloadError(f"unsupported URL scheme in {parts.scheme}://...")
+    target = parts.path or "/"
+    if parts.query:
+        target += "?" + parts.query
+    proxy = _proxy_for(url)
+    conn: http.client.HTTPConnection
+    if proxy:
+        p = urlsplit(proxy)
+        if parts.scheme == "https":
+            conn = http.client.HTTPSConnection(
+                p.hostname or "",
+                p.port or 80,
+                timeout=policy.connect_timeout,
+                context=ssl.create_default_context(),
+            )
+            conn.set_tunnel(parts.hostname or "", parts.port or 443)
+        else:
+            conn = http.client.HTTPConnection(
+                p.hostname or "", p.port or 80, timeout=policy.connect_timeout
+            )
+            target = url  # absolute-form for a forward proxy
+    elif parts.scheme == "https":
+        conn = http.client.HTTPSConnection(
+            parts.hostname or "",
+            parts.port or 443,
+            timeout=policy.connect_timeout,
+            context=ssl.create_default_context(),
+        )
+    else:
+        conn = http.client.HTTPConnection(
+            parts.hostname or "", parts.port or 80, timeout=policy.connect_timeout
+        )
+    conn.connect()
+    if conn.sock is not None:
+        conn.sock.settimeout(policy.idle_timeout)  # per recv(): a stall, not a total cap
+        conn.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 * 1024 * 1024)
+    return conn, target
+
+
+def open_url(
+    url: str,
+    headers_for: HeadersFor,
+    *,
+    extra_headers: dict[str, str] | None = None,
+    policy: RetryPolicy | None = None,
+    method: str = "GET",
+    max_redirects: int = 10,
+) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse, str]:
+    """Send one request, following redirects; returns (connection, response, final URL).
+
+    Credentials come from headers_for(url) for each hop, and are dropped anyway once a redirect
+    has left the origin of the previous hop (hub -> CDN). Network errors raise TransientError.
+    """
+    policy = policy or RetryPolicy()
+    previous_origin = origin(url)
+    dropped = False
+    for _hop in range(max_redirects + 1):
+        headers = dict(headers_for(url))
+        headers.update(extra_headers or {})
+        if dropped or origin(url) != previous_origin:
+            dropped = True
+            headers = {k: v for k, v in headers.items() if k.lower() not in _CREDENTIAL_HEADERS}
+        try:
+            conn, target = _connect(url, policy)
+            conn.request(method, target, headers=headers)
+            response = conn.getresponse()
+        except (OSError, http.client.HTTPException) as exc:
+            raise TransientError(f"{type(exc).__name__}: {exc} ({url_label(url)})") from None
+        location = response.getheader("Location")
+        if response.status in _REDIRECTS and location:
+            response.read()
+            conn.close()
+            previous_origin = origin(url)
+            url = urljoin(url, location)
+            continue
+        return conn, response, url
+    raise DownloadError(f"too many redirects from {url_label(url)}")
+
+
+def url_label(url: str) -> str:
+    """Scheme://host/path without the query string (signed CDN URLs carry secrets there)."""
+    parts = urlsplit(url)
+    return f"{parts.scheme}://{parts.netloc}{parts.path}"
+
+
+def retry_after_seconds(value: str | None) -> float | None:
+    if not value:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        return float(value)
+    try:
+        return max(0.0, parsedate_to_datetime(value).timestamp() - time.time())
+    except (TypeError, ValueError):
+        return None
+
+
+def status_error(
+    status: int, url: str, what: str, response: http.client.HTTPResponse | None = None
+) -> Exception:
+    if status == 429 or status >= 500:
+        return TransientError(f"HTTP {status} from {url_label(url)}")
+    code = response.getheader("X-Error-Code") if response is not None else None
+    if code == "GatedRepo":
+        return DownloadError(
+            f"{what}: the repository is gated (HTTP {status} from {url_label(url)})",
+            hint="accept its conditions on the hub's web page, then log in with "
+            "`hf auth login` or set HF_TOKEN",
+        )
+    if status in (401, 403):
+        return DownloadError(
+            f"{what}: access denied (HTTP {status}) by {url_label(url)}",
+            hint="the repository may be gated or private: log in (`hf auth login` / HF_TOKEN, "
+            "`modelscope login` / MODELSCOPE_API_TOKEN) with an account that has access",
+        )
+    if status == 404:
+        return DownloadError(f"{what}: not found (HTTP 404) at {url_label(url)}")
+    return DownloadError(f"{what}: unexpected HTTP {status} from {url_label(url)}")
+
+
+def with_retries(what: str, policy: RetryPolicy, attempt: Callable[[], Any]) -> Any:
+    failures = 0
+    while True:
+        try:
+            return attempt()
+        except TransientError as exc:
+            failures += 1
+            if failures >= policy.attempts:
+                raise DownloadError(f"{what}: {exc} (gave up after {failures} attempts)") from None
+            delay = policy.backoff(failures)
+            if exc.retry_after is not None:
+                delay = max(delay, min(exc.retry_after, policy.max_retry_after))
+            policy.sleep(delay)
+
+
+def fetch_small(
+    url: str, headers_for: HeadersFor, *, max_bytes: int, policy: RetryPolicy | None = None
+) -> bytes | None:
+    """GET a small file (SHA256SUMS) into memory; None on 404; retries like a download."""
+    policy = policy or RetryPolicy()
+
+    def attempt() -> bytes | None:
+        conn, response, final = open_url(url, headers_for, policy=policy)
+        try:
+            if response.status == 404:
+                return None
+            if response.status != 200:
+                raise status_error(response.status, final, url_label(url), response)
+            try:
+                data = response.read(max_bytes + 1)
+            except (OSError, http.client.HTTPException) as exc:
+                raise TransientError(f"{type(exc).__name__}: {exc}") from None
+            if len(data) > max_bytes:
+                raise DownloadError(f"{url_label(url)} is larger than {max_bytes} bytes")
+            return data
+        finally:
+            conn.close()
+
+    result: bytes | None = with_retries(url_label(url), policy, attempt)
+    return result
+
+
+_CONTENT_RANGE = re.compile(r"^\s*bytes\s+(\d+)-(\d+)/(\d+)\s*$", re.IGNORECASE)
+
+
+def parse_content_range(value: str | None) -> tuple[int, int, int] | None:
+    """`bytes a-b/N` -> (a, b, N); None for anything else (including `bytes */N`)."""
+    match = _CONTENT_RANGE.match(value or "")
+    if not match:
+        return None
+    start, end, total = (int(g) for g in match.groups())
+    return (start, end, total) if start <= end < total else None

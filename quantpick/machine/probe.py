@@ -1,0 +1,329 @@
+"""Probe this machine: NVIDIA GPUs via NVML, host RAM and CPU, disk space, llama-server.
+
+The only module that imports pynvml, and only inside probe_gpus(): importing quantpick stays
+cheap and works with no NVIDIA driver. Nothing here raises for missing hardware; a missing
+driver gives a CPU-only Machine with a note, a failing GPU is listed with `error` set.
+
+Usage:
+    machine = probe()                       # GPUs + host + disk at the models dir + llama-server
+    host = probe_host(meminfo_path=tmp)     # paths are parameters so tests use tmp files
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+from quantpick.machine.catalog import theoretical_bandwidth
+from quantpick.machine.llamacpp import find_llama_server, inspect_llama_server
+from quantpick.machine.spec import Gpu, Host, LlamaServer, Machine
+
+MEMINFO = Path("/proc/meminfo")
+CPUINFO = Path("/proc/cpuinfo")
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+
+NO_NVML_NOTE = "no NVIDIA driver/NVML: planning for CPU only"
+NO_GPU_NOTE = "NVML found no NVIDIA GPU: planning for CPU only"
+
+# cgroup v1 reports "unlimited" as a page-aligned LONG_MAX (9223372036854771712); anything this
+# large is no limit at all.
+_UNLIMITED = 1 << 60
+
+T = TypeVar("T")
+
+
+# --- GPUs -------------------------------------------------------------------------------------
+
+
+def _optional(call: Callable[..., T], *args: Any) -> T | None:
+    """One NVML query that may be unsupported on this board (NotSupported, vGPU, old binding)."""
+    try:
+        return call(*args)
+    except Exception:  # NVMLError_NotSupported & co., or AttributeError from an old binding
+        return None
+
+
+def _text(value: Any) -> str | None:
+    if value is None:
+        return None
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+
+
+def _positive(value: Any) -> int | None:
+    # vGPUs and some boards answer 0 rather than NotSupported; 0 is as unknown as None.
+    return int(value) if isinstance(value, int) and value > 0 else None
+
+
+def _probe_one(nv: Any, index: int) -> Gpu:
+    try:
+        handle = nv.nvmlDeviceGetHandleByIndex(index)
+    except Exception as exc:
+        return Gpu(index=index, name=f"GPU {index}", total_bytes=0, free_bytes=0,
+                   error=f"no handle: {exc}")  # fmt: skip
+    name = _text(_optional(nv.nvmlDeviceGetName, handle)) or f"GPU {index}"
+    uuid = _text(_optional(nv.nvmlDeviceGetUUID, handle))
+    try:
+        mem = nv.nvmlDeviceGetMemoryInfo(handle)
+        total, free, used = int(mem.total), int(mem.free), int(mem.used)
+    except Exception as exc:
+        return Gpu(index=index, name=name, total_bytes=0, free_bytes=0, uuid=uuid,
+                   error=f"memory info: {exc}")  # fmt: skip
+    bus = _positive(_optional(nv.nvmlDeviceGetMemoryBusWidth, handle))
+    clock = _positive(_optional(nv.nvmlDeviceGetMaxClockInfo, handle, nv.NVML_CLOCK_MEM))
+    # Max link, not current: the current link drops to gen 1 when the GPU idles.
+    pcie_gen = _positive(_optional(nv.nvmlDeviceGetMaxPcieLinkGeneration, handle))
+    pcie_width = _positive(_optional(nv.nvmlDeviceGetMaxPcieLinkWidth, handle))
+    cc = _optional(nv.nvmlDeviceGetCudaComputeCapability, handle)
+    return Gpu(
+        index=index,
+        name=name,
+        total_bytes=total,
+        free_bytes=free,
+        used_bytes=used,
+        uuid=uuid,
+        memory_bus_width_bits=bus,
+        memory_clock_mhz=clock,
+        bandwidth_bytes_per_s=theoretical_bandwidth(clock, bus) if bus and clock else None,
+        pcie_generation=pcie_gen,
+        pcie_width=pcie_width,
+        compute_capability=f"{cc[0]}.{cc[1]}" if isinstance(cc, tuple) and len(cc) == 2 else None,
+    )
+
+
+def probe_gpus() -> tuple[tuple[Gpu, ...], str | None, tuple[str, ...]]:
+    """(gpus, driver version, notes). Never raises: no NVML means no GPUs and a note."""
+    try:
+        import pynvml
+    except ImportError:
+        return (), None, (f"{NO_NVML_NOTE} (nvidia-ml-py is not installed)",)
+    try:
+        pynvml.nvmlInit()
+    except Exception as exc:  # NVMLError_LibraryNotFound, DriverNotLoaded, any NVMLError
+        return (), None, (f"{NO_NVML_NOTE} ({exc})",)
+    try:
+        driver = _text(_optional(pynvml.nvmlSystemGetDriverVersion))
+        try:
+            count = int(pynvml.nvmlDeviceGetCount())
+        except Exception as exc:
+            return (), driver, (f"NVML cannot count GPUs ({exc}): planning for CPU only",)
+        gpus = tuple(_probe_one(pynvml, i) for i in range(count))
+        notes = [NO_GPU_NOTE] if not gpus else []
+        notes += [f"GPU {g.index} ({g.name}) is not used: {g.error}" for g in gpus if g.error]
+        return gpus, driver, tuple(notes)
+    finally:
+        try:
+            pynvml.nvmlShutdown()
+        except Exception:
+            pass  # nothing useful to do; the process is about to move on
+
+
+# --- Host -------------------------------------------------------------------------------------
+
+
+def read_meminfo(path: Path = MEMINFO) -> tuple[int, int] | None:
+    """(MemTotal, MemAvailable) in bytes from /proc/meminfo, or None when unreadable."""
+    try:
+        text = path.read_text()
+    except OSError:
+        return None
+    values: dict[str, int] = {}
+    for line in text.splitlines():
+        key, _, rest = line.partition(":")
+        parts = rest.split()
+        if parts and parts[0].isdigit():
+            # The kernel writes "kB" and means KiB.
+            values[key.strip()] = int(parts[0]) * (1024 if parts[1:2] == ["kB"] else 1)
+    if "MemTotal" not in values:
+        return None
+    total = values["MemTotal"]
+    # MemAvailable exists since Linux 3.14; MemFree is a pessimistic stand-in before that.
+    available = values.get("MemAvailable", values.get("MemFree", total))
+    return total, available
+
+
+def _read_int(path: Path) -> int | None:
+    try:
+        text = path.read_text().strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None  # "max" (v2 unlimited) -> None
+
+
+def _read_stat(path: Path, key: str) -> int | None:
+    try:
+        for line in path.read_text().splitlines():
+            name, _, value = line.partition(" ")
+            if name == key and value.strip().isdigit():
+                return int(value)
+    except OSError:
+        pass
+    return None
+
+
+def read_cgroup_memory(root: Path = CGROUP_ROOT) -> tuple[int | None, int | None]:
+    """(limit, usage) of this process's memory cgroup (v2, else v1); None where unknown/unlimited.
+
+    usage excludes inactive file cache, which the kernel reclaims before it would OOM-kill
+    (the same discount `docker stats` applies); otherwise a container that has read a 20 GB
+    GGUF would look full.
+    """
+    v2_limit = root / "memory.max"
+    if v2_limit.exists():
+        limit = _read_int(v2_limit)
+        usage = _read_int(root / "memory.current")
+        inactive = _read_stat(root / "memory.stat", "inactive_file")
+    else:
+        v1 = root / "memory"
+        limit = _read_int(v1 / "memory.limit_in_bytes")
+        usage = _read_int(v1 / "memory.usage_in_bytes")
+        inactive = _read_stat(v1 / "memory.stat", "total_inactive_file")
+    if limit is not None and limit >= _UNLIMITED:
+        limit = None
+    if limit is None:
+        return None, None
+    if usage is not None and inactive is not None:
+        usage = max(0, usage - inactive)
+    return limit, usage
+
+
+def physical_cores(path: Path = CPUINFO) -> int | None:
+    """Unique (physical id, core id) pairs in /proc/cpuinfo; None when the file lacks them."""
+    try:
+        text = path.read_text()
+    except OSError:
+        return None
+    cores: set[tuple[str, str]] = set()
+    physical, core = "0", None
+    for line in text.splitlines() + [""]:
+        key, _, value = line.partition(":")
+        key = key.strip()
+        if key == "physical id":
+            physical = value.strip()
+        elif key == "core id":
+            core = value.strip()
+        elif not key:  # a blank line ends one processor's block
+            if core is not None:
+                cores.add((physical, core))
+            physical, core = "0", None
+    return len(cores) or None
+
+
+def _sysconf_ram() -> tuple[int, int] | None:
+    """Best effort without /proc (macOS, BSD): total from sysconf; available is then only free."""
+    try:
+        page = os.sysconf("SC_PAGE_SIZE")
+        total = page * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+    try:
+        available = page * os.sysconf("SC_AVPHYS_PAGES")  # free pages: an underestimate
+    except (ValueError, OSError):
+        available = total
+    return total, available
+
+
+def probe_host(
+    *,
+    meminfo_path: Path = MEMINFO,
+    cgroup_root: Path = CGROUP_ROOT,
+    cpuinfo_path: Path = CPUINFO,
+    notes: list[str] | None = None,
+) -> Host:
+    """Host RAM (min'd with the cgroup limit) and CPU cores. Notes about guesses go to `notes`."""
+    ram = read_meminfo(meminfo_path)
+    if ram is None:
+        ram = _sysconf_ram()
+        if notes is not None:
+            notes.append("no /proc/meminfo: RAM read from sysconf (available = free memory)")
+    if ram is None:
+        ram = (0, 0)
+        if notes is not None:
+            notes.append("cannot read the host RAM: describe it with --ram")
+    total, available = ram
+    limit, usage = read_cgroup_memory(cgroup_root)
+    if limit is not None:
+        total = min(total, limit) if total else limit
+        headroom = limit - usage if usage is not None else limit
+        available = max(0, min(available, headroom) if available else headroom)
+    threads = os.cpu_count()
+    cores = physical_cores(cpuinfo_path) or threads or 1
+    return Host(
+        ram_total_bytes=total,
+        ram_available_bytes=available,
+        cpu_cores=cores,
+        cpu_threads=threads,
+        cgroup_limit_bytes=limit,
+    )
+
+
+# --- Disk and llama-server ---------------------------------------------------------------------
+
+
+def disk_free(path: Path) -> tuple[Path, int] | None:
+    """(nearest existing directory, free bytes there); the target may not exist yet."""
+    probe_at = path.expanduser().absolute()
+    while not probe_at.exists() and probe_at != probe_at.parent:
+        probe_at = probe_at.parent
+    try:
+        return probe_at, shutil.disk_usage(probe_at).free
+    except OSError:
+        return None
+
+
+def probe_llama_server(path: Path | None = None) -> LlamaServer | None:
+    """The given binary (even if missing: the user asked for it), else PATH's; None if neither."""
+    found = find_llama_server(path)
+    if found is None:
+        return LlamaServer(path=str(path), error="not found") if path is not None else None
+    return inspect_llama_server(found)
+
+
+def default_disk_path() -> Path:
+    from quantpick.config import load_settings
+
+    return load_settings().models_dir
+
+
+# --- Everything -------------------------------------------------------------------------------
+
+
+def probe(
+    *,
+    disk_path: Path | None = None,
+    llama_server: Path | None = None,
+    meminfo_path: Path = MEMINFO,
+    cgroup_root: Path = CGROUP_ROOT,
+    cpuinfo_path: Path = CPUINFO,
+    inspect_server: bool = True,
+) -> Machine:
+    """This machine as it is now. Never raises for missing hardware or tools.
+
+    inspect_server=False skips running `llama-server --version`: planning does not need it, and
+    the command builder inspects the binary it targets itself.
+    """
+    gpus, driver, gpu_notes = probe_gpus()
+    notes = list(gpu_notes)
+    host = probe_host(
+        meminfo_path=meminfo_path, cgroup_root=cgroup_root, cpuinfo_path=cpuinfo_path, notes=notes
+    )
+    target = disk_path if disk_path is not None else default_disk_path()
+    disk = disk_free(target)
+    server = probe_llama_server(llama_server) if inspect_server else None
+    if server is None and inspect_server:
+        notes.append("llama-server not found on PATH (give it with --llama-server)")
+    elif server is not None and server.error:
+        notes.append(f"llama-server {server.path}: {server.error}")
+    return Machine(
+        gpus=gpus,
+        host=host,
+        described=False,
+        source="probe",
+        disk_path=str(target),
+        disk_free_bytes=disk[1] if disk else None,
+        driver_version=driver,
+        llama_server=server,
+        notes=tuple(notes),
+    )

@@ -1,0 +1,306 @@
+"""A manifest for any GGUF repository: the hub listing plus one remote header (`manifest add`).
+
+`add` lists the repository (sizes + sha256 from the hub listing), groups its GGUF files into quants
+by file name (quantpick.model.gguf_names), reads ONE header remotely for the architecture block and
+the parameter count, takes SHA256SUMS when the repo has one, and writes a validated TOML manifest
+into the user manifest directory (atomically).
+
+Quality rank: by bits per weight = total bytes of the quant x 8 / parameters of the header (all
+quants of a repo share the parameter count, so this is size order). Bigger files keep more bits per
+weight and llama.cpp's KLD tables rank them better; it is a proxy (an imatrix IQ3_M can beat a
+plain Q3_K_S of similar size), which a hand-edited manifest can override.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from quantpick.errors import ManifestError, QuantpickError, UsageError
+
+if TYPE_CHECKING:
+    from quantpick.config import Settings
+    from quantpick.fetch.sources import RemoteFile
+    from quantpick.model.gguf import GGUFHeader
+
+
+CHECKSUM_NAMES = ("SHA256SUMS", "SHA256SUMS.txt", "sha256sums.txt", "SHA256SUM")
+MAX_SUMS_BYTES = 1024 * 1024
+
+
+@dataclass
+class NewManifest:
+    """What `manifest add` built: the TOML text plus facts for the summary."""
+
+    manifest_id: str
+    toml: str
+    quants: list[dict[str, Any]]
+    projectors: list[str]
+    skipped: list[tuple[str, str]]
+    header: dict[str, Any]
+    checksums_file: str | None
+    warnings: list[str] = field(default_factory=list)
+
+
+# ----------------------------------------------------------------------------------------------
+# TOML writing (the manifest format is small: scalars, one array of strings, tables)
+
+
+def _toml(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        text = repr(value)
+        return text if any(c in text for c in ".en") else text + ".0"
+    if isinstance(value, str):
+        return json.dumps(value)  # JSON's escapes are a subset of TOML basic strings'
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_toml(v) for v in value) + "]"
+    raise TypeError(f"cannot write {type(value).__name__} to TOML")
+
+
+def _table(name: str, values: dict[str, Any], array: bool = False) -> str:
+    head = f"[[{name}]]" if array else f"[{name}]"
+    lines = [head] + [f"{k} = {_toml(v)}" for k, v in values.items() if v is not None]
+    return "\n".join(lines) + "\n"
+
+
+def default_id(repo: str) -> str:
+    """'unsloth/Qwen3.6-35B-A3B-GGUF' -> 'qwen3.6-35b-a3b-unsloth' (the bundled ids' style)."""
+    import re
+
+    owner, _, name = repo.partition("/")
+    name = re.sub(r"[-_.]gguf$", "", name, flags=re.IGNORECASE)
+    text = f"{name}-{owner}".lower()
+    text = re.sub(r"[^a-z0-9._-]+", "-", text).strip("-._")
+    return text[:128] or "model"
+
+
+# ----------------------------------------------------------------------------------------------
+# Building a manifest from a repository
+
+
+def _checksums(
+    files: list[RemoteFile], fetch: Any, warnings: list[str]
+) -> tuple[str | None, dict[str, str]]:
+    from quantpick.fetch.verify import parse_sha256sums
+
+    names = {f.name for f in files}
+    for candidate in CHECKSUM_NAMES:
+        if candidate not in names:
+            continue
+        text = fetch(candidate, MAX_SUMS_BYTES)
+        if text is None:
+            continue
+        try:
+            return candidate, parse_sha256sums(text)
+        except QuantpickError as exc:
+            warnings.append(f"{candidate} ignored: {exc.message}")
+            return None, {}
+    return None, {}
+
+
+def build_manifest(
+    repo: str,
+    *,
+    kind: str,
+    revision: str | None,
+    manifest_id: str | None,
+    settings: Settings,
+) -> NewManifest:
+    """List `repo`, read one header, and return a validated manifest (not yet written)."""
+    from quantpick.fetch.sources import open_source
+    from quantpick.model.gguf import layout_from_header, n_parameters
+    from quantpick.model.gguf_names import group_gguf_files
+    from quantpick.model.headers import (
+        pinned_revision,
+        read_remote_header,
+        sha256_key,
+        source_key,
+        store_cached_header,
+    )
+    from quantpick.model.manifest import Source, parse_manifest
+
+    if kind not in ("hf", "modelscope"):
+        raise UsageError(f"--source must be hf or modelscope, got {kind!r}")
+    source = open_source(Source(kind=kind, repo=repo, revision=revision), settings=settings)
+    listing = source.list_files()
+    by_name = {f.name: f for f in listing}
+    groups, skipped = group_gguf_files(list(by_name))
+    models = [g for g in groups if g.role == "model"]
+    if not models:
+        raise ManifestError(
+            f"{source.label} has no GGUF model files with a recognisable quant tag",
+            hint="file names should end like -Q4_K_M.gguf, -UD-Q4_K_XL.gguf or -BF16.gguf",
+        )
+    warnings: list[str] = []
+    missing = [m.name for g in groups for m in g.files if by_name[m.name].size is None]
+    if missing:
+        raise ManifestError(f"{source.label}: the listing gives no size for {missing[0]}")
+
+    def total(group: Any) -> int:
+        return sum(by_name[m.name].size or 0 for m in group.files)
+
+    # One header: the smallest quant's (the header is the same size for all; fewer shards).
+    probe = min(models, key=lambda g: (len(g.files), total(g)))
+    header: GGUFHeader
+    header, url = read_remote_header(source, [m.name for m in probe.files])
+    layout = layout_from_header(header, basis=f"gguf-remote:{url}")  # refuses unknown archs
+    params = n_parameters(header)
+    if params <= 0:
+        raise ManifestError(f"{probe.files[0].name}: the header lists no tensors")
+
+    sums_name, sums = _checksums(listing, source.fetch_text, warnings)
+    # Keep the header: planning this quant later needs no network (layouts.layout_for's cache).
+    first = by_name[probe.files[0].name]
+    keys = []
+    if source.revision and pinned_revision(kind, source.revision):
+        keys.append(source_key(kind, repo, source.revision, first.name))
+    if first.sha256:
+        keys.insert(0, sha256_key(first.sha256))
+    store_cached_header(settings, keys, header)
+
+    def sha_of(name: str) -> str | None:
+        listed = by_name[name].sha256
+        from_sums = sums.get(name)
+        if listed and from_sums and listed != from_sums:
+            warnings.append(
+                f"{name}: {sums_name} says {from_sums[:12]}..., the hub listing "
+                f"{listed[:12]}...; keeping the listing's (computed by the hub from the bytes)"
+            )
+        return listed or from_sums
+
+    meta = header.metadata
+    display = meta.get("general.name") if isinstance(meta.get("general.name"), str) else None
+    lic = meta.get("general.license") if isinstance(meta.get("general.license"), str) else None
+    manifest_id = manifest_id or default_id(repo)
+    title = f"{display or repo.partition('/')[2]} ({repo})"
+    parts = [
+        "# Written by `quantpick manifest add` from the repository listing and one GGUF header\n"
+        f"# ({probe.files[0].name}: {header.stats.get('bytes_fetched', 0)} bytes in "
+        f"{header.stats.get('requests', 0)} requests).\n"
+        "# quality_rank: by bits per weight (size x 8 / parameters), higher is better.\n"
+        f"schema = 1\nid = {_toml(manifest_id)}\n"
+        f"display_name = {_toml(title)}\n"
+        + (f"license = {_toml(lic)}\n" if lic else "")
+        + f"checksums_file = {_toml(sums_name or '')}\n\n"
+    ]
+    arch = asdict(layout.architecture)
+    parts.append(_table("architecture", arch) + "\n")
+    sampling_keys = {"temperature": "temp", "top_p": "top_p", "top_k": "top_k", "min_p": "min_p"}
+    sampling = {k: meta.get(f"general.sampling.{v}") for k, v in sampling_keys.items()}
+    if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in sampling.values()):
+        sampling["top_k"] = int(sampling["top_k"])
+        for k in ("temperature", "top_p", "min_p"):
+            sampling[k] = round(float(sampling[k]), 6)
+        parts.append(_table("sampling", sampling) + "\n")
+    parts.append(_table("sources", {"kind": kind, "repo": repo, "revision": source.revision}, True))
+
+    quants: list[dict[str, Any]] = []
+    ranked = sorted(models, key=lambda g: (total(g), g.quant))  # rank 1 = fewest bits per weight
+    for rank, group in enumerate(ranked, start=1):
+        size = total(group)
+        bpw = round(size * 8 / params, 2)
+        quants.append(
+            {
+                "quant": group.quant,
+                "files": [m.name for m in group.files],
+                "size_bytes": size,
+                "bits_per_weight": bpw,
+                "quality_rank": rank,
+            }  # fmt: skip
+        )
+        for m in group.files:
+            parts.append(
+                "\n"
+                + _table(
+                    "files",
+                    {
+                        "name": m.name,
+                        "quant": group.quant,
+                        "size_bytes": by_name[m.name].size,
+                        "size_exact": True,
+                        "sha256": sha_of(m.name),
+                        "bits_per_weight": bpw if 0.5 <= bpw <= 64 else None,
+                        "quality_rank": rank,
+                        "shard": m.shard,
+                        "shard_count": m.shard_count,
+                    },
+                    True,
+                )
+            )
+    projectors = []
+    for group in groups:
+        if group.role != "mmproj":
+            continue
+        for m in group.files:
+            projectors.append(m.name)
+            parts.append(
+                "\n"
+                + _table(
+                    "files",
+                    {
+                        "name": m.name,
+                        "quant": group.quant,
+                        "size_bytes": by_name[m.name].size,
+                        "size_exact": True,
+                        "sha256": sha_of(m.name),
+                        "role": "mmproj",
+                        "shard": m.shard,
+                        "shard_count": m.shard_count,
+                    },
+                    True,
+                )
+            )
+    text = "".join(parts)
+    # Validate with the loader every other command uses: never write a manifest it would refuse.
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover - 3.10 only
+        import tomli as tomllib
+
+    parse_manifest(tomllib.loads(text), f"<manifest for {repo}>")
+    return NewManifest(
+        manifest_id=manifest_id,
+        toml=text,
+        quants=list(reversed(quants)),
+        projectors=projectors,
+        skipped=skipped,
+        header={"file": probe.files[0].name, "url": url, **header.stats},
+        checksums_file=sums_name,
+        warnings=warnings,
+    )
+
+
+def write_manifest(new: NewManifest, settings: Settings, *, force: bool) -> Path:
+    """Write into the user manifest directory atomically; refuse an existing id unless force."""
+    import os
+    import tempfile
+
+    from quantpick.model.registry import list_manifests
+
+    directory = settings.user_manifest_dir
+    target = directory / f"{new.manifest_id}.toml"
+    if not force:
+        existing = [m for m in list_manifests(settings, errors=[]) if m.id == new.manifest_id]
+        if existing or target.exists():
+            where = existing[0].path if existing else str(target)
+            raise ManifestError(
+                f"a manifest with id {new.manifest_id!r} already exists ({where})",
+                hint="pass --force to replace it (in the user directory), or choose --id",
+            )
+    directory.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{new.manifest_id}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(new.toml)
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return target

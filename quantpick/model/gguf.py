@@ -1,0 +1,610 @@
+"""GGUF headers -> architecture + tensor table (ModelLayout).
+
+`parse_gguf_header` is a bounded, incremental parser of the GGUF header (metadata + tensor infos).
+It pulls bytes through a `fill(offset, min_bytes)` callback, so the same code reads a local file
+(`read_gguf_file`, plain file reads) and a remote one (`gguf_remote.read_gguf_url`, HTTP range
+requests that grow geometrically until the header is complete). `architecture_from_metadata` and
+`layout_from_header` turn the parsed header into the planner's data.
+
+Why not gguf.GGUFReader: it wants the whole file, memory-mapped, and builds a numpy view for every
+metadata item; on a real 248k-token vocabulary (tokens + merges: ~500k strings) that takes ~7 s,
+and it cannot work from a partial download at all. This parser keeps arrays longer than
+`SHORT_ARRAY` elements as an `ArraySummary` (type + length) and skips them without decoding one
+string, and it never reads past the tensor infos.
+
+Hostile input: every count and length is checked against what the remaining bytes could hold
+(the file size when known, else the header cap) before anything is allocated or looped over, so
+memory and time are bounded by `max_header_bytes` (64 MiB by default; a real Qwen3.6 header is
+about 11 MB). Each problem is one GGUFError naming the offset.
+"""
+
+from __future__ import annotations
+
+import re
+import struct
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from quantpick.errors import GGUFError
+from quantpick.model.ggml import GGML_TYPES, TYPE_BY_ID, tensor_bytes
+from quantpick.model.layout import SUPPORTED_ARCHITECTURES, ModelLayout, TensorInfo
+from quantpick.model.manifest import Architecture
+
+GGUF_MAGIC = b"GGUF"
+SUPPORTED_VERSIONS = (2, 3)  # v1 (32-bit counts, 2023) is not read by current llama.cpp either
+DEFAULT_ALIGNMENT = 32
+SHORT_ARRAY = 64  # arrays longer than this become ArraySummary
+MAX_HEADER_BYTES = 64 * 1024 * 1024
+MAX_DIMS = 4  # GGML_MAX_DIMS
+MAX_NAME = 64  # GGML_MAX_NAME: llama.cpp's gguf.cpp rejects longer tensor names
+MAX_KEY = 65535  # GGUF spec: keys are at most 65535 bytes
+MAX_NESTING = 4  # arrays of arrays: llama.cpp writes none; bound the recursion anyway
+_MAX_ELEMENTS = 1 << 62  # sanity bound for the product of dims (ggml uses int64)
+
+# GGUF value types (gguf.constants.GGUFValueType) -> struct code; STRING=8, ARRAY=9 handled apart.
+_SCALAR: dict[int, str] = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?",
+                           10: "Q", 11: "q", 12: "d"}  # fmt: skip
+_STRING, _ARRAY = 8, 9
+_TYPE_NAMES = {0: "uint8", 1: "int8", 2: "uint16", 3: "int16", 4: "uint32", 5: "int32",
+               6: "float32", 7: "bool", 8: "string", 9: "array", 10: "uint64", 11: "int64",
+               12: "float64"}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class ArraySummary:
+    """A long metadata array (e.g. the 248k tokenizer tokens) kept as its type and length only."""
+
+    element_type: int
+    length: int
+
+
+@dataclass(frozen=True)
+class GGUFHeader:
+    version: int
+    metadata: dict[str, Any]  # scalars, short arrays as lists, long arrays as ArraySummary
+    tensors: tuple[TensorInfo, ...]
+    alignment: int
+    data_offset: int  # first byte of tensor data == bytes of header incl. padding
+    source: str = ""  # path or URL
+    stats: dict[str, int] = field(default_factory=dict)  # e.g. bytes_fetched, requests
+    tensor_offsets: tuple[int, ...] = ()  # per tensor, relative to data_offset (file order)
+    header_bytes: int = 0  # end of the tensor infos (before the alignment padding)
+
+
+# A fill callback: (offset, min_bytes) -> bytes starting at offset, at least min_bytes long unless
+# the file ends first (b"" at end of file). It may return more than asked (read-ahead).
+Fill = Callable[[int, int], bytes]
+
+
+class _Truncated(GGUFError):
+    """The bytes ran out (as opposed to an HTTP or I/O failure inside `fill`)."""
+
+
+class _Cursor:
+    """Sequential reads over a growing buffer, with every length checked before it is trusted."""
+
+    def __init__(self, fill: Fill, source: str, max_bytes: int, file_size: int | None) -> None:
+        self.fill = fill
+        self.source = source
+        self.max_bytes = max_bytes
+        self.file_size = file_size
+        self.buf = bytearray()
+        self.base = 0  # absolute offset of buf[0] (consumed bytes are dropped, see _compact)
+        self.pos = 0  # absolute offset of the next read
+
+    # -- limits -----------------------------------------------------------------------------
+    def fail(self, message: str) -> GGUFError:
+        return GGUFError(f"{self.source}: {message}")
+
+    def limit_text(self) -> str:
+        if self.file_size is not None and self.file_size <= self.max_bytes:
+            return f"the {self.file_size}-byte file"
+        return f"the {self.max_bytes}-byte header cap"
+
+    def remaining(self) -> int:
+        """Bytes that can still belong to the header: to the end of file, or to the header cap."""
+        limit = self.max_bytes if self.file_size is None else min(self.file_size, self.max_bytes)
+        return max(limit - self.pos, 0)
+
+    def ensure(self, n: int) -> None:
+        end = self.pos + n
+        if end > self.max_bytes:
+            raise self.fail(
+                f"header does not end within {self.max_bytes} bytes (a field at offset {self.pos} "
+                f"needs {n} more): not a GGUF header quantpick will read"
+            )
+        while self.base + len(self.buf) < end:
+            have = self.base + len(self.buf)
+            chunk = self.fill(have, end - have)
+            if not chunk:
+                raise _Truncated(
+                    f"{self.source}: "
+                    f"truncated GGUF header: the file ends at byte {have}, a field at offset "
+                    f"{self.pos} needs {n} bytes"
+                )
+            self.buf += chunk
+
+    def _compact(self) -> None:
+        # Keep memory at one window: drop what the parser has already consumed.
+        drop = self.pos - self.base
+        if drop > 8 * 1024 * 1024:
+            del self.buf[:drop]
+            self.base = self.pos
+
+    # -- primitives -------------------------------------------------------------------------
+    def take(self, n: int) -> bytes:
+        self.ensure(n)
+        start = self.pos - self.base
+        self.pos += n
+        return bytes(self.buf[start : start + n])
+
+    def unpack(self, code: str) -> Any:
+        size = struct.calcsize("<" + code)
+        self.ensure(size)
+        value = struct.unpack_from("<" + code, self.buf, self.pos - self.base)[0]
+        self.pos += size
+        return value
+
+    def skip(self, n: int) -> None:
+        self.ensure(n)
+        self.pos += n
+        self._compact()
+
+    def string_length(self, what: str, cap: int | None = None) -> int:
+        at = self.pos
+        length = self.unpack("Q")
+        if length > self.remaining() or (cap is not None and length > cap):
+            if cap is not None and length > cap:
+                limit = f"the {cap}-byte limit"
+            else:
+                limit = f"what is left of {self.limit_text()}"
+            raise self.fail(f"{what} at offset {at} claims {length} bytes, more than {limit}")
+        return int(length)
+
+    def string(self, what: str, cap: int | None = None) -> str:
+        length = self.string_length(what, cap)
+        raw = self.take(length)
+        return bytes(raw).decode("utf-8", errors="replace")
+
+    def count(self, what: str, min_item_bytes: int) -> int:
+        """A uint64 count whose items (each >= min_item_bytes) must fit in the remaining bytes."""
+        at = self.pos
+        n = int(self.unpack("Q"))
+        if n * min_item_bytes > self.remaining():
+            raise self.fail(
+                f"{what} at offset {at} is {n}, more than the {self.remaining()} bytes left of "
+                f"{self.limit_text()} can hold"
+            )
+        return n
+
+
+def _min_value_bytes(value_type: int) -> int:
+    if value_type in _SCALAR:
+        return struct.calcsize("<" + _SCALAR[value_type])
+    if value_type == _STRING:
+        return 8
+    return 12  # a nested array: type + count
+
+
+def _read_value(cur: _Cursor, value_type: int, key: str, depth: int = 0) -> Any:
+    if value_type in _SCALAR:
+        return cur.unpack(_SCALAR[value_type])
+    if value_type == _STRING:
+        return cur.string(f"string value of {key}")
+    if value_type != _ARRAY:
+        raise cur.fail(f"metadata {key}: unknown value type {value_type}")
+    if depth >= MAX_NESTING:
+        raise cur.fail(f"metadata {key}: arrays nested deeper than {MAX_NESTING}")
+    element_type = int(cur.unpack("I"))
+    if element_type not in _SCALAR and element_type not in (_STRING, _ARRAY):
+        raise cur.fail(f"metadata {key}: array of unknown value type {element_type}")
+    length = cur.count(f"array length of {key}", _min_value_bytes(element_type))
+    if length > SHORT_ARRAY:
+        _skip_array(cur, element_type, length, key, depth)
+        return ArraySummary(element_type, length)
+    if element_type in _SCALAR:
+        code = _SCALAR[element_type]
+        size = struct.calcsize("<" + code)
+        raw = cur.take(size * length)
+        return list(struct.unpack(f"<{length}{code}", raw))
+    return [_read_value(cur, element_type, key, depth + 1) for _ in range(length)]
+
+
+def _skip_array(cur: _Cursor, element_type: int, length: int, key: str, depth: int) -> None:
+    if element_type in _SCALAR:
+        cur.skip(length * struct.calcsize("<" + _SCALAR[element_type]))
+        return
+    if element_type == _STRING:
+        _skip_strings(cur, length, key)
+        return
+    for _ in range(length):
+        _read_value(cur, _ARRAY, key, depth + 1)
+
+
+_U64 = struct.Struct("<Q")
+
+
+def _skip_strings(cur: _Cursor, length: int, key: str) -> None:
+    """Walk `length` strings by their length prefixes only: nothing is decoded or kept.
+
+    The fast inner loop runs over what is already buffered (a string accepted there lies inside
+    the buffer, which the header cap bounds); a string that crosses the buffer end goes through
+    the checked slow path, which fetches more.
+    """
+    left = length
+    unpack = _U64.unpack_from
+    while left:
+        buf, p = cur.buf, cur.pos - cur.base
+        end = len(buf)
+        while left and p + 8 <= end:
+            n = unpack(buf, p)[0]
+            if p + 8 + n > end:
+                break
+            p += 8 + n
+            left -= 1
+        cur.pos = cur.base + p
+        if left:
+            cur.skip(cur.string_length(f"string in {key}"))
+            left -= 1
+    cur.skip(0)
+
+
+def parse_gguf_header(
+    fill: Fill,
+    *,
+    source: str = "<gguf>",
+    max_header_bytes: int = MAX_HEADER_BYTES,
+    file_size: int | None = None,
+) -> GGUFHeader:
+    """Parse a GGUF header from bytes pulled through `fill` (see `Fill`). Pure apart from `fill`.
+
+    `file_size`, when known, tightens the plausibility checks (counts and lengths must fit in the
+    file). Raises GGUFError for anything that is not a well-formed v2/v3 little-endian GGUF header.
+    """
+    cur = _Cursor(fill, source, max_header_bytes, file_size)
+    try:
+        magic = cur.take(4)
+    except _Truncated:
+        raise cur.fail("not a GGUF file (shorter than the 4-byte magic)") from None
+    if magic != GGUF_MAGIC:
+        raise cur.fail(f"not a GGUF file (magic {bytes(magic)!r}, expected b'GGUF')")
+    version = int(cur.unpack("I"))
+    if version not in SUPPORTED_VERSIONS:
+        if version & 0xFFFF == 0 and (version >> 24) in SUPPORTED_VERSIONS:
+            raise cur.fail("big-endian GGUF files are not supported")
+        raise cur.fail(f"unsupported GGUF version {version} (quantpick reads versions 2 and 3)")
+    # Minimum sizes: a tensor info is name(8) + n_dims(4) + one dim(8) + type(4) + offset(8);
+    # a metadata pair is key(8+1) + type(4) + one byte of value.
+    n_tensors = cur.count("tensor count", 32)
+    n_kv = cur.count("metadata count", 8 + 1 + 4 + 1)
+    metadata: dict[str, Any] = {}
+    for _ in range(n_kv):
+        key = cur.string("metadata key", MAX_KEY)
+        if not key:
+            raise cur.fail(f"empty metadata key before offset {cur.pos}")
+        if key in metadata:
+            raise cur.fail(f"duplicate metadata key {key!r}")
+        value_type = int(cur.unpack("I"))
+        metadata[key] = _read_value(cur, value_type, key)
+
+    alignment = metadata.get("general.alignment", DEFAULT_ALIGNMENT)
+    if (
+        not isinstance(alignment, int)
+        or isinstance(alignment, bool)
+        or alignment <= 0
+        or alignment & (alignment - 1)
+    ):
+        raise cur.fail(f"general.alignment must be a power of two, got {alignment!r}")
+
+    tensors: list[TensorInfo] = []
+    offsets: list[int] = []
+    names: set[str] = set()
+    for _ in range(n_tensors):
+        name = cur.string("tensor name", MAX_NAME - 1)
+        if name in names:
+            raise cur.fail(f"duplicate tensor {name!r}")
+        names.add(name)
+        n_dims = int(cur.unpack("I"))
+        if not 1 <= n_dims <= MAX_DIMS:
+            raise cur.fail(f"tensor {name}: {n_dims} dimensions (ggml allows 1 to {MAX_DIMS})")
+        shape = tuple(int(cur.unpack("Q")) for _ in range(n_dims))
+        elements = 1
+        for dim in shape:
+            elements *= dim
+            if elements > _MAX_ELEMENTS:
+                raise cur.fail(f"tensor {name}: shape {shape} is absurdly large")
+        type_id = int(cur.unpack("I"))
+        type_name = TYPE_BY_ID.get(type_id)
+        if type_name is None:
+            raise cur.fail(f"tensor {name}: unknown ggml type {type_id}")
+        block = GGML_TYPES[type_name][1]
+        if shape[0] % block:
+            raise cur.fail(
+                f"tensor {name}: row length {shape[0]} is not a multiple of {type_name}'s "
+                f"block size {block}"
+            )
+        offset = int(cur.unpack("Q"))
+        if offset % alignment:
+            raise cur.fail(f"tensor {name}: data offset {offset} is not {alignment}-aligned")
+        tensors.append(TensorInfo(name, type_name, shape, tensor_bytes(type_name, shape)))
+        offsets.append(offset)
+    header_end = cur.pos
+    data_offset = header_end + (-header_end) % alignment
+    if file_size is not None:
+        for t, off in zip(tensors, offsets, strict=True):
+            if data_offset + off + t.n_bytes > file_size:
+                raise cur.fail(
+                    f"tensor {t.name}: data ({t.n_bytes} bytes at {data_offset + off}) runs past "
+                    f"the end of the {file_size}-byte file"
+                )
+    return GGUFHeader(
+        version=version,
+        metadata=metadata,
+        tensors=tuple(tensors),
+        alignment=int(alignment),
+        data_offset=data_offset,
+        source=source,
+        stats={"header_bytes": header_end},
+        tensor_offsets=tuple(offsets),
+        header_bytes=header_end,
+    )
+
+
+# ----------------------------------------------------------------------------------------------
+# Local files
+
+
+def read_gguf_file(
+    path: Path, *, max_header_bytes: int = MAX_HEADER_BYTES, check_size: bool = True
+) -> GGUFHeader:
+    """Header of a local GGUF file, read incrementally (1 MiB reads) with the bounded parser.
+
+    `check_size=False` skips the "tensor data fits in the file" check (a file being downloaded).
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise GGUFError(f"{path}: no such file")
+    try:
+        size = path.stat().st_size
+        with path.open("rb") as fh:
+            reads = [0, 0]
+
+            def fill(offset: int, min_bytes: int) -> bytes:
+                fh.seek(offset)
+                data = fh.read(max(min_bytes, 1024 * 1024))
+                reads[0] += 1
+                reads[1] += len(data)
+                return data
+
+            header = parse_gguf_header(
+                fill,
+                source=str(path),
+                max_header_bytes=max_header_bytes,
+                file_size=size if check_size else None,
+            )
+    except OSError as exc:
+        raise GGUFError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    header.stats.update(reads=reads[0], bytes_read=reads[1], file_bytes=size)
+    return header
+
+
+# ----------------------------------------------------------------------------------------------
+# Split GGUFs ("-00001-of-00003.gguf"): llama-gguf-split puts the metadata in the first shard and
+# each shard's own tensor infos in that shard, so an exact tensor table needs every shard's header
+# (the later ones are small: split keys + tensor infos, ~100 KB).
+
+SPLIT_RE = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$", re.IGNORECASE)
+
+
+def split_names(name: str) -> list[str]:
+    """All shard names of a split GGUF given any one of them; [name] for a single file."""
+    match = SPLIT_RE.search(name)
+    if not match:
+        return [name]
+    count = int(match.group(2))
+    stem = name[: match.start()]
+    return [f"{stem}-{i:05d}-of-{count:05d}.gguf" for i in range(1, count + 1)]
+
+
+def merge_split_headers(headers: list[GGUFHeader]) -> GGUFHeader:
+    """One header for a split model: the first shard's metadata, every shard's tensors."""
+    first = headers[0]
+    if len(headers) == 1:
+        return first
+    count = first.metadata.get("split.count")
+    if isinstance(count, int) and count != len(headers):
+        raise GGUFError(f"{first.source}: split.count is {count}, {len(headers)} shards read")
+    tensors: list[TensorInfo] = []
+    seen: set[str] = set()
+    for h in headers:
+        for t in h.tensors:
+            if t.name in seen:
+                raise GGUFError(f"{h.source}: tensor {t.name} appears in two shards")
+            seen.add(t.name)
+            tensors.append(t)
+    expected = first.metadata.get("split.tensors.count")
+    if isinstance(expected, int) and expected != len(tensors):
+        raise GGUFError(
+            f"{first.source}: split.tensors.count is {expected}, the shards hold {len(tensors)}"
+        )
+    stats: dict[str, int] = {}
+    for h in headers:
+        for k, v in h.stats.items():
+            stats[k] = stats.get(k, 0) + v
+    stats["shards"] = len(headers)
+    return GGUFHeader(
+        version=first.version,
+        metadata=first.metadata,
+        tensors=tuple(tensors),
+        alignment=first.alignment,
+        data_offset=first.data_offset,
+        source=first.source,
+        stats=stats,
+        tensor_offsets=(),  # offsets are per shard; not meaningful for the merged table
+        header_bytes=first.header_bytes,
+    )
+
+
+def read_gguf_split(path: Path) -> GGUFHeader:
+    """A local GGUF, or every shard of a split one (stats["file_bytes"] = all shards)."""
+    path = Path(path)
+    names = split_names(path.name)
+    return merge_split_headers([read_gguf_file(path.with_name(n)) for n in names])
+
+
+# ----------------------------------------------------------------------------------------------
+# JSON form (the on-disk header cache)
+
+CACHE_FORMAT = 1
+
+
+def header_to_json(header: GGUFHeader) -> dict[str, Any]:
+    def encode(value: Any) -> Any:
+        if isinstance(value, ArraySummary):
+            return {"__array__": [value.element_type, value.length]}
+        if isinstance(value, list):
+            return [encode(v) for v in value]
+        return value
+
+    return {
+        "format": CACHE_FORMAT,
+        "version": header.version,
+        "source": header.source,
+        "alignment": header.alignment,
+        "data_offset": header.data_offset,
+        "header_bytes": header.header_bytes,
+        "metadata": {k: encode(v) for k, v in header.metadata.items()},
+        "tensors": [[t.name, t.ggml_type, list(t.shape)] for t in header.tensors],
+        "tensor_offsets": list(header.tensor_offsets),
+        "stats": dict(header.stats),
+    }
+
+
+def header_from_json(doc: Any) -> GGUFHeader:
+    """Inverse of header_to_json; GGUFError on anything malformed (callers treat it as a miss)."""
+
+    def decode(value: Any) -> Any:
+        if isinstance(value, dict):
+            element_type, length = value["__array__"]
+            return ArraySummary(int(element_type), int(length))
+        if isinstance(value, list):
+            return [decode(v) for v in value]
+        return value
+
+    try:
+        if doc.get("format") != CACHE_FORMAT:
+            raise ValueError(f"format {doc.get('format')!r}")
+        tensors = []
+        for name, type_name, shape in doc["tensors"]:
+            if type_name not in GGML_TYPES:
+                raise ValueError(f"unknown type {type_name}")
+            dims = tuple(int(d) for d in shape)
+            tensors.append(TensorInfo(str(name), type_name, dims, tensor_bytes(type_name, dims)))
+        return GGUFHeader(
+            version=int(doc["version"]),
+            metadata={str(k): decode(v) for k, v in doc["metadata"].items()},
+            tensors=tuple(tensors),
+            alignment=int(doc["alignment"]),
+            data_offset=int(doc["data_offset"]),
+            source=str(doc.get("source", "")),
+            stats={str(k): int(v) for k, v in doc.get("stats", {}).items()},
+            tensor_offsets=tuple(int(o) for o in doc.get("tensor_offsets", [])),
+            header_bytes=int(doc.get("header_bytes", 0)),
+        )
+    except (AttributeError, KeyError, TypeError, ValueError) as exc:
+        raise GGUFError(f"malformed cached header: {exc}") from None
+
+
+# ----------------------------------------------------------------------------------------------
+# Header -> planner data
+
+
+def n_parameters(header: GGUFHeader) -> int:
+    """Total weights (elements) of all tensors: the denominator of bits per weight."""
+    total = 0
+    for t in header.tensors:
+        n = 1
+        for dim in t.shape:
+            n *= dim
+        total += n
+    return total
+
+
+def _meta_int(meta: dict[str, Any], key: str, default: int | None = None) -> int:
+    value = meta.get(key, default)
+    if isinstance(value, list):  # per-layer arrays: llama.cpp takes layer 0 for these shapes
+        value = value[0] if value else default
+    if value is None or isinstance(value, (bool, ArraySummary)):
+        raise GGUFError(f"GGUF metadata {key} is missing")
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        raise GGUFError(f"GGUF metadata {key} is not an integer: {value!r}") from None
+
+
+def architecture_from_metadata(
+    meta: dict[str, Any], tensor_names: set[str] | None = None
+) -> Architecture:
+    """The Architecture block from GGUF keys (src/models/qwen35moe.cpp: load_arch_hparams)."""
+    arch = meta.get("general.architecture")
+    if not isinstance(arch, str):
+        raise GGUFError("GGUF metadata general.architecture is missing")
+    if arch not in SUPPORTED_ARCHITECTURES:
+        raise GGUFError(
+            f"architecture {arch!r} is not modelled by quantpick's memory model",
+            hint="supported: " + ", ".join(SUPPORTED_ARCHITECTURES),
+        )
+    p = arch + "."
+    n_embd = _meta_int(meta, p + "embedding_length")
+    n_head = _meta_int(meta, p + "attention.head_count")
+    vocab = meta.get(p + "vocab_size")
+    tokens = meta.get("tokenizer.ggml.tokens")
+    if vocab is None:
+        vocab = tokens.length if isinstance(tokens, ArraySummary) else len(tokens or [])
+    has_output = True if tensor_names is None else "output.weight" in tensor_names
+    return Architecture(
+        name=arch,
+        block_count=_meta_int(meta, p + "block_count"),
+        nextn_predict_layers=_meta_int(meta, p + "nextn_predict_layers", 0),
+        context_length=_meta_int(meta, p + "context_length"),
+        embedding_length=n_embd,
+        head_count=n_head,
+        head_count_kv=_meta_int(meta, p + "attention.head_count_kv", n_head),
+        key_length=_meta_int(meta, p + "attention.key_length", n_embd // max(n_head, 1)),
+        value_length=_meta_int(meta, p + "attention.value_length", n_embd // max(n_head, 1)),
+        expert_count=_meta_int(meta, p + "expert_count", 0),
+        expert_used_count=_meta_int(meta, p + "expert_used_count", 0),
+        expert_feed_forward_length=_meta_int(meta, p + "expert_feed_forward_length", 0),
+        expert_shared_feed_forward_length=_meta_int(
+            meta, p + "expert_shared_feed_forward_length", 0
+        ),
+        ssm_conv_kernel=_meta_int(meta, p + "ssm.conv_kernel"),
+        ssm_state_size=_meta_int(meta, p + "ssm.state_size"),
+        ssm_group_count=_meta_int(meta, p + "ssm.group_count"),
+        ssm_time_step_rank=_meta_int(meta, p + "ssm.time_step_rank"),
+        ssm_inner_size=_meta_int(meta, p + "ssm.inner_size"),
+        full_attention_interval=_meta_int(meta, p + "full_attention_interval", 4),
+        vocab_size=int(vocab),
+        has_output_tensor=has_output,
+    )
+
+
+def layout_from_header(
+    header: GGUFHeader, *, basis: str, file_bytes: int | None = None, quant: str | None = None
+) -> ModelLayout:
+    names = {t.name for t in header.tensors}
+    arch = architecture_from_metadata(header.metadata, names)
+    for t in header.tensors:
+        if t.ggml_type not in GGML_TYPES:  # pragma: no cover - guarded by the parser
+            raise GGUFError(f"tensor {t.name}: unknown type {t.ggml_type}")
+    return ModelLayout(
+        architecture=arch,
+        tensors=header.tensors,
+        basis=basis,
+        exact=True,
+        file_bytes=file_bytes,
+        quant=quant,
+        metadata={k: v for k, v in header.metadata.items() if not isinstance(v, ArraySummary)},
+    )

@@ -1,0 +1,226 @@
+"""A GGUF header read over HTTP: range requests that grow geometrically until the bounded parser in
+`gguf.py` has the whole header. httpx is imported only when a header is actually read.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from quantpick.errors import GGUFError
+from quantpick.model.gguf import MAX_HEADER_BYTES, GGUFHeader, parse_gguf_header
+
+if TYPE_CHECKING:
+    import httpx
+
+
+HeadersFor = Callable[[str], dict[str, str]]
+INITIAL_WINDOW = 4 * 1024 * 1024  # first range request; a Qwen3.6 header is ~11 MB
+MAX_REDIRECTS = 10
+
+
+def _default_headers(url: str) -> dict[str, str]:
+    from quantpick import __version__
+
+    return {"User-Agent": f"quantpick/{__version__}"}
+
+
+class RangeReader:
+    """Bytes of one remote file, fetched with growing range requests.
+
+    Redirects are followed by hand so that each hop gets `headers_for(hop_url)`: credentials
+    (sources.RepoSource.request_headers) go only to the hub's own origin, never to the CDN it
+    redirects to. The final URL is reused for the later ranges.
+
+    A server that ignores Range and answers 200 with the whole body: the body is read as a stream
+    only as far as the parser asks (plus one window of read-ahead) and the connection is closed
+    when the header is complete, so a 20 GB file is never downloaded. ModelScope answers range
+    requests with "200 + Content-Range": that is treated as a 206.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        headers_for: HeadersFor | None = None,
+        client: httpx.Client | None = None,
+        initial_window: int = INITIAL_WINDOW,
+        timeout: float = 30.0,
+    ) -> None:
+        import httpx
+
+        self.url = url
+        self.final_url: str | None = None
+        self.headers_for = headers_for or _default_headers
+        self._own_client = client is None
+        # a short connect timeout: a firewalled hub should not stall planning for long
+        self.client = client or httpx.Client(
+            timeout=httpx.Timeout(timeout, connect=min(timeout, 5.0)), follow_redirects=False
+        )
+        self.initial_window = initial_window
+        self.requests = 0
+        self.bytes_fetched = 0
+        self.total_size: int | None = None
+        self.range_ignored = False
+        self._stream: httpx.Response | None = None
+        self._stream_iter: Any = None
+        self._stream_pos = 0
+        self._pending = b""
+
+    def close(self) -> None:
+        if self._stream is not None:
+            self._stream.close()  # closes the connection mid-body: the rest is never sent
+            self._stream = None
+        if self._own_client:
+            self.client.close()
+
+    def __enter__(self) -> RangeReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _send(self, start: int, end: int) -> httpx.Response:
+        import httpx
+
+        url = self.final_url or self.url
+        for _ in range(MAX_REDIRECTS + 1):
+            headers = dict(self.headers_for(url))
+            headers["Range"] = f"bytes={start}-{end}"
+            headers["Accept-Encoding"] = "identity"  # byte offsets must be file offsets
+            request = self.client.build_request("GET", url, headers=headers)
+            try:
+                response = self.client.send(request, stream=True)
+            except httpx.HTTPError as exc:
+                raise GGUFError(f"{self.url}: cannot read the header: {exc}") from None
+            self.requests += 1
+            if response.status_code in (301, 302, 303, 307, 308):
+                location = response.headers.get("location")
+                response.close()
+                if not location:
+                    raise GGUFError(f"{url}: redirect without a Location")
+                url = str(response.url.join(location))
+                continue
+            self.final_url = url
+            return response
+        raise GGUFError(f"{self.url}: more than {MAX_REDIRECTS} redirects")
+
+    def _read_body(self, response: httpx.Response, limit: int) -> bytes:
+        import httpx
+
+        out = bytearray()
+        try:
+            for chunk in response.iter_raw(64 * 1024):
+                out += chunk
+                if len(out) >= limit:
+                    break
+        except httpx.HTTPError as exc:  # timeouts, resets mid-body
+            raise GGUFError(f"{self.url}: reading the header failed: {exc!r}") from None
+        self.bytes_fetched += len(out)
+        return bytes(out[:limit])
+
+    def fill(self, offset: int, min_bytes: int) -> bytes:
+        # Doubling the total: the bytes fetched stay below 2x what the parser needed (+ window).
+        want = max(min_bytes, self.initial_window if offset == 0 else offset)
+        if self.total_size is not None:
+            if offset >= self.total_size:
+                return b""
+            want = min(want, self.total_size - offset)
+        if self._stream is not None:
+            return self._fill_from_stream(offset, want)
+        response = self._send(offset, offset + want - 1)
+        status = response.status_code
+        content_range = response.headers.get("content-range", "")
+        if status == 416:
+            response.close()
+            return b""
+        if status in (206, 200) and content_range.startswith("bytes "):
+            span, _, total = content_range[6:].partition("/")
+            first, _, _last = span.partition("-")
+            if total.strip().isdigit():
+                self.total_size = int(total)
+            if not first.strip().isdigit() or int(first) != offset:
+                response.close()
+                raise GGUFError(
+                    f"{self.url}: server answered range {content_range!r} to bytes={offset}-"
+                )
+            try:
+                return self._read_body(response, want)
+            finally:
+                response.close()
+        if status == 200:
+            # Range ignored: the body is the whole file from byte 0. Keep the stream and serve
+            # the parser from it; `close()` drops the connection once the header is parsed.
+            self.range_ignored = True
+            length = response.headers.get("content-length", "")
+            if length.isdigit():
+                self.total_size = int(length)
+            if offset != 0:
+                response.close()
+                raise GGUFError(f"{self.url}: server stopped honouring Range requests")
+            self._stream = response
+            self._stream_iter = response.iter_raw(64 * 1024)
+            return self._fill_from_stream(offset, want)
+        response.close()
+        hint = None
+        if status in (401, 403):
+            hint = "log in (`hf auth login`, `modelscope login`) or set a token"
+        raise GGUFError(f"{self.url}: HTTP {status} reading the GGUF header", hint=hint)
+
+    def _fill_from_stream(self, offset: int, want: int) -> bytes:
+        if offset != self._stream_pos:  # the parser reads sequentially; anything else is a bug
+            raise GGUFError(f"{self.url}: non-sequential read at {offset} of a streamed body")
+        out = bytearray(self._pending)
+        self._pending = b""
+        import httpx
+
+        while len(out) < want:
+            try:
+                chunk = next(self._stream_iter)
+            except StopIteration:
+                break
+            except httpx.HTTPError as exc:
+                raise GGUFError(f"{self.url}: reading the header failed: {exc!r}") from None
+            out += chunk
+            self.bytes_fetched += len(chunk)
+        if len(out) > want:
+            self._pending = bytes(out[want:])
+            del out[want:]
+        self._stream_pos += len(out)
+        return bytes(out)
+
+
+def read_gguf_url(
+    url: str,
+    *,
+    headers_for: HeadersFor | None = None,
+    client: httpx.Client | None = None,
+    initial_window: int = INITIAL_WINDOW,
+    max_header_bytes: int = MAX_HEADER_BYTES,
+    timeout: float = 30.0,
+) -> GGUFHeader:
+    """Header of a remote GGUF, fetched with range requests (first `initial_window` bytes, then
+    doubling the total). `stats` gets requests, bytes_fetched, header_bytes, file_bytes (when
+    the server said) and range_ignored."""
+    with RangeReader(
+        url, headers_for=headers_for, client=client, initial_window=initial_window, timeout=timeout
+    ) as reader:
+
+        def fill(offset: int, min_bytes: int) -> bytes:
+            return reader.fill(offset, min_bytes)
+
+        header = parse_gguf_header(fill, source=url, max_header_bytes=max_header_bytes)
+        if reader.total_size is not None and reader.total_size < header.header_bytes:
+            raise GGUFError(
+                f"{url}: the server's size {reader.total_size} is smaller than the header"
+            )
+        header.stats.update(
+            requests=reader.requests,
+            bytes_fetched=reader.bytes_fetched,
+            range_ignored=int(reader.range_ignored),
+        )
+        if reader.total_size is not None:
+            header.stats["file_bytes"] = reader.total_size
+        if reader.final_url and reader.final_url != url:
+            header.stats["redirected"] = 1
+    return header

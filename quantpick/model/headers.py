@@ -1,0 +1,275 @@
+"""The planner's ModelLayout for a manifest quant: exact from a GGUF header (on-disk cache, then a
+remote range read), else synthesized from the manifest's architecture block and the file size.
+
+Edge module (disk + network). Cache: Settings.cache_dir / "headers" / <key>.json, where <key> is
+"sha256-<hex>" of the (first shard's) file when known -- the same bytes always have the same
+header -- and otherwise "<kind>-<digest of repo@revision/name>" for a revision-pinned hub source.
+A header is only cached under keys that identify immutable content, so a cache hit is never stale.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from quantpick.errors import GGUFError, QuantpickError, UsageError
+from quantpick.model.gguf import (
+    GGUFHeader,
+    header_from_json,
+    header_to_json,
+    layout_from_header,
+    merge_split_headers,
+)
+from quantpick.model.layout import ModelLayout, synthesize_layout
+
+if TYPE_CHECKING:
+    from quantpick.config import Settings
+    from quantpick.fetch.sources import RepoSource
+    from quantpick.model.manifest import Manifest, ModelFile
+
+_COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
+_KEY_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,100}$")
+# Later shards carry only split keys + their tensor infos: a small first window suffices.
+SHARD_WINDOW = 256 * 1024
+
+
+def header_cache_dir(settings: Settings) -> Path:
+    return settings.cache_dir / "headers"
+
+
+def sha256_key(sha256: str) -> str:
+    return f"sha256-{sha256.lower()}"
+
+
+def source_key(kind: str, repo: str, revision: str, name: str) -> str:
+    digest = hashlib.sha256(f"{kind}:{repo}@{revision}/{name}".encode()).hexdigest()[:40]
+    return f"{kind}-{digest}"
+
+
+def cache_keys(manifest: Manifest, files: tuple[ModelFile, ...]) -> list[str]:
+    """Keys that may hold this quant's header, most specific first."""
+    first = files[0]
+    keys = [sha256_key(first.sha256)] if first.sha256 else []
+    for source in manifest.sources:
+        if (
+            source.kind in ("hf", "modelscope")
+            and source.repo
+            and pinned_revision(source.kind, source.revision)
+        ):
+            assert source.revision is not None
+            keys.append(source_key(source.kind, source.repo, source.revision, first.name))
+    return keys
+
+
+def pinned_revision(kind: str, revision: str | None) -> bool:
+    """Whether `revision` names immutable content: a commit, or a ModelScope tag (not a branch).
+
+    HF revisions in manifests are commits; ModelScope manifests pin tags or commits, but "master"
+    moves (ModelScope listings always carry the sha256, which is the preferred key anyway).
+    """
+    revision = revision or ""
+    if _COMMIT_RE.match(revision):
+        return True
+    return kind == "modelscope" and revision not in ("", "master", "main")
+
+
+def load_cached_header(settings: Settings, key: str) -> GGUFHeader | None:
+    if not _KEY_RE.match(key):
+        return None
+    path = header_cache_dir(settings) / f"{key}.json"
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+        return header_from_json(doc)
+    except (OSError, ValueError, GGUFError):
+        return None  # missing or damaged: a miss (the next remote read rewrites it)
+
+
+def store_cached_header(settings: Settings, keys: list[str], header: GGUFHeader) -> None:
+    """Write the header under every key, atomically (temp file + rename); best effort."""
+    import tempfile  # only when writing: planning from the cache stays light
+
+    directory = header_cache_dir(settings)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return
+    text = json.dumps(header_to_json(header), separators=(",", ":"))
+    for key in dict.fromkeys(keys):
+        if not _KEY_RE.match(key):
+            continue
+        try:
+            fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{key}.", suffix=".tmp")
+            with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                fh.write(text)
+            os.replace(tmp, directory / f"{key}.json")
+        except OSError:
+            continue  # a read-only cache must not break planning
+
+
+def read_remote_header(source: RepoSource, names: list[str]) -> tuple[GGUFHeader, str]:
+    """Every shard's header through one RepoSource (its URLs, auth and redirects), merged.
+
+    Returns (header, url of the first shard).
+    """
+    from quantpick.model.gguf_remote import INITIAL_WINDOW, read_gguf_url
+
+    headers = []
+    first_url = ""
+    for i, name in enumerate(names):
+        remote = source.resolve(name)
+        if i == 0:
+            first_url = remote.url
+        headers.append(
+            read_gguf_url(
+                remote.url,
+                headers_for=source.request_headers,
+                initial_window=INITIAL_WINDOW if i == 0 else SHARD_WINDOW,
+            )
+        )
+    return merge_split_headers(headers), first_url
+
+
+def layout_for(
+    manifest: Manifest,
+    quant: str,
+    *,
+    settings: Settings,
+    network: bool,
+    require_exact: bool,
+) -> ModelLayout:
+    """The layout of one quant of `manifest`.
+
+    Order: the header cache (no network); then, when `network`, a remote header read from each
+    source in manifest order (cached on success); else `synthesize_layout`. With `require_exact`
+    an exact header is mandatory: GGUFError says why none could be had.
+    Basis: "gguf-cache:<key>", "gguf-remote:<url>" or "synthesized: ...".
+    """
+    files = manifest.quant_files(quant)
+    if not files:
+        raise UsageError(
+            f"{manifest.id} has no quant {quant!r}", hint="available: " + ", ".join(manifest.quants)
+        )
+    file_bytes = sum(f.size_bytes for f in files)
+    quant_name = files[0].quant
+    names = [f.name for f in files]
+    keys = cache_keys(manifest, files)
+    problems: list[str] = []
+
+    for key in keys:
+        header = load_cached_header(settings, key)
+        if header is None:
+            continue
+        try:
+            return layout_from_header(
+                header, basis=f"gguf-cache:{key}", file_bytes=file_bytes, quant=quant_name
+            )
+        except GGUFError as exc:
+            problems.append(f"cached header {key}: {exc.message}")
+
+    if network:
+        from quantpick.fetch.sources import open_source
+
+        for source in manifest.sources:
+            label = source.repo or source.name or source.kind
+            try:
+                repo = open_source(source, settings=settings)
+                remote_first = repo.resolve(names[0])
+                pinned, listed = files[0].sha256, remote_first.sha256
+                if pinned and listed and listed != pinned:
+                    problems.append(
+                        f"{label}: {names[0]} has sha256 {listed[:12]}..., the manifest "
+                        f"pins {pinned[:12]}..."
+                    )
+                    continue
+                header, url = read_remote_header(repo, names)
+                layout = layout_from_header(
+                    header, basis=f"gguf-remote:{url}", file_bytes=file_bytes, quant=quant_name
+                )
+            except QuantpickError as exc:
+                problems.append(f"{label}: {exc.message}")
+                continue
+            store = list(keys)
+            if remote_first.sha256:
+                store.insert(0, sha256_key(remote_first.sha256))
+            store_cached_header(settings, store, header)
+            return layout
+    elif require_exact:
+        problems.append("the header is not cached and network access is off")
+
+    reason = "; ".join(problems) or "no source to read the header from"
+    if require_exact:
+        raise GGUFError(
+            f"no exact GGUF header for {manifest.id} {quant_name}: {reason}",
+            hint="allow network access once (the header is then cached), or drop --exact",
+        )
+    layout = synthesize_layout(manifest.architecture, quant_name, file_bytes)
+    if problems:
+        layout = replace(layout, basis=f"{layout.basis} (exact header unavailable: {reason})")
+    return layout
+
+
+def header_summary(header: GGUFHeader) -> dict[str, Any]:
+    """JSON-ready facts about a header read (for --json outputs and reports)."""
+    return {
+        "source": header.source,
+        "version": header.version,
+        "tensors": len(header.tensors),
+        "data_offset": header.data_offset,
+        "stats": dict(header.stats),
+    }
+
+
+class LayoutSource:
+    """quant -> ModelLayout for the planner, memoised.
+
+    Candidates are planned from the header cache or the manifest's synthesized table; with
+    --exact every candidate's header is required (read over the network when not cached). Without
+    --exact, the chosen quant's header is read once over the network (then cached) and the plan
+    is redone on it, so the answer rests on the exact table whenever it can be had.
+    """
+
+    def __init__(
+        self, manifest: Manifest, *, exact: bool, network: bool, settings: Settings | None = None
+    ) -> None:
+        from quantpick.config import load_settings
+
+        self.settings = settings or load_settings()
+        self.manifest = manifest
+        self.exact = exact
+        self.network = network and not self.settings.offline
+        self._cache: dict[str, ModelLayout] = {}
+        self.problems: list[str] = []
+
+    def __call__(self, quant: str) -> ModelLayout:
+        if quant not in self._cache:
+            self._cache[quant] = layout_for(
+                self.manifest,
+                quant,
+                settings=self.settings,
+                network=self.network and self.exact,
+                require_exact=self.exact,
+            )
+        return self._cache[quant]
+
+    def upgrade(self, quant: str) -> bool:
+        """Replace quant's synthesized layout by the exact header when it can be fetched."""
+        from quantpick.errors import GGUFError
+
+        if self(quant).exact or not self.network:
+            return False
+        try:
+            layout = layout_for(
+                self.manifest, quant, settings=self.settings, network=True, require_exact=True
+            )
+        except GGUFError as exc:
+            self.problems.append(exc.message)
+            # One failed round per run: the other quants' headers sit on the same hubs.
+            self.network = False
+            return False
+        self._cache[quant] = layout
+        return True

@@ -1,0 +1,550 @@
+"""Manifests: one GGUF repository described as data (sources, architecture, files) and validated
+from a parsed TOML document. Pure: reading manifest files and finding them is `registry.py`.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, NoReturn
+
+from quantpick.errors import ManifestError
+from quantpick.safe_names import name_problem
+
+
+@dataclass(frozen=True)
+class Architecture:
+    """The GGUF hyperparameters the memory model needs (GGUF key names in comments)."""
+
+    name: str  # general.architecture, e.g. "qwen35moe"
+    block_count: int  # {arch}.block_count, including MTP/NextN blocks
+    nextn_predict_layers: int  # {arch}.nextn_predict_layers (0 when absent)
+    context_length: int
+    embedding_length: int
+    head_count: int
+    head_count_kv: int
+    key_length: int
+    value_length: int
+    expert_count: int
+    expert_used_count: int
+    expert_feed_forward_length: int
+    expert_shared_feed_forward_length: int
+    ssm_conv_kernel: int
+    ssm_state_size: int
+    ssm_group_count: int
+    ssm_time_step_rank: int
+    ssm_inner_size: int
+    full_attention_interval: int
+    vocab_size: int
+    has_output_tensor: bool = True  # False: output tied to token_embd (loaded twice by llama.cpp)
+
+    @property
+    def n_layer(self) -> int:
+        """Trunk layers (llama.cpp's n_layer()): block_count minus the NextN blocks."""
+        return self.block_count - self.nextn_predict_layers
+
+    def is_recurrent(self, il: int) -> bool:
+        """llama.cpp qwen35moe: recurrent unless (il+1) % interval == 0; NextN blocks are not."""
+        return il < self.n_layer and (il + 1) % self.full_attention_interval != 0
+
+    @property
+    def attention_layers(self) -> tuple[int, ...]:
+        return tuple(il for il in range(self.n_layer) if not self.is_recurrent(il))
+
+    @property
+    def recurrent_layers(self) -> tuple[int, ...]:
+        return tuple(il for il in range(self.n_layer) if self.is_recurrent(il))
+
+
+@dataclass(frozen=True)
+class Sampling:
+    temperature: float
+    top_p: float
+    top_k: int
+    min_p: float
+
+
+@dataclass(frozen=True)
+class Source:
+    kind: str  # "hf" | "modelscope" | "mirror"
+    repo: str | None = None  # "owner/name" for hf and modelscope
+    revision: str | None = None  # pinned commit (hf) / revision (modelscope)
+    url_template: str | None = None  # mirror: "https://host/path/{file}" ({file}, {revision})
+    name: str | None = None  # a label for mirrors
+
+
+@dataclass(frozen=True)
+class ModelFile:
+    name: str  # file name in the repository (may include folders without ".." / absolute parts)
+    quant: str  # "Q4_K_M", "IQ2_M", "BF16", "F16" (mmproj)
+    size_bytes: int
+    size_exact: bool  # False: from the card's decimal GB, the hub listing is the authority
+    sha256: str | None = None
+    bits_per_weight: float | None = None
+    quality_rank: int | None = None  # higher is better; None for projectors
+    role: str = "model"  # "model" | "mmproj"
+    shard: int | None = None  # 1-based index of a split file ("-00001-of-00003")
+    shard_count: int | None = None
+
+
+@dataclass(frozen=True)
+class Manifest:
+    id: str
+    display_name: str
+    license: str | None
+    architecture: Architecture
+    sources: tuple[Source, ...]
+    files: tuple[ModelFile, ...]
+    sampling: Sampling | None = None
+    reasoning: bool = False
+    checksums_file: str | None = "SHA256SUMS"  # a coreutils sha256sum file in the repo, if any
+    path: str | None = None  # where it was loaded from
+    description: str | None = None
+    extra: dict[str, str] = field(default_factory=dict)
+    aliases: tuple[str, ...] = ()  # other names `find_manifest` accepts (besides id and repos)
+    origin: str | None = None  # "bundled" | "user" | "QUANTPICK_MANIFESTS"
+
+    def quant_files(self, quant: str) -> tuple[ModelFile, ...]:
+        """The file(s) of one quant (several for a split GGUF), shard order."""
+        want = quant.upper()
+        found = [f for f in self.files if f.role == "model" and f.quant.upper() == want]
+        return tuple(sorted(found, key=lambda f: f.shard or 0))
+
+    @property
+    def quants(self) -> tuple[str, ...]:
+        """Model quants, best quality first."""
+        seen: dict[str, int] = {}
+        for f in self.files:
+            if f.role == "model":
+                seen[f.quant] = f.quality_rank if f.quality_rank is not None else -1
+        return tuple(sorted(seen, key=lambda q: -seen[q]))
+
+    @property
+    def projector(self) -> ModelFile | None:
+        projectors = [f for f in self.files if f.role == "mmproj"]
+        return projectors[0] if projectors else None
+
+
+# ---------------------------------------------------------------------------------------------
+# Loading and validation. The format is documented field by field in manifests/README.md.
+# ---------------------------------------------------------------------------------------------
+
+SCHEMA = 1  # the `schema = N` this quantpick reads
+ROLES = ("model", "mmproj")
+SOURCE_KINDS = ("hf", "modelscope", "mirror")
+ORIGIN_BUNDLED, ORIGIN_USER, ORIGIN_ENV = "bundled", "user", "QUANTPICK_MANIFESTS"
+
+_HINT = (
+    "fix or remove that file (`quantpick manifest check FILE` re-checks it); "
+    "the format is described in manifests/README.md"
+)
+_ID_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,127}$")
+_QUANT_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+_SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
+_REPO_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
+_SHARD_RE = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$")
+_TEMPLATE_FIELD_RE = re.compile(r"{([^{}]*)}")
+_TEMPLATE_FIELDS = ("file", "revision")
+
+_TOP_KEYS = (
+    "schema", "id", "display_name", "description", "license", "reasoning", "checksums_file",
+    "aliases", "architecture", "sampling", "sources", "files", "extra",
+)  # fmt: skip
+_ARCH_INT_KEYS = (
+    "block_count", "nextn_predict_layers", "context_length", "embedding_length", "head_count",
+    "head_count_kv", "key_length", "value_length", "expert_count", "expert_used_count",
+    "expert_feed_forward_length", "expert_shared_feed_forward_length", "ssm_conv_kernel",
+    "ssm_state_size", "ssm_group_count", "ssm_time_step_rank", "ssm_inner_size",
+    "full_attention_interval", "vocab_size",
+)  # fmt: skip
+# Must be >= 1 (the others may be 0, e.g. a model without SSM layers or experts).
+_ARCH_POSITIVE = (
+    "block_count", "context_length", "embedding_length", "head_count", "head_count_kv",
+    "key_length", "value_length", "full_attention_interval", "vocab_size",
+)  # fmt: skip
+_SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p")
+_SOURCE_KEYS = {
+    "hf": ("kind", "repo", "revision", "name"),
+    "modelscope": ("kind", "repo", "revision", "name"),
+    "mirror": ("kind", "url_template", "revision", "name"),
+}
+_FILE_KEYS = (
+    "name", "quant", "size_bytes", "size_exact", "sha256", "bits_per_weight", "quality_rank",
+    "role", "shard", "shard_count",
+)  # fmt: skip
+
+
+def _describe(value: Any) -> str:
+    kind = {bool: "boolean", int: "integer", float: "float", str: "string", list: "array",
+            dict: "table"}.get(type(value), type(value).__name__)  # fmt: skip
+    shown = repr(value) if not isinstance(value, (list, dict)) else ""
+    if isinstance(value, bool):
+        shown = "true" if value else "false"
+    return f"{shown} ({kind})" if shown and len(shown) <= 60 else kind
+
+
+class _Reader:
+    """Typed access to one TOML table; every failure names the file and the field path."""
+
+    def __init__(self, file: str, data: Mapping[str, Any], prefix: str = "") -> None:
+        self.file = file
+        self.data = data
+        self.prefix = prefix
+
+    def path(self, key: str) -> str:
+        return f"{self.prefix}.{key}" if self.prefix else key
+
+    def fail(self, key: str | None, message: str) -> NoReturn:
+        where = self.path(key) if key is not None else (self.prefix or "(top level)")
+        raise ManifestError(f"{self.file}: {where}: {message}", hint=_HINT)
+
+    def check_keys(self, allowed: Iterable[str]) -> None:
+        allowed = tuple(allowed)
+        for key in self.data:
+            if key not in allowed:
+                import difflib  # only on errors: not on the start-up path
+
+                close = difflib.get_close_matches(key, allowed, n=1)
+                extra = f" (did you mean {close[0]!r}?)" if close else ""
+                free = " (free-form keys go under [extra])" if not self.prefix else ""
+                self.fail(key, f"unknown key{extra}{free or ''}")
+
+    def _get(self, key: str, required: bool) -> Any:
+        if key not in self.data:
+            if required:
+                self.fail(key, "missing (required)")
+            return None
+        return self.data[key]
+
+    def str_(self, key: str, *, required: bool = True, allow_empty: bool = False) -> str | None:
+        value = self._get(key, required)
+        if value is None:
+            return None
+        if not isinstance(value, str):
+            self.fail(key, f"expected a string, got {_describe(value)}")
+        if not allow_empty and not value.strip():
+            self.fail(key, "must not be empty")
+        return value
+
+    def int_(self, key: str, *, required: bool = True, minimum: int | None = None) -> int | None:
+        value = self._get(key, required)
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int):
+            self.fail(key, f"expected an integer, got {_describe(value)}")
+        if minimum is not None and value < minimum:
+            self.fail(key, f"must be >= {minimum}, got {value}")
+        return value
+
+    def float_(
+        self,
+        key: str,
+        *,
+        required: bool = True,
+        minimum: float | None = None,
+        maximum: float | None = None,
+    ) -> float | None:
+        value = self._get(key, required)
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            self.fail(key, f"expected a number, got {_describe(value)}")
+        if value != value or value in (float("inf"), float("-inf")):
+            self.fail(key, "must be a finite number")
+        if minimum is not None and value < minimum:
+            self.fail(key, f"must be >= {minimum:g}, got {value:g}")
+        if maximum is not None and value > maximum:
+            self.fail(key, f"must be <= {maximum:g}, got {value:g}")
+        return float(value)
+
+    def bool_(self, key: str, *, required: bool = True) -> bool | None:
+        value = self._get(key, required)
+        if value is None:
+            return None
+        if not isinstance(value, bool):
+            self.fail(key, f"expected true or false, got {_describe(value)}")
+        return value
+
+    def table(self, key: str, *, required: bool = True) -> _Reader | None:
+        value = self._get(key, required)
+        if value is None:
+            return None
+        if not isinstance(value, dict):
+            self.fail(key, f"expected a table, got {_describe(value)}")
+        return _Reader(self.file, value, self.path(key))
+
+    def tables(self, key: str) -> list[_Reader]:
+        """A required, non-empty array of tables (`[[key]]`)."""
+        value = self._get(key, True)
+        if not isinstance(value, list) or not all(isinstance(v, dict) for v in value):
+            self.fail(key, f"expected an array of tables ([[{key}]]), got {_describe(value)}")
+        if not value:
+            self.fail(key, "must not be empty")
+        return [_Reader(self.file, v, f"{self.path(key)}[{i}]") for i, v in enumerate(value)]
+
+    def strings(self, key: str) -> tuple[str, ...]:
+        value = self._get(key, False)
+        if value is None:
+            return ()
+        if not isinstance(value, list):
+            self.fail(key, f"expected an array of strings, got {_describe(value)}")
+        for i, item in enumerate(value):
+            if not isinstance(item, str) or not item.strip():
+                self.fail(f"{key}[{i}]", f"expected a non-empty string, got {_describe(item)}")
+        return tuple(value)
+
+
+def check_file_name(name: str) -> str | None:
+    """Why `name` is not a safe relative file name inside a repository (None when it is).
+
+    Plain sub-folders ("BF16/x-00001-of-00002.gguf") are fine; anything that could escape the
+    destination directory or mean different things on different systems is not.
+    """
+    return name_problem(name)
+
+
+def _parse_architecture(r: _Reader) -> Architecture:
+    r.check_keys(("name", "has_output_tensor", *_ARCH_INT_KEYS))
+    name = r.str_("name")
+    values: dict[str, int] = {}
+    for key in _ARCH_INT_KEYS:
+        value = r.int_(key, minimum=1 if key in _ARCH_POSITIVE else 0)
+        assert value is not None
+        values[key] = value
+    if values["nextn_predict_layers"] >= values["block_count"]:
+        r.fail("nextn_predict_layers", "must be smaller than block_count")
+    if values["expert_used_count"] > values["expert_count"]:
+        r.fail("expert_used_count", "must not exceed expert_count")
+    has_output = r.bool_("has_output_tensor", required=False)
+    assert name is not None
+    return Architecture(
+        name=name, has_output_tensor=True if has_output is None else has_output, **values
+    )
+
+
+def _parse_sampling(r: _Reader) -> Sampling:
+    r.check_keys(_SAMPLING_KEYS)
+    temperature = r.float_("temperature", minimum=0.0)
+    top_p = r.float_("top_p", minimum=0.0, maximum=1.0)
+    top_k = r.int_("top_k", minimum=0)
+    min_p = r.float_("min_p", minimum=0.0, maximum=1.0)
+    assert temperature is not None and top_p is not None and top_k is not None
+    assert min_p is not None
+    return Sampling(temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p)
+
+
+def _parse_source(r: _Reader) -> Source:
+    kind = r.str_("kind")
+    if kind not in SOURCE_KINDS:
+        r.fail("kind", f"must be one of {', '.join(SOURCE_KINDS)}; got {kind!r}")
+    r.check_keys(_SOURCE_KEYS[kind])
+    revision = r.str_("revision", required=False)
+    if revision is not None and revision != revision.strip():
+        r.fail("revision", "must not have surrounding whitespace")
+    name = r.str_("name", required=False)
+    if kind == "mirror":
+        template = r.str_("url_template")
+        assert template is not None
+        if not template.startswith(("https://", "http://")):
+            r.fail("url_template", "must start with https:// or http://")
+        fields = _TEMPLATE_FIELD_RE.findall(template)
+        if "file" not in fields:
+            r.fail("url_template", "must contain {file}")
+        for f in fields:
+            if f not in _TEMPLATE_FIELDS:
+                r.fail(
+                    "url_template", f"unknown placeholder {{{f}}} (allowed: {{file}}, {{revision}})"
+                )
+        if "revision" in fields and revision is None:
+            r.fail("revision", "missing (required: url_template uses {revision})")
+        return Source(kind=kind, url_template=template, revision=revision, name=name)
+    repo = r.str_("repo")
+    assert repo is not None
+    if not _REPO_RE.match(repo):
+        r.fail("repo", f"must be 'owner/name', got {repo!r}")
+    return Source(kind=kind, repo=repo, revision=revision, name=name)
+
+
+def _parse_file(r: _Reader) -> ModelFile:
+    r.check_keys(_FILE_KEYS)
+    name = r.str_("name", allow_empty=True)
+    assert name is not None
+    problem = check_file_name(name)
+    if problem:
+        r.fail("name", problem)
+    quant = r.str_("quant")
+    assert quant is not None
+    if not _QUANT_RE.match(quant):
+        r.fail("quant", f"must be letters, digits, '_', '-' or '.' (like Q4_K_M), got {quant!r}")
+    size_bytes = r.int_("size_bytes", minimum=1)
+    size_exact = r.bool_("size_exact")
+    sha256 = r.str_("sha256", required=False, allow_empty=True)
+    if sha256 is not None and not _SHA256_RE.match(sha256):
+        r.fail("sha256", "must be 64 lowercase hex digits")
+    bpw = r.float_("bits_per_weight", required=False, minimum=0.0)
+    if bpw is not None and not 0.5 <= bpw <= 64:
+        r.fail("bits_per_weight", f"must be between 0.5 and 64, got {bpw:g}")
+    role = r.str_("role", required=False) or "model"
+    if role not in ROLES:
+        r.fail("role", f"must be one of {', '.join(ROLES)}; got {role!r}")
+    rank = r.int_("quality_rank", required=False)
+    if role == "model" and rank is None:
+        r.fail("quality_rank", "missing (required for role = 'model'; higher is better)")
+    if role != "model" and rank is not None:
+        r.fail("quality_rank", f"only model files are ranked (this one has role = {role!r})")
+    shard = r.int_("shard", required=False, minimum=1)
+    shard_count = r.int_("shard_count", required=False, minimum=1)
+    named = _SHARD_RE.search(name)
+    if named:
+        from_name = (int(named.group(1)), int(named.group(2)))
+        if shard is None and shard_count is None:
+            shard, shard_count = from_name
+        elif (shard, shard_count) != from_name:
+            r.fail("shard", f"the name says shard {from_name[0]} of {from_name[1]}")
+    if (shard is None) != (shard_count is None):
+        r.fail("shard" if shard is None else "shard_count", "give both shard and shard_count")
+    if shard is not None and shard_count is not None and shard > shard_count:
+        r.fail("shard", f"must be <= shard_count ({shard_count}), got {shard}")
+    assert size_bytes is not None and size_exact is not None
+    return ModelFile(
+        name=name,
+        quant=quant,
+        size_bytes=size_bytes,
+        size_exact=size_exact,
+        sha256=sha256,
+        bits_per_weight=bpw,
+        quality_rank=rank,
+        role=role,
+        shard=shard,
+        shard_count=shard_count,
+    )
+
+
+def _check_files(r: _Reader, files: list[ModelFile]) -> None:
+    """Cross-file rules: unique names, complete shard sets, one rank per quant, ranks distinct."""
+    seen: dict[str, int] = {}
+    for i, f in enumerate(files):
+        if f.name in seen:
+            r.fail(f"files[{i}].name", f"duplicate of files[{seen[f.name]}] ({f.name!r})")
+        seen[f.name] = i
+    models = [(i, f) for i, f in enumerate(files) if f.role == "model"]
+    if not models:
+        r.fail("files", "no file has role = 'model'")
+    by_quant: dict[str, list[tuple[int, ModelFile]]] = {}
+    for i, f in models:
+        by_quant.setdefault(f.quant.upper(), []).append((i, f))
+    rank_owner: dict[int, str] = {}
+    for quant, group in by_quant.items():
+        first_i, first = group[0]
+        for i, f in group[1:]:
+            if f.quality_rank != first.quality_rank:
+                r.fail(
+                    f"files[{i}].quality_rank",
+                    f"differs from files[{first_i}] (same quant {quant})",
+                )
+        if len(group) > 1 or first.shard is not None:
+            counts = {f.shard_count for _, f in group}
+            shards = sorted(f.shard or 0 for _, f in group)
+            if None in counts or len(counts) != 1:
+                r.fail(
+                    f"files[{first_i}].quant",
+                    f"{quant} has several files that are not one split set",
+                )
+            (count,) = counts
+            if shards != list(range(1, (count or 0) + 1)):
+                r.fail(
+                    f"files[{first_i}].quant", f"{quant}: shards {shards} of {count} are incomplete"
+                )
+        assert first.quality_rank is not None
+        if first.quality_rank in rank_owner:
+            other = rank_owner[first.quality_rank]
+            r.fail(f"files[{first_i}].quality_rank", f"{first.quality_rank} is also {other}'s rank")
+        rank_owner[first.quality_rank] = quant
+
+
+def parse_manifest(data: Mapping[str, Any], file: str = "<manifest>") -> Manifest:
+    """Validate an already-parsed TOML document (`file` only labels the error messages)."""
+    r = _Reader(file, data)
+    schema = r.int_("schema")
+    if schema != SCHEMA:
+        if schema is not None and schema > SCHEMA:
+            r.fail(
+                "schema", f"is {schema}; this quantpick reads schema {SCHEMA} (upgrade quantpick)"
+            )
+        r.fail("schema", f"must be {SCHEMA}, got {schema}")
+    r.check_keys(_TOP_KEYS)
+    manifest_id = r.str_("id")
+    assert manifest_id is not None
+    if not _ID_RE.match(manifest_id):
+        r.fail("id", "must be lowercase letters, digits, '.', '_' or '-' (e.g. qwen3.8-35b-a3b)")
+    display_name = r.str_("display_name")
+    description = r.str_("description", required=False)
+    license_ = r.str_("license", required=False)
+    reasoning = r.bool_("reasoning", required=False)
+    checksums_file = r.str_("checksums_file", required=False, allow_empty=True)
+    if checksums_file:
+        problem = check_file_name(checksums_file)
+        if problem:
+            r.fail("checksums_file", problem)
+    aliases = r.strings("aliases")
+    arch_r = r.table("architecture")
+    assert arch_r is not None
+    architecture = _parse_architecture(arch_r)
+    sampling_r = r.table("sampling", required=False)
+    sampling = _parse_sampling(sampling_r) if sampling_r is not None else None
+    sources = tuple(_parse_source(s) for s in r.tables("sources"))
+    files = [_parse_file(f) for f in r.tables("files")]
+    _check_files(r, files)
+    extra: dict[str, str] = {}
+    extra_r = r.table("extra", required=False)
+    if extra_r is not None:
+        for key, value in extra_r.data.items():
+            if not isinstance(value, str):
+                extra_r.fail(key, f"expected a string, got {_describe(value)}")
+            extra[key] = value
+    assert display_name is not None
+    return Manifest(
+        id=manifest_id,
+        display_name=display_name,
+        license=license_,
+        architecture=architecture,
+        sources=sources,
+        files=tuple(files),
+        sampling=sampling,
+        reasoning=bool(reasoning),
+        checksums_file=checksums_file or None,  # omitted or "" = the repo has no checksums file
+        path=file,
+        description=description,
+        extra=extra,
+        aliases=aliases,
+    )
+
+
+def manifest_to_dict(manifest: Manifest) -> dict[str, Any]:
+    """A JSON-ready view (snake_case keys, bytes as integers) for `--json` outputs."""
+    from dataclasses import asdict
+
+    arch = manifest.architecture
+    return {
+        "id": manifest.id,
+        "display_name": manifest.display_name,
+        "description": manifest.description,
+        "license": manifest.license,
+        "reasoning": manifest.reasoning,
+        "checksums_file": manifest.checksums_file,
+        "aliases": list(manifest.aliases),
+        "path": manifest.path,
+        "origin": manifest.origin,
+        "quants": list(manifest.quants),
+        "architecture": {
+            **asdict(arch),
+            "n_layer": arch.n_layer,
+            "attention_layers": list(arch.attention_layers),
+            "recurrent_layer_count": len(arch.recurrent_layers),
+        },
+        "sampling": asdict(manifest.sampling) if manifest.sampling else None,
+        "sources": [asdict(s) for s in manifest.sources],
+        "files": [asdict(f) for f in manifest.files],
+        "extra": dict(manifest.extra),
+    }

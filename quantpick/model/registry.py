@@ -1,0 +1,160 @@
+"""The known manifests: bundled with quantpick, the user's (config dir), QUANTPICK_MANIFESTS; read
+from TOML files and found by id, alias or repository.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from quantpick.errors import ManifestError
+from quantpick.model.manifest import (
+    _HINT,
+    ORIGIN_BUNDLED,
+    ORIGIN_ENV,
+    ORIGIN_USER,
+    Manifest,
+    parse_manifest,
+)
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on 3.10 only
+    import tomli as tomllib
+
+if TYPE_CHECKING:
+    from quantpick.config import Settings
+
+
+def load_manifest_file(path: Path, *, origin: str | None = None) -> Manifest:
+    """Parse and validate one manifest file; ManifestError names the file and the field."""
+    label = str(path)
+    try:
+        raw = Path(path).read_bytes()
+    except OSError as exc:
+        raise ManifestError(f"{label}: cannot read: {exc.strerror or exc}") from None
+    try:
+        data = tomllib.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise ManifestError(f"{label}: not UTF-8 text", hint=_HINT) from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ManifestError(f"{label}: invalid TOML: {exc}", hint=_HINT) from None
+    manifest = parse_manifest(data, label)
+    if origin is not None:
+        from dataclasses import replace
+
+        manifest = replace(manifest, origin=origin)
+    return manifest
+
+
+def bundled_manifest_dir() -> Path:
+    """The shipped manifests: `quantpick/_manifests` in a wheel, else `<repo>/manifests`."""
+    package = Path(__file__).resolve().parents[1]
+    packaged = package / "_manifests"
+    if packaged.is_dir():
+        return packaged
+    return package.parent / "manifests"
+
+
+def manifest_dirs(settings: Settings | None = None) -> list[tuple[str, Path]]:
+    """(origin, directory) in precedence order, lowest first: bundled, user, QUANTPICK_MANIFESTS."""
+    if settings is None:
+        from quantpick.config import load_settings
+
+        settings = load_settings()
+    dirs = [(ORIGIN_BUNDLED, bundled_manifest_dir()), (ORIGIN_USER, settings.user_manifest_dir)]
+    dirs += [(ORIGIN_ENV, d) for d in settings.extra_manifest_dirs]
+    return dirs
+
+
+def _manifest_paths(origin: str, where: Path) -> list[Path]:
+    if origin == ORIGIN_ENV:
+        if where.is_file():  # QUANTPICK_MANIFESTS may name single files too
+            return [where]
+        if not where.is_dir():
+            raise ManifestError(
+                f"QUANTPICK_MANIFESTS: {where}: no such directory",
+                hint="QUANTPICK_MANIFESTS lists manifest directories or .toml files, "
+                "separated by the path separator",
+            )
+    elif not where.is_dir():
+        return []
+    return sorted(where.glob("*.toml"))
+
+
+def list_manifests(
+    settings: Settings | None = None, *, errors: list[ManifestError] | None = None
+) -> list[Manifest]:
+    """Every manifest, sorted by id: bundled, then the user's, then QUANTPICK_MANIFESTS'.
+
+    A later directory's manifest replaces an earlier one with the same id (silently: that is how
+    users override a bundled manifest). A file that does not validate raises ManifestError, unless
+    `errors` is given: then it is appended there and the others are still returned.
+    """
+    found: dict[str, Manifest] = {}
+    for origin, where in manifest_dirs(settings):
+        in_this_dir: dict[str, str] = {}
+        try:
+            paths = _manifest_paths(origin, where)
+        except ManifestError as exc:
+            if errors is None:
+                raise
+            errors.append(exc)
+            continue
+        for path in paths:
+            try:
+                manifest = load_manifest_file(path, origin=origin)
+                if manifest.id in in_this_dir:
+                    raise ManifestError(
+                        f"{path}: id: {manifest.id!r} is also the id of {in_this_dir[manifest.id]}",
+                        hint="ids must be unique within one directory; rename or remove one",
+                    )
+            except ManifestError as exc:
+                if errors is None:
+                    raise
+                errors.append(exc)
+                continue
+            in_this_dir[manifest.id] = str(path)
+            found[manifest.id] = manifest
+    return sorted(found.values(), key=lambda m: m.id)
+
+
+def _normalise_name(name: str) -> str:
+    name = name.strip().lower()
+    for prefix in ("https://", "http://"):
+        name = name.removeprefix(prefix)
+    for host in ("huggingface.co/", "hf.co/", "www.modelscope.cn/models/", "modelscope.cn/models/"):
+        name = name.removeprefix(host)
+    return name.strip("/")
+
+
+def find_manifest(model: str, settings: Settings | None = None) -> Manifest:
+    """A manifest by id (case-insensitive), alias, or the repo id of an hf/modelscope source."""
+    manifests = list_manifests(settings)
+    want = _normalise_name(model)
+    for m in manifests:
+        if m.id == want:
+            return m
+    matches = [
+        m
+        for m in manifests
+        if want in {a.lower() for a in m.aliases}
+        or want in {s.repo.lower() for s in m.sources if s.repo is not None}
+    ]
+    if len(matches) == 1:
+        return matches[0]
+    if len(matches) > 1:
+        raise ManifestError(
+            f"{model!r} names several manifests: {', '.join(m.id for m in matches)}",
+            hint="use the manifest id",
+        )
+    known = ", ".join(m.id for m in manifests) or "(none)"
+    import difflib  # only on errors: not on the start-up path
+
+    close = difflib.get_close_matches(want, [m.id for m in manifests], n=1)
+    suggestion = f"did you mean {close[0]}? " if close else ""
+    raise ManifestError(
+        f"unknown model {model!r}",
+        hint=f"{suggestion}known models: {known} (`quantpick models` lists them)",
+    )

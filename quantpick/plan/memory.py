@@ -1,0 +1,449 @@
+"""What llama.cpp will allocate on each device for one configuration. Pure: data in, data out.
+
+Every rule mirrors llama.cpp (tree of 2026-10-01, commit 0c1e570); the project's llamacpp-memory
+notes cite the functions. Weights, KV cache and recurrent state are deterministic in llama.cpp and
+are computed to the byte; compute buffers and the CUDA context are estimates, labelled as such.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from quantpick.errors import UsageError
+from quantpick.machine.spec import Machine
+from quantpick.model.ggml import KV_CACHE_TYPES, row_size
+from quantpick.model.layout import INPUT_SLOT, ModelLayout
+
+MiB = 1024**2
+GiB = 1024**3
+
+# Per-token f32 activations of one layer at peak (Q+gate, qkv_mixed, conv, MoE up/gate/down, ...),
+# with ggml-alloc reusing memory across layers: notes §2d item 5 puts it at 0.15-0.3 MiB per ubatch
+# token. Estimate.
+ACTIVATION_BYTES_PER_TOKEN = 160 * 1024
+# ggml_backend_sched n_copies with pipeline parallelism (GGML_SCHED_MAX_COPIES).
+PIPELINE_COPIES = 4
+# GGML_OP_OFFLOAD_MIN_BATCH: below this ubatch host-resident experts are not copied to the GPU.
+OP_OFFLOAD_MIN_BATCH = 32
+# The vision projector's own compute buffer (LlamaFit calibration: ~248 MiB). Estimate.
+PROJECTOR_COMPUTE_BYTES = 256 * MiB
+# Small host-side graph inputs (token ids, positions x4 for IMROPE, out_ids) and the CPU backend's
+# bookkeeping. Estimate.
+HOST_COMPUTE_BASE_BYTES = 16 * MiB
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """One llama-server configuration, in its own flag spellings (comments name the flag)."""
+
+    ctx_size: int = 0  # -c (0 = the model's context_length)
+    n_parallel: int = 1  # -np
+    kv_unified: bool = False  # -kvu
+    n_gpu_layers: int | None = None  # -ngl (None = all slots: -ngl all / auto with full offload)
+    tensor_split: tuple[float, ...] | None = None  # -ts (proportions; a plan writes layer counts)
+    n_cpu_moe: int = 0  # --n-cpu-moe N: routed experts of blocks 0..N-1 in host memory
+    cpu_moe: bool = False  # --cpu-moe: all routed experts in host memory
+    override_tensors: tuple[tuple[str, str], ...] = ()  # -ot "regex=BUFT" in order
+    cache_type_k: str = "f16"  # -ctk
+    cache_type_v: str = "f16"  # -ctv
+    flash_attn: str = "on"  # -fa on|off|auto
+    ubatch: int = 512  # -ub
+    batch: int = 2048  # -b
+    kv_offload: bool = True  # -nkvo turns it off
+    vision: bool = False  # --mmproj with the manifest's projector
+    spec_draft_n: int = 0  # --spec-type draft-mtp --spec-draft-n-max N (0 = no MTP speculation)
+    devices: tuple[int, ...] | None = None  # --device CUDAi,... (None = every usable GPU)
+    logits_rows: str = "server"  # "server": np*(1+draft) rows; "batch": n_ubatch rows (fit-params)
+
+
+@dataclass(frozen=True)
+class Overheads:
+    """What llama.cpp does not account for, per documented defaults (all configurable)."""
+
+    gpu_context_bytes: int = 384 * MiB  # CUDA context + cuBLAS + kernels (notes: 0.3-0.6 GiB)
+    # safety margin kept free (VMM pool growth, fragmentation): llama.cpp --fit-target default
+    gpu_margin_bytes: int = 1 * GiB
+    host_margin_bytes: int = 1 * GiB  # the OS and everything else on the host
+
+
+@dataclass(frozen=True)
+class DeviceEstimate:
+    name: str  # "NVIDIA GeForce RTX 3090" / "Host"
+    kind: str  # "gpu" | "host"
+    device: str  # llama.cpp's name: "CUDA0", ..., "CPU"
+    gpu_index: int | None
+    weights_bytes: int
+    kv_bytes: int
+    recurrent_bytes: int
+    compute_bytes: int  # estimate
+    overhead_bytes: int  # CUDA context (GPU) / output buffer (host); estimate
+    projector_bytes: int  # vision projector weights + its compute (estimate)
+    total_bytes: int
+    free_bytes: int
+    budget_bytes: int  # free minus the safety margin
+    layers: tuple[int, ...]  # slots held (block indices; block_count = the output layer)
+    attention_layers: tuple[int, ...]  # blocks whose KV cache lives here
+    recurrent_layers: tuple[int, ...]  # blocks whose recurrent state lives here
+    expert_layers: tuple[int, ...]  # blocks whose routed experts live here
+
+    @property
+    def headroom_bytes(self) -> int:
+        return self.budget_bytes - self.total_bytes
+
+    @property
+    def fits(self) -> bool:
+        return self.total_bytes <= self.budget_bytes
+
+
+@dataclass(frozen=True)
+class Estimate:
+    devices: tuple[DeviceEstimate, ...]  # llama.cpp device order, the host last
+    config: RunConfig
+    basis: str
+    exact_weights: bool
+    n_ctx: int  # after padding (and rounding for non-unified streams)
+    kv_size: int  # cells per stream
+    n_stream: int
+    pipeline_parallel: bool
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def fits(self) -> bool:
+        return all(d.fits for d in self.devices)
+
+    @property
+    def gpus(self) -> tuple[DeviceEstimate, ...]:
+        return tuple(d for d in self.devices if d.kind == "gpu")
+
+    @property
+    def host(self) -> DeviceEstimate:
+        return self.devices[-1]
+
+
+# ----------------------------------------------------------------------------------------------
+# Context sizing (src/llama-context.cpp: llama_context ctor).
+
+
+def pad(value: int, multiple: int) -> int:
+    return (value + multiple - 1) // multiple * multiple
+
+
+def context_cells(
+    ctx_size: int, n_ctx_train: int, n_parallel: int, kv_unified: bool
+) -> tuple[int, int, int]:
+    """(n_ctx, kv_size per stream, n_stream): n_ctx padded to 256; non-unified splits per slot."""
+    n_ctx = pad(ctx_size if ctx_size > 0 else n_ctx_train, 256)
+    n_seq = max(1, n_parallel)
+    if kv_unified or n_seq == 1:
+        return n_ctx, n_ctx, 1
+    n_ctx_seq = pad(n_ctx // n_seq, 256)
+    return n_ctx_seq * n_seq, n_ctx_seq, n_seq
+
+
+def kv_bytes_per_cell_per_layer(layout: ModelLayout, type_k: str, type_v: str) -> int:
+    arch = layout.architecture
+    n_embd_k_gqa = arch.key_length * arch.head_count_kv
+    n_embd_v_gqa = arch.value_length * arch.head_count_kv
+    return row_size(type_k, n_embd_k_gqa) + row_size(type_v, n_embd_v_gqa)
+
+
+def recurrent_bytes_per_layer_per_row(layout: ModelLayout) -> int:
+    """src/llama-hparams.cpp n_embd_r + n_embd_s, always f32 (create_memory)."""
+    arch = layout.architecture
+    n_embd_r = (arch.ssm_conv_kernel - 1) * (
+        arch.ssm_inner_size + 2 * arch.ssm_group_count * arch.ssm_state_size
+    )
+    n_embd_s = arch.ssm_state_size * arch.ssm_inner_size
+    return (n_embd_r + n_embd_s) * 4
+
+
+def validate_config(config: RunConfig, layout: ModelLayout) -> None:
+    for flag, value in (("-ctk", config.cache_type_k), ("-ctv", config.cache_type_v)):
+        if value not in KV_CACHE_TYPES:
+            raise UsageError(
+                f"{flag} {value}: not a KV cache type",
+                hint="use one of " + ", ".join(KV_CACHE_TYPES),
+            )
+    if config.flash_attn not in ("on", "off", "auto"):
+        raise UsageError(f"-fa {config.flash_attn}: use on, off or auto")
+    if config.flash_attn == "off" and config.cache_type_v not in ("f16", "f32", "bf16"):
+        # llama_context ctor: "quantized V cache was requested, but this requires Flash Attention"
+        raise UsageError(
+            f"-ctv {config.cache_type_v} needs flash attention, and -fa is off",
+            hint="use -fa on (or auto), or an unquantized V cache",
+        )
+    if config.ctx_size < 0 or config.n_parallel < 1 or config.ubatch < 1 or config.batch < 1:
+        raise UsageError("-c must be >= 0, -np, -ub and -b >= 1")
+    if config.n_gpu_layers is not None and config.n_gpu_layers < 0:
+        raise UsageError("-ngl must be >= 0 (omit it for all layers)")
+    if config.n_cpu_moe < 0:
+        raise UsageError("--n-cpu-moe must be >= 0")
+    if config.tensor_split is not None and (
+        any(v < 0 for v in config.tensor_split) or sum(config.tensor_split) <= 0
+    ):
+        raise UsageError("-ts needs non-negative proportions with a positive sum")
+
+
+# ----------------------------------------------------------------------------------------------
+# The estimate.
+
+
+@dataclass
+class _Acc:
+    weights: int = 0
+    kv: int = 0
+    recurrent: int = 0
+    compute: int = 0
+    overhead: int = 0
+    projector: int = 0
+    layers: list[int] = field(default_factory=list)
+    attention: list[int] = field(default_factory=list)
+    recurrent_layers: list[int] = field(default_factory=list)
+    experts: list[int] = field(default_factory=list)
+
+
+def _buft_to_device(buft: str, gpu_names: list[str]) -> int | None:
+    """-ot buffer type -> device position (None = host). Accepts CPU, CUDA<n>, or a bare index."""
+    b = buft.strip()
+    if b.upper() in ("CPU", "CPU_MAPPED", "CUDA_HOST", "HOST"):
+        return None
+    if b in gpu_names:
+        return gpu_names.index(b)
+    raise UsageError(
+        f"-ot buffer type {b!r} is not a device here", hint="use CPU or " + ", ".join(gpu_names)
+    )
+
+
+def estimate(
+    layout: ModelLayout,
+    machine: Machine,
+    config: RunConfig,
+    *,
+    overheads: Overheads | None = None,
+    projector_bytes: int = 0,
+) -> Estimate:
+    """Bytes on every device for `config` on `machine`, device order as llama.cpp's."""
+    overheads = overheads or Overheads()
+    validate_config(config, layout)
+    arch = layout.architecture
+    usable = list(machine.usable_gpus)
+    if config.devices is not None:
+        by_index = {g.index: g for g in machine.gpus}
+        missing = [i for i in config.devices if i not in by_index or not by_index[i].usable]
+        if missing:
+            raise UsageError(f"--device: no usable GPU with index {missing[0]}")
+        usable = [by_index[i] for i in config.devices]
+    n_gpu = len(usable)
+    gpu_names = [f"CUDA{g.index}" for g in usable]
+    host_pos = n_gpu  # index of the host accumulator
+
+    n_slots = layout.n_slots  # block_count + 1
+    ngl = n_slots if config.n_gpu_layers is None else min(config.n_gpu_layers, n_slots)
+    if n_gpu == 0:
+        ngl = 0
+    i_gpu_start = max(n_slots - ngl, 0)
+    act_gpu_layers = min(ngl, n_slots) if n_gpu else 0
+
+    # llama_model_base::load_tensors: cumulative split fractions, from -ts or free memory.
+    if config.tensor_split is not None and any(config.tensor_split) and n_gpu:
+        shares = list(config.tensor_split[:n_gpu]) + [0.0] * max(
+            0, n_gpu - len(config.tensor_split)
+        )
+    else:
+        shares = [float(g.free_bytes) for g in usable]
+    total_share = sum(shares) or 1.0
+    splits: list[float] = []
+    running = 0.0
+    for s in shares:
+        running += s
+        splits.append(running / total_share)
+
+    def device_of_slot(slot: int) -> int:
+        if n_gpu == 0 or slot < i_gpu_start or slot - i_gpu_start >= act_gpu_layers:
+            return host_pos
+        frac = (slot - i_gpu_start) / act_gpu_layers
+        # std::upper_bound: the first split strictly greater than frac
+        for pos, edge in enumerate(splits):
+            if edge > frac:
+                return pos
+        return n_gpu - 1
+
+    slot_device = [device_of_slot(s) for s in range(n_slots)]
+    acc = [_Acc() for _ in range(n_gpu + 1)]
+    mtp_loaded = config.spec_draft_n > 0 and arch.nextn_predict_layers > 0
+
+    # Weights. The NextN/MTP block is skipped (never allocated) unless MTP speculation loads it.
+    overrides = [(re.compile(p), _buft_to_device(b, gpu_names)) for p, b in config.override_tensors]
+    n_cpu_moe = arch.block_count if config.cpu_moe else config.n_cpu_moe
+
+    nextn_skipped = frozenset() if mtp_loaded else frozenset(range(arch.n_layer, arch.block_count))
+
+    def skipped(slot: int) -> bool:
+        return slot in nextn_skipped
+
+    host_experts = [0] * n_slots  # routed-expert bytes of each block that live in host memory
+    if overrides:
+        # -ot: std::regex_search on every tensor name, first match wins, before the normal choice
+        # (llama_model_loader::create_tensor); --n-cpu-moe's own patterns come after the user's.
+        for t in layout.tensors:
+            slot = layout.slot_of(t.name)
+            if skipped(slot):
+                continue
+            target = host_pos if slot == INPUT_SLOT else slot_device[slot]
+            for pattern, dev in overrides:
+                if pattern.search(t.name):
+                    target = host_pos if dev is None else dev
+                    break
+            else:
+                if slot != INPUT_SLOT and t.is_expert and slot < n_cpu_moe:
+                    target = host_pos
+            acc[target].weights += t.n_bytes
+            if t.is_expert and target == host_pos and slot != INPUT_SLOT:
+                host_experts[slot] += t.n_bytes
+    else:
+        acc[host_pos].weights += layout.input_bytes
+        for slot, sw in enumerate(layout.slots):
+            if skipped(slot):
+                continue
+            dev = slot_device[slot]
+            on_host = slot < n_cpu_moe or dev == host_pos
+            acc[dev].weights += sw.dense_bytes
+            acc[host_pos if on_host else dev].weights += sw.expert_bytes
+            if on_host:
+                host_experts[slot] = sw.expert_bytes
+    for slot in range(n_slots):
+        if skipped(slot):
+            continue
+        acc[slot_device[slot]].layers.append(slot)
+        if layout.slots[slot].expert_bytes:
+            acc[host_pos if host_experts[slot] else slot_device[slot]].experts.append(slot)
+    # With op offload, prompt processing copies one host-resident layer of experts at a time into
+    # the first GPU's compute buffer (notes section 2d, item 6).
+    host_expert_layer_bytes = max(host_experts) if n_gpu else 0
+
+    # KV cache (10 attention layers) and recurrent state (30 DeltaNet layers).
+    n_ctx, kv_size, n_stream = context_cells(
+        config.ctx_size, arch.context_length, config.n_parallel, config.kv_unified
+    )
+    kv_layer = (
+        kv_size
+        * n_stream
+        * kv_bytes_per_cell_per_layer(layout, config.cache_type_k, config.cache_type_v)
+    )
+    # one cell per sequence, times (1 + drafts) rollback snapshots with MTP speculation
+    rows = max(1, config.n_parallel) * (1 + config.spec_draft_n)
+    rs_layer = rows * recurrent_bytes_per_layer_per_row(layout)
+    for il, recurrent in enumerate(layout.recurrent_flags):
+        dev = slot_device[il] if config.kv_offload else host_pos
+        if recurrent:
+            acc[dev].recurrent += rs_layer
+            acc[dev].recurrent_layers.append(il)
+        else:
+            acc[dev].kv += kv_layer
+            acc[dev].attention.append(il)
+    if mtp_loaded:
+        # The MTP context keeps a plain f16 KV cache for the NextN layer (-ctkd/-ctvd default f16).
+        mtp_dev = slot_device[arch.n_layer] if config.kv_offload else host_pos
+        acc[mtp_dev].kv += n_ctx * kv_bytes_per_cell_per_layer(layout, "f16", "f16")
+
+    # Compute buffers (estimates; notes §2d).
+    overridden = bool(config.override_tensors) or config.cpu_moe or config.n_cpu_moe > 0
+    full_offload = n_gpu > 0 and ngl >= n_slots
+    pipeline = n_gpu > 1 and full_offload and not overridden and config.kv_offload
+    copies = PIPELINE_COPIES if pipeline else 1
+    ub = min(config.ubatch, config.batch, n_ctx)
+    fa = config.flash_attn != "off"
+    mask_bytes = kv_size * ub * (2 if fa else 4)  # [kv_size, ub/S, 1, S]
+    activations = ub * ACTIVATION_BYTES_PER_TOKEN
+    n_outputs_max = (
+        min(config.batch, max(1, config.n_parallel) * (1 + config.spec_draft_n))
+        if config.logits_rows == "server"
+        else config.batch
+    )
+    logits_rows = min(ub, n_outputs_max)
+    logits_bytes = arch.vocab_size * logits_rows * 4
+    non_f16_kv = config.cache_type_k != "f16" or config.cache_type_v != "f16"
+    fa_scratch = (
+        2 * (arch.key_length * arch.head_count_kv) * kv_size * n_stream * 2
+        if fa and non_f16_kv
+        else 0
+    )
+    no_fa_kq = 0 if fa else kv_size * ub * arch.head_count * 4
+    output_dev = slot_device[layout.output_slot]
+    for pos in range(n_gpu):
+        a = acc[pos]
+        if not a.layers:
+            continue
+        a.compute = activations
+        if a.attention:
+            a.compute += copies * mask_bytes + fa_scratch + no_fa_kq
+        if pos == output_dev:
+            a.compute += logits_bytes
+        if pos == 0 and host_expert_layer_bytes and ub >= OP_OFFLOAD_MIN_BATCH:
+            a.compute += host_expert_layer_bytes
+        a.overhead = overheads.gpu_context_bytes
+    host = acc[host_pos]
+    host.compute = HOST_COMPUTE_BASE_BYTES + ub * arch.embedding_length * 4 + copies * mask_bytes
+    if host.layers or host.experts:
+        host.compute += activations
+        if host.attention:
+            host.compute += no_fa_kq
+        if output_dev == host_pos:
+            host.compute += logits_bytes
+    # Output buffer: n_vocab x max(n_outputs, n_seq) f32 in host memory (output_reserve).
+    host.overhead = arch.vocab_size * max(logits_rows, max(1, config.n_parallel)) * 4
+
+    if config.vision and projector_bytes:
+        target = acc[0] if n_gpu else host
+        target.projector = projector_bytes + PROJECTOR_COMPUTE_BYTES
+
+    notes: list[str] = []
+    if not fa:
+        notes.append("flash attention off: the KQ matrix is materialised (large at long context)")
+    devices: list[DeviceEstimate] = []
+    for pos in range(n_gpu + 1):
+        a = acc[pos]
+        if pos < n_gpu:
+            gpu = usable[pos]
+            name, kind, device = gpu.name, "gpu", gpu_names[pos]
+            free = gpu.free_bytes
+            budget = free - overheads.gpu_margin_bytes
+            gpu_index: int | None = gpu.index
+        else:
+            name, kind, device, gpu_index = "Host", "host", "CPU", None
+            free = machine.host.ram_available_bytes
+            budget = free - overheads.host_margin_bytes
+        total = a.weights + a.kv + a.recurrent + a.compute + a.overhead + a.projector
+        devices.append(
+            DeviceEstimate(
+                name=name,
+                kind=kind,
+                device=device,
+                gpu_index=gpu_index,
+                weights_bytes=a.weights,
+                kv_bytes=a.kv,
+                recurrent_bytes=a.recurrent,
+                compute_bytes=a.compute,
+                overhead_bytes=a.overhead,
+                projector_bytes=a.projector,
+                total_bytes=total,
+                free_bytes=free,
+                budget_bytes=budget,
+                layers=tuple(a.layers),
+                attention_layers=tuple(a.attention),
+                recurrent_layers=tuple(a.recurrent_layers),
+                expert_layers=tuple(a.experts),
+            )
+        )
+    return Estimate(
+        devices=tuple(devices),
+        config=config,
+        basis=layout.basis,
+        exact_weights=layout.exact,
+        n_ctx=n_ctx,
+        kv_size=kv_size,
+        n_stream=n_stream,
+        pipeline_parallel=pipeline,
+        notes=tuple(notes),
+    )

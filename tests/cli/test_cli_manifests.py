@@ -1,0 +1,199 @@
+"""`quantpick manifest add` against the fake HF / ModelScope hubs, and `manifest check`."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+from fakehub import FakeHub
+from gguf_fixtures import TINY, write_gguf, write_split
+from typer.testing import CliRunner
+
+import quantpick.cli  # noqa: F401 - registers models/show on the app
+import quantpick.cli.manifests  # noqa: F401 - registers `manifest` (not yet in cli/__init__)
+from quantpick.cli import app
+from quantpick.config import load_settings
+from quantpick.model.gguf import read_gguf_file, read_gguf_split
+from quantpick.model.headers import layout_for
+from quantpick.model.registry import bundled_manifest_dir, load_manifest_file
+
+runner = CliRunner()
+
+
+def _sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.fixture(scope="module")
+def repo_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("repo")
+    files: dict[str, Path] = {}
+    for big in ("Q8_0", "F16"):
+        path = root / f"Tiny-{big}.gguf"
+        write_gguf(path, TINY, big=big, mtp=True)
+        files[path.name] = path
+    split_dir = root / "BF16"
+    split_dir.mkdir()
+    for p in write_split(split_dir, "Tiny-BF16", 2, TINY, big="BF16", mtp=True):
+        files[f"BF16/{p.name}"] = p
+    mmproj = root / "mmproj-F16.gguf"
+    mmproj.write_bytes(b"GGUF" + b"\0" * 4096)
+    files[mmproj.name] = mmproj
+    sums = "".join(f"{_sha(p)}  {n}\n" for n, p in files.items())
+    (root / "SHA256SUMS").write_text(sums)
+    files["SHA256SUMS"] = root / "SHA256SUMS"
+    (root / "README.md").write_text("# tiny\n")
+    files["README.md"] = root / "README.md"
+    return files
+
+
+def _add(*args: str) -> object:
+    return runner.invoke(app, ["manifest", "add", *args])
+
+
+@pytest.mark.parametrize("kind", ["hf", "modelscope"])
+def test_add_writes_a_manifest_show_accepts(
+    fake_hub: FakeHub, repo_files: dict[str, Path], kind: str
+) -> None:
+    repo = fake_hub.add_repo("org/Tiny-GGUF", dict(repo_files))
+    result = _add("org/Tiny-GGUF", "--source", kind, "--json")
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert doc["id"] == "tiny-org"
+    path = Path(doc["path"])
+    assert path.parent == load_settings().user_manifest_dir
+    manifest = load_manifest_file(path)
+
+    # quants by bits per weight: BF16 (split) > F16 > Q8_0
+    assert manifest.quants == ("BF16", "F16", "Q8_0")
+    assert [q["quant"] for q in doc["quants"]] == ["BF16", "F16", "Q8_0"]
+    q8 = manifest.quant_files("Q8_0")[0]
+    assert q8.bits_per_weight is not None and 8.0 < q8.bits_per_weight < 9.5
+    assert q8.sha256 == _sha(repo_files["Tiny-Q8_0.gguf"])
+    assert q8.size_bytes == repo_files["Tiny-Q8_0.gguf"].stat().st_size
+    shards = manifest.quant_files("BF16")
+    assert [(f.shard, f.shard_count) for f in shards] == [(1, 2), (2, 2)]
+    assert manifest.projector is not None and manifest.projector.name == "mmproj-F16.gguf"
+    assert manifest.checksums_file == "SHA256SUMS"
+    assert manifest.sampling is not None and manifest.sampling.top_k == 20
+    source = manifest.sources[0]
+    assert (source.kind, source.repo) == (kind, "org/Tiny-GGUF")
+    if kind == "hf":
+        assert source.revision == repo.commit
+    assert {n["name"] for n in doc["skipped"]} == set()
+
+    # the architecture block is the header's, and the exact layout agrees with a local read
+    header = read_gguf_file(repo_files["Tiny-Q8_0.gguf"])
+    layout = layout_for(
+        manifest, "Q8_0", settings=load_settings(), network=False, require_exact=True
+    )  # cached by `add`: no network needed
+    assert layout.basis.startswith("gguf-cache:")
+    assert layout.tensors == header.tensors
+    assert manifest.architecture == layout.architecture
+    bf16 = layout_for(manifest, "BF16", settings=load_settings(), network=True, require_exact=True)
+    assert bf16.tensors == read_gguf_split(repo_files["BF16/Tiny-BF16-00001-of-00002.gguf"]).tensors
+
+    shown = runner.invoke(app, ["show", "tiny-org", "--json"])
+    assert shown.exit_code == 0, shown.output
+    assert json.loads(shown.stdout)["id"] == "tiny-org"
+    checked = runner.invoke(app, ["manifest", "check", str(path)])
+    assert checked.exit_code == 0 and checked.stdout.startswith("OK ")
+
+
+def test_add_reads_one_header_only(fake_hub: FakeHub, repo_files: dict[str, Path]) -> None:
+    fake_hub.add_repo("org/Tiny-GGUF", dict(repo_files))
+    result = _add("org/Tiny-GGUF", "--json")
+    assert result.exit_code == 0, result.output
+    byte_requests = [r for r in fake_hub.requests if str(r.get("file", "")).endswith(".gguf")]
+    assert {r["file"] for r in byte_requests} == {"Tiny-Q8_0.gguf"}
+    header = json.loads(result.stdout)["header"]
+    assert header["file"] == "Tiny-Q8_0.gguf" and header["requests"] >= 1
+
+
+def test_add_refuses_an_existing_id_unless_forced(
+    fake_hub: FakeHub, repo_files: dict[str, Path]
+) -> None:
+    fake_hub.add_repo("org/Tiny-GGUF", dict(repo_files))
+    assert _add("org/Tiny-GGUF").exit_code == 0
+    again = _add("org/Tiny-GGUF")
+    assert again.exit_code == 1
+    assert "already exists" in again.stderr
+    assert _add("org/Tiny-GGUF", "--force").exit_code == 0
+    other = _add("org/Tiny-GGUF", "--id", "my-tiny", "--json")
+    assert other.exit_code == 0
+    assert Path(json.loads(other.stdout)["path"]).name == "my-tiny.toml"
+    # a bundled id is taken too
+    bundled = load_manifest_file(next(bundled_manifest_dir().glob("*.toml")))
+    clash = _add("org/Tiny-GGUF", "--id", bundled.id)
+    assert clash.exit_code == 1 and "already exists" in clash.stderr
+
+
+def test_add_refuses_an_unknown_architecture(fake_hub: FakeHub, tmp_path: Path) -> None:
+    path = tmp_path / "Llama-Q8_0.gguf"
+    write_gguf(path, TINY, arch="llama")
+    fake_hub.add_repo("org/Llama-GGUF", {path.name: path})
+    result = _add("org/Llama-GGUF")
+    assert result.exit_code == 1
+    assert "'llama' is not modelled" in result.stderr
+    assert not list(load_settings().user_manifest_dir.glob("*.toml"))
+
+
+def test_add_without_gguf_files(fake_hub: FakeHub) -> None:
+    fake_hub.add_repo("org/Empty", {"README.md": b"nothing here"})
+    result = _add("org/Empty")
+    assert result.exit_code == 1
+    assert "no GGUF model files" in result.stderr
+
+
+def test_add_warns_when_sha256sums_disagrees(fake_hub: FakeHub, tmp_path: Path) -> None:
+    path = tmp_path / "Tiny-Q8_0.gguf"
+    write_gguf(path, TINY)
+    sums = f"{'0' * 64}  {path.name}\n".encode()
+    fake_hub.add_repo("org/Tiny-GGUF", {path.name: path, "SHA256SUMS": sums})
+    result = _add("org/Tiny-GGUF", "--json")
+    assert result.exit_code == 0, result.output
+    assert "keeping the listing's" in result.stderr
+    manifest = load_manifest_file(Path(json.loads(result.stdout)["path"]))
+    assert manifest.files[0].sha256 == _sha(path)
+
+
+def test_add_bad_source() -> None:
+    result = _add("org/x", "--source", "gitlab")
+    assert result.exit_code == 2
+
+
+# ----------------------------------------------------------------------------------------------
+# manifest check
+
+
+@pytest.mark.parametrize(
+    "path", sorted(bundled_manifest_dir().glob("*.toml")), ids=lambda p: p.name
+)
+def test_check_bundled_manifests(path: Path) -> None:
+    result = runner.invoke(app, ["manifest", "check", str(path), "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["ok"] is True
+
+
+def test_check_reports_one_line_error(tmp_path: Path) -> None:
+    bundled = next(bundled_manifest_dir().glob("*.toml")).read_text()
+    broken = tmp_path / "broken.toml"
+    broken.write_text(bundled.replace("head_count_kv = 2", "head_count_kv = 0"))
+    result = runner.invoke(app, ["manifest", "check", str(broken)])
+    assert result.exit_code == 1
+    assert result.stderr.startswith("Error: ") and "head_count_kv" in result.stderr.splitlines()[0]
+    as_json = runner.invoke(app, ["manifest", "check", str(broken), "--json"])
+    assert as_json.exit_code == 1
+    doc = json.loads(as_json.stdout)
+    assert doc["ok"] is False and "head_count_kv" in doc["error"]
+
+
+def test_check_refuses_unmodelled_architecture(tmp_path: Path) -> None:
+    bundled = next(bundled_manifest_dir().glob("*.toml")).read_text()
+    other = tmp_path / "other.toml"
+    other.write_text(bundled.replace('name = "qwen35moe"', 'name = "llama"'))
+    result = runner.invoke(app, ["manifest", "check", str(other)])
+    assert result.exit_code == 1
+    assert "'llama' is not modelled" in result.stderr

@@ -1,0 +1,323 @@
+"""hardware.probe with a fake NVML and tmp /proc and cgroup files; llama-server version parsing."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+from fake_nvml import (
+    FakeNvml,
+    NVMLError_DriverNotLoaded,
+    NVMLError_GpuIsLost,
+    NVMLError_LibraryNotFound,
+    NVMLError_NotSupported,
+    rtx_3090,
+    tesla_t4,
+)
+
+from quantpick.machine import probe as hardware
+from quantpick.machine.catalog import theoretical_bandwidth
+from quantpick.machine.llamacpp import (
+    inspect_llama_server,
+    parse_version_output,
+    supports_qwen35moe,
+)
+from quantpick.machine.spec import LlamaServer
+
+GiB = 1024**3
+KiB = 1024
+
+MEMINFO = """MemTotal:       65536000 kB
+MemFree:         1000000 kB
+MemAvailable:   60000000 kB
+Buffers:          200000 kB
+"""
+
+
+@pytest.fixture
+def host_files(tmp_path: Path) -> dict[str, Path]:
+    """A meminfo with 62.5 GiB total and no cgroup limit (empty cgroup root)."""
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text(MEMINFO)
+    cgroup = tmp_path / "cgroup"
+    cgroup.mkdir()
+    return {"meminfo_path": meminfo, "cgroup_root": cgroup, "cpuinfo_path": tmp_path / "none"}
+
+
+def install(monkeypatch: pytest.MonkeyPatch, fake: FakeNvml) -> FakeNvml:
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    return fake
+
+
+# --- GPUs ---------------------------------------------------------------------------------------
+
+
+def test_bandwidth_formula_gives_data_sheet_figures() -> None:
+    assert theoretical_bandwidth(9751, 384) == 936_096_000_000  # RTX 3090: 936 GB/s
+    assert theoretical_bandwidth(5001, 256) == 320_064_000_000  # T4: 320 GB/s
+
+
+def test_3090_and_t4_bandwidth_comes_from_bus_and_clock(
+    monkeypatch: pytest.MonkeyPatch, host_files: dict[str, Path], tmp_path: Path
+) -> None:
+    fake = install(monkeypatch, FakeNvml([rtx_3090(), tesla_t4()]))
+    machine = hardware.probe(disk_path=tmp_path, **host_files)
+
+    assert [g.name for g in machine.gpus] == ["NVIDIA GeForce RTX 3090", "Tesla T4"]
+    g3090, t4 = machine.gpus
+    assert round(g3090.bandwidth_bytes_per_s / 1e9) == 936
+    assert round(t4.bandwidth_bytes_per_s / 1e9) == 320
+    # Change the inputs: the answer follows the formula, not a table.
+    fake.gpus[0].mem_clock = 10501
+    again = hardware.probe(disk_path=tmp_path, **host_files)
+    assert again.gpus[0].bandwidth_bytes_per_s == 2 * 10501 * 10**6 * 384 // 8
+
+    assert (g3090.index, g3090.uuid, g3090.total_bytes) == (0, "GPU-3090", 24 * GiB)
+    assert (g3090.free_bytes, g3090.used_bytes) == (23 * GiB, 1 * GiB)
+    assert (g3090.memory_bus_width_bits, g3090.memory_clock_mhz) == (384, 9751)
+    assert (g3090.pcie_generation, g3090.pcie_width, g3090.compute_capability) == (4, 16, "8.6")
+    assert (t4.index, t4.compute_capability, t4.pcie_generation) == (1, "7.5", 3)
+    assert machine.driver_version == "550.54.14"
+    assert not machine.described and machine.source == "probe"
+    assert fake.shutdown_calls == fake.init_calls == 2
+
+
+def test_no_gpu(monkeypatch: pytest.MonkeyPatch, host_files: dict[str, Path]) -> None:
+    fake = install(monkeypatch, FakeNvml([]))
+    machine = hardware.probe(**host_files)
+    assert machine.gpus == ()
+    assert any("found no NVIDIA GPU" in n for n in machine.notes)
+    assert fake.shutdown_calls == 1
+
+
+@pytest.mark.parametrize("error", [NVMLError_LibraryNotFound, NVMLError_DriverNotLoaded])
+def test_no_library_or_driver_is_cpu_only_with_a_note(
+    monkeypatch: pytest.MonkeyPatch, host_files: dict[str, Path], error: type
+) -> None:
+    install(monkeypatch, FakeNvml([rtx_3090()], init_error=error))
+    machine = hardware.probe(**host_files)
+    assert machine.gpus == ()
+    assert machine.driver_version is None
+    gpu_notes = [n for n in machine.notes if "NVML" in n]
+    assert len(gpu_notes) == 1
+    assert gpu_notes[0].startswith("no NVIDIA driver/NVML: planning for CPU only")
+    assert "\n" not in gpu_notes[0]
+    assert machine.host.ram_total_bytes == 65536000 * KiB  # the rest is still probed
+
+
+def test_pynvml_not_installed(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # makes `import pynvml` raise ImportError
+    gpus, driver, notes = hardware.probe_gpus()
+    assert (gpus, driver) == ((), None)
+    assert notes[0].startswith("no NVIDIA driver/NVML")
+
+
+def test_failing_memory_query_marks_that_gpu_only(
+    monkeypatch: pytest.MonkeyPatch, host_files: dict[str, Path]
+) -> None:
+    bad = rtx_3090(fail={"nvmlDeviceGetMemoryInfo": NVMLError_GpuIsLost})
+    fake = install(monkeypatch, FakeNvml([bad, tesla_t4()]))
+    machine = hardware.probe(**host_files)
+
+    assert len(machine.gpus) == 2
+    broken, fine = machine.gpus
+    assert broken.error is not None and "GPU is lost" in broken.error
+    assert broken.name == "NVIDIA GeForce RTX 3090" and not broken.usable
+    assert fine.error is None and fine.usable and fine.total_bytes == 15360 * 1024**2
+    assert machine.usable_gpus == (fine,)
+    assert any("GPU 0" in n and "GPU is lost" in n for n in machine.notes)
+    assert fake.shutdown_calls == 1
+
+
+def test_failing_handle_is_listed_with_an_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    lost = tesla_t4(fail={"nvmlDeviceGetHandleByIndex": NVMLError_GpuIsLost})
+    install(monkeypatch, FakeNvml([lost]))
+    (gpu,), _, _ = hardware.probe_gpus()
+    assert gpu.index == 0 and gpu.error and "no handle" in gpu.error and gpu.total_bytes == 0
+
+
+def test_unsupported_fields_are_none(monkeypatch: pytest.MonkeyPatch) -> None:
+    gpu = rtx_3090(
+        bus_width=None,
+        cc=None,
+        fail={"nvmlDeviceGetUUID": NVMLError_NotSupported,
+              "nvmlDeviceGetMaxPcieLinkWidth": NVMLError_NotSupported},
+    )  # fmt: skip
+    install(monkeypatch, FakeNvml([gpu]))
+    (g,), _, _ = hardware.probe_gpus()
+    assert g.error is None and g.usable
+    assert g.memory_bus_width_bits is None and g.bandwidth_bytes_per_s is None
+    assert g.memory_clock_mhz == 9751
+    assert g.uuid is None and g.pcie_width is None and g.compute_capability is None
+    assert g.pcie_generation == 4
+
+
+def test_count_failure_is_cpu_only_and_shuts_down(monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = install(monkeypatch, FakeNvml([rtx_3090()], count_error=NVMLError_DriverNotLoaded))
+    gpus, _, notes = hardware.probe_gpus()
+    assert gpus == () and "planning for CPU only" in notes[0]
+    assert fake.shutdown_calls == 1
+
+
+# --- Host ---------------------------------------------------------------------------------------
+
+
+def test_meminfo_without_cgroup(host_files: dict[str, Path]) -> None:
+    host = hardware.probe_host(**host_files)
+    assert host.ram_total_bytes == 65536000 * KiB
+    assert host.ram_available_bytes == 60000000 * KiB
+    assert host.cgroup_limit_bytes is None
+    assert host.cpu_threads == os.cpu_count()
+
+
+def test_cgroup_v2_limit_and_usage(host_files: dict[str, Path]) -> None:
+    cg = host_files["cgroup_root"]
+    (cg / "memory.max").write_text(f"{16 * GiB}\n")
+    (cg / "memory.current").write_text(f"{6 * GiB}\n")
+    (cg / "memory.stat").write_text(f"anon 1\ninactive_file {2 * GiB}\nactive_file 5\n")
+    host = hardware.probe_host(**host_files)
+    assert host.cgroup_limit_bytes == 16 * GiB
+    assert host.ram_total_bytes == 16 * GiB
+    # limit - (usage - reclaimable inactive file cache) = 16 - (6 - 2)
+    assert host.ram_available_bytes == 12 * GiB
+
+
+def test_cgroup_v2_max_is_no_limit(host_files: dict[str, Path]) -> None:
+    (host_files["cgroup_root"] / "memory.max").write_text("max\n")
+    host = hardware.probe_host(**host_files)
+    assert host.cgroup_limit_bytes is None
+    assert host.ram_total_bytes == 65536000 * KiB
+
+
+def test_cgroup_v1_limit(host_files: dict[str, Path]) -> None:
+    v1 = host_files["cgroup_root"] / "memory"
+    v1.mkdir()
+    (v1 / "memory.limit_in_bytes").write_text(f"{8 * GiB}\n")
+    (v1 / "memory.usage_in_bytes").write_text(f"{1 * GiB}\n")
+    host = hardware.probe_host(**host_files)
+    assert (host.ram_total_bytes, host.ram_available_bytes) == (8 * GiB, 7 * GiB)
+
+
+def test_cgroup_v1_unlimited_is_ignored(host_files: dict[str, Path]) -> None:
+    v1 = host_files["cgroup_root"] / "memory"
+    v1.mkdir()
+    (v1 / "memory.limit_in_bytes").write_text("9223372036854771712\n")
+    (v1 / "memory.usage_in_bytes").write_text(f"{1 * GiB}\n")
+    host = hardware.probe_host(**host_files)
+    assert host.cgroup_limit_bytes is None
+    assert host.ram_available_bytes == 60000000 * KiB
+
+
+def test_cgroup_limit_above_available_keeps_available(host_files: dict[str, Path]) -> None:
+    (host_files["cgroup_root"] / "memory.max").write_text(f"{100 * GiB}\n")
+    host = hardware.probe_host(**host_files)
+    assert host.ram_total_bytes == 65536000 * KiB
+    assert host.ram_available_bytes == 60000000 * KiB
+
+
+def test_physical_cores_from_cpuinfo(tmp_path: Path) -> None:
+    # 2 sockets x 2 cores x 2 hyperthreads = 8 processors, 4 physical cores.
+    blocks = []
+    for cpu, (phys, core) in enumerate([(0, 0), (0, 1), (1, 0), (1, 1)] * 2):
+        blocks.append(f"processor\t: {cpu}\nphysical id\t: {phys}\ncore id\t\t: {core}\n")
+    path = tmp_path / "cpuinfo"
+    path.write_text("\n".join(blocks))
+    assert hardware.physical_cores(path) == 4
+    (tmp_path / "arm").write_text("processor\t: 0\nBogoMIPS\t: 50\n\nprocessor\t: 1\n")
+    assert hardware.physical_cores(tmp_path / "arm") is None
+
+
+def test_missing_meminfo_falls_back_with_a_note(tmp_path: Path) -> None:
+    notes: list[str] = []
+    host = hardware.probe_host(
+        meminfo_path=tmp_path / "nope",
+        cgroup_root=tmp_path,
+        cpuinfo_path=tmp_path / "x",
+        notes=notes,
+    )
+    assert host.ram_total_bytes > 0  # sysconf on Linux
+    assert notes and "sysconf" in notes[0]
+
+
+def test_disk_free_walks_up_to_an_existing_parent(tmp_path: Path) -> None:
+    where, free = hardware.disk_free(tmp_path / "not" / "yet" / "there")
+    assert where == tmp_path and free > 0
+
+
+# --- llama-server -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("version: 0.5.0-dev (build 1, commit 0c1e570)\nbuilt with GNU 13.3.0 for x86_64\n",
+         ("0.5.0-dev", 1, "0c1e570")),
+        ("version: 7988 (7f5f5119b)\nbuilt with cc for Linux x86_64\n", (None, 7988, "7f5f5119b")),
+        ("found 1 CUDA devices\nversion: 4520 (ABCDEF12)\n", (None, 4520, "abcdef12")),
+        ("llama-cpp/b10864-1a2b3c4d", (None, 10864, "1a2b3c4d")),
+        ("error: unknown argument --version", (None, None, None)),
+        ("", (None, None, None)),
+    ],
+)  # fmt: skip
+def test_parse_version_output(text: str, expected: tuple[object, ...]) -> None:
+    assert parse_version_output(text) == expected
+
+
+def test_qwen35moe_support_by_build() -> None:
+    assert supports_qwen35moe(LlamaServer("x", version="0.5.0-dev", build=1)) is True
+    assert supports_qwen35moe(LlamaServer("x", build=7988)) is True
+    assert supports_qwen35moe(LlamaServer("x", build=7000)) is False
+    assert supports_qwen35moe(LlamaServer("x", error="not found")) is None
+
+
+def _script(tmp_path: Path, body: str) -> Path:
+    path = tmp_path / "llama-server"
+    path.write_text(f"#!/bin/sh\n{body}\n")
+    path.chmod(0o755)
+    return path
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="shell scripts")
+def test_inspect_reads_stderr(tmp_path: Path) -> None:
+    path = _script(tmp_path, 'echo "version: 0.5.0-dev (build 1, commit 0c1e570)" >&2')
+    assert inspect_llama_server(path) == LlamaServer(
+        path=str(path), version="0.5.0-dev", build=1, commit="0c1e570"
+    )
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="shell scripts")
+def test_inspect_failures_are_reported_not_raised(tmp_path: Path) -> None:
+    bad = _script(tmp_path, "echo 'boom' >&2; exit 3")
+    assert "exit 3" in (inspect_llama_server(bad).error or "")
+    slow = _script(tmp_path, "exec sleep 5")
+    assert "did not finish" in (inspect_llama_server(slow, timeout_s=0.2).error or "")
+    assert inspect_llama_server(tmp_path / "missing").error == "not found"
+    not_exec = tmp_path / "plain"
+    not_exec.write_text("x")
+    assert inspect_llama_server(not_exec).error == "not executable"
+
+
+def test_probe_reports_missing_llama_server(
+    monkeypatch: pytest.MonkeyPatch, host_files: dict[str, Path], tmp_path: Path
+) -> None:
+    install(monkeypatch, FakeNvml([]))
+    machine = hardware.probe(llama_server=tmp_path / "nope", **host_files)
+    assert machine.llama_server == LlamaServer(path=str(tmp_path / "nope"), error="not found")
+    monkeypatch.setattr("shutil.which", lambda name: None)
+    machine = hardware.probe(**host_files)
+    assert machine.llama_server is None
+    assert any("llama-server not found" in n for n in machine.notes)
+
+
+@pytest.mark.gpu
+def test_real_nvml_smoke(tmp_path: Path) -> None:
+    """On a machine with an NVIDIA GPU: the real probe sees it with sane numbers."""
+    machine = hardware.probe(disk_path=tmp_path)
+    if not machine.gpus:
+        pytest.skip("NVML cannot initialise or sees no GPU here")
+    gpu = machine.gpus[0]
+    assert gpu.error is None and gpu.total_bytes > 0 and gpu.free_bytes <= gpu.total_bytes
+    if gpu.bandwidth_bytes_per_s is not None:
+        assert 50e9 < gpu.bandwidth_bytes_per_s < 10e12

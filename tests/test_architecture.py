@@ -1,0 +1,170 @@
+"""The layout rules of docs/architecture.md, checked on the source (AST), not by convention.
+
+- No import cycles between quantpick's modules (imports inside functions count too: a cycle that
+  only closes at run time is still a cycle for a reader).
+- One direction: nothing outside `cli/` imports `cli/`; only `cli/` imports `pipeline`.
+- The planning core (`quantpick/plan/`) and the plain data it reads are pure: no I/O modules, no
+  open()/print()/input(), no environment reads, and imports only from the pure set.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "quantpick"
+
+# Modules the planning core may import: plain data and pure functions.
+PURE_MODULES = {
+    "quantpick.errors",
+    "quantpick.units",
+    "quantpick.safe_names",
+    "quantpick.machine.spec",
+    "quantpick.model.manifest",
+    "quantpick.model.layout",
+    "quantpick.model.ggml",
+    "quantpick.model.gguf_names",
+}
+# Standard-library modules that do I/O or read the environment.
+IO_MODULES = {
+    "os", "sys", "io", "subprocess", "socket", "pathlib", "shutil", "tempfile", "time", "random",
+    "http", "urllib", "ssl", "threading", "multiprocessing", "asyncio", "glob", "platform",
+    "httpx", "pynvml", "huggingface_hub", "modelscope", "rich", "typer", "click", "gguf", "numpy",
+    "filelock", "platformdirs",
+}  # fmt: skip
+IO_CALLS = {"open", "print", "input", "exec", "eval", "__import__"}
+
+
+def module_name(path: Path) -> str:
+    rel = path.relative_to(PACKAGE.parent).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def all_modules() -> dict[str, Path]:
+    return {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def imports_of(path: Path, known: set[str]) -> set[str]:
+    """quantpick modules imported anywhere in `path` (`from quantpick.x import y` counts as
+    quantpick.x.y when that is a module, else quantpick.x)."""
+    tree = ast.parse(path.read_text(), str(path))
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.startswith("quantpick"):
+                    found.add(alias.name)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            if not node.module.startswith("quantpick"):
+                continue
+            for alias in node.names:
+                sub = f"{node.module}.{alias.name}"
+                found.add(sub if sub in known else node.module)
+    return {m for m in found if m in known}
+
+
+def graph() -> dict[str, set[str]]:
+    modules = all_modules()
+    known = set(modules)
+    # An empty package __init__ is only a namespace: importing quantpick.plan.memory "imports"
+    # quantpick.plan, which says nothing about dependencies.
+    return {
+        name: {m for m in imports_of(path, known) if m != name and modules[m].stat().st_size > 0}
+        for name, path in modules.items()
+    }
+
+
+def test_the_graph_is_read() -> None:
+    g = graph()
+    assert "quantpick.plan.memory" in g["quantpick.plan.planner"]
+    assert "quantpick.plan.planner" in g["quantpick.pipeline"]
+
+
+def test_no_import_cycles() -> None:
+    g = graph()
+    # Tarjan's strongly connected components: any component of two or more modules is a cycle.
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    cycles: list[list[str]] = []
+    counter = [0]
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on_stack.add(v)
+        for w in g.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for v in sorted(g):
+        if v not in index:
+            visit(v)
+    assert cycles == []
+
+
+def test_only_the_cli_imports_the_cli_and_the_pipeline() -> None:
+    offenders = []
+    for name, deps in graph().items():
+        if name.startswith("quantpick.cli") or name == "quantpick.__main__":
+            continue
+        for dep in deps:
+            if dep.startswith("quantpick.cli"):
+                offenders.append(f"{name} -> {dep}")
+            if dep == "quantpick.pipeline" and name != "quantpick.pipeline":
+                offenders.append(f"{name} -> {dep}")
+    assert offenders == []
+
+
+def core_modules() -> list[str]:
+    return sorted(m for m in all_modules() if m.startswith("quantpick.plan.")) + sorted(
+        PURE_MODULES
+    )
+
+
+@pytest.mark.parametrize("module", core_modules())
+def test_planning_core_is_pure(module: str) -> None:
+    path = all_modules()[module]
+    tree = ast.parse(path.read_text(), str(path))
+    problems = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names = [node.module]
+        else:
+            names = []
+        for n in names:
+            if n.split(".")[0] in IO_MODULES:
+                problems.append(f"line {node.lineno}: imports {n}")
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
+            if node.func.id in IO_CALLS:
+                problems.append(f"line {node.lineno}: calls {node.func.id}()")
+        if isinstance(node, ast.Attribute) and node.attr in ("environ", "getenv"):
+            problems.append(f"line {node.lineno}: reads the environment")
+    allowed = PURE_MODULES | {m for m in all_modules() if m.startswith("quantpick.plan")}
+    known = set(all_modules())
+    for dep in imports_of(path, known):
+        if dep not in allowed and dep != "quantpick":
+            problems.append(f"imports {dep}, which is not part of the pure core")
+    assert problems == [], module
