@@ -22,8 +22,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
-from conformance_model import write_grid_models  # noqa: E402
-from test_memory import case_config, config_from_args, rpc_machine  # noqa: E402
+from conformance_model import (  # noqa: E402
+    case_config,
+    config_from_args,
+    rpc_machine,
+    write_grid_models,
+)
 
 from quantpick.model.gguf import layout_from_header, read_gguf_file  # noqa: E402
 from quantpick.plan.memory import estimate  # noqa: E402

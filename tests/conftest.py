@@ -40,3 +40,43 @@ def _no_real_nvml(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatc
     except ImportError:  # tests/ imported as a package
         from tests.fake_nvml import FakeNvml, NVMLError_LibraryNotFound
     monkeypatch.setitem(sys.modules, "pynvml", FakeNvml(init_error=NVMLError_LibraryNotFound))
+
+
+# Real llama.cpp tools (tests marked `llamacpp`): a directory holding llama-server,
+# llama-fit-params, llama-bench and ggml-rpc-server, as scripts/build-llamacpp.sh builds them.
+# QUANTPICK_TEST_LLAMA_BIN names it (QUANTPICK_TEST_LLAMA_SERVER, a llama-server path, or PATH also
+# work). Without it these tests skip, saying how to run them; .ci/run builds the tools and sets
+# QUANTPICK_REQUIRE_LLAMACPP=1, which turns a missing tool into a failure instead.
+LLAMACPP_TOOLS = ("llama-server", "llama-fit-params", "llama-bench", "ggml-rpc-server")
+
+
+def _llamacpp_dir() -> Path | None:
+    import os
+    import shutil
+
+    explicit = os.environ.get("QUANTPICK_TEST_LLAMA_BIN")
+    if explicit:
+        return Path(explicit)
+    server = os.environ.get("QUANTPICK_TEST_LLAMA_SERVER") or shutil.which("llama-server")
+    return Path(server).parent if server else None
+
+
+@pytest.fixture
+def llamacpp_bin() -> Path:
+    """The directory of the real llama.cpp tools; skips (or, in CI, fails) when absent."""
+    import os
+
+    where = _llamacpp_dir()
+    missing = [t for t in LLAMACPP_TOOLS if where is None or not (where / t).is_file()]
+    if missing:
+        reason = (
+            f"no llama.cpp tools ({', '.join(missing)} not found"
+            + (f" in {where}" if where else "")
+            + "): run scripts/build-llamacpp.sh and set QUANTPICK_TEST_LLAMA_BIN to the directory "
+            "it prints (CI does this in .ci/run)"
+        )
+        if os.environ.get("QUANTPICK_REQUIRE_LLAMACPP", "") == "1":
+            pytest.fail(reason)
+        pytest.skip(reason)
+    assert where is not None
+    return where

@@ -7,7 +7,14 @@ import json
 from dataclasses import replace
 
 import pytest
-from conformance_model import DATA, write_conformance_gguf, write_grid_models
+from conformance_model import (
+    DATA,
+    case_config,
+    config_from_args,
+    rpc_machine,
+    write_conformance_gguf,
+    write_grid_models,
+)
 
 from quantpick.errors import UsageError
 from quantpick.machine.spec import Gpu, Host, Machine
@@ -25,31 +32,6 @@ def q4km(tmp_path_factory: pytest.TempPathFactory) -> ModelLayout:
     path = tmp_path_factory.mktemp("gguf") / "conformance-q4_k_m.gguf"
     size = write_conformance_gguf(path)
     return layout_from_header(read_gguf_file(path), basis=f"gguf:{path}", file_bytes=size)
-
-
-def rpc_machine(n: int) -> Machine:
-    gpus = tuple(
-        Gpu(index=i, name=f"RPC{i}", total_bytes=64 * GiB, free_bytes=64 * GiB) for i in range(n)
-    )
-    return Machine(
-        gpus=gpus, host=Host(ram_total_bytes=128 * GiB, ram_available_bytes=128 * GiB, cpu_cores=2)
-    )
-
-
-def case_config(cfg: dict) -> RunConfig:
-    ts = tuple(float(x) for x in cfg["ts"].split(",")) if cfg["ts"] else None
-    return RunConfig(
-        ctx_size=cfg["ctx"],
-        n_parallel=cfg["np"],
-        cache_type_k=cfg["kv"],
-        cache_type_v=cfg["kv"],
-        ubatch=cfg["ub"],
-        n_cpu_moe=cfg["ncmoe"],
-        tensor_split=ts,
-        n_gpu_layers=None if cfg["devices"] and cfg["ngl"] >= 42 else cfg["ngl"],
-        flash_attn="on",
-        logits_rows="batch",  # llama-fit-params reserves n_ubatch logits rows, not the server's
-    )
 
 
 @pytest.mark.parametrize(
@@ -193,44 +175,6 @@ def test_synthesized_layout_totals_match_the_file(q4km: ModelLayout) -> None:
 # ---- a wider grid recorded with scripts/record_conformance.py -------------------------------
 
 EXTRA = json.loads((DATA / "llamacpp-fit-extra.json").read_text())
-
-
-def config_from_args(args: list[str]) -> tuple[RunConfig, int]:
-    """llama-fit-params flags -> (RunConfig, number of GPU devices)."""
-    values: dict[str, str] = {}
-    flags: set[str] = set()
-    overrides: list[tuple[str, str]] = []
-    i = 0
-    while i < len(args):
-        a = args[i]
-        if a in ("--cpu-moe", "-nkvo"):
-            flags.add(a)
-            i += 1
-            continue
-        if a == "-ot":
-            pattern, _, buft = args[i + 1].rpartition("=")
-            overrides.append((pattern, buft))
-        else:
-            values[a] = args[i + 1]
-        i += 2
-    n_gpu = 0 if values.get("-dev") == "none" else 2
-    ngl = int(values.get("-ngl", "99"))
-    config = RunConfig(
-        ctx_size=int(values["-c"]),
-        n_parallel=int(values.get("-np", "1")),
-        n_gpu_layers=None if ngl >= 99 else ngl,
-        tensor_split=tuple(float(x) for x in values["-ts"].split(",")) if "-ts" in values else None,
-        n_cpu_moe=int(values.get("--n-cpu-moe", "0")),
-        cpu_moe="--cpu-moe" in flags,
-        override_tensors=tuple(overrides),
-        cache_type_k=values.get("-ctk", "f16"),
-        cache_type_v=values.get("-ctv", "f16"),
-        ubatch=int(values.get("-ub", "512")),
-        batch=int(values.get("-b", "2048")),
-        kv_offload="-nkvo" not in flags,
-        logits_rows="batch",
-    )
-    return config, n_gpu
 
 
 @pytest.fixture(scope="module")

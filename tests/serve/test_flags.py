@@ -88,7 +88,7 @@ def test_parse_current_help(current: ServerCapabilities) -> None:
     # A flag field longer than 37 characters puts the help on the next line.
     draft = current.info("--spec-draft-n-cpu-moe")
     assert draft is not None and draft.takes_value and "-ncmoed" in draft.names
-    assert current.version == "0.5.0-dev" and current.build == 1
+    assert current.version == "0.5.0-dev" and current.build == 11312
 
 
 def test_parse_old_help(old: ServerCapabilities) -> None:
@@ -252,7 +252,7 @@ def test_capabilities_for_runs_help_and_version(tmp_path: Path) -> None:
     )
     caps = capabilities_for(fake)
     assert caps.has("--fit") and caps.path == str(fake)
-    assert (caps.version, caps.build, caps.commit) == ("0.5.0-dev", 1, "0c1e570")
+    assert (caps.version, caps.build, caps.commit) == ("0.5.0-dev", 11312, "0c1e57098")
 
 
 def test_capabilities_for_times_out(tmp_path: Path) -> None:

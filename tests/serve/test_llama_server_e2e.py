@@ -1,14 +1,13 @@
 """End to end: a real llama-server runs the command quantpick writes, on a tiny qwen35moe model.
 
-Run with: QUANTPICK_TEST_LLAMA_SERVER=/path/to/llama-server pytest -m llama_server
-(or with llama-server on PATH).
+Run with: QUANTPICK_TEST_LLAMA_BIN="$(scripts/build-llamacpp.sh | tail -1)" pytest -m llamacpp
+(CI builds the tools and runs these tests; see .ci/run).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
 import socket
 import subprocess
 import sys
@@ -26,17 +25,9 @@ from quantpick.serve.flags import capabilities_for, check_command
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tiny_model import TINY, write_tiny_model  # noqa: E402
 
-pytestmark = pytest.mark.llama_server
+pytestmark = pytest.mark.llamacpp
 
 HEALTH_TIMEOUT_S = 60.0
-
-
-def _binary() -> Path | None:
-    explicit = os.environ.get("QUANTPICK_TEST_LLAMA_SERVER")
-    if explicit:
-        return Path(explicit)
-    found = shutil.which("llama-server")
-    return Path(found) if found else None
 
 
 def _free_port() -> int:
@@ -53,13 +44,8 @@ def _get(url: str) -> int:
         return int(e.code)
 
 
-def test_server_runs_the_generated_command(tmp_path: Path) -> None:
-    binary = _binary()
-    if binary is None or not binary.exists():
-        pytest.skip(
-            "no llama-server: set QUANTPICK_TEST_LLAMA_SERVER=/path/to/llama-server (or put it on "
-            "PATH) and run `pytest -m llama_server tests/test_llama_server_e2e.py`"
-        )
+def test_server_runs_the_generated_command(tmp_path: Path, llamacpp_bin: Path) -> None:
+    binary = llamacpp_bin / "llama-server"
     caps = capabilities_for(binary)
     model = tmp_path / "tiny qwen35moe.gguf"  # a space: the argv must survive as one argument
     write_tiny_model(model)
