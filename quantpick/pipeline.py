@@ -6,9 +6,14 @@ I/O); the CLI parses options, calls one of these and renders what comes back.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from quantpick.config import Settings
+    from quantpick.fetch.download import FetchReport
+    from quantpick.fetch.transfer import ProgressSink
     from quantpick.machine.spec import Machine
     from quantpick.model.headers import LayoutSource
     from quantpick.model.manifest import Manifest
@@ -32,3 +37,126 @@ def plan_exact(
             break
         p = plan(manifest, machine, layouts, request, overheads=overheads)
     return p
+
+
+def plan_on_local_file(
+    manifest: Manifest,
+    quant: str,
+    model_path: Path,
+    machine: Machine,
+    request: PlanRequest,
+    overheads: Overheads,
+) -> Plan:
+    """Plan one quant on the header of its file on disk: the file is the truth."""
+    from quantpick.model.local import local_layout
+    from quantpick.plan.planner import plan
+
+    layout = local_layout(model_path, quant)
+    return plan(
+        manifest, machine, lambda _q: layout, replace(request, quant=quant), overheads=overheads
+    )
+
+
+@dataclass(frozen=True)
+class GetRequest:
+    """`quantpick get`: the planning inputs and where and how to fetch."""
+
+    manifest: Manifest
+    machine: Machine
+    plan_request: PlanRequest
+    overheads: Overheads
+    dest_dir: Path
+    exact: bool = False
+    network: bool = True  # False: --offline (no hub is contacted)
+    source: str = "auto"
+    allow_unverified: bool = False
+    dry_run: bool = False
+
+
+@dataclass(frozen=True)
+class GetResult:
+    plan: Plan  # re-planned on the downloaded file's own header unless a dry run
+    first_plan: Plan  # the plan that chose the quant (manifest or remote header)
+    report: FetchReport | None  # None: no hub was used (offline, files verified in place)
+    files: list[dict[str, Any]] | None  # one entry per file in place ([] for a dry run)
+    model_path: Path
+    mmproj_path: Path | None
+    header_problems: tuple[str, ...] = ()
+    warnings: tuple[str, ...] = field(default_factory=tuple)
+
+
+def get(
+    req: GetRequest,
+    *,
+    settings: Settings,
+    progress: ProgressSink | None = None,
+    on_plan: Any = None,
+    live: Any = None,
+) -> GetResult:
+    """Plan, fetch + verify (or verify what is in place when no hub answers), re-plan on the file.
+
+    `on_plan(plan)` is called once the quant is chosen, before any transfer (the CLI prints it);
+    `live` is a context manager around the transfer (the CLI's progress display).
+    """
+    from contextlib import nullcontext
+
+    from quantpick.errors import DownloadError
+    from quantpick.fetch.download import fetch_model, verified_local_files
+    from quantpick.model.headers import LayoutSource
+
+    manifest = req.manifest
+    vision = req.plan_request.vision
+    layouts = LayoutSource(manifest, exact=req.exact, network=req.network, settings=settings)
+    first = plan_exact(manifest, req.machine, layouts, req.plan_request, req.overheads)
+    if on_plan is not None:
+        on_plan(first)
+    warnings: list[str] = []
+    report = None
+    files: list[dict[str, Any]] | None = None
+    offline = not req.network or settings.offline
+    try:
+        if offline and not req.dry_run:
+            raise DownloadError("offline (--offline or QUANTPICK_OFFLINE): no hub contacted")
+        with live if live is not None else nullcontext():
+            report = fetch_model(
+                manifest,
+                first.quant,
+                settings=settings,
+                vision=vision,
+                dest_dir=req.dest_dir,
+                source=req.source,
+                allow_unverified=req.allow_unverified,
+                dry_run=req.dry_run,
+                progress=progress,
+            )
+        files = [] if req.dry_run else [r.as_dict() for r in report.results]
+    except DownloadError as exc:
+        # No hub (offline, HF_HUB_OFFLINE, an outage): files already in place still serve, once
+        # verified against the checksums a previous run left beside them.
+        files = (
+            None
+            if req.dry_run
+            else verified_local_files(manifest, first.quant, vision, req.dest_dir)
+        )
+        if files is None:
+            raise
+        warnings.append(
+            f"{exc.message}; using the files in {req.dest_dir}, verified against its SHA256SUMS"
+        )
+    model_path = req.dest_dir / manifest.quant_files(first.quant)[0].name
+    mmproj_path = req.dest_dir / manifest.projector.name if vision and manifest.projector else None
+    final = first
+    if not req.dry_run:
+        final = plan_on_local_file(
+            manifest, first.quant, model_path, req.machine, req.plan_request, req.overheads
+        )
+    return GetResult(
+        plan=final,
+        first_plan=first,
+        report=report,
+        files=files,
+        model_path=model_path,
+        mmproj_path=mmproj_path,
+        header_problems=tuple(layouts.problems),
+        warnings=tuple(warnings),
+    )

@@ -178,20 +178,7 @@ def report_to_dict(report: FetchReport) -> dict[str, Any]:
         "source": report.plan.source,
         "revision": report.plan.revision,
         "skipped_sources": list(report.skipped_sources),
-        "files": [
-            {
-                "name": r.name,
-                "path": str(r.path),
-                "size": r.size,
-                "sha256": r.sha256,
-                "verified": r.verified,
-                "bytes_fetched": r.bytes_fetched,
-                "resumed_from": r.resumed_from,
-                "reused": r.reused,
-                "source": r.source,
-            }
-            for r in report.results
-        ],
+        "files": [r.as_dict() for r in report.results],
     }
 
 

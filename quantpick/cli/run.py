@@ -353,17 +353,13 @@ def get_cmd(
     json_: JsonOpt = False,
 ) -> None:
     """Pick, download + verify, and print (or --script) the llama-server command: the whole job."""
-    from dataclasses import replace
-
     from quantpick.cli import output
-    from quantpick.cli.download import _progress, report_to_dict
+    from quantpick.cli.download import _progress
     from quantpick.cli.download import plan_to_dict as fetch_plan_to_dict
     from quantpick.cli.render import plan_to_dict
     from quantpick.config import load_settings
-    from quantpick.errors import DownloadError, UsageError
-    from quantpick.fetch.download import fetch_model, verified_local_files
-    from quantpick.model.local import local_layout
-    from quantpick.plan.planner import plan
+    from quantpick.errors import UsageError
+    from quantpick.pipeline import GetRequest, get
     from quantpick.serve.command import build_command
 
     if fmt not in FORMATS:
@@ -386,55 +382,39 @@ def get_cmd(
         "on",
         no_offload,
     )
-    overheads = overheads_from_cli(gpu_overhead, margin)
-    from quantpick.model.headers import LayoutSource
 
-    layouts = LayoutSource(manifest, exact=exact, network=not no_network)
-    from quantpick.pipeline import plan_exact
-
-    p = plan_exact(manifest, machine, layouts, request, overheads)
-    if not (json_ or quiet):
-        output.note(
-            f"Plan: {p.model} {p.quant} (KV {p.config.cache_type_k}, {p.placement}) for "
-            f"-c {p.config.ctx_size}; decode upper bound {p.speed.tokens_per_s_target:.0f} tok/s "
-            f"at that context"
-        )
-    dest = dir_ or settings.models_dir / manifest.id
-    progress, live = _progress(quiet or json_)
-    report = None
-    offline = no_network or load_settings().offline
-    try:
-        if offline and not dry_run:
-            raise DownloadError("offline (--offline or QUANTPICK_OFFLINE): no hub contacted")
-        with live:
-            report = fetch_model(
-                manifest,
-                p.quant,
-                settings=settings,
-                vision=vision,
-                dest_dir=dest,
-                source=source,
-                allow_unverified=allow_unverified,
-                dry_run=dry_run,
-                progress=progress,
+    def announce(p: Plan) -> None:
+        if not (json_ or quiet):
+            output.note(
+                f"Plan: {p.model} {p.quant} (KV {p.config.cache_type_k}, {p.placement}) for "
+                f"-c {p.config.ctx_size}; decode upper bound {p.speed.tokens_per_s_target:.0f} "
+                f"tok/s at that context"
             )
-        files = report_to_dict(report)["files"] if not dry_run else []
-    except DownloadError as exc:
-        # No hub (offline, HF_HUB_OFFLINE, an outage): files already in place still serve, once
-        # verified against the checksums a previous run left beside them.
-        files = None if dry_run else verified_local_files(manifest, p.quant, vision, dest)
-        if files is None:
-            raise
-        output.warn(f"{exc.message}; using the files in {dest}, verified against its SHA256SUMS")
-    model_path = dest / manifest.quant_files(p.quant)[0].name
-    mmproj_path = dest / manifest.projector.name if vision and manifest.projector else None
+
+    progress, live = _progress(quiet or json_)
+    result = get(
+        GetRequest(
+            manifest=manifest,
+            machine=machine,
+            plan_request=request,
+            overheads=overheads_from_cli(gpu_overhead, margin),
+            dest_dir=dir_ or settings.models_dir / manifest.id,
+            exact=exact,
+            network=not no_network,
+            source=source,
+            allow_unverified=allow_unverified,
+            dry_run=dry_run,
+        ),
+        settings=settings,
+        progress=progress,
+        on_plan=announce,
+        live=live,
+    )
+    for warning in result.warnings:
+        output.warn(warning)
+    p, report, files = result.plan, result.report, result.files
+    model_path, mmproj_path = result.model_path, result.mmproj_path
     caps = _capabilities(machine, llama_server)
-    if not dry_run:
-        # The file on disk is the truth: re-plan the chosen quant on its own header.
-        local = local_layout(model_path, p.quant)
-        p = plan(
-            manifest, machine, lambda q: local, replace(request, quant=p.quant), overheads=overheads
-        )
     cmd = build_command(
         p.config,
         model_path=model_path,

@@ -90,6 +90,20 @@ class DownloadResult:
     source: str  # label of the source used, e.g. "hf:org/name@1a2b3c4d5e6f"
     reused: bool  # the final file was already present and verified
 
+    def as_dict(self) -> dict[str, Any]:
+        """The JSON form (`--json` of download and get)."""
+        return {
+            "name": self.name,
+            "path": str(self.path),
+            "size": self.size,
+            "sha256": self.sha256,
+            "verified": self.verified,
+            "bytes_fetched": self.bytes_fetched,
+            "resumed_from": self.resumed_from,
+            "reused": self.reused,
+            "source": self.source,
+        }
+
 
 # ---------------------------------------------------------------------------------------------
 # One file
