@@ -120,13 +120,20 @@ def models_command(json_: JsonOpt = False) -> None:
 def show_command(model: ModelArg, json_: JsonOpt = False) -> None:
     """Show one model: its files (sizes, quants, hashes), architecture, sources and sampling."""
     from quantpick.cli import output
+    from quantpick.cli.render import quality_dict
     from quantpick.model.manifest import manifest_to_dict
     from quantpick.model.registry import find_manifest
+    from quantpick.plan.planner import quality_for
+    from quantpick.plan.quality import TIER_BOUNDS, TIER_WORDS
     from quantpick.units import GB, GiB
 
     manifest = find_manifest(model)
+    quality = {q: quality_for(manifest, q) for q in manifest.quants}
     if json_:
-        output.print_json(manifest_to_dict(manifest))
+        doc = manifest_to_dict(manifest)
+        for f in doc["files"]:
+            f["quality"] = quality_dict(quality[f["quant"]]) if f["role"] == "model" else None
+        output.print_json(doc)
         return
 
     from rich.table import Table
@@ -154,7 +161,8 @@ def show_command(model: ModelArg, json_: JsonOpt = False) -> None:
     files.add_column("GB", justify="right", no_wrap=True)
     files.add_column("GiB", justify="right", no_wrap=True)
     files.add_column("BPW", justify="right", no_wrap=True)
-    files.add_column("Rank", justify="right", no_wrap=True)
+    files.add_column("KLD", justify="right", no_wrap=True)
+    files.add_column("basis", no_wrap=True)
     files.add_column("sha256", no_wrap=True)
     files.add_column("File", overflow="fold")
     for f in manifest.files:
@@ -164,12 +172,21 @@ def show_command(model: ModelArg, json_: JsonOpt = False) -> None:
             f"{approx}{f.size_bytes / GB:.3f}",
             f"{approx}{f.size_bytes / GiB:.2f}",
             f"{f.bits_per_weight:.2f}" if f.bits_per_weight is not None else "-",
-            str(f.quality_rank) if f.role == "model" else f.role,
+            f"{quality[f.quant].mean_kld:.4f}" if f.role == "model" else "-",
+            quality[f.quant].basis if f.role == "model" else f.role,
             f.sha256[:10] if f.sha256 else "-",
             f.name,
         )
     console.print(files)
     line("~ = size from the model card (decimal GB); the hub listing is the authority")
+    line(
+        "KLD = mean KL divergence vs BF16 on one harness (mudler/apex-quant, Qwen3.5-35B-A3B); "
+        "measured, interpolated by bits per weight, or estimated. "
+        + "; ".join(
+            f"<= {b:g}: {w.split(':')[0]}" for b, w in zip(TIER_BOUNDS, TIER_WORDS, strict=False)
+        )
+        + f"; above: {TIER_WORDS[-1].split(':')[0]}"
+    )
     line()
 
     a = manifest.architecture

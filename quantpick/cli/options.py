@@ -126,15 +126,19 @@ PreferOpt = Annotated[
     str,
     typer.Option(
         "--prefer",
-        help="quality (default): best quant that fits and reaches --min-tps; "
-        "speed: full-GPU plans first.",
+        help="balanced (default): the best quality a person would notice, at a usable speed, "
+        "experts in RAM only for a real quality step, never BF16; quality: the lowest KLD "
+        "that fits and reaches --min-tps; speed: the fastest plan above a quality floor.",
     ),
 ]
+# = quantpick.plan.planner.DEFAULT_MIN_TPS, kept here so the CLI does not import the planner to
+# show a default (tests/cli/test_cli_plan.py checks they agree).
+DEFAULT_MIN_TPS = 10.0
 MinTpsOpt = Annotated[
     float,
     typer.Option(
         "--min-tps",
-        help="Decode speed floor (upper bound, tok/s) for plans with experts in host memory.",
+        help="Expected decode speed floor (tok/s at the target context) for every plan.",
     ),
 ]
 AllowQ4Opt = Annotated[bool, typer.Option("--allow-q4-kv", help="Also consider a q4_0 KV cache.")]

@@ -13,6 +13,7 @@ import typer
 
 from quantpick.cli.core import app
 from quantpick.cli.options import (
+    DEFAULT_MIN_TPS,
     AllowQ4Opt,
     BOpt,
     CpuOnlyOpt,
@@ -55,10 +56,10 @@ def pick_cmd(
     ctx_size: CtxOpt = 0,
     parallel: NpOpt = 1,
     kv_unified: KvuOpt = False,
-    prefer: PreferOpt = "quality",
+    prefer: PreferOpt = "balanced",
     quant: QuantOpt = None,
     vision: VisionOpt = False,
-    min_tps: MinTpsOpt = 10.0,
+    min_tps: MinTpsOpt = DEFAULT_MIN_TPS,
     allow_q4_kv: AllowQ4Opt = False,
     kv: KvOpt = None,
     no_offload: NoOffloadOpt = False,
@@ -157,9 +158,9 @@ def max_context_cmd(
     quant: QuantOpt = None,
     parallel: NpOpt = 1,
     kv_unified: KvuOpt = False,
-    prefer: PreferOpt = "quality",
+    prefer: PreferOpt = "balanced",
     vision: VisionOpt = False,
-    min_tps: MinTpsOpt = 10.0,
+    min_tps: MinTpsOpt = DEFAULT_MIN_TPS,
     allow_q4_kv: AllowQ4Opt = False,
     kv: KvOpt = None,
     no_offload: NoOffloadOpt = False,

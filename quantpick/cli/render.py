@@ -159,6 +159,24 @@ def _print_footer(con: Any, est: Estimate, speed: SpeedEstimate, layout: ModelLa
         con.print(f"Note: {note}")
 
 
+def quality_dict(q: Any) -> dict[str, Any] | None:
+    """A Quality as JSON (plan/quality.py): mean KLD vs BF16 on the family scale, with its basis."""
+    if q is None:
+        return None
+    return {
+        "quant": q.quant,
+        "bits_per_weight": q.bpw,
+        "mean_kld": q.mean_kld,
+        "ppl_ratio": q.ppl_ratio,
+        "basis": q.basis,
+        "source": q.source,
+        "tier": q.tier,
+        "verdict": q.verdict,
+        "also_measured": list(q.also_measured),
+        "note": q.note,
+    }
+
+
 def plan_to_dict(p: Plan, machine: Machine, block_count: int) -> dict[str, Any]:
     """The plan as JSON: the chosen configuration, per-device bytes, speed, the llama-server
     flags it implies and every candidate with the reason it lost."""
@@ -178,6 +196,8 @@ def plan_to_dict(p: Plan, machine: Machine, block_count: int) -> dict[str, Any]:
         "cache_type_v": p.config.cache_type_v,
         "placement": p.placement,
         "policy": p.policy,
+        "why": p.why,
+        "quality": quality_dict(p.quality),
         "layout_basis": p.layout_basis,
         "machine": _machine_summary(machine),
         "config": _config_dict(p.config),
@@ -191,6 +211,8 @@ def plan_to_dict(p: Plan, machine: Machine, block_count: int) -> dict[str, Any]:
                 "fits": c.fits,
                 "feasible": c.feasible,
                 "reason": c.reason,
+                "mean_kld": c.quality.mean_kld if c.quality else None,
+                "quality_tier": c.quality.tier if c.quality else None,
                 "tokens_per_s_target": round(c.speed.tokens_per_s_target, 2) if c.speed else None,
                 "shortfall_bytes": c.shortfall_bytes,
                 "shortfall_device": c.shortfall_device,
@@ -217,6 +239,7 @@ def render_plan(p: Plan, machine: Machine, n_slots: int) -> None:
     from rich.table import Table
 
     from quantpick.cli import output
+    from quantpick.plan.planner import expected_tps
     from quantpick.units import gb, human
 
     con = output.stdout()
@@ -226,6 +249,14 @@ def render_plan(p: Plan, machine: Machine, n_slots: int) -> None:
         f"[bold]{p.model}[/] -> [bold green]{p.quant}[/] ({gb(size)}, {human(size)}), "
         f"KV {p.config.cache_type_k}, {p.placement}  [dim]({where})[/]"
     )
+    con.print(f"Why: {p.why}  [dim](policy {p.policy})[/]", soft_wrap=True)
+    if p.quality is not None:
+        q = p.quality
+        ppl = f", PPL x{q.ppl_ratio:.4f}" if q.ppl_ratio else ""
+        con.print(
+            f"Quality: mean KLD {q.mean_kld:.4f} vs BF16{ppl} ({q.basis}): {q.verdict}",
+            soft_wrap=True,
+        )
     con.print(
         _device_table(
             p.estimate, f"Per device at -c {p.config.ctx_size}, -np {p.config.n_parallel}"
@@ -238,11 +269,12 @@ def render_plan(p: Plan, machine: Machine, n_slots: int) -> None:
     con.print("llama-server flags: " + " ".join(_flags(p.config, n_slots)))
     con.print(f"Basis: {p.layout_basis}")
     table = Table(title="Candidates", title_justify="left")
-    for col in ("quant", "KV", "placement", "tok/s", "result"):
+    for col in ("quant", "KLD", "KV", "placement", "tok/s", "result"):
         table.add_column(col)
     for c in p.candidates:
-        tps = f"{c.speed.tokens_per_s_target:.1f}" if c.speed and c.fits else "-"
-        table.add_row(c.quant, c.cache_type, c.placement, tps, c.reason)
+        tps = f"{expected_tps(c.speed):.1f}" if c.speed and c.fits else "-"
+        kld = f"{c.quality.mean_kld:.4f}" if c.quality else "-"
+        table.add_row(c.quant, kld, c.cache_type, c.placement, tps, c.reason)
     con.print(table)
     for note in p.notes:
         output.note(f"Note: {note}")

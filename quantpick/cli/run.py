@@ -18,6 +18,7 @@ import typer
 
 from quantpick.cli.core import app
 from quantpick.cli.options import (
+    DEFAULT_MIN_TPS,
     AllowQ4Opt,
     CpuOnlyOpt,
     CtxOpt,
@@ -177,9 +178,9 @@ def command_cmd(
     ctx_size: CtxOpt = 0,
     parallel: NpOpt = 1,
     kv_unified: KvuOpt = False,
-    prefer: PreferOpt = "quality",
+    prefer: PreferOpt = "balanced",
     vision: VisionOpt = False,
-    min_tps: MinTpsOpt = 10.0,
+    min_tps: MinTpsOpt = DEFAULT_MIN_TPS,
     allow_q4_kv: AllowQ4Opt = False,
     kv: KvOpt = None,
     no_offload: NoOffloadOpt = False,
@@ -316,9 +317,9 @@ def get_cmd(
     quant: QuantOpt = None,
     parallel: NpOpt = 1,
     kv_unified: KvuOpt = False,
-    prefer: PreferOpt = "quality",
+    prefer: PreferOpt = "balanced",
     vision: VisionOpt = False,
-    min_tps: MinTpsOpt = 10.0,
+    min_tps: MinTpsOpt = DEFAULT_MIN_TPS,
     allow_q4_kv: AllowQ4Opt = False,
     kv: KvOpt = None,
     no_offload: NoOffloadOpt = False,

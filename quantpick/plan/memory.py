@@ -59,12 +59,36 @@ class RunConfig:
 
 @dataclass(frozen=True)
 class Overheads:
-    """What llama.cpp does not account for, per documented defaults (all configurable)."""
+    """What llama.cpp does not account for, and what the rest of the machine needs (all
+    configurable: --gpu-overhead, --margin, --gpu-reserve, --ram-reserve)."""
 
     gpu_context_bytes: int = 384 * MiB  # CUDA context + cuBLAS + kernels (notes: 0.3-0.6 GiB)
     # safety margin kept free (VMM pool growth, fragmentation): llama.cpp --fit-target default
     gpu_margin_bytes: int = 1 * GiB
-    host_margin_bytes: int = 1 * GiB  # the OS and everything else on the host
+    # A desktop session on the display card takes 0.3-2.5 GiB (real-cuda.md). A probed card
+    # shows it as used memory; a described card with nothing known in use keeps this much on the
+    # first GPU (the usual display card). 0 for a headless box.
+    gpu_desktop_bytes: int = 512 * MiB
+    # Host RAM kept for everything but the model. None: the rule of `host_reserve_bytes`.
+    host_reserve_bytes: int | None = None
+
+
+# Host reserve rule (documented in the README): a probed machine's available RAM already excludes
+# what runs now, so keep max(1 GiB, 5%) for growth; a described machine (nothing known in use)
+# keeps max(4 GiB, 25%) for the OS, a desktop session with a browser and the page cache -- what a
+# 32 GB desktop typically has in use (a desktop and browser: 4-8 GB).
+PROBED_HOST_RESERVE = (1 * GiB, 0.05)
+DESCRIBED_HOST_RESERVE = (4 * GiB, 0.25)
+
+
+def host_reserve_bytes(ram_total_bytes: int, ram_available_bytes: int, overheads: Overheads) -> int:
+    """RAM the plan leaves to the rest of the machine."""
+    if overheads.host_reserve_bytes is not None:
+        return overheads.host_reserve_bytes
+    floor, share = (
+        PROBED_HOST_RESERVE if ram_available_bytes < ram_total_bytes else DESCRIBED_HOST_RESERVE
+    )
+    return max(floor, int(share * ram_total_bytes))
 
 
 @dataclass(frozen=True)
@@ -409,11 +433,15 @@ def estimate(
             name, kind, device = gpu.name, "gpu", gpu_names[pos]
             free = gpu.free_bytes
             budget = free - overheads.gpu_margin_bytes
+            if pos == 0 and gpu.free_bytes >= gpu.total_bytes:
+                budget -= overheads.gpu_desktop_bytes
             gpu_index: int | None = gpu.index
         else:
             name, kind, device, gpu_index = "Host", "host", "CPU", None
             free = machine.host.ram_available_bytes
-            budget = free - overheads.host_margin_bytes
+            budget = free - host_reserve_bytes(
+                machine.host.ram_total_bytes, machine.host.ram_available_bytes, overheads
+            )
         total = a.weights + a.kv + a.recurrent + a.compute + a.overhead + a.projector
         devices.append(
             DeviceEstimate(

@@ -3,12 +3,17 @@
 Inputs are data (manifest, machine, a function giving each quant's layout, a request); the result is
 data (the chosen plan and every candidate with the reason it lost). No I/O, no environment.
 
+Quality is measured (plan/quality.py: mean KLD vs BF16 and a tier of what a person would notice);
+speed is expected (plan/speed.py); `min_tps` applies to the expected decode at the target context.
+
 Policies (`PlanRequest.prefer`):
-- "quality" (default): the highest-quality plan that fits every device and reaches `min_tps`; among
-  plans of equal quality a full-GPU plan beats one with experts in host memory, then the faster
-  one wins. More memory on any device can only add feasible plans, so it never lowers the pick.
-- "speed": plans that run fully on the GPUs first (the highest-quality quant that does); only when
-  none does, the highest-quality plan with expert offload that reaches `min_tps`.
+- "balanced" (default): the best quality tier that fits and is usable; experts in host RAM only
+  when they buy a tier over the best full-GPU plan; within the tier, the highest quality unless a
+  same-tier plan is safer (room) or meaningfully faster while speed is below comfortable. BF16 is
+  never picked by default.
+- "quality": the highest-quality plan (lowest KLD) that fits and reaches `min_tps`, BF16 included.
+- "speed": the fastest plan at or above the SPEED_FLOOR_TIER quality floor, full GPU first; when
+  nothing fits on the GPUs, the fastest offload plan (not the largest).
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from quantpick.machine.spec import Machine
 from quantpick.model.layout import ModelLayout
 from quantpick.model.manifest import Manifest, ModelFile
 from quantpick.plan.memory import Estimate, Overheads, RunConfig, estimate
+from quantpick.plan.quality import Quality, quality_of
 from quantpick.plan.speed import (
     DEFAULT_GPU_BANDWIDTH,
     DEFAULT_HOST_BANDWIDTH,
@@ -31,7 +37,9 @@ from quantpick.plan.speed import (
 
 GiB = 1024**3
 DEFAULT_KV_TYPES = ("f16", "q8_0")
+# A usable decode speed: about twice reading speed (people read ~5 tok/s of English).
 DEFAULT_MIN_TPS = 10.0
+POLICIES = ("balanced", "quality", "speed")
 # llama.cpp's --fit never shrinks below 4096 (fit-ctx default); the planner's smallest context.
 MIN_CONTEXT = 4096
 
@@ -44,10 +52,10 @@ class PlanRequest:
     n_parallel: int = 1
     kv_unified: bool = False
     kv_types: tuple[str, ...] = DEFAULT_KV_TYPES  # allowed, best first
-    prefer: str = "quality"  # "quality" | "speed"
+    prefer: str = "balanced"  # "balanced" | "quality" | "speed"
     quant: str | None = None  # fix the quant
     vision: bool = False
-    min_tps: float = DEFAULT_MIN_TPS  # for plans with experts (or layers) in host memory
+    min_tps: float = DEFAULT_MIN_TPS  # expected decode tok/s at the target context, every plan
     ubatch: int = 512
     batch: int = 2048
     flash_attn: str = "on"
@@ -69,6 +77,7 @@ class Candidate:
     speed: SpeedEstimate | None = None
     shortfall_bytes: int = 0  # does not fit: bytes over budget on the worst device
     shortfall_device: str | None = None
+    quality: Quality | None = None
 
 
 @dataclass(frozen=True)
@@ -85,6 +94,8 @@ class Plan:
     layout_basis: str
     candidates: tuple[Candidate, ...]
     notes: tuple[str, ...] = field(default_factory=tuple)
+    quality: Quality | None = None
+    why: str = ""  # the pick in one line
 
 
 # ----------------------------------------------------------------------------------------------
@@ -299,6 +310,23 @@ class _Search:
         return ("none", None, last_least)
 
 
+def _quality_order(manifest: Manifest, quants: list[str]) -> list[str]:
+    """Best first: lower mean KLD, then the manifest's rank (ties: the bigger file)."""
+    qual = {q: quality_for(manifest, q) for q in quants}
+    rank = {
+        f.quant: (f.quality_rank if f.quality_rank is not None else -1)
+        for f in manifest.files
+        if f.role == "model"
+    }
+    return sorted(quants, key=lambda q: (qual[q].mean_kld, -rank.get(q, -1)))
+
+
+def quality_for(manifest: Manifest, quant: str) -> Quality:
+    files = [f for f in manifest.files if f.quant == quant and f.role == "model"]
+    bpw = files[0].bits_per_weight if files else None
+    return quality_of(quant, bpw)
+
+
 def plan(
     manifest: Manifest,
     machine: Machine,
@@ -309,8 +337,8 @@ def plan(
 ) -> Plan:
     """The best plan for `request`; raises NoFitError (exit 3) when nothing fits."""
     overheads = overheads or Overheads()
-    if request.prefer not in ("quality", "speed"):
-        raise UsageError(f"--prefer {request.prefer}: use quality or speed")
+    if request.prefer not in POLICIES:
+        raise UsageError(f"--prefer {request.prefer}: use " + ", ".join(POLICIES))
     if not request.kv_types:
         raise UsageError("no KV cache type allowed")
     quants = list(manifest.quants)
@@ -343,13 +371,35 @@ def plan(
         for f in manifest.files
         if f.role == "model"
     }
+    qualities = {q: quality_for(manifest, q) for q in quants}
+    order = _quality_order(manifest, quants)
+    # The 16-bit weights are the reference, "not for daily use" (the model card): only when asked.
+    reference_ok = request.prefer == "quality" or request.quant is not None
+    layouts: dict[str, ModelLayout] = {}
 
     candidates: list[Candidate] = []
-    chosen: Candidate | None = None
-    chosen_layout: ModelLayout | None = None
-    # Candidate order: quant quality, then KV quality (the order given).
-    for quant in quants:
-        search: _Search | None = None  # built on first use: skipped quants need no layout
+    feasible: list[Candidate] = []
+    best_tier: int | None = None  # the tier of the best feasible plan found so far
+    for quant in order:
+        q = qualities[quant]
+        skip = None
+        if q.basis == "reference" and not reference_ok:
+            skip = "the 16-bit reference weights: not for daily use (--prefer quality or --quant)"
+        elif request.prefer == "quality" and feasible:
+            skip = f"lower quality than {feasible[0].quant}"
+        elif request.prefer == "balanced" and best_tier is not None and q.tier > best_tier:
+            skip = f"a lower quality tier than {feasible[0].quant} ({q.verdict})"
+        if skip is not None:
+            for kv in request.kv_types:
+                candidates.append(
+                    Candidate(quant, ranks[quant], kv, "not searched", False, False, skip,
+                              quality=q)
+                )  # fmt: skip
+            continue
+        layout = layouts[quant] = layout_of(quant)
+        search = _Search(
+            layout, machine, overheads, projector_bytes, bandwidths, request.efficiency, target
+        )
         for kv in request.kv_types:
             base = RunConfig(
                 ctx_size=target,
@@ -363,89 +413,57 @@ def plan(
                 vision=request.vision,
                 devices=devices,
             )
-            if (
-                chosen is not None
-                and request.prefer == "quality"
-                and ranks[quant] < chosen.quality_rank
-            ):
-                candidates.append(
-                    Candidate(
-                        quant,
-                        ranks[quant],
-                        kv,
-                        "not searched",
-                        False,
-                        False,
-                        f"lower quality than the chosen {chosen.quant}",
-                    )
-                )
-                continue
-            if search is None:
-                layout = layout_of(quant)
-                search = _Search(
-                    layout,
-                    machine,
-                    overheads,
-                    projector_bytes,
-                    bandwidths,
-                    request.efficiency,
-                    target,
-                )
             placement, best, least = search.place(base, request.allow_offload)
             if best is None:
                 over, where = _overflow(least)
                 dev_name = next((d.name for d in least.devices if d.device == where), where)
                 candidates.append(
                     Candidate(
-                        quant,
-                        ranks[quant],
-                        kv,
-                        "none",
-                        False,
-                        False,
+                        quant, ranks[quant], kv, "none", False, False,
                         f"too big by {over / GiB:.2f} GiB on {where} ({dev_name})",
-                        least.config,
-                        least,
-                        search.speed(least),
-                        over,
-                        where,
+                        least.config, least, search.speed(least), over, where, quality=q,
                     )
-                )
+                )  # fmt: skip
                 continue
             speed = search.speed(best)
-            needs_floor = placement != "gpu"
-            feasible = not needs_floor or speed.tokens_per_s_target >= request.min_tps
+            tps = expected_tps(speed)
+            ok = tps >= request.min_tps
             reason = (
-                f"fits: {placement}, {speed.tokens_per_s_target:.1f} tok/s at {target} tokens"
-                if feasible
-                else f"fits only with {placement} at {speed.tokens_per_s_target:.1f} tok/s, "
+                f"fits: {placement}, ~{tps:.0f} tok/s expected at {target} tokens"
+                if ok
+                else f"fits ({placement}) but ~{tps:.1f} tok/s expected at {target} tokens is "
                 f"below --min-tps {request.min_tps:g}"
             )
             cand = Candidate(
-                quant, ranks[quant], kv, placement, True, feasible, reason, best.config, best, speed
-            )
+                quant, ranks[quant], kv, placement, True, ok, reason, best.config, best, speed,
+                quality=q,
+            )  # fmt: skip
             candidates.append(cand)
-            if feasible and (
-                chosen is None or _better(cand, chosen, request.prefer, request.kv_types)
-            ):
-                chosen, chosen_layout = cand, layout
+            if ok:
+                feasible.append(cand)
+                best_tier = q.tier if best_tier is None else min(best_tier, q.tier)
 
-    if chosen is None or chosen_layout is None:
+    if not feasible:
         raise _no_fit(manifest, candidates, target, request)
+    chosen, why = choose(feasible, request.prefer, request.kv_types)
     final: list[Candidate] = []
     for c in candidates:
         if c is chosen:
-            c = replace(c, reason="chosen: " + c.reason)
+            c = replace(c, reason="chosen: " + why)
         elif c.feasible:
             c = replace(c, reason=_why_lost(c, chosen) + "; " + c.reason)
         final.append(c)
     assert chosen.config is not None and chosen.estimate is not None and chosen.speed is not None
+    assert chosen.quality is not None
+    chosen_layout = layouts[chosen.quant]
     notes = []
     if not chosen_layout.exact:
         notes.append(
             "weights from a synthesized tensor table (manifest size); "
             "use --exact for the GGUF header"
         )
+    if chosen.quality.note:
+        notes.append(chosen.quality.note)
     return Plan(
         model=manifest.id,
         quant=chosen.quant,
@@ -459,37 +477,184 @@ def plan(
         layout_basis=chosen_layout.basis,
         candidates=tuple(final),
         notes=tuple(notes),
+        quality=chosen.quality,
+        why=why,
     )
 
 
-def _better(a: Candidate, b: Candidate, prefer: str, kv_order: tuple[str, ...]) -> bool:
-    """Is candidate a preferred over b under the policy?
+# ---- the policies ------------------------------------------------------------------------------
 
-    Order: (speed policy: full-GPU first), quant quality, full-GPU over offload, the KV type
-    listed first (f16 before q8_0: quality), then the faster plan.
+# "balanced": judgment constants (policy choices, not measurements; docs in the README):
+# A faster plan is worth a quality step only when it is at least this much faster: speed
+# differences of 10-15% between runs of one configuration are common in the published data (the
+# same 4090 and file: 158 vs 164 tok/s across quants of one build, speed-measurements.json).
+MEANINGFUL_SPEEDUP = 1.25
+# Above this expected decode speed, more speed does not buy a (same-tier) smaller quant: a
+# 2,000-token reasoning trace then takes under a minute, and people read ~5-10 tok/s.
+COMFORTABLE_TPS = 40.0
+# Host RAM left with less than this share of its budget free counts as tight: other programs grow
+# (GPU budgets already keep --margin, as llama.cpp's --fit-target): a same-tier plan with room is
+# safer.
+TIGHT_FRACTION = 0.03
+# "speed": the fastest plan at or above this tier ("small loss" at most) when one fits.
+SPEED_FLOOR_TIER = 1
+
+
+def expected_tps(speed: SpeedEstimate) -> float:
+    """Expected decode tok/s at the target context (the figure policies and --min-tps use)."""
+    expected = getattr(speed, "expected", None)
+    if expected is not None:
+        return float(expected.decode_tps_target)
+    # Until the expected-speed model lands: a third of the bandwidth bound (the bound was 1.8-4.6x
+    # the measured figures, median 2.4x). Replaced by plan/speed.expected_speed.
+    return speed.tokens_per_s_target / 2.4
+
+
+def _tight(c: Candidate) -> bool:
+    assert c.estimate is not None
+    host = c.estimate.host
+    return host.headroom_bytes < TIGHT_FRACTION * max(host.budget_bytes, 1)
+
+
+def _kld(c: Candidate) -> float:
+    return c.quality.mean_kld if c.quality is not None else 1.0
+
+
+def _per_quant(cands: list[Candidate], kv_order: tuple[str, ...]) -> list[Candidate]:
+    """One plan per quant: full GPU over offload, the KV type listed first (f16: quality, and on
+    CUDA faster at depth) unless another is meaningfully faster."""
+    best: dict[str, Candidate] = {}
+    for c in cands:
+        cur = best.get(c.quant)
+        if cur is None:
+            best[c.quant] = c
+            continue
+        gpu_c, gpu_cur = c.placement == "gpu", cur.placement == "gpu"
+        if gpu_c != gpu_cur:
+            if gpu_c:
+                best[c.quant] = c
+            continue
+        assert c.speed is not None and cur.speed is not None
+        first = kv_order.index(c.cache_type) < kv_order.index(cur.cache_type)
+        faster = expected_tps(c.speed) >= MEANINGFUL_SPEEDUP * expected_tps(cur.speed)
+        slower = expected_tps(cur.speed) >= MEANINGFUL_SPEEDUP * expected_tps(c.speed)
+        if faster or (first and not slower):
+            best[c.quant] = c
+    return list(best.values())
+
+
+def choose(
+    feasible: list[Candidate], prefer: str, kv_order: tuple[str, ...]
+) -> tuple[Candidate, str]:
+    """The policy's pick among feasible candidates, and why, in one line."""
+    per_quant = _per_quant(feasible, kv_order)
+    if prefer == "quality":
+        c = min(per_quant, key=lambda c: (_kld(c), -c.quality_rank))
+        return c, _describe(c) + ": the highest quality that fits and reaches --min-tps"
+    if prefer == "speed":
+        floor = [
+            c for c in per_quant if c.quality is not None and c.quality.tier <= SPEED_FLOOR_TIER
+        ]
+        pool = floor or per_quant
+        gpu = [c for c in pool if c.placement == "gpu"]
+        pool = gpu or pool
+        c = max(pool, key=lambda c: (round(expected_tps(_s(c)), 1), -_kld(c)))
+        tail = "" if floor else " (nothing at or above the quality floor fits)"
+        return c, _describe(c) + ": the fastest plan" + tail
+    return _choose_balanced(per_quant)
+
+
+def _s(c: Candidate) -> SpeedEstimate:
+    assert c.speed is not None
+    return c.speed
+
+
+def _describe(c: Candidate) -> str:
+    assert c.quality is not None
+    where = {
+        "gpu": "fully on the GPUs",
+        "expert-offload": "experts partly in RAM",
+        "cpu": "on the CPU",
+    }
+    return (
+        f"{c.quant} ({c.quality.verdict.split(':')[0]}, KLD {c.quality.mean_kld:.4f}), "
+        f"{where.get(c.placement, c.placement)}, ~{expected_tps(_s(c)):.0f} tok/s"
+    )
+
+
+def _choose_balanced(per_quant: list[Candidate]) -> tuple[Candidate, str]:
+    """The quality a person can notice, at a speed they can live with, on the memory they have.
+
+    1. The best quality tier among the feasible plans. Experts in host RAM only when that buys a
+       tier over the best full-GPU plan (a step the data says is real).
+    2. In that tier and placement class, the highest-quality plan, unless it is tight and another
+       is not (safer), or it is below COMFORTABLE_TPS and another is MEANINGFUL_SPEEDUP faster.
     """
-    assert a.speed is not None and b.speed is not None
-    gpu_a, gpu_b = a.placement == "gpu", b.placement == "gpu"
-    if prefer == "speed" and gpu_a != gpu_b:
-        return gpu_a
-    if a.quality_rank != b.quality_rank:
-        return a.quality_rank > b.quality_rank
-    if gpu_a != gpu_b:
-        return gpu_a
-    kv_a, kv_b = kv_order.index(a.cache_type), kv_order.index(b.cache_type)
-    if kv_a != kv_b:
-        return kv_a < kv_b
-    return a.speed.tokens_per_s_target > b.speed.tokens_per_s_target
+    assert all(c.quality is not None for c in per_quant)
+    tier = min(c.quality.tier for c in per_quant if c.quality)
+    same_tier = [c for c in per_quant if c.quality and c.quality.tier == tier]
+    gpu_any = [c for c in per_quant if c.placement == "gpu"]
+    gpu_tier = [c for c in same_tier if c.placement == "gpu"]
+    extra = ""
+    if gpu_tier:
+        pool = gpu_tier
+        best_gpu_kld = min(_kld(c) for c in gpu_tier)
+        offload_better = [c for c in same_tier if c.placement != "gpu" and _kld(c) < best_gpu_kld]
+        if offload_better:
+            o = min(offload_better, key=_kld)
+            extra = (
+                f"; {o.quant} would need experts in RAM (~{expected_tps(_s(o)):.0f} tok/s) "
+                "for no quality step a person would notice"
+            )
+    else:
+        pool = same_tier
+        if gpu_any:
+            g = min(gpu_any, key=_kld)
+            assert g.quality is not None
+            extra = (
+                f"; experts in RAM buy a real quality step over the best full-GPU plan, "
+                f"{g.quant} ({g.quality.verdict.split(':')[0]})"
+            )
+    top = min(pool, key=lambda c: (_kld(c), -c.quality_rank))
+    pick, why = top, ""
+    if _tight(top):
+        roomy = [c for c in pool if not _tight(c)]
+        if roomy:
+            pick = min(roomy, key=lambda c: (_kld(c), -c.quality_rank))
+            why = f"; {top.quant} would leave the memory tight (under {TIGHT_FRACTION:.0%} free)"
+    base_tps = expected_tps(_s(pick))
+    if base_tps < COMFORTABLE_TPS:
+        faster = [
+            c
+            for c in pool
+            if expected_tps(_s(c)) >= MEANINGFUL_SPEEDUP * base_tps
+            and (not _tight(c) or _tight(pick))
+        ]
+        if faster:
+            alt = min(faster, key=lambda c: (_kld(c), -c.quality_rank))
+            why = (
+                f"; {expected_tps(_s(alt)) / base_tps:.1f}x faster than {pick.quant} "
+                f"(~{base_tps:.0f} tok/s), within the same quality tier (not noticeable)"
+            )
+            pick = alt
+    assert pick.quality is not None and top.quality is not None
+    if pick is not top:
+        gap = pick.quality.mean_kld - top.quality.mean_kld
+        why = f"; within {gap:.4f} KLD of {top.quant}" + why
+    return pick, _describe(pick) + why + extra
 
 
 def _why_lost(c: Candidate, chosen: Candidate) -> str:
-    if c.quality_rank < chosen.quality_rank:
-        return f"lower quality than {chosen.quant}"
     if c.quant == chosen.quant and c.cache_type != chosen.cache_type:
         return f"{chosen.cache_type} KV preferred"
-    if c.placement != "gpu" and chosen.placement == "gpu":
-        return "needs expert offload; a full-GPU plan exists"
-    return "slower"
+    if c.quality is not None and chosen.quality is not None:
+        if c.quality.tier > chosen.quality.tier:
+            return f"lower quality tier than {chosen.quant}"
+        if c.placement != "gpu" and chosen.placement == "gpu":
+            return "needs experts in RAM; a full-GPU plan of the same tier exists"
+        if _kld(c) > _kld(chosen):
+            return f"lower quality than {chosen.quant}"
+    return f"{chosen.quant} preferred by the {'policy'}"
 
 
 def _no_fit(
@@ -498,12 +663,12 @@ def _no_fit(
     failing = [c for c in candidates if c.placement != "not searched"]
     slow = [c for c in failing if c.fits and not c.feasible]
     if slow:
-        fastest = max(slow, key=lambda c: c.speed.tokens_per_s_target if c.speed else 0)
-        tps = fastest.speed.tokens_per_s_target if fastest.speed else 0
+        fastest = max(slow, key=lambda c: expected_tps(c.speed) if c.speed else 0)
+        tps = expected_tps(fastest.speed) if fastest.speed else 0
         return NoFitError(
             f"no plan of {manifest.id} reaches --min-tps {request.min_tps:g} at -c {target}: "
             f"the fastest, {fastest.quant} with {fastest.cache_type} KV ({fastest.placement}), "
-            f"predicts {tps:.1f} tok/s",
+            f"is expected to decode ~{tps:.1f} tok/s",
             hint=f"lower --min-tps (e.g. --min-tps {max(1, math.floor(tps))}) or the context",
         )
     smallest = min(failing, key=lambda c: c.shortfall_bytes) if failing else None
