@@ -22,6 +22,7 @@ from quantpick.cli.options import (
     GgufOpt,
     GpuOpt,
     GpuOverheadOpt,
+    GpuReserveOpt,
     HardwareOpt,
     JsonOpt,
     KvuOpt,
@@ -33,6 +34,7 @@ from quantpick.cli.options import (
     QuantOpt,
     RamBandwidthOpt,
     RamOpt,
+    RamReserveOpt,
     UbOpt,
     VisionOpt,
     load_manifest,
@@ -113,6 +115,8 @@ def estimate_cmd(
     llama_server: LlamaServerOpt = None,
     gpu_overhead: GpuOverheadOpt = None,
     margin: MarginOpt = None,
+    ram_reserve: RamReserveOpt = None,
+    gpu_reserve: GpuReserveOpt = None,
     ram_bandwidth: RamBandwidthOpt = None,
     exact: ExactOpt = False,
     no_network: NoNetworkOpt = False,
@@ -168,7 +172,7 @@ def estimate_cmd(
         layout,
         machine,
         config,
-        overheads=overheads_from_cli(gpu_overhead, margin),
+        overheads=overheads_from_cli(gpu_overhead, margin, ram_reserve, gpu_reserve),
         projector_bytes=projector_bytes,
     )
     speed = decode_speed(layout, est, device_bandwidths(machine))

@@ -103,6 +103,22 @@ MarginOpt = Annotated[
         help="Safety margin kept free on every GPU (default 1GiB, as llama.cpp --fit-target).",
     ),
 ]
+RamReserveOpt = Annotated[
+    Optional[str],  # noqa: UP045
+    typer.Option(
+        "--ram-reserve",
+        help="Host RAM left to everything else (default: max(4GiB, 25%) of a described machine's "
+        "RAM, max(1GiB, 5%) beyond what a probed machine already uses).",
+    ),
+]
+GpuReserveOpt = Annotated[
+    Optional[str],  # noqa: UP045
+    typer.Option(
+        "--gpu-reserve",
+        help="VRAM a desktop takes on the first GPU of a described machine (default 512MiB; 0 on a "
+        "headless box; a probed GPU reports it as used).",
+    ),
+]
 RamBandwidthOpt = Annotated[
     Optional[str],  # noqa: UP045
     typer.Option(
@@ -180,7 +196,12 @@ def machine_from_cli(
     return machine
 
 
-def overheads_from_cli(gpu_overhead: str | None, margin: str | None) -> Overheads:
+def overheads_from_cli(
+    gpu_overhead: str | None,
+    margin: str | None,
+    ram_reserve: str | None = None,
+    gpu_reserve: str | None = None,
+) -> Overheads:
     from dataclasses import replace
 
     from quantpick.plan.memory import Overheads
@@ -191,6 +212,10 @@ def overheads_from_cli(gpu_overhead: str | None, margin: str | None) -> Overhead
         o = replace(o, gpu_context_bytes=parse_size(gpu_overhead))
     if margin:
         o = replace(o, gpu_margin_bytes=parse_size(margin))
+    if ram_reserve:
+        o = replace(o, host_reserve_bytes=parse_size(ram_reserve))
+    if gpu_reserve:
+        o = replace(o, gpu_desktop_bytes=parse_size(gpu_reserve))
     return o
 
 

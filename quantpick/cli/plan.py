@@ -22,6 +22,7 @@ from quantpick.cli.options import (
     FaOpt,
     GpuOpt,
     GpuOverheadOpt,
+    GpuReserveOpt,
     HardwareOpt,
     JsonOpt,
     KvOpt,
@@ -37,6 +38,7 @@ from quantpick.cli.options import (
     QuantOpt,
     RamBandwidthOpt,
     RamOpt,
+    RamReserveOpt,
     UbOpt,
     VisionOpt,
     load_manifest,
@@ -79,6 +81,8 @@ def pick_cmd(
     llama_server: LlamaServerOpt = None,
     gpu_overhead: GpuOverheadOpt = None,
     margin: MarginOpt = None,
+    ram_reserve: RamReserveOpt = None,
+    gpu_reserve: GpuReserveOpt = None,
     ram_bandwidth: RamBandwidthOpt = None,
     exact: ExactOpt = False,
     no_network: NoNetworkOpt = False,
@@ -104,6 +108,8 @@ def pick_cmd(
             llama_server=llama_server,
             gpu_overhead=gpu_overhead,
             margin=margin,
+            ram_reserve=ram_reserve,
+            gpu_reserve=gpu_reserve,
             ram_bandwidth=ram_bandwidth,
             exact=exact,
             no_network=no_network,
@@ -134,7 +140,13 @@ def pick_cmd(
     layouts = LayoutSource(manifest, exact=exact, network=not no_network)
     from quantpick.pipeline import plan_exact
 
-    p = plan_exact(manifest, machine, layouts, request, overheads_from_cli(gpu_overhead, margin))
+    p = plan_exact(
+        manifest,
+        machine,
+        layouts,
+        request,
+        overheads_from_cli(gpu_overhead, margin, ram_reserve, gpu_reserve),
+    )
     n_slots = manifest.architecture.block_count + 1
     if layouts.problems:
         output.note(
@@ -171,6 +183,8 @@ def max_context_cmd(
     llama_server: LlamaServerOpt = None,
     gpu_overhead: GpuOverheadOpt = None,
     margin: MarginOpt = None,
+    ram_reserve: RamReserveOpt = None,
+    gpu_reserve: GpuReserveOpt = None,
     ram_bandwidth: RamBandwidthOpt = None,
     exact: ExactOpt = False,
     no_network: NoNetworkOpt = False,
@@ -201,7 +215,11 @@ def max_context_cmd(
 
     layout_of = LayoutSource(manifest, exact=exact, network=not no_network)
     limits = max_context(
-        manifest, machine, layout_of, request, overheads=overheads_from_cli(gpu_overhead, margin)
+        manifest,
+        machine,
+        layout_of,
+        request,
+        overheads=overheads_from_cli(gpu_overhead, margin, ram_reserve, gpu_reserve),
     )
     if json_:
         output.print_json(
