@@ -21,7 +21,15 @@ from quantpick.errors import NoFitError, UsageError
 from quantpick.machine.spec import Machine
 from quantpick.model.layout import ModelLayout
 from quantpick.model.manifest import Manifest, ModelFile
-from quantpick.plan.memory import Estimate, Overheads, RunConfig, estimate
+from quantpick.plan.memory import (
+    Estimate,
+    LlamaDevice,
+    Overheads,
+    RunConfig,
+    estimate,
+    llama_devices,
+    rpc_devices,
+)
 from quantpick.plan.speed import (
     DEFAULT_GPU_BANDWIDTH,
     DEFAULT_HOST_BANDWIDTH,
@@ -91,11 +99,20 @@ class Plan:
 
 
 def device_bandwidths(machine: Machine) -> dict[str, int]:
+    """Memory bandwidth per llama.cpp device name, RPC devices named as with every worker in
+    --rpc (the planner's default)."""
     bandwidths = {
         f"CUDA{g.index}": g.bandwidth_bytes_per_s or DEFAULT_GPU_BANDWIDTH for g in machine.gpus
     }
+    for d in rpc_devices(machine, all_workers(machine)):
+        bandwidths[d.name] = d.gpu.bandwidth_bytes_per_s or DEFAULT_GPU_BANDWIDTH
     bandwidths["CPU"] = machine.host.ram_bandwidth_bytes_per_s or DEFAULT_HOST_BANDWIDTH
     return bandwidths
+
+
+def all_workers(machine: Machine) -> tuple[str, ...]:
+    """Every RPC worker of the machine, as llama-server's --rpc lists them."""
+    return tuple(w.endpoint for w in machine.rpc_workers)
 
 
 def _overflow(est: Estimate) -> tuple[int, str | None]:
@@ -139,9 +156,10 @@ class _Search:
             efficiency=self.efficiency,
         )
 
-    def splits(self, n_gpu: int, n_slots: int) -> Iterable[tuple[int, ...]]:
-        """Candidate layer counts per GPU (contiguous, as -ts with integer counts)."""
-        gpus = self.machine.usable_gpus
+    def splits(self, devices: tuple[LlamaDevice, ...], n_slots: int) -> Iterable[tuple[int, ...]]:
+        """Candidate layer counts per device (contiguous, as -ts with integer counts)."""
+        gpus = [d.gpu for d in devices]
+        n_gpu = len(devices)
         if n_gpu == 1:
             yield (n_slots,)
             return
@@ -175,7 +193,8 @@ class _Search:
 
     def best_split(self, config: RunConfig) -> tuple[Estimate | None, Estimate]:
         """(the fastest fitting estimate or None, the least-overflowing estimate)."""
-        n_gpu = len(self.machine.usable_gpus)
+        devices = llama_devices(self.machine, config)
+        n_gpu = len(devices)
         n_slots = self.layout.n_slots
         best: Estimate | None = None
         best_speed = -1.0
@@ -185,7 +204,7 @@ class _Search:
             # Split-invariant lower bound: with every slot on the GPUs, their weights, KV and
             # state add up to the same bytes whatever the split, and the host's load does not
             # depend on it either. If either already overflows, no split can fit.
-            budgets = [g.free_bytes for g in self.machine.usable_gpus]
+            budgets = [d.gpu.free_bytes for d in devices]
             even = tuple(float(b) for b in budgets)
             probe = self.run(replace(config, tensor_split=even))
             fixed = sum(d.weights_bytes + d.kv_bytes + d.recurrent_bytes for d in probe.gpus)
@@ -200,7 +219,7 @@ class _Search:
                         config, tensor_split=tuple(float(c) for c in counts) if n_gpu > 1 else None
                     )
                 )
-                for counts in self.splits(n_gpu, n_slots)
+                for counts in self.splits(devices, n_slots)
             )
         for est in evaluated:
             over, _ = _overflow(est)
@@ -256,7 +275,9 @@ class _Search:
                     lo = mid + 1
             a_min = lo
         if a_min <= a_max:
-            for a in {a_min, a_max, (a_min + a_max) // 2}:
+            # The balanced split first, so that it wins a tie (two equal devices, or two RPC
+            # workers the speed model cannot tell apart) instead of leaving a device empty.
+            for a in dict.fromkeys(((a_min + a_max) // 2, a_min, a_max)):
                 yield get(a)
         else:
             # nothing fits: report the split that balances the overflow best
@@ -266,9 +287,9 @@ class _Search:
 
     def place(self, base: RunConfig, allow_offload: bool) -> tuple[str, Estimate | None, Estimate]:
         """(placement, the best fitting estimate or None, the least-overflowing estimate)."""
-        n_gpu = len(self.machine.usable_gpus)
+        n_gpu = len(llama_devices(self.machine, base))
         if n_gpu == 0:
-            est = self.run(replace(base, n_gpu_layers=0, devices=()))
+            est = self.run(replace(base, n_gpu_layers=0, devices=(), rpc_servers=()))
             return ("cpu", est if est.fits else None, est)
         best, least = self.best_split(base)
         if best is not None:
@@ -337,7 +358,11 @@ def plan(
     # A GPU whose query failed is left out of the plan, so name the ones used (--device): llama.cpp
     # would otherwise spread layers over every GPU it sees.
     usable = machine.usable_gpus
-    devices = None if len(usable) == len(machine.gpus) else tuple(g.index for g in usable)
+    rpc_servers = all_workers(machine)
+    devices: tuple[int | str, ...] | None = None
+    if len(usable) != len(machine.gpus):
+        remote = rpc_devices(machine, rpc_servers)
+        devices = (*(d.name for d in remote), *(g.index for g in usable))
     ranks = {
         f.quant: (f.quality_rank if f.quality_rank is not None else -1)
         for f in manifest.files
@@ -362,6 +387,7 @@ def plan(
                 batch=request.batch,
                 vision=request.vision,
                 devices=devices,
+                rpc_servers=rpc_servers,
             )
             if (
                 chosen is not None
