@@ -467,6 +467,26 @@ def plan(
         final.append(c)
     assert chosen.config is not None and chosen.estimate is not None and chosen.speed is not None
     notes = []
+    config, est, speed = chosen.config, chosen.estimate, chosen.speed
+    idle = _idle_workers(est)
+    if idle:
+        # llama-server connects to (and holds) every --rpc worker, even one holding nothing.
+        config = _without_workers(machine, config, est, idle)
+        est = estimate(
+            chosen_layout, machine, config, overheads=overheads, projector_bytes=projector_bytes
+        )
+        speed = decode_speed(
+            chosen_layout, est, bandwidths, target_context=target, efficiency=request.efficiency
+        )
+        final = [
+            replace(c, config=config, estimate=est, speed=speed)
+            if c.reason.startswith("chosen")
+            else c
+            for c in final
+        ]
+        notes.append(
+            "RPC worker(s) " + ", ".join(idle) + " hold no layer in this plan: left out of --rpc"
+        )
     if not chosen_layout.exact:
         notes.append(
             "weights from a synthesized tensor table (manifest size); "
@@ -477,15 +497,48 @@ def plan(
         quant=chosen.quant,
         files=manifest.quant_files(chosen.quant),
         projector=projector,
-        config=chosen.config,
-        estimate=chosen.estimate,
-        speed=chosen.speed,
+        config=config,
+        estimate=est,
+        speed=speed,
         placement=chosen.placement,
         policy=request.prefer,
         layout_basis=chosen_layout.basis,
         candidates=tuple(final),
         notes=tuple(notes),
     )
+
+
+def _idle_workers(est: Estimate) -> tuple[str, ...]:
+    """RPC workers none of whose devices holds a layer or a weight."""
+    used: dict[str, bool] = {}
+    for d in est.gpus:
+        if d.endpoint is not None:
+            used[d.endpoint] = used.get(d.endpoint, False) or bool(d.layers or d.weights_bytes)
+    return tuple(ep for ep, busy in used.items() if not busy)
+
+
+def _without_workers(
+    machine: Machine, config: RunConfig, est: Estimate, idle: tuple[str, ...]
+) -> RunConfig:
+    """`config` without the `idle` workers: out of --rpc, their -ts entries dropped, and the
+    remaining RPC devices renamed (llama-server numbers them over the --rpc list)."""
+    servers = tuple(ep for ep in config.rpc_servers if ep not in idle)
+    split = config.tensor_split
+    if split is not None:
+        split = (
+            tuple(s for s, d in zip(split, est.gpus, strict=False) if d.endpoint not in idle)
+            or None
+        )
+    devices = config.devices
+    if devices is not None:
+        old = {d.name: (d.endpoint, d.gpu.index) for d in rpc_devices(machine, config.rpc_servers)}
+        new = {(d.endpoint, d.gpu.index): d.name for d in rpc_devices(machine, servers)}
+        devices = tuple(
+            new[old[d]] if isinstance(d, str) and d in old else d
+            for d in devices
+            if not (isinstance(d, str) and d in old and old[d][0] in idle)
+        )
+    return replace(config, rpc_servers=servers, tensor_split=split, devices=devices)
 
 
 def _better(a: Candidate, b: Candidate, prefer: str, kv_order: tuple[str, ...]) -> bool:

@@ -349,3 +349,40 @@ def test_two_equal_workers_share_the_layers() -> None:
              PlanRequest(ctx_size=8192, quant="Q4_K_M"))  # fmt: skip
     a, b = (len(d.layers) for d in p.estimate.gpus)
     assert abs(a - b) <= 1  # a tie goes to the balanced split, not to an empty worker
+
+
+def test_a_worker_left_empty_is_left_out_of_rpc() -> None:
+    # Q4_K_M at a small context fits the 3090 alone, and the 3090 is the faster device.
+    here = machine(gpu(0, 24, 936))
+    m = with_workers(here, ("10.0.0.7:50052", gpu(0, 15, 320)))
+    p = plan(MANIFEST, m, layout_of, PlanRequest(ctx_size=8192, quant="Q4_K_M", prefer="speed"))
+    assert p.config.rpc_servers == ()
+    assert [d.device for d in p.estimate.gpus] == ["CUDA0"]
+    assert any("10.0.0.7:50052 hold no layer" in n for n in p.notes)
+    chosen = next(c for c in p.candidates if c.reason.startswith("chosen"))
+    assert chosen.config == p.config
+
+
+def test_dropping_a_worker_renumbers_the_rpc_devices() -> None:
+    from quantpick.plan.memory import estimate as run
+    from quantpick.plan.planner import _without_workers
+
+    broken = Gpu(index=1, name="GPU1", total_bytes=24 * GiB, free_bytes=0, error="Unknown Error")
+    m = with_workers(
+        machine(gpu(0, 24, 936), broken),
+        ("10.0.0.7:50052", gpu(0, 15, 320)),
+        ("10.0.0.8:50052", gpu(0, 12, 360)),
+    )
+    config = RunConfig(
+        ctx_size=4096,
+        rpc_servers=("10.0.0.7:50052", "10.0.0.8:50052"),
+        devices=("RPC0", "RPC1", 0),
+        tensor_split=(0.0, 10.0, 32.0),
+    )
+    est = run(layout_of("Q4_K_M"), m, config)
+    slim = _without_workers(m, config, est, ("10.0.0.7:50052",))
+    assert slim.rpc_servers == ("10.0.0.8:50052",)
+    assert slim.devices == ("RPC0", 0)  # the second worker's device is RPC0 now
+    assert slim.tensor_split == (10.0, 32.0)
+    after = run(layout_of("Q4_K_M"), m, slim)
+    assert [len(d.layers) for d in after.gpus] == [len(d.layers) for d in est.gpus[1:]]
