@@ -36,6 +36,10 @@ from quantpick.cli.options import (
     QuantOpt,
     RamBandwidthOpt,
     RamOpt,
+    RpcBandwidthOpt,
+    RpcDeviceOpt,
+    RpcLatencyOpt,
+    RpcOpt,
     UbOpt,
     VisionOpt,
     load_manifest,
@@ -79,6 +83,10 @@ def pick_cmd(
     gpu_overhead: GpuOverheadOpt = None,
     margin: MarginOpt = None,
     ram_bandwidth: RamBandwidthOpt = None,
+    rpc: RpcOpt = None,
+    rpc_device: RpcDeviceOpt = None,
+    rpc_bandwidth: RpcBandwidthOpt = None,
+    rpc_latency: RpcLatencyOpt = None,
     exact: ExactOpt = False,
     no_network: NoNetworkOpt = False,
     json_: JsonOpt = False,
@@ -104,6 +112,10 @@ def pick_cmd(
             gpu_overhead=gpu_overhead,
             margin=margin,
             ram_bandwidth=ram_bandwidth,
+            rpc=rpc,
+            rpc_device=rpc_device,
+            rpc_bandwidth=rpc_bandwidth,
+            rpc_latency=rpc_latency,
             exact=exact,
             no_network=no_network,
             json_=json_,
@@ -112,7 +124,18 @@ def pick_cmd(
     from quantpick.cli import output
 
     manifest = load_manifest(model)
-    machine = machine_from_cli(hardware, gpu, ram, cpu_only, llama_server, ram_bandwidth)
+    machine = machine_from_cli(
+        hardware,
+        gpu,
+        ram,
+        cpu_only,
+        llama_server,
+        ram_bandwidth,
+        rpc=rpc,
+        rpc_device=rpc_device,
+        rpc_bandwidth=rpc_bandwidth,
+        rpc_latency=rpc_latency,
+    )
     request = plan_request(
         ctx_size,
         parallel,
@@ -171,6 +194,10 @@ def max_context_cmd(
     gpu_overhead: GpuOverheadOpt = None,
     margin: MarginOpt = None,
     ram_bandwidth: RamBandwidthOpt = None,
+    rpc: RpcOpt = None,
+    rpc_device: RpcDeviceOpt = None,
+    rpc_bandwidth: RpcBandwidthOpt = None,
+    rpc_latency: RpcLatencyOpt = None,
     exact: ExactOpt = False,
     no_network: NoNetworkOpt = False,
     json_: JsonOpt = False,
@@ -180,7 +207,18 @@ def max_context_cmd(
     from quantpick.plan.planner import max_context
 
     manifest = load_manifest(model)
-    machine = machine_from_cli(hardware, gpu, ram, cpu_only, llama_server, ram_bandwidth)
+    machine = machine_from_cli(
+        hardware,
+        gpu,
+        ram,
+        cpu_only,
+        llama_server,
+        ram_bandwidth,
+        rpc=rpc,
+        rpc_device=rpc_device,
+        rpc_bandwidth=rpc_bandwidth,
+        rpc_latency=rpc_latency,
+    )
     request = plan_request(
         0,
         parallel,

@@ -445,7 +445,7 @@ vram = "20G"
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ('[[rpc]]\nendpoint = "box"\ngpus = ["t4"]\n[host]\nram="8G"\ncores=2', "cannot read RPC worker"),
+        ('[[rpc]]\nendpoint = "box"\ngpus = ["t4"]\n[host]\nram="8G"\ncores=2', "cannot read RPC"),
         ('[[rpc]]\ngpus = ["t4"]\n[host]\nram="8G"\ncores=2', "needs endpoint"),
         ('[[rpc]]\nendpoint = "h:1"\ncolour = 1\n[host]\nram="8G"\ncores=2', "unknown key"),
         ('[[rpc]]\nendpoint = "h:1"\ngpus=["t4"]\nlatency=3\n[host]\nram="8G"\ncores=2', "0.3ms"),
