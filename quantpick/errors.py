@@ -12,6 +12,7 @@ class ExitCode(IntEnum):
     NO_FIT = 3  # planner: nothing fits the machine at the requested context
     VERIFY_FAILED = 4  # a checksum or size mismatch
     DOWNLOAD_FAILED = 5  # network / hub failure after retries
+    RPC_WORKER = 6  # an llama.cpp RPC worker is unreachable, busy or speaks another protocol
     INTERRUPTED = 130  # 128 + SIGINT
 
 
@@ -60,3 +61,10 @@ class DownloadError(QuantpickError):
     """A transfer or hub failure after retries (exit 5)."""
 
     exit_code = ExitCode.DOWNLOAD_FAILED
+
+
+class RpcWorkerError(QuantpickError):
+    """An llama.cpp RPC worker (ggml-rpc-server) that cannot be read (exit 6): unreachable, busy
+    with another client, or speaking another protocol version."""
+
+    exit_code = ExitCode.RPC_WORKER

@@ -35,6 +35,10 @@ from quantpick.cli.options import (
     RamBandwidthOpt,
     RamOpt,
     RamReserveOpt,
+    RpcBandwidthOpt,
+    RpcDeviceOpt,
+    RpcLatencyOpt,
+    RpcOpt,
     UbOpt,
     VisionOpt,
     load_manifest,
@@ -98,7 +102,8 @@ def estimate_cmd(
     batch: BOpt = 2048,
     flash_attn: FaOpt = "on",
     device: Annotated[
-        str | None, typer.Option("-dev", "--device", help="GPUs to use: CUDA0,CUDA1 or none.")
+        str | None,
+        typer.Option("-dev", "--device", help="Devices to use: CUDA0,RPC0,... or none."),
     ] = None,  # noqa: UP045
     no_kv_offload: Annotated[
         bool, typer.Option("-nkvo", "--no-kv-offload", help="Keep KV cache in host memory.")
@@ -118,6 +123,10 @@ def estimate_cmd(
     ram_reserve: RamReserveOpt = None,
     gpu_reserve: GpuReserveOpt = None,
     ram_bandwidth: RamBandwidthOpt = None,
+    rpc: RpcOpt = None,
+    rpc_device: RpcDeviceOpt = None,
+    rpc_bandwidth: RpcBandwidthOpt = None,
+    rpc_latency: RpcLatencyOpt = None,
     exact: ExactOpt = False,
     no_network: NoNetworkOpt = False,
     json_: JsonOpt = False,
@@ -129,7 +138,18 @@ def estimate_cmd(
     from quantpick.plan.planner import device_bandwidths
     from quantpick.plan.speed import decode_speed
 
-    machine = machine_from_cli(hardware, gpu, ram, cpu_only, llama_server, ram_bandwidth)
+    machine = machine_from_cli(
+        hardware,
+        gpu,
+        ram,
+        cpu_only,
+        llama_server,
+        ram_bandwidth,
+        rpc=rpc,
+        rpc_device=rpc_device,
+        rpc_bandwidth=rpc_bandwidth,
+        rpc_latency=rpc_latency,
+    )
     layout, manifest, label = _resolve_layout(
         model, quant, gguf, exact=exact, network=not no_network
     )
@@ -162,6 +182,7 @@ def estimate_cmd(
         vision=vision,
         spec_draft_n=spec_draft,
         devices=devices,
+        rpc_servers=tuple(w.endpoint for w in machine.rpc_workers),
     )
     projector_bytes = 0
     if vision:
@@ -264,17 +285,21 @@ def _parse_overrides(items: list[str]) -> tuple[tuple[str, str], ...]:
     return tuple(pairs)
 
 
-def _parse_devices(text: str | None, machine: Machine) -> tuple[int, ...] | None:
+def _parse_devices(text: str | None, machine: Machine) -> tuple[int | str, ...] | None:
+    """--device: local GPUs as their index (CUDA<i>), RPC devices by name (RPC<k>)."""
     from quantpick.errors import UsageError
 
     if text is None:
         return None
     if text.strip().lower() == "none":
         return ()
-    out = []
+    out: list[int | str] = []
     for part in text.split(","):
         name = part.strip().upper()
-        if not name.startswith("CUDA") or not name[4:].isdigit():
-            raise UsageError(f"--device {part}: use CUDA0,CUDA1,... or none")
-        out.append(int(name[4:]))
+        if name.startswith("CUDA") and name[4:].isdigit():
+            out.append(int(name[4:]))
+        elif name.startswith("RPC") and name[3:].isdigit():
+            out.append(name)
+        else:
+            raise UsageError(f"--device {part}: use CUDA0,RPC0,... or none")
     return tuple(out)

@@ -41,6 +41,55 @@ RamOpt = Annotated[
 CpuOnlyOpt = Annotated[
     bool, typer.Option("--cpu-only", help="Plan without GPUs (ignores any probed GPU).")
 ]
+# llama.cpp RPC workers: other machines' devices, reached by llama-server --rpc. Every command
+# that takes a machine takes these (probe, pick, max-context, estimate, get, command; a future
+# `bench` passes them to machine_from_cli the same way).
+RpcOpt = Annotated[
+    Optional[list[str]],  # noqa: UP045
+    typer.Option(
+        "--rpc",
+        help="An llama.cpp RPC worker (ggml-rpc-server) to read now: HOST:PORT. Repeatable, in "
+        "llama-server --rpc order (its devices become RPC0, RPC1, ...).",
+    ),
+]
+RpcDeviceOpt = Annotated[
+    Optional[list[str]],  # noqa: UP045
+    typer.Option(
+        "--rpc-device",
+        help="Describe an RPC worker's device: HOST:PORT=GPU[:VRAM[:BANDWIDTH]] (e.g. "
+        "192.168.1.20:50052=t4). Repeatable; repeat an endpoint for each of its devices.",
+    ),
+]
+RpcBandwidthOpt = Annotated[
+    Optional[str],  # noqa: UP045
+    typer.Option(
+        "--rpc-bandwidth",
+        help="Head-to-worker network bandwidth (e.g. 1.1GB/s; default 117MB/s, 1 GbE goodput).",
+    ),
+]
+RpcLatencyOpt = Annotated[
+    Optional[str],  # noqa: UP045
+    typer.Option(
+        "--rpc-latency",
+        help="Head-to-worker round trip (e.g. 0.3ms; default: measured when probed, else 0.3ms).",
+    ),
+]
+RpcBindOpt = Annotated[
+    Optional[str],  # noqa: UP045
+    typer.Option(
+        "--rpc-bind",
+        help="Address every worker's ggml-rpc-server binds (-H); default: the address the head "
+        "reaches it at. 0.0.0.0 exposes the worker to every network it is on.",
+    ),
+]
+RpcCacheOpt = Annotated[
+    bool,
+    typer.Option(
+        "--rpc-cache/--no-rpc-cache",
+        help="Workers keep received weights on disk (ggml-rpc-server -c): faster reloads.",
+    ),
+]
+
 LlamaServerOpt = Annotated[
     Optional[Path],  # noqa: UP045
     typer.Option("--llama-server", help="The llama-server binary to inspect (default: PATH)."),
@@ -177,6 +226,10 @@ def machine_from_cli(
     cpu_only: bool,
     llama_server: Path | None,
     ram_bandwidth: str | None,
+    rpc: list[str] | None = None,
+    rpc_device: list[str] | None = None,
+    rpc_bandwidth: str | None = None,
+    rpc_latency: str | None = None,
 ) -> Machine:
     from dataclasses import replace
 
@@ -185,7 +238,18 @@ def machine_from_cli(
 
     # llama-server is not run here: planning does not need it, and `get`/`command` inspect the
     # binary they target when they build the command (server_flags.capabilities_for).
-    machine = machine_from_options(hardware, gpu, ram, cpu_only, llama_server, inspect_server=False)
+    machine = machine_from_options(
+        hardware,
+        gpu,
+        ram,
+        cpu_only,
+        llama_server,
+        inspect_server=False,
+        rpc=rpc,
+        rpc_device=rpc_device,
+        rpc_bandwidth=rpc_bandwidth,
+        rpc_latency=rpc_latency,
+    )
     for line in machine.notes:
         output.note(f"Note: {line}")
     if ram_bandwidth:

@@ -39,6 +39,10 @@ from quantpick.cli.options import (
     RamBandwidthOpt,
     RamOpt,
     RamReserveOpt,
+    RpcBandwidthOpt,
+    RpcDeviceOpt,
+    RpcLatencyOpt,
+    RpcOpt,
     UbOpt,
     VisionOpt,
     load_manifest,
@@ -84,6 +88,10 @@ def pick_cmd(
     ram_reserve: RamReserveOpt = None,
     gpu_reserve: GpuReserveOpt = None,
     ram_bandwidth: RamBandwidthOpt = None,
+    rpc: RpcOpt = None,
+    rpc_device: RpcDeviceOpt = None,
+    rpc_bandwidth: RpcBandwidthOpt = None,
+    rpc_latency: RpcLatencyOpt = None,
     exact: ExactOpt = False,
     no_network: NoNetworkOpt = False,
     json_: JsonOpt = False,
@@ -111,6 +119,10 @@ def pick_cmd(
             ram_reserve=ram_reserve,
             gpu_reserve=gpu_reserve,
             ram_bandwidth=ram_bandwidth,
+            rpc=rpc,
+            rpc_device=rpc_device,
+            rpc_bandwidth=rpc_bandwidth,
+            rpc_latency=rpc_latency,
             exact=exact,
             no_network=no_network,
             json_=json_,
@@ -119,7 +131,18 @@ def pick_cmd(
     from quantpick.cli import output
 
     manifest = load_manifest(model)
-    machine = machine_from_cli(hardware, gpu, ram, cpu_only, llama_server, ram_bandwidth)
+    machine = machine_from_cli(
+        hardware,
+        gpu,
+        ram,
+        cpu_only,
+        llama_server,
+        ram_bandwidth,
+        rpc=rpc,
+        rpc_device=rpc_device,
+        rpc_bandwidth=rpc_bandwidth,
+        rpc_latency=rpc_latency,
+    )
     request = plan_request(
         ctx_size,
         parallel,
@@ -186,6 +209,10 @@ def max_context_cmd(
     ram_reserve: RamReserveOpt = None,
     gpu_reserve: GpuReserveOpt = None,
     ram_bandwidth: RamBandwidthOpt = None,
+    rpc: RpcOpt = None,
+    rpc_device: RpcDeviceOpt = None,
+    rpc_bandwidth: RpcBandwidthOpt = None,
+    rpc_latency: RpcLatencyOpt = None,
     exact: ExactOpt = False,
     no_network: NoNetworkOpt = False,
     json_: JsonOpt = False,
@@ -195,7 +222,18 @@ def max_context_cmd(
     from quantpick.plan.planner import max_context
 
     manifest = load_manifest(model)
-    machine = machine_from_cli(hardware, gpu, ram, cpu_only, llama_server, ram_bandwidth)
+    machine = machine_from_cli(
+        hardware,
+        gpu,
+        ram,
+        cpu_only,
+        llama_server,
+        ram_bandwidth,
+        rpc=rpc,
+        rpc_device=rpc_device,
+        rpc_bandwidth=rpc_bandwidth,
+        rpc_latency=rpc_latency,
+    )
     request = plan_request(
         0,
         parallel,

@@ -4,6 +4,7 @@ Usage:
     quantpick probe
     quantpick probe --json > box.json        # later: quantpick pick MODEL --hardware box.json
     quantpick probe --gpu 3090 --gpu t4      # the reference box, described
+    quantpick probe --rpc 192.168.1.20:50052 # and the devices of an llama.cpp RPC worker
 """
 
 from __future__ import annotations
@@ -14,7 +15,18 @@ from typing import TYPE_CHECKING, Annotated, Optional
 import typer
 
 from quantpick.cli.core import app
-from quantpick.cli.options import CpuOnlyOpt, GpuOpt, HardwareOpt, JsonOpt, LlamaServerOpt, RamOpt
+from quantpick.cli.options import (
+    CpuOnlyOpt,
+    GpuOpt,
+    HardwareOpt,
+    JsonOpt,
+    LlamaServerOpt,
+    RamOpt,
+    RpcBandwidthOpt,
+    RpcDeviceOpt,
+    RpcLatencyOpt,
+    RpcOpt,
+)
 
 if TYPE_CHECKING:
     from quantpick.machine.spec import Machine
@@ -32,6 +44,8 @@ PROBE_EXAMPLES = [
     "quantpick probe",
     "quantpick probe --json > box.json",
     "quantpick probe --gpu 3090 --gpu t4 --ram 64G",
+    "quantpick probe --rpc 192.168.1.20:50052 --json > cluster.json",
+    "quantpick probe --rpc-device 192.168.1.20:50052=t4 --rpc-bandwidth 1.1GB/s",
 ]
 
 
@@ -48,12 +62,27 @@ def probe(
     cpu_only: CpuOnlyOpt = False,
     llama_server: LlamaServerOpt = None,
     dir_: DirOpt = None,
+    rpc: RpcOpt = None,
+    rpc_device: RpcDeviceOpt = None,
+    rpc_bandwidth: RpcBandwidthOpt = None,
+    rpc_latency: RpcLatencyOpt = None,
 ) -> None:
-    """Show the GPUs, RAM, CPU, disk and llama-server that planning will use."""
+    """Show the GPUs, RAM, CPU, disk, llama-server and RPC workers that planning will use."""
     from quantpick.cli import output
     from quantpick.machine.describe import machine_from_options
 
-    machine = machine_from_options(hardware, gpu, ram, cpu_only, llama_server, dir_)
+    machine = machine_from_options(
+        hardware,
+        gpu,
+        ram,
+        cpu_only,
+        llama_server,
+        dir_,
+        rpc=rpc,
+        rpc_device=rpc_device,
+        rpc_bandwidth=rpc_bandwidth,
+        rpc_latency=rpc_latency,
+    )
     for line in machine.notes:
         output.note(f"Note: {line}")
     if json_:
@@ -121,7 +150,7 @@ def render_machine(machine: Machine) -> None:
             )
         console.print(table)
     else:
-        console.print("GPUs: none (CPU only)")
+        console.print("GPUs: none here" if machine.rpc_workers else "GPUs: none (CPU only)")
     if machine.driver_version:
         console.print(f"Driver: {machine.driver_version}")
     host = machine.host
@@ -135,6 +164,8 @@ def render_machine(machine: Machine) -> None:
     console.print(f"CPU: {host.cpu_cores} cores{threads}")
     if machine.disk_free_bytes is not None:
         console.print(f"Disk: {human(machine.disk_free_bytes)} free at {machine.disk_path}")
+    if machine.rpc_workers:
+        console.print(_worker_table(machine))
     server = machine.llama_server
     if server is None:
         console.print("llama-server: not found")
@@ -145,3 +176,43 @@ def render_machine(machine: Machine) -> None:
         parts += [f"build {server.build}"] if server.build is not None else []
         parts += [f"commit {server.commit}"] if server.commit else []
         console.print(f"llama-server: {server.path} ({', '.join(parts)})")
+
+
+def _worker_table(machine: Machine) -> object:
+    """The RPC workers' devices under the names llama-server gives them (RPC0, RPC1, ...)."""
+    from rich import box
+    from rich.table import Table
+
+    table = Table(
+        title="RPC workers (llama-server --rpc "
+        + ",".join(w.endpoint for w in machine.rpc_workers)
+        + ")",
+        title_justify="left",
+        box=box.SIMPLE_HEAD,
+        show_edge=False,
+        pad_edge=False,
+    )
+    for column, right in (
+        ("device", False), ("worker", False), ("how", False), ("GPU", False),
+        ("VRAM GiB", True), ("free", True), ("GB/s", True), ("link", False),
+    ):  # fmt: skip
+        table.add_column(column, justify="right" if right else "left", no_wrap=True)
+    n = 0
+    for w in machine.rpc_workers:
+        net = w.network
+        link = f"{net.bandwidth_bytes_per_s / 1e6:.0f} MB/s, {net.rtt_s * 1e3:.2f} ms RTT"
+        how = f"probed (protocol {w.protocol})" if w.probed else "described"
+        for g in w.devices:
+            bandwidth = g.bandwidth_bytes_per_s
+            table.add_row(
+                f"RPC{n}",
+                w.endpoint,
+                how,
+                _short_name(g.name),
+                _gib(g.total_bytes),
+                _gib(g.free_bytes),
+                f"{bandwidth / 1e9:.0f}" if bandwidth else "-",
+                link,
+            )
+            n += 1
+    return table

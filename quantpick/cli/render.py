@@ -35,6 +35,7 @@ def _device_dict(d: Any) -> dict[str, Any]:
         "attention_layers": list(d.attention_layers),
         "recurrent_layers": list(d.recurrent_layers),
         "expert_layers": list(d.expert_layers),
+        "endpoint": d.endpoint,
     }
 
 
@@ -86,6 +87,10 @@ def _machine_summary(machine: Machine) -> dict[str, Any]:
         "described": machine.described,
         "source": machine.source,
         "gpus": [g.name for g in machine.usable_gpus],
+        "rpc_workers": [
+            {"endpoint": w.endpoint, "devices": [g.name for g in w.devices], "probed": w.probed}
+            for w in machine.rpc_workers
+        ],
     }
 
 

@@ -6,6 +6,7 @@ Usage:
     quantpick get qwen3.8-35b-a3b-distill -c 131072 --gpu 3090 --gpu t4 --dry-run --json
     quantpick get qwen3.8-35b-a3b-distill -c 65536 --script ~/bin/serve-qwen
     quantpick command --gguf ./Qwen3.8-35B-A3B-Q4_K_M.gguf -c 65536
+    quantpick get qwen3.8-35b-a3b-distill -c 131072 --rpc 192.168.1.20:50052 --script ~/bin/serve
 """
 
 from __future__ import annotations
@@ -43,6 +44,12 @@ from quantpick.cli.options import (
     RamBandwidthOpt,
     RamOpt,
     RamReserveOpt,
+    RpcBandwidthOpt,
+    RpcBindOpt,
+    RpcCacheOpt,
+    RpcDeviceOpt,
+    RpcLatencyOpt,
+    RpcOpt,
     VisionOpt,
     load_manifest,
     machine_from_cli,
@@ -55,7 +62,7 @@ if TYPE_CHECKING:
     from quantpick.model.layout import ModelLayout
     from quantpick.model.manifest import Manifest
     from quantpick.plan.planner import Plan
-    from quantpick.serve.command import ServerCommand, ServerOptions
+    from quantpick.serve.command import ServerCommand, ServerOptions, WorkerCommand
     from quantpick.serve.flags import ServerCapabilities
 
 FORMATS = ("line", "script", "json", "env")
@@ -117,6 +124,31 @@ def _capabilities(machine: Machine, llama_server: Path | None) -> ServerCapabili
     return capabilities_for(path)
 
 
+def _worker_commands(
+    p: Plan, machine: Machine, bind: str | None, cache: bool
+) -> tuple[WorkerCommand, ...]:
+    """The ggml-rpc-server line of every worker the plan uses, in its --rpc order."""
+    from dataclasses import replace
+
+    from quantpick.machine.rpc import local_address_towards, resolve_ipv4
+    from quantpick.serve.command import build_worker_commands
+
+    by_endpoint = {w.endpoint: w for w in machine.rpc_workers}
+    workers = []
+    for endpoint in p.config.rpc_servers:
+        w = by_endpoint[endpoint]
+        # A described worker was never contacted: find its address and this machine's address
+        # towards it here (a name lookup and a routing lookup; nothing is sent to it).
+        address = w.address or resolve_ipv4(w.host)
+        head = w.head_address or (local_address_towards(address, w.port) if address else None)
+        workers.append(replace(w, address=address, head_address=head))
+    weights: dict[str, int] = {}
+    for d in p.estimate.devices:
+        if d.endpoint is not None:
+            weights[d.endpoint] = weights.get(d.endpoint, 0) + d.weights_bytes
+    return build_worker_commands(tuple(workers), bind=bind, cache=cache, weights_bytes=weights)
+
+
 def _emit_command(
     cmd: ServerCommand,
     *,
@@ -124,6 +156,7 @@ def _emit_command(
     script: Path | None,
     comment: str,
     json_doc: dict[str, Any] | None,
+    workers: tuple[WorkerCommand, ...] = (),
 ) -> None:
     from quantpick.cli import output
     from quantpick.errors import UsageError
@@ -132,6 +165,8 @@ def _emit_command(
         render_json,
         render_line,
         render_script,
+        render_worker_json,
+        render_worker_lines,
         write_script,
     )
 
@@ -139,27 +174,53 @@ def _emit_command(
         raise UsageError(f"--format {fmt}: use one of " + ", ".join(FORMATS))
     for warning in cmd.warnings:
         output.warn(warning)
+    for w in workers:
+        for warning in w.warnings:
+            output.warn(warning)
+        for note in w.notes:
+            output.note(f"Note: {note}")
+    if workers:
+        output.note(
+            "Note: start the RPC workers before llama-server; each serves one client, so "
+            "`quantpick probe --rpc` cannot read a worker while llama-server is connected to it"
+        )
+    worker_docs = [render_worker_json(w) for w in workers]
     if script is not None:
-        write_script(script, render_script(cmd, comment))
+        write_script(script, render_script(cmd, comment, workers))
         output.note(f"Wrote {script}")
     if json_doc is not None:
         output.print_json(
-            {**json_doc, "command": render_json(cmd), "script": str(script) if script else None}
+            {
+                **json_doc,
+                "command": render_json(cmd),
+                "workers": worker_docs,
+                "script": str(script) if script else None,
+            }
         )
         return
     if fmt == "json":
-        output.print_json({"command": render_json(cmd)})
+        output.print_json({"command": render_json(cmd), "workers": worker_docs})
     elif fmt == "script":
-        sys.stdout.write(render_script(cmd, comment))
+        sys.stdout.write(render_script(cmd, comment, workers))
     elif fmt == "env":
+        # Environment files hold the head's settings; the workers' lines stay comments.
+        for line in render_worker_lines(workers).splitlines():
+            sys.stdout.write((line if line.startswith("#") else f"# {line}") + "\n")
         sys.stdout.write(render_env(cmd))
     elif script is None:
+        if workers:
+            sys.stdout.write(render_worker_lines(workers) + "# then, on this machine:\n")
         sys.stdout.write(render_line(cmd) + "\n")
+    else:
+        # --script wrote the head's launcher; the workers' lines run elsewhere.
+        sys.stdout.write(render_worker_lines(workers))
 
 
 def _plan_comment(p: Plan, machine: Machine) -> str:
     where = machine.source if machine.described else "this machine (probed)"
-    gpus = ", ".join(d.name for d in p.estimate.gpus) or "no GPU"
+    gpus = ", ".join(d.name for d in p.estimate.gpus if d.endpoint is None) or "no GPU"
+    if p.config.rpc_servers:
+        gpus += " + RPC workers " + ", ".join(p.config.rpc_servers)
     return (
         f"quantpick plan: {p.model} {p.quant}, KV {p.config.cache_type_k}/{p.config.cache_type_v}, "
         f"-c {p.config.ctx_size}, {p.placement} on {gpus} ({where}); decode upper bound "
@@ -197,10 +258,16 @@ def command_cmd(
     ram_reserve: RamReserveOpt = None,
     gpu_reserve: GpuReserveOpt = None,
     ram_bandwidth: RamBandwidthOpt = None,
+    rpc: RpcOpt = None,
+    rpc_device: RpcDeviceOpt = None,
+    rpc_bandwidth: RpcBandwidthOpt = None,
+    rpc_latency: RpcLatencyOpt = None,
     host: HostOpt = "127.0.0.1",
     port: PortOpt = 8080,
     alias: AliasOpt = None,
     api_key_env: ApiKeyEnvOpt = None,
+    rpc_bind: RpcBindOpt = None,
+    rpc_cache: RpcCacheOpt = True,
     fmt: FormatOpt = "line",
     script: ScriptOpt = None,
     json_: JsonOpt = False,
@@ -215,7 +282,18 @@ def command_cmd(
     from quantpick.plan.planner import plan
     from quantpick.serve.command import build_command
 
-    machine = machine_from_cli(hardware, gpu, ram, cpu_only, llama_server, ram_bandwidth)
+    machine = machine_from_cli(
+        hardware,
+        gpu,
+        ram,
+        cpu_only,
+        llama_server,
+        ram_bandwidth,
+        rpc=rpc,
+        rpc_device=rpc_device,
+        rpc_bandwidth=rpc_bandwidth,
+        rpc_latency=rpc_latency,
+    )
     if gguf is not None:
         model_path = gguf
         layout = local_layout(gguf, quant)
@@ -287,7 +365,14 @@ def command_cmd(
         capabilities=caps,
     )
     doc = {"plan": plan_to_dict(p, machine, manifest.architecture.block_count)} if json_ else None
-    _emit_command(cmd, fmt=fmt, script=script, comment=_plan_comment(p, machine), json_doc=doc)
+    _emit_command(
+        cmd,
+        fmt=fmt,
+        script=script,
+        comment=_plan_comment(p, machine),
+        json_doc=doc,
+        workers=_worker_commands(p, machine, rpc_bind, rpc_cache),
+    )
 
 
 def _from_table(table: dict[str, ModelLayout], quant: str) -> ModelLayout:
@@ -349,12 +434,18 @@ def get_cmd(
     ram_reserve: RamReserveOpt = None,
     gpu_reserve: GpuReserveOpt = None,
     ram_bandwidth: RamBandwidthOpt = None,
+    rpc: RpcOpt = None,
+    rpc_device: RpcDeviceOpt = None,
+    rpc_bandwidth: RpcBandwidthOpt = None,
+    rpc_latency: RpcLatencyOpt = None,
     exact: ExactOpt = False,
     no_network: NoNetworkOpt = False,
     host: HostOpt = "127.0.0.1",
     port: PortOpt = 8080,
     alias: AliasOpt = None,
     api_key_env: ApiKeyEnvOpt = None,
+    rpc_bind: RpcBindOpt = None,
+    rpc_cache: RpcCacheOpt = True,
     fmt: FormatOpt = "line",
     script: ScriptOpt = None,
     json_: JsonOpt = False,
@@ -373,7 +464,18 @@ def get_cmd(
         raise UsageError(f"--format {fmt}: use one of " + ", ".join(FORMATS))
     settings = load_settings()
     manifest = load_manifest(model)
-    machine = machine_from_cli(hardware, gpu, ram, cpu_only, llama_server, ram_bandwidth)
+    machine = machine_from_cli(
+        hardware,
+        gpu,
+        ram,
+        cpu_only,
+        llama_server,
+        ram_bandwidth,
+        rpc=rpc,
+        rpc_device=rpc_device,
+        rpc_bandwidth=rpc_bandwidth,
+        rpc_latency=rpc_latency,
+    )
     request = plan_request(
         ctx_size,
         parallel,
@@ -457,4 +559,5 @@ def get_cmd(
         script=None if dry_run else script,
         comment=_plan_comment(p, machine),
         json_doc=doc,
+        workers=_worker_commands(p, machine, rpc_bind, rpc_cache),
     )

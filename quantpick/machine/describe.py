@@ -4,8 +4,11 @@ Precedence (resolve_machine), strongest last:
 1. the base: `--hardware FILE` if given, else this machine's host (with `--gpu`), else the probe;
 2. `--gpu NAME[:VRAM[:BANDWIDTH]]` (repeatable) replaces the base's GPUs, in the given order;
 3. `--ram SIZE` replaces host RAM (total and available);
-4. `--cpu-only` drops every GPU.
-Anything but the plain probe is `described=True`, with `source` saying how it was described.
+4. `--cpu-only` drops every GPU (and the file's RPC workers);
+5. `--rpc HOST:PORT` (probed now) and `--rpc-device HOST:PORT=GPU[:VRAM[:BANDWIDTH]]` (described)
+   replace the base's RPC workers; `--rpc-bandwidth` / `--rpc-latency` set every worker's link.
+Anything but the plain probe is `described=True`, with `source` saying how it was described;
+workers probed with `--rpc` keep a probed machine probed.
 
 Usage:
     resolve_machine(gpus=["3090", "t4"])          # the reference box: RTX 3090 + Tesla T4
@@ -26,6 +29,17 @@ Hardware files: the JSON `quantpick probe --json` prints (`{"schema_version": 1,
     cores = 16
     threads = 32                   # optional
     ram_bandwidth = "80GB/s"       # optional
+    [[rpc]]                        # an llama.cpp RPC worker (ggml-rpc-server), in --rpc order
+    endpoint = "192.168.1.20:50052"
+    gpus = ["t4"]                  # described devices ([[rpc.gpu]] tables as above also work);
+                                   # none: the worker is probed when the file is read
+    bandwidth = "117MB/s"          # optional: the link to it (default 1 GbE goodput)
+    latency = "0.3ms"              # optional: request/response round trip
+
+RPC workers: `--rpc` endpoints first, in the given order, then endpoints that only
+`--rpc-device` names, in order of first mention; that is llama-server's `--rpc` order and
+so its device order (RPC0, RPC1, ...). An endpoint given both ways is probed for its memory and
+described for what its devices are (by position).
 """
 
 from __future__ import annotations
@@ -39,9 +53,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from quantpick.errors import HardwareError, QuantpickError, UsageError
+from quantpick.errors import HardwareError, QuantpickError, RpcWorkerError, UsageError
 from quantpick.machine.catalog import lookup_gpu
-from quantpick.machine.spec import Gpu, Host, Machine, machine_from_dict
+from quantpick.machine.spec import Gpu, Host, Machine, RpcWorker, machine_from_dict
 from quantpick.units import parse_size
 
 # The reference box the planner is tuned on: `--gpu 3090 --gpu t4`.
@@ -114,6 +128,129 @@ def parse_gpu_spec(spec: str, *, index: int = 0) -> Gpu:
     return describe_gpu(parts[0].strip(), vram_bytes=vram, bandwidth=bandwidth, index=index)
 
 
+# --- RPC workers ------------------------------------------------------------------------------
+
+
+def parse_endpoint(text: str) -> tuple[str, int]:
+    """machine.rpc.parse_endpoint, imported on use (socket costs start-up time)."""
+    from quantpick.machine.rpc import parse_endpoint as parse
+
+    return parse(text)
+
+
+_DURATION_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*(s|ms|us|µs)\s*$")
+_DURATION_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6}
+
+
+def parse_duration(text: str) -> float:
+    """'0.3ms', '300us', '0.002s' -> seconds (a unit is required: '0.3' alone is ambiguous)."""
+    match = _DURATION_RE.match(text)
+    if match is None:
+        raise UsageError(f"cannot read duration {text!r}", hint="write e.g. 0.3ms or 300us")
+    return float(match.group(1)) * _DURATION_UNITS[match.group(2)]
+
+
+def parse_rpc_device_spec(spec: str, *, index: int = 0) -> tuple[str, int, Gpu]:
+    """HOST:PORT=GPU[:VRAM[:BANDWIDTH]] -> (host, port, the described device)."""
+    endpoint, sep, gpu = spec.partition("=")
+    if not sep or not gpu.strip():
+        raise UsageError(
+            f"cannot read RPC device {spec!r}",
+            hint="write HOST:PORT=GPU[:VRAM[:BANDWIDTH]], e.g. 192.168.1.20:50052=t4",
+        )
+    host, port = parse_endpoint(endpoint)
+    return host, port, parse_gpu_spec(gpu, index=index)
+
+
+def _described_onto_probed(worker: RpcWorker, described: list[Gpu]) -> RpcWorker:
+    """What the devices are (catalogue) from the description, their memory from the probe."""
+    if len(described) != len(worker.devices):
+        raise UsageError(
+            f"RPC worker {worker.endpoint} serves {len(worker.devices)} device(s), "
+            f"--rpc-device describes {len(described)}",
+            hint="describe each of its devices, in its -d order",
+        )
+    merged = tuple(
+        dataclasses.replace(
+            desc,
+            index=probed.index,
+            total_bytes=probed.total_bytes,
+            free_bytes=probed.free_bytes,
+            used_bytes=probed.used_bytes,
+        )
+        for desc, probed in zip(described, worker.devices, strict=True)
+    )
+    return dataclasses.replace(worker, devices=merged)
+
+
+def resolve_rpc_workers(
+    rpc: Sequence[str] = (),
+    rpc_devices: Sequence[str] = (),
+    *,
+    timeout_s: float | None = None,
+    notes: list[str] | None = None,
+) -> tuple[RpcWorker, ...]:
+    """The workers of `--rpc` (probed now) and `--rpc-device` (described), in --rpc order.
+
+    Every spec is parsed before any worker is contacted, so bad input fails fast.
+    """
+    from quantpick.machine import probe as hardware
+
+    probed = [parse_endpoint(e) for e in rpc]
+    described: dict[tuple[str, int], list[Gpu]] = {}
+    for spec in rpc_devices:
+        host, port, gpu = parse_rpc_device_spec(spec)
+        devices = described.setdefault((host, port), [])
+        devices.append(dataclasses.replace(gpu, index=len(devices)))
+    order = list(dict.fromkeys([*probed, *described]))
+    if len(set(probed)) != len(probed):
+        twice = next(e for e in probed if probed.count(e) > 1)
+        raise UsageError(f"--rpc {twice[0]}:{twice[1]} is given twice")
+    workers: list[RpcWorker] = []
+    for host, port in order:
+        if (host, port) in probed:
+            worker, worker_notes = hardware.probe_rpc_worker(host, port, timeout_s=timeout_s)
+            if notes is not None:
+                notes.extend(worker_notes)
+            if (host, port) in described:
+                worker = _described_onto_probed(worker, described[(host, port)])
+        else:
+            worker = RpcWorker(host=host, port=port, devices=tuple(described[(host, port)]))
+        workers.append(worker)
+    # "localhost:50052" and "127.0.0.1:50052" are one worker to the kernel but two to
+    # llama-server, whose second connection would wait forever behind the first.
+    seen: dict[tuple[str, int], str] = {}
+    for w in workers:
+        if w.address is None:
+            continue
+        key = (w.address, w.port)
+        if key in seen:
+            raise UsageError(f"--rpc {seen[key]} and {w.endpoint} are the same worker")
+        seen[key] = w.endpoint
+    return tuple(workers)
+
+
+def with_network(
+    workers: Sequence[RpcWorker], *, bandwidth: str | None = None, latency: str | None = None
+) -> tuple[RpcWorker, ...]:
+    """Every worker's link set from --rpc-bandwidth / --rpc-latency (None: kept)."""
+    bw = parse_bandwidth(bandwidth) if bandwidth is not None else None
+    rtt = parse_duration(latency) if latency is not None else None
+    if bw is not None and bw <= 0:
+        raise UsageError("--rpc-bandwidth must be more than 0")
+    out = []
+    for w in workers:
+        net = w.network
+        if bw is not None:
+            net = dataclasses.replace(
+                net, bandwidth_bytes_per_s=bw, bandwidth_source="--rpc-bandwidth"
+            )
+        if rtt is not None:
+            net = dataclasses.replace(net, rtt_s=rtt, rtt_source="--rpc-latency")
+        out.append(dataclasses.replace(w, network=net))
+    return tuple(out)
+
+
 # --- Hardware files ---------------------------------------------------------------------------
 
 
@@ -130,6 +267,23 @@ def _check_types(machine: Machine) -> None:
         value = getattr(machine.host, field)
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
             raise ValueError(f"host.{field} must be a whole number")
+    for i, worker in enumerate(machine.rpc_workers):
+        where = f"rpc_workers[{i}]"
+        if not isinstance(worker.host, str) or not isinstance(worker.port, int):
+            raise ValueError(f"{where} needs host and port")
+        parse_endpoint(worker.endpoint)
+        if not worker.devices:
+            raise ValueError(f"{where} has no devices")
+        for gpu in worker.devices:
+            for field in ("index", "total_bytes", "free_bytes"):
+                value = getattr(gpu, field)
+                if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                    raise ValueError(f"{where}.devices[{gpu.index}].{field} must be whole bytes")
+        net = worker.network
+        if not isinstance(net.bandwidth_bytes_per_s, int) or net.bandwidth_bytes_per_s <= 0:
+            raise ValueError(f"{where}.network.bandwidth_bytes_per_s must be a positive number")
+        if not isinstance(net.rtt_s, (int, float)) or net.rtt_s < 0:
+            raise ValueError(f"{where}.network.rtt_s must be a number of seconds")
 
 
 def _machine_from_json(data: Any) -> Machine:
@@ -183,15 +337,21 @@ def _only(table: Any, keys: set[str], where: str) -> dict[str, Any]:
     return table
 
 
-def _machine_from_toml(data: dict[str, Any], default_host: Callable[[], Host] | None) -> Machine:
-    _only(data, {"gpu", "gpus", "host", "disk_free", "schema_version"}, "the file")
+def _toml_gpus(data: dict[str, Any], prefix: str = "") -> tuple[Gpu, ...]:
+    """`gpus = ["3090", ...]` then `[[gpu]]` tables, indexed in that order."""
     specs: list[Gpu] = []
-    for spec in data.get("gpus", []):
+    names = data.get("gpus", [])
+    if not isinstance(names, list):
+        raise ValueError(f'{prefix}gpus must be a list of names, e.g. gpus = ["3090", "t4"]')
+    for spec in names:
         if not isinstance(spec, str):
-            raise ValueError('gpus must be a list of names, e.g. gpus = ["3090", "t4"]')
+            raise ValueError(f'{prefix}gpus must be a list of names, e.g. gpus = ["3090", "t4"]')
         specs.append(parse_gpu_spec(spec))
-    for i, table in enumerate(data.get("gpu", [])):
-        where = f"[[gpu]] #{i + 1}"
+    tables = data.get("gpu", [])
+    if not isinstance(tables, list):
+        raise ValueError(f"[[{prefix}gpu]] must be an array of tables")
+    for i, table in enumerate(tables):
+        where = f"[[{prefix}gpu]] #{i + 1}"
         table = _only(table, {"name", "vram", "bandwidth", "free"}, where)
         if not isinstance(table.get("name"), str):
             raise ValueError(f'{where}: needs name = "..."')
@@ -204,7 +364,48 @@ def _machine_from_toml(data: dict[str, Any], default_host: Callable[[], Host] | 
         if free is not None:
             gpu = dataclasses.replace(gpu, free_bytes=min(free, gpu.total_bytes))
         specs.append(gpu)
-    gpus = tuple(dataclasses.replace(g, index=i) for i, g in enumerate(specs))
+    return tuple(dataclasses.replace(g, index=i) for i, g in enumerate(specs))
+
+
+def _toml_workers(data: dict[str, Any]) -> tuple[RpcWorker, ...]:
+    """`[[rpc]]` tables: described when they list devices, else probed now."""
+    from quantpick.machine import probe as hardware
+
+    tables = data.get("rpc", [])
+    if not isinstance(tables, list):
+        raise ValueError("[[rpc]] must be an array of tables")
+    workers = []
+    for i, table in enumerate(tables):
+        where = f"[[rpc]] #{i + 1}"
+        table = _only(table, {"endpoint", "gpus", "gpu", "bandwidth", "latency"}, where)
+        if not isinstance(table.get("endpoint"), str):
+            raise ValueError(f'{where}: needs endpoint = "HOST:PORT"')
+        host, port = parse_endpoint(table["endpoint"])
+        devices = _toml_gpus(table, prefix="rpc.")
+        if devices:
+            worker = RpcWorker(host=host, port=port, devices=devices)
+        else:
+            worker, _ = hardware.probe_rpc_worker(host, port)
+        net = worker.network
+        bandwidth = _toml_bandwidth(table, "bandwidth", where)
+        if bandwidth is not None:
+            net = dataclasses.replace(
+                net, bandwidth_bytes_per_s=bandwidth, bandwidth_source="hardware file"
+            )
+        latency = table.get("latency")
+        if latency is not None:
+            if not isinstance(latency, str):
+                raise ValueError(f'{where}.latency must be like "0.3ms"')
+            net = dataclasses.replace(
+                net, rtt_s=parse_duration(latency), rtt_source="hardware file"
+            )
+        workers.append(dataclasses.replace(worker, network=net))
+    return tuple(workers)
+
+
+def _machine_from_toml(data: dict[str, Any], default_host: Callable[[], Host] | None) -> Machine:
+    _only(data, {"gpu", "gpus", "host", "disk_free", "rpc", "schema_version"}, "the file")
+    gpus = _toml_gpus(data)
 
     if "host" in data:
         host_t = _only(
@@ -234,6 +435,7 @@ def _machine_from_toml(data: dict[str, Any], default_host: Callable[[], Host] | 
         gpus=gpus,
         host=host,
         disk_free_bytes=parse_size(disk) if isinstance(disk, str) else disk,
+        rpc_workers=_toml_workers(data),
     )
 
 
@@ -269,6 +471,8 @@ def load_hardware_file(path: Path, *, default_host: Callable[[], Host] | None = 
         except tomllib.TOMLDecodeError as exc:
             raise ValueError(f"not valid TOML ({exc})") from None
         return _machine_from_toml(data, default_host)
+    except RpcWorkerError:
+        raise  # a worker the file names is unreachable or busy: exit 6, as with --rpc
     except (ValueError, KeyError, QuantpickError) as exc:
         message = exc.message if isinstance(exc, QuantpickError) else str(exc)
         if isinstance(exc, KeyError):
@@ -294,6 +498,11 @@ def resolve_machine(
     llama_server: Path | None = None,
     disk_path: Path | None = None,
     inspect_server: bool = True,
+    rpc: Sequence[str] | None = None,
+    rpc_devices: Sequence[str] | None = None,
+    rpc_bandwidth: str | None = None,
+    rpc_latency: str | None = None,
+    rpc_timeout_s: float | None = None,
 ) -> Machine:
     """The machine to plan for, from the options every planning command shares (see module doc).
 
@@ -307,6 +516,13 @@ def resolve_machine(
 
     ram_bytes = parse_size(ram) if ram is not None else None  # bad input fails before probing
     described_gpus = tuple(parse_gpu_spec(spec, index=i) for i, spec in enumerate(gpus or ()))
+    for spec in rpc or ():
+        parse_endpoint(spec)
+    for spec in rpc_devices or ():
+        parse_rpc_device_spec(spec)
+    with_network((), bandwidth=rpc_bandwidth, latency=rpc_latency)  # parses both
+    if cpu_only and (rpc or rpc_devices):
+        raise UsageError("--cpu-only plans without any device: drop it to use RPC workers")
     how: list[str] = []
     notes: list[str] = []
 
@@ -349,13 +565,34 @@ def resolve_machine(
         machine = dataclasses.replace(machine, host=_with_ram(machine.host, ram_bytes))
         how.append(f"--ram {ram}")
     if cpu_only:
-        machine = dataclasses.replace(machine, gpus=())
+        machine = dataclasses.replace(machine, gpus=(), rpc_workers=())
         how.append("--cpu-only")
         # A "no NVML" note is moot once the user asked for CPU only.
         notes = [n for n in notes if "planning for CPU only" not in n]
+    if rpc or rpc_devices:
+        workers = resolve_rpc_workers(
+            rpc or (), rpc_devices or (), timeout_s=rpc_timeout_s, notes=notes
+        )
+        machine = dataclasses.replace(machine, rpc_workers=workers)
+        # Probed workers are part of "this machine as it is"; described ones are not.
+        how.extend(f"--rpc-device {shlex.quote(spec)}" for spec in rpc_devices or ())
+    if machine.rpc_workers:
+        # The local GPUs may be none, but the plan is not CPU-only: the workers have devices.
+        notes = [n.replace(": planning for CPU only", ": no local GPU") for n in notes]
+    if rpc_bandwidth is not None or rpc_latency is not None:
+        machine = dataclasses.replace(
+            machine,
+            rpc_workers=with_network(
+                machine.rpc_workers, bandwidth=rpc_bandwidth, latency=rpc_latency
+            ),
+        )
+        if rpc_bandwidth is not None:
+            how.append(f"--rpc-bandwidth {shlex.quote(rpc_bandwidth)}")
+        if rpc_latency is not None:
+            how.append(f"--rpc-latency {shlex.quote(rpc_latency)}")
 
     if how == ["probe"]:
-        return machine
+        return dataclasses.replace(machine, notes=tuple(dict.fromkeys(notes)))
     return dataclasses.replace(
         machine,
         described=True,
@@ -373,6 +610,10 @@ def machine_from_options(
     disk_path: Path | None = None,
     *,
     inspect_server: bool = True,
+    rpc: Sequence[str] | None = None,
+    rpc_device: Sequence[str] | None = None,
+    rpc_bandwidth: str | None = None,
+    rpc_latency: str | None = None,
 ) -> Machine:
     """resolve_machine with the CLI's option names, for pick/estimate/get/probe."""
     return resolve_machine(
@@ -383,4 +624,8 @@ def machine_from_options(
         cpu_only=cpu_only,
         llama_server=llama_server,
         disk_path=disk_path,
+        rpc=rpc,
+        rpc_devices=rpc_device,
+        rpc_bandwidth=rpc_bandwidth,
+        rpc_latency=rpc_latency,
     )

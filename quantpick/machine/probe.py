@@ -1,4 +1,5 @@
-"""Probe this machine: NVIDIA GPUs via NVML, host RAM and CPU, disk space, llama-server.
+"""Probe this machine: NVIDIA GPUs via NVML, host RAM and CPU, disk space, llama-server, and the
+llama.cpp RPC workers it is told about (`--rpc HOST:PORT`, read over the network by machine.rpc).
 
 The only module that imports pynvml, and only inside probe_gpus(): importing quantpick stays
 cheap and works with no NVIDIA driver. Nothing here raises for missing hardware; a missing
@@ -6,6 +7,7 @@ driver gives a CPU-only Machine with a note, a failing GPU is listed with `error
 
 Usage:
     machine = probe()                       # GPUs + host + disk at the models dir + llama-server
+    workers = probe_rpc_workers(["192.168.1.20:50052"])   # RpcWorkerError (exit 6) if unreadable
     host = probe_host(meminfo_path=tmp)     # paths are parameters so tests use tmp files
 """
 
@@ -19,7 +21,7 @@ from typing import Any, TypeVar
 
 from quantpick.machine.catalog import theoretical_bandwidth
 from quantpick.machine.llamacpp import find_llama_server, inspect_llama_server
-from quantpick.machine.spec import Gpu, Host, LlamaServer, Machine
+from quantpick.machine.spec import Gpu, Host, LlamaServer, Machine, Network, RpcWorker
 
 MEMINFO = Path("/proc/meminfo")
 CPUINFO = Path("/proc/cpuinfo")
@@ -285,6 +287,52 @@ def default_disk_path() -> Path:
     from quantpick.config import load_settings
 
     return load_settings().models_dir
+
+
+# --- RPC workers ------------------------------------------------------------------------------
+
+
+def worker_from_report(report: Any) -> RpcWorker:
+    """A probed worker as machine data. The protocol names no device, so a device is called
+    "HOST:PORT/i" (llama-server's own description of it is "HOST:PORT")."""
+    devices = tuple(
+        Gpu(
+            index=i,
+            name=f"{report.endpoint}/{i}",
+            total_bytes=d.total_bytes,
+            free_bytes=d.free_bytes,
+            used_bytes=max(0, d.total_bytes - d.free_bytes),
+        )
+        for i, d in enumerate(report.devices)
+    )
+    n_trips = 1 + len(report.devices)
+    network = Network(
+        rtt_s=report.rtt_s,
+        rtt_source=f"measured: quickest of {n_trips} request/response round trips to the worker",
+    )
+    return RpcWorker(
+        host=report.host,
+        port=report.port,
+        devices=devices,
+        network=network,
+        probed=True,
+        protocol=report.version_text,
+        address=report.address,
+        head_address=report.head_address,
+    )
+
+
+def probe_rpc_worker(
+    host: str, port: int, *, timeout_s: float | None = None
+) -> tuple[RpcWorker, tuple[str, ...]]:
+    """One worker read now, and notes about it (machine.rpc.query_worker). Raises RpcWorkerError
+    (exit 6) when it cannot be read: unreachable, busy, or another protocol."""
+    from quantpick.machine import rpc
+
+    report = rpc.query_worker(
+        host, port, timeout_s=rpc.DEFAULT_TIMEOUT_S if timeout_s is None else timeout_s
+    )
+    return worker_from_report(report), report.notes
 
 
 # --- Everything -------------------------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""What a machine is, as plain data: GPUs, host memory and CPU, disk, llama-server.
+"""What a machine is, as plain data: GPUs, host memory and CPU, disk, llama-server, and the
+llama.cpp RPC workers (other machines' devices that llama-server reaches with `--rpc`).
 
 Pure: the probe (`hardware.py`) and described machines (`describe.py`) build these; the
 planner reads them. `to_dict`/`machine_from_dict` make `probe --json` round-trip into
@@ -51,6 +52,52 @@ class LlamaServer:
     error: str | None = None
 
 
+# The link between the head (the machine running llama-server) and an RPC worker, when neither
+# measured nor given. Bandwidth: 1 GbE TCP goodput. A 1000 Mb/s line carries a 1500-byte-MTU frame
+# as 1538 bytes on the wire (preamble 8 + Ethernet header 14 + FCS 4 + inter-frame gap 12) of
+# which 1448 are TCP payload (IP 20 + TCP 20 + timestamps option 12), so 1e9/8 x 1448/1538 =
+# 117.7 MB/s (941 Mbit/s, the figure iperf3 reports on a clean gigabit link).
+DEFAULT_RPC_BANDWIDTH = 117_000_000
+DEFAULT_RPC_BANDWIDTH_SOURCE = "default: 1 GbE TCP goodput (941 Mbit/s)"
+# Round trip of one small request on a switched gigabit LAN: `ping` typically shows 0.1-0.5 ms.
+# Estimate; a probed worker's own round trip replaces it (RpcWorker.network.rtt_source).
+DEFAULT_RPC_RTT_S = 0.0003
+DEFAULT_RPC_RTT_SOURCE = "default: switched gigabit LAN (estimate)"
+
+
+@dataclass(frozen=True)
+class Network:
+    """The link between the head and one RPC worker: what moves activations and weights."""
+
+    bandwidth_bytes_per_s: int = DEFAULT_RPC_BANDWIDTH
+    rtt_s: float = DEFAULT_RPC_RTT_S  # one request/response round trip, in seconds
+    bandwidth_source: str = DEFAULT_RPC_BANDWIDTH_SOURCE
+    rtt_source: str = DEFAULT_RPC_RTT_SOURCE
+
+
+@dataclass(frozen=True)
+class RpcWorker:
+    """One `ggml-rpc-server` (llama.cpp's RPC worker) and the devices it serves.
+
+    `devices` are in the worker's own order (its `-d` list; the index RPC_CMD_GET_DEVICE_MEMORY
+    takes), each a Gpu whose `index` is that position. llama-server names them RPC0, RPC1, ...
+    with one counter over all workers in `--rpc` order (plan.memory.llama_devices).
+    """
+
+    host: str  # as llama-server's --rpc names it (IPv4 address or host name)
+    port: int
+    devices: tuple[Gpu, ...]
+    network: Network = field(default_factory=Network)
+    probed: bool = False  # True: memory read from the worker (free is after its own context)
+    protocol: str | None = None  # "7.0.0" as the worker answered HELLO
+    address: str | None = None  # the worker's IPv4 address as the head reaches it
+    head_address: str | None = None  # the head's address on that link (firewall rules)
+
+    @property
+    def endpoint(self) -> str:
+        return f"{self.host}:{self.port}"
+
+
 @dataclass(frozen=True)
 class Machine:
     gpus: tuple[Gpu, ...]
@@ -62,6 +109,7 @@ class Machine:
     driver_version: str | None = None
     llama_server: LlamaServer | None = None
     notes: tuple[str, ...] = field(default_factory=tuple)
+    rpc_workers: tuple[RpcWorker, ...] = ()  # in llama-server --rpc order
 
     @property
     def usable_gpus(self) -> tuple[Gpu, ...]:
@@ -71,7 +119,15 @@ class Machine:
         data = asdict(self)
         data["gpus"] = [asdict(g) for g in self.gpus]
         data["notes"] = list(self.notes)
+        data["rpc_workers"] = [_worker_dict(w) for w in self.rpc_workers]
         return data
+
+
+def _worker_dict(worker: RpcWorker) -> dict[str, Any]:
+    data = asdict(worker)
+    data["devices"] = [asdict(g) for g in worker.devices]
+    data["endpoint"] = worker.endpoint  # for readers; machine_from_dict ignores it
+    return data
 
 
 def _only_known(cls: type, data: dict[str, Any]) -> dict[str, Any]:
@@ -88,10 +144,21 @@ def machine_from_dict(data: dict[str, Any]) -> Machine:
     rest.pop("gpus", None)
     rest.pop("host", None)
     rest.pop("llama_server", None)
+    rest.pop("rpc_workers", None)
     rest["notes"] = tuple(rest.get("notes", ()))
     return Machine(
         gpus=gpus,
         host=host,
         llama_server=LlamaServer(**_only_known(LlamaServer, llama)) if llama else None,
+        rpc_workers=tuple(worker_from_dict(w) for w in data.get("rpc_workers") or ()),
         **rest,
     )
+
+
+def worker_from_dict(data: dict[str, Any]) -> RpcWorker:
+    """Inverse of the `rpc_workers` entries of Machine.to_dict (unknown keys ignored)."""
+    rest = _only_known(RpcWorker, data)
+    rest["devices"] = tuple(Gpu(**_only_known(Gpu, g)) for g in data.get("devices", []))
+    network = data.get("network")
+    rest["network"] = Network(**_only_known(Network, network)) if network else Network()
+    return RpcWorker(**rest)

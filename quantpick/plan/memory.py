@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass, field
 
 from quantpick.errors import UsageError
-from quantpick.machine.spec import Machine
+from quantpick.machine.spec import Gpu, Machine
 from quantpick.model.ggml import KV_CACHE_TYPES, row_size
 from quantpick.model.layout import INPUT_SLOT, ModelLayout
 
@@ -53,7 +53,10 @@ class RunConfig:
     kv_offload: bool = True  # -nkvo turns it off
     vision: bool = False  # --mmproj with the manifest's projector
     spec_draft_n: int = 0  # --spec-type draft-mtp --spec-draft-n-max N (0 = no MTP speculation)
-    devices: tuple[int, ...] | None = None  # --device CUDAi,... (None = every usable GPU)
+    # --device, in its order (None = llama.cpp's default list, see llama_devices): an int is a
+    # local GPU's index (CUDA<i>), a str a llama.cpp device name ("RPC0", "CUDA1").
+    devices: tuple[int | str, ...] | None = None
+    rpc_servers: tuple[str, ...] = ()  # --rpc HOST:PORT,...: workers of machine.rpc_workers
     logits_rows: str = "server"  # "server": np*(1+draft) rows; "batch": n_ubatch rows (fit-params)
 
 
@@ -110,6 +113,7 @@ class DeviceEstimate:
     attention_layers: tuple[int, ...]  # blocks whose KV cache lives here
     recurrent_layers: tuple[int, ...]  # blocks whose recurrent state lives here
     expert_layers: tuple[int, ...]  # blocks whose routed experts live here
+    endpoint: str | None = None  # an RPC device's worker "host:port" (None: a local device)
 
     @property
     def headroom_bytes(self) -> int:
@@ -210,6 +214,79 @@ def validate_config(config: RunConfig, layout: ModelLayout) -> None:
 
 
 # ----------------------------------------------------------------------------------------------
+# The device list (src/llama.cpp: llama_prepare_model_devices; ggml-rpc.cpp: ggml_backend_rpc_*).
+
+
+@dataclass(frozen=True)
+class LlamaDevice:
+    """One device in llama.cpp's list for the model: a local GPU or a device of an RPC worker."""
+
+    name: str  # llama.cpp's device name: "CUDA1", "RPC0"
+    gpu: Gpu  # the card; for an RPC device, `index` is its position on the worker
+    endpoint: str | None = None  # the RPC worker's "host:port"
+    # The device's free memory was read after its runtime (CUDA context, cuBLAS) was created: a
+    # probed worker creates its backends before it listens (ggml_backend_rpc_start_server), so
+    # llama.cpp's accounting needs no context on top of what the worker reports.
+    context_in_free: bool = False
+
+    @property
+    def is_rpc(self) -> bool:
+        return self.endpoint is not None
+
+
+def rpc_devices(machine: Machine, endpoints: tuple[str, ...]) -> tuple[LlamaDevice, ...]:
+    """The devices llama-server creates for `--rpc` = `endpoints`, named as it names them.
+
+    ggml_backend_rpc_add_server (ggml/src/ggml-rpc/ggml-rpc.cpp:2338-2372 at b11312) asks each
+    endpoint for its device count and names the devices "RPC" + a counter shared by all
+    endpoints, in --rpc order (common/arg.cpp add_rpc_devices), each worker's devices in its
+    own order: two one-device workers are RPC0 and RPC1. Their buffer types are
+    "RPC<i>[host:port]" with i the worker-local index (ggml_backend_rpc_buffer_type, :1092).
+    """
+    if len(set(endpoints)) != len(endpoints):
+        raise UsageError("--rpc names a worker twice")
+    workers = {w.endpoint: w for w in machine.rpc_workers}
+    out: list[LlamaDevice] = []
+    for endpoint in endpoints:
+        worker = workers.get(endpoint)
+        if worker is None:
+            known = ", ".join(workers) or "none"
+            raise UsageError(f"--rpc {endpoint}: not a worker of this machine (known: {known})")
+        for gpu in worker.devices:
+            out.append(LlamaDevice(f"RPC{len(out)}", gpu, endpoint, worker.probed))
+    return tuple(out)
+
+
+def llama_devices(machine: Machine, config: RunConfig) -> tuple[LlamaDevice, ...]:
+    """The devices llama.cpp places the model on, in its order.
+
+    Default (src/llama.cpp: llama_prepare_model_devices): RPC devices first ("add RPC servers
+    at the front of the list to minimize network transfers"), then the local GPUs; the CPU is
+    never in the list. With --device: exactly the named devices, in the given order (names
+    match case-insensitively: ggml_backend_dev_by_name).
+    """
+    remote = rpc_devices(machine, config.rpc_servers)
+    local = [LlamaDevice(f"CUDA{g.index}", g) for g in machine.usable_gpus]
+    if config.devices is None:
+        return (*remote, *local)
+    usable = {g.index for g in machine.usable_gpus}
+    by_name = {d.name.upper(): d for d in (*remote, *local)}
+    chosen: list[LlamaDevice] = []
+    for item in config.devices:
+        if isinstance(item, int) and item not in usable:
+            raise UsageError(f"--device: no usable GPU with index {item}")
+        name = f"CUDA{item}" if isinstance(item, int) else item.strip().upper()
+        device = by_name.get(name)
+        if device is None:
+            known = ", ".join(d.name for d in (*remote, *local)) or "none"
+            raise UsageError(f"--device {item}: not a device here (devices: {known})")
+        if device in chosen:
+            raise UsageError(f"--device names {device.name} twice")
+        chosen.append(device)
+    return tuple(chosen)
+
+
+# ----------------------------------------------------------------------------------------------
 # The estimate.
 
 
@@ -227,16 +304,26 @@ class _Acc:
     experts: list[int] = field(default_factory=list)
 
 
-def _buft_to_device(buft: str, gpu_names: list[str]) -> int | None:
-    """-ot buffer type -> device position (None = host). Accepts CPU, CUDA<n>, or a bare index."""
+_RPC_BUFT = re.compile(r"RPC(\d+)\[(.+)\]")
+
+
+def _buft_to_device(buft: str, devices: tuple[LlamaDevice, ...]) -> int | None:
+    """-ot buffer type -> device position (None = host): CPU, CUDA<n>, or an RPC device's buffer
+    type "RPC<i>[host:port]" (i: its index on that worker; ggml-rpc.cpp:1092)."""
     b = buft.strip()
     if b.upper() in ("CPU", "CPU_MAPPED", "CUDA_HOST", "HOST"):
         return None
-    if b in gpu_names:
-        return gpu_names.index(b)
-    raise UsageError(
-        f"-ot buffer type {b!r} is not a device here", hint="use CPU or " + ", ".join(gpu_names)
-    )
+    for pos, d in enumerate(devices):
+        if d.is_rpc:
+            if b == f"RPC{d.gpu.index}[{d.endpoint}]":
+                return pos
+        elif b == d.name:
+            return pos
+    names = [f"RPC{d.gpu.index}[{d.endpoint}]" if d.is_rpc else d.name for d in devices]
+    hint = "use CPU or " + ", ".join(names)
+    if _RPC_BUFT.fullmatch(b) is None and b.startswith("RPC"):
+        hint += " (an RPC device's buffer type carries its worker: RPC0[host:port])"
+    raise UsageError(f"-ot buffer type {b!r} is not a device here", hint=hint)
 
 
 def estimate(
@@ -251,15 +338,8 @@ def estimate(
     overheads = overheads or Overheads()
     validate_config(config, layout)
     arch = layout.architecture
-    usable = list(machine.usable_gpus)
-    if config.devices is not None:
-        by_index = {g.index: g for g in machine.gpus}
-        missing = [i for i in config.devices if i not in by_index or not by_index[i].usable]
-        if missing:
-            raise UsageError(f"--device: no usable GPU with index {missing[0]}")
-        usable = [by_index[i] for i in config.devices]
-    n_gpu = len(usable)
-    gpu_names = [f"CUDA{g.index}" for g in usable]
+    devs = llama_devices(machine, config)
+    n_gpu = len(devs)
     host_pos = n_gpu  # index of the host accumulator
 
     n_slots = layout.n_slots  # block_count + 1
@@ -275,7 +355,7 @@ def estimate(
             0, n_gpu - len(config.tensor_split)
         )
     else:
-        shares = [float(g.free_bytes) for g in usable]
+        shares = [float(d.gpu.free_bytes) for d in devs]
     total_share = sum(shares) or 1.0
     splits: list[float] = []
     running = 0.0
@@ -298,7 +378,7 @@ def estimate(
     mtp_loaded = config.spec_draft_n > 0 and arch.nextn_predict_layers > 0
 
     # Weights. The NextN/MTP block is skipped (never allocated) unless MTP speculation loads it.
-    overrides = [(re.compile(p), _buft_to_device(b, gpu_names)) for p, b in config.override_tensors]
+    overrides = [(re.compile(p), _buft_to_device(b, devs)) for p, b in config.override_tensors]
     n_cpu_moe = arch.block_count if config.cpu_moe else config.n_cpu_moe
 
     nextn_skipped = frozenset() if mtp_loaded else frozenset(range(arch.n_layer, arch.block_count))
@@ -343,8 +423,11 @@ def estimate(
         if layout.slots[slot].expert_bytes:
             acc[host_pos if host_experts[slot] else slot_device[slot]].experts.append(slot)
     # With op offload, prompt processing copies one host-resident layer of experts at a time into
-    # the first GPU's compute buffer (notes section 2d, item 6).
-    host_expert_layer_bytes = max(host_experts) if n_gpu else 0
+    # the compute buffer of the first device that takes offloaded ops (notes section 2d, item 6):
+    # a local GPU. RPC devices never do (their offload_op is NULL: ggml-rpc.cpp device
+    # interface; ggml-backend.cpp ggml_backend_dev_offload_op returns false).
+    op_offload_pos = next((pos for pos, d in enumerate(devs) if not d.is_rpc), None)
+    host_expert_layer_bytes = max(host_experts) if op_offload_pos is not None else 0
 
     # KV cache (10 attention layers) and recurrent state (30 DeltaNet layers).
     n_ctx, kv_size, n_stream = context_cells(
@@ -404,9 +487,9 @@ def estimate(
             a.compute += copies * mask_bytes + fa_scratch + no_fa_kq
         if pos == output_dev:
             a.compute += logits_bytes
-        if pos == 0 and host_expert_layer_bytes and ub >= OP_OFFLOAD_MIN_BATCH:
+        if pos == op_offload_pos and host_expert_layer_bytes and ub >= OP_OFFLOAD_MIN_BATCH:
             a.compute += host_expert_layer_bytes
-        a.overhead = overheads.gpu_context_bytes
+        a.overhead = 0 if devs[pos].context_in_free else overheads.gpu_context_bytes
     host = acc[host_pos]
     host.compute = HOST_COMPUTE_BASE_BYTES + ub * arch.embedding_length * 4 + copies * mask_bytes
     if host.layers or host.experts:
@@ -419,7 +502,11 @@ def estimate(
     host.overhead = arch.vocab_size * max(logits_rows, max(1, config.n_parallel)) * 4
 
     if config.vision and projector_bytes:
-        target = acc[0] if n_gpu else host
+        # The projector goes to --device's first device, else to the first GPU registered, which
+        # is a local one when there is any: RPC devices register at --rpc, after the built-in
+        # backends (common/arg.cpp: mmproj_device; tools/mtmd/clip.cpp clip_ctx).
+        pos = 0 if config.devices is not None or op_offload_pos is None else op_offload_pos
+        target = acc[pos] if n_gpu else host
         target.projector = projector_bytes + PROJECTOR_COMPUTE_BYTES
 
     notes: list[str] = []
@@ -428,14 +515,16 @@ def estimate(
     devices: list[DeviceEstimate] = []
     for pos in range(n_gpu + 1):
         a = acc[pos]
+        endpoint: str | None = None
         if pos < n_gpu:
-            gpu = usable[pos]
-            name, kind, device = gpu.name, "gpu", gpu_names[pos]
-            free = gpu.free_bytes
+            dev = devs[pos]
+            # llama.cpp reports an RPC device as type GPU (ggml_backend_rpc_device_get_type).
+            name, kind, device, endpoint = dev.gpu.name, "gpu", dev.name, dev.endpoint
+            free = dev.gpu.free_bytes
             budget = free - overheads.gpu_margin_bytes
-            if pos == 0 and gpu.free_bytes >= gpu.total_bytes:
+            if pos == 0 and not dev.is_rpc and dev.gpu.free_bytes >= dev.gpu.total_bytes:
                 budget -= overheads.gpu_desktop_bytes
-            gpu_index: int | None = gpu.index
+            gpu_index: int | None = None if dev.is_rpc else dev.gpu.index
         else:
             name, kind, device, gpu_index = "Host", "host", "CPU", None
             free = machine.host.ram_available_bytes
@@ -462,6 +551,7 @@ def estimate(
                 attention_layers=tuple(a.attention),
                 recurrent_layers=tuple(a.recurrent_layers),
                 expert_layers=tuple(a.experts),
+                endpoint=endpoint,
             )
         )
     return Estimate(

@@ -26,7 +26,15 @@ from quantpick.errors import NoFitError, UsageError
 from quantpick.machine.spec import Machine
 from quantpick.model.layout import ModelLayout
 from quantpick.model.manifest import Manifest, ModelFile
-from quantpick.plan.memory import Estimate, Overheads, RunConfig, estimate
+from quantpick.plan.memory import (
+    Estimate,
+    LlamaDevice,
+    Overheads,
+    RunConfig,
+    estimate,
+    llama_devices,
+    rpc_devices,
+)
 from quantpick.plan.quality import Quality, quality_of
 from quantpick.plan.speed import (
     DEFAULT_GPU_BANDWIDTH,
@@ -102,11 +110,20 @@ class Plan:
 
 
 def device_bandwidths(machine: Machine) -> dict[str, int]:
+    """Memory bandwidth per llama.cpp device name, RPC devices named as with every worker in
+    --rpc (the planner's default)."""
     bandwidths = {
         f"CUDA{g.index}": g.bandwidth_bytes_per_s or DEFAULT_GPU_BANDWIDTH for g in machine.gpus
     }
+    for d in rpc_devices(machine, all_workers(machine)):
+        bandwidths[d.name] = d.gpu.bandwidth_bytes_per_s or DEFAULT_GPU_BANDWIDTH
     bandwidths["CPU"] = machine.host.ram_bandwidth_bytes_per_s or DEFAULT_HOST_BANDWIDTH
     return bandwidths
+
+
+def all_workers(machine: Machine) -> tuple[str, ...]:
+    """Every RPC worker of the machine, as llama-server's --rpc lists them."""
+    return tuple(w.endpoint for w in machine.rpc_workers)
 
 
 def _overflow(est: Estimate) -> tuple[int, str | None]:
@@ -150,9 +167,10 @@ class _Search:
             efficiency=self.efficiency,
         )
 
-    def splits(self, n_gpu: int, n_slots: int) -> Iterable[tuple[int, ...]]:
-        """Candidate layer counts per GPU (contiguous, as -ts with integer counts)."""
-        gpus = self.machine.usable_gpus
+    def splits(self, devices: tuple[LlamaDevice, ...], n_slots: int) -> Iterable[tuple[int, ...]]:
+        """Candidate layer counts per device (contiguous, as -ts with integer counts)."""
+        gpus = [d.gpu for d in devices]
+        n_gpu = len(devices)
         if n_gpu == 1:
             yield (n_slots,)
             return
@@ -186,7 +204,8 @@ class _Search:
 
     def best_split(self, config: RunConfig) -> tuple[Estimate | None, Estimate]:
         """(the fastest fitting estimate or None, the least-overflowing estimate)."""
-        n_gpu = len(self.machine.usable_gpus)
+        devices = llama_devices(self.machine, config)
+        n_gpu = len(devices)
         n_slots = self.layout.n_slots
         best: Estimate | None = None
         best_speed = -1.0
@@ -196,7 +215,7 @@ class _Search:
             # Split-invariant lower bound: with every slot on the GPUs, their weights, KV and
             # state add up to the same bytes whatever the split, and the host's load does not
             # depend on it either. If either already overflows, no split can fit.
-            budgets = [g.free_bytes for g in self.machine.usable_gpus]
+            budgets = [d.gpu.free_bytes for d in devices]
             even = tuple(float(b) for b in budgets)
             probe = self.run(replace(config, tensor_split=even))
             fixed = sum(d.weights_bytes + d.kv_bytes + d.recurrent_bytes for d in probe.gpus)
@@ -211,7 +230,7 @@ class _Search:
                         config, tensor_split=tuple(float(c) for c in counts) if n_gpu > 1 else None
                     )
                 )
-                for counts in self.splits(n_gpu, n_slots)
+                for counts in self.splits(devices, n_slots)
             )
         for est in evaluated:
             over, _ = _overflow(est)
@@ -267,7 +286,9 @@ class _Search:
                     lo = mid + 1
             a_min = lo
         if a_min <= a_max:
-            for a in {a_min, a_max, (a_min + a_max) // 2}:
+            # The balanced split first, so that it wins a tie (two equal devices, or two RPC
+            # workers the speed model cannot tell apart) instead of leaving a device empty.
+            for a in dict.fromkeys(((a_min + a_max) // 2, a_min, a_max)):
                 yield get(a)
         else:
             # nothing fits: report the split that balances the overflow best
@@ -277,9 +298,9 @@ class _Search:
 
     def place(self, base: RunConfig, allow_offload: bool) -> tuple[str, Estimate | None, Estimate]:
         """(placement, the best fitting estimate or None, the least-overflowing estimate)."""
-        n_gpu = len(self.machine.usable_gpus)
+        n_gpu = len(llama_devices(self.machine, base))
         if n_gpu == 0:
-            est = self.run(replace(base, n_gpu_layers=0, devices=()))
+            est = self.run(replace(base, n_gpu_layers=0, devices=(), rpc_servers=()))
             return ("cpu", est if est.fits else None, est)
         best, least = self.best_split(base)
         if best is not None:
@@ -365,7 +386,11 @@ def plan(
     # A GPU whose query failed is left out of the plan, so name the ones used (--device): llama.cpp
     # would otherwise spread layers over every GPU it sees.
     usable = machine.usable_gpus
-    devices = None if len(usable) == len(machine.gpus) else tuple(g.index for g in usable)
+    rpc_servers = all_workers(machine)
+    devices: tuple[int | str, ...] | None = None
+    if len(usable) != len(machine.gpus):
+        remote = rpc_devices(machine, rpc_servers)
+        devices = (*(d.name for d in remote), *(g.index for g in usable))
     ranks = {
         f.quant: (f.quality_rank if f.quality_rank is not None else -1)
         for f in manifest.files
@@ -412,6 +437,7 @@ def plan(
                 batch=request.batch,
                 vision=request.vision,
                 devices=devices,
+                rpc_servers=rpc_servers,
             )
             placement, best, least = search.place(base, request.allow_offload)
             if best is None:
@@ -457,6 +483,26 @@ def plan(
     assert chosen.quality is not None
     chosen_layout = layouts[chosen.quant]
     notes = []
+    config, est, speed = chosen.config, chosen.estimate, chosen.speed
+    idle = _idle_workers(est)
+    if idle:
+        # llama-server connects to (and holds) every --rpc worker, even one holding nothing.
+        config = _without_workers(machine, config, est, idle)
+        est = estimate(
+            chosen_layout, machine, config, overheads=overheads, projector_bytes=projector_bytes
+        )
+        speed = decode_speed(
+            chosen_layout, est, bandwidths, target_context=target, efficiency=request.efficiency
+        )
+        final = [
+            replace(c, config=config, estimate=est, speed=speed)
+            if c.reason.startswith("chosen")
+            else c
+            for c in final
+        ]
+        notes.append(
+            "RPC worker(s) " + ", ".join(idle) + " hold no layer in this plan: left out of --rpc"
+        )
     if not chosen_layout.exact:
         notes.append(
             "weights from a synthesized tensor table (manifest size); "
@@ -469,9 +515,9 @@ def plan(
         quant=chosen.quant,
         files=manifest.quant_files(chosen.quant),
         projector=projector,
-        config=chosen.config,
-        estimate=chosen.estimate,
-        speed=chosen.speed,
+        config=config,
+        estimate=est,
+        speed=speed,
         placement=chosen.placement,
         policy=request.prefer,
         layout_basis=chosen_layout.basis,
@@ -480,6 +526,39 @@ def plan(
         quality=chosen.quality,
         why=why,
     )
+
+
+def _idle_workers(est: Estimate) -> tuple[str, ...]:
+    """RPC workers none of whose devices holds a layer or a weight."""
+    used: dict[str, bool] = {}
+    for d in est.gpus:
+        if d.endpoint is not None:
+            used[d.endpoint] = used.get(d.endpoint, False) or bool(d.layers or d.weights_bytes)
+    return tuple(ep for ep, busy in used.items() if not busy)
+
+
+def _without_workers(
+    machine: Machine, config: RunConfig, est: Estimate, idle: tuple[str, ...]
+) -> RunConfig:
+    """`config` without the `idle` workers: out of --rpc, their -ts entries dropped, and the
+    remaining RPC devices renamed (llama-server numbers them over the --rpc list)."""
+    servers = tuple(ep for ep in config.rpc_servers if ep not in idle)
+    split = config.tensor_split
+    if split is not None:
+        split = (
+            tuple(s for s, d in zip(split, est.gpus, strict=False) if d.endpoint not in idle)
+            or None
+        )
+    devices = config.devices
+    if devices is not None:
+        old = {d.name: (d.endpoint, d.gpu.index) for d in rpc_devices(machine, config.rpc_servers)}
+        new = {(d.endpoint, d.gpu.index): d.name for d in rpc_devices(machine, servers)}
+        devices = tuple(
+            new[old[d]] if isinstance(d, str) and d in old else d
+            for d in devices
+            if not (isinstance(d, str) and d in old and old[d][0] in idle)
+        )
+    return replace(config, rpc_servers=servers, tensor_split=split, devices=devices)
 
 
 # ---- the policies ------------------------------------------------------------------------------

@@ -10,10 +10,18 @@ variable that holds it; the command maps it to `LLAMA_API_KEY`, which llama-serv
 formats, so the key appears neither in the rendered text nor in the process's argv (`ps`), only in
 its environment, which other users cannot read.
 
+RPC workers: a plan over other machines' devices (`config.rpc_servers`) puts `--rpc h1:p1,...`
+first on the head's line, so that `--device RPC0,...` and `-ot ...=RPC0[h1:p1]` after it can name
+the remote devices (llama.cpp resolves device names while it parses, and registers the RPC devices
+when it reads --rpc: common/arg.cpp). `build_worker_commands` writes one `ggml-rpc-server` line
+per worker, to be started before the head.
+
 Usage:
     cmd = build_command(config, model_path=path, mmproj_path=None, manifest=m, block_count=40,
                         server=ServerOptions(), capabilities=None)
     print(render_line(cmd))
+    workers = build_worker_commands(machine.rpc_workers, cache=True)
+    print(render_worker_lines(workers))
 """
 
 from __future__ import annotations
@@ -28,6 +36,7 @@ from typing import Any
 
 from quantpick.errors import QuantpickError, UsageError
 from quantpick.machine.llamacpp import QWEN35MOE_MIN_BUILD
+from quantpick.machine.spec import RpcWorker
 from quantpick.model.manifest import Manifest
 from quantpick.plan.memory import RunConfig
 from quantpick.serve.flags import (
@@ -36,6 +45,7 @@ from quantpick.serve.flags import (
     check_command,
     raise_for_required,
 )
+from quantpick.units import human
 
 PROGRAM = "llama-server"
 # llama-server defaults (common/common.h): -ub 512, -b 2048. Emitted only when they differ.
@@ -83,6 +93,7 @@ ENV_VARS: dict[str, str] = {
     "--host": "LLAMA_ARG_HOST",
     "--port": "LLAMA_ARG_PORT",
     "--alias": "LLAMA_ARG_ALIAS",
+    "--rpc": "LLAMA_ARG_RPC",
 }
 # Value-less flags that turn something off: through the positive env var they are "0"
 # (-nkvo -> LLAMA_ARG_KV_OFFLOAD=0); old builds had LLAMA_ARG_NO_KV_OFFLOAD=1 instead.
@@ -200,6 +211,9 @@ def build_command(
         if mmproj_path is None:
             raise UsageError("the plan uses vision but no projector (mmproj) file was given")
         add("--mmproj", _absolute(mmproj_path))
+    if config.rpc_servers:
+        # Before --device / -ot, which may name the devices --rpc creates (parsed in order).
+        add("--rpc", ",".join(config.rpc_servers))
     add("-c", str(config.ctx_size))
     add("-np", str(config.n_parallel))
     if config.kv_unified:
@@ -224,20 +238,28 @@ def build_command(
     gpu_names_matter = False
     cuda_renumber: dict[int, int] = {}
     if config.devices is not None:
+        names = [f"CUDA{d}" if isinstance(d, int) else d for d in config.devices]
         if has("--device"):
-            value = ",".join(f"CUDA{i}" for i in config.devices) if config.devices else "none"
-            add("--device", value)
+            add("--device", ",".join(names) if names else "none")
+        elif any(isinstance(d, str) and not d.upper().startswith("CUDA") for d in config.devices):
+            raise QuantpickError(
+                f"{caps.describe() if caps else 'this llama-server'} has no --device, which "
+                "choosing RPC devices needs",
+                hint="upgrade llama.cpp",
+            )
         else:
             # CUDA_VISIBLE_DEVICES both selects and orders the GPUs (and "" hides them all);
             # the survivors are renumbered CUDA0.. in that order.
-            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in config.devices)
-            cuda_renumber = {phys: pos for pos, phys in enumerate(config.devices)}
+            indices = [int(n[4:]) for n in names]
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in indices)
+            cuda_renumber = {phys: pos for pos, phys in enumerate(indices)}
             warnings.append(
                 "this build has no --device; the GPUs are selected with CUDA_VISIBLE_DEVICES"
             )
-        gpu_names_matter = bool(config.devices)
+        gpu_names_matter = any(n.upper().startswith("CUDA") for n in names)
     if config.tensor_split is not None and not cpu_only:
         add("-ts", ",".join(_num(v) for v in config.tensor_split))
+        # -ts covers the local GPUs too (after the RPC devices): their CUDA order matters.
         gpu_names_matter = True
 
     def buft(name: str) -> str:
@@ -420,13 +442,24 @@ def _groups(argv: tuple[str, ...]) -> list[list[str]]:
     return groups
 
 
-def render_script(cmd: ServerCommand, plan_comment: str) -> str:
-    """A bash script that execs the server; the plan and warnings are comments."""
+def render_script(
+    cmd: ServerCommand, plan_comment: str, workers: tuple[WorkerCommand, ...] = ()
+) -> str:
+    """A bash script that execs the server; the plan, warnings and the RPC workers' own lines
+    (to run on those machines first) are comments."""
     lines = ["#!/usr/bin/env bash", "# Written by quantpick. Plan:"]
     lines += _comment(plan_comment)
     lines += _comment(f"Target: {cmd.target}")
     for warning in cmd.warnings:
         lines += _comment(f"Warning: {warning}")
+    if workers:
+        lines += _comment("Start these RPC workers first, each on its own machine:")
+        for w in workers:
+            lines += _comment(f"  on {w.endpoint}: {shlex.join(w.argv)}")
+            for warning in w.warnings:
+                lines += _comment(f"    Warning: {warning}")
+            for rule in w.firewall:
+                lines += _comment(f"    firewall: {rule}")
     lines.append("set -euo pipefail")
     for _, src in cmd.env_from:
         # Fail with a clear message instead of starting a server without its key.
@@ -558,3 +591,167 @@ def placement_flags(config: RunConfig, block_count: int) -> list[str]:
                 words.append(shlex.quote(value))
         i += 2 if value is not None else 1
     return words
+
+
+# ----------------------------------------------------------------------------------------------
+# RPC workers: one `ggml-rpc-server` per machine that lends its devices to the head.
+
+RPC_SERVER_PROGRAM = "ggml-rpc-server"
+# The worker's tensor cache (-c): weight tensors above HASH_THRESHOLD (10 MiB, ggml-rpc.cpp:87,717)
+# are offered by hash first (RPC_CMD_SET_TENSOR_HASH); the worker saves those it receives in full
+# (rpc_server::set_tensor) under $LLAMA_CACHE/rpc or ~/.cache/llama.cpp/rpc
+# (tools/rpc/rpc-server.cpp fs_get_cache_directory).
+RPC_CACHE_DIR = "$LLAMA_CACHE/rpc (default ~/.cache/llama.cpp/rpc)"
+
+
+@dataclass(frozen=True)
+class WorkerCommand:
+    endpoint: str  # what the head's --rpc names
+    argv: tuple[str, ...]
+    bind: str  # -H: the IPv4 address the worker listens on
+    devices: tuple[str, ...]  # the head's names for the worker's devices: "RPC0", ...
+    cache: bool  # -c: the worker keeps the weights it receives on its disk
+    cache_bytes: int | None  # about what the cache holds: the weights planned on the worker
+    warnings: tuple[str, ...]
+    notes: tuple[str, ...]
+    firewall: tuple[str, ...]  # commands to run on the worker so that only the head gets in
+
+
+def _ipv4(text: str) -> bool:
+    import ipaddress  # only when there are workers
+
+    try:
+        return isinstance(ipaddress.ip_address(text), ipaddress.IPv4Address)
+    except ValueError:
+        return False
+
+
+def _loopback(text: str) -> bool:
+    return text.startswith("127.") and _ipv4(text)
+
+
+def build_worker_commands(
+    workers: tuple[RpcWorker, ...],
+    *,
+    bind: str | None = None,
+    cache: bool = True,
+    program: str = RPC_SERVER_PROGRAM,
+    weights_bytes: Mapping[str, int] | None = None,
+) -> tuple[WorkerCommand, ...]:
+    """The `ggml-rpc-server` line of each worker (flags of tools/rpc/rpc-server.cpp at b11312:
+    -H host, -p port, -d dev1,dev2 (comma or '/'), -c cache switch, -t CPU threads).
+
+    `bind` (--rpc-bind) is the address every worker listens on; by default each binds the
+    address the head reaches it at. ggml-rpc-server binds IPv4 literals only (transport.cpp
+    create_server: inet_addr), so a worker named by host name needs its address resolved first
+    (RpcWorker.address). quantpick never picks 0.0.0.0 on its own. `weights_bytes` (endpoint ->
+    bytes planned on it) sizes the tensor cache.
+    """
+    if bind is not None and not _ipv4(bind):
+        raise UsageError(
+            f"--rpc-bind {bind}: ggml-rpc-server binds an IPv4 address (e.g. 192.168.1.20)"
+        )
+    out: list[WorkerCommand] = []
+    n_devices = 0
+    for worker in workers:
+        names = tuple(f"RPC{n_devices + i}" for i in range(len(worker.devices)))
+        n_devices += len(worker.devices)
+        reach = worker.address if worker.address and _ipv4(worker.address) else None
+        if reach is None and _ipv4(worker.host):
+            reach = worker.host
+        address = bind if bind is not None else reach
+        if address is None:
+            raise UsageError(
+                f"RPC worker {worker.endpoint}: cannot tell which IPv4 address it should bind "
+                f"({worker.host!r} does not resolve here)",
+                hint="name it by its IPv4 address, or give --rpc-bind ADDR",
+            )
+        argv = [program, "-H", address, "-p", str(worker.port)]
+        warnings: list[str] = []
+        notes: list[str] = []
+        firewall: list[str] = []
+        if worker.probed:
+            notes.append(
+                f"the RPC protocol does not name a worker's devices: if {worker.endpoint} was "
+                "started with -d, keep that -d (the plan uses the devices it serves now)"
+            )
+        else:
+            argv += ["-d", ",".join(f"CUDA{g.index}" for g in worker.devices)]
+            notes.append(
+                f"-d assumes the described device(s) are the worker's CUDA0.. in that order; "
+                f"`{program} -d x` lists its devices"
+            )
+        if cache:
+            argv.append("-c")
+            size = (weights_bytes or {}).get(worker.endpoint)
+            held = f" (about {human(size)} of its disk)" if size else ""
+            notes.append(
+                f"-c: {worker.endpoint} keeps the weights it receives{held} in {RPC_CACHE_DIR}; "
+                "the next load sends a hash per large tensor instead of the tensor"
+            )
+        head = worker.head_address or "<head-ip>"
+        if address == "0.0.0.0":
+            warnings.append(
+                f"{worker.endpoint}: ggml-rpc-server binds every interface (0.0.0.0), so anyone "
+                "on any network that machine is on can use it: the RPC protocol has no "
+                "authentication (rpc-server warns: never expose it to an open network). Bind its "
+                "LAN address instead and let only the head in"
+            )
+        elif _loopback(address) and reach is not None and not _loopback(reach):
+            warnings.append(
+                f"{worker.endpoint}: bound to {address}, it cannot be reached from the head"
+            )
+        elif reach is not None and address != reach and not _loopback(address):
+            warnings.append(
+                f"{worker.endpoint}: bound to {address}, but the head reaches it at {reach}"
+            )
+        if not _loopback(address):
+            if address != "0.0.0.0":
+                warnings.append(
+                    f"{worker.endpoint}: ggml-rpc-server on {address} accepts whoever reaches "
+                    f"that address (no authentication): let only the head ({head}) in"
+                )
+            firewall.append(
+                f"sudo ufw allow from {head} to any port {worker.port} proto tcp"
+                "  # with ufw enabled (default: deny incoming)"
+            )
+        out.append(
+            WorkerCommand(
+                endpoint=worker.endpoint,
+                argv=tuple(argv),
+                bind=address,
+                devices=names,
+                cache=cache,
+                cache_bytes=(weights_bytes or {}).get(worker.endpoint) if cache else None,
+                warnings=tuple(warnings),
+                notes=tuple(notes),
+                firewall=tuple(firewall),
+            )
+        )
+    return tuple(out)
+
+
+def render_worker_json(worker: WorkerCommand) -> dict[str, Any]:
+    return {
+        "endpoint": worker.endpoint,
+        "argv": list(worker.argv),
+        "shell": shlex.join(worker.argv),
+        "bind": worker.bind,
+        "devices": list(worker.devices),
+        "cache": worker.cache,
+        "cache_bytes": worker.cache_bytes,
+        "warnings": list(worker.warnings),
+        "notes": list(worker.notes),
+        "firewall": list(worker.firewall),
+    }
+
+
+def render_worker_lines(workers: tuple[WorkerCommand, ...]) -> str:
+    """The workers' lines as a shell snippet: a comment saying where, then the command."""
+    lines: list[str] = []
+    for w in workers:
+        lines += _comment(f"on the RPC worker {w.endpoint} ({', '.join(w.devices)}), first:")
+        lines.append(shlex.join(w.argv))
+        for rule in w.firewall:
+            lines += _comment(f"  and: {rule}")
+    return "\n".join(lines) + ("\n" if lines else "")

@@ -260,3 +260,63 @@ def test_llama_server_runs_only_where_it_is_needed(
     assert log.read_text().split() == ["--help", "--version"]
     target = json.loads(result.stdout)["command"]
     assert target["argv"][0] == str(fake)
+
+
+# ---- RPC workers -------------------------------------------------------------------------------
+
+CLUSTER = ["--gpu", "3090", "--ram", "64G", "--rpc-device", "192.168.1.20:50052=t4"]
+
+
+def test_pick_over_a_local_3090_and_a_remote_t4() -> None:
+    doc = run_json(["pick", MODEL, "-c", "65536", "--prefer", "speed", *CLUSTER])
+    devices = {d["device"]: d for d in doc["devices"]}
+    assert list(devices) == ["RPC0", "CUDA0", "CPU"]
+    assert devices["RPC0"]["endpoint"] == "192.168.1.20:50052"
+    assert devices["RPC0"]["name"] == "Tesla T4" and devices["RPC0"]["layers"]
+    assert devices["CUDA0"]["endpoint"] is None
+    assert doc["config"]["rpc_servers"] == ["192.168.1.20:50052"]
+    assert doc["flags"][doc["flags"].index("--rpc") + 1] == "192.168.1.20:50052"
+    assert doc["machine"]["rpc_workers"] == [
+        {"endpoint": "192.168.1.20:50052", "devices": ["Tesla T4"], "probed": False}
+    ]
+
+
+def test_estimate_names_rpc_devices() -> None:
+    doc = run_json(["estimate", MODEL, "-q", "Q4_K_M", "-c", "8192", *CLUSTER,
+                    "-dev", "CUDA0,RPC0", "-ts", "30,12"])  # fmt: skip
+    assert [d["device"] for d in doc["devices"]] == ["CUDA0", "RPC0", "CPU"]
+    assert doc["config"]["devices"] == [0, "RPC0"]
+    result = runner.invoke(app, ["estimate", MODEL, "-q", "Q4_K_M", *CLUSTER, "-dev", "RPC7"])
+    assert result.exit_code == 2 and "RPC7" in result.stderr
+
+
+def test_command_prints_every_hosts_line(q4km_gguf: Path, tmp_path: Path) -> None:
+    # 262144 tokens of f16 KV do not fit the 3090 beside the Q4_K_M weights: the T4 is needed
+    args = ["command", "--gguf", str(q4km_gguf), "-c", "262144", *CLUSTER]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.stderr
+    lines = result.stdout.strip().splitlines()
+    assert lines[0] == "# on the RPC worker 192.168.1.20:50052 (RPC0), first:"
+    assert lines[1] == "ggml-rpc-server -H 192.168.1.20 -p 50052 -d CUDA0 -c"
+    assert "--rpc 192.168.1.20:50052" in lines[-1] and lines[-1].count("-ts") == 1
+    assert "no authentication" in result.stderr and "sudo ufw allow from" in result.stdout
+
+    doc = run_json(args)
+    (worker,) = doc["workers"]
+    assert worker["argv"] == ["ggml-rpc-server", "-H", "192.168.1.20", "-p", "50052",
+                              "-d", "CUDA0", "-c"]  # fmt: skip
+    assert worker["devices"] == ["RPC0"] and worker["cache_bytes"] > 0
+    argv = doc["command"]["argv"]
+    assert argv[argv.index("--rpc") + 1] == "192.168.1.20:50052"
+
+    script = tmp_path / "serve.sh"
+    result = runner.invoke(app, [*args, "--script", str(script)])
+    assert result.exit_code == 0, result.stderr
+    # the script is the head's; stdout carries the workers' lines
+    assert result.stdout.splitlines()[1] == "ggml-rpc-server -H 192.168.1.20 -p 50052 -d CUDA0 -c"
+    assert "#   on 192.168.1.20:50052: ggml-rpc-server" in script.read_text()
+
+    exposed = runner.invoke(app, [*args, "--rpc-bind", "0.0.0.0", "--no-rpc-cache"])
+    assert exposed.exit_code == 0, exposed.stderr
+    assert "ggml-rpc-server -H 0.0.0.0 -p 50052 -d CUDA0\n" in exposed.stdout
+    assert "every interface (0.0.0.0)" in exposed.stderr

@@ -114,3 +114,79 @@ def test_unknown_gpu_is_a_usage_error() -> None:
 def test_bad_ram_is_a_usage_error() -> None:
     result = runner.invoke(app, ["probe", "--gpu", "3090", "--ram", "lots"])
     assert result.exit_code == 2 and "cannot read size" in result.stderr
+
+
+# ---- RPC workers ---------------------------------------------------------------------------------
+
+
+def test_probe_rpc_json_round_trips_into_hardware(tmp_path: Path) -> None:
+    from fake_rpc import FakeWorker
+
+    with FakeWorker([(14 * GiB, 15 * GiB)]) as w:
+        first = runner.invoke(
+            app,
+            ["probe", "--json", "--gpu", "3090", "--rpc", w.endpoint,
+             "--rpc-device", "10.0.0.7:50052=t4", "--rpc-bandwidth", "1.1GB/s"],
+        )  # fmt: skip
+    assert first.exit_code == 0, first.stderr
+    workers = json.loads(first.stdout)["machine"]["rpc_workers"]
+    assert [x["endpoint"] for x in workers] == [w.endpoint, "10.0.0.7:50052"]
+    assert workers[0]["probed"] is True and workers[0]["protocol"] == "7.0.0"
+    assert (workers[0]["devices"][0]["free_bytes"], workers[0]["devices"][0]["total_bytes"]) == (
+        14 * GiB,
+        15 * GiB,
+    )
+    assert workers[1]["devices"][0]["name"] == "Tesla T4"
+    assert {x["network"]["bandwidth_bytes_per_s"] for x in workers} == {1_100_000_000}
+    box = tmp_path / "cluster.json"
+    box.write_text(first.stdout)
+    second = runner.invoke(app, ["probe", "--json", "--hardware", str(box)])  # the fake is gone
+    assert second.exit_code == 0, second.stderr
+    assert json.loads(second.stdout)["machine"]["rpc_workers"] == workers
+
+
+def test_probe_rpc_human_table() -> None:
+    from fake_rpc import FakeWorker
+
+    with FakeWorker([(14 * GiB, 15 * GiB)]) as w:
+        result = runner.invoke(app, ["probe", "--gpu", "3090", "--rpc", w.endpoint,
+                                     "--rpc-device", f"{w.endpoint}=t4"])  # fmt: skip
+    assert result.exit_code == 0, result.stderr
+    out = result.stdout
+    assert f"RPC workers (llama-server --rpc {w.endpoint})" in out
+    assert "RPC0" in out and "Tesla T4" in out and "probed (protocol 7.0.0)" in out
+    assert "117 MB/s" in out
+
+
+def test_unreachable_or_busy_worker_is_exit_6_and_one_line(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import socket
+
+    from fake_rpc import FakeWorker
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        result = runner.invoke(app, ["probe", "--rpc", f"127.0.0.1:{s.getsockname()[1]}"])
+    assert result.exit_code == 6 and result.stdout == ""
+    assert result.stderr.splitlines()[-2].startswith("Error: RPC worker 127.0.0.1:")
+    assert "connection refused" in result.stderr and "Traceback" not in result.stderr
+    monkeypatch.setattr("quantpick.machine.rpc.DEFAULT_TIMEOUT_S", 0.5)
+    with FakeWorker(behaviour="busy") as w:
+        result = runner.invoke(app, ["probe", "--rpc", w.endpoint, "--gpu", "3090"])
+    assert result.exit_code == 6 and "is busy" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--rpc", "box"], "cannot read RPC worker 'box'"),
+        (["--rpc", "[::1]:50052"], "IPv4 only"),
+        (["--rpc-device", "10.0.0.7:50052"], "cannot read RPC device"),
+        (["--rpc-device", "10.0.0.7:50052=t4", "--rpc-latency", "3"], "cannot read duration"),
+    ],
+)
+def test_bad_rpc_options_are_usage_errors(args: list[str], message: str) -> None:
+    result = runner.invoke(app, ["probe", "--gpu", "3090", *args])
+    assert result.exit_code == 2, result.stderr
+    assert message in result.stderr

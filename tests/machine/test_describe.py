@@ -274,3 +274,196 @@ def test_machine_from_dict_round_trip_of_described_machine(fake_host: Host) -> N
     machine = resolve_machine(gpus=["3090", "t4"])
     assert machine_from_dict(json.loads(json.dumps(machine.to_dict()))) == machine
     assert isinstance(machine, Machine)
+
+
+# --- RPC workers ---------------------------------------------------------------------------------
+
+
+def test_rpc_device_spec() -> None:
+    from quantpick.machine.describe import parse_rpc_device_spec
+
+    host, port, gpu = parse_rpc_device_spec("192.168.1.20:50052=t4")
+    assert (host, port, gpu.name, gpu.total_bytes) == ("192.168.1.20", 50052, "Tesla T4", 15 * GiB)
+    _, _, custom = parse_rpc_device_spec("box.lan:50100=mi50:32G:1TB/s")
+    assert (custom.name, custom.total_bytes, custom.bandwidth_bytes_per_s) == (
+        "mi50",
+        32 * GiB,
+        10**12,
+    )
+    for bad in ("192.168.1.20:50052", "192.168.1.20=t4", "192.168.1.20:50052=", "h:1=nope"):
+        with pytest.raises(UsageError):
+            parse_rpc_device_spec(bad)
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"), [("0.3ms", 0.0003), ("300us", 0.0003), ("2 s", 2.0), ("150µs", 0.00015)]
+)
+def test_parse_duration(text: str, seconds: float) -> None:
+    from quantpick.machine.describe import parse_duration
+
+    assert parse_duration(text) == pytest.approx(seconds)
+
+
+@pytest.mark.parametrize("text", ["0.3", "ms", "-1ms", "3 minutes"])
+def test_parse_duration_needs_a_unit(text: str) -> None:
+    from quantpick.machine.describe import parse_duration
+
+    with pytest.raises(UsageError, match="duration"):
+        parse_duration(text)
+
+
+def test_rpc_workers_probed_and_described_in_rpc_order(fake_host: Host) -> None:
+    from fake_rpc import FakeWorker
+
+    with FakeWorker([(10 * GiB, 12 * GiB), (3 * GiB, 4 * GiB)]) as two, FakeWorker() as one:
+        m = resolve_machine(
+            gpus=["3090"],
+            rpc=[one.endpoint, two.endpoint],
+            rpc_devices=["10.0.0.7:50052=t4", f"{two.endpoint}=3090", f"{two.endpoint}=t4"],
+            inspect_server=False,
+        )
+    # --rpc first, then endpoints only --rpc-device names: llama-server's --rpc order.
+    assert [w.endpoint for w in m.rpc_workers] == [one.endpoint, two.endpoint, "10.0.0.7:50052"]
+    probed, merged, described = m.rpc_workers
+    assert probed.probed and probed.protocol == "7.0.0" and probed.address == "127.0.0.1"
+    assert probed.devices[0].name == f"{one.endpoint}/0"
+    assert probed.network.rtt_source.startswith("measured")
+    assert not described.probed and described.devices[0].name == "Tesla T4"
+    assert described.network.bandwidth_bytes_per_s == 117_000_000
+    # probed for memory, described for what the devices are (by position)
+    assert merged.probed
+    assert [(g.index, g.name, g.total_bytes, g.free_bytes) for g in merged.devices] == [
+        (0, "NVIDIA GeForce RTX 3090", 12 * GiB, 10 * GiB),
+        (1, "Tesla T4", 4 * GiB, 3 * GiB),
+    ]
+    assert m.described and "--rpc-device" in m.source
+    assert [g.name for g in m.gpus] == ["NVIDIA GeForce RTX 3090"]  # local GPUs untouched
+
+
+def test_rpc_network_overrides_and_conflicts(fake_host: Host) -> None:
+    m = resolve_machine(
+        rpc_devices=["10.0.0.7:50052=t4"],
+        rpc_bandwidth="1.1GB/s",
+        rpc_latency="0.5ms",
+        inspect_server=False,
+        gpus=["3090"],
+    )
+    net = m.rpc_workers[0].network
+    assert (net.bandwidth_bytes_per_s, net.rtt_s) == (1_100_000_000, 0.0005)
+    assert (net.bandwidth_source, net.rtt_source) == ("--rpc-bandwidth", "--rpc-latency")
+    with pytest.raises(UsageError, match="cpu-only"):
+        resolve_machine(rpc_devices=["10.0.0.7:50052=t4"], cpu_only=True, gpus=["3090"])
+    with pytest.raises(UsageError, match="given twice"):
+        resolve_machine(rpc=["127.0.0.1:1", "127.0.0.1:1"], gpus=["3090"], inspect_server=False)
+    with pytest.raises(UsageError, match="bandwidth"):
+        resolve_machine(rpc_bandwidth="fast", gpus=["3090"], inspect_server=False)
+
+
+def test_described_count_must_match_the_probed_worker(fake_host: Host) -> None:
+    from fake_rpc import FakeWorker
+
+    with FakeWorker([(GiB, GiB)]) as w, pytest.raises(UsageError, match="serves 1 device"):
+        resolve_machine(
+            rpc=[w.endpoint],
+            rpc_devices=[f"{w.endpoint}=t4", f"{w.endpoint}=t4"],
+            gpus=["3090"],
+            inspect_server=False,
+        )
+
+
+def test_the_same_worker_under_two_names_is_refused(fake_host: Host) -> None:
+    from fake_rpc import FakeWorker
+
+    with FakeWorker() as w, pytest.raises(UsageError, match="are the same worker"):
+        resolve_machine(
+            rpc=[w.endpoint, f"localhost:{w.port}"], gpus=["3090"], inspect_server=False
+        )
+
+
+def test_unreachable_worker_is_exit_6(fake_host: Host) -> None:
+    import socket
+
+    from quantpick.errors import RpcWorkerError
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        with pytest.raises(RpcWorkerError, match="refused") as err:
+            resolve_machine(rpc=[f"127.0.0.1:{s.getsockname()[1]}"], gpus=["3090"])
+    assert err.value.exit_code == 6
+
+
+def test_workers_round_trip_through_probe_json(fake_host: Host, tmp_path: Path) -> None:
+    from fake_rpc import FakeWorker
+
+    with FakeWorker([(5 * GiB, 8 * GiB)]) as w:
+        m = resolve_machine(
+            gpus=["3090"], rpc=[w.endpoint], rpc_devices=["10.0.0.7:50052=t4"], inspect_server=False
+        )
+    path = tmp_path / "cluster.json"
+    path.write_text(json.dumps({"schema_version": 1, "machine": m.to_dict()}))
+    back = load_hardware_file(path)
+    assert back.rpc_workers == m.rpc_workers
+    # read from the file: no worker is contacted (the fake is gone)
+    again = resolve_machine(hardware_file=path, inspect_server=False)
+    assert again.rpc_workers == m.rpc_workers
+
+
+def test_toml_rpc_workers(tmp_path: Path) -> None:
+    from fake_rpc import FakeWorker
+
+    with FakeWorker([(6 * GiB, 8 * GiB)]) as w:
+        path = tmp_path / "cluster.toml"
+        path.write_text(
+            f"""
+gpus = ["3090"]
+[host]
+ram = "64G"
+cores = 16
+[[rpc]]
+endpoint = "192.168.1.20:50052"
+gpus = ["t4"]
+bandwidth = "1.1GB/s"
+latency = "0.2ms"
+[[rpc]]
+endpoint = "{w.endpoint}"
+[[rpc]]
+endpoint = "192.168.1.21:50052"
+[[rpc.gpu]]
+name = "mystery"
+vram = "20G"
+"""
+        )
+        m = load_hardware_file(path)
+    described, probed, custom = m.rpc_workers
+    assert described.devices[0].name == "Tesla T4"
+    assert (described.network.bandwidth_bytes_per_s, described.network.rtt_s) == (1.1e9, 0.0002)
+    assert described.network.bandwidth_source == "hardware file"
+    assert probed.probed and probed.devices[0].free_bytes == 6 * GiB
+    assert (custom.devices[0].name, custom.devices[0].total_bytes) == ("mystery", 20 * GiB)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ('[[rpc]]\nendpoint = "box"\ngpus = ["t4"]\n[host]\nram="8G"\ncores=2', "cannot read RPC"),
+        ('[[rpc]]\ngpus = ["t4"]\n[host]\nram="8G"\ncores=2', "needs endpoint"),
+        ('[[rpc]]\nendpoint = "h:1"\ncolour = 1\n[host]\nram="8G"\ncores=2', "unknown key"),
+        ('[[rpc]]\nendpoint = "h:1"\ngpus=["t4"]\nlatency=3\n[host]\nram="8G"\ncores=2', "0.3ms"),
+    ],
+)
+def test_bad_rpc_tables(tmp_path: Path, text: str, message: str) -> None:
+    path = tmp_path / "bad.toml"
+    path.write_text(text)
+    with pytest.raises(HardwareError, match=message):
+        load_hardware_file(path)
+
+
+def test_bad_rpc_workers_in_json(tmp_path: Path) -> None:
+    path = tmp_path / "bad.json"
+    worker = {"host": "h", "port": 1, "devices": [{"index": 0, "name": "x", "total_bytes": -1,
+                                                   "free_bytes": 0}]}  # fmt: skip
+    machine = {"gpus": [], "host": {"ram_total_bytes": 1, "ram_available_bytes": 1,
+                                    "cpu_cores": 1}, "rpc_workers": [worker]}  # fmt: skip
+    path.write_text(json.dumps(machine))
+    with pytest.raises(HardwareError, match="whole bytes"):
+        load_hardware_file(path)

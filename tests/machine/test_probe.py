@@ -321,3 +321,26 @@ def test_real_nvml_smoke(tmp_path: Path) -> None:
     assert gpu.error is None and gpu.total_bytes > 0 and gpu.free_bytes <= gpu.total_bytes
     if gpu.bandwidth_bytes_per_s is not None:
         assert 50e9 < gpu.bandwidth_bytes_per_s < 10e12
+
+
+def test_worker_from_report_names_devices_by_endpoint() -> None:
+    from quantpick.machine.probe import worker_from_report
+    from quantpick.machine.rpc import DeviceMemory, WorkerReport
+
+    report = WorkerReport(
+        host="box.lan",
+        port=50052,
+        version=(7, 0, 0),
+        devices=(DeviceMemory(3, 10), DeviceMemory(7, 8)),
+        address="192.168.1.20",
+        head_address="192.168.1.10",
+        rtt_s=0.00025,
+    )
+    worker = worker_from_report(report)
+    assert worker.endpoint == "box.lan:50052" and worker.probed and worker.protocol == "7.0.0"
+    assert [(g.index, g.name, g.free_bytes, g.used_bytes) for g in worker.devices] == [
+        (0, "box.lan:50052/0", 3, 7),
+        (1, "box.lan:50052/1", 7, 1),
+    ]
+    assert worker.network.rtt_s == 0.00025 and "3 request/response" in worker.network.rtt_source
+    assert (worker.address, worker.head_address) == ("192.168.1.20", "192.168.1.10")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 from conformance_model import (
@@ -199,3 +200,200 @@ def test_conformance_wider_grid(extra_models: dict[str, ModelLayout], case: dict
         if want["model"] is not None:
             assert dev.weights_bytes // MiB == want["model"], name
         assert (dev.kv_bytes + dev.recurrent_bytes) // MiB == want["context"], name
+
+
+# ---- RPC workers: llama.cpp's device list -----------------------------------------------------
+
+
+def _cluster(*, probed: bool = True) -> Machine:
+    """A 3090 here, a worker with a T4 and a worker with two devices (other machines)."""
+    from quantpick.machine.spec import RpcWorker
+
+    def dev(i: int, name: str, gib: int) -> Gpu:
+        return Gpu(i, name, gib * GiB, gib * GiB - GiB)
+
+    return Machine(
+        gpus=(Gpu(0, "NVIDIA GeForce RTX 3090", 24 * GiB, 23 * GiB),),
+        host=Host(64 * GiB, 64 * GiB, 8),
+        rpc_workers=(
+            RpcWorker("10.0.0.7", 50052, (dev(0, "Tesla T4", 15),), probed=probed),
+            RpcWorker("10.0.0.8", 50052, (dev(0, "a", 12), dev(1, "b", 8)), probed=probed),
+        ),
+    )
+
+
+ALL = ("10.0.0.7:50052", "10.0.0.8:50052")
+
+
+def test_rpc_devices_come_first_named_by_one_counter(q4km: ModelLayout) -> None:
+    from quantpick.plan.memory import llama_devices
+
+    m = _cluster()
+    devs = llama_devices(m, RunConfig(rpc_servers=ALL))
+    assert [(d.name, d.endpoint, d.gpu.index) for d in devs] == [
+        ("RPC0", "10.0.0.7:50052", 0),
+        ("RPC1", "10.0.0.8:50052", 0),
+        ("RPC2", "10.0.0.8:50052", 1),
+        ("CUDA0", None, 0),
+    ]
+    # --rpc order decides the numbering
+    flipped = llama_devices(m, RunConfig(rpc_servers=ALL[::-1]))
+    assert [(d.name, d.gpu.name) for d in flipped[:3]] == [
+        ("RPC0", "a"),
+        ("RPC1", "b"),
+        ("RPC2", "Tesla T4"),
+    ]
+    # --device: exactly those, in that order, names case-insensitive, ints = CUDA<i>
+    picked = llama_devices(m, RunConfig(rpc_servers=ALL, devices=(0, "rpc2", "RPC0")))
+    assert [d.name for d in picked] == ["CUDA0", "RPC2", "RPC0"]
+    for bad in ((5,), ("RPC3",), ("RPC0", "RPC0"), ("CPU",)):
+        with pytest.raises(UsageError):
+            llama_devices(m, RunConfig(rpc_servers=ALL, devices=bad))
+    with pytest.raises(UsageError, match="not a worker"):
+        llama_devices(m, RunConfig(rpc_servers=("10.0.0.9:1",)))
+    # without --rpc the workers are not devices
+    assert [d.name for d in llama_devices(m, RunConfig())] == ["CUDA0"]
+
+
+def test_rpc_budgets_split_and_overheads(q4km: ModelLayout) -> None:
+    est = estimate(q4km, _cluster(), RunConfig(ctx_size=4096, rpc_servers=ALL))
+    assert [d.device for d in est.devices] == ["RPC0", "RPC1", "RPC2", "CUDA0", "CPU"]
+    assert [d.endpoint for d in est.devices] == [*ALL, ALL[1], None, None]
+    assert [d.gpu_index for d in est.devices] == [None, None, None, 0, None]
+    # budgets from each device's free memory; the default split follows free memory too
+    assert [d.free_bytes for d in est.gpus] == [14 * GiB, 11 * GiB, 7 * GiB, 23 * GiB]
+    assert [d.budget_bytes for d in est.gpus] == [13 * GiB, 10 * GiB, 6 * GiB, 22 * GiB]
+    # free 14:11:7:23 of 55 over 42 slots: cumulative edges 0.2545, 0.4545, 0.5818, 1
+    assert [len(d.layers) for d in est.gpus] == [11, 9, 5, 16]  # slot 40 (MTP) is skipped
+    # a probed worker's free is after its own context: no CUDA context on top
+    assert [d.overhead_bytes for d in est.gpus] == [0, 0, 0, 384 * MiB]
+    described = estimate(q4km, _cluster(probed=False), RunConfig(ctx_size=4096, rpc_servers=ALL))
+    assert [d.overhead_bytes for d in described.gpus] == [384 * MiB] * 4
+
+
+def test_rpc_split_with_ts_covers_all_devices(q4km: ModelLayout) -> None:
+    base = RunConfig(ctx_size=8192, rpc_servers=ALL, tensor_split=(10.0, 10.0, 2.0, 20.0))
+    est = estimate(q4km, _cluster(), base)
+    assert [d.layers[0] for d in est.gpus] == [0, 10, 20, 22]
+    assert est.gpus[-1].layers[-1] == 41  # the output layer on the last device: the 3090
+    # weights, KV and state: the same rules as for local GPUs
+    local = Machine(
+        gpus=tuple(Gpu(i, f"g{i}", 30 * GiB, 30 * GiB) for i in range(4)),
+        host=Host(64 * GiB, 64 * GiB, 8),
+    )
+    same = estimate(q4km, local, replace(base, rpc_servers=()))
+    for a, b in zip(est.devices, same.devices, strict=True):
+        assert (a.weights_bytes, a.kv_bytes, a.recurrent_bytes, a.layers) == (
+            b.weights_bytes, b.kv_bytes, b.recurrent_bytes, b.layers,
+        )  # fmt: skip
+
+
+def test_host_experts_are_copied_to_the_first_local_gpu_not_an_rpc_device(
+    q4km: ModelLayout,
+) -> None:
+    # --n-cpu-moe 4 vs. an override that matches nothing: both turn pipeline parallelism off, so
+    # the only difference in compute is the layer of host experts copied in for prompt processing.
+    no_op = ((r"^$", "CPU"),)
+    for devices, taker in (((0, "RPC0"), 0), (("RPC0", 0), 1), (("RPC0", "RPC1"), None)):
+        cfg = RunConfig(ctx_size=4096, rpc_servers=ALL, devices=devices, tensor_split=(1.0, 1.0))
+        offload = estimate(q4km, _cluster(), replace(cfg, n_cpu_moe=4))
+        plain = estimate(q4km, _cluster(), replace(cfg, override_tensors=no_op))
+        extra = [
+            a.compute_bytes - b.compute_bytes for a, b in zip(offload.gpus, plain.gpus, strict=True)
+        ]
+        want = [0, 0]
+        if taker is not None:
+            want[taker] = q4km.slots[0].expert_bytes
+        assert extra == want, devices
+
+
+def test_ot_to_an_rpc_buffer_type(q4km: ModelLayout) -> None:
+    cfg = RunConfig(ctx_size=4096, rpc_servers=ALL, tensor_split=(1.0, 1.0, 1.0, 1.0))
+    moved = replace(
+        cfg, override_tensors=((r"blk\.(3|4)\.ffn_(up|down|gate)_exps", "RPC1[10.0.0.8:50052]"),)
+    )
+    a, b = estimate(q4km, _cluster(), cfg), estimate(q4km, _cluster(), moved)
+    two_layers = q4km.slots[3].expert_bytes + q4km.slots[4].expert_bytes
+    # RPC1[10.0.0.8:50052] is that worker's device 1: llama-server's RPC2
+    assert b.gpus[2].weights_bytes - a.gpus[2].weights_bytes == two_layers
+    assert a.gpus[0].weights_bytes - b.gpus[0].weights_bytes == two_layers
+    with pytest.raises(UsageError, match="not a device") as err:
+        estimate(q4km, _cluster(), replace(cfg, override_tensors=(("x", "RPC1"),)))
+    assert err.value.hint is not None and "carries its worker" in err.value.hint
+
+
+def test_projector_goes_to_the_first_local_gpu(q4km: ModelLayout) -> None:
+    cfg = RunConfig(ctx_size=4096, rpc_servers=ALL, vision=True)
+    est = estimate(q4km, _cluster(), cfg, projector_bytes=100 * MiB)
+    assert [d.projector_bytes > 0 for d in est.gpus] == [False, False, False, True]
+    first = estimate(q4km, _cluster(), replace(cfg, devices=("RPC1", 0)), projector_bytes=MiB)
+    assert [d.projector_bytes > 0 for d in first.gpus] == [True, False]
+
+
+# ---- conformance with two real workers: llama-fit-params --rpc -------------------------------
+
+# llama-fit-params args (beside -fa on -fitp on -fit off --rpc W0,W1); {w1} is the second
+# worker's endpoint. Each case checks one rule against llama.cpp itself: the default split
+# (free memory), -ts, partial -ngl, --n-cpu-moe, KV types, --device order, and -ot to an RPC
+# buffer type.
+RPC_CASES = [
+    ["-c", "32768", "-np", "1", "-ngl", "99"],
+    ["-c", "32768", "-np", "1", "-ngl", "99", "-ts", "24,16"],
+    ["-c", "65536", "-np", "2", "-ngl", "99", "-ts", "3,1", "-ctk", "q8_0", "-ctv", "f16"],
+    ["-c", "65536", "-np", "4", "-ngl", "20", "-ts", "24,16"],
+    ["-c", "32768", "-np", "1", "-ngl", "99", "-ts", "24,16", "--n-cpu-moe", "8"],
+    ["-c", "32768", "-np", "1", "-ngl", "99", "-ts", "24,16", "-dev", "RPC1,RPC0"],
+    ["-c", "16384", "-np", "1", "-ngl", "99", "-ts", "24,16", "-ot",
+     r"blk\.(3|4)\.ffn_(up|down|gate)_exps=RPC0[{w1}]"],
+]  # fmt: skip
+
+
+@pytest.mark.llamacpp
+def test_rpc_conformance_with_llama_fit_params(
+    q4km: ModelLayout, llamacpp_bin: Path, tmp_path: Path
+) -> None:
+    """Two real ggml-rpc-server workers on 127.0.0.1, read by quantpick's probe: per RPC device,
+    weights == llama.cpp's `model` and KV + state == its `context` (MiB, floored as printed)."""
+    import subprocess
+
+    from rpc_workers import rpc_workers
+
+    from quantpick.machine.describe import resolve_rpc_workers
+
+    model = Path(q4km.basis.removeprefix("gguf:"))
+    with rpc_workers(llamacpp_bin, 2, log_dir=tmp_path) as endpoints:
+        workers = resolve_rpc_workers(endpoints)
+        machine = Machine(gpus=(), host=Host(128 * GiB, 128 * GiB, 2), rpc_workers=workers)
+        for case in RPC_CASES:
+            args = [a.replace("{w1}", endpoints[1]) for a in case]
+            run = subprocess.run(
+                [str(llamacpp_bin / "llama-fit-params"), "-m", str(model), "-fa", "on",
+                 "-fitp", "on", "-fit", "off", "--rpc", ",".join(endpoints), *args],
+                capture_output=True, text=True, timeout=300,
+            )  # fmt: skip
+            want = _fit_lines(run.stdout)
+            assert set(want) >= {"RPC0", "RPC1"}, run.stderr[-2000:]
+            config, _ = config_from_args([a for a in args if a not in ("-dev", "RPC1,RPC0")])
+            if "-dev" in args:
+                config = replace(config, devices=("RPC1", "RPC0"))
+            est = estimate(q4km, machine, replace(config, rpc_servers=tuple(endpoints)))
+            got = {d.device: d for d in est.devices}
+            order = [d.device for d in est.gpus]
+            assert order == [n for n in want if n != "Host"], case
+            for name in ("RPC0", "RPC1"):
+                mib_model, mib_context = want[name]
+                assert got[name].weights_bytes // MiB == mib_model, (case, name)
+                assert (got[name].kv_bytes + got[name].recurrent_bytes) // MiB == mib_context, (
+                    case,
+                    name,
+                )
+
+
+def _fit_lines(stdout: str) -> dict[str, tuple[int, int]]:
+    """`<DEV> <model MiB> <context MiB> <compute MiB>` lines (common_fit_print), in order."""
+    out: dict[str, tuple[int, int]] = {}
+    for line in stdout.splitlines():
+        parts = line.split()
+        if len(parts) == 4 and all(p.lstrip("-").isdigit() for p in parts[1:]):
+            out[parts[0]] = (int(parts[1]), int(parts[2]))
+    return out

@@ -296,3 +296,93 @@ def test_a_failed_gpu_is_left_out_by_name() -> None:
     p = plan(MANIFEST, m, layout_of, PlanRequest(ctx_size=32768, prefer="speed"))
     assert p.config.devices == (0, 2)
     assert [d.device for d in p.estimate.gpus] == ["CUDA0", "CUDA2"]
+
+
+# ---- RPC workers -------------------------------------------------------------------------------
+
+
+def with_workers(m: Machine, *workers: tuple[str, Gpu]) -> Machine:
+    from dataclasses import replace
+
+    from quantpick.machine.spec import RpcWorker
+
+    rpc = tuple(
+        RpcWorker(host=ep.split(":")[0], port=int(ep.split(":")[1]), devices=(g,))
+        for ep, g in workers
+    )
+    return replace(m, rpc_workers=rpc)
+
+
+def test_a_3090_here_and_a_t4_on_a_worker_is_planned_across_both() -> None:
+    here = machine(gpu(0, 24, 936, "NVIDIA GeForce RTX 3090"))
+    cluster = with_workers(here, ("10.0.0.7:50052", gpu(0, 15, 320, "Tesla T4")))
+    request = PlanRequest(ctx_size=65536, prefer="speed")
+    alone, both = (
+        plan(MANIFEST, here, layout_of, request),
+        plan(MANIFEST, cluster, layout_of, request),
+    )
+    assert both.config.rpc_servers == ("10.0.0.7:50052",)
+    assert [d.device for d in both.estimate.gpus] == ["RPC0", "CUDA0"]  # the worker first
+    assert both.placement == "gpu" and both.estimate.fits
+    assert both.config.tensor_split is not None and len(both.config.tensor_split) == 2
+    assert all(d.layers for d in both.estimate.gpus)
+    # 39 GiB of devices hold a better quant than the 3090 alone
+    assert RANK[both.quant] > RANK[alone.quant]
+    assert both.config.devices is None  # llama.cpp's own order, nothing to name
+
+
+def test_a_failed_local_gpu_is_left_out_and_the_workers_named() -> None:
+    broken = Gpu(index=1, name="GPU1", total_bytes=24 * GiB, free_bytes=0, error="Unknown Error")
+    m = with_workers(
+        machine(gpu(0, 24, 936), broken),
+        ("10.0.0.7:50052", gpu(0, 15, 320)),
+        ("10.0.0.8:50052", gpu(0, 12, 360)),
+    )
+    p = plan(MANIFEST, m, layout_of, PlanRequest(ctx_size=32768, prefer="speed"))
+    assert p.config.devices == ("RPC0", "RPC1", 0)
+    assert [d.device for d in p.estimate.gpus] == ["RPC0", "RPC1", "CUDA0"]
+
+
+def test_two_equal_workers_share_the_layers() -> None:
+    workers = [(f"10.0.0.{i}:50052", gpu(0, 24, 500)) for i in (7, 8)]
+    p = plan(MANIFEST, with_workers(machine(ram_gib=64), *workers), layout_of,
+             PlanRequest(ctx_size=8192, quant="Q4_K_M"))  # fmt: skip
+    a, b = (len(d.layers) for d in p.estimate.gpus)
+    assert abs(a - b) <= 1  # a tie goes to the balanced split, not to an empty worker
+
+
+def test_a_worker_left_empty_is_left_out_of_rpc() -> None:
+    # Q4_K_M at a small context fits the 3090 alone, and the 3090 is the faster device.
+    here = machine(gpu(0, 24, 936))
+    m = with_workers(here, ("10.0.0.7:50052", gpu(0, 15, 320)))
+    p = plan(MANIFEST, m, layout_of, PlanRequest(ctx_size=8192, quant="Q4_K_M", prefer="speed"))
+    assert p.config.rpc_servers == ()
+    assert [d.device for d in p.estimate.gpus] == ["CUDA0"]
+    assert any("10.0.0.7:50052 hold no layer" in n for n in p.notes)
+    chosen = next(c for c in p.candidates if c.reason.startswith("chosen"))
+    assert chosen.config == p.config
+
+
+def test_dropping_a_worker_renumbers_the_rpc_devices() -> None:
+    from quantpick.plan.memory import estimate as run
+    from quantpick.plan.planner import _without_workers
+
+    broken = Gpu(index=1, name="GPU1", total_bytes=24 * GiB, free_bytes=0, error="Unknown Error")
+    m = with_workers(
+        machine(gpu(0, 24, 936), broken),
+        ("10.0.0.7:50052", gpu(0, 15, 320)),
+        ("10.0.0.8:50052", gpu(0, 12, 360)),
+    )
+    config = RunConfig(
+        ctx_size=4096,
+        rpc_servers=("10.0.0.7:50052", "10.0.0.8:50052"),
+        devices=("RPC0", "RPC1", 0),
+        tensor_split=(0.0, 10.0, 32.0),
+    )
+    est = run(layout_of("Q4_K_M"), m, config)
+    slim = _without_workers(m, config, est, ("10.0.0.7:50052",))
+    assert slim.rpc_servers == ("10.0.0.8:50052",)
+    assert slim.devices == ("RPC0", 0)  # the second worker's device is RPC0 now
+    assert slim.tensor_split == (10.0, 32.0)
+    after = run(layout_of("Q4_K_M"), m, slim)
+    assert [len(d.layers) for d in after.gpus] == [len(d.layers) for d in est.gpus[1:]]

@@ -314,3 +314,135 @@ def test_env_format_sources_to_the_same_values(
         str(tmp_path / name), "1", "0", r"blk\.1\.ffn_up_exps=CPU,blk\.2\.ffn_up_exps=CPU", "0.6",
         "key",
     ]  # fmt: skip
+
+
+# --- RPC workers -------------------------------------------------------------------------------
+
+
+def _workers(*, probed: bool = False, host: str = "192.168.1.20") -> tuple:
+    from quantpick.machine.spec import Gpu, RpcWorker
+
+    t4 = Gpu(0, "Tesla T4", 15 * 1024**3, 15 * 1024**3)
+    two = (Gpu(0, "a", 1, 1), Gpu(1, "b", 1, 1))
+    return (
+        RpcWorker(host, 50052, (t4,), probed=probed, address=host if probed else None,
+                  head_address="192.168.1.10" if probed else None),
+        RpcWorker("192.168.1.21", 50100, two),
+    )  # fmt: skip
+
+
+def test_rpc_comes_first_and_devices_are_named(manifest: Manifest) -> None:
+    cfg = RunConfig(
+        ctx_size=65536,
+        rpc_servers=("192.168.1.20:50052", "192.168.1.21:50100"),
+        devices=("RPC0", 0, "RPC2"),
+        tensor_split=(10.0, 26.0, 6.0),
+        override_tensors=((r"blk\.3\.ffn_up_exps", "RPC1[192.168.1.21:50100]"),),
+    )
+    argv = list(build(cfg, manifest).argv)
+    # --rpc before --device and -ot, which name the devices it creates (parsed in order)
+    assert argv[:6] == ["llama-server", "-m", str(MODEL), "--rpc",
+                        "192.168.1.20:50052,192.168.1.21:50100", "-c"]  # fmt: skip
+    assert argv[argv.index("--device") + 1] == "RPC0,CUDA0,RPC2"
+    assert argv[argv.index("-ts") + 1] == "10,26,6"
+    assert argv[argv.index("-ot") + 1] == r"blk\.3\.ffn_up_exps=RPC1[192.168.1.21:50100]"
+    assert argv.index("--rpc") < argv.index("--device") < argv.index("-ot")
+    env = render_env(build(cfg, manifest))
+    assert "export LLAMA_ARG_RPC=192.168.1.20:50052,192.168.1.21:50100" in env
+
+
+def test_rpc_devices_need_device_support(manifest: Manifest) -> None:
+    from quantpick.errors import QuantpickError
+    from quantpick.serve.flags import parse_help, with_version
+
+    data = ROOT / "tests" / "data"
+    # the current build's help without -dev/--device: a build that cannot choose devices
+    help_text = "\n".join(
+        line
+        for line in (data / "llama-server-help-current.txt").read_text().splitlines()
+        if "--device <" not in line
+    )
+    caps = with_version(
+        parse_help(help_text), (data / "llama-server-version-current.txt").read_text()
+    )
+    assert not caps.has("--device") and caps.has("--rpc")
+    local = RunConfig(ctx_size=4096, devices=(1, 0))
+    assert build(local, manifest, capabilities=caps).env["CUDA_VISIBLE_DEVICES"] == "1,0"
+    remote = RunConfig(ctx_size=4096, rpc_servers=("10.0.0.7:50052",), devices=("RPC0",))
+    with pytest.raises(QuantpickError, match="no --device"):
+        build(remote, manifest, capabilities=caps)
+
+
+def test_worker_lines_bind_the_lan_address_and_pin_described_devices() -> None:
+    from quantpick.serve.command import build_worker_commands, render_worker_json
+
+    t4, two = build_worker_commands(_workers(), weights_bytes={"192.168.1.20:50052": 12 * 1024**3})
+    assert t4.argv == ("ggml-rpc-server", "-H", "192.168.1.20", "-p", "50052", "-d", "CUDA0", "-c")
+    assert two.argv == (
+        "ggml-rpc-server", "-H", "192.168.1.21", "-p", "50100", "-d", "CUDA0,CUDA1", "-c",
+    )  # fmt: skip
+    assert (t4.devices, two.devices) == (("RPC0",), ("RPC1", "RPC2"))
+    assert t4.cache_bytes == 12 * 1024**3 and "12.00 GiB" in " ".join(t4.notes)
+    # LAN-bound: said plainly, with a firewall rule; the head's address is unknown here
+    assert any("no authentication" in w for w in t4.warnings)
+    assert t4.firewall[0].startswith("sudo ufw allow from <head-ip> to any port 50052 proto tcp")
+    assert not any("0.0.0.0" in w for w in t4.warnings)
+    doc = render_worker_json(t4)
+    assert doc["shell"] == "ggml-rpc-server -H 192.168.1.20 -p 50052 -d CUDA0 -c"
+    assert doc["bind"] == "192.168.1.20" and doc["cache"] is True
+
+
+def test_probed_worker_keeps_its_devices_and_knows_the_head() -> None:
+    from quantpick.serve.command import build_worker_commands
+
+    (w, _) = build_worker_commands(_workers(probed=True), cache=False)
+    assert w.argv == ("ggml-rpc-server", "-H", "192.168.1.20", "-p", "50052")  # no -d, no -c
+    assert "does not name" in w.notes[0]
+    assert w.firewall[0].startswith("sudo ufw allow from 192.168.1.10 ")
+
+
+def test_zero_zero_zero_zero_only_when_asked_and_then_loudly() -> None:
+    from quantpick.serve.command import build_worker_commands
+
+    for w in build_worker_commands(_workers()):
+        assert w.bind != "0.0.0.0"
+    exposed = build_worker_commands(_workers(), bind="0.0.0.0")
+    assert exposed[0].argv[1:3] == ("-H", "0.0.0.0")
+    assert any("every interface (0.0.0.0)" in x for x in exposed[0].warnings)
+    assert any("Bind its LAN address" in x for x in exposed[0].warnings)
+    assert exposed[0].firewall
+    with pytest.raises(UsageError, match="IPv4"):
+        build_worker_commands(_workers(), bind="box.lan")
+
+
+def test_loopback_workers_need_no_firewall_and_names_need_an_address() -> None:
+    from quantpick.machine.spec import Gpu, RpcWorker
+    from quantpick.serve.command import build_worker_commands
+
+    local = RpcWorker("127.0.0.1", 50052, (Gpu(0, "x", 1, 1),), probed=True, address="127.0.0.1")
+    (w,) = build_worker_commands((local,))
+    assert (w.warnings, w.firewall) == ((), ())
+    named = RpcWorker("box.lan", 50052, (Gpu(0, "x", 1, 1),))
+    with pytest.raises(UsageError, match="IPv4"):
+        build_worker_commands((named,))
+    (w,) = build_worker_commands((dataclasses.replace(named, address="192.168.1.30"),))
+    assert w.argv[1:3] == ("-H", "192.168.1.30")
+    (w,) = build_worker_commands((dataclasses.replace(named, address="192.168.1.30"),),
+                                 bind="127.0.0.1")  # fmt: skip
+    assert any("cannot be reached from the head" in x for x in w.warnings)
+
+
+def test_script_lists_the_workers_as_comments(manifest: Manifest) -> None:
+    from quantpick.serve.command import build_worker_commands, render_worker_lines
+
+    workers = build_worker_commands(_workers())
+    cfg = RunConfig(ctx_size=4096, rpc_servers=("192.168.1.20:50052", "192.168.1.21:50100"))
+    text = render_script(build(cfg, manifest), "plan", workers)
+    assert "# Start these RPC workers first, each on its own machine:" in text
+    assert "#   on 192.168.1.20:50052: ggml-rpc-server -H 192.168.1.20 -p 50052 -d CUDA0 -c" in text
+    assert "exec llama-server" in text
+    lines = render_worker_lines(workers).splitlines()
+    assert lines[0] == "# on the RPC worker 192.168.1.20:50052 (RPC0), first:"
+    assert lines[1] == "ggml-rpc-server -H 192.168.1.20 -p 50052 -d CUDA0 -c"
+    # the script still runs: bash parses it
+    assert subprocess.run(["bash", "-n"], input=text, text=True).returncode == 0

@@ -94,3 +94,98 @@ def test_server_runs_the_generated_command(tmp_path: Path, llamacpp_bin: Path) -
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+
+
+def _wait_healthy(proc: subprocess.Popen[bytes], port: int, log: Path) -> None:
+    deadline = time.monotonic() + HEALTH_TIMEOUT_S
+    status = 0
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            pytest.fail(f"llama-server exited {proc.returncode}:\n{log.read_text()[-3000:]}")
+        try:
+            status = _get(f"http://127.0.0.1:{port}/health")
+        except OSError:
+            status = 0
+        if status == 200:
+            return
+        time.sleep(0.25)
+    pytest.fail(f"/health never returned 200:\n{log.read_text()[-3000:]}")
+
+
+def test_head_and_worker_lines_run_across_two_rpc_workers(
+    tmp_path: Path, llamacpp_bin: Path
+) -> None:
+    """quantpick probes two real ggml-rpc-server workers, plans the tiny model across them and
+    writes every host's line; the workers restarted from their generated lines and the head's
+    generated line answer a completion."""
+    from rpc_workers import rpc_workers, start_worker, stop
+    from typer.testing import CliRunner
+
+    from quantpick.cli import app
+
+    model = tmp_path / "tiny.gguf"
+    write_tiny_model(model)
+    port = _free_port()
+    with rpc_workers(llamacpp_bin, 2, log_dir=tmp_path) as endpoints:
+        args = ["command", "--gguf", str(model), "-c", "2048", "--port", str(port),
+                "--llama-server", str(llamacpp_bin / "llama-server"), "--json"]  # fmt: skip
+        for endpoint in endpoints:
+            args += ["--rpc", endpoint]
+        result = CliRunner().invoke(app, args)
+        assert result.exit_code == 0, result.stderr
+        doc = json.loads(result.stdout)
+        plan_devices = [d for d in doc["plan"]["devices"] if d["kind"] == "gpu"]
+        assert [d["device"] for d in plan_devices] == ["RPC0", "RPC1"]
+        assert all(d["layers"] for d in plan_devices), plan_devices  # both workers hold layers
+        argv = doc["command"]["argv"]
+        assert argv[argv.index("--rpc") + 1] == ",".join(endpoints)
+        workers = doc["workers"]
+        assert [w["endpoint"] for w in workers] == endpoints
+        assert workers[0]["argv"][1:] == ["-H", "127.0.0.1", "-p", endpoints[0].split(":")[1], "-c"]
+        assert workers[0]["warnings"] == [] and workers[0]["firewall"] == []
+
+    # The workers as quantpick wrote them (the program is on PATH on a worker; here, the build).
+    procs = []
+    log = tmp_path / "server.log"
+    try:
+        for w in workers:
+            w_port = int(w["endpoint"].split(":")[1])
+            procs.append(
+                start_worker(
+                    [str(llamacpp_bin / "ggml-rpc-server"), *w["argv"][1:]],
+                    w_port,
+                    log=tmp_path / f"worker-{w_port}.log",
+                    env={**os.environ, "LLAMA_CACHE": str(tmp_path / "rpc-cache")},
+                )
+            )
+        with log.open("wb") as out:
+            server = subprocess.Popen(
+                argv, env={**os.environ, **doc["command"]["env"]}, stdin=subprocess.DEVNULL,
+                stdout=out, stderr=subprocess.STDOUT,
+            )  # fmt: skip
+            try:
+                _wait_healthy(server, port, log)
+                body = json.dumps({"prompt": "hello", "n_predict": 4}).encode()
+                req = urllib.request.Request(
+                    f"http://127.0.0.1:{port}/completion", data=body,
+                    headers={"Content-Type": "application/json"},
+                )  # fmt: skip
+                with urllib.request.urlopen(req, timeout=120) as r:
+                    completion = json.load(r)
+                assert completion["tokens_predicted"] == 4
+            finally:
+                server.terminate()
+                try:
+                    server.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    server.kill()
+                    server.wait()
+        # Both workers served the head, and -c filled their tensor caches (tensors > 10 MiB
+        # only: the tiny model has none, so the cache directory exists and may be empty).
+        for w in workers:
+            text = (tmp_path / f"worker-{w['endpoint'].split(':')[1]}.log").read_text()
+            assert "local cache    : " + str(tmp_path / "rpc-cache" / "rpc") in text
+            assert text.count("Accepted client connection") >= 2  # our probe, then the head
+    finally:
+        for proc in procs:
+            stop(proc)
