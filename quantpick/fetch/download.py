@@ -697,11 +697,12 @@ def _record_checksums(dest: Path, plan: FetchPlan, results: list[DownloadResult]
 
 
 def verified_local_files(
-    manifest: Manifest, quant: str, vision: bool, dest: Path
+    manifest: Manifest, quant: str, vision: bool, dest: Path, cache: HashCache | None = None
 ) -> list[dict[str, Any]] | None:
     """The quant's files in `dest`, hashed against dest/SHA256SUMS (written by an earlier download)
     and the manifest's own hashes; None when a file or its checksum is missing. A mismatch is a
-    VerificationError (exit 4): a bad file is never used."""
+    VerificationError (exit 4): a bad file is never used. With `cache`, a file unchanged since
+    it was last hashed is not hashed again."""
     from quantpick.errors import VerificationError
     from quantpick.fetch.verify import parse_sha256sums, verify_files
 
@@ -718,7 +719,12 @@ def verified_local_files(
                 f"{sums_path} lists {sums[mf.name]} for {mf.name}, the manifest {mf.sha256}"
             )
         expected[mf.name] = sums[mf.name]
-    result = verify_files(dest, expected)
+    known = {
+        name: sha
+        for name, sha in expected.items()
+        if cache is not None and cache.lookup(dest / name) == sha
+    }
+    result = verify_files(dest, {n: h for n, h in expected.items() if n not in known})
     bad = [c for c in result.files if c.status != "ok"]
     if bad:
         raise VerificationError(
@@ -726,17 +732,95 @@ def verified_local_files(
             f"from {sums_path}",
             hint="run the command again with the hub reachable to fetch it afresh",
         )
+    hashed = {c.name: c.actual for c in result.files}
+    if cache is not None:
+        for name, sha in hashed.items():
+            cache.record(dest / name, str(sha))
+        cache.save()
     return [
         {
-            "name": c.name,
-            "path": str(dest / c.name),
-            "size": c.size,
-            "sha256": c.actual,
+            "name": name,
+            "path": str(dest / name),
+            "size": (dest / name).stat().st_size,
+            "sha256": expected[name],
             "verified": True,
             "bytes_fetched": 0,
             "resumed_from": 0,
             "reused": True,
             "source": f"local {sums_path}",
         }
-        for c in result.files
+        for name in sorted(expected)
     ]
+
+
+def verified_hf_cache_files(
+    manifest: Manifest, quant: str, vision: bool, settings: Settings, cache: HashCache
+) -> list[dict[str, Any]] | None:
+    """With --hf-cache and no hub: the quant's files in the Hugging Face cache snapshot of the
+    manifest's Hugging Face repo (its pinned commit, else what refs/<revision> names), verified
+    against the manifest's sha256, else the name of the blob each snapshot entry points to (the
+    hub's LFS sha256, checked when it was written). None when a file is not there."""
+    from quantpick.fetch.hf_cache import COMMIT_RE, SHA256_RE
+    from quantpick.fetch.stores import hf_cache_for_writing, hf_repo_folder
+
+    source = next((s for s in manifest.sources if s.kind == "hf" and s.repo), None)
+    if source is None or source.repo is None:
+        return None
+    storage = hf_cache_for_writing(settings.store_paths) / hf_repo_folder(source.repo)
+    revision = source.revision or "main"
+    commit = revision
+    if not COMMIT_RE.match(revision):
+        try:
+            commit = (storage / "refs" / revision).read_text().strip()
+        except OSError:
+            return None
+    out = []
+    for mf in wanted_files(manifest, quant, vision):
+        pointer = storage / "snapshots" / commit / mf.name
+        if not pointer.is_file():
+            return None
+        blob_name = Path(os.path.realpath(pointer)).name
+        expected = (mf.sha256 or "").lower() or (blob_name if SHA256_RE.match(blob_name) else "")
+        if not expected:
+            return None
+        st = pointer.stat()
+        if mf.size_exact and st.st_size != mf.size_bytes:
+            raise VerificationError(f"{pointer}: {st.st_size} bytes, not {mf.size_bytes}")
+        digest = cache.lookup(pointer)
+        if digest is None:
+            from quantpick.fetch.stores import sha256_of
+
+            digest, _ = sha256_of(pointer, cache)
+        if digest != expected:
+            raise VerificationError(
+                f"{pointer}: sha256 {digest} does not match {expected}",
+                hint="run the command again with the hub reachable to fetch it afresh",
+            )
+        out.append(
+            {
+                "name": mf.name,
+                "path": str(pointer),
+                "size": st.st_size,
+                "sha256": digest,
+                "verified": True,
+                "bytes_fetched": 0,
+                "resumed_from": 0,
+                "reused": True,
+                "source": f"hf cache {storage}",
+            }
+        )
+    cache.save()
+    return out
+
+
+def report_files(report: FetchReport) -> list[dict[str, Any]]:
+    """One JSON entry per file of a finished fetch: the result, plus the store copy it reused
+    (`reuse`, or null) and the copies that failed verification (`reuse_rejected`)."""
+    out = []
+    for result in report.results:
+        used = report.reused.get(result.name)
+        entry = result.as_dict()
+        entry["reuse"] = used.as_dict() if used is not None else None
+        entry["reuse_rejected"] = [r.as_dict() for r in report.rejected.get(result.name, ())]
+        out.append(entry)
+    return out
