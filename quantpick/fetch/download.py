@@ -549,7 +549,12 @@ def _use_local_copies(
                 continue  # a plain file of quantpick's: the engine resumes or replaces it
         for choice in planned.reuse_candidates:
             label = f"{planned.name} in {choice.store}"
-            digest = _hash_with_progress(choice.path, cache, progress, label)
+            try:
+                digest = _hash_with_progress(choice.path, cache, progress, label)
+            except OSError as exc:  # e.g. the Linux Ollama service's files, unreadable to us
+                bad.append(RejectedCandidate(choice.store, choice.path, f"unreadable: {exc}"))
+                progress.message(f"{choice.path}: cannot read it ({exc.strerror}); skipped")
+                continue
             if digest != planned.sha256:
                 bad.append(
                     RejectedCandidate(

@@ -421,3 +421,19 @@ def test_llama_server_lists_what_hf_cache_wrote(hub: FakeHub, llamacpp_bin: Path
     )
     assert out.returncode == 0, out.stderr
     assert f"{REPO}:Q4_K_M" in out.stdout + out.stderr
+
+
+def test_an_unreadable_copy_is_skipped(
+    hub: FakeHub, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    source = lay_out("ollama", DATA)
+    real = stores.sha256_of
+
+    def as_another_user(path: Path, *args: Any, **kw: Any) -> Any:
+        if Path(path) == source:  # the Linux service's blobs, mode 0600 for user ollama
+            raise PermissionError(errno.EACCES, "Permission denied", str(path))
+        return real(path, *args, **kw)
+
+    monkeypatch.setattr(stores, "sha256_of", as_another_user)
+    report = fetch(tmp_path / "models")
+    assert "unreadable" in report.rejected[NAME][0].reason and downloads(hub) == 1
