@@ -207,9 +207,9 @@ def plan_to_dict(plan: FetchPlan) -> dict[str, Any]:
         "free_bytes": plan.free_bytes,
         "enough_space": plan.enough_space,
         "reuse_from": {
-            "origin": plan.reuse_origin,
-            "stores": sorted({r.store for r in plan.reuse_roots}),
-            "looked_in": [r.as_dict() for r in plan.reuse_roots],
+            "origin": plan.reuse_origin,  # the setting that chose the stores
+            "stores": list(plan.reuse_stores),
+            "looked_in": [r.as_dict() for r in plan.reuse_roots],  # the ones that exist here
         },
         "hf_cache": _hf_cache_dict(plan),
         "files": [
@@ -292,11 +292,13 @@ def _print_plan(plan: FetchPlan) -> None:
 
 def reuse_lines(plan: FetchPlan) -> list[str]:
     """What a run would reuse, from where, and how (for --dry-run of download and get)."""
-    stores = sorted({r.store for r in plan.reuse_roots})
-    if plan.reuse_origin and not plan.reuse_roots:
-        lines = [f"Reuse: no store looked in ({plan.reuse_origin})"]
+    if not plan.reuse_stores:
+        lines = [f"Reuse: off ({plan.reuse_origin})"]
     else:
-        lines = [f"Reuse: looked in {', '.join(stores) or 'no store'} ({plan.reuse_origin})"]
+        where = ", ".join(f"{r.path} ({r.store})" for r in plan.reuse_roots) or "none exists here"
+        lines = [
+            f"Reuse from {', '.join(plan.reuse_stores)} ({plan.reuse_origin}); looked in: {where}"
+        ]
     if plan.hf_cache is not None:
         lines.append(f"Writing into the Hugging Face cache: {plan.hf_cache.snapshot_dir}")
     for f in plan.files:

@@ -126,7 +126,8 @@ class FetchPlan:
     enough_space: bool
     checksums_text: str | None = field(default=None, repr=False)
     # Where copies were looked for (quantpick.fetch.stores), and which setting chose the stores.
-    reuse_roots: tuple[StoreRoot, ...] = ()
+    reuse_roots: tuple[StoreRoot, ...] = ()  # the enabled stores' directories that exist
+    reuse_stores: tuple[str, ...] = ()  # the enabled stores
     reuse_origin: str = ""
     hf_cache: HFCacheTarget | None = None  # --hf-cache: files go into the Hugging Face cache
 
@@ -421,7 +422,9 @@ def fetch_model(
                 hash_cache=cache,
                 hf_target=target,
             )
-            plan = replace(plan, reuse_origin=settings.reuse_origin)
+            plan = replace(
+                plan, reuse_stores=settings.reuse_stores, reuse_origin=settings.reuse_origin
+            )
             if dry_run:
                 return FetchReport(plan, (), tuple(skipped))
             if not plan.enough_space:
@@ -430,6 +433,7 @@ def fetch_model(
                     f"{plan.bytes_to_fetch} to fetch plus a {SPACE_MARGIN} byte margin",
                     hint="free some space or choose another directory with --dir",
                 )
+            progress.message(f"Using {plan.source} -> {dest}")
             done, reused, rejected = _use_local_copies(plan, cache, progress)
             cache.save()
             left = [p for p in plan.files if p.name not in done]
@@ -448,7 +452,6 @@ def fetch_model(
                     f"{plan.bytes_to_fetch} to fetch plus a {SPACE_MARGIN} byte margin",
                     hint="free some space or choose another directory with --dir",
                 )
-            progress.message(f"Using {plan.source} -> {dest}")
             if left:
                 progress.total_started(len(left), plan.bytes_to_fetch)
             results = []
@@ -589,7 +592,12 @@ def _use_local_copies(
             used = replace(choice, verified=True, action=action, why=why)
             reused[planned.name] = used
             done[planned.name] = _result(planned, final, f"{choice.store}:{choice.path}")
-            where = "used in place" if action == "in-place" else f"{action}ed into {final.parent}"
+            if action == "in-place":
+                where = "used in place"
+            elif plan.hf_cache is not None:
+                where = f"{action}ed as blob {planned.path}, snapshot entry {final}"
+            else:
+                where = f"{action}ed into {final.parent}"
             progress.message(
                 f"Reusing {planned.name} from {choice.store} ({choice.path}): sha256 verified, "
                 f"{where}, nothing downloaded"
