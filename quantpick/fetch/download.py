@@ -546,7 +546,12 @@ def _use_local_copies(
         bad: list[RejectedCandidate] = list(planned.reuse_rejected)
         if planned.state == "present":
             if _verify_in_place(planned, plan, cache, progress):
-                done[planned.name] = _result(planned, planned.path, plan.source)
+                final = planned.path
+                if plan.hf_cache is not None:  # the blob is there (`hf download`): name it
+                    from quantpick.fetch.hf_cache import link_snapshot
+
+                    final = link_snapshot(plan.hf_cache, planned.name, planned.sha256)
+                done[planned.name] = _result(planned, final, plan.source)
                 continue
             if planned.path.exists():
                 continue  # a plain file of quantpick's: the engine resumes or replaces it

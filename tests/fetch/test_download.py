@@ -382,6 +382,19 @@ def test_hf_cache_reuses_another_store_into_the_blob(hub: FakeHub, tmp_path: Pat
     assert try_to_load_from_cache(REPO, NAME, cache_dir=cache_dir) == str(report.results[0].path)
 
 
+def test_hf_cache_blob_already_there_gets_its_snapshot(hub: FakeHub, tmp_path: Path) -> None:
+    from huggingface_hub import try_to_load_from_cache
+
+    cache_dir = home() / ".cache" / "huggingface" / "hub"
+    blob = hf_layout(cache_dir, DATA, SHA)  # `hf download` at an older commit
+    before = snapshot(blob)
+    report = fetch(None, settings=hf_settings(reuse_stores=()))
+    commit = hub.repos[REPO].commit
+    assert byte_gets(hub) == [] and snapshot(blob) == before
+    assert report.results[0].path.parent.name == commit
+    assert try_to_load_from_cache(REPO, NAME, cache_dir=cache_dir) == str(report.results[0].path)
+
+
 def test_hf_cache_bad_blob_is_reported_not_touched(hub: FakeHub, tmp_path: Path) -> None:
     cache_dir = home() / ".cache" / "huggingface" / "hub"
     blob = cache_dir / "models--org--model" / "blobs" / SHA
