@@ -35,6 +35,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import stat
 import sys
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -321,8 +322,6 @@ def find_candidates(
 
 
 def _is_regular(mode: int) -> bool:
-    import stat
-
     return stat.S_ISREG(mode)
 
 
@@ -516,6 +515,4 @@ def is_link(path: Path) -> bool:
         st = os.lstat(path)
     except OSError:
         return False
-    import stat
-
     return stat.S_ISLNK(st.st_mode) or st.st_nlink > 1

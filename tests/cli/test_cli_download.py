@@ -379,3 +379,28 @@ def test_download_hf_cache(tiny: FakeHub, tmp_path: Path) -> None:
     assert Path(entry["path"]).read_bytes() == DATA
     code, _, err = run("download", "tiny-test", "--quant", "Q4_K_M", "--hf-cache", "--dir", "x")
     assert code == 2 and "--dir" in err
+
+
+def test_hashing_a_candidate_shows_progress(monkeypatch: pytest.MonkeyPatch) -> None:
+    import io
+
+    from quantpick.cli.download import LineProgress, RichProgress, _progress
+
+    class Tty(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    def drive(stream: io.StringIO) -> tuple[object, str]:
+        monkeypatch.setattr(sys, "stderr", stream)
+        sink, live = _progress(False)
+        with live:
+            sink.hash_started("m.gguf in ollama", 4 << 20)
+            sink.hash_advance("m.gguf in ollama", 4 << 20)
+            sink.hash_finished("m.gguf in ollama")
+        return sink, stream.getvalue()
+
+    sink, shown = drive(Tty())
+    assert isinstance(sink, RichProgress) and "sha256 m.gguf in ollama" in shown
+    sink, shown = drive(io.StringIO())
+    assert type(sink) is LineProgress
+    assert shown.splitlines() == ["Verifying m.gguf in ollama: hashing 4.00 MiB"]
