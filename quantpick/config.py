@@ -1,20 +1,47 @@
-"""Environment variables and directories, parsed once into a frozen Settings.
+"""Settings: environment variables, directories and the config file, parsed once into a frozen
+Settings.
 
-Precedence everywhere: command-line flag > environment variable > default.
+Precedence everywhere: command-line flag > environment variable > config file > default. The CLI
+applies its flags on top of `load_settings()` with `with_fetch_flags` (the only flags that have a
+config-file counterpart are the fetch ones: which stores to reuse from, and --hf-cache).
+
+The config file is `<config dir>/config.toml` (`QUANTPICK_CONFIG=PATH` names another one, `""`
+none). Every key is optional:
+
+    reuse = ["hf", "llama", "lmstudio", "ollama"]  # stores looked in before downloading; [] = none
+    hf_cache = false                                 # write downloads into the HF cache layout
+
+    [stores]                 # where a store is, when not where the tool's own settings put it
+    lmstudio = "/mnt/big/lmstudio-models"
+    ollama = ["/srv/ollama/models"]
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
+
+from quantpick.errors import QuantpickError, UsageError
 
 APP_NAME = "quantpick"
+CONFIG_FILE_NAME = "config.toml"
+
+# Other tools' GGUF stores quantpick looks in before downloading (quantpick.fetch.stores says
+# where each one is and how its files are named). All of them by default: a look costs a few
+# stat() calls, and a candidate is only used after its sha256 matches the pinned one.
+STORE_NAMES = ("hf", "llama", "lmstudio", "ollama")
+CONFIG_KEYS = ("reuse", "hf_cache", "stores")
 
 
 def _is_true(value: str | None) -> bool:
     return (value or "").strip().lower() in {"1", "true", "yes", "on"}
+
+
+def _is_false(value: str | None) -> bool:
+    return (value or "").strip().lower() in {"0", "false", "no", "off"}
 
 
 @dataclass(frozen=True)
@@ -23,11 +50,18 @@ class Settings:
         Path | None
     )  # QUANTPICK_HOME: one root for config, cache and data (tests, portable installs)
     config_dir: Path  # user manifests live in config_dir / "manifests"
-    cache_dir: Path  # parsed GGUF headers, hub listings
+    cache_dir: Path  # parsed GGUF headers, hub listings, the sha256 cache of reused files
     models_dir: Path  # where `download`/`get` put files (QUANTPICK_MODELS_DIR)
     extra_manifest_dirs: tuple[Path, ...]  # QUANTPICK_MANIFESTS (os.pathsep-separated)
     debug: bool  # QUANTPICK_DEBUG: tracebacks for expected errors
     offline: bool = False  # QUANTPICK_OFFLINE or HF_HUB_OFFLINE: no hub is contacted
+    # Stores looked in before any transfer (names from STORE_NAMES, in that order); () = none.
+    reuse_stores: tuple[str, ...] = STORE_NAMES
+    reuse_origin: str = "default"  # which setting decided reuse_stores (shown in --dry-run)
+    # Per-store locations replacing the tool's own (config file [stores]); absent = the tool's.
+    store_paths: Mapping[str, tuple[Path, ...]] = field(default_factory=dict)
+    hf_cache: bool = False  # write downloads into the Hugging Face cache layout
+    config_file: Path | None = None  # the config file that was read, if any
 
     @property
     def user_manifest_dir(self) -> Path:
@@ -53,6 +87,27 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
     extra = tuple(
         Path(p).expanduser() for p in env.get("QUANTPICK_MANIFESTS", "").split(os.pathsep) if p
     )
+    if "QUANTPICK_CONFIG" in env:
+        config_path = (
+            Path(env["QUANTPICK_CONFIG"]).expanduser() if env["QUANTPICK_CONFIG"] else None
+        )
+    else:
+        config_path = config_dir / CONFIG_FILE_NAME
+    file_settings = read_config_file(config_path) if config_path is not None else {}
+    config_file = config_path if file_settings.get("_read") else None
+
+    # reuse: QUANTPICK_REUSE > config file > default (every store)
+    reuse, origin = STORE_NAMES, "default"
+    if "reuse" in file_settings:
+        reuse, origin = file_settings["reuse"], f"config file {config_path}"
+    if env.get("QUANTPICK_REUSE", "").strip():
+        reuse = parse_store_list(env["QUANTPICK_REUSE"], what="QUANTPICK_REUSE")
+        origin = "QUANTPICK_REUSE"
+    hf_cache = bool(file_settings.get("hf_cache", False))
+    if _is_true(env.get("QUANTPICK_HF_CACHE")):
+        hf_cache = True
+    elif _is_false(env.get("QUANTPICK_HF_CACHE")):
+        hf_cache = False
     return Settings(
         home=home,
         config_dir=config_dir,
@@ -61,4 +116,133 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         extra_manifest_dirs=extra,
         debug=_is_true(env.get("QUANTPICK_DEBUG")),
         offline=_is_true(env.get("QUANTPICK_OFFLINE")) or _is_true(env.get("HF_HUB_OFFLINE")),
+        reuse_stores=reuse,
+        reuse_origin=origin,
+        store_paths=file_settings.get("stores", {}),
+        hf_cache=hf_cache,
+        config_file=config_file,
     )
+
+
+# ---------------------------------------------------------------------------------------------
+# The config file
+
+
+def read_config_file(path: Path) -> dict[str, Any]:
+    """The validated settings of one config file ({} when it does not exist).
+
+    Unknown keys and bad values are errors naming the file (a typo must not silently turn a
+    setting off). "_read" is set when the file existed.
+    """
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        return {}
+    except OSError as exc:
+        raise QuantpickError(f"cannot read the config file {path}: {exc.strerror}") from None
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib
+    hint = "the format is in docs/download.md (Reusing files other tools downloaded)"
+    try:
+        data = tomllib.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise QuantpickError(f"{path} is not valid TOML: {exc}", hint=hint) from None
+    unknown = sorted(set(data) - set(CONFIG_KEYS))
+    if unknown:
+        raise QuantpickError(
+            f"{path}: unknown setting {unknown[0]!r}",
+            hint=f"known settings: {', '.join(CONFIG_KEYS)}; {hint}",
+        )
+    out: dict[str, Any] = {"_read": True}
+    where = str(path)
+    if "reuse" in data:
+        out["reuse"] = _store_list_value(data["reuse"], f"{where}: reuse")
+    if "hf_cache" in data:
+        if not isinstance(data["hf_cache"], bool):
+            raise QuantpickError(f"{where}: hf_cache must be true or false", hint=hint)
+        out["hf_cache"] = data["hf_cache"]
+    if "stores" in data:
+        out["stores"] = _store_paths_value(data["stores"], path)
+    return out
+
+
+def _store_list_value(value: Any, what: str) -> tuple[str, ...]:
+    if value is False:
+        return ()
+    if value is True:
+        return STORE_NAMES
+    if isinstance(value, str):
+        return parse_store_list(value, what=what)
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return parse_store_list(",".join(value), what=what, allow_empty=True)
+    raise QuantpickError(
+        f"{what} must be a list of store names ({', '.join(STORE_NAMES)}), true or false"
+    )
+
+
+def _store_paths_value(value: Any, path: Path) -> dict[str, tuple[Path, ...]]:
+    if not isinstance(value, dict):
+        raise QuantpickError(f"{path}: [stores] must be a table of store = path(s)")
+    out: dict[str, tuple[Path, ...]] = {}
+    for store, paths in value.items():
+        if store not in STORE_NAMES:
+            raise QuantpickError(
+                f"{path}: [stores] {store!r} is not a store",
+                hint=f"one of {', '.join(STORE_NAMES)}",
+            )
+        items = [paths] if isinstance(paths, str) else paths
+        if not isinstance(items, list) or not all(isinstance(p, str) and p for p in items):
+            raise QuantpickError(f"{path}: [stores] {store} must be a path or a list of paths")
+        # Relative paths are relative to the config file, so a config can travel with its data.
+        out[store] = tuple((path.parent / Path(p).expanduser()).resolve() for p in items)
+    return out
+
+
+def parse_store_list(text: str, *, what: str, allow_empty: bool = False) -> tuple[str, ...]:
+    """ "hf,ollama" -> ("hf", "ollama") in STORE_NAMES order; "none" -> (); "all" -> every store."""
+    names = [n.strip().lower() for n in text.split(",") if n.strip()]
+    if names == ["none"] or (allow_empty and not names):
+        return ()
+    if names == ["all"]:
+        return STORE_NAMES
+    bad = [n for n in names if n not in STORE_NAMES]
+    if bad or not names:
+        raise UsageError(
+            f"{what}: {bad[0] if bad else text!r} is not a store",
+            hint=f"use a comma-separated list of {', '.join(STORE_NAMES)}, or all, or none",
+        )
+    return tuple(n for n in STORE_NAMES if n in names)
+
+
+# ---------------------------------------------------------------------------------------------
+# Flags on top
+
+
+def with_fetch_flags(
+    settings: Settings,
+    *,
+    reuse: bool | None = None,
+    reuse_from: Sequence[str] | None = None,
+    hf_cache: bool | None = None,
+) -> Settings:
+    """Apply `--reuse/--no-reuse`, `--reuse-from STORE[,STORE]` and `--hf-cache/--no-hf-cache`
+    (None: not given) over the environment and config file.
+
+    `--no-reuse` wins over everything; `--reuse-from` limits reuse to the stores it names;
+    `--reuse` alone turns every store back on (over QUANTPICK_REUSE=none or the config file).
+    """
+    changes: dict[str, Any] = {}
+    if reuse is False:
+        if reuse_from:
+            raise UsageError("--no-reuse and --reuse-from contradict each other")
+        changes.update(reuse_stores=(), reuse_origin="--no-reuse")
+    elif reuse_from:
+        stores = parse_store_list(",".join(reuse_from), what="--reuse-from")
+        changes.update(reuse_stores=stores, reuse_origin="--reuse-from")
+    elif reuse is True:
+        changes.update(reuse_stores=STORE_NAMES, reuse_origin="--reuse")
+    if hf_cache is not None:
+        changes["hf_cache"] = hf_cache
+    return replace(settings, **changes) if changes else settings

@@ -65,7 +65,7 @@ class GetRequest:
     machine: Machine
     plan_request: PlanRequest
     overheads: Overheads
-    dest_dir: Path
+    dest_dir: Path | None  # None: the default (the models dir, or the HF cache with --hf-cache)
     exact: bool = False
     network: bool = True  # False: --offline (no hub is contacted)
     source: str = "auto"
@@ -78,7 +78,9 @@ class GetResult:
     plan: Plan  # re-planned on the downloaded file's own header unless a dry run
     first_plan: Plan  # the plan that chose the quant (manifest or remote header)
     report: FetchReport | None  # None: no hub was used (offline, files verified in place)
-    files: list[dict[str, Any]] | None  # one entry per file in place ([] for a dry run)
+    # One entry per file in place ([] for a dry run), with `reuse`: the other tool's copy it
+    # came from (store, path, how it was linked), or null.
+    files: list[dict[str, Any]] | None
     model_path: Path
     mmproj_path: Path | None
     header_problems: tuple[str, ...] = ()
@@ -101,7 +103,13 @@ def get(
     from contextlib import nullcontext
 
     from quantpick.errors import DownloadError
-    from quantpick.fetch.download import fetch_model, verified_local_files
+    from quantpick.fetch.download import (
+        fetch_model,
+        report_files,
+        verified_hf_cache_files,
+        verified_local_files,
+    )
+    from quantpick.fetch.stores import HashCache, hash_cache_path
     from quantpick.model.headers import LayoutSource
 
     manifest = req.manifest
@@ -114,6 +122,7 @@ def get(
     report = None
     files: list[dict[str, Any]] | None = None
     offline = not req.network or settings.offline
+    dest = req.dest_dir if req.dest_dir is not None else settings.models_dir / manifest.id
     try:
         if offline and not req.dry_run:
             raise DownloadError("offline (--offline or QUANTPICK_OFFLINE): no hub contacted")
@@ -129,22 +138,36 @@ def get(
                 dry_run=req.dry_run,
                 progress=progress,
             )
-        files = [] if req.dry_run else [r.as_dict() for r in report.results]
+        files = [] if req.dry_run else report_files(report)
     except DownloadError as exc:
         # No hub (offline, HF_HUB_OFFLINE, an outage): files already in place still serve, once
-        # verified against the checksums a previous run left beside them.
-        files = (
-            None
-            if req.dry_run
-            else verified_local_files(manifest, first.quant, vision, req.dest_dir)
-        )
+        # verified against the checksums a previous run left beside them (or, in the Hugging
+        # Face cache, against the manifest and the blob names).
+        cache = HashCache(hash_cache_path(settings.cache_dir))
+        if req.dry_run:
+            files = None
+        elif settings.hf_cache and req.dest_dir is None:
+            files = verified_hf_cache_files(manifest, first.quant, vision, settings, cache)
+        else:
+            files = verified_local_files(manifest, first.quant, vision, dest, cache)
         if files is None:
             raise
-        warnings.append(
-            f"{exc.message}; using the files in {req.dest_dir}, verified against its SHA256SUMS"
+        where = (
+            "the Hugging Face cache"
+            if settings.hf_cache
+            else f"{dest}, verified against its SHA256SUMS"
         )
-    model_path = req.dest_dir / manifest.quant_files(first.quant)[0].name
-    mmproj_path = req.dest_dir / manifest.projector.name if vision and manifest.projector else None
+        warnings.append(f"{exc.message}; using the files in {where}")
+    model_name = manifest.quant_files(first.quant)[0].name
+    projector = manifest.projector if vision else None
+    by_name = {f["name"]: Path(f["path"]) for f in files or []}
+    if report is not None and report.plan.hf_cache is not None and not by_name:
+        # a dry run into the HF cache: where the files will be
+        by_name = {p.name: report.plan.hf_cache.pointer_path(p.name) for p in report.plan.files}
+    # The file's own path: a reused copy used in place, or a Hugging Face cache snapshot entry,
+    # is not under the models dir.
+    model_path = by_name.get(model_name, dest / model_name)
+    mmproj_path = by_name.get(projector.name, dest / projector.name) if projector else None
     final = first
     if not req.dry_run:
         final = plan_on_local_file(

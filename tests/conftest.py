@@ -16,6 +16,23 @@ def _isolate(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.delenv("QUANTPICK_MANIFESTS", raising=False)
     monkeypatch.delenv("QUANTPICK_MODELS_DIR", raising=False)
     monkeypatch.delenv("QUANTPICK_DEBUG", raising=False)
+    # Other tools' model stores (quantpick.fetch.stores looks in them before downloading) and the
+    # config file: a test sees only what it lays out under its own fake home.
+    userhome = tmp_path / "userhome"
+    monkeypatch.setenv("HOME", str(userhome))
+    for var in (
+        "HF_HUB_CACHE",
+        "HUGGINGFACE_HUB_CACHE",
+        "LLAMA_CACHE",
+        "XDG_CACHE_HOME",
+        "LOCALAPPDATA",
+        "QUANTPICK_REUSE",
+        "QUANTPICK_HF_CACHE",
+        "QUANTPICK_CONFIG",
+    ):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("HF_HOME", str(userhome / ".cache" / "huggingface"))
+    monkeypatch.setenv("OLLAMA_MODELS", str(userhome / ".ollama" / "models"))
 
 
 # Fake HF/ModelScope hub + CDN (tests/fakehub.py): the `fake_hub` fixture for download, remote

@@ -19,10 +19,42 @@ if TYPE_CHECKING:
 
 SOURCE_CHOICES = ("auto", "hf", "modelscope", "mirror")
 
+# Fetch options shared by `download` and `get` (flag > environment > config file > default).
+ReuseOpt = Annotated[
+    Optional[bool],  # noqa: UP045 - typer needs Optional on 3.10
+    typer.Option(
+        "--reuse/--no-reuse",
+        help="Look for the files in other tools' stores (HF cache, llama.cpp, LM Studio, "
+        "Ollama) and link verified copies instead of downloading (default: on; "
+        "QUANTPICK_REUSE, config.toml `reuse`).",
+        show_default=False,
+    ),
+]
+ReuseFromOpt = Annotated[
+    Optional[list[str]],  # noqa: UP045
+    typer.Option(
+        "--reuse-from",
+        help="Only these stores: hf, llama, lmstudio, ollama (repeatable or comma-separated).",
+        autocompletion=lambda incomplete: [
+            s for s in ("hf", "llama", "lmstudio", "ollama") if s.startswith(incomplete)
+        ],
+    ),
+]
+HfCacheOpt = Annotated[
+    Optional[bool],  # noqa: UP045
+    typer.Option(
+        "--hf-cache/--no-hf-cache",
+        help="Write into the Hugging Face cache layout (blobs, snapshots, refs) so `hf` and "
+        "`llama-server -hf` see the files (QUANTPICK_HF_CACHE, config.toml `hf_cache`).",
+        show_default=False,
+    ),
+]
+
 DOWNLOAD_EXAMPLES = [
     "quantpick download qwen3.8-35b-a3b-distill --quant Q4_K_M",
     "quantpick download qwen3.8-35b-a3b-distill --quant IQ4_XS --vision --dir ./models",
     "quantpick download qwen3.8-35b-a3b-distill --quant Q4_K_M --dry-run --json",
+    "quantpick download qwen3.8-35b-a3b-distill --quant Q4_K_M --hf-cache --reuse-from ollama",
 ]
 VERIFY_EXAMPLES = ["quantpick verify ./models/qwen3.8-35b-a3b-distill", "quantpick verify . --json"]
 
@@ -62,6 +94,17 @@ class LineProgress:
 
         check = "sha256 verified" if result.verified else "NOT verified"
         self.message(f"Done {name}: {human(result.bytes_fetched)} fetched, {check}")
+
+    def hash_started(self, label: str, total: int) -> None:
+        from quantpick.units import human
+
+        self.message(f"Verifying {label}: hashing {human(total)}")
+
+    def hash_advance(self, label: str, n_bytes: int) -> None:
+        pass
+
+    def hash_finished(self, label: str) -> None:
+        pass
 
 
 class RichProgress(LineProgress):
@@ -117,6 +160,17 @@ class RichProgress(LineProgress):
         if task is not None:
             self._progress.update(task, completed=result.size, total=result.size)
 
+    def hash_started(self, label: str, total: int) -> None:
+        self._tasks[f"hash:{label}"] = self._progress.add_task(f"sha256 {label}", total=total)
+
+    def hash_advance(self, label: str, n_bytes: int) -> None:
+        self._progress.advance(self._tasks[f"hash:{label}"], n_bytes)
+
+    def hash_finished(self, label: str) -> None:
+        task = self._tasks.pop(f"hash:{label}", None)
+        if task is not None:
+            self._progress.remove_task(task)
+
 
 class _Quiet:
     def __enter__(self) -> _Quiet:
@@ -152,6 +206,12 @@ def plan_to_dict(plan: FetchPlan) -> dict[str, Any]:
         "bytes_to_fetch": plan.bytes_to_fetch,
         "free_bytes": plan.free_bytes,
         "enough_space": plan.enough_space,
+        "reuse_from": {
+            "origin": plan.reuse_origin,  # the setting that chose the stores
+            "stores": list(plan.reuse_stores),
+            "looked_in": [r.as_dict() for r in plan.reuse_roots],  # the ones that exist here
+        },
+        "hf_cache": _hf_cache_dict(plan),
         "files": [
             {
                 "name": f.name,
@@ -164,13 +224,31 @@ def plan_to_dict(plan: FetchPlan) -> dict[str, Any]:
                 "state": f.state,
                 "local_bytes": f.local_bytes,
                 "bytes_to_fetch": f.bytes_to_fetch,
+                # the other tool's copy a run would use (hashed first unless `verified`), or null
+                "reuse": f.reuse.as_dict() if f.reuse and f.state != "present" else None,
+                "reuse_rejected": [r.as_dict() for r in f.reuse_rejected],
             }
             for f in plan.files
         ],
     }
 
 
+def _hf_cache_dict(plan: FetchPlan) -> dict[str, Any] | None:
+    target = plan.hf_cache
+    if target is None:
+        return None
+    return {
+        "cache_dir": str(target.cache_dir),
+        "repo": target.repo,
+        "commit": target.commit,
+        "revision": target.revision,
+        "snapshot": str(target.snapshot_dir),
+    }
+
+
 def report_to_dict(report: FetchReport) -> dict[str, Any]:
+    from quantpick.fetch.download import report_files
+
     return {
         "model": report.plan.manifest_id,
         "quant": report.plan.quant,
@@ -178,7 +256,8 @@ def report_to_dict(report: FetchReport) -> dict[str, Any]:
         "source": report.plan.source,
         "revision": report.plan.revision,
         "skipped_sources": list(report.skipped_sources),
-        "files": [r.as_dict() for r in report.results],
+        "hf_cache": _hf_cache_dict(report.plan),
+        "files": report_files(report),
     }
 
 
@@ -207,6 +286,37 @@ def _print_plan(plan: FetchPlan) -> None:
         f"{human(plan.free_bytes)} free ({room} room)",
         markup=False,
     )
+    for line in reuse_lines(plan):
+        console.print(line, markup=False, soft_wrap=True)  # paths stay whole for copy-paste
+
+
+def reuse_lines(plan: FetchPlan) -> list[str]:
+    """What a run would reuse, from where, and how (for --dry-run of download and get)."""
+    if not plan.reuse_stores:
+        lines = [f"Reuse: off ({plan.reuse_origin})"]
+    else:
+        where = ", ".join(f"{r.path} ({r.store})" for r in plan.reuse_roots) or "none exists here"
+        lines = [
+            f"Reuse from {', '.join(plan.reuse_stores)} ({plan.reuse_origin}); looked in: {where}"
+        ]
+    if plan.hf_cache is not None:
+        lines.append(f"Writing into the Hugging Face cache: {plan.hf_cache.snapshot_dir}")
+    for f in plan.files:
+        for bad in f.reuse_rejected:
+            lines.append(f"  {f.name}: {bad.path} ({bad.store}) {bad.reason}")
+        if f.reuse is None or f.state == "present":
+            continue
+        r = f.reuse
+        check = (
+            "sha256 verified earlier"
+            if r.verified
+            else "not verified yet: hashed before any transfer, used only if it matches"
+        )
+        lines.append(
+            f"  {f.name}: would reuse {r.path} ({r.store}; {check}); would {r.action} it "
+            f"into {f.path.parent} ({r.why})"
+        )
+    return lines
 
 
 def _print_report(report: FetchReport) -> None:
@@ -220,12 +330,18 @@ def _print_report(report: FetchReport) -> None:
         table.add_column(column)
     for r in report.results:
         status = "already present, verified" if r.reused else "downloaded, verified"
+        used = report.reused.get(r.name)
+        if used is not None:
+            status = f"reused from {used.store} ({used.action}), verified"
         if not r.verified:
             status = "NOT verified (no known sha256)"
         table.add_row(r.name, human(r.size), r.sha256[:16], status)
     console = output.stdout()
     console.print(table)
     console.print(f"Saved in {report.plan.dest_dir}", markup=False)
+    for name, used in report.reused.items():
+        line = f"{name}: {used.action} of {used.path} ({used.why})"
+        console.print(line, markup=False, soft_wrap=True)
 
 
 # -- commands ------------------------------------------------------------------------------------
@@ -269,17 +385,26 @@ def download(
     quiet: Annotated[
         bool, typer.Option("--quiet", help="No progress; print only the model file's path.")
     ] = False,
+    reuse: ReuseOpt = None,
+    reuse_from: ReuseFromOpt = None,
+    hf_cache: HfCacheOpt = None,
     json_: JsonOpt = False,
 ) -> None:
-    """Download one quant of MODEL (all shards, + projector with --vision), verified by sha256."""
+    """Download one quant of MODEL (all shards, + projector with --vision), verified by sha256.
+
+    Before any transfer, copies already in the Hugging Face cache, llama.cpp's cache, LM Studio
+    or Ollama are verified and linked in instead (see docs/download.md).
+    """
     from quantpick.cli.output import print_json
-    from quantpick.config import load_settings
+    from quantpick.config import load_settings, with_fetch_flags
     from quantpick.fetch.download import fetch_model
     from quantpick.model.registry import find_manifest
 
     if source not in SOURCE_CHOICES:
         raise UsageError(f"--source must be one of {', '.join(SOURCE_CHOICES)}, not {source!r}")
-    settings = load_settings()
+    settings = with_fetch_flags(
+        load_settings(), reuse=reuse, reuse_from=reuse_from, hf_cache=hf_cache
+    )
     manifest = find_manifest(model, settings)
     sink, context = _progress(quiet)
     with context:

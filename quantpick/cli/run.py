@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Optional
 import typer
 
 from quantpick.cli.core import app
+from quantpick.cli.download import HfCacheOpt, ReuseFromOpt, ReuseOpt
 from quantpick.cli.options import (
     DEFAULT_MIN_TPS,
     AllowQ4Opt,
@@ -423,6 +424,9 @@ def get_cmd(
         bool,
         typer.Option("--dry-run", help="Stop before downloading: plan, bytes, source, command."),
     ] = False,
+    reuse: ReuseOpt = None,
+    reuse_from: ReuseFromOpt = None,
+    hf_cache: HfCacheOpt = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-Q", help="No progress on stderr.")] = False,
     hardware: HardwareOpt = None,
     gpu: GpuOpt = None,
@@ -452,17 +456,19 @@ def get_cmd(
 ) -> None:
     """Pick, download + verify, and print (or --script) the llama-server command: the whole job."""
     from quantpick.cli import output
-    from quantpick.cli.download import _progress
+    from quantpick.cli.download import _progress, reuse_lines
     from quantpick.cli.download import plan_to_dict as fetch_plan_to_dict
     from quantpick.cli.render import plan_to_dict
-    from quantpick.config import load_settings
+    from quantpick.config import load_settings, with_fetch_flags
     from quantpick.errors import UsageError
     from quantpick.pipeline import GetRequest, get
     from quantpick.serve.command import build_command
 
     if fmt not in FORMATS:
         raise UsageError(f"--format {fmt}: use one of " + ", ".join(FORMATS))
-    settings = load_settings()
+    settings = with_fetch_flags(
+        load_settings(), reuse=reuse, reuse_from=reuse_from, hf_cache=hf_cache
+    )
     manifest = load_manifest(model)
     machine = machine_from_cli(
         hardware,
@@ -507,7 +513,7 @@ def get_cmd(
             machine=machine,
             plan_request=request,
             overheads=overheads_from_cli(gpu_overhead, margin, ram_reserve, gpu_reserve),
-            dest_dir=dir_ or settings.models_dir / manifest.id,
+            dest_dir=dir_,
             exact=exact,
             network=not no_network,
             source=source,
@@ -553,6 +559,8 @@ def get_cmd(
             output.note(
                 f"  {f.name}: {f.state}, sha256 from {', '.join(f.sha256_from) or 'nowhere'}"
             )
+        for line in reuse_lines(fp):
+            output.note(line)
     _emit_command(
         cmd,
         fmt=fmt,

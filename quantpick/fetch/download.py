@@ -10,11 +10,11 @@ from __future__ import annotations
 import os
 import shutil
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from quantpick.errors import DownloadError, UsageError, VerificationError
+from quantpick.errors import DownloadError, QuantpickError, UsageError, VerificationError
 from quantpick.fetch.http import RetryPolicy
 from quantpick.fetch.sources import RemoteFile, RepoSource, open_source
 from quantpick.fetch.transfer import (
@@ -33,6 +33,8 @@ from quantpick.safe_names import safe_relative_name
 
 if TYPE_CHECKING:
     from quantpick.config import Settings
+    from quantpick.fetch.hf_cache import HFCacheTarget
+    from quantpick.fetch.stores import HashCache, StoreRoot
     from quantpick.model.manifest import Manifest, ModelFile, Source
 
 CHECKSUMS_MAX_BYTES = 1024 * 1024
@@ -53,12 +55,60 @@ class PlannedFile:
     sha256_from: tuple[str, ...]  # which authorities vouched for sha256 (all agree)
     state: str  # "present" | "partial" | "absent"
     local_bytes: int  # bytes already on disk (final file or .part)
+    # Copies in other tools' stores (quantpick.fetch.stores), best first, none known to be bad
+    # (a candidate whose cached sha256 differs is in reuse_rejected instead).
+    reuse_candidates: tuple[ReuseCandidate, ...] = ()
+    reuse_rejected: tuple[RejectedCandidate, ...] = ()
 
     @property
     def bytes_to_fetch(self) -> int:
+        if self.state == "present" or self.size is None or self.reuse_candidates:
+            return 0
+        return max(0, self.size - self.local_bytes)
+
+    @property
+    def bytes_to_fetch_without_reuse(self) -> int:
+        """What the transfer engine fetches once no store copy could be used."""
         if self.state == "present" or self.size is None:
             return 0
         return max(0, self.size - self.local_bytes)
+
+    @property
+    def reuse(self) -> ReuseCandidate | None:
+        """The copy a run would use first (verified before use)."""
+        return self.reuse_candidates[0] if self.reuse_candidates else None
+
+
+@dataclass(frozen=True)
+class ReuseCandidate:
+    """A copy of a planned file in another tool's store, and what a run does with it."""
+
+    store: str  # "hf" | "llama" | "lmstudio" | "ollama"
+    path: Path  # as the store has it
+    match: str  # how it was found: "sha256" (named by its hash) | "repo+name" | "name"
+    verified: bool  # its sha256 equals the pinned one (hashed now, or cached from an earlier run)
+    action: str  # "hardlink" | "symlink" | "in-place" (predicted in a dry run, done after a run)
+    why: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "store": self.store,
+            "path": str(self.path),
+            "match": self.match,
+            "verified": self.verified,
+            "action": self.action,
+            "why": self.why,
+        }
+
+
+@dataclass(frozen=True)
+class RejectedCandidate:
+    store: str
+    path: Path
+    reason: str  # e.g. its sha256 differs from the pinned one; it is left untouched
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"store": self.store, "path": str(self.path), "reason": self.reason}
 
 
 @dataclass(frozen=True)
@@ -75,6 +125,11 @@ class FetchPlan:
     free_bytes: int
     enough_space: bool
     checksums_text: str | None = field(default=None, repr=False)
+    # Where copies were looked for (quantpick.fetch.stores), and which setting chose the stores.
+    reuse_roots: tuple[StoreRoot, ...] = ()  # the enabled stores' directories that exist
+    reuse_stores: tuple[str, ...] = ()  # the enabled stores
+    reuse_origin: str = ""
+    hf_cache: HFCacheTarget | None = None  # --hf-cache: files go into the Hugging Face cache
 
 
 @dataclass(frozen=True)
@@ -82,6 +137,10 @@ class FetchReport:
     plan: FetchPlan
     results: tuple[DownloadResult, ...]
     skipped_sources: tuple[str, ...] = ()  # "label: why" for sources that failed before
+    # name -> the copy used instead of a download (with the action actually taken)
+    reused: dict[str, ReuseCandidate] = field(default_factory=dict)
+    # name -> candidates hashed during the run that did not match (left untouched)
+    rejected: dict[str, tuple[RejectedCandidate, ...]] = field(default_factory=dict)
 
 
 def wanted_files(manifest: Manifest, quant: str, vision: bool) -> list[ModelFile]:
@@ -137,8 +196,18 @@ def plan_fetch(
     allow_unverified: bool = False,
     disk_usage: Callable[[str], Any] = shutil.disk_usage,
     progress: ProgressSink | None = None,
+    reuse_roots: tuple[StoreRoot, ...] = (),
+    hash_cache: HashCache | None = None,
+    hf_target: HFCacheTarget | None = None,
 ) -> FetchPlan:
-    """Resolve every file on one source and cross-check every hash, before any large transfer."""
+    """Resolve every file on one source and cross-check every hash, before any large transfer.
+
+    With `reuse_roots`, each file is also looked for in other tools' stores (stat only: the
+    hashing happens in fetch_model, before any transfer). With `hf_target`, files are planned
+    as Hugging Face cache blobs (`blobs/<sha256>`) instead of `dest_dir/<name>`.
+    """
+    from quantpick.fetch.stores import is_link
+
     progress = progress or NullProgress()
     sums: dict[str, str] = {}
     checksums_text = None
@@ -174,7 +243,16 @@ def plan_fetch(
         size = (
             remote.size if remote.size is not None else (mf.size_bytes if mf.size_exact else None)
         )
-        path = dest_dir / mf.name
+        if hf_target is not None:
+            if sha is None:
+                raise UsageError(
+                    f"--hf-cache: {mf.name} has no known sha256, and Hugging Face cache blobs "
+                    "are named by it",
+                    hint="run without --hf-cache (and with --allow-unverified) instead",
+                )
+            path = hf_target.blob_path(sha)
+        else:
+            path = dest_dir / mf.name
         part, _ = part_paths(path)
         if path.exists():
             state, local = "present", path.stat().st_size
@@ -182,13 +260,35 @@ def plan_fetch(
             state, local = "partial", part.stat().st_size
         else:
             state, local = "absent", 0
+        found: tuple[ReuseCandidate, ...] = ()
+        rejected: tuple[RejectedCandidate, ...] = ()
+        if reuse_roots and sha is not None and (state != "present" or is_link(path)):
+            found, rejected = _reuse_candidates(
+                manifest, mf.name, sha, size, path, reuse_roots, hash_cache
+            )
         planned.append(
-            PlannedFile(mf.name, mf.role, remote.url, path, size, sha, vouchers, state, local)
+            PlannedFile(
+                mf.name,
+                mf.role,
+                remote.url,
+                path,
+                size,
+                sha,
+                vouchers,
+                state,
+                local,
+                found,
+                rejected,
+            )
         )
     to_fetch = sum(p.bytes_to_fetch for p in planned)
     # Unknown sizes (plain mirror, no manifest size) count as the manifest's approximate size.
-    to_fetch += sum(mf.size_bytes for mf, p in zip(files, planned, strict=True) if p.size is None)
-    free = free_bytes(dest_dir, disk_usage)
+    to_fetch += sum(
+        mf.size_bytes
+        for mf, p in zip(files, planned, strict=True)
+        if p.size is None and not p.reuse_candidates
+    )
+    free = free_bytes(hf_target.storage if hf_target is not None else dest_dir, disk_usage)
     return FetchPlan(
         manifest_id=manifest.id,
         quant=quant,
@@ -202,7 +302,48 @@ def plan_fetch(
         free_bytes=free,
         enough_space=free >= to_fetch + SPACE_MARGIN,
         checksums_text=checksums_text,
+        reuse_roots=reuse_roots,
+        hf_cache=hf_target,
     )
+
+
+def manifest_repos(manifest: Manifest) -> tuple[str, ...]:
+    """The "org/name" repositories a manifest's files come from (store layouts carry them)."""
+    return tuple(dict.fromkeys(s.repo for s in manifest.sources if s.repo))
+
+
+def _reuse_candidates(
+    manifest: Manifest,
+    name: str,
+    sha: str,
+    size: int | None,
+    dest: Path,
+    roots: tuple[StoreRoot, ...],
+    cache: HashCache | None,
+) -> tuple[tuple[ReuseCandidate, ...], tuple[RejectedCandidate, ...]]:
+    """Copies of one file in the stores: usable ones (verified when the sha256 cache already
+    knows them) and ones the cache knows to differ (never used, never touched)."""
+    from quantpick.fetch.stores import LINK_WHY, find_candidates, predict_link
+
+    found: list[ReuseCandidate] = []
+    rejected: list[RejectedCandidate] = []
+    for c in find_candidates(
+        roots, name=name, sha256=sha, size=size, repos=manifest_repos(manifest), exclude=[dest]
+    ):
+        known = cache.lookup(c.path) if cache is not None else None
+        if known is not None and known != sha:
+            rejected.append(RejectedCandidate(c.store, c.path, _mismatch(known, sha, cached=True)))
+            continue
+        action = predict_link(c, dest)
+        found.append(
+            ReuseCandidate(c.store, c.path, c.match, known == sha, action, LINK_WHY[action])
+        )
+    return tuple(found), tuple(rejected)
+
+
+def _mismatch(actual: str, expected: str, *, cached: bool) -> str:
+    when = "hashed in an earlier run" if cached else "hashed now"
+    return f"sha256 {actual} ({when}) is not the pinned {expected}: not used, left untouched"
 
 
 def fetch_model(
@@ -226,10 +367,33 @@ def fetch_model(
     Sources are tried in manifest order (or only the requested kind); a DownloadError on one
     moves to the next. A VerificationError (hashes disagree, bad bytes) stops at once: it is a
     reason to distrust, not a network hiccup.
+
+    Before any transfer, a file already in another tool's store (settings.reuse_stores) is
+    hashed, and when it matches the pinned sha256 it is linked in instead of downloaded. With
+    settings.hf_cache the files are written into the Hugging Face cache layout.
     """
+    from quantpick.fetch.stores import HashCache, hash_cache_path, store_roots
+
     progress = progress or NullProgress()
     files = wanted_files(manifest, quant, vision)
+    if settings.hf_cache:
+        if dest_dir is not None:
+            raise UsageError(
+                "--hf-cache writes into the Hugging Face cache; it cannot be combined with --dir"
+            )
+        if source not in ("auto", "hf"):
+            raise UsageError(
+                f"--hf-cache needs the Hugging Face source, not --source {source}",
+                hint="the cache layout names snapshots by Hugging Face commit",
+            )
+        source = "hf"
     dest = Path(dest_dir) if dest_dir is not None else settings.models_dir / manifest.id
+    roots = (
+        store_roots(settings.reuse_stores, overrides=settings.store_paths)
+        if settings.reuse_stores
+        else ()
+    )
+    cache = HashCache(hash_cache_path(settings.cache_dir))
     skipped: list[str] = []
     candidates = candidate_sources(manifest, source)
     for index, src in enumerate(candidates):
@@ -237,6 +401,14 @@ def fetch_model(
         repo: RepoSource | None = None
         try:
             repo = open_source_fn(src, settings=settings)
+            target = None
+            if settings.hf_cache:
+                from quantpick.fetch.hf_cache import hf_cache_target
+                from quantpick.fetch.stores import hf_cache_for_writing
+
+                hub_dir = hf_cache_for_writing(settings.store_paths)
+                target = hf_cache_target(hub_dir, src.repo, repo.revision, src.revision)
+                dest = target.snapshot_dir
             plan = plan_fetch(
                 manifest,
                 files,
@@ -246,6 +418,12 @@ def fetch_model(
                 allow_unverified=allow_unverified,
                 disk_usage=disk_usage,
                 progress=progress,
+                reuse_roots=roots,
+                hash_cache=cache,
+                hf_target=target,
+            )
+            plan = replace(
+                plan, reuse_stores=settings.reuse_stores, reuse_origin=settings.reuse_origin
             )
             if dry_run:
                 return FetchReport(plan, (), tuple(skipped))
@@ -256,9 +434,31 @@ def fetch_model(
                     hint="free some space or choose another directory with --dir",
                 )
             progress.message(f"Using {plan.source} -> {dest}")
-            progress.total_started(len(plan.files), plan.bytes_to_fetch)
+            done, reused, rejected = _use_local_copies(plan, cache, progress)
+            cache.save()
+            left = [p for p in plan.files if p.name not in done]
+            # The plan counted store copies as free; the ones that failed verification are not.
+            to_fetch = plan.bytes_to_fetch + sum(
+                p.bytes_to_fetch_without_reuse for p in left if p.reuse_candidates
+            )
+            plan = replace(
+                plan,
+                bytes_to_fetch=to_fetch,
+                enough_space=plan.free_bytes >= to_fetch + SPACE_MARGIN,
+            )
+            if left and not plan.enough_space:
+                raise DiskSpaceError(
+                    f"not enough free space in {dest}: {plan.free_bytes} bytes free, "
+                    f"{plan.bytes_to_fetch} to fetch plus a {SPACE_MARGIN} byte margin",
+                    hint="free some space or choose another directory with --dir",
+                )
+            if left:
+                progress.total_started(len(left), plan.bytes_to_fetch)
             results = []
             for planned in plan.files:
+                if planned.name in done:
+                    results.append(done[planned.name])
+                    continue
                 remote = RemoteFile(
                     planned.name,
                     planned.size,
@@ -283,8 +483,10 @@ def fetch_model(
                         lock_dir=settings.cache_dir / "locks",
                     )
                 )
-            _record_checksums(dest, plan, results)
-            return FetchReport(plan, tuple(results), tuple(skipped))
+            results = _after_transfer(plan, results, done, cache)
+            if target is None:
+                _record_checksums(dest, plan, results)
+            return FetchReport(plan, tuple(results), tuple(skipped), reused, rejected)
         except DownloadError as exc:
             if last:
                 if skipped:
@@ -294,6 +496,202 @@ def fetch_model(
             skipped.append(f"{label}: {exc.message}")
             progress.message(f"{label} failed: {exc.message}; trying the next source")
     raise AssertionError("unreachable: candidate_sources never returns an empty list")
+
+
+def _after_transfer(
+    plan: FetchPlan,
+    results: list[DownloadResult],
+    done: dict[str, DownloadResult],
+    cache: HashCache,
+) -> list[DownloadResult]:
+    """Remember the sha256 of what was just downloaded (the engine hashed it while writing), so
+    the next run verifies it from the cache; with --hf-cache, point each snapshot entry at its
+    new blob (after verification: a blob name only ever holds verified bytes)."""
+    out = []
+    for planned, result in zip(plan.files, results, strict=True):
+        if planned.name not in done and result.verified:
+            cache.record(result.path, result.sha256)
+            if plan.hf_cache is not None:
+                from quantpick.fetch.hf_cache import link_snapshot
+
+                pointer = link_snapshot(plan.hf_cache, planned.name, result.sha256)
+                result = replace(result, path=pointer)
+        out.append(result)
+    cache.save()
+    return out
+
+
+def _use_local_copies(
+    plan: FetchPlan, cache: HashCache, progress: ProgressSink
+) -> tuple[
+    dict[str, DownloadResult], dict[str, ReuseCandidate], dict[str, tuple[RejectedCandidate, ...]]
+]:
+    """Before any transfer: files already in place, and copies in other tools' stores.
+
+    A file in place is verified through the sha256 cache (hashed once, then known while it is
+    unchanged), so a rerun does not rehash 20 GB. A store copy is hashed (with progress) and
+    used only when it equals the pinned sha256: linked into the destination (hardlink, else
+    symlink) or, when no link can be made, used where it is. A copy that does not match is
+    never used and never touched. Returns (results by name, copies used, copies rejected).
+    """
+    from quantpick.fetch.stores import link_into
+
+    done: dict[str, DownloadResult] = {}
+    reused: dict[str, ReuseCandidate] = {}
+    rejected: dict[str, tuple[RejectedCandidate, ...]] = {}
+    in_place_dirs: set[Path] = set()
+    for planned in plan.files:
+        if planned.sha256 is None:
+            continue  # --allow-unverified: the engine handles it as before
+        bad: list[RejectedCandidate] = list(planned.reuse_rejected)
+        if planned.state == "present":
+            if _verify_in_place(planned, plan, cache, progress):
+                final = planned.path
+                if plan.hf_cache is not None:  # the blob is there (`hf download`): name it
+                    from quantpick.fetch.hf_cache import link_snapshot
+
+                    final = link_snapshot(plan.hf_cache, planned.name, planned.sha256)
+                done[planned.name] = _result(planned, final, plan.source)
+                continue
+            if planned.path.exists():
+                continue  # a plain file of quantpick's: the engine resumes or replaces it
+        for choice in planned.reuse_candidates:
+            label = f"{planned.name} in {choice.store}"
+            try:
+                digest = _hash_with_progress(choice.path, cache, progress, label)
+            except OSError as exc:  # e.g. the Linux Ollama service's files, unreadable to us
+                bad.append(RejectedCandidate(choice.store, choice.path, f"unreadable: {exc}"))
+                progress.message(f"{choice.path}: cannot read it ({exc.strerror}); skipped")
+                continue
+            if digest != planned.sha256:
+                bad.append(
+                    RejectedCandidate(
+                        choice.store, choice.path, _mismatch(digest, planned.sha256, cached=False)
+                    )
+                )
+                progress.message(
+                    f"{choice.path}: not {planned.name} (sha256 {digest[:12]}…): "
+                    "not used, left untouched"
+                )
+                continue
+            action, why = link_into(choice.path, planned.path)
+            final = planned.path
+            if action == "in-place":
+                # llama.cpp finds shards 2..N beside shard 1 by name, and a Hugging Face cache
+                # snapshot must point into its own blobs: either way the copy cannot stay put.
+                if plan.hf_cache is not None or Path(choice.path).name != Path(planned.name).name:
+                    progress.message(f"{label}: {why}; downloading instead")
+                    continue
+                final = Path(choice.path)
+                in_place_dirs.add(final.parent)
+            else:
+                cache.record(planned.path, digest)  # a hardlink changes the inode's ctime
+                part, sidecar = part_paths(planned.path)
+                if part.exists():  # quantpick's own partial download of the same bytes
+                    part.unlink()
+                    sidecar.unlink(missing_ok=True)
+            if plan.hf_cache is not None:
+                from quantpick.fetch.hf_cache import link_snapshot
+
+                final = link_snapshot(plan.hf_cache, planned.name, planned.sha256)
+            used = replace(choice, verified=True, action=action, why=why)
+            reused[planned.name] = used
+            done[planned.name] = _result(planned, final, f"{choice.store}:{choice.path}")
+            if action == "in-place":
+                where = "used in place"
+            elif plan.hf_cache is not None:
+                where = f"{action}ed as blob {planned.path}, snapshot entry {final}"
+            else:
+                where = f"{action}ed into {final.parent}"
+            progress.message(
+                f"Reusing {planned.name} from {choice.store} ({choice.path}): sha256 verified, "
+                f"{where}, nothing downloaded"
+            )
+            break
+        if bad:
+            rejected[planned.name] = tuple(bad)
+    if len(in_place_dirs) > 1:
+        shards = [p.name for p in plan.files if p.role == "model"]
+        if len(shards) > 1:
+            raise QuantpickError(
+                "the reused shards of a split GGUF are in different directories and could not be "
+                "linked together; llama.cpp needs them side by side",
+                hint="pass --no-reuse or --dir on a filesystem that allows links",
+            )
+    return done, reused, rejected
+
+
+def _verify_in_place(
+    planned: PlannedFile, plan: FetchPlan, cache: HashCache, progress: ProgressSink
+) -> bool:
+    """True when the file already at its destination is the pinned one (through the cache).
+
+    When it is not: a blob in the Hugging Face cache is reported and left alone (exit 4); a link
+    into another tool's store loses quantpick's name (the other tool's bytes are never resumed
+    into or truncated by the engine); a plain file is left for the engine (it resumes a shorter
+    file, and moves a wrong one aside).
+    """
+    from quantpick.fetch.stores import is_link
+
+    path = planned.path
+    size = path.stat().st_size
+    digest = None
+    if planned.size is None or size == planned.size:
+        digest = _hash_with_progress(path, cache, progress, f"{planned.name} (in place)")
+        if digest == planned.sha256:
+            return True
+    if plan.hf_cache is not None:
+        got = f"sha256 {digest}" if digest else f"{size} bytes"
+        raise VerificationError(
+            f"{path} (the Hugging Face cache blob of {planned.name}) has {got}, not "
+            f"{planned.sha256} ({planned.size} bytes)",
+            hint="quantpick does not touch it; remove it (`hf cache rm`, or rm) and rerun",
+        )
+    if is_link(path):
+        path.unlink()
+        progress.message(
+            f"{planned.name}: the linked copy in {path.parent} no longer matches; removed "
+            "quantpick's link (the file it pointed to is untouched)"
+        )
+    return False
+
+
+def _result(planned: PlannedFile, path: Path, source: str) -> DownloadResult:
+    return DownloadResult(
+        planned.name,
+        path,
+        planned.size if planned.size is not None else path.stat().st_size,
+        str(planned.sha256),
+        True,
+        0,
+        0,
+        source,
+        True,
+    )
+
+
+def _hash_with_progress(path: Path, cache: HashCache, progress: ProgressSink, label: str) -> str:
+    """sha256 of `path` through the cache; progress through the sink's optional hash_* methods
+    (quantpick.cli.download's sinks have them), else one message before a long hash."""
+    from quantpick.fetch.stores import sha256_of
+
+    known = cache.lookup(path)
+    if known is not None:
+        return known
+    size = path.stat().st_size
+    started = getattr(progress, "hash_started", None)
+    advance = getattr(progress, "hash_advance", None)
+    finished = getattr(progress, "hash_finished", None)
+    if started is not None:
+        started(label, size)
+    else:
+        progress.message(f"Verifying {label} ({size} bytes)")
+    digest, _ = sha256_of(
+        path, cache, on_bytes=(lambda n: advance(label, n)) if advance is not None else None
+    )
+    if finished is not None:
+        finished(label)
+    return digest
 
 
 def _record_checksums(dest: Path, plan: FetchPlan, results: list[DownloadResult]) -> None:
@@ -317,11 +715,12 @@ def _record_checksums(dest: Path, plan: FetchPlan, results: list[DownloadResult]
 
 
 def verified_local_files(
-    manifest: Manifest, quant: str, vision: bool, dest: Path
+    manifest: Manifest, quant: str, vision: bool, dest: Path, cache: HashCache | None = None
 ) -> list[dict[str, Any]] | None:
     """The quant's files in `dest`, hashed against dest/SHA256SUMS (written by an earlier download)
     and the manifest's own hashes; None when a file or its checksum is missing. A mismatch is a
-    VerificationError (exit 4): a bad file is never used."""
+    VerificationError (exit 4): a bad file is never used. With `cache`, a file unchanged since
+    it was last hashed is not hashed again."""
     from quantpick.errors import VerificationError
     from quantpick.fetch.verify import parse_sha256sums, verify_files
 
@@ -338,7 +737,12 @@ def verified_local_files(
                 f"{sums_path} lists {sums[mf.name]} for {mf.name}, the manifest {mf.sha256}"
             )
         expected[mf.name] = sums[mf.name]
-    result = verify_files(dest, expected)
+    known = {
+        name: sha
+        for name, sha in expected.items()
+        if cache is not None and cache.lookup(dest / name) == sha
+    }
+    result = verify_files(dest, {n: h for n, h in expected.items() if n not in known})
     bad = [c for c in result.files if c.status != "ok"]
     if bad:
         raise VerificationError(
@@ -346,17 +750,95 @@ def verified_local_files(
             f"from {sums_path}",
             hint="run the command again with the hub reachable to fetch it afresh",
         )
+    hashed = {c.name: c.actual for c in result.files}
+    if cache is not None:
+        for name, sha in hashed.items():
+            cache.record(dest / name, str(sha))
+        cache.save()
     return [
         {
-            "name": c.name,
-            "path": str(dest / c.name),
-            "size": c.size,
-            "sha256": c.actual,
+            "name": name,
+            "path": str(dest / name),
+            "size": (dest / name).stat().st_size,
+            "sha256": expected[name],
             "verified": True,
             "bytes_fetched": 0,
             "resumed_from": 0,
             "reused": True,
             "source": f"local {sums_path}",
         }
-        for c in result.files
+        for name in sorted(expected)
     ]
+
+
+def verified_hf_cache_files(
+    manifest: Manifest, quant: str, vision: bool, settings: Settings, cache: HashCache
+) -> list[dict[str, Any]] | None:
+    """With --hf-cache and no hub: the quant's files in the Hugging Face cache snapshot of the
+    manifest's Hugging Face repo (its pinned commit, else what refs/<revision> names), verified
+    against the manifest's sha256, else the name of the blob each snapshot entry points to (the
+    hub's LFS sha256, checked when it was written). None when a file is not there."""
+    from quantpick.fetch.hf_cache import COMMIT_RE, SHA256_RE
+    from quantpick.fetch.stores import hf_cache_for_writing, hf_repo_folder
+
+    source = next((s for s in manifest.sources if s.kind == "hf" and s.repo), None)
+    if source is None or source.repo is None:
+        return None
+    storage = hf_cache_for_writing(settings.store_paths) / hf_repo_folder(source.repo)
+    revision = source.revision or "main"
+    commit = revision
+    if not COMMIT_RE.match(revision):
+        try:
+            commit = (storage / "refs" / revision).read_text().strip()
+        except OSError:
+            return None
+    out = []
+    for mf in wanted_files(manifest, quant, vision):
+        pointer = storage / "snapshots" / commit / mf.name
+        if not pointer.is_file():
+            return None
+        blob_name = Path(os.path.realpath(pointer)).name
+        expected = (mf.sha256 or "").lower() or (blob_name if SHA256_RE.match(blob_name) else "")
+        if not expected:
+            return None
+        st = pointer.stat()
+        if mf.size_exact and st.st_size != mf.size_bytes:
+            raise VerificationError(f"{pointer}: {st.st_size} bytes, not {mf.size_bytes}")
+        digest = cache.lookup(pointer)
+        if digest is None:
+            from quantpick.fetch.stores import sha256_of
+
+            digest, _ = sha256_of(pointer, cache)
+        if digest != expected:
+            raise VerificationError(
+                f"{pointer}: sha256 {digest} does not match {expected}",
+                hint="run the command again with the hub reachable to fetch it afresh",
+            )
+        out.append(
+            {
+                "name": mf.name,
+                "path": str(pointer),
+                "size": st.st_size,
+                "sha256": digest,
+                "verified": True,
+                "bytes_fetched": 0,
+                "resumed_from": 0,
+                "reused": True,
+                "source": f"hf cache {storage}",
+            }
+        )
+    cache.save()
+    return out
+
+
+def report_files(report: FetchReport) -> list[dict[str, Any]]:
+    """One JSON entry per file of a finished fetch: the result, plus the store copy it reused
+    (`reuse`, or null) and the copies that failed verification (`reuse_rejected`)."""
+    out = []
+    for result in report.results:
+        used = report.reused.get(result.name)
+        entry = result.as_dict()
+        entry["reuse"] = used.as_dict() if used is not None else None
+        entry["reuse_rejected"] = [r.as_dict() for r in report.rejected.get(result.name, ())]
+        out.append(entry)
+    return out

@@ -262,3 +262,145 @@ def test_progress_bars_on_a_terminal_lines_elsewhere_nothing_when_quiet(
     ]
     sink, shown = drive(Tty(), quiet=True)
     assert isinstance(sink, NullProgress) and shown == ""
+
+
+# -- reuse from other tools' stores, and --hf-cache --------------------------------------------
+
+
+def ollama_blob(data: bytes) -> Path:
+    """`ollama pull` leaves the GGUF as blobs/sha256-<hex> (OLLAMA_MODELS: tests/conftest.py)."""
+    blob = (
+        Path(os.environ["OLLAMA_MODELS"]) / "blobs" / f"sha256-{hashlib.sha256(data).hexdigest()}"
+    )
+    blob.parent.mkdir(parents=True, exist_ok=True)
+    blob.write_bytes(data)
+    return blob
+
+
+def test_dry_run_json_reports_what_would_be_reused(tiny: FakeHub, tmp_path: Path) -> None:
+    blob = ollama_blob(DATA)
+    args = ["download", "tiny-test", "--quant", "Q4_K_M", "--dir", str(tmp_path / "d")]
+    code, out, err = run(*args, "--dry-run", "--json")
+    assert code == 0, err
+    doc = json.loads(out)
+    (entry,) = doc["files"]
+    assert entry["reuse"] == {
+        "store": "ollama",
+        "path": str(blob),
+        "match": "sha256",
+        "verified": False,
+        "action": "hardlink",
+        "why": entry["reuse"]["why"],
+    }
+    assert entry["bytes_to_fetch"] == 0 and doc["bytes_to_fetch"] == 0
+    assert doc["reuse_from"]["origin"] == "default" and "ollama" in doc["reuse_from"]["stores"]
+    assert tiny.requests_for(MODEL) == []
+
+    code, out, err = run(*args, "--dry-run")  # the human form says the same
+    assert code == 0, err
+    assert f"would reuse {blob} (ollama; not verified yet" in out
+
+
+def test_download_reuses_and_reports_it(tiny: FakeHub, tmp_path: Path) -> None:
+    blob = ollama_blob(DATA)
+    dest = tmp_path / "d"
+    code, out, err = run("download", "tiny-test", "--quant", "Q4_K_M", "--dir", str(dest), "--json")
+    assert code == 0, err
+    (entry,) = json.loads(out)["files"]
+    assert entry["reuse"]["store"] == "ollama" and entry["reuse"]["action"] == "hardlink"
+    assert entry["reuse"]["verified"] is True and entry["bytes_fetched"] == 0
+    assert f"Reusing {MODEL} from ollama ({blob})" in err and f"Verifying {MODEL} in ollama" in err
+    assert os.path.samefile(dest / MODEL, blob) and tiny.requests_for(MODEL) == []
+    code, out, _ = run("verify", str(dest))
+    assert code == 0 and out.strip() == f"{MODEL}: OK"
+
+
+@pytest.mark.parametrize(
+    ("flags", "env", "config"),
+    [
+        (["--no-reuse"], {}, None),
+        (["--reuse-from", "hf,lmstudio"], {}, None),
+        ([], {"QUANTPICK_REUSE": "none"}, None),
+        ([], {}, 'reuse = ["hf"]\n'),
+        (["--no-reuse"], {"QUANTPICK_REUSE": "ollama"}, None),  # flag > env
+    ],
+)
+def test_reuse_off_or_elsewhere_downloads(
+    tiny: FakeHub,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    flags: list[str],
+    env: dict[str, str],
+    config: str | None,
+) -> None:
+    ollama_blob(DATA)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    if config is not None:
+        path = tmp_path / "config.toml"
+        path.write_text(config)
+        monkeypatch.setenv("QUANTPICK_CONFIG", str(path))
+    dest = tmp_path / "d"
+    code, out, err = run("download", "tiny-test", "--quant", "Q4_K_M", "--dir", str(dest), *flags)
+    assert code == 0, err
+    assert (
+        "Reusing" not in err
+        and len([r for r in tiny.requests_for(MODEL) if r["server"] == "cdn"]) == 1
+    )
+
+
+def test_reuse_flag_wins_over_env_none(
+    tiny: FakeHub, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ollama_blob(DATA)
+    monkeypatch.setenv("QUANTPICK_REUSE", "none")
+    code, _, err = run(
+        "download", "tiny-test", "--quant", "Q4_K_M", "--dir", str(tmp_path), "--reuse"
+    )
+    assert code == 0, err
+    assert "Reusing" in err and tiny.requests_for(MODEL) == []
+
+
+def test_bad_reuse_from_is_a_usage_error(tiny: FakeHub) -> None:
+    code, _, err = run("download", "tiny-test", "--quant", "Q4_K_M", "--reuse-from", "vllm")
+    assert code == 2 and "'vllm' is not a store" in err
+
+
+def test_download_hf_cache(tiny: FakeHub, tmp_path: Path) -> None:
+    from huggingface_hub import try_to_load_from_cache
+
+    code, out, err = run("download", "tiny-test", "--quant", "Q4_K_M", "--hf-cache", "--json")
+    assert code == 0, err
+    doc = json.loads(out)
+    hub_dir = Path(doc["hf_cache"]["cache_dir"])
+    assert hub_dir == Path(os.environ["HF_HOME"]) / "hub"
+    (entry,) = doc["files"]
+    assert entry["path"] == try_to_load_from_cache("org/tiny", MODEL, cache_dir=hub_dir)
+    assert Path(entry["path"]).read_bytes() == DATA
+    code, _, err = run("download", "tiny-test", "--quant", "Q4_K_M", "--hf-cache", "--dir", "x")
+    assert code == 2 and "--dir" in err
+
+
+def test_hashing_a_candidate_shows_progress(monkeypatch: pytest.MonkeyPatch) -> None:
+    import io
+
+    from quantpick.cli.download import LineProgress, RichProgress, _progress
+
+    class Tty(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    def drive(stream: io.StringIO) -> tuple[object, str]:
+        monkeypatch.setattr(sys, "stderr", stream)
+        sink, live = _progress(False)
+        with live:
+            sink.hash_started("m.gguf in ollama", 4 << 20)
+            sink.hash_advance("m.gguf in ollama", 4 << 20)
+            sink.hash_finished("m.gguf in ollama")
+        return sink, stream.getvalue()
+
+    sink, shown = drive(Tty())
+    assert isinstance(sink, RichProgress) and "sha256 m.gguf in ollama" in shown
+    sink, shown = drive(io.StringIO())
+    assert type(sink) is LineProgress
+    assert shown.splitlines() == ["Verifying m.gguf in ollama: hashing 4.00 MiB"]

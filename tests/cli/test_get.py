@@ -226,3 +226,54 @@ def test_get_offline_uses_verified_local_files(
     result = runner.invoke(app, ["get", tiny, "-c", "32768", *BOX, "--dir", str(dest)])
     assert result.exit_code == 4 and result.stdout == ""
     assert "does not match" in result.stderr
+
+
+# -- reuse and --hf-cache ----------------------------------------------------------------------
+
+
+def lmstudio_copy(repo_files: dict[str, Path], name: str) -> Path:
+    """LM Studio's downloader keeps models/<publisher>/<repo>/<file> under ~/.lmstudio."""
+    path = Path(os.environ["HOME"]) / ".lmstudio" / "models" / "org" / "Tiny-GGUF" / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(repo_files[name].read_bytes())
+    return path
+
+
+def test_get_dry_run_then_run_reuse_an_lmstudio_copy(
+    tiny: str, fake_hub: FakeHub, repo_files: dict[str, Path], tmp_path: Path
+) -> None:
+    source = lmstudio_copy(repo_files, "Tiny-Q8_0.gguf")
+    dest = tmp_path / "models"
+    args = [tiny, "-c", "32768", "--quant", "Q8_0", *BOX, "--dir", str(dest)]
+    doc = get_json([*args, "--dry-run"])
+    (entry,) = doc["fetch"]["files"]
+    assert entry["reuse"]["store"] == "lmstudio" and entry["reuse"]["path"] == str(source)
+    assert entry["reuse"]["verified"] is False and doc["fetch"]["bytes_to_fetch"] == 0
+    result = runner.invoke(app, ["get", *args, "--dry-run"])
+    assert f"would reuse {source} (lmstudio; not verified yet" in result.stderr
+
+    result = runner.invoke(app, ["get", *args])
+    assert result.exit_code == 0, result.stderr
+    assert f"Reusing Tiny-Q8_0.gguf from lmstudio ({source})" in result.stderr
+    assert f"-m {dest / 'Tiny-Q8_0.gguf'}" in result.stdout
+    doc = get_json(args)  # the rerun: verified from the sha256 cache, reported in --json
+    (entry,) = doc["files"]
+    assert entry["reused"] is True and os.path.samefile(entry["path"], source)
+    assert byte_gets(fake_hub) == []
+
+
+def test_get_hf_cache_command_points_into_the_snapshot_and_works_offline(
+    tiny: str, fake_hub: FakeHub, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    args = [tiny, "-c", "32768", "--quant", "Q8_0", *BOX, "--hf-cache"]
+    doc = get_json(args)
+    commit = fake_hub.repos[REPO].commit
+    snapshot = Path(os.environ["HF_HOME"]) / "hub" / "models--org--Tiny-GGUF" / "snapshots"
+    argv = doc["command"]["argv"]
+    assert argv[argv.index("-m") + 1] == str(snapshot / commit / "Tiny-Q8_0.gguf")
+    fake_hub.stop()
+    monkeypatch.setenv("QUANTPICK_OFFLINE", "1")
+    result = runner.invoke(app, ["get", *args, "--json"])
+    assert result.exit_code == 0, result.stderr
+    assert json.loads(result.stdout)["command"]["argv"] == argv
+    assert "using the files in the Hugging Face cache" in result.stderr
