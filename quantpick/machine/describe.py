@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from quantpick.errors import HardwareError, QuantpickError, UsageError
-from quantpick.machine.catalog import lookup_gpu
+from quantpick.machine.catalog import gpu_assumption_notes, lookup_gpu, with_catalog_figures
 from quantpick.machine.spec import Gpu, Host, Machine, machine_from_dict
 from quantpick.units import parse_size
 
@@ -99,6 +99,7 @@ def describe_gpu(
         pcie_generation=model.pcie_generation,
         pcie_width=model.pcie_width,
         compute_capability=model.compute_capability,
+        fp16_tflops=model.fp16_tflops,
     )
 
 
@@ -355,7 +356,11 @@ def resolve_machine(
         notes = [n for n in notes if "planning for CPU only" not in n]
 
     if how == ["probe"]:
-        return machine
+        return machine  # probe() completed its GPUs and wrote its own notes
+    machine = dataclasses.replace(
+        machine, gpus=tuple(with_catalog_figures(g) for g in machine.gpus)
+    )
+    notes.extend(gpu_assumption_notes(machine.gpus))
     return dataclasses.replace(
         machine,
         described=True,
