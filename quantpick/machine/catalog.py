@@ -96,10 +96,10 @@ def _card(
 #   whitepapers and data-centre sheets quote FP16 tensor TFLOPS directly (dense = sparse / 2).
 #   Where a sheet gives neither, SMs x boost clock x 1024 FLOP/clk (Turing/Ampere/Ada/Blackwell
 #   GeForce SM, dense FP16) reproduces the whitepaper figures (3090: 82 x 1.695 GHz -> 142).
-#   Pascal has no tensor cores: half its dp4a INT8 TOPS (P40: 47 -> 23.5).
+#   Pascal has no tensor cores: its dp4a INT8 TOPS (P40: 47; GTX 1060: 1280 x 1.708 GHz x 8).
 CATALOG: tuple[GpuModel, ...] = (
     # Consumer: Pascal / Turing.
-    _card("1060", "NVIDIA GeForce GTX 1060 6GB", 6, 192, 4004, "6.1", (3, 16), 8.7, "gtx1060"),
+    _card("1060", "NVIDIA GeForce GTX 1060 6GB", 6, 192, 4004, "6.1", (3, 16), 17.5, "gtx1060"),
     _card("2080", "NVIDIA GeForce RTX 2080", 8, 256, 7000, "7.5", (3, 16), 80.5),
     _card("2080ti", "NVIDIA GeForce RTX 2080 Ti", 11, 352, 7000, "7.5", (3, 16), 107.6, "2080-ti"),
     # Consumer: Ampere.
@@ -292,7 +292,7 @@ CATALOG: tuple[GpuModel, ...] = (
         "v100-sxm2-32g",
         "v100s",
     ),  # fmt: skip
-    _card("p40", "Tesla P40", 24, 384, 3615, "6.1", (3, 16), 23.5),
+    _card("p40", "Tesla P40", 24, 384, 3615, "6.1", (3, 16), 47.0),
     # DGX Spark's GB10: 128 GB LPDDR5x (256 bit, 8533 MT/s = 273 GB/s) shared with the CPU, no
     # PCIe hop; "1 PFLOP" FP4 sparse / 8.
     _card("gb10", "NVIDIA GB10", 128, 256, 4266, "12.1", None, 125.0, "dgx-spark"),

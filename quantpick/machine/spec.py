@@ -15,8 +15,8 @@ from typing import Any
 # A GPU that is neither in the catalogue nor reports bus width and clock: a GTX 1660 / T4-class
 # card (300 GB/s); data sheets put current cards at 270-1800 GB/s.
 ASSUMED_GPU_BANDWIDTH_BYTES_PER_S = 300 * 10**9
-# A GPU not in the catalogue: dense FP16 tensor TFLOPS at about a P40 / GTX 1080 Ti class card
-# (catalogue: 23.5 for the P40, 51 for an RTX 3060, 330 for an RTX 4090).
+# A GPU not in the catalogue: dense FP16 tensor TFLOPS below every current card's (catalogue:
+# 47 for a P40's dp4a, 51 for an RTX 3060, 65 for a T4, 330 for an RTX 4090).
 ASSUMED_GPU_FP16_TFLOPS = 25.0
 # A PCIe link NVML did not report: gen 3 x16 (what every card since 2012 supports).
 ASSUMED_PCIE = (3, 16)

@@ -13,6 +13,7 @@ Policies (`PlanRequest.prefer`):
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
@@ -24,9 +25,13 @@ from quantpick.model.manifest import Manifest, ModelFile
 from quantpick.plan.memory import Estimate, Overheads, RunConfig, estimate
 from quantpick.plan.speed import (
     DEFAULT_GPU_BANDWIDTH,
-    DEFAULT_HOST_BANDWIDTH,
+    DEFAULT_SPEED_PARAMS,
+    DeviceSpeed,
     SpeedEstimate,
+    SpeedParams,
     decode_speed,
+    device_speeds,
+    expected_speed,
 )
 
 GiB = 1024**3
@@ -91,11 +96,14 @@ class Plan:
 
 
 def device_bandwidths(machine: Machine) -> dict[str, int]:
-    bandwidths = {
-        f"CUDA{g.index}": g.bandwidth_bytes_per_s or DEFAULT_GPU_BANDWIDTH for g in machine.gpus
-    }
-    bandwidths["CPU"] = machine.host.ram_bandwidth_bytes_per_s or DEFAULT_HOST_BANDWIDTH
-    return bandwidths
+    """Device name -> bandwidth the bound uses (assumed figures included; see device_speeds)."""
+    return {name: d.bandwidth_bytes_per_s for name, d in device_speeds(machine).items()}
+
+
+def speed_params_for(machine: Machine) -> SpeedParams:
+    """The expected-speed constants for the llama.cpp build this machine runs (if known)."""
+    server = machine.llama_server
+    return DEFAULT_SPEED_PARAMS.for_build(server.build if server is not None else None)
 
 
 def _overflow(est: Estimate) -> tuple[int, str | None]:
@@ -130,14 +138,32 @@ class _Search:
             projector_bytes=self.projector_bytes,
         )
 
+    @functools.cached_property
+    def device_speeds(self) -> dict[str, DeviceSpeed]:
+        return device_speeds(self.machine)
+
+    @functools.cached_property
+    def speed_params(self) -> SpeedParams:
+        return speed_params_for(self.machine)
+
     def speed(self, est: Estimate) -> SpeedEstimate:
-        return decode_speed(
+        """The bound, with the expected speed beside it (the one place the planner computes
+        speed; policies read `speed.expected.decode_tps_target`)."""
+        bound = decode_speed(
             self.layout,
             est,
             self.bandwidths,
             target_context=self.target_context,
             efficiency=self.efficiency,
         )
+        expected = expected_speed(
+            self.layout,
+            est,
+            self.device_speeds,
+            target_context=self.target_context,
+            params=self.speed_params,
+        )
+        return replace(bound, expected=expected)
 
     def splits(self, n_gpu: int, n_slots: int) -> Iterable[tuple[int, ...]]:
         """Candidate layer counts per GPU (contiguous, as -ts with integer counts)."""
