@@ -8,17 +8,18 @@ KV cache up to the current fill, and the recurrent state (read and written once 
 **Expected** (`expected_speed`): what llama.cpp measures, which on fast GPUs is several times
 below the bound. One token of decode costs, in seconds (`decode_seconds`):
 
-    on each GPU    its share of the fixed cost per token (kernel launches and their minimum run
-                   time, sync: `gpu_fixed_ms` on a 3090-class card, scaled by (142 TFLOPS / the
-                   card's)^`gpu_fixed_exponent`), plus bytes read / (bandwidth x
+    once           `token_fixed_ms` (graph launch, sync, logits copy);
+    on each GPU    its share of `gpu_fixed_ms` (the minimum run time of ~1500 small kernels,
+                   quoted for a 142-TFLOPS 3090-class card, x 142 / the card's TFLOPS), plus
+                   bytes read / (bandwidth x
                    `gpu_bandwidth_efficiency`), plus the context-depth term: fill x f16-sized KV
                    bytes x `kv_depth_factor` / bandwidth, times `kv_quant_factor` when the KV cache
                    is quantized (on CUDA flash attention dequantizes it: slower at depth, not
                    faster);
     on the host    routed experts (or whole layers) kept in RAM: bytes / min(RAM bandwidth x
                    `host_bandwidth_efficiency`, cores x `host_core_bytes_per_s`);
-    between them   `hop_ms` per change of device along the layers (an expert layer in RAM is two
-                   hops; two GPUs are one);
+    between them   `hop_ms` per change between a GPU and the host along the layers (an expert
+                   layer in RAM is two), `gpu_hop_ms` per change from one GPU to the next;
     llama-server   `server_ms` per token for sampling over the 248K vocabulary and streaming.
 
 Prefill of one ubatch (`prefill_seconds`) is compute-bound on a GPU: 2 x active parameters x tokens
@@ -86,44 +87,57 @@ class SpeedParams:
     `dataclasses.replace` (e.g. `gpu_fixed_ms` after timing an empty-context decode).
     """
 
-    # Fixed cost per token (and per prefill ubatch) on the GPUs, in two parts. The floor: graph
-    # launch, synchronisation, the logits copy, the same on every card. Pinned by the
-    # fully-in-VRAM runs (4090, 5070 Ti, 5060 Ti, P40, RTX 4000 Ada), where model size barely
-    # changes speed.
+    # Fixed cost per token (and per prefill ubatch), in two parts. The floor: graph launch,
+    # synchronisation, the logits copy, the same on every card. Pinned by the fully-in-VRAM runs
+    # (4090 rows 53-100, 5070 Ti / 5060 Ti 145-150, P40 27-33, RTX 4000 Ada 34-39, GB10 234),
+    # where model size barely changes speed.
     token_fixed_ms: float = 3.03
     # The GPU part: the minimum run time of the ~1500 small kernels per token, inversely
     # proportional to the card's throughput; quoted for the whole model on a 142-TFLOPS
     # (3090-class) card and shared out by the layers each GPU holds. Same rows, across cards.
     gpu_fixed_ms: float = 2.04
-    # Fraction of the data-sheet bandwidth weight streaming reaches.
+    # Fraction of the data-sheet bandwidth weight streaming reaches. Fit: at its bound 1.0 (the
+    # fixed costs carry the rest), so the expected speed never exceeds the bound.
     gpu_bandwidth_efficiency: float = 1.0
-    # Decode cost of one token of fill per f16 KV byte, in units of bytes/bandwidth (flash
-    # attention's decode kernel is not bandwidth-bound). 4090 f16 runs at 8K-49K depth.
+    # Decode cost of one token of fill per f16-sized KV byte, in units of bytes/bandwidth (flash
+    # attention's decode kernel is not bandwidth-bound). 4090 f16 runs at 8K-49K depth (rows
+    # 53-100: in-sample within ~10%), P40 q8_0 to 164K (rows 27-33).
     kv_depth_factor: float = 3.67
-    # Extra factor on the depth cost with a quantized KV cache (q8_0, q4_0, ...). P40 and RTX
-    # 4000 Ada q8_0 runs at depth.
+    # Extra factor on the depth cost with a quantized KV cache (q8_0, q4_0, ...), applied to the
+    # f16-sized bytes: a quantized cache reads fewer bytes but dequantizes them, so it is never
+    # faster at depth. Fit (P40, RTX 4000 Ada, 3080 q8_0 rows): 1.0, its lower bound: these runs
+    # show q8_0 costing what f16 costs per token of fill, i.e. ~1.9x its own bytes.
     kv_quant_factor: float = 1.0
-    # Fraction of the host's RAM bandwidth that routed experts in RAM are read at.
+    # Fraction of the host's RAM bandwidth that routed experts in RAM are read at. Fit: at its
+    # bound 0.85 (STREAM's share on desktop DDR4/5); the --n-cpu-moe rows mostly state no RAM
+    # speed, so this multiplies the assumed 50 GB/s (3080, 5060 Ti, 4070 rows).
     host_bandwidth_efficiency: float = 0.85
-    # Quantized weight bytes one CPU core multiplies per second (the core-count ceiling).
+    # Quantized weight bytes one CPU core multiplies per second (the core-count ceiling): the
+    # 8-thread 3080 box and the CPU-only Sapphire Rapids run (row 208).
     host_core_bytes_per_s: float = 7.25e9
     # One change between a GPU and the host along the layers (copy of the activations, sync, a
-    # graph split): --n-cpu-moe runs (3080, 5060 Ti).
+    # graph split): the --n-cpu-moe sweeps (3080 rows 1-26: ~1 tok/s per layer moved).
     hop_ms: float = 0.077
     # One change from a GPU to the next in a layer split (a copy through the host, the next
-    # GPU's graph launch): the 5070 Ti + 5060 Ti runs.
+    # GPU's graph launch): only the 5070 Ti + 5060 Ti runs (rows 139-144) measure it; held out,
+    # the prior (0.5 ms) predicts them ~1.4x too fast.
     gpu_hop_ms: float = 1.82
-    # llama-server's own cost per generated token (sampling, detokenizing, streaming); 0 for
-    # llama-bench.
+    # llama-server's own cost per generated token (sampling over the 248K vocabulary,
+    # detokenizing, streaming); 0 for llama-bench. The 4090 bench/server pairs (rows 53-112) and
+    # the Windows 3080 server rows; expected_speed includes it (it predicts llama-server).
     server_ms: float = 1.90
-    # Fraction of the card's FP16 tensor TFLOPS prefill reaches (256 small expert GEMMs
-    # per layer).
+    # Fraction of the card's FP16 tensor TFLOPS prefill reaches (256 small expert GEMMs per
+    # layer): pp512/pp1024 of the 4090, 5090, 5070 Ti, 5060 Ti, RTX 4000 Ada, P40 (dp4a figure);
+    # in-sample median error 5%.
     gpu_compute_efficiency: float = 0.114
-    # Fraction of the PCIe link's throughput the per-ubatch copy of host experts reaches.
+    # Fraction of the PCIe link's throughput the per-ubatch copy of host experts reaches
+    # (pageable, mmap'd weights): the 3080, 5060 Ti --n-cpu-moe and --fit prefill rows.
     pcie_efficiency: float = 0.477
-    # Effective GFLOPS of one CPU core in prefill.
+    # Effective GFLOPS of one CPU core in prefill: one CPU-only run (row 208, AVX-512 Sapphire
+    # Rapids, cores not stated: 8 assumed), so weakly pinned.
     cpu_core_gflops: float = 146.0
     # Builds before RECENT_BUILD: the fixed costs (GPU, floor, server) are this many times larger.
+    # The same 4090 and files on b8148-b8396 vs b8720 (rows 53-112, one source).
     legacy_fixed_factor: float = 1.54
     # Calibration: measured / predicted, applied to the tokens/s (1.0 = uncalibrated).
     decode_scale: float = 1.0
