@@ -132,11 +132,13 @@ def estimate_cmd(
     json_: JsonOpt = False,
 ) -> None:
     """Itemize what llama.cpp will allocate on each device for one configuration."""
+    from dataclasses import replace
+
     from quantpick.cli import output
     from quantpick.errors import UsageError
     from quantpick.plan.memory import RunConfig, estimate
-    from quantpick.plan.planner import device_bandwidths
-    from quantpick.plan.speed import decode_speed
+    from quantpick.plan.planner import device_bandwidths, speed_params_for
+    from quantpick.plan.speed import decode_speed, device_speeds, expected_speed
 
     machine = machine_from_cli(
         hardware,
@@ -197,6 +199,16 @@ def estimate_cmd(
         projector_bytes=projector_bytes,
     )
     speed = decode_speed(layout, est, device_bandwidths(machine))
+    speed = replace(
+        speed,
+        expected=expected_speed(
+            layout,
+            est,
+            device_speeds(machine),
+            target_context=speed.target_context,
+            params=speed_params_for(machine),
+        ),
+    )
     if json_:
         output.print_json(
             {

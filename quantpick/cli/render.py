@@ -48,7 +48,26 @@ def _config_dict(config: Any) -> dict[str, Any]:
 
 
 def _speed_dict(speed: SpeedEstimate) -> dict[str, Any]:
+    """`expected` (what to expect from llama-server) and `bound` (bandwidth upper bound) are the
+    interface; the flat tokens_per_s_* keys repeat the bound and are deprecated (README)."""
+    expected = speed.expected
     return {
+        "expected": (
+            {
+                "decode_tps_empty": round(expected.decode_tps_empty, 2),
+                "decode_tps_target": round(expected.decode_tps_target, 2),
+                "prefill_tps": round(expected.prefill_tps, 1),
+                "target_context": expected.target_context,
+                "basis": expected.basis,
+                "assumed": list(expected.assumed),
+            }
+            if expected is not None
+            else None
+        ),
+        "bound": {
+            "decode_tps_empty": round(speed.tokens_per_s_empty, 2),
+            "decode_tps_target": round(speed.tokens_per_s_target, 2),
+        },
         "tokens_per_s_empty": round(speed.tokens_per_s_empty, 2),
         "tokens_per_s_target": round(speed.tokens_per_s_target, 2),
         "target_context": speed.target_context,
@@ -150,15 +169,45 @@ def _ranges(values: tuple[int, ...]) -> str:
     return ",".join(out)
 
 
+def speed_line(speed: SpeedEstimate) -> str:
+    """'Expected: ~N tok/s decode (M at T tokens), P tok/s prefill; bound: ...' (expected first)."""
+    bound = (
+        f"bound: {speed.tokens_per_s_empty:.0f} tok/s decode "
+        f"({speed.tokens_per_s_target:.0f} at {speed.target_context} tokens)"
+    )
+    e = speed.expected
+    if e is None:
+        return "Decode " + bound
+    return (
+        f"Expected: ~{e.decode_tps_empty:.0f} tok/s decode ({e.decode_tps_target:.0f} at "
+        f"{e.target_context} tokens), {e.prefill_tps:.0f} tok/s prefill; {bound}"
+    )
+
+
+def _speed_tps(speed: SpeedEstimate | None) -> float | None:
+    """The figure a table shows: expected decode at the target context (else the bound)."""
+    if speed is None:
+        return None
+    return (
+        speed.expected.decode_tps_target
+        if speed.expected is not None
+        else speed.tokens_per_s_target
+    )
+
+
+def _print_speed_notes(con: Any, speed: SpeedEstimate) -> None:
+    e = speed.expected
+    if e is not None:
+        con.print(f"[dim]Speed: {e.basis}[/]")
+
+
 def _print_footer(con: Any, est: Estimate, speed: SpeedEstimate, layout: ModelLayout) -> None:
     con.print(f"Basis: {est.basis}" + ("" if est.exact_weights else " (estimate)"))
     con.print(
         "* compute and overhead are estimates; weights, KV and state follow llama.cpp's accounting."
     )
-    con.print(
-        f"Decode upper bound: {speed.tokens_per_s_empty:.1f} tok/s empty, "
-        f"{speed.tokens_per_s_target:.1f} tok/s at {speed.target_context} tokens"
-    )
+    con.print(speed_line(speed))
+    _print_speed_notes(con, speed)
     con.print("Fits." if est.fits else "[bold red]Does not fit.[/]")
     for note in est.notes:
         con.print(f"Note: {note}")
@@ -219,6 +268,11 @@ def plan_to_dict(p: Plan, machine: Machine, block_count: int) -> dict[str, Any]:
                 "mean_kld": c.quality.mean_kld if c.quality else None,
                 "quality_tier": c.quality.tier if c.quality else None,
                 "tokens_per_s_target": round(c.speed.tokens_per_s_target, 2) if c.speed else None,
+                "expected_decode_tps_target": (
+                    round(c.speed.expected.decode_tps_target, 2)
+                    if c.speed and c.speed.expected
+                    else None
+                ),
                 "shortfall_bytes": c.shortfall_bytes,
                 "shortfall_device": c.shortfall_device,
                 "devices": (
@@ -244,7 +298,6 @@ def render_plan(p: Plan, machine: Machine, n_slots: int) -> None:
     from rich.table import Table
 
     from quantpick.cli import output
-    from quantpick.plan.planner import expected_tps
     from quantpick.units import gb, human
 
     con = output.stdout()
@@ -267,19 +320,19 @@ def render_plan(p: Plan, machine: Machine, n_slots: int) -> None:
             p.estimate, f"Per device at -c {p.config.ctx_size}, -np {p.config.n_parallel}"
         )
     )
-    con.print(
-        f"Decode upper bound: {p.speed.tokens_per_s_empty:.1f} tok/s empty, "
-        f"{p.speed.tokens_per_s_target:.1f} tok/s at {p.speed.target_context} tokens"
-    )
+    con.print(speed_line(p.speed))
     con.print("llama-server flags: " + " ".join(_flags(p.config, n_slots)))
     con.print(f"Basis: {p.layout_basis}")
     table = Table(title="Candidates", title_justify="left")
+    # tok/s: the expected decode at the target context
     for col in ("quant", "KLD", "KV", "placement", "tok/s", "result"):
         table.add_column(col)
     for c in p.candidates:
-        tps = f"{expected_tps(c.speed):.1f}" if c.speed and c.fits else "-"
+        shown = _speed_tps(c.speed)
+        tps = f"{shown:.1f}" if shown is not None and c.fits else "-"
         kld = f"{c.quality.mean_kld:.4f}" if c.quality else "-"
         table.add_row(c.quant, kld, c.cache_type, c.placement, tps, c.reason)
     con.print(table)
+    _print_speed_notes(con, p.speed)
     for note in p.notes:
         output.note(f"Note: {note}")

@@ -15,14 +15,22 @@ driver and card) is not guessed here; the planner's per-device overhead accounts
 Usage:
     lookup_gpu("3090").bandwidth_bytes_per_s  # 936_096_000_000
     lookup_gpu("tesla-t4").name               # "Tesla T4"
+    find_gpu("NVIDIA GeForce RTX 3080", total_bytes=12 * 1024**3).key  # "3080-12g"
 """
 
 from __future__ import annotations
 
+import dataclasses
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from quantpick.errors import UsageError
+from quantpick.machine.spec import (
+    ASSUMED_GPU_BANDWIDTH_BYTES_PER_S,
+    ASSUMED_GPU_FP16_TFLOPS,
+    Gpu,
+)
 
 _GiB = 1024**3
 
@@ -47,6 +55,10 @@ class GpuModel:
     compute_capability: str
     pcie_generation: int | None = None
     pcie_width: int | None = None
+    # Dense FP16 tensor-core TFLOPS with FP16 accumulate, i.e. half the dense INT8 rate that
+    # llama.cpp's quantized matmul kernels (MMQ) run at; for cards without tensor cores (Pascal),
+    # half their dp4a INT8 rate. Prefill is compute-bound on this figure.
+    fp16_tflops: float | None = None
 
     @property
     def bandwidth_bytes_per_s(self) -> int:
@@ -57,128 +69,233 @@ def _g(n: int) -> int:
     return n * _GiB
 
 
-# Sources: NVIDIA data sheets (memory size, bus width, data rate, bandwidth); clocks converted to
-# NVML's convention (data rate / 2) so that theoretical_bandwidth() reproduces the sheet figure.
+def _card(
+    key: str,
+    name: str,
+    gib: int,
+    bus_bits: int,
+    clock_mhz: int,
+    cc: str,
+    pcie: tuple[int, int] | None,
+    tflops: float,
+    *aliases: str,
+) -> GpuModel:
+    return GpuModel(
+        key, name, aliases, _g(gib), bus_bits, clock_mhz, cc,
+        pcie[0] if pcie else None, pcie[1] if pcie else None, tflops,
+    )  # fmt: skip
+
+
+# Sources, per column:
+# - VRAM, bus width, memory data rate, PCIe link: NVIDIA product pages and data sheets (GeForce
+#   "full specs" pages, the Ampere/Ada/Blackwell architecture whitepapers' tables, the data-centre
+#   data sheets). The data rate is stored as NVML's max memory clock (data rate / 2, HBM clock for
+#   HBM) so that theoretical_bandwidth() reproduces the sheet's GB/s.
+# - fp16_tflops: dense FP16 tensor TFLOPS with FP16 accumulate. GeForce Ada/Blackwell pages quote
+#   "AI TOPS" (Ada: FP8 with sparsity = 4x this; Blackwell: FP4 with sparsity = 8x this); the
+#   whitepapers and data-centre sheets quote FP16 tensor TFLOPS directly (dense = sparse / 2).
+#   Where a sheet gives neither, SMs x boost clock x 1024 FLOP/clk (Turing/Ampere/Ada/Blackwell
+#   GeForce SM, dense FP16) reproduces the whitepaper figures (3090: 82 x 1.695 GHz -> 142).
+#   Pascal has no tensor cores: its dp4a INT8 TOPS (P40: 47; GTX 1060: 1280 x 1.708 GHz x 8).
 CATALOG: tuple[GpuModel, ...] = (
-    # Consumer, Ampere / Ada / Blackwell.
-    GpuModel(
-        "3060",
-        "NVIDIA GeForce RTX 3060",
-        ("3060-12g", "3060 12gb"),
-        _g(12),
+    # Consumer: Pascal / Turing.
+    _card("1060", "NVIDIA GeForce GTX 1060 6GB", 6, 192, 4004, "6.1", (3, 16), 17.5, "gtx1060"),
+    _card("2080", "NVIDIA GeForce RTX 2080", 8, 256, 7000, "7.5", (3, 16), 80.5),
+    _card("2080ti", "NVIDIA GeForce RTX 2080 Ti", 11, 352, 7000, "7.5", (3, 16), 107.6, "2080-ti"),
+    # Consumer: Ampere.
+    _card("3060", "NVIDIA GeForce RTX 3060", 12, 192, 7501, "8.6", (4, 16), 51.2, "3060-12g"),
+    _card("3060ti", "NVIDIA GeForce RTX 3060 Ti", 8, 256, 7001, "8.6", (4, 16), 64.8, "3060-ti"),
+    _card("3070", "NVIDIA GeForce RTX 3070", 8, 256, 7001, "8.6", (4, 16), 81.3),
+    _card("3070ti", "NVIDIA GeForce RTX 3070 Ti", 8, 256, 9501, "8.6", (4, 16), 87.0, "3070-ti"),
+    _card("3080", "NVIDIA GeForce RTX 3080", 10, 320, 9501, "8.6", (4, 16), 119.0, "3080-10g"),
+    _card("3080-12g", "NVIDIA GeForce RTX 3080", 12, 384, 9501, "8.6", (4, 16), 122.6),
+    _card("3080ti", "NVIDIA GeForce RTX 3080 Ti", 12, 384, 9501, "8.6", (4, 16), 136.4, "3080-ti"),
+    _card("3090", "NVIDIA GeForce RTX 3090", 24, 384, 9751, "8.6", (4, 16), 142.3, "3090-24g"),
+    _card("3090ti", "NVIDIA GeForce RTX 3090 Ti", 24, 384, 10501, "8.6", (4, 16), 160.0, "3090-ti"),
+    # Consumer: Ada (AI TOPS / 4).
+    _card("4060", "NVIDIA GeForce RTX 4060", 8, 128, 8501, "8.9", (4, 8), 60.5),
+    _card("4060ti", "NVIDIA GeForce RTX 4060 Ti", 8, 128, 9001, "8.9", (4, 8), 88.3, "4060ti-8g"),
+    _card(
+        "4060ti-16g", "NVIDIA GeForce RTX 4060 Ti", 16, 128, 9001, "8.9", (4, 8), 88.3, "4060ti16"
+    ),  # fmt: skip
+    _card("4070", "NVIDIA GeForce RTX 4070", 12, 192, 10501, "8.9", (4, 16), 116.6),
+    _card(
+        "4070s",
+        "NVIDIA GeForce RTX 4070 SUPER",
+        12,
         192,
-        7501,
-        "8.6",
-        4,
-        16,
-    ),
-    GpuModel("3090", "NVIDIA GeForce RTX 3090", ("3090-24g",), _g(24), 384, 9751, "8.6", 4, 16),
-    GpuModel(
-        "3090ti", "NVIDIA GeForce RTX 3090 Ti", ("3090-ti",), _g(24), 384, 10501, "8.6", 4, 16
-    ),
-    GpuModel(
-        "4060ti-16g", "NVIDIA GeForce RTX 4060 Ti", ("4060ti16",), _g(16), 128, 9001, "8.9", 4, 8
-    ),
-    GpuModel(
+        10501,
+        "8.9",
+        (4, 16),
+        142.0,
+        "4070super",
+        "4070-super",
+    ),  # fmt: skip
+    _card("4070ti", "NVIDIA GeForce RTX 4070 Ti", 12, 192, 10501, "8.9", (4, 16), 160.3, "4070-ti"),
+    _card(
         "4070tis",
         "NVIDIA GeForce RTX 4070 Ti SUPER",
-        ("4070tisuper", "4070ti-super"),
-        _g(16),
+        16,
         256,
         10501,
         "8.9",
-        4,
+        (4, 16),
+        176.5,
+        "4070tisuper",
+        "4070ti-super",
+    ),  # fmt: skip
+    _card("4080", "NVIDIA GeForce RTX 4080", 16, 256, 11201, "8.9", (4, 16), 195.0),
+    _card(
+        "4080s",
+        "NVIDIA GeForce RTX 4080 SUPER",
         16,
+        256,
+        11501,
+        "8.9",
+        (4, 16),
+        209.0,
+        "4080super",
+        "4080-super",
+    ),  # fmt: skip
+    _card("4090", "NVIDIA GeForce RTX 4090", 24, 384, 10501, "8.9", (4, 16), 330.3),
+    # Consumer: Blackwell (AI TOPS / 8).
+    _card(
+        "5060ti",
+        "NVIDIA GeForce RTX 5060 Ti",
+        16,
+        128,
+        14001,
+        "12.0",
+        (5, 8),
+        94.9,
+        "5060ti-16g",
+        "5060-ti",
+    ),  # fmt: skip
+    _card("5060ti-8g", "NVIDIA GeForce RTX 5060 Ti", 8, 128, 14001, "12.0", (5, 8), 94.9),
+    _card("5070", "NVIDIA GeForce RTX 5070", 12, 192, 14001, "12.0", (5, 16), 123.5),
+    _card(
+        "5070ti", "NVIDIA GeForce RTX 5070 Ti", 16, 256, 14001, "12.0", (5, 16), 175.8, "5070-ti"
     ),
-    GpuModel("4080", "NVIDIA GeForce RTX 4080", (), _g(16), 256, 11201, "8.9", 4, 16),
-    GpuModel("4090", "NVIDIA GeForce RTX 4090", (), _g(24), 384, 10501, "8.9", 4, 16),
-    GpuModel("5080", "NVIDIA GeForce RTX 5080", (), _g(16), 256, 15001, "12.0", 5, 16),
-    GpuModel("5090", "NVIDIA GeForce RTX 5090", (), _g(32), 512, 14001, "12.0", 5, 16),
+    _card("5080", "NVIDIA GeForce RTX 5080", 16, 256, 15001, "12.0", (5, 16), 225.1),
+    _card("5090", "NVIDIA GeForce RTX 5090", 32, 512, 14001, "12.0", (5, 16), 419.0),
     # Workstation.
-    GpuModel("a4000", "NVIDIA RTX A4000", (), _g(16), 256, 7001, "8.6", 4, 16),
-    GpuModel("a6000", "NVIDIA RTX A6000", (), _g(48), 384, 8001, "8.6", 4, 16),
+    _card("a4000", "NVIDIA RTX A4000", 16, 256, 7001, "8.6", (4, 16), 76.7),
+    _card("a6000", "NVIDIA RTX A6000", 48, 384, 8001, "8.6", (4, 16), 154.8),
+    # RTX 4000 Ada: the sheet's 327.6 tensor TFLOPS (FP8, sparse) / 4.
+    _card(
+        "4000ada",
+        "NVIDIA RTX 4000 Ada Generation",
+        20,
+        160,
+        9001,
+        "8.9",
+        (4, 16),
+        81.9,
+        "rtx4000ada",
+        "4000-ada",
+    ),  # fmt: skip
     # Data centre.
-    GpuModel(
+    _card("a10", "NVIDIA A10", 24, 384, 6251, "8.6", (4, 16), 125.0),
+    _card("a40", "NVIDIA A40", 48, 384, 7251, "8.6", (4, 16), 149.7),
+    _card(
         "a100-40g",
         "NVIDIA A100-PCIE-40GB",
-        ("a100", "a100-pcie-40g", "a100-sxm4-40g"),
-        _g(40),
+        40,
         5120,
         1215,
         "8.0",
-        4,
-        16,
-    ),
-    GpuModel(
+        (4, 16),
+        312.0,
+        "a100",
+        "a100-pcie-40g",
+        "a100-sxm4-40g",
+    ),  # fmt: skip
+    _card(
         "a100-80g",
         "NVIDIA A100-SXM4-80GB",
-        ("a100-sxm4-80g", "a100-80g-sxm", "a100-sxm-80g"),
-        _g(80),
+        80,
         5120,
         1593,
         "8.0",
-        4,
-        16,
-    ),
-    GpuModel(
+        (4, 16),
+        312.0,
+        "a100-sxm4-80g",
+        "a100-80g-sxm",
+        "a100-sxm-80g",
+    ),  # fmt: skip
+    _card(
         "a100-80g-pcie",
         "NVIDIA A100 80GB PCIe",
-        ("a100-pcie-80g",),
-        _g(80),
+        80,
         5120,
         1512,
         "8.0",
-        4,
-        16,
-    ),
-    GpuModel(
+        (4, 16),
+        312.0,
+        "a100-pcie-80g",
+    ),  # fmt: skip
+    _card(
         "h100",
         "NVIDIA H100 80GB HBM3",
-        ("h100-sxm", "h100-80g", "h100-sxm5-80g", "h100-80g-hbm3"),
-        _g(80),
+        80,
         5120,
         2619,
         "9.0",
-        5,
-        16,
-    ),
-    GpuModel(
+        (5, 16),
+        989.4,
+        "h100-sxm",
+        "h100-80g",
+        "h100-sxm5-80g",
+        "h100-80g-hbm3",
+    ),  # fmt: skip
+    _card(
         "h100-pcie",
         "NVIDIA H100 PCIe",
-        ("h100-80g-pcie", "h100-pcie-80g"),
-        _g(80),
+        80,
         5120,
         1593,
         "9.0",
-        5,
-        16,
-    ),
-    GpuModel("l4", "NVIDIA L4", (), _g(24), 192, 6251, "8.9", 4, 16),
+        (5, 16),
+        756.0,
+        "h100-80g-pcie",
+        "h100-pcie-80g",
+    ),  # fmt: skip
+    # H200: 141 GB HBM3e at 4.8 TB/s; NVML reports ~140.4 GiB, stored as 140 GiB (conservative).
+    _card("h200", "NVIDIA H200", 140, 6144, 3125, "9.0", (5, 16), 989.4, "h200-141g"),
+    _card("l4", "NVIDIA L4", 24, 192, 6251, "8.9", (4, 16), 121.0),
+    _card("l40s", "NVIDIA L40S", 48, 384, 9001, "8.9", (4, 16), 362.0),
     # A "16 GB" T4 reports 15360 MiB total with ECC on (nvidia-smi / NVML), as datacenter T4s ship.
-    GpuModel("t4", "Tesla T4", ("t4-16g",), _g(15), 256, 5001, "7.5", 3, 16),
-    GpuModel(
+    _card("t4", "Tesla T4", 15, 256, 5001, "7.5", (3, 16), 65.0, "t4-16g"),
+    _card(
         "v100-16g",
         "Tesla V100-SXM2-16GB",
-        ("v100", "v100-pcie-16g", "v100-sxm2-16g"),
-        _g(16),
+        16,
         4096,
         877,
         "7.0",
-        3,
-        16,
-    ),
-    GpuModel(
+        (3, 16),
+        125.0,
+        "v100",
+        "v100-pcie-16g",
+        "v100-sxm2-16g",
+    ),  # fmt: skip
+    _card(
         "v100-32g",
         "Tesla V100-SXM2-32GB",
-        ("v100-pcie-32g", "v100-sxm2-32g", "v100s"),
-        _g(32),
+        32,
         4096,
         877,
         "7.0",
-        3,
-        16,
-    ),
-    GpuModel("p40", "Tesla P40", (), _g(24), 384, 3615, "6.1", 3, 16),
+        (3, 16),
+        125.0,
+        "v100-pcie-32g",
+        "v100-sxm2-32g",
+        "v100s",
+    ),  # fmt: skip
+    _card("p40", "Tesla P40", 24, 384, 3615, "6.1", (3, 16), 47.0),
+    # DGX Spark's GB10: 128 GB LPDDR5x (256 bit, 8533 MT/s = 273 GB/s) shared with the CPU, no
+    # PCIe hop; "1 PFLOP" FP4 sparse / 8.
+    _card("gb10", "NVIDIA GB10", 128, 256, 4266, "12.1", None, 125.0, "dgx-spark"),
 )
 
 # Words that never distinguish two cards: vendor, brand and series names.
@@ -194,32 +311,42 @@ def normalize_gpu_name(text: str) -> str:
     return _NOISE.sub("", s)
 
 
-def _index() -> dict[str, GpuModel]:
-    table: dict[str, GpuModel] = {}
+def _index() -> dict[str, tuple[GpuModel, ...]]:
+    """Normalized name -> the entries it names (an NVML name can cover two memory sizes)."""
+    table: dict[str, list[GpuModel]] = {}
     for model in CATALOG:
         for alias in (model.key, model.name, *model.aliases):
-            table.setdefault(normalize_gpu_name(alias), model)
-    return table
+            entries = table.setdefault(normalize_gpu_name(alias), [])
+            if model not in entries:
+                entries.append(model)
+    return {k: tuple(v) for k, v in table.items()}
 
 
 _BY_NAME = _index()
 
 
-def find_gpu(name: str) -> GpuModel | None:
-    """The catalog entry for a forgiving name, or None."""
+def find_gpu(name: str, total_bytes: int | None = None) -> GpuModel | None:
+    """The catalog entry for a forgiving name, or None.
+
+    A name shared by several memory sizes ("NVIDIA GeForce RTX 3080": 10 or 12 GB) gives the
+    first listed, or with `total_bytes` (what NVML reports) the size closest to it.
+    """
     key = normalize_gpu_name(name)
     if not key:
         return None
     if key in _BY_NAME:
-        return _BY_NAME[key]
+        entries = _BY_NAME[key]
+        if total_bytes is None or len(entries) == 1:
+            return entries[0]
+        return min(entries, key=lambda m: abs(m.total_bytes - total_bytes))
     # "3090-24g": accept a trailing memory size that agrees with the catalog entry. Names are
     # digits too, so try every split point ("309024g" -> "3090" + "24g").
     for cut in range(1, len(key)):
         prefix, suffix = key[:cut], key[cut:]
         if prefix in _BY_NAME and re.fullmatch(r"\d+g", suffix):
-            model = _BY_NAME[prefix]
-            if model.total_bytes == int(suffix[:-1]) * _GiB:
-                return model
+            for model in _BY_NAME[prefix]:
+                if model.total_bytes == int(suffix[:-1]) * _GiB:
+                    return model
     return None
 
 
@@ -237,3 +364,44 @@ def lookup_gpu(name: str) -> GpuModel:
             "or describe it as NAME:VRAM[:BANDWIDTH], e.g. mygpu:24G:900GB/s",
         )
     return model
+
+
+def with_catalog_figures(gpu: Gpu) -> Gpu:
+    """`gpu` with what the catalogue knows (by NVML name and memory size) filled in where it has
+    nothing: compute throughput (NVML has no such query; old hardware files lack it) and the
+    bandwidth when NVML could not report bus width or clock."""
+    if gpu.fp16_tflops is not None and gpu.bandwidth_bytes_per_s:
+        return gpu
+    model = find_gpu(gpu.name, gpu.total_bytes or None)
+    if model is None:
+        return gpu
+    return dataclasses.replace(
+        gpu,
+        fp16_tflops=gpu.fp16_tflops if gpu.fp16_tflops is not None else model.fp16_tflops,
+        bandwidth_bytes_per_s=gpu.bandwidth_bytes_per_s or model.bandwidth_bytes_per_s,
+    )
+
+
+def gpu_assumption_notes(gpus: Sequence[Gpu]) -> list[str]:
+    """One note per usable GPU whose bandwidth or compute the speed model has to assume, naming
+    the value assumed (a card not in the catalogue, described without a bandwidth)."""
+    notes = []
+    for gpu in gpus:
+        if not gpu.usable:
+            continue
+        assumed = []
+        if not gpu.bandwidth_bytes_per_s:
+            assumed.append(f"a bandwidth of {ASSUMED_GPU_BANDWIDTH_BYTES_PER_S / 1e9:.0f} GB/s")
+        if gpu.fp16_tflops is None:
+            assumed.append(f"{ASSUMED_GPU_FP16_TFLOPS:g} FP16 TFLOPS")
+        if assumed:
+            hint = (
+                "; give the bandwidth as --gpu NAME:VRAM:BANDWIDTH"
+                if not gpu.bandwidth_bytes_per_s
+                else ""
+            )
+            notes.append(
+                f"GPU {gpu.index} ({gpu.name}) is not in the catalogue: the speed estimate "
+                f"assumes {' and '.join(assumed)}{hint}"
+            )
+    return notes

@@ -54,7 +54,7 @@ from pathlib import Path
 from typing import Any
 
 from quantpick.errors import HardwareError, QuantpickError, RpcWorkerError, UsageError
-from quantpick.machine.catalog import lookup_gpu
+from quantpick.machine.catalog import gpu_assumption_notes, lookup_gpu, with_catalog_figures
 from quantpick.machine.spec import Gpu, Host, Machine, RpcWorker, machine_from_dict
 from quantpick.units import parse_size
 
@@ -113,6 +113,7 @@ def describe_gpu(
         pcie_generation=model.pcie_generation,
         pcie_width=model.pcie_width,
         compute_capability=model.compute_capability,
+        fp16_tflops=model.fp16_tflops,
     )
 
 
@@ -592,7 +593,17 @@ def resolve_machine(
             how.append(f"--rpc-latency {shlex.quote(rpc_latency)}")
 
     if how == ["probe"]:
+        # probe() completed its GPUs and wrote its own notes; the workers' ones are added here
         return dataclasses.replace(machine, notes=tuple(dict.fromkeys(notes)))
+    machine = dataclasses.replace(
+        machine,
+        gpus=tuple(with_catalog_figures(g) for g in machine.gpus),
+        rpc_workers=tuple(
+            dataclasses.replace(w, devices=tuple(with_catalog_figures(d) for d in w.devices))
+            for w in machine.rpc_workers
+        ),
+    )
+    notes.extend(gpu_assumption_notes(machine.gpus))
     return dataclasses.replace(
         machine,
         described=True,

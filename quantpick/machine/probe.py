@@ -19,7 +19,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from quantpick.machine.catalog import theoretical_bandwidth
+from quantpick.machine.catalog import (
+    gpu_assumption_notes,
+    theoretical_bandwidth,
+    with_catalog_figures,
+)
 from quantpick.machine.llamacpp import find_llama_server, inspect_llama_server
 from quantpick.machine.spec import Gpu, Host, LlamaServer, Machine, Network, RpcWorker
 
@@ -79,7 +83,8 @@ def _probe_one(nv: Any, index: int) -> Gpu:
     pcie_gen = _positive(_optional(nv.nvmlDeviceGetMaxPcieLinkGeneration, handle))
     pcie_width = _positive(_optional(nv.nvmlDeviceGetMaxPcieLinkWidth, handle))
     cc = _optional(nv.nvmlDeviceGetCudaComputeCapability, handle)
-    return Gpu(
+    # NVML has no compute-throughput query: the catalogue fills it (and a bandwidth NVML lacked).
+    return with_catalog_figures(Gpu(
         index=index,
         name=name,
         total_bytes=total,
@@ -92,7 +97,7 @@ def _probe_one(nv: Any, index: int) -> Gpu:
         pcie_generation=pcie_gen,
         pcie_width=pcie_width,
         compute_capability=f"{cc[0]}.{cc[1]}" if isinstance(cc, tuple) and len(cc) == 2 else None,
-    )
+    ))  # fmt: skip
 
 
 def probe_gpus() -> tuple[tuple[Gpu, ...], str | None, tuple[str, ...]]:
@@ -114,6 +119,7 @@ def probe_gpus() -> tuple[tuple[Gpu, ...], str | None, tuple[str, ...]]:
         gpus = tuple(_probe_one(pynvml, i) for i in range(count))
         notes = [NO_GPU_NOTE] if not gpus else []
         notes += [f"GPU {g.index} ({g.name}) is not used: {g.error}" for g in gpus if g.error]
+        notes += gpu_assumption_notes(gpus)
         return gpus, driver, tuple(notes)
     finally:
         try:

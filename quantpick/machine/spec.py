@@ -11,6 +11,19 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+# Figures the speed model uses when a machine does not tell them; whoever fills a machine notes
+# when one is used (describe.gpu_assumption_notes, probe). Each is on the slow side on purpose.
+# A GPU that is neither in the catalogue nor reports bus width and clock: a GTX 1660 / T4-class
+# card (300 GB/s); data sheets put current cards at 270-1800 GB/s.
+ASSUMED_GPU_BANDWIDTH_BYTES_PER_S = 300 * 10**9
+# A GPU not in the catalogue: dense FP16 tensor TFLOPS below every current card's (catalogue:
+# 47 for a P40's dp4a, 51 for an RTX 3060, 65 for a T4, 330 for an RTX 4090).
+ASSUMED_GPU_FP16_TFLOPS = 25.0
+# A PCIe link NVML did not report: gen 3 x16 (what every card since 2012 supports).
+ASSUMED_PCIE = (3, 16)
+# Dual-channel DDR4-3200 (51.2 GB/s) when the host's bandwidth is neither probed nor described.
+ASSUMED_HOST_BANDWIDTH_BYTES_PER_S = 50 * 10**9
+
 
 @dataclass(frozen=True)
 class Gpu:
@@ -26,6 +39,9 @@ class Gpu:
     pcie_generation: int | None = None
     pcie_width: int | None = None
     compute_capability: str | None = None  # "8.6"
+    # dense FP16 tensor TFLOPS (catalog.GpuModel.fp16_tflops), from the catalogue by name; None:
+    # not a catalogue card (the speed model then assumes ASSUMED_GPU_FP16_TFLOPS and says so)
+    fp16_tflops: float | None = None
     error: str | None = None  # a query that failed; the GPU is then not planned on
 
     @property

@@ -18,6 +18,7 @@ Policies (`PlanRequest.prefer`):
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
@@ -38,9 +39,13 @@ from quantpick.plan.memory import (
 from quantpick.plan.quality import Quality, quality_of
 from quantpick.plan.speed import (
     DEFAULT_GPU_BANDWIDTH,
-    DEFAULT_HOST_BANDWIDTH,
+    DEFAULT_SPEED_PARAMS,
+    DeviceSpeed,
     SpeedEstimate,
+    SpeedParams,
     decode_speed,
+    device_speeds,
+    expected_speed,
 )
 
 GiB = 1024**3
@@ -110,15 +115,14 @@ class Plan:
 
 
 def device_bandwidths(machine: Machine) -> dict[str, int]:
-    """Memory bandwidth per llama.cpp device name, RPC devices named as with every worker in
-    --rpc (the planner's default)."""
-    bandwidths = {
-        f"CUDA{g.index}": g.bandwidth_bytes_per_s or DEFAULT_GPU_BANDWIDTH for g in machine.gpus
-    }
-    for d in rpc_devices(machine, all_workers(machine)):
-        bandwidths[d.name] = d.gpu.bandwidth_bytes_per_s or DEFAULT_GPU_BANDWIDTH
-    bandwidths["CPU"] = machine.host.ram_bandwidth_bytes_per_s or DEFAULT_HOST_BANDWIDTH
-    return bandwidths
+    """Device name -> bandwidth the bound uses (assumed figures included; see device_speeds)."""
+    return {name: d.bandwidth_bytes_per_s for name, d in device_speeds(machine).items()}
+
+
+def speed_params_for(machine: Machine) -> SpeedParams:
+    """The expected-speed constants for the llama.cpp build this machine runs (if known)."""
+    server = machine.llama_server
+    return DEFAULT_SPEED_PARAMS.for_build(server.build if server is not None else None)
 
 
 def all_workers(machine: Machine) -> tuple[str, ...]:
@@ -158,14 +162,32 @@ class _Search:
             projector_bytes=self.projector_bytes,
         )
 
+    @functools.cached_property
+    def device_speeds(self) -> dict[str, DeviceSpeed]:
+        return device_speeds(self.machine)
+
+    @functools.cached_property
+    def speed_params(self) -> SpeedParams:
+        return speed_params_for(self.machine)
+
     def speed(self, est: Estimate) -> SpeedEstimate:
-        return decode_speed(
+        """The bound, with the expected speed beside it (the one place the planner computes
+        speed; policies read `speed.expected.decode_tps_target`)."""
+        bound = decode_speed(
             self.layout,
             est,
             self.bandwidths,
             target_context=self.target_context,
             efficiency=self.efficiency,
         )
+        expected = expected_speed(
+            self.layout,
+            est,
+            self.device_speeds,
+            target_context=self.target_context,
+            params=self.speed_params,
+        )
+        return replace(bound, expected=expected)
 
     def splits(self, devices: tuple[LlamaDevice, ...], n_slots: int) -> Iterable[tuple[int, ...]]:
         """Candidate layer counts per device (contiguous, as -ts with integer counts)."""
@@ -581,12 +603,7 @@ SPEED_FLOOR_TIER = 1
 
 def expected_tps(speed: SpeedEstimate) -> float:
     """Expected decode tok/s at the target context (the figure policies and --min-tps use)."""
-    expected = getattr(speed, "expected", None)
-    if expected is not None:
-        return float(expected.decode_tps_target)
-    # Until the expected-speed model lands: a third of the bandwidth bound (the bound was 1.8-4.6x
-    # the measured figures, median 2.4x). Replaced by plan/speed.expected_speed.
-    return speed.tokens_per_s_target / 2.4
+    return float(speed.expected.decode_tps_target)
 
 
 def _tight(c: Candidate) -> bool:

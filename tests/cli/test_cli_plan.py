@@ -64,7 +64,15 @@ def test_pick_json_reference_box_262144() -> None:
     assert doc["devices"][0]["layers"] and doc["devices"][1]["layers"]
     flags = " ".join(doc["flags"])
     assert "-c 262144" in flags and "-ts 27,15" in flags and "-ngl 42" in flags
-    assert doc["speed"]["tokens_per_s_target"] < doc["speed"]["tokens_per_s_empty"]
+    speed = doc["speed"]
+    assert speed["tokens_per_s_target"] < speed["tokens_per_s_empty"]  # deprecated: the bound
+    assert set(speed["expected"]) >= {"decode_tps_empty", "decode_tps_target", "prefill_tps"}
+    assert set(speed["bound"]) == {"decode_tps_empty", "decode_tps_target"}
+    assert speed["bound"]["decode_tps_target"] == speed["tokens_per_s_target"]
+    expected = speed["expected"]
+    assert 0 < expected["decode_tps_target"] < expected["decode_tps_empty"]
+    assert expected["decode_tps_empty"] < speed["bound"]["decode_tps_empty"]
+    assert expected["prefill_tps"] > expected["decode_tps_empty"]
     assert {c["quant"] for c in doc["candidates"]} == {
         "BF16",
         "Q8_0",
@@ -84,13 +92,19 @@ def test_pick_human_table() -> None:
     assert result.exit_code == 0, result.stderr
     assert "llama-server flags:" in result.stdout and "Candidates" in result.stdout
     assert "CUDA0" in result.stdout and "Tesla T4" in result.stdout
+    # the expected speed first, the bound second, on one line
+    line = next(x for x in result.stdout.splitlines() if x.startswith("Expected: ~"))
+    assert "tok/s decode" in line and "at 32768 tokens" in line and "tok/s prefill" in line
+    assert line.index("Expected") < line.index("bound:")
 
 
 def test_pick_nothing_fits_exit_3() -> None:
     result = runner.invoke(app, ["pick", MODEL, "-c", "262144", "--gpu", "tiny:4G", "--ram", "6G"])
     assert result.exit_code == 3
     assert result.stdout == ""
-    lines = result.stderr.strip().splitlines()
+    notes, *lines = result.stderr.strip().splitlines()
+    # a card the catalogue does not know: the assumed speed figures are said, not silent
+    assert notes.startswith("Note: GPU 0 (tiny) is not in the catalogue") and "300 GB/s" in notes
     assert lines[0].startswith("Error: nothing of") and lines[1].startswith("Hint:")
 
 
@@ -151,6 +165,9 @@ def test_estimate_json_devices_interface() -> None:
     # q8_0 K + V = 2 x 544 bytes per cell per layer
     assert cuda0["kv_bytes"] == 6 * 131072 * 1088
     assert cuda1["kv_bytes"] == 4 * 131072 * 1088
+    speed = doc["speed"]
+    assert speed["expected"]["target_context"] == speed["target_context"] == doc["n_ctx"]
+    assert speed["expected"]["decode_tps_target"] < speed["bound"]["decode_tps_target"]
 
 
 def test_estimate_gguf_matches_llamacpp_through_the_cli(q4km_gguf: Path) -> None:

@@ -74,6 +74,56 @@ def test_catalog_is_consistent() -> None:
     assert round(lookup_gpu("h100").bandwidth_bytes_per_s / 1e9) == 3352
 
 
+# Issue 12's common cards, each with (VRAM GiB, bandwidth GB/s, FP16 tensor TFLOPS) from the data
+# sheets (bandwidth = bus width x data rate / 8).
+@pytest.mark.parametrize(
+    ("name", "vram_gib", "gbs", "tflops"),
+    [
+        ("RTX 2080 Ti", 11, 616, 107.6), ("3060 Ti", 8, 448, 64.8), ("3070", 8, 448, 81.3),
+        ("3070 Ti", 8, 608, 87.0), ("3080", 10, 760, 119.0), ("3080-12g", 12, 912, 122.6),
+        ("RTX 3080 12GB", 12, 912, 122.6), ("3080 Ti", 12, 912, 136.4), ("4060", 8, 272, 60.5),
+        ("4060 Ti", 8, 288, 88.3), ("4060 Ti 8GB", 8, 288, 88.3), ("4070", 12, 504, 116.6),
+        ("4070 Super", 12, 504, 142.0), ("4070 Ti", 12, 504, 160.3),
+        ("4080 Super", 16, 736, 209.0), ("5060 Ti", 16, 448, 94.9), ("5060ti-8g", 8, 448, 94.9),
+        ("5070", 12, 672, 123.5), ("5070 Ti", 16, 896, 175.8), ("L40S", 48, 864, 362.0),
+        ("A10", 24, 600, 125.0), ("A40", 48, 696, 149.7), ("H200", 140, 4800, 989.4),
+        ("RTX 4000 Ada Generation", 20, 360, 106.9), ("Tesla P40", 24, 347, 47.0),
+        ("GTX 1060", 6, 192, 17.5), ("RTX 2080", 8, 448, 80.5), ("5090", 32, 1792, 419.0),
+        ("NVIDIA GB10", 128, 273, 125.0),
+    ],
+)  # fmt: skip
+def test_catalog_common_cards(name: str, vram_gib: int, gbs: int, tflops: float) -> None:
+    model = lookup_gpu(name)
+    assert model.total_bytes == vram_gib * GiB
+    assert round(model.bandwidth_bytes_per_s / 1e9) == gbs
+    assert model.fp16_tflops == tflops
+    gpu = parse_gpu_spec(name)
+    assert gpu.fp16_tflops == tflops and gpu.bandwidth_bytes_per_s == model.bandwidth_bytes_per_s
+
+
+def test_nvml_name_shared_by_two_sizes_picks_by_memory() -> None:
+    name = "NVIDIA GeForce RTX 3080"
+    assert find_gpu(name).key == "3080"  # type: ignore[union-attr]
+    assert find_gpu(name, 12 * GiB - 200 * 1024**2).key == "3080-12g"  # type: ignore[union-attr]
+    assert find_gpu("NVIDIA GeForce RTX 4060 Ti", 16 * GiB).key == "4060ti-16g"  # type: ignore[union-attr]
+
+
+def test_every_catalog_card_has_compute() -> None:
+    for model in CATALOG:
+        assert model.fp16_tflops is not None and 5 < model.fp16_tflops < 2000, model.key
+
+
+def test_unknown_card_speed_figures_are_assumed_with_a_note(fake_host: Host) -> None:
+    machine = resolve_machine(gpus=["myboard:20G", "3090", "other:8G:400GB/s"])
+    board, known, other = machine.gpus
+    assert board.bandwidth_bytes_per_s is None and board.fp16_tflops is None
+    assert known.fp16_tflops == 142.3 and other.bandwidth_bytes_per_s == 400 * 10**9
+    notes = [n for n in machine.notes if "catalogue" in n]
+    assert len(notes) == 2
+    assert "GPU 0 (myboard)" in notes[0] and "300 GB/s" in notes[0] and "25 FP16 TFLOPS" in notes[0]
+    assert "GPU 2 (other)" in notes[1] and "GB/s" not in notes[1]  # its bandwidth was given
+
+
 def test_unknown_gpu_lists_known_names() -> None:
     assert find_gpu("4090-48g") is None  # a memory suffix must agree with the card
     with pytest.raises(UsageError) as info:

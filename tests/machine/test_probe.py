@@ -146,12 +146,33 @@ def test_unsupported_fields_are_none(monkeypatch: pytest.MonkeyPatch) -> None:
               "nvmlDeviceGetMaxPcieLinkWidth": NVMLError_NotSupported},
     )  # fmt: skip
     install(monkeypatch, FakeNvml([gpu]))
-    (g,), _, _ = hardware.probe_gpus()
+    (g,), _, notes = hardware.probe_gpus()
     assert g.error is None and g.usable
-    assert g.memory_bus_width_bits is None and g.bandwidth_bytes_per_s is None
+    assert g.memory_bus_width_bits is None
     assert g.memory_clock_mhz == 9751
     assert g.uuid is None and g.pcie_width is None and g.compute_capability is None
     assert g.pcie_generation == 4
+    # NVML could not tell the bus width: a catalogue card takes the data sheet's bandwidth
+    assert g.bandwidth_bytes_per_s == 936_096_000_000 and g.fp16_tflops == 142.3
+    assert notes == ()
+
+
+def test_card_not_in_catalogue_gets_a_note_naming_assumed_figures(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    gpu = rtx_3090(name="NVIDIA Mystery Accelerator", bus_width=None)
+    install(monkeypatch, FakeNvml([gpu]))
+    (g,), _, notes = hardware.probe_gpus()
+    assert g.bandwidth_bytes_per_s is None and g.fp16_tflops is None
+    (note,) = notes
+    assert "Mystery Accelerator" in note and "300 GB/s" in note and "25 FP16 TFLOPS" in note
+
+
+def test_probed_card_gets_compute_from_the_catalogue(monkeypatch: pytest.MonkeyPatch) -> None:
+    install(monkeypatch, FakeNvml([rtx_3090(), tesla_t4()]))
+    gpus, _, notes = hardware.probe_gpus()
+    assert [g.fp16_tflops for g in gpus] == [142.3, 65.0]
+    assert notes == ()
 
 
 def test_count_failure_is_cpu_only_and_shuts_down(monkeypatch: pytest.MonkeyPatch) -> None:

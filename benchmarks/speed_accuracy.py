@@ -1,0 +1,571 @@
+#!/usr/bin/env python3
+"""Expected speed vs published llama.cpp runs: predicted and measured decode and prefill tok/s.
+
+    python benchmarks/speed_accuracy.py                  # benchmarks/data/speed-measurements.json
+    python benchmarks/speed_accuracy.py --data FILE      # another file in the same schema
+    python benchmarks/speed_accuracy.py --no-holdout     # skip the leave-one-source-out refits
+
+For every usable row it builds quantpick's own configuration of that run and predicts it:
+- the model layout is synthesized from the row's file size and quant (`synthesize_layout`) with
+  the bundled qwen35moe manifest's architecture. qwen3moe rows (Qwen3-30B-A3B, Qwen3-Coder-30B-A3B)
+  are kept, approximated by the same layout builder with Qwen3-30B-A3B's published config (48
+  full-attention layers, 128 experts of 768, 8 used, 4 KV heads of 128, no shared expert): their
+  decode and prefill follow the same physics, only the byte and FLOP counts differ;
+- GPUs come from the row's GPU text through the catalogue (memory size picks the variant);
+- placement from the flags: -ngl, -ts, --n-cpu-moe, --cpu-moe, -ot, -dev; `--fit` runs take the
+  overflow count the log states, else the smallest --n-cpu-moe whose estimate fits the card minus
+  --fit-target (what llama.cpp's fit does); KV type, context and fill as stated (an unstated fill
+  is taken as 0: those rows are short chats);
+- the host: RAM bandwidth from the row's RAM text (a GB/s figure, else DDR type, speed and
+  channels; DDR4 unstated speed = 3200, DDR5 = 4800, 2 channels unless "quad"), else quantpick's
+  default 50 GB/s; cores = the threads given (-t), else the cores the CPU text states, else 8;
+- llama-bench / sweep-bench rows exclude llama-server's per-token cost, server rows include it;
+- a build before b8700 uses the legacy fixed cost (SpeedParams.for_build).
+
+Rows that cannot be rebuilt are listed with the reason: another engine (ik_llama.cpp), builds
+of 2025 (before qwen35moe existed), a GPU, quant, size or placement not stated, speculative
+decoding, or a configuration whose estimate exceeds the card's memory (the driver then spills to
+system memory or fails, and the speed measures that instead).
+
+Held-out rows: every source (one repository, page or report) is predicted by a fit that never saw
+it (leave-one-source-out, scripts/fit_speed.py refitted without that source), so a source's GPU,
+CPU and build must be explained by the others. The bandwidth bound's error is printed beside.
+Goal (issue 10): held-out median error <= 20%, none beyond 1.6x.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import statistics
+import sys
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_DATA = ROOT / "benchmarks" / "data" / "speed-measurements.json"
+
+from quantpick.machine.catalog import find_gpu  # noqa: E402
+from quantpick.machine.describe import describe_gpu  # noqa: E402
+from quantpick.machine.spec import Host, Machine  # noqa: E402
+from quantpick.model.layout import ModelLayout, synthesize_layout  # noqa: E402
+from quantpick.model.manifest import Architecture, Manifest  # noqa: E402
+from quantpick.model.registry import bundled_manifest_dir, load_manifest_file  # noqa: E402
+from quantpick.plan.memory import RunConfig, estimate  # noqa: E402
+from quantpick.plan.planner import device_bandwidths  # noqa: E402
+from quantpick.plan.speed import (  # noqa: E402
+    DEFAULT_SPEED_PARAMS,
+    DeviceSpeed,
+    SpeedParams,
+    SpeedWork,
+    decode_seconds,
+    decode_speed,
+    device_speeds,
+    legacy_build,
+    prefill_seconds,
+    speed_work,
+)
+
+GiB = 1024**3
+DEFAULT_CORES = 8
+DEFAULT_RAM_BYTES = 128 * GiB  # host fit does not change speed; a row's stated RAM is used
+# Qwen3-30B-A3B config.json (also Qwen3-Coder-30B-A3B): qwen3moe, built with the qwen35moe
+# layout code as all-attention blocks without a shared expert.
+QWEN3MOE = Architecture(
+    name="qwen35moe", block_count=48, nextn_predict_layers=0, context_length=262144,
+    embedding_length=2048, head_count=32, head_count_kv=4, key_length=128, value_length=128,
+    expert_count=128, expert_used_count=8, expert_feed_forward_length=768,
+    expert_shared_feed_forward_length=0, ssm_conv_kernel=4, ssm_state_size=128,
+    ssm_group_count=16, ssm_time_step_rank=32, ssm_inner_size=4096, full_attention_interval=1,
+    vocab_size=151936, has_output_tensor=True,
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Case:
+    """One usable row, rebuilt as quantpick sees it."""
+
+    row_id: int
+    source: str
+    label: str
+    work: SpeedWork
+    devices: dict[str, DeviceSpeed]
+    bandwidths: dict[str, int]
+    layout: ModelLayout
+    estimate: object
+    fill: int
+    build: int | None
+    server: bool
+    tg_tps: float | None  # None: decode not usable for this row
+    pp_tps: float | None
+    pp_tokens: int
+    notes: tuple[str, ...]
+
+
+class Unusable(Exception):
+    """A row that cannot be rebuilt; the message is the reason."""
+
+
+# ---- parsing a row --------------------------------------------------------------------------
+
+
+def _manifest() -> Manifest:
+    return load_manifest_file(bundled_manifest_dir() / "qwen3.6-35b-a3b-unsloth.toml")
+
+
+_SIZE_RE = re.compile(r"([0-9]+(?:\.[0-9]+)?)\s*(bytes|GiB|GB|MiB|MB)\b", re.IGNORECASE)
+_SIZE_UNIT = {"bytes": 1, "gib": GiB, "gb": 10**9, "mib": 1024**2, "mb": 10**6}
+
+
+def parse_size(text: str | None) -> int | None:
+    """'22.1 GB' -> 22.1e9, '20.60 GiB', '21155768832 bytes', '20176 MiB weights'."""
+    if not text:
+        return None
+    match = _SIZE_RE.search(text)
+    if not match:
+        return None
+    return int(float(match.group(1)) * _SIZE_UNIT[match.group(2).lower()])
+
+
+def parse_count(value: object) -> int | None:
+    """8, '10K', '196K (3x64K)', '65536' -> an int (K = 1024)."""
+    if value is None or isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    match = re.match(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([kK]?)", str(value))
+    if not match:
+        return None
+    return int(float(match.group(1)) * (1024 if match.group(2) else 1))
+
+
+def parse_threads(value: object) -> int | None:
+    """8, '-t 8 -tb 8' -> the generation threads."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, str):
+        match = re.search(r"-t\s+(\d+)", value) or re.match(r"\s*(\d+)", value)
+        return int(match.group(1)) if match else None
+    return None
+
+
+def parse_cores(cpu: str | None) -> int | None:
+    """'AMD Ryzen 7 9700X (8c/16t)' -> 8; 'i7-13700KF (8 P-cores used)' -> 8; '(4c)' -> 4."""
+    if not cpu:
+        return None
+    match = re.search(r"(\d+)\s*(?:c\b|c/|P-cores|cores)", cpu)
+    if match:
+        return int(match.group(1))
+    match = re.search(r"(\d+)\s*threads", cpu)
+    return int(match.group(1)) if match else None
+
+
+def parse_ram_bandwidth(ram: str | None) -> int | None:
+    """Host RAM bandwidth from the row's text, or None (then quantpick's default)."""
+    if not ram:
+        return None
+    match = re.search(r"([0-9]+(?:\.[0-9]+)?)\s*GB/s", ram)
+    if match:
+        return int(float(match.group(1)) * 1e9)
+    kind = re.search(r"DDR([45])", ram, re.IGNORECASE)
+    if not kind:
+        return None
+    speed = re.search(r"DDR[45]-?(\d{4})|(\d{4})\s*(?:MHz|MT/s)", ram, re.IGNORECASE)
+    mts = (
+        int(next(g for g in speed.groups() if g))
+        if speed
+        else (3200 if kind.group(1) == "4" else 4800)
+    )
+    channels = 4 if re.search(r"quad", ram, re.IGNORECASE) else 2
+    return mts * 8 * channels * 10**6
+
+
+def parse_build(text: str | None) -> int | None:
+    if not text:
+        return None
+    match = re.match(r"\s*b?(\d{4,5})\b", text)
+    return int(match.group(1)) if match else None
+
+
+def parse_quant(text: str | None) -> str:
+    """The GGUF quant name in the row's text; a label with none ('APEX Nano') is returned as is
+    (synthesize_layout then spreads Q4_K-class tensors over the stated size)."""
+    if not text or " or " in text or "not stated" in text:
+        raise Unusable("quant not stated")
+    words = [w for w in text.replace("(", " ").split() if re.search(r"\d", w) or "_" in w]
+    return words[0] if words else text
+
+
+def parse_gpus(row: dict) -> list[tuple[str, int | None]]:
+    """[(name, VRAM bytes or None), ...] from 'RTX 5070 Ti + RTX 5060 Ti', '2x RTX 3090', ..."""
+    text = (row.get("gpu") or "").strip()
+    if text.lower().startswith("none"):
+        return []
+    if not text or "not stated" in text:
+        raise Unusable("GPU not stated")
+    text = re.sub(r"\(.*?\)", "", text).strip()
+    vram_parts = [parse_size(v) for v in re.split(r"\+", row.get("gpu_vram") or "")]
+    names: list[str] = []
+    for part in text.split("+"):
+        part = part.strip()
+        match = re.match(r"(\d+)\s*x\s*(.+)", part)
+        names += [match.group(2).strip()] * int(match.group(1)) if match else [part]
+    out = []
+    for i, name in enumerate(names):
+        vram = vram_parts[i] if i < len(vram_parts) else vram_parts[-1] if vram_parts else None
+        if vram is None:
+            per = re.search(r"(\d+)\s*x\s*(\d+)\s*GB", row.get("gpu_vram") or "")
+            vram = int(per.group(2)) * 10**9 if per else None
+        out.append((name, vram))
+    return out
+
+
+def pp_prompt_tokens(metric: str | None) -> int | None:
+    """'llama-bench pp512 @ d0' -> 512; '~7120-tok prompt' -> 7120; unstated -> None."""
+    if not metric:
+        return None
+    match = re.search(r"\bpp\s*(\d+)", metric) or re.search(r"(\d+)[- ]tok", metric)
+    if match:
+        return int(match.group(1))
+    match = re.search(r"S_PP\s*\((\d+)\)", metric)
+    return int(match.group(1)) if match else None
+
+
+def _other_flag(other: str, flag: str) -> str | None:
+    match = re.search(rf"{flag}\s+(\S+)", other)
+    return match.group(1).rstrip(";,") if match else None
+
+
+# ---- building a case ------------------------------------------------------------------------
+
+
+def build_case(row: dict, manifest: Manifest) -> Case:
+    flags = row.get("flags") or {}
+    other = str(flags.get("other") or "")
+    build_text = str(row.get("llama_cpp_build") or "")
+    notes_text = str(row.get("notes") or "")
+    placement = str(row.get("placement") or "")
+    engine = str(row.get("engine") or "")
+    if not engine.startswith("llama.cpp"):
+        raise Unusable(
+            f"engine {engine or 'not stated'}"
+            + (" (a llama.cpp binding of unknown build)" if "bindings" in engine else "")
+        )
+    if not build_text and re.match(r"llama\.cpp\s+b?\d{4}", engine):
+        build_text = engine.split()[1]
+    if (
+        build_text.startswith("ik ")
+        or "ik_llama" in notes_text
+        or re.search(r"-rtr|-fmoe|-ger", other)
+    ):
+        raise Unusable("ik_llama.cpp (another engine's kernels)")
+    if "2025" in build_text or str(row.get("date") or "").startswith("2025"):
+        raise Unusable("a 2025 build (before qwen35moe; kernels since rewritten)")
+    if "ANOMALOUS" in notes_text:
+        raise Unusable("the author calls it anomalous")
+    if "spilled" in notes_text:
+        raise Unusable("the author reports VRAM spilled into shared memory")
+
+    # model
+    if row.get("arch") == "qwen3moe":
+        arch = QWEN3MOE
+        size = parse_size(row.get("file_size"))
+        quant = parse_quant(row.get("quant"))
+        if size is None:
+            raise Unusable("file size not stated (qwen3moe: no bundled manifest to look it up)")
+        size_note = ["qwen3moe approximated (48 attention layers, 128 experts)"]
+    elif row.get("arch") == "qwen35moe":
+        arch = manifest.architecture
+        quant = parse_quant(row.get("quant"))
+        size = parse_size(row.get("file_size"))
+        size_note = []
+        if size is None:
+            by_quant = {f.quant.upper(): f for f in manifest.files if f.role == "model"}
+            match = by_quant.get(quant.upper()) or by_quant.get("UD-" + quant.upper())
+            if match is None:
+                raise Unusable(f"file size not stated and no bundled {quant} file to take it from")
+            size = match.size_bytes
+            size_note = [f"size of the bundled {match.quant}"]
+    else:
+        raise Unusable(f"architecture {row.get('arch')} not modelled")
+    layout = synthesize_layout(arch, quant, size)
+
+    # machine
+    gpus = []
+    for i, (name, vram) in enumerate(parse_gpus(row)):
+        model = find_gpu(name, vram)
+        if model is None:
+            raise Unusable(f"GPU {name!r} not in the catalogue")
+        gpus.append(describe_gpu(model.key, index=i))
+    dev_flag = _other_flag(other, "-dev") or _other_flag(other, "--device")
+    if dev_flag == "none":
+        gpus = []
+    threads = parse_threads(flags.get("threads"))
+    cores = parse_cores(row.get("cpu"))
+    n_cores = min(threads, cores) if threads and cores else threads or cores or DEFAULT_CORES
+    ram = parse_size(row.get("ram")) or DEFAULT_RAM_BYTES
+    host = Host(
+        ram_total_bytes=max(ram, 16 * GiB),
+        ram_available_bytes=max(ram, 16 * GiB),
+        cpu_cores=n_cores,
+        ram_bandwidth_bytes_per_s=parse_ram_bandwidth(row.get("ram")),
+    )
+    machine = Machine(gpus=tuple(gpus), host=host, described=True, source=f"row {row['id']}")
+
+    # configuration
+    n_slots = layout.n_slots
+    ngl = parse_count(flags.get("ngl"))
+    ts = flags.get("ts")
+    tensor_split = tuple(float(v) for v in str(ts).split(",")) if ts else None
+    overrides: tuple[tuple[str, str], ...] = ()
+    if flags.get("ot"):
+        overrides = tuple(
+            (p.rpartition("=")[0], p.rpartition("=")[2]) for p in str(flags["ot"]).split(",") if p
+        )
+    cache_k = str(flags.get("ctk") or "f16")
+    cache_v = str(flags.get("ctv") or "f16")
+    fill = parse_count(flags.get("depth"))
+    if fill is None:
+        fill = parse_count(row.get("context_depth_tokens")) or 0
+    pp_tokens = pp_prompt_tokens(row.get("pp_metric"))
+    server = not re.search(r"llama-bench|sweep-bench", str(row.get("bench_tool") or ""))
+    # llama-bench allocates the context it tests (fill + prompt + generated tokens); a server
+    # its -c; --fit places layers for --fit-ctx
+    bench_ctx = max(256, fill + (pp_tokens or 512) + 128)
+    fit_ctx = parse_count(_other_flag(other, "--fit-ctx"))
+    ctx = (parse_count(flags.get("ctx")) or fit_ctx or bench_ctx) if server else bench_ctx
+    ubatch = parse_count(flags.get("ub")) or 512
+    batch = parse_count(flags.get("b")) or 2048
+    n_cpu_moe = parse_count(flags.get("n_cpu_moe")) or 0
+    offload_unstated = re.search(r"offload|not stated|details not", placement, re.IGNORECASE)
+    fit = "--fit" in placement or "--fit" in other
+    config = RunConfig(
+        ctx_size=ctx,
+        n_parallel=parse_count(flags.get("np")) or 1,
+        n_gpu_layers=None if ngl is None or ngl >= n_slots else ngl,
+        tensor_split=tensor_split if gpus else None,
+        n_cpu_moe=n_cpu_moe,
+        cpu_moe=bool(flags.get("cpu_moe")),
+        override_tensors=overrides,
+        cache_type_k=cache_k,
+        cache_type_v=cache_v,
+        flash_attn="off" if str(flags.get("fa")) in ("0", "off") else "on",
+        ubatch=ubatch,
+        batch=batch,
+        devices=None if gpus else (),
+    )
+    notes = list(size_note)
+    if fit and not n_cpu_moe and not config.cpu_moe and ngl in (None, 99, 999) and gpus:
+        stated = re.search(r"(\d+)\s+overflowing", other)
+        target = (parse_count(_other_flag(other, "--fit-target")) or 1024) * 1024**2
+        if stated:
+            config = replace(config, n_cpu_moe=int(stated.group(1)))
+            notes.append(f"--fit: {stated.group(1)} overflowing layers (log)")
+        else:
+            for n in range(arch.n_layer + 1):
+                probe = replace(config, n_cpu_moe=n, ctx_size=fit_ctx or config.ctx_size)
+                est = estimate(layout, machine, probe)
+                if all(d.total_bytes <= d.free_bytes - target for d in est.gpus):
+                    config = replace(config, n_cpu_moe=n)
+                    if n:
+                        notes.append(f"--fit emulated: --n-cpu-moe {n}")
+                    break
+    elif offload_unstated and not (n_cpu_moe or config.cpu_moe or overrides or ngl):
+        if "all on GPU" not in placement and "full offload" not in placement:
+            raise Unusable("expert offload without the layer count")
+    est = estimate(layout, machine, config)
+    over = max((d.total_bytes - d.free_bytes for d in est.gpus), default=0)
+    if over > 0:
+        raise Unusable(
+            f"estimate exceeds the card by {over / GiB:.1f} GiB (spills to system memory or fails)"
+        )
+    tg = row.get("tg_tps")
+    if row.get("speculative_decoding"):
+        tg = None
+        notes.append("decode: speculative, not modelled")
+    pp = row.get("pp_tps")
+    if pp is not None and (pp_tokens is None or pp_tokens < 128):
+        pp = None
+        notes.append("prefill: prompt size not stated or too short to measure throughput")
+    # the source's own caveats on a prefill figure
+    if pp is not None and re.search(r"VRAM contention|collapses", notes_text):
+        pp = None
+        notes.append("prefill: the author reports VRAM contention")
+    if pp is not None and fill == 0 and "d0 pp has large variance" in notes_text:
+        pp = None
+        notes.append("prefill: the source flags its d0 prefill as high-variance")
+    if tg is None and pp is None:
+        raise Unusable("no decode or prefill figure left to compare")
+    return Case(
+        row_id=int(row["id"]),
+        source=source_key(row),
+        label=f"{_short_gpu(row)} {quant} {_placement_label(config, gpus)} {cache_k} d{fill}",
+        work=speed_work(layout, est),
+        devices=device_speeds(machine),
+        bandwidths=device_bandwidths(machine),
+        layout=layout,
+        estimate=est,
+        fill=fill,
+        # the pre-b8700 decode cost is qwen35moe's (its DeltaNet kernels); qwen3moe has none
+        build=parse_build(build_text) if row.get("arch") == "qwen35moe" else None,
+        server=server,
+        tg_tps=float(tg) if tg is not None else None,
+        pp_tps=float(pp) if pp is not None else None,
+        pp_tokens=pp_tokens or 512,
+        notes=tuple(notes),
+    )
+
+
+def _short_gpu(row: dict) -> str:
+    text = re.sub(r"\(.*?\)", "", str(row.get("gpu") or "")).replace("RTX ", "").strip()
+    return "CPU" if text.lower().startswith("none") else text.replace(" ", "")
+
+
+def _placement_label(config: RunConfig, gpus: list) -> str:
+    if not gpus:
+        return "cpu"
+    if config.cpu_moe:
+        return "cmoe"
+    if config.n_cpu_moe:
+        return f"ncmoe{config.n_cpu_moe}"
+    if config.override_tensors:
+        return "ot"
+    if config.n_gpu_layers is not None:
+        return f"ngl{config.n_gpu_layers}"
+    return "gpu"
+
+
+def source_key(row: dict) -> str:
+    """One publication: a GitHub repository (or issue/PR/discussion thread), else the page."""
+    url = str(row.get("source_url") or "")
+    match = re.match(
+        r"https?://github\.com/([^/]+/[^/\s]+)(/(?:issues|pull|discussions)/\d+)?", url
+    )
+    if match:
+        return "github.com/" + match.group(1) + (match.group(2) or "")
+    match = re.match(r"https?://([^\s?#]+)", url)
+    return match.group(1).rstrip("/") if match else url[:60]
+
+
+def load_cases(path: Path) -> tuple[list[Case], list[tuple[dict, str]]]:
+    rows = json.loads(path.read_text())
+    manifest = _manifest()
+    cases, unusable = [], []
+    for row in rows:
+        try:
+            cases.append(build_case(row, manifest))
+        except Unusable as exc:
+            unusable.append((row, str(exc)))
+    return cases, unusable
+
+
+# ---- predicting -----------------------------------------------------------------------------
+
+
+def predict(
+    case: Case, params: SpeedParams, legacy: SpeedParams | None = None
+) -> tuple[float | None, float | None]:
+    """(decode tok/s at the row's fill, prefill tok/s of its prompt), as measured. `legacy`:
+    params.for_build of an old build, when the caller has it already."""
+    p = params
+    if legacy_build(case.build):
+        p = legacy or params.for_build(case.build)
+    tg = None
+    if case.tg_tps is not None:
+        tg = p.decode_scale / decode_seconds(
+            case.work, case.devices, case.fill, p, server=case.server
+        )
+    pp = None
+    if case.pp_tps is not None:
+        ub = case.work.ubatch
+        seconds, done = 0.0, 0
+        while done < case.pp_tokens:
+            n = min(ub, case.pp_tokens - done)
+            seconds += prefill_seconds(case.work, case.devices, case.fill + done, p, tokens=n)
+            done += n
+        pp = p.prefill_scale * case.pp_tokens / seconds
+    return tg, pp
+
+
+def bound(case: Case) -> float:
+    return decode_speed(
+        case.layout, case.estimate, case.bandwidths, target_context=case.fill
+    ).tokens_per_s_target  # type: ignore[arg-type]
+
+
+def ratio(pred: float, meas: float) -> float:
+    return max(pred / meas, meas / pred)
+
+
+def summary(name: str, errors: list[float]) -> str:
+    if not errors:
+        return f"{name}: no rows"
+    return (
+        f"{name}: {len(errors)} rows, median error {100 * (statistics.median(errors) - 1):.0f}%, "
+        f"worst {max(errors):.2f}x, beyond 1.6x: {sum(e > 1.6 for e in errors)}"
+    )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--data", type=Path, default=DEFAULT_DATA)
+    ap.add_argument("--no-holdout", action="store_true", help="skip the leave-one-source-out fits")
+    args = ap.parse_args()
+    cases, unusable = load_cases(args.data)
+    params = DEFAULT_SPEED_PARAMS
+    held: dict[int, tuple[float | None, float | None]] = {}
+    if not args.no_holdout:
+        sys.path.insert(0, str(ROOT / "scripts"))
+        from fit_speed import fit  # type: ignore[import-not-found]
+
+        train_cases, _ = load_cases(DEFAULT_DATA)
+        for source in sorted({c.source for c in cases}):
+            fitted = fit([c for c in train_cases if c.source != source])
+            for c in cases:
+                if c.source == source:
+                    held[c.row_id] = predict(c, fitted)
+    print(f"SpeedParams: {params.basis}")
+    print(f"{'row':>4} {'configuration':<44} {'tg meas':>8} {'fit':>7} {'held':>7} {'bound':>7}"
+          f" {'pp meas':>8} {'fit':>7} {'held':>7}  source")  # fmt: skip
+    err: dict[str, list[float]] = {
+        k: [] for k in ("tg_fit", "tg_held", "tg_bound", "pp_fit", "pp_held")
+    }
+    for c in sorted(cases, key=lambda c: c.row_id):
+        tg, pp = predict(c, params)
+        htg, hpp = held.get(c.row_id, (None, None))
+        b = bound(c) if c.tg_tps is not None else None
+        if c.tg_tps is not None and tg is not None:
+            err["tg_fit"].append(ratio(tg, c.tg_tps))
+            err["tg_bound"].append(ratio(b, c.tg_tps))  # type: ignore[arg-type]
+            if htg is not None:
+                err["tg_held"].append(ratio(htg, c.tg_tps))
+        if c.pp_tps is not None and pp is not None:
+            err["pp_fit"].append(ratio(pp, c.pp_tps))
+            if hpp is not None:
+                err["pp_held"].append(ratio(hpp, c.pp_tps))
+
+        def f(v: float | None) -> str:
+            return f"{v:.1f}" if v is not None else "-"
+
+        print(
+            f"{c.row_id:>4} {c.label[:44]:<44} {f(c.tg_tps):>8} {f(tg):>7} {f(htg):>7} {f(b):>7}"
+            f" {f(c.pp_tps):>8} {f(pp):>7} {f(hpp):>7}  {c.source[:40]}"
+            + (f"  [{'; '.join(c.notes)}]" if c.notes else "")
+        )
+    print()
+    print(f"Unusable rows ({len(unusable)}):")
+    for row, reason in unusable:
+        gpu, quant = str(row.get("gpu"))[:28], str(row.get("quant"))[:20]
+        print(f"  {row['id']:>4} {gpu:<28} {quant:<20} {reason}")
+    print()
+    print("Summary (error = max(pred/meas, meas/pred)):")
+    print("  " + summary("decode, fitted rows (in-sample)", err["tg_fit"]))
+    print("  " + summary("decode, held out (leave-one-source-out)", err["tg_held"]))
+    print("  " + summary("decode, bandwidth bound (reference)", err["tg_bound"]))
+    print("  " + summary("prefill, fitted rows (in-sample)", err["pp_fit"]))
+    print("  " + summary("prefill, held out (leave-one-source-out)", err["pp_held"]))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,149 @@
+"""benchmarks/speed_accuracy.py: how a published row becomes quantpick's configuration."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+
+from speed_accuracy import (  # noqa: E402
+    Unusable,
+    _manifest,
+    build_case,
+    parse_cores,
+    parse_count,
+    parse_gpus,
+    parse_ram_bandwidth,
+    parse_size,
+    parse_threads,
+    pp_prompt_tokens,
+    source_key,
+)
+
+GiB = 1024**3
+
+
+def row(**changes: object) -> dict:
+    base: dict = {
+        "id": 1, "engine": "llama.cpp", "llama_cpp_build": "b9294", "arch": "qwen35moe",
+        "quant": "UD-Q4_K_M", "file_size": "22.1 GB", "gpu": "RTX 3080", "gpu_vram": "10 GB",
+        "cpu": "Intel i7-13700KF (8 P-cores used)", "ram": "64 GB DDR5-6000",
+        "placement": "--n-cpu-moe 30", "bench_tool": "llama-bench", "pp_metric": "pp512",
+        "tg_tps": 30.0, "pp_tps": 300.0, "context_depth_tokens": 0, "speculative_decoding": False,
+        "notes": None, "source_url": "https://github.com/someone/bench/blob/abc/README.md",
+        "flags": {"ngl": 99, "n_cpu_moe": 30, "ctk": "q8_0", "ctv": "q8_0", "threads": "-t 8"},
+    }  # fmt: skip
+    base.update(changes)
+    return base
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [("22.1 GB", 22_100_000_000), ("20.60 GiB", int(20.6 * GiB)),
+     ("21155768832 bytes (llama-bench model_size)", 21155768832),
+     ("20176 MiB weights", 20176 * 1024**2), ("n/a", None), (None, None)],
+)  # fmt: skip
+def test_sizes(text: str | None, value: int | None) -> None:
+    assert parse_size(text) == value
+
+
+def test_counts_threads_cores_and_prompts() -> None:
+    assert parse_count("10K") == 10240 and parse_count("196K (3x64K)") == 196 * 1024
+    assert parse_count(999) == 999 and parse_count(None) is None
+    assert parse_threads("-t 8 -tb 8") == 8 and parse_threads(16) == 16
+    assert parse_cores("AMD Ryzen 7 9700X (8c/16t)") == 8
+    assert parse_cores("Intel i7-13700KF (8 P-cores used)") == 8
+    assert parse_cores("Intel i3-8100 (4c)") == 4 and parse_cores(None) is None
+    assert pp_prompt_tokens("llama-bench pp512 @ d8192") == 512
+    assert pp_prompt_tokens("server prompt eval tok/s, ~7120-tok prompt") == 7120
+    assert pp_prompt_tokens("prefill tok/s (prompt size not stated)") is None
+
+
+@pytest.mark.parametrize(
+    ("text", "gbs"),
+    [("32 GB DDR5 (~96 GB/s)", 96), ("quad-channel DDR4 (~102 GB/s measured)", 102),
+     ("32 GB DDR4 overclocked to 3200 MHz", 51.2), ("24 GB DDR4", 51.2), ("DDR5", 76.8),
+     ("64 GB 'DDR' (type/channels not stated)", None), (None, None)],
+)  # fmt: skip
+def test_ram_bandwidth(text: str | None, gbs: float | None) -> None:
+    value = parse_ram_bandwidth(text)
+    assert (value / 1e9 if value else None) == (pytest.approx(gbs) if gbs else None)
+
+
+def test_gpus_and_sources() -> None:
+    assert parse_gpus({"gpu": "RTX 5070 Ti + RTX 5060 Ti", "gpu_vram": "16 GB + 16 GB"}) == [
+        ("RTX 5070 Ti", 16 * 10**9), ("RTX 5060 Ti", 16 * 10**9),
+    ]  # fmt: skip
+    assert [n for n, _ in parse_gpus({"gpu": "2x RTX 3090", "gpu_vram": "2x 24 GB"})] == [
+        "RTX 3090", "RTX 3090",
+    ]  # fmt: skip
+    assert parse_gpus({"gpu": "none (CPU-only)"}) == []
+    with pytest.raises(Unusable):
+        parse_gpus({"gpu": "not stated in excerpt"})
+    assert source_key(row()) == "github.com/someone/bench"
+    assert (
+        source_key({"source_url": "https://github.com/o/r/issues/12#x"})
+        == "github.com/o/r/issues/12"
+    )
+
+
+def test_flags_become_the_configuration() -> None:
+    manifest = _manifest()
+    case = build_case(row(), manifest)
+    est = case.estimate
+    assert est.config.n_cpu_moe == 30 and est.config.cache_type_k == "q8_0"  # type: ignore[attr-defined]
+    assert len(est.host.expert_layers) == 30  # type: ignore[attr-defined]
+    assert case.devices["CUDA0"].bandwidth_bytes_per_s == 760_080_000_000  # the 10 GB 3080
+    assert case.devices["CPU"].cores == 8
+    assert case.devices["CPU"].bandwidth_bytes_per_s == 96_000_000_000  # DDR5-6000 x 2 channels
+    assert not case.server and case.work.transitions == 60
+    ngl = build_case(row(flags={"ngl": 12}, placement="-ngl 12"), manifest)
+    assert ngl.estimate.config.n_gpu_layers == 12  # type: ignore[attr-defined]
+    assert len(ngl.estimate.host.layers) == 41 - 12 and ngl.work.transitions == 1  # type: ignore[attr-defined]
+    ot = build_case(
+        row(flags={"ngl": 99, "ot": r"blk\.([12][0-9]|3[0-9])\.ffn_.*_exps=CPU"}, placement="-ot"),
+        manifest,
+    )
+    assert sorted(ot.estimate.host.expert_layers) == list(range(10, 40))  # type: ignore[attr-defined]
+    cmoe = build_case(row(flags={"cpu_moe": True}, placement="--cpu-moe"), manifest)
+    assert len(cmoe.estimate.host.expert_layers) == 40  # type: ignore[attr-defined]
+    two = build_case(
+        row(gpu="RTX 5070 Ti + RTX 5060 Ti", gpu_vram="16 GB + 16 GB", quant="Q2_K",
+            file_size="11.76 GiB", flags={"ngl": 99, "ts": "1,1"}, placement="all on GPU"),
+        manifest,
+    )  # fmt: skip
+    assert two.work.gpu_transitions == 1
+    one = build_case(
+        row(gpu="RTX 5060 Ti", gpu_vram="16 GB", quant="Q2_K", file_size="11.76 GiB",
+            flags={"ngl": 99, "other": "-dev CUDA1"}, placement="all on one GPU (-dev CUDA1)"),
+        manifest,
+    )  # fmt: skip
+    assert len(one.estimate.gpus) == 1  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(
+    ("changes", "reason"),
+    [({"llama_cpp_build": "ik 4436 (8e7a2b5c)"}, "ik_llama"),
+     ({"engine": "ik_llama.cpp"}, "engine"),
+     ({"llama_cpp_build": "llama.cpp master 2025-04-29"}, "2025"),
+     ({"quant": "not stated", "file_size": None}, "quant not stated"),
+     ({"gpu": "Mystery 9000"}, "not in the catalogue"),
+     ({"flags": {}, "placement": "CPU expert offload (N not stated)"}, "layer count"),
+     ({"flags": {"ngl": 99}, "placement": "all on GPU", "gpu": "RTX 3070", "gpu_vram": "8 GB"},
+      "exceeds the card")],
+)  # fmt: skip
+def test_unusable_rows_say_why(changes: dict, reason: str) -> None:
+    with pytest.raises(Unusable, match=reason):
+        build_case(row(**changes), _manifest())
+
+
+def test_speculative_decode_and_unstated_prompt_are_dropped_per_figure() -> None:
+    with pytest.raises(Unusable, match="no decode or prefill"):
+        build_case(
+            row(speculative_decoding=True, pp_metric="prefill (size not stated)"), _manifest()
+        )
+    kept = build_case(row(speculative_decoding=True), _manifest())
+    assert kept.tg_tps is None and kept.pp_tps == 300.0
