@@ -198,7 +198,7 @@ PreferOpt = Annotated[
 ]
 # = quantpick.plan.planner.DEFAULT_MIN_TPS, kept here so the CLI does not import the planner to
 # show a default (tests/cli/test_cli_plan.py checks they agree).
-DEFAULT_MIN_TPS = 10.0
+DEFAULT_MIN_TPS = 5.0
 MinTpsOpt = Annotated[
     float,
     typer.Option(

@@ -36,7 +36,7 @@ from quantpick.plan.memory import (
     llama_devices,
     rpc_devices,
 )
-from quantpick.plan.quality import Quality, quality_of
+from quantpick.plan.quality import FAMILY, GENERIC, Quality, quality_of
 from quantpick.plan.speed import (
     DEFAULT_GPU_BANDWIDTH,
     DEFAULT_SPEED_PARAMS,
@@ -50,8 +50,8 @@ from quantpick.plan.speed import (
 
 GiB = 1024**3
 DEFAULT_KV_TYPES = ("f16", "q8_0")
-# A usable decode speed: about twice reading speed (people read ~5 tok/s of English).
-DEFAULT_MIN_TPS = 10.0
+# A usable decode speed: about reading speed (people read ~5 tok/s of English; 250 words a minute).
+DEFAULT_MIN_TPS = 5.0
 POLICIES = ("balanced", "quality", "speed")
 # llama.cpp's --fit never shrinks below 4096 (fit-ctx default); the planner's smallest context.
 MIN_CONTEXT = 4096
@@ -585,20 +585,29 @@ def _without_workers(
 
 # ---- the policies ------------------------------------------------------------------------------
 
-# "balanced": judgment constants (policy choices, not measurements; docs in the README):
-# A faster plan is worth a quality step only when it is at least this much faster: speed
-# differences of 10-15% between runs of one configuration are common in the published data (the
-# same 4090 and file: 158 vs 164 tok/s across quants of one build, speed-measurements.json).
+# "balanced": judgment constants (policy choices, documented in the README).
+# A speed factor this large is "meaningfully faster": run-to-run differences of 10-15% are common
+# in the published data (one 4090 and build: 158-164 tok/s across three quants,
+# speed-measurements.json), so 25% is what a person notices.
 MEANINGFUL_SPEEDUP = 1.25
-# Above this expected decode speed, more speed does not buy a (same-tier) smaller quant: a
-# 2,000-token reasoning trace then takes under a minute, and people read ~5-10 tok/s.
+# What a quality difference is worth in speed: MEANINGFUL_SPEEDUP buys exactly the gap between
+# Q8_0 and Q6_K on the family curve (0.0046 -> 0.0061 mean KLD, PPL unchanged; Q6_K at its type's
+# size, 6.56 bpw): the card calls both near-lossless, and a step down between them should be worth
+# a noticeable speedup. A step across a tier (0.0137 -> 0.027) then takes a ~6x speedup.
+KLD_PER_SPEED_LOG = (
+    quality_of("Q6_K", GENERIC.points[-2].bpw).mean_kld - FAMILY.points[5].mean_kld
+) / math.log(MEANINGFUL_SPEEDUP)
+# Above this expected decode speed more speed is not worth quality: a 2,000-token reasoning trace
+# then takes under a minute, and people read ~5-10 tok/s.
 COMFORTABLE_TPS = 40.0
-# Host RAM left with less than this share of its budget free counts as tight: other programs grow
-# (GPU budgets already keep --margin, as llama.cpp's --fit-target): a same-tier plan with room is
-# safer.
-TIGHT_FRACTION = 0.03
-# "speed": the fastest plan at or above this tier ("small loss" at most) when one fits.
+# Host RAM left with less than this share of its budget free counts as tight: the host's figures
+# include estimates (compute buffers, what mmap'd weights do to the page cache) and other programs
+# grow. GPU budgets already keep --margin (llama.cpp's --fit-target) and are not judged tight.
+TIGHT_FRACTION = 0.10
+# "speed": the fastest plan at or above this tier ("small loss" at most) when one fits; speeds
+# within this factor count as equal (then the better quality wins).
 SPEED_FLOOR_TIER = 1
+SPEED_TIE = 1.05
 
 
 def expected_tps(speed: SpeedEstimate) -> float:
@@ -654,10 +663,12 @@ def choose(
         pool = floor or per_quant
         gpu = [c for c in pool if c.placement == "gpu"]
         pool = gpu or pool
-        c = max(pool, key=lambda c: (round(expected_tps(_s(c)), 1), -_kld(c)))
+        fastest = max(expected_tps(_s(c)) for c in pool)
+        ties = [c for c in pool if expected_tps(_s(c)) * SPEED_TIE >= fastest]
+        c = min(ties, key=lambda c: (_kld(c), -expected_tps(_s(c))))
         tail = "" if floor else " (nothing at or above the quality floor fits)"
         return c, _describe(c) + ": the fastest plan" + tail
-    return _choose_balanced(per_quant)
+    return _choose_balanced(feasible)
 
 
 def _s(c: Candidate) -> SpeedEstimate:
@@ -678,66 +689,58 @@ def _describe(c: Candidate) -> str:
     )
 
 
-def _choose_balanced(per_quant: list[Candidate]) -> tuple[Candidate, str]:
-    """The quality a person can notice, at a speed they can live with, on the memory they have.
+def balanced_key(c: Candidate) -> tuple[int, bool, bool, float]:
+    """The balanced policy's order of plans (higher is better), a fixed key per plan, so that more
+    memory can only raise the pick and a longer context only lower it:
 
-    1. The best quality tier among the feasible plans. Experts in host RAM only when that buys a
-       tier over the best full-GPU plan (a step the data says is real).
-    2. In that tier and placement class, the highest-quality plan, unless it is tight and another
-       is not (safer), or it is below COMFORTABLE_TPS and another is MEANINGFUL_SPEEDUP faster.
+    1. the quality tier (plan/quality.py): a step the data says a person notices always wins;
+    2. host RAM not tight;
+    3. fully on the GPUs over experts in host RAM (RAM is used only when it buys a tier);
+    4. utility: log expected decode speed, capped at COMFORTABLE_TPS, minus mean KLD weighed by
+       KLD_PER_SPEED_LOG (a 25% faster plan is worth the Q8_0 -> Q5_K_S gap, no more).
     """
-    assert all(c.quality is not None for c in per_quant)
-    tier = min(c.quality.tier for c in per_quant if c.quality)
-    same_tier = [c for c in per_quant if c.quality and c.quality.tier == tier]
-    gpu_any = [c for c in per_quant if c.placement == "gpu"]
-    gpu_tier = [c for c in same_tier if c.placement == "gpu"]
-    extra = ""
-    if gpu_tier:
-        pool = gpu_tier
-        best_gpu_kld = min(_kld(c) for c in gpu_tier)
-        offload_better = [c for c in same_tier if c.placement != "gpu" and _kld(c) < best_gpu_kld]
-        if offload_better:
-            o = min(offload_better, key=_kld)
-            extra = (
-                f"; {o.quant} would need experts in RAM (~{expected_tps(_s(o)):.0f} tok/s) "
+    assert c.quality is not None
+    tps = max(expected_tps(_s(c)), 1e-3)
+    utility = math.log(min(tps, COMFORTABLE_TPS)) - c.quality.mean_kld / KLD_PER_SPEED_LOG
+    return (-c.quality.tier, not _tight(c), c.placement == "gpu", utility)
+
+
+def _choose_balanced(cands: list[Candidate]) -> tuple[Candidate, str]:
+    pick = max(cands, key=lambda c: (balanced_key(c), -_kld(c)))
+    assert pick.quality is not None
+    why = _describe(pick)
+    better = [c for c in cands if _kld(c) < _kld(pick) and c.quant != pick.quant]
+    if better:
+        # The best-quality plan it was preferred to, and the reason in the policy's own terms.
+        top = min(better, key=lambda c: (_kld(c), -expected_tps(_s(c))))
+        assert top.quality is not None
+        gap = top.quality.mean_kld
+        kt, kp = balanced_key(top), balanced_key(pick)
+        if kt[1] != kp[1]:
+            reason = f"{top.quant} would leave host RAM tight (under {TIGHT_FRACTION:.0%} free)"
+        elif kt[2] != kp[2]:
+            reason = (
+                f"{top.quant} would need experts in RAM (~{expected_tps(_s(top)):.0f} tok/s) "
                 "for no quality step a person would notice"
             )
-    else:
-        pool = same_tier
-        if gpu_any:
-            g = min(gpu_any, key=_kld)
+        else:
+            reason = (
+                f"{top.quant} (~{expected_tps(_s(top)):.0f} tok/s) is not enough better to be "
+                f"{expected_tps(_s(pick)) / max(expected_tps(_s(top)), 1e-3):.2f}x slower"
+            )
+        why += (
+            f"; within {pick.quality.mean_kld - gap:.4f} KLD of {top.quant} (same tier); {reason}"
+        )
+    if pick.placement != "gpu":
+        gpu = [c for c in cands if c.placement == "gpu"]
+        if gpu:
+            g = max(gpu, key=balanced_key)
             assert g.quality is not None
-            extra = (
-                f"; experts in RAM buy a real quality step over the best full-GPU plan, "
-                f"{g.quant} ({g.quality.verdict.split(':')[0]})"
+            why += (
+                f"; experts in RAM buy a quality step over the best full-GPU plan, {g.quant} "
+                f"({g.quality.verdict.split(':')[0]})"
             )
-    top = min(pool, key=lambda c: (_kld(c), -c.quality_rank))
-    pick, why = top, ""
-    if _tight(top):
-        roomy = [c for c in pool if not _tight(c)]
-        if roomy:
-            pick = min(roomy, key=lambda c: (_kld(c), -c.quality_rank))
-            why = f"; {top.quant} would leave the memory tight (under {TIGHT_FRACTION:.0%} free)"
-    base_tps = expected_tps(_s(pick))
-    if base_tps < COMFORTABLE_TPS:
-        faster = [
-            c
-            for c in pool
-            if expected_tps(_s(c)) >= MEANINGFUL_SPEEDUP * base_tps
-            and (not _tight(c) or _tight(pick))
-        ]
-        if faster:
-            alt = min(faster, key=lambda c: (_kld(c), -c.quality_rank))
-            why = (
-                f"; {expected_tps(_s(alt)) / base_tps:.1f}x faster than {pick.quant} "
-                f"(~{base_tps:.0f} tok/s), within the same quality tier (not noticeable)"
-            )
-            pick = alt
-    assert pick.quality is not None and top.quality is not None
-    if pick is not top:
-        gap = pick.quality.mean_kld - top.quality.mean_kld
-        why = f"; within {gap:.4f} KLD of {top.quant}" + why
-    return pick, _describe(pick) + why + extra
+    return pick, why
 
 
 def _why_lost(c: Candidate, chosen: Candidate) -> str:
