@@ -259,7 +259,7 @@ class _Search:
             if over < least_over:
                 least, least_over = est, over
             if est.fits:
-                tps = self.speed(est).tokens_per_s_target
+                tps = expected_tps(self.speed(est))
                 if tps > best_speed + 1e-9:
                     best, best_speed = est, tps
         assert least is not None
@@ -731,7 +731,7 @@ def _choose_balanced(cands: list[Candidate]) -> tuple[Candidate, str]:
         why += (
             f"; within {pick.quality.mean_kld - gap:.4f} KLD of {top.quant} (same tier); {reason}"
         )
-    if pick.placement != "gpu":
+    if pick.placement == "expert-offload":
         gpu = [c for c in cands if c.placement == "gpu"]
         if gpu:
             g = max(gpu, key=balanced_key)
@@ -740,6 +740,8 @@ def _choose_balanced(cands: list[Candidate]) -> tuple[Candidate, str]:
                 f"; experts in RAM buy a quality step over the best full-GPU plan, {g.quant} "
                 f"({g.quality.verdict.split(':')[0]})"
             )
+        else:
+            why += "; nothing of this quality fits fully on the GPUs"
     return pick, why
 
 
