@@ -14,14 +14,14 @@ from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
-from quantpick.cli.core import app
+from quantpick.cli.core import QuantpickTyper, app
 from quantpick.cli.options import JsonOpt
-from quantpick.errors import ManifestError, QuantpickError
+from quantpick.errors import ManifestError
 
 if TYPE_CHECKING:
     from quantpick.model.manifest import Manifest
 
-manifest_app = typer.Typer(
+manifest_app = QuantpickTyper(
     help="Create and check model manifests (TOML descriptions of GGUF repositories).",
     no_args_is_help=True,
     rich_markup_mode=None,
@@ -109,13 +109,9 @@ def check_command(
     """Validate a manifest file: prints OK, or the one-line error (exit 1)."""
     from quantpick.cli import output
 
-    try:
-        manifest = _check(file)
-    except QuantpickError as exc:
-        if not json_:
-            raise
-        output.print_json({"ok": False, "path": str(file), "error": exc.message})
-        raise typer.Exit(1) from None
+    # A failure is the CLI's usual one: `Error: ...` on stderr and, with --json, the error
+    # document on stdout (cli.core).
+    manifest = _check(file)
     if json_:
         output.print_json(
             {"ok": True, "path": str(file), "id": manifest.id, "quants": list(manifest.quants)}
