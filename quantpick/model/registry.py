@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from quantpick.errors import ManifestError, UsageError
+from quantpick.errors import ManifestError, UnknownModelError
 from quantpick.model.manifest import (
     _HINT,
     ORIGIN_BUNDLED,
@@ -159,8 +159,7 @@ def find_manifest(model: str, settings: Settings | None = None) -> Manifest:
     if re.fullmatch(r"[A-Za-z0-9][\w.-]*/[\w.-]+", model.strip()):
         # An owner/name repo id: any GGUF repository of a modelled architecture can be added.
         add = f"`quantpick manifest add {model.strip()}` describes that repository; "
-    # A name that matches no manifest is a bad argument, like an unknown quant (exit 2).
-    raise UsageError(
+    raise UnknownModelError(
         f"unknown model {model!r}",
         hint=f"{suggestion}{add}known models: {known} (`quantpick models` lists them)",
     )
