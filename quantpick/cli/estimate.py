@@ -35,6 +35,7 @@ from quantpick.cli.options import (
     RamOpt,
     UbOpt,
     VisionOpt,
+    check_run_options,
     load_manifest,
     machine_from_cli,
     overheads_from_cli,
@@ -125,6 +126,9 @@ def estimate_cmd(
     from quantpick.plan.planner import device_bandwidths
     from quantpick.plan.speed import decode_speed
 
+    check_run_options(ctx_size, parallel, ubatch, batch)
+    if n_cpu_moe < 0:
+        raise UsageError(f"--n-cpu-moe {n_cpu_moe}: 0 or more layers")
     machine = machine_from_cli(hardware, gpu, ram, cpu_only, llama_server, ram_bandwidth)
     layout, manifest, label = _resolve_layout(
         model, quant, gguf, exact=exact, network=not no_network
@@ -172,6 +176,18 @@ def estimate_cmd(
         projector_bytes=projector_bytes,
     )
     speed = decode_speed(layout, est, device_bandwidths(machine))
+    # A configuration that does not fit is still itemized (stdout), then ends like `pick`: exit 3.
+    over = [d for d in est.devices if not d.fits]
+    no_fit = None
+    if over:
+        from quantpick.errors import NoFitError
+        from quantpick.units import human
+
+        no_fit = NoFitError(
+            "this configuration does not fit: "
+            + ", ".join(f"{d.device} is {human(-d.headroom_bytes)} over budget" for d in over),
+            hint="`quantpick pick` finds one that fits",
+        )
     if json_:
         output.print_json(
             {
@@ -184,6 +200,8 @@ def estimate_cmd(
                 "speed": _speed_dict(speed),
             }
         )
+        if no_fit is not None:
+            raise no_fit
         return
     con = output.stdout()
     con.print(
@@ -194,6 +212,8 @@ def estimate_cmd(
         )
     )
     _print_footer(con, est, speed, layout)
+    if no_fit is not None:
+        raise no_fit
 
 
 def _resolve_layout(

@@ -75,7 +75,13 @@ GgufOpt = Annotated[
     ),
 ]
 CtxOpt = Annotated[
-    int, typer.Option("-c", "--ctx-size", help="Context length in tokens (0 = the model's).")
+    int,
+    typer.Option(
+        "-c",
+        "--ctx-size",
+        help="Context length in tokens: 0 (the model's) or at least 256 "
+        "(llama.cpp pads it to a multiple of 256).",
+    ),
 ]
 NpOpt = Annotated[int, typer.Option("-np", "--parallel", help="Slots (sequences) served at once.")]
 KvuOpt = Annotated[
@@ -149,6 +155,46 @@ NoOffloadOpt = Annotated[
 
 # ---- options -> core inputs ------------------------------------------------------------------
 
+# llama.cpp pads every context to a multiple of 256 cells (src/llama-context.cpp: `cparams.n_ctx =
+# GGML_PAD(cparams.n_ctx, 256)`), and before padding it caps the batch at -c (`n_batch =
+# min(n_ctx, n_batch)`): a -c below 256 runs with 256 cells but a smaller batch than planned.
+# So 256 is the smallest -c quantpick plans. (--fit's floor of 4096, common.h
+# `fit_params_min_ctx`, only bounds how far --fit lowers -c by itself.)
+MIN_CTX_SIZE = 256
+
+
+def check_run_options(
+    ctx_size: int, parallel: int, ubatch: int, batch: int, min_tps: float | None = None
+) -> None:
+    """Reject values llama.cpp would not run as planned (exit 2, one line each)."""
+    from quantpick.errors import UsageError
+
+    if ctx_size != 0 and ctx_size < MIN_CTX_SIZE:
+        raise UsageError(
+            f"-c {ctx_size}: the smallest context is {MIN_CTX_SIZE}",
+            hint="llama.cpp pads -c to a multiple of 256; use 0 for the model's own context",
+        )
+    if parallel < 1:
+        raise UsageError(f"-np {parallel}: at least 1 slot")
+    if ubatch < 1 or batch < 1:
+        raise UsageError(f"-ub {ubatch} / -b {batch}: batch sizes are at least 1")
+    if min_tps is not None and not min_tps >= 0:
+        raise UsageError(f"--min-tps {min_tps}: a speed floor is 0 (none) or more tok/s")
+
+
+def check_llama_server(path: Path | None) -> None:
+    """--llama-server must name an executable file (checked without running it)."""
+    import os
+
+    from quantpick.errors import UsageError
+
+    if path is None:
+        return
+    if not path.exists():
+        raise UsageError(f"--llama-server {path}: no such file")
+    if not path.is_file() or not os.access(path, os.X_OK):
+        raise UsageError(f"--llama-server {path}: not an executable file")
+
 
 def machine_from_cli(
     hardware: Path | None,
@@ -161,14 +207,17 @@ def machine_from_cli(
     from dataclasses import replace
 
     from quantpick.cli import output
-    from quantpick.machine.describe import machine_from_options, parse_bandwidth
+    from quantpick.machine.describe import bare_number_notes, machine_from_options, parse_bandwidth
 
     # llama-server is not run here: planning does not need it, and `get`/`command` inspect the
     # binary they target when they build the command (server_flags.capabilities_for).
+    check_llama_server(llama_server)
     machine = machine_from_options(hardware, gpu, ram, cpu_only, llama_server, inspect_server=False)
     for line in machine.notes:
         output.note(f"Note: {line}")
     if ram_bandwidth:
+        for line in bare_number_notes(f"--ram-bandwidth {ram_bandwidth}", ram_bandwidth, "GB/s"):
+            output.note(f"Note: {line}")
         machine = replace(
             machine,
             host=replace(machine.host, ram_bandwidth_bytes_per_s=parse_bandwidth(ram_bandwidth)),
@@ -179,10 +228,15 @@ def machine_from_cli(
 def overheads_from_cli(gpu_overhead: str | None, margin: str | None) -> Overheads:
     from dataclasses import replace
 
+    from quantpick.cli import output
+    from quantpick.machine.describe import bare_number_notes
     from quantpick.plan.memory import Overheads
     from quantpick.units import parse_size
 
     o = Overheads()
+    for flag, value in (("--gpu-overhead", gpu_overhead), ("--margin", margin)):
+        for line in bare_number_notes(f"{flag} {value}", value, "GiB") if value else []:
+            output.note(f"Note: {line}")
     if gpu_overhead:
         o = replace(o, gpu_context_bytes=parse_size(gpu_overhead))
     if margin:
@@ -218,6 +272,7 @@ def plan_request(
     from quantpick.model.ggml import KV_CACHE_TYPES
     from quantpick.plan.planner import DEFAULT_KV_TYPES, PlanRequest
 
+    check_run_options(ctx_size, parallel, ubatch, batch, min_tps)
     kv_types = tuple(kv) if kv else DEFAULT_KV_TYPES + (("q4_0",) if allow_q4_kv else ())
     for t in kv_types:
         if t not in KV_CACHE_TYPES:

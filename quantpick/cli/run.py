@@ -22,7 +22,6 @@ from quantpick.cli.options import (
     CpuOnlyOpt,
     CtxOpt,
     ExactOpt,
-    GgufOpt,
     GpuOpt,
     GpuOverheadOpt,
     HardwareOpt,
@@ -95,8 +94,11 @@ DirOpt = Annotated[
 def _server_options(
     host: str, port: int, alias: str | None, api_key_env: str | None
 ) -> ServerOptions:
+    from quantpick.errors import UsageError
     from quantpick.serve.command import ServerOptions
 
+    if not 1 <= port <= 65535:
+        raise UsageError(f"--port {port}: use 1-65535")
     return ServerOptions(host=host, port=port, alias=alias, api_key_env=api_key_env)
 
 
@@ -169,7 +171,15 @@ def _plan_comment(p: Plan, machine: Machine) -> str:
 def command_cmd(
     model: ModelArg = None,
     quant: QuantOpt = None,
-    gguf: GgufOpt = None,
+    gguf: Annotated[
+        Optional[Path],  # noqa: UP045
+        typer.Option(
+            "--gguf",
+            help="A GGUF on disk: the plan uses its own header. With MODEL too, the file still "
+            "wins; MODEL adds its sampling, reasoning format and alias.",
+            dir_okay=False,
+        ),
+    ] = None,
     mmproj: Annotated[
         Path | None,
         typer.Option("--mmproj", help="Projector file for --gguf with --vision.", dir_okay=False),
@@ -203,6 +213,7 @@ def command_cmd(
     """Plan for a GGUF already on disk and print the llama-server command that runs it."""
     from functools import partial
 
+    from quantpick.cli import output
     from quantpick.cli.render import plan_to_dict
     from quantpick.config import load_settings
     from quantpick.errors import UsageError
@@ -216,7 +227,19 @@ def command_cmd(
         layout = local_layout(gguf, quant)
         manifest = load_manifest(model) if model else manifest_for_gguf(gguf, layout)
         if model:
+            # Both given: the file is what runs, so its own header is the basis of the plan;
+            # MODEL only adds what a header lacks (sampling, reasoning format, alias).
+            if layout.architecture.name != manifest.architecture.name:
+                raise UsageError(
+                    f"{gguf} is {layout.architecture.name}, {manifest.id} is "
+                    f"{manifest.architecture.name}",
+                    hint="drop MODEL to plan the file on its own",
+                )
             q = quant or _quant_of(manifest, gguf.name)
+            output.note(
+                f"Note: planning on {gguf.name}'s own header; {manifest.id} adds its sampling, "
+                "reasoning format and alias"
+            )
         else:
             q = manifest.files[0].quant
         layouts = {q: layout}

@@ -21,6 +21,7 @@ from __future__ import annotations
 import os
 import re
 import shlex
+import struct
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -122,11 +123,30 @@ class _Opt:
     required: bool
 
 
+def _float32(value: float) -> float:
+    return float(struct.unpack("<f", struct.pack("<f", value))[0])
+
+
 def _num(value: float) -> str:
-    """0.6 -> '0.6', 20.0 -> '20', 0.0 -> '0' (llama.cpp parses all with std::stof/stoi)."""
-    if float(value).is_integer():
-        return str(int(value))
-    return repr(float(value))
+    """The shortest decimal llama.cpp reads back as the same number: 0.6 -> '0.6', 20.0 -> '20'.
+
+    llama.cpp parses these flags with std::stof (float32), and GGUF headers store
+    general.sampling.* as float32, whose exact value 0.6000000238418579 is what Python sees. The
+    shortest text that rounds to the same float32 is what the header meant (0.6), and llama.cpp
+    turns it into exactly the same float.
+    """
+    value = float(value)
+    try:
+        f32 = _float32(value)
+    except OverflowError:  # beyond float32: llama.cpp could not read it either; show it as is
+        return repr(value)
+    if f32.is_integer():
+        return str(int(f32))
+    for digits in range(1, 10):  # 9 significant digits always round-trip a float32
+        text = f"{value:.{digits}g}"
+        if _float32(float(text)) == f32:
+            return text
+    return repr(value)
 
 
 def _absolute(path: Path) -> str:

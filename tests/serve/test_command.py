@@ -10,6 +10,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from quantpick.errors import UsageError
 from quantpick.model.manifest import Manifest, Sampling
@@ -314,3 +316,36 @@ def test_env_format_sources_to_the_same_values(
         str(tmp_path / name), "1", "0", r"blk\.1\.ffn_up_exps=CPU,blk\.2\.ffn_up_exps=CPU", "0.6",
         "key",
     ]  # fmt: skip
+
+
+# --- numbers: as the manifest or header states them --------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("value", "text"),
+    [(0.6000000238418579, "0.6"), (0.949999988079071, "0.95"), (0.6, "0.6"), (20.0, "20"),
+     (0.0, "0"), (1e-05, "1e-05"), (33.0, "33"), (0.05000000074505806, "0.05")],
+)  # fmt: skip
+def test_numbers_are_the_shortest_float32_text(value: float, text: str) -> None:
+    from quantpick.serve.command import _num
+
+    assert _num(value) == text
+
+
+@given(st.floats(width=32, allow_nan=False, allow_infinity=False))
+def test_number_text_reads_back_as_the_same_float32(value: float) -> None:
+    """llama.cpp parses with std::stof: the text must give back exactly the same float32, and no
+    shorter text would."""
+    import struct
+
+    from quantpick.serve.command import _num
+
+    def f32(x: float) -> float:
+        return struct.unpack("<f", struct.pack("<f", x))[0]
+
+    text = _num(value)
+    assert f32(float(text)) == value
+    digits = len(text.lstrip("-").split("e")[0].replace(".", "").lstrip("0")) or 1
+    if digits > 1 and not float(value).is_integer():
+        shorter = f"{value:.{digits - 1}g}"
+        assert f32(float(shorter)) != value
