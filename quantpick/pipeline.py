@@ -114,6 +114,13 @@ def get(
     report = None
     files: list[dict[str, Any]] | None = None
     offline = not req.network or settings.offline
+    if offline and req.dry_run:
+        # Offline means offline, dry run included: the plan and the local files, no hub.
+        warnings.append(f"offline: no hub contacted; the dry run shows the plan for {req.dest_dir}")
+        model_path = req.dest_dir / manifest.quant_files(first.quant)[0].name
+        mmproj = req.dest_dir / manifest.projector.name if vision and manifest.projector else None
+        return GetResult(first, first, None, None, model_path, mmproj,
+                         tuple(layouts.problems), tuple(warnings))  # fmt: skip
     try:
         if offline and not req.dry_run:
             raise DownloadError("offline (--offline or QUANTPICK_OFFLINE): no hub contacted")

@@ -275,6 +275,7 @@ def download(
     from quantpick.cli.output import print_json
     from quantpick.config import load_settings
     from quantpick.fetch.download import fetch_model
+    from quantpick.fetch.http import RetryPolicy
     from quantpick.model.registry import find_manifest
 
     if source not in SOURCE_CHOICES:
@@ -293,6 +294,9 @@ def download(
             allow_unverified=allow_unverified,
             dry_run=dry_run,
             progress=sink,
+            # A dry run asks each source once: no network should fail in seconds, not after
+            # the back-off a real transfer needs.
+            policy=RetryPolicy(attempts=1) if dry_run else None,
         )
     if dry_run:
         if json_:
@@ -344,6 +348,9 @@ def verify(
     from quantpick.fetch.verify import parse_sha256sums, verify_files
 
     sums_path = directory / checksums
+    if not directory.is_dir():
+        what = "not a directory" if directory.exists() else "no such directory"
+        raise UsageError(f"{directory}: {what}", hint="give the directory that holds SHA256SUMS")
     if not sums_path.is_file():
         raise QuantpickError(
             f"no {checksums} in {directory}",

@@ -116,6 +116,30 @@ def _capabilities(machine: Machine, llama_server: Path | None) -> ServerCapabili
     return capabilities_for(path)
 
 
+def check_script_destination(script: Path | None) -> None:
+    """--script's directory must exist and be writable: checked before any download, so a typo
+    costs nothing (the script itself is written atomically at the end)."""
+    import os
+    import shlex
+
+    from quantpick.errors import UsageError
+
+    if script is None:
+        return
+    parent = script.parent
+    if script.is_dir():
+        raise UsageError(f"--script {script}: is a directory", hint="give a file name")
+    if not parent.is_dir():
+        if parent.exists():
+            raise UsageError(f"--script {script}: {parent} is not a directory")
+        raise UsageError(
+            f"--script {script}: no such directory {parent}",
+            hint=f"create it first: mkdir -p {shlex.quote(str(parent))}",
+        )
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise UsageError(f"--script {script}: cannot write in {parent}")
+
+
 def _emit_command(
     cmd: ServerCommand,
     *,
@@ -308,6 +332,22 @@ def command_cmd(
     _emit_command(cmd, fmt=fmt, script=script, comment=_plan_comment(p, machine), json_doc=doc)
 
 
+def _files_in_place(
+    manifest: Manifest, quant: str, vision: bool, dest: Path
+) -> list[dict[str, Any]]:
+    """For a dry run that contacted no hub: which planned files are already in `dest` (by name
+    and size; their hashes are checked when a real run uses them)."""
+    wanted = list(manifest.quant_files(quant))
+    if vision and manifest.projector is not None:
+        wanted.append(manifest.projector)
+    out = []
+    for f in wanted:
+        path = dest / f.name
+        present = path.is_file() and (not f.size_exact or path.stat().st_size == f.size_bytes)
+        out.append({"name": f.name, "path": str(path), "present": present})
+    return out
+
+
 def _from_table(table: dict[str, ModelLayout], quant: str) -> ModelLayout:
     return table[quant]
 
@@ -387,6 +427,7 @@ def get_cmd(
 
     if fmt not in FORMATS:
         raise UsageError(f"--format {fmt}: use one of " + ", ".join(FORMATS))
+    check_script_destination(script)
     settings = load_settings()
     manifest = load_manifest(model)
     machine = machine_from_cli(hardware, gpu, ram, cpu_only, llama_server, ram_bandwidth)
@@ -447,6 +488,8 @@ def get_cmd(
         server=_server_options(host, port, alias, api_key_env),
         capabilities=caps,
     )
+    dest = dir_ or settings.models_dir / manifest.id
+    in_place = _files_in_place(manifest, p.quant, vision, dest) if dry_run and not report else []
     doc = None
     if json_:
         doc = {
@@ -455,6 +498,12 @@ def get_cmd(
             "fetch": fetch_plan_to_dict(report.plan) if report is not None else None,
             "files": files,
         }
+        if in_place:
+            doc["in_place"] = in_place
+    elif in_place:
+        for f in in_place:
+            where = "in place (checked against SHA256SUMS when used)" if f["present"] else "not in"
+            output.note(f"  {f['name']}: {where} {dest if not f['present'] else ''}".rstrip())
     elif dry_run and report is not None:
         fp = report.plan
         from quantpick.units import human
