@@ -168,3 +168,39 @@ def test_full_disk_on_stdout_is_one_line(json_flag: list[str]) -> None:
     assert "Traceback" not in err and "Exception ignored" not in err
     last = err.splitlines()[-1]
     assert last == "Error: cannot write the output: No space left on device: <stdout>"
+
+
+# Every command, failing, with --json: stdout is exactly one JSON document with the exit code.
+FAILING = {
+    "probe": ["probe", "--hardware", "/no/such/box.json"],
+    "models": ["models", "--no-such-flag"],
+    "show": ["show", "no-such-model"],
+    "estimate": ["estimate", MODEL],  # no --quant
+    "pick": ["pick", MODEL, "-c", "1"],
+    "max-context": ["max-context", "no-such-model"],
+    "download": ["download", "no-such-model", "--quant", "Q4_K_M"],
+    "verify": ["verify", "/no/such/dir"],
+    "command": ["command", MODEL, "-c", "8192"],  # no --quant
+    "get": ["get", MODEL, "-c", "8192", "--gpu", "3090", "--script", "/no/such/dir/s.sh"],
+    "manifest": ["manifest", "check", "/no/such/manifest.toml"],
+}
+
+
+def test_every_command_failing_with_json_prints_one_error_document() -> None:
+    from quantpick.cli import COMMAND_MODULE
+
+    assert set(FAILING) == set(COMMAND_MODULE), "add a failing case for each command"
+    for name, args in FAILING.items():
+        result = runner.invoke(app, [*args, "--json"])
+        assert result.exit_code != 0, name
+        doc = json.loads(result.stdout)  # exactly one document: json.loads refuses trailing data
+        error = doc["error"]
+        assert doc["schema_version"] == 1 and error["exit_code"] == result.exit_code, name
+        assert error["message"] and error["type"], name
+        assert f"Error: {error['message']}" in result.stderr, name
+
+
+def test_manifest_add_failing_with_json() -> None:
+    result = runner.invoke(app, ["manifest", "add", "org/x", "--source", "gitlab", "--json"])
+    assert result.exit_code == 2
+    assert json.loads(result.stdout)["error"]["exit_code"] == 2
