@@ -3,6 +3,8 @@ pipeline (probe -> pick -> download + verify -> command) in one step.
 
 Usage:
     quantpick get qwen3.8-35b-a3b-distill -c 262144
+    quantpick get qwen3.8-35b-a3b-distill -c 65536 --format systemd > llama.service
+    quantpick command qwen3.8-35b-a3b-distill -q Q4_K_M -c 32768 --model-source hf
     quantpick get qwen3.8-35b-a3b-distill -c 131072 --gpu 3090 --gpu t4 --dry-run --json
     quantpick get qwen3.8-35b-a3b-distill -c 65536 --script ~/bin/serve-qwen
     quantpick command --gguf ./Qwen3.8-35B-A3B-Q4_K_M.gguf -c 65536
@@ -54,10 +56,26 @@ if TYPE_CHECKING:
     from quantpick.serve.command import ServerCommand, ServerOptions
     from quantpick.serve.flags import ServerCapabilities
 
-FORMATS = ("line", "script", "json", "env")
+FORMATS = ("line", "script", "json", "env", "systemd", "compose")
+MODEL_SOURCES = ("local", "hf")
 
 FormatOpt = Annotated[
-    str, typer.Option("--format", help="line (default), script, json or env (LLAMA_ARG_*).")
+    str,
+    typer.Option(
+        "--format",
+        help="line (default), script, json, env (LLAMA_ARG_*), systemd (a user unit) or "
+        "compose (docker compose, official llama.cpp image).",
+        autocompletion=lambda: list(FORMATS),
+    ),
+]
+ModelSourceOpt = Annotated[
+    str,
+    typer.Option(
+        "--model-source",
+        help="local (default): the file on disk, -m PATH; hf: llama-server fetches it itself "
+        "(-hf REPO:QUANT into its Hugging Face cache; no sha256 check, no pinned revision).",
+        autocompletion=lambda: list(MODEL_SOURCES),
+    ),
 ]
 ScriptOpt = Annotated[
     Optional[Path],  # noqa: UP045
@@ -140,6 +158,15 @@ def check_script_destination(script: Path | None) -> None:
         raise UsageError(f"--script {script}: cannot write in {parent}")
 
 
+def _check_format(fmt: str, model_source: str = "local") -> None:
+    from quantpick.errors import UsageError
+
+    if fmt not in FORMATS:
+        raise UsageError(f"--format {fmt}: use one of " + ", ".join(FORMATS))
+    if model_source not in MODEL_SOURCES:
+        raise UsageError(f"--model-source {model_source}: use local or hf")
+
+
 def _emit_command(
     cmd: ServerCommand,
     *,
@@ -147,35 +174,54 @@ def _emit_command(
     script: Path | None,
     comment: str,
     json_doc: dict[str, Any] | None,
+    name: str,
+    machine_gpus: tuple[int, ...] = (),
 ) -> None:
     from quantpick.cli import output
-    from quantpick.errors import UsageError
     from quantpick.serve.command import (
+        SYSTEMD_UNIT_DIR,
+        render_compose,
         render_env,
         render_json,
         render_line,
         render_script,
+        render_systemd,
+        systemd_unit_name,
         write_script,
     )
 
-    if fmt not in FORMATS:
-        raise UsageError(f"--format {fmt}: use one of " + ", ".join(FORMATS))
+    _check_format(fmt)
     for warning in cmd.warnings:
         output.warn(warning)
     if script is not None:
         write_script(script, render_script(cmd, comment))
         output.note(f"Wrote {script}")
-    if json_doc is not None:
-        output.print_json(
-            {**json_doc, "command": render_json(cmd), "script": str(script) if script else None}
+    text: str | None = None
+    if fmt == "script":
+        text = render_script(cmd, comment)
+    elif fmt == "env":
+        text = render_env(cmd)
+    elif fmt == "systemd":
+        text = render_systemd(cmd, comment, name)
+        unit = systemd_unit_name(name)
+        output.note(
+            f"Install: save it as {SYSTEMD_UNIT_DIR}/{unit}.service (mkdir -p "
+            f"{SYSTEMD_UNIT_DIR}), then: systemctl --user daemon-reload && "
+            f"systemctl --user enable --now {unit}.service"
         )
+    elif fmt == "compose":
+        text = render_compose(cmd, comment, machine_gpus)
+        output.note("Run: save it as compose.yaml, then: docker compose up -d")
+    if json_doc is not None:
+        doc = {**json_doc, "command": render_json(cmd), "script": str(script) if script else None}
+        if text is not None:
+            doc["rendered"] = {"format": fmt, "text": text}
+        output.print_json(doc)
         return
     if fmt == "json":
         output.print_json({"command": render_json(cmd)})
-    elif fmt == "script":
-        sys.stdout.write(render_script(cmd, comment))
-    elif fmt == "env":
-        sys.stdout.write(render_env(cmd))
+    elif text is not None:
+        sys.stdout.write(text)
     elif script is None:
         sys.stdout.write(render_line(cmd) + "\n")
 
@@ -231,10 +277,14 @@ def command_cmd(
     alias: AliasOpt = None,
     api_key_env: ApiKeyEnvOpt = None,
     fmt: FormatOpt = "line",
+    model_source: ModelSourceOpt = "local",
+    exact: ExactOpt = False,
+    no_network: NoNetworkOpt = False,
     script: ScriptOpt = None,
     json_: JsonOpt = False,
 ) -> None:
-    """Plan for a GGUF already on disk and print the llama-server command that runs it."""
+    """Plan for a GGUF already on disk (or, with --model-source hf, one llama-server fetches
+    itself) and print the llama-server command that runs it."""
     from functools import partial
 
     from quantpick.cli import output
@@ -245,7 +295,23 @@ def command_cmd(
     from quantpick.plan.planner import plan
     from quantpick.serve.command import build_command
 
+    _check_format(fmt, model_source)
+    check_script_destination(script)
     machine = machine_from_cli(hardware, gpu, ram, cpu_only, llama_server, ram_bandwidth)
+    if model_source == "hf":
+        if gguf is not None:
+            raise UsageError("--model-source hf plans a repository file, not --gguf")
+        manifest = load_manifest(model)
+        if not quant:
+            raise UsageError("give --quant Q", hint=f"`quantpick get {manifest.id} -c N "
+                             "--model-source hf` picks one")  # fmt: skip
+        q = _canonical_quant(manifest, quant)
+        request = plan_request(ctx_size, parallel, kv_unified, prefer, q, vision, min_tps,
+                               allow_q4_kv, kv, 512, 2048, "on", no_offload)  # fmt: skip
+        p = _plan_from_hub(manifest, machine, request, gpu_overhead, margin, exact, no_network)
+        _emit_hf(p, manifest, machine, llama_server, (host, port, alias, api_key_env),
+                 fmt=fmt, script=script, json_doc={} if json_ else None)  # fmt: skip
+        return
     if gguf is not None:
         model_path = gguf
         layout = local_layout(gguf, quant)
@@ -329,7 +395,73 @@ def command_cmd(
         capabilities=caps,
     )
     doc = {"plan": plan_to_dict(p, machine, manifest.architecture.block_count)} if json_ else None
-    _emit_command(cmd, fmt=fmt, script=script, comment=_plan_comment(p, machine), json_doc=doc)
+    _emit_command(
+        cmd,
+        fmt=fmt,
+        script=script,
+        comment=_plan_comment(p, machine),
+        json_doc=doc,
+        name=alias or manifest.id,
+        machine_gpus=tuple(g.index for g in machine.usable_gpus),
+    )
+
+
+def _plan_from_hub(
+    manifest: Manifest,
+    machine: Machine,
+    request: Any,
+    gpu_overhead: str | None,
+    margin: str | None,
+    exact: bool,
+    no_network: bool,
+) -> Plan:
+    """The plan for a file that stays on the hub: on its exact header when it can be read (cache
+    or a few range requests), else on the manifest, as `pick` does."""
+    from quantpick.cli import output
+    from quantpick.model.headers import LayoutSource
+    from quantpick.pipeline import plan_exact
+
+    layouts = LayoutSource(manifest, exact=exact, network=not no_network)
+    p = plan_exact(manifest, machine, layouts, request, overheads_from_cli(gpu_overhead, margin))
+    if layouts.problems:
+        output.note(f"Note: exact GGUF header unavailable, planned from the manifest: "
+                    f"{layouts.problems[-1]}")  # fmt: skip
+    return p
+
+
+def _emit_hf(
+    p: Plan,
+    manifest: Manifest,
+    machine: Machine,
+    llama_server: Path | None,
+    server: tuple[str, int, str | None, str | None],
+    *,
+    fmt: str,
+    script: Path | None,
+    json_doc: dict[str, Any] | None,
+) -> None:
+    """The command for `-hf REPO:QUANT`: llama-server downloads the file into its HF cache."""
+    from quantpick.cli.render import plan_to_dict
+    from quantpick.serve.command import build_command, hf_model
+
+    host, port, alias, api_key_env = server
+    cmd = build_command(
+        p.config,
+        model_path=None,
+        mmproj_path=None,
+        manifest=manifest,
+        block_count=manifest.architecture.block_count,
+        server=_server_options(host, port, alias, api_key_env),
+        capabilities=_capabilities(machine, llama_server),
+        hf=hf_model(manifest, p.quant),
+    )
+    doc = None
+    if json_doc is not None:
+        doc = {**json_doc, "plan": plan_to_dict(p, machine, manifest.architecture.block_count),
+               "model_source": "hf"}  # fmt: skip
+    _emit_command(cmd, fmt=fmt, script=script, comment=_plan_comment(p, machine), json_doc=doc,
+                  name=alias or manifest.id,
+                  machine_gpus=tuple(g.index for g in machine.usable_gpus))  # fmt: skip
 
 
 def _files_in_place(
@@ -412,6 +544,7 @@ def get_cmd(
     alias: AliasOpt = None,
     api_key_env: ApiKeyEnvOpt = None,
     fmt: FormatOpt = "line",
+    model_source: ModelSourceOpt = "local",
     script: ScriptOpt = None,
     json_: JsonOpt = False,
 ) -> None:
@@ -421,12 +554,10 @@ def get_cmd(
     from quantpick.cli.download import plan_to_dict as fetch_plan_to_dict
     from quantpick.cli.render import plan_to_dict
     from quantpick.config import load_settings
-    from quantpick.errors import UsageError
     from quantpick.pipeline import GetRequest, get
     from quantpick.serve.command import build_command
 
-    if fmt not in FORMATS:
-        raise UsageError(f"--format {fmt}: use one of " + ", ".join(FORMATS))
+    _check_format(fmt, model_source)
     check_script_destination(script)
     settings = load_settings()
     manifest = load_manifest(model)
@@ -446,6 +577,25 @@ def get_cmd(
         "on",
         no_offload,
     )
+    if model_source == "hf":
+        # llama-server fetches the file itself: plan (on the hub's header), nothing to download.
+        p = _plan_from_hub(manifest, machine, request, gpu_overhead, margin, exact, no_network)
+        if not (json_ or quiet):
+            output.note(
+                f"Plan: {p.model} {p.quant} (KV {p.config.cache_type_k}, {p.placement}) for "
+                f"-c {p.config.ctx_size}; llama-server downloads it on first start (-hf)"
+            )
+        _emit_hf(
+            p,
+            manifest,
+            machine,
+            llama_server,
+            (host, port, alias, api_key_env),
+            fmt=fmt,
+            script=None if dry_run else script,
+            json_doc={"dry_run": dry_run, "fetch": None, "files": None} if json_ else None,
+        )
+        return  # fmt: skip
 
     def announce(p: Plan) -> None:
         if not (json_ or quiet):
@@ -522,4 +672,6 @@ def get_cmd(
         script=None if dry_run else script,
         comment=_plan_comment(p, machine),
         json_doc=doc,
+        name=alias or manifest.id,
+        machine_gpus=tuple(g.index for g in machine.usable_gpus),
     )

@@ -348,3 +348,28 @@ def test_described_machine_is_named_once() -> None:
     result = runner.invoke(app, ["pick", MODEL, "-c", "8192", "--gpu", "3090"])
     assert "(described machine: --gpu 3090)" in result.stdout
     assert "described: described" not in result.stdout
+
+
+def test_command_formats_systemd_and_compose(tiny_gguf: Path) -> None:
+    base = ["command", "--gguf", str(tiny_gguf), "-c", "4096", "--cpu-only"]
+    unit = runner.invoke(app, [*base, "--format", "systemd"])
+    assert unit.exit_code == 0, unit.output
+    assert "[Service]" in unit.stdout and "ExecStart=" in unit.stdout
+    assert "systemctl --user daemon-reload && systemctl --user enable --now" in unit.stderr
+    compose = runner.invoke(app, [*base, "--format", "compose"])
+    assert compose.exit_code == 0, compose.output
+    assert f'"/models/{tiny_gguf.name}"' in compose.stdout
+    assert f'source: "{tiny_gguf.parent}"' in compose.stdout
+    assert "docker compose up -d" in compose.stderr
+    doc = json.loads(runner.invoke(app, [*base, "--format", "compose", "--json"]).stdout)
+    assert doc["rendered"]["format"] == "compose" and "services:" in doc["rendered"]["text"]
+
+
+def test_command_model_source_hf_needs_no_file() -> None:
+    result = runner.invoke(
+        app, ["command", MODEL, "-q", "Q4_K_M", "-c", "32768", "--gpu", "3090", "--model-source",
+              "hf"],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "-hf empero-ai/Qwen3.8-35B-A3B-Distill-GGUF:Q4_K_M --no-mmproj" in result.stdout
+    assert " -m " not in result.stdout

@@ -258,3 +258,14 @@ def test_script_into_a_missing_directory_fails_before_any_transfer(
     )
     assert byte_gets(fake_hub) == [] and not (tmp_path / "m").exists()
     assert "Traceback" not in result.output
+
+
+def test_get_model_source_hf_downloads_nothing(
+    tiny: str, fake_hub: FakeHub, tmp_path: Path
+) -> None:
+    """llama-server fetches the file itself (-hf): quantpick plans and prints, no transfer."""
+    result = runner.invoke(app, ["get", tiny, "-c", "8192", *BOX, "--model-source", "hf"])
+    assert result.exit_code == 0, result.stderr
+    assert f"-hf {REPO}:" in result.stdout and " -m " not in result.stdout
+    assert byte_gets(fake_hub) == []
+    assert "llama-server downloads it on first start" in result.stderr
