@@ -9,7 +9,13 @@ from typing import TYPE_CHECKING, Annotated, Any, Optional
 import typer
 
 from quantpick.cli.core import app
-from quantpick.cli.options import JsonOpt
+from quantpick.cli.options import (
+    SOURCE_CHOICES,
+    JsonOpt,
+    complete_model_id,
+    complete_quant,
+    complete_source,
+)
 from quantpick.errors import QuantpickError, UsageError, VerificationError
 
 if TYPE_CHECKING:
@@ -17,7 +23,6 @@ if TYPE_CHECKING:
     from quantpick.fetch.transfer import DownloadResult, ProgressSink
     from quantpick.fetch.verify import Verification
 
-SOURCE_CHOICES = ("auto", "hf", "modelscope", "mirror")
 
 DOWNLOAD_EXAMPLES = [
     "quantpick download qwen3.8-35b-a3b-distill --quant Q4_K_M",
@@ -233,8 +238,16 @@ def _print_report(report: FetchReport) -> None:
 
 @app.command(epilog=_epilog(DOWNLOAD_EXAMPLES))
 def download(
-    model: Annotated[str, typer.Argument(help="Manifest id, alias or hub repo id.")],
-    quant: Annotated[str, typer.Option("--quant", help="The quant to fetch, e.g. Q4_K_M.")],
+    model: Annotated[
+        str,
+        typer.Argument(help="Manifest id, alias or hub repo id.", autocompletion=complete_model_id),
+    ],
+    quant: Annotated[
+        str,
+        typer.Option(
+            "--quant", help="The quant to fetch, e.g. Q4_K_M.", autocompletion=complete_quant
+        ),
+    ],
     vision: Annotated[
         bool, typer.Option("--vision", help="Also fetch the vision projector (mmproj).")
     ] = False,
@@ -253,6 +266,7 @@ def download(
             "--source",
             help="auto (the manifest's sources in order, falling back on failure), "
             "hf, modelscope or mirror.",
+            autocompletion=complete_source,
         ),
     ] = "auto",
     dry_run: Annotated[

@@ -36,6 +36,7 @@ from quantpick.cli.options import (
     UbOpt,
     VisionOpt,
     check_run_options,
+    complete_kv,
     load_manifest,
     machine_from_cli,
     overheads_from_cli,
@@ -86,10 +87,12 @@ def estimate_cmd(
         typer.Option("-ot", "--override-tensor", help="<regex>=<buffer type>,... (repeatable)"),
     ] = None,  # noqa: UP045
     cache_type_k: Annotated[
-        str, typer.Option("-ctk", "--cache-type-k", help="K cache type.")
+        str,
+        typer.Option("-ctk", "--cache-type-k", help="K cache type.", autocompletion=complete_kv),
     ] = "f16",
     cache_type_v: Annotated[
-        str, typer.Option("-ctv", "--cache-type-v", help="V cache type.")
+        str,
+        typer.Option("-ctv", "--cache-type-v", help="V cache type.", autocompletion=complete_kv),
     ] = "f16",
     parallel: NpOpt = 1,
     kv_unified: KvuOpt = False,
@@ -126,7 +129,10 @@ def estimate_cmd(
     from quantpick.plan.planner import device_bandwidths
     from quantpick.plan.speed import decode_speed
 
-    check_run_options(ctx_size, parallel, ubatch, batch)
+    check_run_options(
+        ctx_size, parallel, ubatch, batch, flash_attn=flash_attn,
+        cache_types=(cache_type_k, cache_type_v),
+    )  # fmt: skip
     if n_cpu_moe < 0:
         raise UsageError(f"--n-cpu-moe {n_cpu_moe}: 0 or more layers")
     machine = machine_from_cli(hardware, gpu, ram, cpu_only, llama_server, ram_bandwidth)

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
+from quantpick.cli.complete import MANIFEST_SOURCE_CHOICES
 from quantpick.cli.core import QuantpickTyper, app
 from quantpick.cli.options import JsonOpt
 from quantpick.errors import ManifestError
@@ -37,7 +38,12 @@ RepoArg = Annotated[
 def add_command(
     repo: RepoArg,
     source: Annotated[
-        str, typer.Option("--source", help="Where the repository lives: hf or modelscope.")
+        str,
+        typer.Option(
+            "--source",
+            help="Where the repository lives: hf or modelscope.",
+            autocompletion=lambda: list(MANIFEST_SOURCE_CHOICES),
+        ),
     ] = "hf",
     revision: Annotated[
         Optional[str],  # noqa: UP045 - typer needs Optional on 3.10

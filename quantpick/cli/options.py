@@ -8,10 +8,65 @@ from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
 
+from quantpick.cli.complete import FLASH_ATTN_CHOICES, PREFER_CHOICES, SOURCE_CHOICES
+from quantpick.model.ggml import KV_CACHE_TYPES  # a plain tuple: no cost at start-up
+
 if TYPE_CHECKING:
     from quantpick.machine.spec import Machine
     from quantpick.model.manifest import Manifest
     from quantpick.plan.memory import Overheads
+
+
+# ---- shell completion (each Tab is a new process: keep these light) ---------------------------
+
+
+def complete_model_id(incomplete: str) -> list[str]:
+    """Shell completion for MODEL: the ids of the manifests quantpick knows."""
+    try:
+        from quantpick.model.registry import list_manifests
+
+        ids = [m.id for m in list_manifests(errors=[])]
+    except Exception:  # completion must never print a traceback into the shell
+        return []
+    return [i for i in ids if i.startswith(incomplete)]
+
+
+def complete_quant(ctx: typer.Context, incomplete: str) -> list[tuple[str, str | None]]:
+    """Shell completion for --quant: the quants of the MODEL already on the command line (best
+    first), with their size as the help text zsh and fish show."""
+    try:
+        from quantpick.cli import _completion_args
+        from quantpick.cli.complete import quant_items
+
+        # click stops parsing at the option still waiting for its value (`--quant <Tab>`), so
+        # MODEL may not be in ctx.params yet: look at the words typed so far too.
+        return quant_items([ctx.params.get("model") or "", *_completion_args()], incomplete)
+    except Exception:  # a broken manifest: nothing to offer, and no traceback in the shell
+        return []
+
+
+def complete_gpu(incomplete: str) -> list[tuple[str, str | None]]:
+    """Shell completion for --gpu: the catalogue's names (NAME, before any :VRAM)."""
+    try:
+        from quantpick.cli.complete import gpu_items
+
+        return gpu_items(incomplete)
+    except Exception:
+        return []
+
+
+def _choices(values: tuple[str, ...]) -> Any:
+    """A completion callback offering fixed values (validated where the option is used)."""
+
+    def complete(incomplete: str) -> list[str]:
+        return [v for v in values if v.startswith(incomplete)]
+
+    return complete
+
+
+KV_CHOICES = KV_CACHE_TYPES  # common/arg.cpp kv_cache_types: what -ctk/-ctv accept
+complete_kv = _choices(KV_CHOICES)
+complete_source = _choices(SOURCE_CHOICES)
 
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")]
@@ -30,13 +85,14 @@ GpuOpt = Annotated[
     typer.Option(
         "--gpu",
         help="Describe a GPU: NAME[:VRAM[:BANDWIDTH]] "
-        "(e.g. 3090, t4, 'a100-80g', 4090:24G:1008GB/s). "
+        "(e.g. 3090, t4, 'a100-80g', 4090:24G:1008GB/s; bare numbers are GiB and GB/s). "
         "Repeatable; order = device order.",
+        autocompletion=complete_gpu,
     ),
 ]
 RamOpt = Annotated[
     Optional[str],  # noqa: UP045
-    typer.Option("--ram", help="Describe the host RAM (e.g. 64G); overrides the probe."),
+    typer.Option("--ram", help="Describe the host RAM (e.g. 64G; a bare number is GiB); overrides the probe."),
 ]
 CpuOnlyOpt = Annotated[
     bool, typer.Option("--cpu-only", help="Plan without GPUs (ignores any probed GPU).")
@@ -45,17 +101,6 @@ LlamaServerOpt = Annotated[
     Optional[Path],  # noqa: UP045
     typer.Option("--llama-server", help="The llama-server binary to inspect (default: PATH)."),
 ]
-
-
-def complete_model_id(incomplete: str) -> list[str]:
-    """Shell completion for MODEL: the ids of the manifests quantpick knows."""
-    try:
-        from quantpick.model.registry import list_manifests
-
-        ids = [m.id for m in list_manifests(errors=[])]
-    except Exception:  # completion must never print a traceback into the shell
-        return []
-    return [i for i in ids if i.startswith(incomplete)]
 
 
 # ---- planning options ------------------------------------------------------------------------
@@ -67,7 +112,10 @@ ModelArg = Annotated[
         autocompletion=complete_model_id,
     ),
 ]
-QuantOpt = Annotated[Optional[str], typer.Option("--quant", "-q", help="The quant, e.g. Q4_K_M.")]  # noqa: UP045
+QuantOpt = Annotated[
+    Optional[str],  # noqa: UP045
+    typer.Option("--quant", "-q", help="The quant, e.g. Q4_K_M.", autocompletion=complete_quant),
+]
 GgufOpt = Annotated[
     Optional[Path],  # noqa: UP045
     typer.Option(
@@ -90,7 +138,13 @@ KvuOpt = Annotated[
 UbOpt = Annotated[int, typer.Option("-ub", "--ubatch-size", help="Physical batch size.")]
 BOpt = Annotated[int, typer.Option("-b", "--batch-size", help="Logical batch size.")]
 FaOpt = Annotated[
-    str, typer.Option("-fa", "--flash-attn", help="Flash attention: on, off or auto.")
+    str,
+    typer.Option(
+        "-fa",
+        "--flash-attn",
+        help="Flash attention: on, off or auto.",
+        autocompletion=_choices(FLASH_ATTN_CHOICES),
+    ),
 ]
 VisionOpt = Annotated[
     bool, typer.Option("--vision", help="Also load the vision projector (--mmproj).")
@@ -134,6 +188,7 @@ PreferOpt = Annotated[
         "--prefer",
         help="quality (default): best quant that fits and reaches --min-tps; "
         "speed: full-GPU plans first.",
+        autocompletion=_choices(PREFER_CHOICES),
     ),
 ]
 MinTpsOpt = Annotated[
@@ -146,7 +201,9 @@ MinTpsOpt = Annotated[
 AllowQ4Opt = Annotated[bool, typer.Option("--allow-q4-kv", help="Also consider a q4_0 KV cache.")]
 KvOpt = Annotated[
     list[str] | None,
-    typer.Option("--kv", help="Restrict KV cache types (repeatable, best first)."),
+    typer.Option(
+        "--kv", help="Restrict KV cache types (repeatable, best first).", autocompletion=complete_kv
+    ),
 ]  # noqa: UP045
 NoOffloadOpt = Annotated[
     bool, typer.Option("--no-offload", help="Never put experts in host memory.")
@@ -164,10 +221,25 @@ MIN_CTX_SIZE = 256
 
 
 def check_run_options(
-    ctx_size: int, parallel: int, ubatch: int, batch: int, min_tps: float | None = None
+    ctx_size: int,
+    parallel: int,
+    ubatch: int,
+    batch: int,
+    min_tps: float | None = None,
+    flash_attn: str = "on",
+    cache_types: tuple[str, ...] = (),
 ) -> None:
     """Reject values llama.cpp would not run as planned (exit 2, one line each)."""
     from quantpick.errors import UsageError
+
+    if flash_attn not in FLASH_ATTN_CHOICES:
+        raise UsageError(f"-fa {flash_attn}: use on, off or auto")
+    for t in cache_types:
+        if t not in KV_CACHE_TYPES:
+            raise UsageError(
+                f"KV cache type {t!r} is not one llama.cpp knows",
+                hint="use " + ", ".join(KV_CHOICES),
+            )
 
     if ctx_size != 0 and ctx_size < MIN_CTX_SIZE:
         raise UsageError(
@@ -272,7 +344,7 @@ def plan_request(
     from quantpick.model.ggml import KV_CACHE_TYPES
     from quantpick.plan.planner import DEFAULT_KV_TYPES, PlanRequest
 
-    check_run_options(ctx_size, parallel, ubatch, batch, min_tps)
+    check_run_options(ctx_size, parallel, ubatch, batch, min_tps, flash_attn)
     kv_types = tuple(kv) if kv else DEFAULT_KV_TYPES + (("q4_0",) if allow_q4_kv else ())
     for t in kv_types:
         if t not in KV_CACHE_TYPES:

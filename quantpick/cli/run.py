@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
 
+from quantpick.cli.complete import FORMATS, MODEL_SOURCES
 from quantpick.cli.core import app
 from quantpick.cli.options import (
     AllowQ4Opt,
@@ -42,6 +43,7 @@ from quantpick.cli.options import (
     RamBandwidthOpt,
     RamOpt,
     VisionOpt,
+    complete_source,
     load_manifest,
     machine_from_cli,
     overheads_from_cli,
@@ -56,8 +58,6 @@ if TYPE_CHECKING:
     from quantpick.serve.command import ServerCommand, ServerOptions
     from quantpick.serve.flags import ServerCapabilities
 
-FORMATS = ("line", "script", "json", "env", "systemd", "compose")
-MODEL_SOURCES = ("local", "hf")
 
 FormatOpt = Annotated[
     str,
@@ -519,7 +519,10 @@ def get_cmd(
     no_offload: NoOffloadOpt = False,
     dir_: DirOpt = None,
     source: Annotated[
-        str, typer.Option("--source", help="auto, hf, modelscope or mirror.")
+        str,
+        typer.Option(
+            "--source", help="auto, hf, modelscope or mirror.", autocompletion=complete_source
+        ),
     ] = "auto",
     allow_unverified: Annotated[
         bool, typer.Option("--allow-unverified", help="Download files no sha256 vouches for.")
