@@ -92,7 +92,9 @@ GpuOpt = Annotated[
 ]
 RamOpt = Annotated[
     Optional[str],  # noqa: UP045
-    typer.Option("--ram", help="Describe the host RAM (e.g. 64G; a bare number is GiB); overrides the probe."),
+    typer.Option(
+        "--ram", help="Describe the host RAM (e.g. 64G; a bare number is GiB); overrides the probe."
+    ),
 ]
 CpuOnlyOpt = Annotated[
     bool, typer.Option("--cpu-only", help="Plan without GPUs (ignores any probed GPU).")
