@@ -88,8 +88,22 @@ def main() -> None:
             sys.stdout.write(answer[0])
             sys.stdout.flush()
             sys.exit(answer[1])
+    from quantpick.cli.output import GuardedStream, OutputError
+
+    # The commands run inside cli.core's boundary; these guards also cover what click prints
+    # before a command starts (`quantpick --help | head -1`, `quantpick --version > /dev/full`).
+    sys.stdout = GuardedStream(sys.stdout, "<stdout>", raise_errors=True)
+    sys.stderr = GuardedStream(sys.stderr, "<stderr>", raise_errors=False)
     try:
-        load_commands(_modules_for(sys.argv[1:]))(prog_name="quantpick")
+        try:
+            load_commands(_modules_for(sys.argv[1:]))(prog_name="quantpick")
+        finally:
+            sys.stdout.flush()
     except KeyboardInterrupt:
         sys.stderr.write("Interrupted.\n")
         sys.exit(int(ExitCode.INTERRUPTED))
+    except OutputError as exc:
+        if isinstance(sys.stdout, GuardedStream):
+            sys.stdout.acknowledge()
+        sys.stderr.write(f"Error: cannot write the output: {exc.strerror}: {exc.filename}\n")
+        sys.exit(int(ExitCode.ERROR))

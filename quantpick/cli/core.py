@@ -163,6 +163,8 @@ class QuantpickGroup(TyperGroup):
             raise typer.Exit(int(ExitCode.INTERRUPTED)) from None
         except output.OutputError as exc:
             line, _ = os_error_line(exc)
+            if isinstance(sys.stdout, output.GuardedStream):
+                sys.stdout.acknowledge()  # reported once, here
             raise fail(
                 f"cannot write the output: {line}", None, int(ExitCode.ERROR), "OutputError"
             ) from None

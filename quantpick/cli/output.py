@@ -52,13 +52,19 @@ class OutputError(OSError):
 
 
 class GuardedStream:
-    """A text stream proxy that absorbs a closed pipe and reports other write errors once."""
+    """A text stream proxy that absorbs a closed pipe and keeps reporting any other write error.
+
+    The error is sticky: once a write failed, every later write and flush raises again, so a
+    caller that swallows one exception (click probes streams with throwaway writes) cannot lose
+    it, and the boundary's final flush reports it.
+    """
 
     def __init__(self, inner: IO[str], name: str, *, raise_errors: bool) -> None:
         self._inner = inner
         self._name = name  # "<stdout>" / "<stderr>", the `path` of an error line
         self._raise = raise_errors
         self.closed_by_reader = False
+        self.failure: tuple[int, str] | None = None  # (errno, strerror) of a failed write
         self.wrote = False  # anything written: the result has (at least partly) gone out
 
     @property
@@ -68,19 +74,31 @@ class GuardedStream:
     def __getattr__(self, name: str) -> Any:  # encoding, isatty, fileno, buffer, ...
         return getattr(self._inner, name)
 
+    def acknowledge(self) -> None:
+        """The failure was reported: from now on drop the output quietly (down the chain)."""
+        self._raise = False
+        if isinstance(self._inner, GuardedStream):
+            self._inner.acknowledge()
+
+    def _check(self) -> bool:
+        """True when output is to be dropped; raises again for a stream that failed."""
+        if self.failure is not None and self._raise:
+            raise OutputError(self.failure[0], self.failure[1], self._name)
+        return self.closed_by_reader or self.failure is not None
+
     def _failed(self, exc: OSError) -> None:
         if exc.errno == errno.EPIPE or isinstance(exc, BrokenPipeError):
             self.closed_by_reader = True
             self._silence()
             return
-        if self._raise:
-            self.closed_by_reader = True  # do not try again: the boundary reports it once
-            self._silence()
-            raise OutputError(exc.errno, exc.strerror or str(exc), self._name) from None
+        self.failure = (exc.errno or errno.EIO, exc.strerror or str(exc))
+        # Nothing more can reach this descriptor; the interpreter's own flush at exit must not
+        # fail again on what is still buffered.
+        self._silence()
+        self._check()
 
     def _silence(self) -> None:
-        # Point the descriptor at /dev/null so that the interpreter's own flush at exit does
-        # not fail again on the bytes still buffered (Python's documented SIGPIPE recipe).
+        # Point the descriptor at /dev/null (Python's documented SIGPIPE recipe).
         try:
             fd = self._inner.fileno()
         except (AttributeError, OSError, ValueError):
@@ -93,7 +111,7 @@ class GuardedStream:
             pass
 
     def write(self, text: str) -> int:
-        if self.closed_by_reader:
+        if self._check():
             return len(text)
         self.wrote = self.wrote or bool(text)
         try:
@@ -103,7 +121,7 @@ class GuardedStream:
             return len(text)
 
     def flush(self) -> None:
-        if self.closed_by_reader:
+        if self._check():
             return
         try:
             self._inner.flush()

@@ -135,11 +135,15 @@ def _cli(args: list[str], **kwargs: object) -> subprocess.Popen[bytes]:
     )
 
 
-@pytest.mark.parametrize("json_flag", [[], ["--json"]])
-def test_closed_stdout_ends_quietly_with_the_commands_code(json_flag: list[str]) -> None:
+# A command's result, its JSON, and what click prints before any command runs.
+OUTPUTS = [PICK, [*PICK, "--json"], ["--help"], ["--version"], ["pick", "--help"]]
+
+
+@pytest.mark.parametrize("args", OUTPUTS, ids=" ".join)
+def test_closed_stdout_ends_quietly_with_the_commands_code(args: list[str]) -> None:
     """`quantpick pick ... | head -1`: the reader leaves early; exit 0, nothing on stderr but the
     command's own notes."""
-    proc = _cli([*PICK, *json_flag], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = _cli(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     assert proc.stdout is not None and proc.stderr is not None
     proc.stdout.close()  # before the child writes anything: every write sees EPIPE
     err = proc.stderr.read().decode()
@@ -158,16 +162,16 @@ def test_closed_stdout_keeps_a_failing_code() -> None:
 
 
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
-@pytest.mark.parametrize("json_flag", [[], ["--json"]])
-def test_full_disk_on_stdout_is_one_line(json_flag: list[str]) -> None:
+@pytest.mark.parametrize("args", OUTPUTS, ids=" ".join)
+def test_full_disk_on_stdout_is_one_line(args: list[str]) -> None:
     with open("/dev/full", "wb") as full:
-        proc = _cli([*PICK, *json_flag], stdout=full, stderr=subprocess.PIPE)
+        proc = _cli(args, stdout=full, stderr=subprocess.PIPE)
         assert proc.stderr is not None
         err = proc.stderr.read().decode()
     assert proc.wait(timeout=120) == 1
     assert "Traceback" not in err and "Exception ignored" not in err
-    last = err.splitlines()[-1]
-    assert last == "Error: cannot write the output: No space left on device: <stdout>"
+    errors = [line for line in err.splitlines() if line.startswith("Error")]
+    assert errors == ["Error: cannot write the output: No space left on device: <stdout>"]
 
 
 # Every command, failing, with --json: stdout is exactly one JSON document with the exit code.
