@@ -2,10 +2,11 @@
 
 Every Tab runs `quantpick` anew. Building the CLI (typer, click, the command's options) costs
 ~120 ms of CPU before anything is completed, so the values that follow an option (`--quant <Tab>`,
-`--gpu`, `--prefer`, `--format`, `-ctk`, `--source`, ...) are answered here from plain tables, in
-the same output format as typer's completion classes. Anything else (command names, option
-names, MODEL) falls through to typer. tests/cli/test_completions.py checks that both give the
-same answers and that OPTION_VALUES matches the commands' real options.
+`--gpu`, `--prefer`, `--format`, `-ctk`, `--source`, ...) and MODEL right after its command are
+answered here from plain tables, in the same output format as typer's completion classes.
+Anything else (command names, option names) falls through to typer.
+tests/cli/test_completions.py checks that both give the same answers and that OPTION_VALUES
+matches the commands' real options.
 
 This module imports neither typer nor rich; the value lists are the ones the options use.
 """
@@ -124,9 +125,25 @@ def _command(args: list[str]) -> str | None:
     return first
 
 
+# Commands whose first argument is MODEL (a manifest id).
+MODEL_COMMANDS = ("show", "estimate", "pick", "max-context", "download", "command", "get")
+
+
+def model_items(incomplete: str) -> list[Item]:
+    """MODEL: the ids of the manifests quantpick knows."""
+    from quantpick.model.registry import list_manifests
+
+    return [(m.id, None) for m in list_manifests(errors=[]) if m.id.startswith(incomplete)]
+
+
 def value_items(args: list[str], incomplete: str) -> list[Item] | None:
-    """The values for the option just before the cursor, or None: not one answered here."""
-    if not args or not args[-1].startswith("-") or incomplete.startswith("-"):
+    """The values for the option just before the cursor, or MODEL right after its command, or
+    None: not one answered here."""
+    if incomplete.startswith("-"):
+        return None
+    if len(args) == 1 and args[0] in MODEL_COMMANDS:
+        return model_items(incomplete)
+    if not args or not args[-1].startswith("-"):
         return None
     command = _command(args[:-1])
     for commands, complete in OPTION_VALUES.get(args[-1], ()):

@@ -23,12 +23,11 @@ if TYPE_CHECKING:
 def complete_model_id(incomplete: str) -> list[str]:
     """Shell completion for MODEL: the ids of the manifests quantpick knows."""
     try:
-        from quantpick.model.registry import list_manifests
+        from quantpick.cli.complete import model_items
 
-        ids = [m.id for m in list_manifests(errors=[])]
+        return [value for value, _ in model_items(incomplete)]
     except Exception:  # completion must never print a traceback into the shell
         return []
-    return [i for i in ids if i.startswith(incomplete)]
 
 
 def complete_quant(ctx: typer.Context, incomplete: str) -> list[tuple[str, str | None]]:

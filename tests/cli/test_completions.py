@@ -103,6 +103,9 @@ VALUE_CASES = [
     (["pick", "m", "-fa"], "", "auto"),
     (["download", "m", "--source"], "", "modelscope"),
     (["manifest", "add", "org/x", "--source"], "", "modelscope"),
+    (["pick"], "", MODEL),
+    (["show"], "qwen3.6", "qwen3.6-35b-a3b-unsloth"),
+    (["get"], "qwen3.8", MODEL),
 ]
 
 
@@ -155,7 +158,9 @@ def test_not_a_value_falls_through_to_typer() -> None:
     from quantpick.cli.complete import value_items
 
     assert value_items(["pick"], "--pre") is None  # an option name
-    assert value_items(["pick"], "qwen") is None  # MODEL
+    assert value_items(["pick", MODEL], "qwen") is None  # a second positional word
+    assert value_items(["pick", "-c"], "") is None  # -c's value: not offered
+    assert value_items(["verify"], "") is None  # a directory, not MODEL
     assert value_items(["probe", "--prefer"], "") is None  # not an option of probe
     assert value_items([], "pi") is None  # a command name
 
