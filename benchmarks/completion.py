@@ -30,7 +30,6 @@ CASES: list[tuple[str, str, int] | None] = [
     ("command name", "quantpick pi", 1),
     ("option name", "quantpick pick --pre", 2),
     ("MODEL", "quantpick pick qwen", 2),
-    ("second positional", "quantpick pick m q", 3),
     ("--quant of MODEL", f"quantpick pick {MODEL} --quant ", 4),
     ("--gpu", "quantpick pick --gpu 30", 3),
     ("--prefer", "quantpick pick --prefer ", 3),
