@@ -3,8 +3,9 @@
 Every Tab runs `quantpick` anew. Building the CLI (typer, click, the command's options) costs
 ~120 ms of CPU before anything is completed, so the values that follow an option (`--quant <Tab>`,
 `--gpu`, `--prefer`, `--format`, `-ctk`, `--source`, ...) and MODEL right after its command are
-answered here from plain tables, in the same output format as typer's completion classes.
-Anything else (command names, option names) falls through to typer.
+answered here from plain tables, in the same output format as typer's completion classes; so
+are command names for bash (zsh and fish show each command's help, which typer has). Anything
+else (option names) falls through to typer.
 tests/cli/test_completions.py checks that both give the same answers and that OPTION_VALUES
 matches the commands' real options.
 
@@ -136,6 +137,23 @@ def model_items(incomplete: str) -> list[Item]:
     return [(m.id, None) for m in list_manifests(errors=[]) if m.id.startswith(incomplete)]
 
 
+# In `quantpick --help` order (cli.MODULES / COMMAND_MODULE; a test compares with typer's list).
+COMMANDS = ("probe", "models", "show", "estimate", "pick", "max-context", "download", "verify",
+            "command", "get", "manifest")  # fmt: skip
+MANIFEST_COMMANDS = ("add", "check")
+
+
+def command_items(args: list[str], incomplete: str) -> list[Item] | None:
+    """A command name (bash only: zsh and fish also show each command's help, which typer has)."""
+    if incomplete.startswith("-") or any(a.startswith("-") for a in args):
+        return None
+    if not args:
+        return [(c, None) for c in COMMANDS if c.startswith(incomplete)]
+    if args == ["manifest"]:
+        return [(c, None) for c in MANIFEST_COMMANDS if c.startswith(incomplete)]
+    return None
+
+
 def value_items(args: list[str], incomplete: str) -> list[Item] | None:
     """The values for the option just before the cursor, or MODEL right after its command, or
     None: not one answered here."""
@@ -170,6 +188,8 @@ def fast_complete(shell: str) -> tuple[str, int] | None:
     try:
         args, incomplete = completion_args(shell)
         items = value_items(args, incomplete)
+        if items is None and shell == "bash":
+            items = command_items(args, incomplete)
     except Exception:  # anything odd: let typer answer (it never prints a traceback either)
         return None
     if items is None:

@@ -154,6 +154,17 @@ def test_fast_value_table_matches_the_commands() -> None:
         assert listed == having, option
 
 
+@pytest.mark.parametrize(("args", "incomplete"), [([], ""), ([], "ma"), (["manifest"], "")])
+def test_fast_command_names_are_typers(
+    args: list[str], incomplete: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from quantpick.cli.complete import command_items
+
+    items = command_items(args, incomplete)
+    assert items is not None and items
+    assert [v for v, _ in items] == _typer_answer(args, incomplete, monkeypatch)
+
+
 def test_not_a_value_falls_through_to_typer() -> None:
     from quantpick.cli.complete import value_items
 
