@@ -158,11 +158,15 @@ def test_fast_value_table_matches_the_commands() -> None:
 def test_fast_command_names_are_typers(
     args: list[str], incomplete: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from quantpick.cli.complete import command_items
+    from quantpick.cli import COMMAND_MODULE
+    from quantpick.cli.complete import COMMANDS, command_items
 
     items = command_items(args, incomplete)
     assert items is not None and items
-    assert [v for v, _ in items] == _typer_answer(args, incomplete, monkeypatch)
+    # typer lists commands in the order their modules were imported (tests import them in any
+    # order); the console script imports them in --help order, which COMMANDS follows.
+    assert sorted(v for v, _ in items) == sorted(_typer_answer(args, incomplete, monkeypatch))
+    assert COMMANDS == tuple(COMMAND_MODULE)
 
 
 def test_not_a_value_falls_through_to_typer() -> None:
