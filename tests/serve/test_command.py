@@ -690,3 +690,15 @@ def test_hf_flags_pass_the_installed_help(manifest: Manifest) -> None:
     assert cmd.argv[1:6] == ("-hf", "unsloth/Qwen3.6-35B-A3B-GGUF:UD-Q4_K_M", "--hf-file",
                              "a/b.gguf", "--no-mmproj")  # fmt: skip
     assert not any("dropped" in w for w in cmd.warnings)
+
+
+def test_compose_with_hf_keeps_the_cache_in_a_volume(manifest: Manifest) -> None:
+    yaml = pytest.importorskip("yaml")
+    hf = hf_model(manifest, "UD-Q4_K_M")
+    cmd = build(RunConfig(devices=(0,)), manifest, model_path=None, hf=hf)
+    doc = yaml.safe_load(render_compose(cmd, "plan"))
+    service = doc["services"]["llama-server"]
+    assert service["command"][:2] == ["-hf", "unsloth/Qwen3.6-35B-A3B-GGUF:UD-Q4_K_M"]
+    assert service["environment"]["HF_TOKEN"] == "${HF_TOKEN:-}"  # a reference, never a token
+    assert service["volumes"] == [{"type": "volume", "source": "hf-cache", "target": "/hf"}]
+    assert "hf-cache" in doc["volumes"]
