@@ -1,6 +1,6 @@
 """Download + verification throughput on loopback, against tests/fakehub.py.
 
-    /work/venv/bin/python benchmarks/download.py [--rounds 3] [--size-mib 1024]
+    python benchmarks/download.py [--rounds 3] [--size-mib 1024]
 
 Methods, interleaved round-robin (one round = each method once), each client in a fresh
 subprocess timed around the transfer only (imports excluded), output deleted and `sync` run

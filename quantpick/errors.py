@@ -37,6 +37,12 @@ class ManifestError(QuantpickError):
     """A manifest that does not load or does not validate."""
 
 
+class UnknownModelError(ManifestError):
+    """A MODEL that names no manifest: a bad argument, like an unknown quant (exit 2)."""
+
+    exit_code = ExitCode.USAGE
+
+
 class HardwareError(QuantpickError):
     """A described machine that cannot be read."""
 

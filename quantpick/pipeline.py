@@ -123,6 +123,13 @@ def get(
     files: list[dict[str, Any]] | None = None
     offline = not req.network or settings.offline
     dest = req.dest_dir if req.dest_dir is not None else settings.models_dir / manifest.id
+    if offline and req.dry_run:
+        # Offline means offline, dry run included: the plan and the local files, no hub.
+        warnings.append(f"offline: no hub contacted; the dry run shows the plan for {dest}")
+        model_path = dest / manifest.quant_files(first.quant)[0].name
+        mmproj = dest / manifest.projector.name if vision and manifest.projector else None
+        return GetResult(first, first, None, None, model_path, mmproj,
+                         tuple(layouts.problems), tuple(warnings))  # fmt: skip
     try:
         if offline and not req.dry_run:
             raise DownloadError("offline (--offline or QUANTPICK_OFFLINE): no hub contacted")

@@ -1,4 +1,5 @@
-"""Byte sizes: parsing user input ("24G", "16GiB", "900MB") and formatting for people. Pure."""
+"""Byte sizes: parsing user input ("24G", "16GiB", "900MB", "64" = 64 GiB) and formatting for
+people. Pure."""
 
 from __future__ import annotations
 
@@ -12,8 +13,13 @@ GiB = 1024**3
 GB = 10**9
 MB = 10**6
 
+# A size with no unit is in GiB: `--ram 64`, `--gpu 3090:24`, `vram = 24` in a hardware file.
+# Sizes are mostly GPU and RAM sizes, which are stated in GB and (for VRAM) mean GiB; bytes were
+# never what a bare "64" meant. Bytes need a B: "1024B". The CLI notes each bare number it reads.
+BARE_SIZE_UNIT = GiB
+# A bare number above this (1 PiB when read as GiB) is refused: it is almost surely a byte count.
+MAX_BARE_SIZE = 1024**2
 _UNITS = {
-    "": 1,
     "b": 1,
     "k": KiB,
     "kib": KiB,
@@ -29,14 +35,37 @@ _UNITS = {
     "tb": 10**12,
 }
 _SIZE_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*$")
+SIZE_HINT = "write e.g. 24G, 24GiB, 16GB or 900MiB (a bare number is GiB; bytes need a B: 1024B)"
+
+
+def is_bare_number(text: str | int | float) -> bool:
+    """A size or bandwidth written without a unit ("64", 64): read as GiB / GB/s."""
+    if isinstance(text, (int, float)) and not isinstance(text, bool):
+        return True
+    match = _SIZE_RE.match(str(text))
+    return match is not None and match.group(2) == ""
+
+
+def bare_size(value: float, text: str) -> int:
+    """A unit-less size, in GiB; a number too big to be GiB is refused (it looks like bytes)."""
+    if value > MAX_BARE_SIZE:
+        raise UsageError(
+            f"size {text!r}: a number without a unit is GiB, and {text} GiB is not a machine",
+            hint=f"for bytes write {text}B; or a unit, e.g. 64G",
+        )
+    return int(value * BARE_SIZE_UNIT)
 
 
 def parse_size(text: str) -> int:
-    """Parse a size: bare number = bytes; K/M/G/T and KiB... binary; KB/MB/GB decimal."""
+    """Parse a size: K/M/G/T and KiB... binary; KB/MB/GB decimal; B bytes; no unit = GiB."""
     match = _SIZE_RE.match(text)
-    unit = match.group(2).lower() if match else None
-    if match is None or unit not in _UNITS:
-        raise UsageError(f"cannot read size {text!r}", hint="write e.g. 24G, 24GiB, 16GB or 900MiB")
+    if match is None:
+        raise UsageError(f"cannot read size {text!r}", hint=SIZE_HINT)
+    unit = match.group(2).lower()
+    if unit == "":
+        return bare_size(float(match.group(1)), match.group(1))
+    if unit not in _UNITS:
+        raise UsageError(f"cannot read size {text!r}", hint=SIZE_HINT)
     return int(float(match.group(1)) * _UNITS[unit])
 
 

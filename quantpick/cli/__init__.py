@@ -48,18 +48,62 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(name)
 
 
+def _completion_args() -> list[str]:
+    """The words before the one being completed (as typer's completion classes read them)."""
+    import shlex
+
+    if "COMP_WORDS" in os.environ:  # bash
+        try:
+            words = shlex.split(os.environ["COMP_WORDS"])
+            return words[1 : int(os.environ.get("COMP_CWORD", "0"))]
+        except ValueError:
+            return []
+    line = os.environ.get("_TYPER_COMPLETE_ARGS", "")  # zsh, fish, powershell
+    try:
+        words = shlex.split(line)[1:]
+    except ValueError:
+        return []
+    return words if line.endswith(" ") else words[:-1]
+
+
 def _modules_for(argv: list[str]) -> tuple[str, ...]:
-    """The command modules a run needs: one for a known command, all for help and completion."""
+    """The command modules a run needs: one for a known command, all for help and for completing
+    a command name. Completing inside a command (its options, MODEL, --quant) loads only that
+    command's module: each Tab is a new process, and building every command costs ~70 ms."""
     if any(v.endswith("_COMPLETE") for v in os.environ if v.startswith("_QUANTPICK")):
-        return MODULES
+        argv = _completion_args()
     first = next((a for a in argv if not a.startswith("-")), None)
     module = COMMAND_MODULE.get(first or "")
     return (module,) if module else MODULES
 
 
 def main() -> None:
+    shell = os.environ.get("_QUANTPICK_COMPLETE", "")
+    if shell.startswith("complete_"):
+        # The value after an option (`--quant <Tab>`) is answered without building the CLI.
+        from quantpick.cli.complete import fast_complete
+
+        answer = fast_complete(shell.removeprefix("complete_"))
+        if answer is not None:
+            sys.stdout.write(answer[0])
+            sys.stdout.flush()
+            sys.exit(answer[1])
+    from quantpick.cli.output import GuardedStream, OutputError
+
+    # The commands run inside cli.core's boundary; these guards also cover what click prints
+    # before a command starts (`quantpick --help | head -1`, `quantpick --version > /dev/full`).
+    sys.stdout = GuardedStream(sys.stdout, "<stdout>", raise_errors=True)
+    sys.stderr = GuardedStream(sys.stderr, "<stderr>", raise_errors=False)
     try:
-        load_commands(_modules_for(sys.argv[1:]))(prog_name="quantpick")
+        try:
+            load_commands(_modules_for(sys.argv[1:]))(prog_name="quantpick")
+        finally:
+            sys.stdout.flush()
     except KeyboardInterrupt:
         sys.stderr.write("Interrupted.\n")
         sys.exit(int(ExitCode.INTERRUPTED))
+    except OutputError as exc:
+        if isinstance(sys.stdout, GuardedStream):
+            sys.stdout.acknowledge()
+        sys.stderr.write(f"Error: cannot write the output: {exc.strerror}: {exc.filename}\n")
+        sys.exit(int(ExitCode.ERROR))

@@ -1,20 +1,120 @@
-"""The typer application and its error boundary; command modules register on `app`."""
+"""The typer application and its error boundary; command modules register on `app`.
+
+The boundary (QuantpickGroup.invoke) turns every expected failure into one `Error: ...` line on
+stderr (plus `Hint: ...`) and the documented exit code, never a traceback:
+
+- QuantpickError: its message, hint and exit code.
+- OSError (a path that cannot be read or written): `Error: <strerror>: <path>`, exit 2 when the
+  path is one the user gave on the command line and the error says it is plainly wrong
+  (missing, not a directory, read-only, too long, ...), else exit 1.
+- A closed stdout (`| head -1`): the rest of the output is dropped and the command ends with its
+  own exit code (0 when it succeeded); a stdout that cannot be written (`> /dev/full`): one
+  line, exit 1 (cli.output.GuardedStream).
+- Ctrl-C: `Interrupted.`, exit 130.
+
+With --json (or --format json) a failure also prints one JSON document on stdout, unless the
+command already printed its result there: `{"schema_version": 1, "error": {"message", "hint",
+"exit_code", "type"}}`. Usage errors found by click (a bad option value) get the same document.
+QUANTPICK_DEBUG=1 adds the traceback on stderr.
+"""
 
 from __future__ import annotations
 
+import errno
 import os
 import sys
 import traceback
 from typing import Any
 
 import typer
-from typer.core import TyperGroup
+from typer.core import TyperArgument, TyperCommand, TyperGroup
 
 from quantpick.errors import ExitCode, QuantpickError
+
+try:  # recent typer carries its own copy of click: its exceptions are the ones raised here
+    from typer._click import ClickException, Context
+except ImportError:  # pragma: no cover - older typer on the real click
+    from click import ClickException, Context  # type: ignore[assignment]
+
+# OSErrors that say a path given by the user is wrong (exit 2) rather than that something failed
+# on the way (exit 1: ENOSPC, EIO, ...).
+_USAGE_ERRNOS = frozenset(
+    {
+        errno.ENOENT,
+        errno.ENOTDIR,
+        errno.EISDIR,
+        errno.ENAMETOOLONG,
+        errno.EROFS,
+        errno.EACCES,
+        errno.EPERM,
+        errno.EEXIST,
+        errno.ELOOP,
+    }
+)
 
 
 def _debug() -> bool:
     return os.environ.get("QUANTPICK_DEBUG", "").strip().lower() in {"1", "true", "yes", "on"}
+
+
+def _wants_json(args: list[str]) -> bool:
+    """--json or --format json among the command's arguments (before a lone `--`)."""
+    words = args[: args.index("--")] if "--" in args else args
+    for i, word in enumerate(words):
+        if word == "--json" or word == "--format=json":
+            return True
+        if word == "--format" and i + 1 < len(words) and words[i + 1] == "json":
+            return True
+    return False
+
+
+def _given_by_user(path: str, args: list[str]) -> bool:
+    """Whether `path` is, or lies under, a path-like argument on the command line."""
+    candidates = {a.split("=", 1)[1] if a.startswith("--") and "=" in a else a for a in args}
+    target = os.path.normpath(os.path.abspath(path))
+    for word in candidates:
+        if not word or (word.startswith("-") and os.sep not in word):
+            continue
+        try:
+            given = os.path.normpath(os.path.abspath(word))
+        except (ValueError, OSError):
+            continue
+        if target == given or target.startswith(given.rstrip(os.sep) + os.sep):
+            return True
+    return False
+
+
+def os_error_line(exc: OSError) -> tuple[str, str | None]:
+    """`<strerror>: <path>` (and the second path of a rename) for an OSError."""
+    what = exc.strerror or (os.strerror(exc.errno) if exc.errno else str(exc))
+    if exc.filename is None:
+        return what, None
+    path = os.fsdecode(exc.filename) if isinstance(exc.filename, bytes) else str(exc.filename)
+    line = f"{what}: {path}"
+    if exc.filename2 is not None:
+        line += f" -> {exc.filename2}"
+    return line, path
+
+
+class QuantpickCommand(TyperCommand):
+    """Usage lines in the usual UPPERCASE spelling (`quantpick show [OPTIONS] MODEL`), where typer
+    writes `{model}` for a required argument and `[model]` for an optional one."""
+
+    def collect_usage_pieces(self, ctx: Context) -> list[str]:
+        pieces = [self.options_metavar] if self.options_metavar else []
+        for param in self.get_params(ctx):
+            if isinstance(param, TyperArgument):
+                name = (param.metavar or param.name or "").strip("[]{}").upper()
+                pieces.append(name if param.required else f"[{name}]")
+        return pieces
+
+
+class QuantpickTyper(typer.Typer):
+    """typer.Typer whose commands use QuantpickCommand."""
+
+    def command(self, *args: Any, **kwargs: Any) -> Any:
+        kwargs.setdefault("cls", QuantpickCommand)
+        return super().command(*args, **kwargs)
 
 
 class QuantpickGroup(TyperGroup):
@@ -26,26 +126,63 @@ class QuantpickGroup(TyperGroup):
     def invoke(self, ctx: Any) -> Any:
         from quantpick.cli import output
 
-        try:
-            return super().invoke(ctx)
-        except QuantpickError as exc:
+        args = [*getattr(ctx, "_protected_args", []), *ctx.args]
+        json_wanted = _wants_json(args)
+        saved = sys.stdout, sys.stderr
+        sys.stdout = output.GuardedStream(sys.stdout, "<stdout>", raise_errors=True)
+        sys.stderr = output.GuardedStream(sys.stderr, "<stderr>", raise_errors=False)
+
+        def fail(message: str, hint: str | None, code: int, kind: str) -> typer.Exit:
             if _debug():
                 traceback.print_exc()
-            output.error(exc.message, exc.hint)
-            raise typer.Exit(int(exc.exit_code)) from None
+            output.error(message, hint)
+            if json_wanted:
+                try:
+                    output.print_error_json(message, hint, code, kind)
+                except OSError:
+                    pass  # stdout itself is what failed
+            return typer.Exit(code)
+
+        try:
+            result = super().invoke(ctx)
+            sys.stdout.flush()  # a full disk shows here, inside the boundary, not at exit
+            return result
+        except QuantpickError as exc:
+            raise fail(exc.message, exc.hint, int(exc.exit_code), type(exc).__name__) from None
+        except (typer.Exit, typer.Abort):
+            raise
+        except ClickException as exc:
+            # click prints its own message and usage; --json callers get the document as well
+            if json_wanted:
+                output.print_error_json(
+                    exc.format_message(), None, exc.exit_code, type(exc).__name__
+                )
+            raise
         except KeyboardInterrupt:
             sys.stderr.write("Interrupted.\n")
             raise typer.Exit(int(ExitCode.INTERRUPTED)) from None
-        except BrokenPipeError:
-            # `quantpick ... | head`: stdout went away; nothing to report.
+        except output.OutputError as exc:
+            line, _ = os_error_line(exc)
+            if isinstance(sys.stdout, output.GuardedStream):
+                sys.stdout.acknowledge()  # reported once, here
+            raise fail(
+                f"cannot write the output: {line}", None, int(ExitCode.ERROR), "OutputError"
+            ) from None
+        except OSError as exc:
+            line, path = os_error_line(exc)
+            code = ExitCode.ERROR
+            if path is not None and exc.errno in _USAGE_ERRNOS and _given_by_user(path, args):
+                code = ExitCode.USAGE
+            raise fail(line, None, int(code), type(exc).__name__) from None
+        finally:
             try:
-                sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - silence the final flush
+                sys.stdout.flush()
             except OSError:
                 pass
-            raise typer.Exit(int(ExitCode.ERROR)) from None
+            sys.stdout, sys.stderr = saved
 
 
-app = typer.Typer(
+app = QuantpickTyper(
     cls=QuantpickGroup,
     name="quantpick",
     help=(

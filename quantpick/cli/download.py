@@ -9,7 +9,13 @@ from typing import TYPE_CHECKING, Annotated, Any, Optional
 import typer
 
 from quantpick.cli.core import app
-from quantpick.cli.options import JsonOpt
+from quantpick.cli.options import (
+    SOURCE_CHOICES,
+    JsonOpt,
+    complete_model_id,
+    complete_quant,
+    complete_source,
+)
 from quantpick.errors import QuantpickError, UsageError, VerificationError
 
 if TYPE_CHECKING:
@@ -17,7 +23,6 @@ if TYPE_CHECKING:
     from quantpick.fetch.transfer import DownloadResult, ProgressSink
     from quantpick.fetch.verify import Verification
 
-SOURCE_CHOICES = ("auto", "hf", "modelscope", "mirror")
 
 # Fetch options shared by `download` and `get` (flag > environment > config file > default).
 ReuseOpt = Annotated[
@@ -349,8 +354,16 @@ def _print_report(report: FetchReport) -> None:
 
 @app.command(epilog=_epilog(DOWNLOAD_EXAMPLES))
 def download(
-    model: Annotated[str, typer.Argument(help="Manifest id, alias or hub repo id.")],
-    quant: Annotated[str, typer.Option("--quant", help="The quant to fetch, e.g. Q4_K_M.")],
+    model: Annotated[
+        str,
+        typer.Argument(help="Manifest id, alias or hub repo id.", autocompletion=complete_model_id),
+    ],
+    quant: Annotated[
+        str,
+        typer.Option(
+            "--quant", help="The quant to fetch, e.g. Q4_K_M.", autocompletion=complete_quant
+        ),
+    ],
     vision: Annotated[
         bool, typer.Option("--vision", help="Also fetch the vision projector (mmproj).")
     ] = False,
@@ -369,6 +382,7 @@ def download(
             "--source",
             help="auto (the manifest's sources in order, falling back on failure), "
             "hf, modelscope or mirror.",
+            autocompletion=complete_source,
         ),
     ] = "auto",
     dry_run: Annotated[
@@ -398,6 +412,7 @@ def download(
     from quantpick.cli.output import print_json
     from quantpick.config import load_settings, with_fetch_flags
     from quantpick.fetch.download import fetch_model
+    from quantpick.fetch.http import RetryPolicy
     from quantpick.model.registry import find_manifest
 
     if source not in SOURCE_CHOICES:
@@ -418,6 +433,9 @@ def download(
             allow_unverified=allow_unverified,
             dry_run=dry_run,
             progress=sink,
+            # A dry run asks each source once: no network should fail in seconds, not after
+            # the back-off a real transfer needs.
+            policy=RetryPolicy(attempts=1) if dry_run else None,
         )
     if dry_run:
         if json_:
@@ -469,6 +487,9 @@ def verify(
     from quantpick.fetch.verify import parse_sha256sums, verify_files
 
     sums_path = directory / checksums
+    if not directory.is_dir():
+        what = "not a directory" if directory.exists() else "no such directory"
+        raise UsageError(f"{directory}: {what}", hint="give the directory that holds SHA256SUMS")
     if not sums_path.is_file():
         raise QuantpickError(
             f"no {checksums} in {directory}",

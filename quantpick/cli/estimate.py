@@ -41,6 +41,8 @@ from quantpick.cli.options import (
     RpcOpt,
     UbOpt,
     VisionOpt,
+    check_run_options,
+    complete_kv,
     load_manifest,
     machine_from_cli,
     overheads_from_cli,
@@ -91,10 +93,12 @@ def estimate_cmd(
         typer.Option("-ot", "--override-tensor", help="<regex>=<buffer type>,... (repeatable)"),
     ] = None,  # noqa: UP045
     cache_type_k: Annotated[
-        str, typer.Option("-ctk", "--cache-type-k", help="K cache type.")
+        str,
+        typer.Option("-ctk", "--cache-type-k", help="K cache type.", autocompletion=complete_kv),
     ] = "f16",
     cache_type_v: Annotated[
-        str, typer.Option("-ctv", "--cache-type-v", help="V cache type.")
+        str,
+        typer.Option("-ctv", "--cache-type-v", help="V cache type.", autocompletion=complete_kv),
     ] = "f16",
     parallel: NpOpt = 1,
     kv_unified: KvuOpt = False,
@@ -140,6 +144,12 @@ def estimate_cmd(
     from quantpick.plan.planner import device_bandwidths, speed_params_for
     from quantpick.plan.speed import decode_speed, device_speeds, expected_speed
 
+    check_run_options(
+        ctx_size, parallel, ubatch, batch, flash_attn=flash_attn,
+        cache_types=(cache_type_k, cache_type_v),
+    )  # fmt: skip
+    if n_cpu_moe < 0:
+        raise UsageError(f"--n-cpu-moe {n_cpu_moe}: 0 or more layers")
     machine = machine_from_cli(
         hardware,
         gpu,
@@ -209,6 +219,18 @@ def estimate_cmd(
             params=speed_params_for(machine),
         ),
     )
+    # A configuration that does not fit is still itemized (stdout), then ends like `pick`: exit 3.
+    over = [d for d in est.devices if not d.fits]
+    no_fit = None
+    if over:
+        from quantpick.errors import NoFitError
+        from quantpick.units import human
+
+        no_fit = NoFitError(
+            "this configuration does not fit: "
+            + ", ".join(f"{d.device} is {human(-d.headroom_bytes)} over budget" for d in over),
+            hint="`quantpick pick` finds one that fits",
+        )
     if json_:
         output.print_json(
             {
@@ -221,6 +243,8 @@ def estimate_cmd(
                 "speed": _speed_dict(speed),
             }
         )
+        if no_fit is not None:
+            raise no_fit
         return
     con = output.stdout()
     con.print(
@@ -231,6 +255,8 @@ def estimate_cmd(
         )
     )
     _print_footer(con, est, speed, layout)
+    if no_fit is not None:
+        raise no_fit
 
 
 def _resolve_layout(

@@ -14,14 +14,15 @@ from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
-from quantpick.cli.core import app
+from quantpick.cli.complete import MANIFEST_SOURCE_CHOICES
+from quantpick.cli.core import QuantpickTyper, app
 from quantpick.cli.options import JsonOpt
-from quantpick.errors import ManifestError, QuantpickError
+from quantpick.errors import ManifestError
 
 if TYPE_CHECKING:
     from quantpick.model.manifest import Manifest
 
-manifest_app = typer.Typer(
+manifest_app = QuantpickTyper(
     help="Create and check model manifests (TOML descriptions of GGUF repositories).",
     no_args_is_help=True,
     rich_markup_mode=None,
@@ -37,7 +38,12 @@ RepoArg = Annotated[
 def add_command(
     repo: RepoArg,
     source: Annotated[
-        str, typer.Option("--source", help="Where the repository lives: hf or modelscope.")
+        str,
+        typer.Option(
+            "--source",
+            help="Where the repository lives: hf or modelscope.",
+            autocompletion=lambda: list(MANIFEST_SOURCE_CHOICES),
+        ),
     ] = "hf",
     revision: Annotated[
         Optional[str],  # noqa: UP045 - typer needs Optional on 3.10
@@ -109,13 +115,9 @@ def check_command(
     """Validate a manifest file: prints OK, or the one-line error (exit 1)."""
     from quantpick.cli import output
 
-    try:
-        manifest = _check(file)
-    except QuantpickError as exc:
-        if not json_:
-            raise
-        output.print_json({"ok": False, "path": str(file), "error": exc.message})
-        raise typer.Exit(1) from None
+    # A failure is the CLI's usual one: `Error: ...` on stderr and, with --json, the error
+    # document on stdout (cli.core).
+    manifest = _check(file)
     if json_:
         output.print_json(
             {"ok": True, "path": str(file), "id": manifest.id, "quants": list(manifest.quants)}

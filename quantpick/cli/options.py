@@ -8,10 +8,64 @@ from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
 
+from quantpick.cli.complete import FLASH_ATTN_CHOICES, PREFER_CHOICES, SOURCE_CHOICES
+from quantpick.model.ggml import KV_CACHE_TYPES  # a plain tuple: no cost at start-up
+
 if TYPE_CHECKING:
     from quantpick.machine.spec import Machine
     from quantpick.model.manifest import Manifest
     from quantpick.plan.memory import Overheads
+
+
+# ---- shell completion (each Tab is a new process: keep these light) ---------------------------
+
+
+def complete_model_id(incomplete: str) -> list[str]:
+    """Shell completion for MODEL: the ids of the manifests quantpick knows."""
+    try:
+        from quantpick.cli.complete import model_items
+
+        return [value for value, _ in model_items(incomplete)]
+    except Exception:  # completion must never print a traceback into the shell
+        return []
+
+
+def complete_quant(ctx: typer.Context, incomplete: str) -> list[tuple[str, str | None]]:
+    """Shell completion for --quant: the quants of the MODEL already on the command line (best
+    first), with their size as the help text zsh and fish show."""
+    try:
+        from quantpick.cli import _completion_args
+        from quantpick.cli.complete import quant_items
+
+        # click stops parsing at the option still waiting for its value (`--quant <Tab>`), so
+        # MODEL may not be in ctx.params yet: look at the words typed so far too.
+        return quant_items([ctx.params.get("model") or "", *_completion_args()], incomplete)
+    except Exception:  # a broken manifest: nothing to offer, and no traceback in the shell
+        return []
+
+
+def complete_gpu(incomplete: str) -> list[tuple[str, str | None]]:
+    """Shell completion for --gpu: the catalogue's names (NAME, before any :VRAM)."""
+    try:
+        from quantpick.cli.complete import gpu_items
+
+        return gpu_items(incomplete)
+    except Exception:
+        return []
+
+
+def _choices(values: tuple[str, ...]) -> Any:
+    """A completion callback offering fixed values (validated where the option is used)."""
+
+    def complete(incomplete: str) -> list[str]:
+        return [v for v in values if v.startswith(incomplete)]
+
+    return complete
+
+
+KV_CHOICES = KV_CACHE_TYPES  # common/arg.cpp kv_cache_types: what -ctk/-ctv accept
+complete_kv = _choices(KV_CHOICES)
+complete_source = _choices(SOURCE_CHOICES)
 
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")]
@@ -30,13 +84,16 @@ GpuOpt = Annotated[
     typer.Option(
         "--gpu",
         help="Describe a GPU: NAME[:VRAM[:BANDWIDTH]] "
-        "(e.g. 3090, t4, 'a100-80g', 4090:24G:1008GB/s). "
+        "(e.g. 3090, t4, 'a100-80g', 4090:24G:1008GB/s; bare numbers are GiB and GB/s). "
         "Repeatable; order = device order.",
+        autocompletion=complete_gpu,
     ),
 ]
 RamOpt = Annotated[
     Optional[str],  # noqa: UP045
-    typer.Option("--ram", help="Describe the host RAM (e.g. 64G); overrides the probe."),
+    typer.Option(
+        "--ram", help="Describe the host RAM (e.g. 64G; a bare number is GiB); overrides the probe."
+    ),
 ]
 CpuOnlyOpt = Annotated[
     bool, typer.Option("--cpu-only", help="Plan without GPUs (ignores any probed GPU).")
@@ -96,17 +153,6 @@ LlamaServerOpt = Annotated[
 ]
 
 
-def complete_model_id(incomplete: str) -> list[str]:
-    """Shell completion for MODEL: the ids of the manifests quantpick knows."""
-    try:
-        from quantpick.model.registry import list_manifests
-
-        ids = [m.id for m in list_manifests(errors=[])]
-    except Exception:  # completion must never print a traceback into the shell
-        return []
-    return [i for i in ids if i.startswith(incomplete)]
-
-
 # ---- planning options ------------------------------------------------------------------------
 
 ModelArg = Annotated[
@@ -116,7 +162,10 @@ ModelArg = Annotated[
         autocompletion=complete_model_id,
     ),
 ]
-QuantOpt = Annotated[Optional[str], typer.Option("--quant", "-q", help="The quant, e.g. Q4_K_M.")]  # noqa: UP045
+QuantOpt = Annotated[
+    Optional[str],  # noqa: UP045
+    typer.Option("--quant", "-q", help="The quant, e.g. Q4_K_M.", autocompletion=complete_quant),
+]
 GgufOpt = Annotated[
     Optional[Path],  # noqa: UP045
     typer.Option(
@@ -124,7 +173,13 @@ GgufOpt = Annotated[
     ),
 ]
 CtxOpt = Annotated[
-    int, typer.Option("-c", "--ctx-size", help="Context length in tokens (0 = the model's).")
+    int,
+    typer.Option(
+        "-c",
+        "--ctx-size",
+        help="Context length in tokens: 0 (the model's) or at least 256 "
+        "(llama.cpp pads it to a multiple of 256).",
+    ),
 ]
 NpOpt = Annotated[int, typer.Option("-np", "--parallel", help="Slots (sequences) served at once.")]
 KvuOpt = Annotated[
@@ -133,7 +188,13 @@ KvuOpt = Annotated[
 UbOpt = Annotated[int, typer.Option("-ub", "--ubatch-size", help="Physical batch size.")]
 BOpt = Annotated[int, typer.Option("-b", "--batch-size", help="Logical batch size.")]
 FaOpt = Annotated[
-    str, typer.Option("-fa", "--flash-attn", help="Flash attention: on, off or auto.")
+    str,
+    typer.Option(
+        "-fa",
+        "--flash-attn",
+        help="Flash attention: on, off or auto.",
+        autocompletion=_choices(FLASH_ATTN_CHOICES),
+    ),
 ]
 VisionOpt = Annotated[
     bool, typer.Option("--vision", help="Also load the vision projector (--mmproj).")
@@ -194,6 +255,7 @@ PreferOpt = Annotated[
         help="balanced (default): the best quality a person would notice, at a usable speed, "
         "experts in RAM only for a real quality step, never BF16; quality: the lowest KLD "
         "that fits and reaches --min-tps; speed: the fastest plan above a quality floor.",
+        autocompletion=_choices(PREFER_CHOICES),
     ),
 ]
 # = quantpick.plan.planner.DEFAULT_MIN_TPS, kept here so the CLI does not import the planner to
@@ -209,7 +271,9 @@ MinTpsOpt = Annotated[
 AllowQ4Opt = Annotated[bool, typer.Option("--allow-q4-kv", help="Also consider a q4_0 KV cache.")]
 KvOpt = Annotated[
     list[str] | None,
-    typer.Option("--kv", help="Restrict KV cache types (repeatable, best first)."),
+    typer.Option(
+        "--kv", help="Restrict KV cache types (repeatable, best first).", autocompletion=complete_kv
+    ),
 ]  # noqa: UP045
 NoOffloadOpt = Annotated[
     bool, typer.Option("--no-offload", help="Never put experts in host memory.")
@@ -217,6 +281,61 @@ NoOffloadOpt = Annotated[
 
 
 # ---- options -> core inputs ------------------------------------------------------------------
+
+# llama.cpp pads every context to a multiple of 256 cells (src/llama-context.cpp: `cparams.n_ctx =
+# GGML_PAD(cparams.n_ctx, 256)`), and before padding it caps the batch at -c (`n_batch =
+# min(n_ctx, n_batch)`): a -c below 256 runs with 256 cells but a smaller batch than planned.
+# So 256 is the smallest -c quantpick plans. (--fit's floor of 4096, common.h
+# `fit_params_min_ctx`, only bounds how far --fit lowers -c by itself.)
+MIN_CTX_SIZE = 256
+
+
+def check_run_options(
+    ctx_size: int,
+    parallel: int,
+    ubatch: int,
+    batch: int,
+    min_tps: float | None = None,
+    flash_attn: str = "on",
+    cache_types: tuple[str, ...] = (),
+) -> None:
+    """Reject values llama.cpp would not run as planned (exit 2, one line each)."""
+    from quantpick.errors import UsageError
+
+    if flash_attn not in FLASH_ATTN_CHOICES:
+        raise UsageError(f"-fa {flash_attn}: use on, off or auto")
+    for t in cache_types:
+        if t not in KV_CACHE_TYPES:
+            raise UsageError(
+                f"KV cache type {t!r} is not one llama.cpp knows",
+                hint="use " + ", ".join(KV_CHOICES),
+            )
+
+    if ctx_size != 0 and ctx_size < MIN_CTX_SIZE:
+        raise UsageError(
+            f"-c {ctx_size}: the smallest context is {MIN_CTX_SIZE}",
+            hint="llama.cpp pads -c to a multiple of 256; use 0 for the model's own context",
+        )
+    if parallel < 1:
+        raise UsageError(f"-np {parallel}: at least 1 slot")
+    if ubatch < 1 or batch < 1:
+        raise UsageError(f"-ub {ubatch} / -b {batch}: batch sizes are at least 1")
+    if min_tps is not None and not min_tps >= 0:
+        raise UsageError(f"--min-tps {min_tps}: a speed floor is 0 (none) or more tok/s")
+
+
+def check_llama_server(path: Path | None) -> None:
+    """--llama-server must name an executable file (checked without running it)."""
+    import os
+
+    from quantpick.errors import UsageError
+
+    if path is None:
+        return
+    if not path.exists():
+        raise UsageError(f"--llama-server {path}: no such file")
+    if not path.is_file() or not os.access(path, os.X_OK):
+        raise UsageError(f"--llama-server {path}: not an executable file")
 
 
 def machine_from_cli(
@@ -234,10 +353,11 @@ def machine_from_cli(
     from dataclasses import replace
 
     from quantpick.cli import output
-    from quantpick.machine.describe import machine_from_options, parse_bandwidth
+    from quantpick.machine.describe import bare_number_notes, machine_from_options, parse_bandwidth
 
     # llama-server is not run here: planning does not need it, and `get`/`command` inspect the
     # binary they target when they build the command (server_flags.capabilities_for).
+    check_llama_server(llama_server)
     machine = machine_from_options(
         hardware,
         gpu,
@@ -253,6 +373,8 @@ def machine_from_cli(
     for line in machine.notes:
         output.note(f"Note: {line}")
     if ram_bandwidth:
+        for line in bare_number_notes(f"--ram-bandwidth {ram_bandwidth}", ram_bandwidth, "GB/s"):
+            output.note(f"Note: {line}")
         machine = replace(
             machine,
             host=replace(machine.host, ram_bandwidth_bytes_per_s=parse_bandwidth(ram_bandwidth)),
@@ -268,10 +390,15 @@ def overheads_from_cli(
 ) -> Overheads:
     from dataclasses import replace
 
+    from quantpick.cli import output
+    from quantpick.machine.describe import bare_number_notes
     from quantpick.plan.memory import Overheads
     from quantpick.units import parse_size
 
     o = Overheads()
+    for flag, value in (("--gpu-overhead", gpu_overhead), ("--margin", margin)):
+        for line in bare_number_notes(f"{flag} {value}", value, "GiB") if value else []:
+            output.note(f"Note: {line}")
     if gpu_overhead:
         o = replace(o, gpu_context_bytes=parse_size(gpu_overhead))
     if margin:
@@ -311,6 +438,7 @@ def plan_request(
     from quantpick.model.ggml import KV_CACHE_TYPES
     from quantpick.plan.planner import DEFAULT_KV_TYPES, PlanRequest
 
+    check_run_options(ctx_size, parallel, ubatch, batch, min_tps, flash_attn)
     kv_types = tuple(kv) if kv else DEFAULT_KV_TYPES + (("q4_0",) if allow_q4_kv else ())
     for t in kv_types:
         if t not in KV_CACHE_TYPES:

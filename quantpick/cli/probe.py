@@ -69,8 +69,10 @@ def probe(
 ) -> None:
     """Show the GPUs, RAM, CPU, disk, llama-server and RPC workers that planning will use."""
     from quantpick.cli import output
+    from quantpick.cli.options import check_llama_server
     from quantpick.machine.describe import machine_from_options
 
+    check_llama_server(llama_server)
     machine = machine_from_options(
         hardware,
         gpu,
@@ -119,8 +121,10 @@ def render_machine(machine: Machine) -> None:
     from quantpick.units import human
 
     console = output.stdout()
-    title = "Described machine" if machine.described else "This machine"
-    console.print(f"{title} ({machine.source})")
+    if machine.described:
+        console.print(f"Described machine ({machine.source.removeprefix('described: ')})")
+    else:
+        console.print(f"This machine ({machine.source})")
     if machine.gpus:
         table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
         with_errors = any(g.error for g in machine.gpus)

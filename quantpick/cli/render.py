@@ -101,6 +101,13 @@ def _estimate_dict(est: Estimate) -> dict[str, Any]:
     }
 
 
+def machine_label(machine: Machine) -> str:
+    """'described machine: --gpu 3090 --ram 64G' or 'this machine' (the source says how)."""
+    if not machine.described:
+        return "this machine"
+    return "described machine: " + machine.source.removeprefix("described: ")
+
+
 def _machine_summary(machine: Machine) -> dict[str, Any]:
     return {
         "described": machine.described,
@@ -302,7 +309,7 @@ def render_plan(p: Plan, machine: Machine, n_slots: int) -> None:
 
     con = output.stdout()
     size = sum(f.size_bytes for f in p.files)
-    where = "described machine: " + machine.source if machine.described else "this machine"
+    where = machine_label(machine)
     con.print(
         f"[bold]{p.model}[/] -> [bold green]{p.quant}[/] ({gb(size)}, {human(size)}), "
         f"KV {p.config.cache_type_k}, {p.placement}  [dim]({where})[/]"

@@ -3,6 +3,8 @@ pipeline (probe -> pick -> download + verify -> command) in one step.
 
 Usage:
     quantpick get qwen3.8-35b-a3b-distill -c 262144
+    quantpick get qwen3.8-35b-a3b-distill -c 65536 --format systemd > llama.service
+    quantpick command qwen3.8-35b-a3b-distill -q Q4_K_M -c 32768 --model-source hf
     quantpick get qwen3.8-35b-a3b-distill -c 131072 --gpu 3090 --gpu t4 --dry-run --json
     quantpick get qwen3.8-35b-a3b-distill -c 65536 --script ~/bin/serve-qwen
     quantpick command --gguf ./Qwen3.8-35B-A3B-Q4_K_M.gguf -c 65536
@@ -17,6 +19,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
 
+from quantpick.cli.complete import FORMATS, MODEL_SOURCES
 from quantpick.cli.core import app
 from quantpick.cli.download import HfCacheOpt, ReuseFromOpt, ReuseOpt
 from quantpick.cli.options import (
@@ -25,7 +28,6 @@ from quantpick.cli.options import (
     CpuOnlyOpt,
     CtxOpt,
     ExactOpt,
-    GgufOpt,
     GpuOpt,
     GpuOverheadOpt,
     GpuReserveOpt,
@@ -52,6 +54,7 @@ from quantpick.cli.options import (
     RpcLatencyOpt,
     RpcOpt,
     VisionOpt,
+    complete_source,
     load_manifest,
     machine_from_cli,
     overheads_from_cli,
@@ -62,14 +65,29 @@ if TYPE_CHECKING:
     from quantpick.machine.spec import Machine
     from quantpick.model.layout import ModelLayout
     from quantpick.model.manifest import Manifest
+    from quantpick.plan.memory import Overheads
     from quantpick.plan.planner import Plan
     from quantpick.serve.command import ServerCommand, ServerOptions, WorkerCommand
     from quantpick.serve.flags import ServerCapabilities
 
-FORMATS = ("line", "script", "json", "env")
 
 FormatOpt = Annotated[
-    str, typer.Option("--format", help="line (default), script, json or env (LLAMA_ARG_*).")
+    str,
+    typer.Option(
+        "--format",
+        help="line (default), script, json, env (LLAMA_ARG_*), systemd (a user unit) or "
+        "compose (docker compose, official llama.cpp image).",
+        autocompletion=lambda: list(FORMATS),
+    ),
+]
+ModelSourceOpt = Annotated[
+    str,
+    typer.Option(
+        "--model-source",
+        help="local (default): the file on disk, -m PATH; hf: llama-server fetches it itself "
+        "(-hf REPO:QUANT into its Hugging Face cache; no sha256 check, no pinned revision).",
+        autocompletion=lambda: list(MODEL_SOURCES),
+    ),
 ]
 ScriptOpt = Annotated[
     Optional[Path],  # noqa: UP045
@@ -106,8 +124,11 @@ DirOpt = Annotated[
 def _server_options(
     host: str, port: int, alias: str | None, api_key_env: str | None
 ) -> ServerOptions:
+    from quantpick.errors import UsageError
     from quantpick.serve.command import ServerOptions
 
+    if not 1 <= port <= 65535:
+        raise UsageError(f"--port {port}: use 1-65535")
     return ServerOptions(host=host, port=port, alias=alias, api_key_env=api_key_env)
 
 
@@ -150,6 +171,39 @@ def _worker_commands(
     return build_worker_commands(tuple(workers), bind=bind, cache=cache, weights_bytes=weights)
 
 
+def check_script_destination(script: Path | None) -> None:
+    """--script's directory must exist and be writable: checked before any download, so a typo
+    costs nothing (the script itself is written atomically at the end)."""
+    import os
+    import shlex
+
+    from quantpick.errors import UsageError
+
+    if script is None:
+        return
+    parent = script.parent
+    if script.is_dir():
+        raise UsageError(f"--script {script}: is a directory", hint="give a file name")
+    if not parent.is_dir():
+        if parent.exists():
+            raise UsageError(f"--script {script}: {parent} is not a directory")
+        raise UsageError(
+            f"--script {script}: no such directory {parent}",
+            hint=f"create it first: mkdir -p {shlex.quote(str(parent))}",
+        )
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise UsageError(f"--script {script}: cannot write in {parent}")
+
+
+def _check_format(fmt: str, model_source: str = "local") -> None:
+    from quantpick.errors import UsageError
+
+    if fmt not in FORMATS:
+        raise UsageError(f"--format {fmt}: use one of " + ", ".join(FORMATS))
+    if model_source not in MODEL_SOURCES:
+        raise UsageError(f"--model-source {model_source}: use local or hf")
+
+
 def _emit_command(
     cmd: ServerCommand,
     *,
@@ -157,22 +211,26 @@ def _emit_command(
     script: Path | None,
     comment: str,
     json_doc: dict[str, Any] | None,
+    name: str,
+    machine_gpus: tuple[int, ...] = (),
     workers: tuple[WorkerCommand, ...] = (),
 ) -> None:
     from quantpick.cli import output
-    from quantpick.errors import UsageError
     from quantpick.serve.command import (
+        SYSTEMD_UNIT_DIR,
+        render_compose,
         render_env,
         render_json,
         render_line,
         render_script,
+        render_systemd,
         render_worker_json,
         render_worker_lines,
+        systemd_unit_name,
         write_script,
     )
 
-    if fmt not in FORMATS:
-        raise UsageError(f"--format {fmt}: use one of " + ", ".join(FORMATS))
+    _check_format(fmt)
     for warning in cmd.warnings:
         output.warn(warning)
     for w in workers:
@@ -189,25 +247,42 @@ def _emit_command(
     if script is not None:
         write_script(script, render_script(cmd, comment, workers))
         output.note(f"Wrote {script}")
-    if json_doc is not None:
-        output.print_json(
-            {
-                **json_doc,
-                "command": render_json(cmd),
-                "workers": worker_docs,
-                "script": str(script) if script else None,
-            }
+    text: str | None = None
+    if fmt == "script":
+        text = render_script(cmd, comment, workers)
+    elif fmt == "env":
+        # Environment files hold the head's settings; the workers' lines stay comments.
+        lines = render_worker_lines(workers).splitlines()
+        text = "".join((x if x.startswith("#") else f"# {x}") + "\n" for x in lines)
+        text += render_env(cmd)
+    elif fmt == "systemd":
+        text = render_systemd(cmd, comment, name)
+        unit = systemd_unit_name(name)
+        output.note(
+            f"Install: save it as {SYSTEMD_UNIT_DIR}/{unit}.service (mkdir -p "
+            f"{SYSTEMD_UNIT_DIR}), then: systemctl --user daemon-reload && "
+            f"systemctl --user enable --now {unit}.service"
         )
+    elif fmt == "compose":
+        text = render_compose(cmd, comment, machine_gpus)
+        output.note("Run: save it as compose.yaml, then: docker compose up -d")
+    if workers and fmt in ("systemd", "compose"):
+        output.note("The RPC workers run elsewhere; their lines:\n" + render_worker_lines(workers))
+    if json_doc is not None:
+        doc = {
+            **json_doc,
+            "command": render_json(cmd),
+            "workers": worker_docs,
+            "script": str(script) if script else None,
+        }
+        if text is not None:
+            doc["rendered"] = {"format": fmt, "text": text}
+        output.print_json(doc)
         return
     if fmt == "json":
         output.print_json({"command": render_json(cmd), "workers": worker_docs})
-    elif fmt == "script":
-        sys.stdout.write(render_script(cmd, comment, workers))
-    elif fmt == "env":
-        # Environment files hold the head's settings; the workers' lines stay comments.
-        for line in render_worker_lines(workers).splitlines():
-            sys.stdout.write((line if line.startswith("#") else f"# {line}") + "\n")
-        sys.stdout.write(render_env(cmd))
+    elif text is not None:
+        sys.stdout.write(text)
     elif script is None:
         if workers:
             sys.stdout.write(render_worker_lines(workers) + "# then, on this machine:\n")
@@ -234,7 +309,15 @@ def _plan_comment(p: Plan, machine: Machine) -> str:
 def command_cmd(
     model: ModelArg = None,
     quant: QuantOpt = None,
-    gguf: GgufOpt = None,
+    gguf: Annotated[
+        Optional[Path],  # noqa: UP045
+        typer.Option(
+            "--gguf",
+            help="A GGUF on disk: the plan uses its own header. With MODEL too, the file still "
+            "wins; MODEL adds its sampling, reasoning format and alias.",
+            dir_okay=False,
+        ),
+    ] = None,
     mmproj: Annotated[
         Path | None,
         typer.Option("--mmproj", help="Projector file for --gguf with --vision.", dir_okay=False),
@@ -270,12 +353,17 @@ def command_cmd(
     rpc_bind: RpcBindOpt = None,
     rpc_cache: RpcCacheOpt = True,
     fmt: FormatOpt = "line",
+    model_source: ModelSourceOpt = "local",
+    exact: ExactOpt = False,
+    no_network: NoNetworkOpt = False,
     script: ScriptOpt = None,
     json_: JsonOpt = False,
 ) -> None:
-    """Plan for a GGUF already on disk and print the llama-server command that runs it."""
+    """Plan for a GGUF already on disk (or, with --model-source hf, one llama-server fetches
+    itself) and print the llama-server command that runs it."""
     from functools import partial
 
+    from quantpick.cli import output
     from quantpick.cli.render import plan_to_dict
     from quantpick.config import load_settings
     from quantpick.errors import UsageError
@@ -283,6 +371,8 @@ def command_cmd(
     from quantpick.plan.planner import plan
     from quantpick.serve.command import build_command
 
+    _check_format(fmt, model_source)
+    check_script_destination(script)
     machine = machine_from_cli(
         hardware,
         gpu,
@@ -295,12 +385,39 @@ def command_cmd(
         rpc_bandwidth=rpc_bandwidth,
         rpc_latency=rpc_latency,
     )
+    if model_source == "hf":
+        if gguf is not None:
+            raise UsageError("--model-source hf plans a repository file, not --gguf")
+        manifest = load_manifest(model)
+        if not quant:
+            raise UsageError("give --quant Q", hint=f"`quantpick get {manifest.id} -c N "
+                             "--model-source hf` picks one")  # fmt: skip
+        q = _canonical_quant(manifest, quant)
+        request = plan_request(ctx_size, parallel, kv_unified, prefer, q, vision, min_tps,
+                               allow_q4_kv, kv, 512, 2048, "on", no_offload)  # fmt: skip
+        overheads = overheads_from_cli(gpu_overhead, margin, ram_reserve, gpu_reserve)
+        p = _plan_from_hub(manifest, machine, request, overheads, exact, no_network)
+        _emit_hf(p, manifest, machine, llama_server, (host, port, alias, api_key_env),
+                 fmt=fmt, script=script, json_doc={} if json_ else None)  # fmt: skip
+        return
     if gguf is not None:
         model_path = gguf
         layout = local_layout(gguf, quant)
         manifest = load_manifest(model) if model else manifest_for_gguf(gguf, layout)
         if model:
+            # Both given: the file is what runs, so its own header is the basis of the plan;
+            # MODEL only adds what a header lacks (sampling, reasoning format, alias).
+            if layout.architecture.name != manifest.architecture.name:
+                raise UsageError(
+                    f"{gguf} is {layout.architecture.name}, {manifest.id} is "
+                    f"{manifest.architecture.name}",
+                    hint="drop MODEL to plan the file on its own",
+                )
             q = quant or _quant_of(manifest, gguf.name)
+            output.note(
+                f"Note: planning on {gguf.name}'s own header; {manifest.id} adds its sampling, "
+                "reasoning format and alias"
+            )
         else:
             q = manifest.files[0].quant
         layouts = {q: layout}
@@ -373,7 +490,82 @@ def command_cmd(
         comment=_plan_comment(p, machine),
         json_doc=doc,
         workers=_worker_commands(p, machine, rpc_bind, rpc_cache),
+        name=alias or manifest.id,
+        machine_gpus=tuple(g.index for g in machine.usable_gpus),
     )
+
+
+def _plan_from_hub(
+    manifest: Manifest,
+    machine: Machine,
+    request: Any,
+    overheads: Overheads,
+    exact: bool,
+    no_network: bool,
+) -> Plan:
+    """The plan for a file that stays on the hub: on its exact header when it can be read (cache
+    or a few range requests), else on the manifest, as `pick` does."""
+    from quantpick.cli import output
+    from quantpick.model.headers import LayoutSource
+    from quantpick.pipeline import plan_exact
+
+    layouts = LayoutSource(manifest, exact=exact, network=not no_network)
+    p = plan_exact(manifest, machine, layouts, request, overheads)
+    if layouts.problems:
+        output.note(f"Note: exact GGUF header unavailable, planned from the manifest: "
+                    f"{layouts.problems[-1]}")  # fmt: skip
+    return p
+
+
+def _emit_hf(
+    p: Plan,
+    manifest: Manifest,
+    machine: Machine,
+    llama_server: Path | None,
+    server: tuple[str, int, str | None, str | None],
+    *,
+    fmt: str,
+    script: Path | None,
+    json_doc: dict[str, Any] | None,
+) -> None:
+    """The command for `-hf REPO:QUANT`: llama-server downloads the file into its HF cache."""
+    from quantpick.cli.render import plan_to_dict
+    from quantpick.serve.command import build_command, hf_model
+
+    host, port, alias, api_key_env = server
+    cmd = build_command(
+        p.config,
+        model_path=None,
+        mmproj_path=None,
+        manifest=manifest,
+        block_count=manifest.architecture.block_count,
+        server=_server_options(host, port, alias, api_key_env),
+        capabilities=_capabilities(machine, llama_server),
+        hf=hf_model(manifest, p.quant),
+    )
+    doc = None
+    if json_doc is not None:
+        doc = {**json_doc, "plan": plan_to_dict(p, machine, manifest.architecture.block_count),
+               "model_source": "hf"}  # fmt: skip
+    _emit_command(cmd, fmt=fmt, script=script, comment=_plan_comment(p, machine), json_doc=doc,
+                  name=alias or manifest.id,
+                  machine_gpus=tuple(g.index for g in machine.usable_gpus))  # fmt: skip
+
+
+def _files_in_place(
+    manifest: Manifest, quant: str, vision: bool, dest: Path
+) -> list[dict[str, Any]]:
+    """For a dry run that contacted no hub: which planned files are already in `dest` (by name
+    and size; their hashes are checked when a real run uses them)."""
+    wanted = list(manifest.quant_files(quant))
+    if vision and manifest.projector is not None:
+        wanted.append(manifest.projector)
+    out = []
+    for f in wanted:
+        path = dest / f.name
+        present = path.is_file() and (not f.size_exact or path.stat().st_size == f.size_bytes)
+        out.append({"name": f.name, "path": str(path), "present": present})
+    return out
 
 
 def _from_table(table: dict[str, ModelLayout], quant: str) -> ModelLayout:
@@ -415,7 +607,10 @@ def get_cmd(
     no_offload: NoOffloadOpt = False,
     dir_: DirOpt = None,
     source: Annotated[
-        str, typer.Option("--source", help="auto, hf, modelscope or mirror.")
+        str,
+        typer.Option(
+            "--source", help="auto, hf, modelscope or mirror.", autocompletion=complete_source
+        ),
     ] = "auto",
     allow_unverified: Annotated[
         bool, typer.Option("--allow-unverified", help="Download files no sha256 vouches for.")
@@ -451,6 +646,7 @@ def get_cmd(
     rpc_bind: RpcBindOpt = None,
     rpc_cache: RpcCacheOpt = True,
     fmt: FormatOpt = "line",
+    model_source: ModelSourceOpt = "local",
     script: ScriptOpt = None,
     json_: JsonOpt = False,
 ) -> None:
@@ -460,12 +656,11 @@ def get_cmd(
     from quantpick.cli.download import plan_to_dict as fetch_plan_to_dict
     from quantpick.cli.render import plan_to_dict
     from quantpick.config import load_settings, with_fetch_flags
-    from quantpick.errors import UsageError
     from quantpick.pipeline import GetRequest, get
     from quantpick.serve.command import build_command
 
-    if fmt not in FORMATS:
-        raise UsageError(f"--format {fmt}: use one of " + ", ".join(FORMATS))
+    _check_format(fmt, model_source)
+    check_script_destination(script)
     settings = with_fetch_flags(
         load_settings(), reuse=reuse, reuse_from=reuse_from, hf_cache=hf_cache
     )
@@ -497,6 +692,25 @@ def get_cmd(
         "on",
         no_offload,
     )
+    if model_source == "hf":
+        # llama-server fetches the file itself: plan (on the hub's header), nothing to download.
+        p = _plan_from_hub(manifest, machine, request, gpu_overhead, margin, exact, no_network)
+        if not (json_ or quiet):
+            output.note(
+                f"Plan: {p.model} {p.quant} (KV {p.config.cache_type_k}, {p.placement}) for "
+                f"-c {p.config.ctx_size}; llama-server downloads it on first start (-hf)"
+            )
+        _emit_hf(
+            p,
+            manifest,
+            machine,
+            llama_server,
+            (host, port, alias, api_key_env),
+            fmt=fmt,
+            script=None if dry_run else script,
+            json_doc={"dry_run": dry_run, "fetch": None, "files": None} if json_ else None,
+        )
+        return  # fmt: skip
 
     def announce(p: Plan) -> None:
         if not (json_ or quiet):
@@ -539,6 +753,8 @@ def get_cmd(
         server=_server_options(host, port, alias, api_key_env),
         capabilities=caps,
     )
+    dest = dir_ or settings.models_dir / manifest.id
+    in_place = _files_in_place(manifest, p.quant, vision, dest) if dry_run and not report else []
     doc = None
     if json_:
         doc = {
@@ -547,6 +763,12 @@ def get_cmd(
             "fetch": fetch_plan_to_dict(report.plan) if report is not None else None,
             "files": files,
         }
+        if in_place:
+            doc["in_place"] = in_place
+    elif in_place:
+        for f in in_place:
+            where = "in place (checked against SHA256SUMS when used)" if f["present"] else "not in"
+            output.note(f"  {f['name']}: {where} {dest if not f['present'] else ''}".rstrip())
     elif dry_run and report is not None:
         fp = report.plan
         from quantpick.units import human
@@ -568,4 +790,6 @@ def get_cmd(
         comment=_plan_comment(p, machine),
         json_doc=doc,
         workers=_worker_commands(p, machine, rpc_bind, rpc_cache),
+        name=alias or manifest.id,
+        machine_gpus=tuple(g.index for g in machine.usable_gpus),
     )

@@ -64,9 +64,13 @@ REFERENCE_GPUS: tuple[str, ...] = ("3090", "t4")
 HARDWARE_SCHEMA_VERSION = 1
 
 _BANDWIDTH_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*(?:/\s*s)?\s*$")
+# A bandwidth with no unit is in GB/s, as data sheets state it ("936" = 936 GB/s), the way a bare
+# size is GiB (units.BARE_SIZE_UNIT); above 1 PB/s a bare number is refused as a likely B/s count.
+BARE_BANDWIDTH_UNIT = 10**9
+MAX_BARE_BANDWIDTH = 10**6
 # Decimal, as data sheets state bandwidth ("936 GB/s" = 936e9 B/s); explicit GiB/s is binary.
 _BANDWIDTH_UNITS = {
-    "": 1, "b": 1,
+    "b": 1,
     "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6,
     "g": 10**9, "gb": 10**9, "t": 10**12, "tb": 10**12,
     "kib": 1024, "mib": 1024**2, "gib": 1024**3, "tib": 1024**4,
@@ -74,12 +78,42 @@ _BANDWIDTH_UNITS = {
 
 
 def parse_bandwidth(text: str) -> int:
-    """'936GB/s', '936G', '1.8TB/s' -> bytes/s. Decimal units (G = 1e9), except GiB/s."""
+    """'936GB/s', '936G', '1.8TB/s', '936' -> bytes/s. Decimal units (G = 1e9), except GiB/s;
+    no unit = GB/s."""
     match = _BANDWIDTH_RE.match(text)
     unit = match.group(2).lower() if match else None
-    if match is None or unit not in _BANDWIDTH_UNITS:
-        raise UsageError(f"cannot read bandwidth {text!r}", hint="write e.g. 936GB/s or 936G")
-    return int(float(match.group(1)) * _BANDWIDTH_UNITS[unit])
+    hint = "write e.g. 936GB/s or 936G (a bare number is GB/s; bytes/s need a B: 5000B/s)"
+    if match is None or (unit != "" and unit not in _BANDWIDTH_UNITS):
+        raise UsageError(f"cannot read bandwidth {text!r}", hint=hint)
+    value = float(match.group(1))
+    if unit == "":
+        if value > MAX_BARE_BANDWIDTH:
+            raise UsageError(
+                f"bandwidth {text!r}: a number without a unit is GB/s, and {match.group(1)} GB/s "
+                "is not a memory bus",
+                hint=f"for bytes/s write {match.group(1)}B/s; or a unit, e.g. 936GB/s",
+            )
+        return int(value * BARE_BANDWIDTH_UNIT)
+    return int(value * _BANDWIDTH_UNITS[unit])
+
+
+def bare_number_notes(what: str, text: str, unit: str) -> list[str]:
+    """The note the CLI prints for a unit-less size or bandwidth: never a silent guess."""
+    from quantpick.units import is_bare_number
+
+    if not is_bare_number(text):
+        return []
+    return [f"{what} is read as {str(text).strip()} {unit} (no unit: sizes GiB, bandwidths GB/s)"]
+
+
+def _gpu_spec_notes(spec: str) -> list[str]:
+    parts = spec.split(":")
+    notes: list[str] = []
+    if len(parts) > 1 and parts[1].strip():
+        notes += bare_number_notes(f"--gpu {spec}: VRAM {parts[1].strip()}", parts[1], "GiB")
+    if len(parts) > 2 and parts[2].strip():
+        notes += bare_number_notes(f"--gpu {spec}: bandwidth {parts[2]}", parts[2], "GB/s")
+    return notes
 
 
 def describe_gpu(
@@ -308,25 +342,38 @@ def _machine_from_json(data: Any) -> Machine:
 
 
 def _toml_amount(
-    table: dict[str, Any], key: str, where: str, parse: Callable[[str], int], example: str
+    table: dict[str, Any],
+    key: str,
+    where: str,
+    parse: Callable[[str], int],
+    example: str,
+    notes: list[str] | None,
 ) -> int | None:
-    """An integer, or a string for `parse` ("24G", "936GB/s"); None when absent."""
+    """A string for `parse` ("24G", "936GB/s"), or a bare number read as `parse` reads one
+    without a unit (GiB, GB/s: the same rule as the flags); None when absent."""
     value = table.get(key)
     if value is None:
         return None
-    if isinstance(value, int) and not isinstance(value, bool):
-        return value
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        value = repr(value)
     if isinstance(value, str):
+        if notes is not None:
+            unit = "GiB" if parse is parse_size else "GB/s"
+            notes.extend(bare_number_notes(f"{where}.{key} = {value}", value, unit))
         return parse(value)
     raise ValueError(f"{where}.{key} must be like {example!r}")
 
 
-def _toml_size(table: dict[str, Any], key: str, where: str) -> int | None:
-    return _toml_amount(table, key, where, parse_size, "24G")
+def _toml_size(
+    table: dict[str, Any], key: str, where: str, notes: list[str] | None = None
+) -> int | None:
+    return _toml_amount(table, key, where, parse_size, "24G", notes)
 
 
-def _toml_bandwidth(table: dict[str, Any], key: str, where: str) -> int | None:
-    return _toml_amount(table, key, where, parse_bandwidth, "936GB/s")
+def _toml_bandwidth(
+    table: dict[str, Any], key: str, where: str, notes: list[str] | None = None
+) -> int | None:
+    return _toml_amount(table, key, where, parse_bandwidth, "936GB/s", notes)
 
 
 def _only(table: Any, keys: set[str], where: str) -> dict[str, Any]:
@@ -338,7 +385,7 @@ def _only(table: Any, keys: set[str], where: str) -> dict[str, Any]:
     return table
 
 
-def _toml_gpus(data: dict[str, Any], prefix: str = "") -> tuple[Gpu, ...]:
+def _toml_gpus(data: dict[str, Any], notes: list[str], prefix: str = "") -> tuple[Gpu, ...]:
     """`gpus = ["3090", ...]` then `[[gpu]]` tables, indexed in that order."""
     specs: list[Gpu] = []
     names = data.get("gpus", [])
@@ -347,6 +394,7 @@ def _toml_gpus(data: dict[str, Any], prefix: str = "") -> tuple[Gpu, ...]:
     for spec in names:
         if not isinstance(spec, str):
             raise ValueError(f'{prefix}gpus must be a list of names, e.g. gpus = ["3090", "t4"]')
+        notes += _gpu_spec_notes(spec)
         specs.append(parse_gpu_spec(spec))
     tables = data.get("gpu", [])
     if not isinstance(tables, list):
@@ -358,17 +406,17 @@ def _toml_gpus(data: dict[str, Any], prefix: str = "") -> tuple[Gpu, ...]:
             raise ValueError(f'{where}: needs name = "..."')
         gpu = describe_gpu(
             table["name"],
-            vram_bytes=_toml_size(table, "vram", where),
-            bandwidth=_toml_bandwidth(table, "bandwidth", where),
+            vram_bytes=_toml_size(table, "vram", where, notes),
+            bandwidth=_toml_bandwidth(table, "bandwidth", where, notes),
         )
-        free = _toml_size(table, "free", where)
+        free = _toml_size(table, "free", where, notes)
         if free is not None:
             gpu = dataclasses.replace(gpu, free_bytes=min(free, gpu.total_bytes))
         specs.append(gpu)
     return tuple(dataclasses.replace(g, index=i) for i, g in enumerate(specs))
 
 
-def _toml_workers(data: dict[str, Any]) -> tuple[RpcWorker, ...]:
+def _toml_workers(data: dict[str, Any], notes: list[str]) -> tuple[RpcWorker, ...]:
     """`[[rpc]]` tables: described when they list devices, else probed now."""
     from quantpick.machine import probe as hardware
 
@@ -382,13 +430,13 @@ def _toml_workers(data: dict[str, Any]) -> tuple[RpcWorker, ...]:
         if not isinstance(table.get("endpoint"), str):
             raise ValueError(f'{where}: needs endpoint = "HOST:PORT"')
         host, port = parse_endpoint(table["endpoint"])
-        devices = _toml_gpus(table, prefix="rpc.")
+        devices = _toml_gpus(table, notes, prefix="rpc.")
         if devices:
             worker = RpcWorker(host=host, port=port, devices=devices)
         else:
             worker, _ = hardware.probe_rpc_worker(host, port)
         net = worker.network
-        bandwidth = _toml_bandwidth(table, "bandwidth", where)
+        bandwidth = _toml_bandwidth(table, "bandwidth", where, notes)
         if bandwidth is not None:
             net = dataclasses.replace(
                 net, bandwidth_bytes_per_s=bandwidth, bandwidth_source="hardware file"
@@ -406,17 +454,20 @@ def _toml_workers(data: dict[str, Any]) -> tuple[RpcWorker, ...]:
 
 def _machine_from_toml(data: dict[str, Any], default_host: Callable[[], Host] | None) -> Machine:
     _only(data, {"gpu", "gpus", "host", "disk_free", "rpc", "schema_version"}, "the file")
-    gpus = _toml_gpus(data)
+    notes: list[str] = []
+    gpus = _toml_gpus(data, notes)
 
     if "host" in data:
         host_t = _only(
             data["host"], {"ram", "ram_available", "cores", "threads", "ram_bandwidth"}, "[host]"
         )
-        ram = _toml_size(host_t, "ram", "[host]")
+        ram = _toml_size(host_t, "ram", "[host]", notes)
         cores = host_t.get("cores")
         if ram is None or not isinstance(cores, int) or cores < 1:
             raise ValueError('[host] needs ram = "64G" and cores = N')
-        available = _toml_size(host_t, "ram_available", "[host]")
+        if ram <= 0:
+            raise ValueError("[host].ram must be more than 0")
+        available = _toml_size(host_t, "ram_available", "[host]", notes)
         threads = host_t.get("threads")
         if threads is not None and not isinstance(threads, int):
             raise ValueError("[host].threads must be a number")
@@ -425,18 +476,18 @@ def _machine_from_toml(data: dict[str, Any], default_host: Callable[[], Host] | 
             ram_available_bytes=min(available, ram) if available is not None else ram,
             cpu_cores=cores,
             cpu_threads=threads,
-            ram_bandwidth_bytes_per_s=_toml_bandwidth(host_t, "ram_bandwidth", "[host]"),
+            ram_bandwidth_bytes_per_s=_toml_bandwidth(host_t, "ram_bandwidth", "[host]", notes),
         )
     elif default_host is not None:
         host = default_host()
     else:
         raise ValueError('no [host] table (add [host] ram = "64G" cores = 16)')
-    disk = data.get("disk_free")
     return Machine(
         gpus=gpus,
         host=host,
-        disk_free_bytes=parse_size(disk) if isinstance(disk, str) else disk,
-        rpc_workers=_toml_workers(data),
+        disk_free_bytes=_toml_size(data, "disk_free", "the file", notes),
+        rpc_workers=_toml_workers(data, notes),
+        notes=tuple(notes),
     )
 
 
@@ -476,9 +527,10 @@ def load_hardware_file(path: Path, *, default_host: Callable[[], Host] | None = 
         raise  # a worker the file names is unreachable or busy: exit 6, as with --rpc
     except (ValueError, KeyError, QuantpickError) as exc:
         message = exc.message if isinstance(exc, QuantpickError) else str(exc)
+        hint = exc.hint if isinstance(exc, QuantpickError) else None
         if isinstance(exc, KeyError):
             message = f"missing {exc}"
-        raise HardwareError(f"hardware file {path}: {message}") from None
+        raise HardwareError(f"hardware file {path}: {message}", hint=hint) from None
 
 
 # --- Resolution -------------------------------------------------------------------------------
@@ -516,6 +568,8 @@ def resolve_machine(
     from quantpick.machine import probe as hardware
 
     ram_bytes = parse_size(ram) if ram is not None else None  # bad input fails before probing
+    if ram_bytes is not None and ram_bytes <= 0:
+        raise UsageError(f"--ram {ram}: RAM must be more than 0", hint="e.g. --ram 64G")
     described_gpus = tuple(parse_gpu_spec(spec, index=i) for i, spec in enumerate(gpus or ()))
     for spec in rpc or ():
         parse_endpoint(spec)
@@ -525,7 +579,10 @@ def resolve_machine(
     if cpu_only and (rpc or rpc_devices):
         raise UsageError("--cpu-only plans without any device: drop it to use RPC workers")
     how: list[str] = []
-    notes: list[str] = []
+    # Unit-less sizes are GiB: say so, so that `--ram 64` is never a silent guess.
+    notes: list[str] = bare_number_notes(f"--ram {ram}", ram, "GiB") if ram else []
+    for spec in gpus or ():
+        notes += _gpu_spec_notes(spec)
 
     if hardware_file is not None:
         machine = load_hardware_file(hardware_file, default_host=hardware.probe_host)

@@ -4,11 +4,12 @@ from TOML files and found by id, alias or repository.
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from quantpick.errors import ManifestError
+from quantpick.errors import ManifestError, UnknownModelError
 from quantpick.model.manifest import (
     _HINT,
     ORIGIN_BUNDLED,
@@ -154,7 +155,11 @@ def find_manifest(model: str, settings: Settings | None = None) -> Manifest:
 
     close = difflib.get_close_matches(want, [m.id for m in manifests], n=1)
     suggestion = f"did you mean {close[0]}? " if close else ""
-    raise ManifestError(
+    add = ""
+    if re.fullmatch(r"[A-Za-z0-9][\w.-]*/[\w.-]+", model.strip()):
+        # An owner/name repo id: any GGUF repository of a modelled architecture can be added.
+        add = f"`quantpick manifest add {model.strip()}` describes that repository; "
+    raise UnknownModelError(
         f"unknown model {model!r}",
-        hint=f"{suggestion}known models: {known} (`quantpick models` lists them)",
+        hint=f"{suggestion}{add}known models: {known} (`quantpick models` lists them)",
     )

@@ -1,4 +1,6 @@
-"""The llama-server command for a plan: argv + env, rendered as a line, a script, JSON or env.
+"""The llama-server command for a plan: argv + env, rendered as a line, a script, JSON, env, a
+systemd user unit or a docker compose file. The model is a file on disk (`-m`) or, with `HfModel`,
+what llama-server's own `-hf` downloader fetches into its Hugging Face cache.
 
 Pure except `write_script`. Flags use llama.cpp's spellings (notes `llamacpp-memory.md` section 4,
 tree 0c1e570). With `capabilities` (from `serve.flags.capabilities_for`) the command is adapted to
@@ -29,7 +31,8 @@ from __future__ import annotations
 import os
 import re
 import shlex
-from collections.abc import Mapping
+import struct
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -114,6 +117,21 @@ class ServerOptions:
 
 
 @dataclass(frozen=True)
+class HfModel:
+    """The model as llama-server's `-hf repo:tag` fetches it (into the HF cache, notes section 5).
+
+    `file` is the exact path for `--hf-file` when the tag alone could pick another file (the
+    first listing entry matching `<tag>[.-]` wins); `revision` is the commit quantpick planned on,
+    which `-hf` cannot pin (it follows the repository's main branch).
+    """
+
+    repo: str
+    tag: str
+    file: str | None = None
+    revision: str | None = None
+
+
+@dataclass(frozen=True)
 class ServerCommand:
     argv: tuple[str, ...]
     env: dict[str, str]  # literal variables for the process (CUDA_DEVICE_ORDER, ...)
@@ -124,6 +142,12 @@ class ServerCommand:
     env_from: tuple[tuple[str, str], ...] = ()
     # flag -> env var valid for the target build (render_env); empty: ENV_VARS.
     env_names: dict[str, str] = field(default_factory=dict)
+    # NVML indices (PCI bus order) of the GPUs the plan uses: None = all, () = none. The compose
+    # rendering reserves exactly these.
+    devices: tuple[int, ...] | None = None
+    host: str = "127.0.0.1"
+    port: int = 8080
+    hf: HfModel | None = None  # the model comes from -hf, not a file on disk
 
 
 @dataclass
@@ -133,11 +157,30 @@ class _Opt:
     required: bool
 
 
+def _float32(value: float) -> float:
+    return float(struct.unpack("<f", struct.pack("<f", value))[0])
+
+
 def _num(value: float) -> str:
-    """0.6 -> '0.6', 20.0 -> '20', 0.0 -> '0' (llama.cpp parses all with std::stof/stoi)."""
-    if float(value).is_integer():
-        return str(int(value))
-    return repr(float(value))
+    """The shortest decimal llama.cpp reads back as the same number: 0.6 -> '0.6', 20.0 -> '20'.
+
+    llama.cpp parses these flags with std::stof (float32), and GGUF headers store
+    general.sampling.* as float32, whose exact value 0.6000000238418579 is what Python sees. The
+    shortest text that rounds to the same float32 is what the header meant (0.6), and llama.cpp
+    turns it into exactly the same float.
+    """
+    value = float(value)
+    try:
+        f32 = _float32(value)
+    except OverflowError:  # beyond float32: llama.cpp could not read it either; show it as is
+        return repr(value)
+    if f32.is_integer():
+        return str(int(f32))
+    for digits in range(1, 10):  # 9 significant digits always round-trip a float32
+        text = f"{value:.{digits}g}"
+        if _float32(float(text)) == f32:
+            return text
+    return repr(value)
 
 
 def _absolute(path: Path) -> str:
@@ -180,12 +223,13 @@ def _version_warnings(caps: ServerCapabilities, arch: str | None) -> list[str]:
 def build_command(
     config: RunConfig,
     *,
-    model_path: Path,
+    model_path: Path | None,
     mmproj_path: Path | None,
     manifest: Manifest | None,
     block_count: int,
     server: ServerOptions,
     capabilities: ServerCapabilities | None,
+    hf: HfModel | None = None,
 ) -> ServerCommand:
     """The llama-server argv + env that runs `config` exactly as planned.
 
@@ -206,11 +250,32 @@ def build_command(
     def add(flag: str, value: str | None = None, *, required: bool = True) -> None:
         opts.append(_Opt(flag, value, required))
 
-    add("-m", _absolute(model_path))
-    if config.vision:
-        if mmproj_path is None:
-            raise UsageError("the plan uses vision but no projector (mmproj) file was given")
-        add("--mmproj", _absolute(mmproj_path))
+    if hf is not None:
+        add("-hf", f"{hf.repo}:{hf.tag}")
+        if hf.file is not None:
+            add("--hf-file", hf.file)
+        if config.vision:
+            # -hf fetches a projector by itself (find_best_mmproj: the one whose bits are
+            # closest to the model's), which may not be the one the plan counted.
+            warnings.append(
+                "-hf picks the projector itself (closest in bits to the model); the plan counted "
+                f"{mmproj_path.name if mmproj_path else 'the manifest projector'}"
+            )
+        else:
+            add("--no-mmproj")  # -hf would otherwise fetch and load one the plan did not count
+        if hf.revision:
+            warnings.append(
+                f"-hf follows {hf.repo}'s main branch and checks no sha256; quantpick planned on "
+                f"revision {hf.revision[:12]} (`quantpick get` downloads and verifies it)"
+            )
+    else:
+        if model_path is None:
+            raise UsageError("no model: give a file (-m) or a Hugging Face repo (-hf)")
+        add("-m", _absolute(model_path))
+        if config.vision:
+            if mmproj_path is None:
+                raise UsageError("the plan uses vision but no projector (mmproj) file was given")
+            add("--mmproj", _absolute(mmproj_path))
     if config.rpc_servers:
         # Before --device / -ot, which may name the devices --rpc creates (parsed in order).
         add("--rpc", ",".join(config.rpc_servers))
@@ -398,7 +463,56 @@ def build_command(
         target=target,
         env_from=tuple(env_from),
         env_names=env_names,
+        devices=config.devices,
+        host=server.host,
+        port=server.port,
+        hf=hf,
     )
+
+
+# ----------------------------------------------------------------------------------------------
+# -hf: which file llama-server's downloader picks for a tag (common/download.cpp, b11312)
+
+# gguf_filename_is_model: files whose name contains one of these are never the model.
+_NOT_MODEL = ("mmproj", "imatrix", "mtp-", "eagle3-", "dflash-", "dspark-")
+_SPLIT = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$")
+
+
+def hf_candidates(paths: Sequence[str], tag: str) -> list[str]:
+    """The repository paths llama-server's `find_best_model` accepts for `-hf repo:tag`, in
+    listing order: model GGUFs (not mmproj, imatrix, ...; of a split file only the first part)
+    whose path matches the regex `<tag>[.-]`, case-insensitively. The first one wins."""
+    pattern = re.compile(re.escape(tag) + r"[.-]", re.IGNORECASE)
+    out = []
+    for path in paths:
+        name = path.rsplit("/", 1)[-1]
+        if not path.endswith(".gguf") or any(word in name for word in _NOT_MODEL):
+            continue
+        split = _SPLIT.search(path)
+        if split and int(split.group(2)) > 1 and int(split.group(1)) != 1:
+            continue
+        if pattern.search(path):
+            out.append(path)
+    return out
+
+
+def hf_model(manifest: Manifest, quant: str) -> HfModel:
+    """`-hf repo:QUANT` for one quant of a manifest, with `--hf-file` whenever the tag could
+    resolve to another file: another listed file matches it too (the hub's listing order, not
+    the manifest's, would decide), or the quant's own file does not match it."""
+    source = next((s for s in manifest.sources if s.kind == "hf" and s.repo), None)
+    if source is None or source.repo is None:
+        raise UsageError(
+            f"{manifest.id} has no Hugging Face source for -hf",
+            hint="download it (`quantpick get`) and run it from the file",
+        )
+    files = manifest.quant_files(quant)
+    if not files:
+        raise UsageError(f"{manifest.id} has no quant {quant}")
+    first = files[0].name
+    candidates = hf_candidates([f.name for f in manifest.files], quant)
+    exact = None if candidates == [first] else first
+    return HfModel(repo=source.repo, tag=quant, file=exact, revision=source.revision)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -524,6 +638,294 @@ def render_env(cmd: ServerCommand) -> str:
     run = shlex.join([cmd.argv[0], *rest])
     # shlex.quote keeps newlines inside quotes; a comment cannot hold them, so show them escaped.
     lines.append("# then run: " + run.replace("\r", "\\r").replace("\n", "\\n"))
+    return "\n".join(lines) + "\n"
+
+
+# ---- systemd -----------------------------------------------------------------------------------
+# systemd.service(5) "COMMAND LINES" and systemd.syntax(7) "QUOTING": a word may be wrapped in
+# double quotes, inside which C-style escapes apply; "%" starts a specifier everywhere (written
+# "%%"), "$" starts a variable in Exec lines everywhere (written "$$"); a lone unquoted ";"
+# separates commands; lines ending in "\" continue. Not the shell's rules, hence this quoting.
+
+_SYSTEMD_SAFE = re.compile(r"^[A-Za-z0-9_@+=:,./-]+$")
+_SYSTEMD_ESCAPES = {
+    "\\": "\\\\", '"': '\\"', "\a": "\\a", "\b": "\\b", "\f": "\\f", "\n": "\\n", "\r": "\\r",
+    "\t": "\\t", "\v": "\\v",
+}  # fmt: skip
+SYSTEMD_UNIT_DIR = "~/.config/systemd/user"
+
+
+def systemd_quote(word: str, *, exec_line: bool = True) -> str:
+    """One word for a unit file, read back by systemd as exactly `word`.
+
+    `exec_line`: in ExecStart= a "$" expands variables, so it is doubled; in Environment= it is
+    plain text. "%" is doubled in both (specifiers).
+    """
+    text = word.replace("%", "%%")
+    if exec_line:
+        text = text.replace("$", "$$")
+    if text and _SYSTEMD_SAFE.match(text):
+        return text
+    out = []
+    for ch in text:
+        if ch in _SYSTEMD_ESCAPES:
+            out.append(_SYSTEMD_ESCAPES[ch])
+        elif ord(ch) < 0x20 or ord(ch) == 0x7F:
+            out.append(f"\\x{ord(ch):02x}")
+        elif 0x80 <= ord(ch) <= 0x9F or ch in "\u2028\u2029":
+            out.append(f"\\u{ord(ch):04x}")  # C1 controls and Unicode line breaks, visibly
+        else:
+            out.append(ch)  # UTF-8 is accepted as is (systemd.syntax(7))
+    return '"' + "".join(out) + '"'
+
+
+def systemd_unit_name(name: str) -> str:
+    """A unit name from a model name: systemd allows ASCII letters, digits and ":-_.\\"."""
+    cleaned = re.sub(r"[^A-Za-z0-9:_.-]+", "-", name).strip("-.") or "model"
+    return f"llama-server-{cleaned}"
+
+
+def render_systemd(cmd: ServerCommand, plan_comment: str, name: str) -> str:
+    """A systemd user unit that runs the server and restarts it on failure, with the install
+    steps as comments. The API key stays out of the unit: EnvironmentFile= names a file the user
+    creates (mode 0600) holding LLAMA_API_KEY=..."""
+    program = cmd.argv[0]
+    if program[:1] in ("-", "@", ":", "+", "!") or any(c in program for c in "\\\"'"):
+        raise UsageError(
+            f"systemd cannot start {program!r}",
+            hint="give the absolute path of llama-server (--llama-server PATH)",
+        )
+    unit = systemd_unit_name(name)
+    env_file = f"%h/.config/quantpick/{unit}.env"
+    lines = ["# Written by quantpick. Plan:"]
+    lines += _comment(plan_comment)
+    lines += _comment(f"Target: {cmd.target}")
+    for warning in cmd.warnings:
+        lines += _comment(f"Warning: {warning}")
+    lines += [
+        "#",
+        "# Install as a user service:",
+        f"#   mkdir -p {SYSTEMD_UNIT_DIR}",
+        f"#   (save this file as {SYSTEMD_UNIT_DIR}/{unit}.service)",
+    ]
+    for _, src in cmd.env_from:
+        lines += [
+            f"#   The API key: ~/.config/quantpick/{unit}.env, readable only by you, holds",
+            "#   LLAMA_API_KEY=<key> (systemd does not see your shell's variables):",
+            "#     mkdir -p ~/.config/quantpick && (umask 077 && printf 'LLAMA_API_KEY=%s\\n' "
+            f'"${src}" > ~/.config/quantpick/{unit}.env)',
+        ]
+    lines += [
+        f"#   systemctl --user daemon-reload && systemctl --user enable --now {unit}.service",
+        f"#   journalctl --user -u {unit} -f          # its log",
+        "#   loginctl enable-linger $USER            # optional: run it without a login session",
+    ]
+    if not program.startswith("/"):
+        lines.append(
+            f"# {program} is looked up in systemd's fixed PATH (/usr/local/bin, /usr/bin, ...)"
+        )
+    lines += [
+        "",
+        "[Unit]",
+        # Description= is plain text with specifiers: only "%" needs escaping.
+        "Description=llama-server {} (quantpick)".format(" ".join(name.split()).replace("%", "%%")),
+        "After=network-online.target",
+        "Wants=network-online.target",
+        # Give up after 10 failed starts within 30 minutes instead of looping for ever.
+        "StartLimitIntervalSec=30min",
+        "StartLimitBurst=10",
+        "",
+        "[Service]",
+        "Type=exec",
+    ]
+    for key, value in cmd.env.items():
+        lines.append("Environment=" + systemd_quote(f"{key}={value}", exec_line=False))
+    if cmd.env_from:
+        # Without "-": a missing key file stops the start, rather than serving without a key.
+        lines.append(f"EnvironmentFile={env_file}")
+    body = [systemd_quote(program)] + [
+        " ".join(systemd_quote(t) for t in g) for g in _groups(cmd.argv)
+    ]
+    lines.append("ExecStart=" + " \\\n  ".join(body))
+    lines += [
+        "Restart=on-failure",
+        # Back-off: 5 s, growing to 2 min over 5 restarts (RestartSteps= and
+        # RestartMaxDelaySec= need systemd 254; older versions ignore them and keep 5 s).
+        "RestartSec=5s",
+        "RestartSteps=5",
+        "RestartMaxDelaySec=2min",
+        "",
+        "[Install]",
+        "WantedBy=default.target",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+# ---- docker compose ------------------------------------------------------------------------------
+# The official llama.cpp server images (llama.cpp docs/docker.md): ":server" (CPU) and
+# ":server-cuda" (CUDA 12); their entrypoint is /app/llama-server, so `command:` is the argv
+# without the program. Written by hand (no YAML library is a dependency): every string is a
+# double-quoted YAML scalar, and "$" is doubled because compose interpolates every value.
+
+COMPOSE_IMAGE_CPU = "ghcr.io/ggml-org/llama.cpp:server"
+COMPOSE_IMAGE_CUDA = "ghcr.io/ggml-org/llama.cpp:server-cuda"
+_CONTAINER_HF_HOME = "/hf"
+_PATH_FLAGS = ("-m", "--mmproj")
+
+
+def yaml_str(text: str, *, interpolate: bool = False) -> str:
+    """A double-quoted YAML scalar (JSON's escapes are YAML's), with the characters YAML 1.1
+    treats as line breaks (NEL, LS, PS) and the C1 controls escaped too. Without `interpolate`,
+    "$" is doubled so compose reads it literally."""
+    import json
+
+    if not interpolate:
+        text = text.replace("$", "$$")
+    quoted = json.dumps(text, ensure_ascii=False)
+    return "".join(
+        f"\\u{ord(ch):04x}" if 0x7F <= ord(ch) <= 0x9F or ch in "\u2028\u2029" else ch
+        for ch in quoted
+    )
+
+
+def _published(host: str, port: int) -> str:
+    """The `ports:` entry: the server listens on all interfaces inside the container, and the
+    host side keeps the address --host asked for (loopback by default)."""
+    if host.endswith(".sock"):
+        raise UsageError("--format compose publishes a TCP port; --host cannot be a socket")
+    if host in ("0.0.0.0", "::", "[::]", ""):
+        return f"{port}:{port}"
+    if host in ("localhost",):
+        host = "127.0.0.1"
+    if ":" in host and not host.startswith("["):
+        host = f"[{host}]"
+    return f"{host}:{port}:{port}"
+
+
+def _container_cuda_index(cmd: ServerCommand) -> dict[int, int]:
+    """CUDA index in the argv -> inside the container, where only the reserved GPUs exist and,
+    in PCI bus order (CUDA_DEVICE_ORDER=PCI_BUS_ID), are numbered from 0."""
+    if not cmd.devices:
+        return {}
+    order = sorted(cmd.devices)
+    if "CUDA_VISIBLE_DEVICES" in cmd.env:  # the argv numbers GPUs by their place in that list
+        listed = [int(i) for i in cmd.env["CUDA_VISIBLE_DEVICES"].split(",") if i]
+        return {pos: order.index(phys) for pos, phys in enumerate(listed)}
+    return {phys: order.index(phys) for phys in cmd.devices}
+
+
+def render_compose(
+    cmd: ServerCommand, plan_comment: str, machine_gpus: Sequence[int] | None = None
+) -> str:
+    """A docker compose file running the plan in the official llama.cpp server image: the model
+    directory mounted read-only (paths rewritten), the plan's GPUs reserved, the port published
+    on the --host address, the API key and HF token by reference.
+
+    `machine_gpus`: the NVML indices of the machine's GPUs, reserved when the plan uses them all
+    (`cmd.devices` is None); without them the reservation is `count: all`.
+    """
+    gpus = cmd.devices is None or bool(cmd.devices)
+    reserved = cmd.devices if cmd.devices is not None else (tuple(machine_gpus or ()) or None)
+    image = COMPOSE_IMAGE_CUDA if gpus else COMPOSE_IMAGE_CPU
+    renumber = _container_cuda_index(cmd)
+
+    def cuda(text: str) -> str:
+        return re.sub(r"CUDA(\d+)", lambda m: f"CUDA{renumber.get(int(m[1]), int(m[1]))}", text)
+
+    mounts: dict[str, str] = {}  # host directory -> container directory
+    args: list[str] = []
+    argv = list(cmd.argv[1:])
+    i = 0
+    while i < len(argv):
+        word = argv[i]
+        value = argv[i + 1] if i + 1 < len(argv) else None
+        if word in _PATH_FLAGS and value is not None:
+            host_path = Path(value)
+            target = mounts.setdefault(
+                str(host_path.parent), "/models" + (f"-{len(mounts) + 1}" if mounts else "")
+            )
+            args += [word, f"{target}/{host_path.name}"]
+            i += 2
+            continue
+        if word == "--host" and value is not None:
+            args += [word, "0.0.0.0"]  # inside the container; `ports:` decides who can reach it
+            i += 2
+            continue
+        if renumber and word in ("--device", "-dev", "-ot", "--override-tensor") and value:
+            args += [word, cuda(value)]
+            i += 2
+            continue
+        args.append(word)
+        i += 1
+
+    env = {k: v for k, v in cmd.env.items() if k != "CUDA_VISIBLE_DEVICES"}
+    lines = ["# Written by quantpick. Plan:"]
+    lines += _comment(plan_comment)
+    lines += _comment(
+        f"Flags checked against: {cmd.target}; the image runs its own llama.cpp build "
+        "(pin a release tag of the image to keep them in step)"
+    )
+    for warning in cmd.warnings:
+        lines += _comment(f"Warning: {warning}")
+    lines.append("# Run: docker compose -f THIS_FILE up -d")
+    if gpus:
+        lines.append("# GPUs need the NVIDIA Container Toolkit on the host.")
+    for _, src in cmd.env_from:
+        lines.append(f"# The API key comes from ${src} (in the shell or an .env file beside this).")
+    lines += ["services:", "  llama-server:", f"    image: {yaml_str(image)}", "    command:"]
+    lines += [f"      - {yaml_str(a)}" for a in args]
+    environment = [f"      {k}: {yaml_str(v)}" for k, v in env.items()]
+    for key, src in cmd.env_from:
+        ref = f"${{{_check_env_name(src, 'env')}:?set {src} to the API key}}"
+        name = _check_env_name(key, "env")
+        environment.append(f"      {name}: {yaml_str(ref, interpolate=True)}")
+    if cmd.hf is not None:
+        environment.append(f"      HF_HOME: {yaml_str(_CONTAINER_HF_HOME)}")
+        environment.append(f"      HF_TOKEN: {yaml_str('${HF_TOKEN:-}', interpolate=True)}")
+    if environment:
+        lines += ["    environment:", *environment]
+    volumes = []
+    for source, target in mounts.items():
+        volumes += [
+            "      - type: bind",
+            f"        source: {yaml_str(source)}",
+            f"        target: {yaml_str(target)}",
+            "        read_only: true",
+        ]
+    if cmd.hf is not None:
+        volumes += [
+            "      - type: volume",
+            '        source: "hf-cache"',
+            f"        target: {yaml_str(_CONTAINER_HF_HOME)}",
+        ]
+    if volumes:
+        lines += ["    volumes:", *volumes]
+    health = f"http://localhost:{cmd.port}/health"
+    lines += [
+        "    ports:",
+        f"      - {yaml_str(_published(cmd.host, cmd.port))}",
+        "    healthcheck:",
+        f'      test: ["CMD", "curl", "-f", {yaml_str(health)}]',
+        "      interval: 30s",
+        "      start_period: 15m  # loading tens of GB takes a while",
+        "    restart: unless-stopped",
+    ]
+    if gpus:
+        lines += [
+            "    deploy:",
+            "      resources:",
+            "        reservations:",
+            "          devices:",
+            '            - driver: "nvidia"',
+        ]
+        if reserved is None:
+            lines.append('              count: "all"')
+        else:
+            ids = ", ".join(yaml_str(str(d)) for d in sorted(reserved))
+            lines.append(f"              device_ids: [{ids}]")
+        lines.append('              capabilities: ["gpu"]')
+    if cmd.hf is not None:
+        lines += ["volumes:", "  hf-cache: {}"]
     return "\n".join(lines) + "\n"
 
 

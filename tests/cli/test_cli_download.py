@@ -168,6 +168,17 @@ def test_verify_without_checksums_or_files(tmp_path: Path) -> None:
     assert code == 1 and "none of the files" in err
 
 
+def test_verify_a_directory_that_is_not_there(tmp_path: Path) -> None:
+    code, _, err = run("verify", str(tmp_path / "does-not-exist"))
+    assert (
+        code == 2
+        and err.splitlines()[0] == f"Error: {tmp_path / 'does-not-exist'}: no such directory"
+    )
+    (tmp_path / "file").write_text("")
+    code, _, err = run("verify", str(tmp_path / "file"))
+    assert code == 2 and "is a file" in err  # click checks file_okay=False itself
+
+
 def test_verify_refuses_hostile_checksums(tmp_path: Path) -> None:
     (tmp_path / "SHA256SUMS").write_text(f"{'a' * 64}  ../x.gguf\n")
     code, _, err = run("verify", str(tmp_path))

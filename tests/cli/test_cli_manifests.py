@@ -186,8 +186,8 @@ def test_check_reports_one_line_error(tmp_path: Path) -> None:
     assert result.stderr.startswith("Error: ") and "head_count_kv" in result.stderr.splitlines()[0]
     as_json = runner.invoke(app, ["manifest", "check", str(broken), "--json"])
     assert as_json.exit_code == 1
-    doc = json.loads(as_json.stdout)
-    assert doc["ok"] is False and "head_count_kv" in doc["error"]
+    doc = json.loads(as_json.stdout)  # the CLI's error document (README, "--json")
+    assert doc["error"]["exit_code"] == 1 and "head_count_kv" in doc["error"]["message"]
 
 
 def test_check_refuses_unmodelled_architecture(tmp_path: Path) -> None:

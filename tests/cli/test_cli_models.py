@@ -90,13 +90,26 @@ def test_show_table() -> None:
 
 @pytest.mark.parametrize("args", [["show", "no-such-model"], ["show", "no-such-model", "--json"]])
 def test_show_unknown_model(args: list[str]) -> None:
+    """An unknown model is a bad argument (exit 2, like an unknown quant); with --json the
+    stdout is the error document."""
     result = runner.invoke(app, args)
-    assert result.exit_code == 1
-    assert result.stdout == ""
+    assert result.exit_code == 2
+    if "--json" in args:
+        assert json.loads(result.stdout)["error"]["message"] == "unknown model 'no-such-model'"
+    else:
+        assert result.stdout == ""
     error_lines = [line for line in result.stderr.splitlines() if line.startswith("Error:")]
     assert error_lines == ["Error: unknown model 'no-such-model'"]
     assert "qwen3.8-35b-a3b-distill" in result.stderr  # the hint lists the known ids
     assert "Traceback" not in result.stderr
+
+
+def test_unknown_repo_id_offers_manifest_add() -> None:
+    result = runner.invoke(app, ["pick", "org/Repo-GGUF", "-c", "8192"])
+    assert result.exit_code == 2
+    assert "Hint: `quantpick manifest add org/Repo-GGUF` describes that repository" in (
+        result.stderr
+    )
 
 
 def _write_broken_user_manifest() -> Path:

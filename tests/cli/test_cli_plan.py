@@ -337,3 +337,116 @@ def test_command_prints_every_hosts_line(q4km_gguf: Path, tmp_path: Path) -> Non
     assert exposed.exit_code == 0, exposed.stderr
     assert "ggml-rpc-server -H 0.0.0.0 -p 50052 -d CUDA0\n" in exposed.stdout
     assert "every interface (0.0.0.0)" in exposed.stderr
+
+
+# ---- rough edges (issue 12): each the command a newcomer ran, and what they expect -----------
+
+
+@pytest.fixture(scope="module")
+def tiny_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from gguf_fixtures import write_gguf
+
+    path = tmp_path_factory.mktemp("tiny") / "Tiny-Q8_0.gguf"
+    write_gguf(path)  # general.sampling.temp = 0.6 as float32 (0.6000000238418579)
+    return path
+
+
+def test_command_prints_header_floats_as_written(tiny_gguf: Path) -> None:
+    result = runner.invoke(app, ["command", "--gguf", str(tiny_gguf), "-c", "4096", "--cpu-only"])
+    assert result.exit_code == 0, result.output
+    line = result.stdout
+    assert "--temp 0.6 " in line and "--top-p 0.95 " in line and "--min-p 0 " in line
+    assert "0.6000000238418579" not in line and "0.949999988079071" not in line
+
+
+def test_command_with_model_and_gguf_says_the_file_wins(tiny_gguf: Path) -> None:
+    """MODEL and --gguf together: the file's header is the plan's basis, MODEL adds sampling and
+    alias; a file of another architecture is refused."""
+    result = runner.invoke(
+        app, ["command", MODEL, "--gguf", str(tiny_gguf), "-c", "4096", "--cpu-only", "-q", "Q8_0"]
+    )
+    assert result.exit_code == 0, result.output
+    assert f"planning on {tiny_gguf.name}'s own header; {MODEL} adds" in result.stderr
+    assert f"--alias {MODEL}" in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--min-tps", "-1"], "--min-tps -1.0: a speed floor is 0 (none) or more"),
+        (["-c", "1"], "-c 1: the smallest context is 256"),
+        (["-c", "-5"], "-c -5: the smallest context is 256"),
+        (["-np", "0"], "-np 0: at least 1 slot"),
+        (["--ram", "0"], "--ram 0: RAM must be more than 0"),
+        (["--llama-server", "/nonexistent/llama-server"], "no such file"),
+    ],
+)
+def test_impossible_values_are_usage_errors(args: list[str], message: str) -> None:
+    result = runner.invoke(app, ["pick", MODEL, "--gpu", "3090", "-c", "8192", *args])
+    assert result.exit_code == 2, result.output
+    assert message in result.stderr.splitlines()[-2 if "Hint" in result.stderr else -1]
+
+
+def test_llama_server_that_is_not_executable(tmp_path: Path) -> None:
+    not_exec = tmp_path / "llama-server"
+    not_exec.write_text("")
+    for cmd in (["probe"], ["pick", MODEL, "-c", "8192", "--gpu", "3090"]):
+        result = runner.invoke(app, [*cmd, "--llama-server", str(not_exec)])
+        assert result.exit_code == 2
+        assert "not an executable file" in result.stderr
+
+
+def test_bare_ram_is_gib_with_a_note() -> None:
+    """`--ram 64` was 64 bytes ("nothing fits"); it is 64 GiB, and the CLI says so."""
+    doc = json.loads(
+        runner.invoke(
+            app, ["pick", MODEL, "-c", "8192", "--cpu-only", "--ram", "64", "--json"]
+        ).stdout
+    )
+    host = [d for d in doc["devices"] if d["kind"] == "host"][0]
+    assert host["budget_bytes"] > 60 * 1024**3
+    result = runner.invoke(app, ["pick", MODEL, "-c", "8192", "--gpu", "3090:24"])
+    assert result.exit_code == 0
+    assert "Note: --gpu 3090:24: VRAM 24 is read as 24 GiB" in result.stderr
+
+
+def test_estimate_that_does_not_fit_exits_3_and_still_prints() -> None:
+    args = ["estimate", MODEL, "--quant", "Q6_K", "--gpu", "3090", "-c", "8192"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 3
+    assert "Does not fit." in result.stdout and "CUDA0" in result.stdout
+    as_json = runner.invoke(app, [*args, "--json"])
+    assert as_json.exit_code == 3
+    doc = json.loads(as_json.stdout)  # the estimate itself, not an error document
+    assert doc["fits"] is False and doc["devices"]
+
+
+def test_described_machine_is_named_once() -> None:
+    result = runner.invoke(app, ["pick", MODEL, "-c", "8192", "--gpu", "3090"])
+    assert "(described machine: --gpu 3090)" in result.stdout
+    assert "described: described" not in result.stdout
+
+
+def test_command_formats_systemd_and_compose(tiny_gguf: Path) -> None:
+    base = ["command", "--gguf", str(tiny_gguf), "-c", "4096", "--cpu-only"]
+    unit = runner.invoke(app, [*base, "--format", "systemd"])
+    assert unit.exit_code == 0, unit.output
+    assert "[Service]" in unit.stdout and "ExecStart=" in unit.stdout
+    assert "systemctl --user daemon-reload && systemctl --user enable --now" in unit.stderr
+    compose = runner.invoke(app, [*base, "--format", "compose"])
+    assert compose.exit_code == 0, compose.output
+    assert f'"/models/{tiny_gguf.name}"' in compose.stdout
+    assert f'source: "{tiny_gguf.parent}"' in compose.stdout
+    assert "docker compose up -d" in compose.stderr
+    doc = json.loads(runner.invoke(app, [*base, "--format", "compose", "--json"]).stdout)
+    assert doc["rendered"]["format"] == "compose" and "services:" in doc["rendered"]["text"]
+
+
+def test_command_model_source_hf_needs_no_file() -> None:
+    result = runner.invoke(
+        app, ["command", MODEL, "-q", "Q4_K_M", "-c", "32768", "--gpu", "3090", "--model-source",
+              "hf"],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "-hf empero-ai/Qwen3.8-35B-A3B-Distill-GGUF:Q4_K_M --no-mmproj" in result.stdout
+    assert " -m " not in result.stdout

@@ -277,3 +277,46 @@ def test_get_hf_cache_command_points_into_the_snapshot_and_works_offline(
     assert result.exit_code == 0, result.stderr
     assert json.loads(result.stdout)["command"]["argv"] == argv
     assert "using the files in the Hugging Face cache" in result.stderr
+
+
+# ---- rough edges (issue 12) -------------------------------------------------------------------
+
+
+def test_offline_dry_run_never_contacts_a_hub(tiny: str, fake_hub: FakeHub, tmp_path: Path) -> None:
+    """`get ... --offline --dry-run` plans from the manifest and what is on disk: no request."""
+    before = len(fake_hub.requests)
+    result = runner.invoke(
+        app, ["get", tiny, "-c", "8192", *BOX, "--dir", str(tmp_path / "m"), "--offline",
+              "--dry-run"],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.stderr
+    assert fake_hub.requests[before:] == []
+    assert "offline" in result.stderr and "not in" in result.stderr
+    assert "llama-server" in result.stdout
+
+
+def test_script_into_a_missing_directory_fails_before_any_transfer(
+    tiny: str, fake_hub: FakeHub, tmp_path: Path
+) -> None:
+    script = tmp_path / "nodir" / "serve.sh"
+    result = runner.invoke(
+        app, ["get", tiny, "-c", "8192", *BOX, "--dir", str(tmp_path / "m"), "--script",
+              str(script)],
+    )  # fmt: skip
+    assert result.exit_code == 2
+    assert result.stderr.splitlines()[0] == f"Error: --script {script}: no such directory " + (
+        f"{script.parent}"
+    )
+    assert byte_gets(fake_hub) == [] and not (tmp_path / "m").exists()
+    assert "Traceback" not in result.output
+
+
+def test_get_model_source_hf_downloads_nothing(
+    tiny: str, fake_hub: FakeHub, tmp_path: Path
+) -> None:
+    """llama-server fetches the file itself (-hf): quantpick plans and prints, no transfer."""
+    result = runner.invoke(app, ["get", tiny, "-c", "8192", *BOX, "--model-source", "hf"])
+    assert result.exit_code == 0, result.stderr
+    assert f"-hf {REPO}:" in result.stdout and " -m " not in result.stdout
+    assert byte_gets(fake_hub) == []
+    assert "llama-server downloads it on first start" in result.stderr

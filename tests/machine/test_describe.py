@@ -170,7 +170,8 @@ def test_bad_gpu_specs(spec: str) -> None:
 @pytest.mark.parametrize(
     ("text", "value"),
     [("936GB/s", 936 * 10**9), ("936G", 936 * 10**9), ("936 GB/s", 936 * 10**9),
-     ("1.5TB/s", 1_500 * 10**9), ("100GiB/s", 100 * GiB), ("12345", 12345)],
+     ("1.5TB/s", 1_500 * 10**9), ("100GiB/s", 100 * GiB), ("12345B/s", 12345),
+     ("936", 936 * 10**9)],
 )  # fmt: skip
 def test_parse_bandwidth_is_decimal(text: str, value: int) -> None:
     assert parse_bandwidth(text) == value
@@ -517,3 +518,45 @@ def test_bad_rpc_workers_in_json(tmp_path: Path) -> None:
     path.write_text(json.dumps(machine))
     with pytest.raises(HardwareError, match="whole bytes"):
         load_hardware_file(path)
+
+
+# --- unit-less sizes: GiB (and GB/s), everywhere, with a note -----------------------------------
+
+
+def test_bare_ram_and_vram_are_gib_and_noted() -> None:
+    machine = resolve_machine(gpus=["3090:24", "mycard:20:500"], ram="64")
+    assert machine.host.ram_total_bytes == 64 * GiB
+    assert machine.gpus[0].total_bytes == 24 * GiB
+    assert machine.gpus[1].total_bytes == 20 * GiB
+    assert machine.gpus[1].bandwidth_bytes_per_s == 500 * 10**9
+    notes = "\n".join(machine.notes)
+    assert "--ram 64 is read as 64 GiB" in notes
+    assert "--gpu 3090:24: VRAM 24 is read as 24 GiB" in notes
+    assert "bandwidth 500 is read as 500 GB/s" in notes
+
+
+def test_sizes_with_units_get_no_note() -> None:
+    machine = resolve_machine(gpus=["3090:24G"], ram="64G")
+    assert not any("is read as" in n for n in machine.notes)
+
+
+@pytest.mark.parametrize("ram", ["0", "0G", "0B"])
+def test_zero_ram_is_refused(ram: str) -> None:
+    with pytest.raises(UsageError, match="more than 0"):
+        resolve_machine(gpus=["3090"], ram=ram)
+
+
+def test_toml_bare_numbers_follow_the_same_rule(tmp_path: Path) -> None:
+    path = tmp_path / "box.toml"
+    path.write_text(
+        '[[gpu]]\nname = "x"\nvram = 24\nbandwidth = 500\n[host]\nram = 64\ncores = 8\n'
+    )
+    machine = load_hardware_file(path)
+    assert machine.gpus[0].total_bytes == 24 * GiB
+    assert machine.gpus[0].bandwidth_bytes_per_s == 500 * 10**9
+    assert machine.host.ram_total_bytes == 64 * GiB
+    assert any("[host].ram = 64 is read as 64 GiB" in n for n in machine.notes)
+    path.write_text("[host]\nram = 68719476736\ncores = 8\n")  # bytes, as an old file had them
+    with pytest.raises(HardwareError) as info:
+        load_hardware_file(path)
+    assert info.value.hint is not None and "68719476736B" in info.value.hint

@@ -5,11 +5,14 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
 import stat
 import subprocess
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from quantpick.errors import UsageError
 from quantpick.model.manifest import Manifest, Sampling
@@ -19,10 +22,14 @@ from quantpick.serve.command import (
     ServerCommand,
     ServerOptions,
     build_command,
+    hf_candidates,
+    hf_model,
+    render_compose,
     render_env,
     render_json,
     render_line,
     render_script,
+    render_systemd,
     write_script,
 )
 
@@ -446,3 +453,384 @@ def test_script_lists_the_workers_as_comments(manifest: Manifest) -> None:
     assert lines[1] == "ggml-rpc-server -H 192.168.1.20 -p 50052 -d CUDA0 -c"
     # the script still runs: bash parses it
     assert subprocess.run(["bash", "-n"], input=text, text=True).returncode == 0
+
+
+# --- numbers: as the manifest or header states them --------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("value", "text"),
+    [(0.6000000238418579, "0.6"), (0.949999988079071, "0.95"), (0.6, "0.6"), (20.0, "20"),
+     (0.0, "0"), (1e-05, "1e-05"), (33.0, "33"), (0.05000000074505806, "0.05")],
+)  # fmt: skip
+def test_numbers_are_the_shortest_float32_text(value: float, text: str) -> None:
+    from quantpick.serve.command import _num
+
+    assert _num(value) == text
+
+
+@given(st.floats(width=32, allow_nan=False, allow_infinity=False))
+def test_number_text_reads_back_as_the_same_float32(value: float) -> None:
+    """llama.cpp parses with std::stof: the text must give back exactly the same float32, and no
+    shorter text would."""
+    import struct
+
+    from quantpick.serve.command import _num
+
+    def f32(x: float) -> float:
+        return struct.unpack("<f", struct.pack("<f", x))[0]
+
+    text = _num(value)
+    assert f32(float(text)) == value
+    digits = len(text.lstrip("-").split("e")[0].replace(".", "").lstrip("0")) or 1
+    if digits > 1 and not float(value).is_integer():
+        shorter = f"{value:.{digits - 1}g}"
+        assert f32(float(shorter)) != value
+
+
+# --- systemd: ExecStart read back the way systemd reads it ---------------------------------------
+# systemd.syntax(7) "QUOTING" and systemd.service(5) "COMMAND LINES", written out independently of
+# quantpick's quoting so that the two can be checked against each other and against the man pages'
+# own examples.
+
+_C_ESCAPES = {"a": "\a", "b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t", "v": "\v",
+              "\\": "\\", '"': '"', "'": "'", "s": " "}  # fmt: skip
+
+
+def _c_unescape(text: str, i: int) -> tuple[int, str]:
+    """One escape after a backslash at text[i-1]: (next index, character)."""
+    c = text[i]
+    if c in _C_ESCAPES:
+        return i + 1, _C_ESCAPES[c]
+    for prefix, width, base in (("x", 2, 16), ("u", 4, 16), ("U", 8, 16)):
+        if c == prefix:
+            return i + 1 + width, chr(int(text[i + 1 : i + 1 + width], base))
+    if c in "01234567":
+        return i + 3, chr(int(text[i : i + 3], 8))
+    raise ValueError(f"unknown escape \\{c}")
+
+
+def systemd_words(value: str) -> list[tuple[str, str]]:
+    """(raw, unquoted) words of one setting: quotes only open a word, C escapes everywhere."""
+    words, i, n = [], 0, len(value)
+    while True:
+        while i < n and value[i] in " \t":
+            i += 1
+        if i >= n:
+            return words
+        start, quote, word = i, None, []
+        if value.startswith("\\;", i) and (i + 2 == n or value[i + 2] in " \t"):
+            words.append(("\\;", ";"))  # an Exec line's literal ";" (systemd.service(5))
+            i += 2
+            continue
+        if value[i] in "\"'":
+            quote, i = value[i], i + 1
+        while True:
+            if i >= n:
+                if quote:
+                    raise ValueError("unterminated quote")
+                break
+            c = value[i]
+            if quote and c == quote:
+                i += 1
+                if i < n and value[i] not in " \t":
+                    raise ValueError("a closing quote must be followed by whitespace")
+                break
+            if not quote and c in " \t":
+                break
+            if c == "\\":
+                i, ch = _c_unescape(value, i + 1)
+                word.append(ch)
+                continue
+            word.append(c)
+            i += 1
+        words.append((value[start:i], "".join(word)))
+
+
+def _expand(word: str, env: dict[str, str]) -> str:
+    out, i = [], 0
+    while i < len(word):
+        if word.startswith("%%", i):
+            out.append("%")
+            i += 2
+        elif word[i] == "%":
+            raise ValueError(f"specifier in {word!r}")
+        elif word.startswith("$$", i):
+            out.append("$")
+            i += 2
+        elif word.startswith("${", i):
+            end = word.index("}", i)
+            out.append(env.get(word[i + 2 : end], ""))
+            i = end + 1
+        elif word[i] == "$":
+            raise ValueError(f"$NAME inside {word!r}")
+        else:
+            out.append(word[i])
+            i += 1
+    return "".join(out)
+
+
+def systemd_exec(value: str, env: dict[str, str] | None = None) -> list[list[str]]:
+    """The command lines of one ExecStart= value: lone ";" separates, "\\;" is a literal ";",
+    "%%" and "$$" are literal, ${NAME} is one word and a lone $NAME splits at whitespace."""
+    env = env or {}
+    commands: list[list[str]] = [[]]
+    for raw, word in systemd_words(value):
+        if raw == ";":
+            commands.append([])
+        elif raw == "\\;":
+            commands[-1].append(";")
+        elif raw.startswith("$") and not raw.startswith(("$$", "${")) and raw[1:].isidentifier():
+            commands[-1].extend(env.get(raw[1:], "").split())
+        else:
+            commands[-1].append(_expand(word, env))
+    return commands
+
+
+def unit_settings(unit: str, key: str) -> list[str]:
+    """Every `key=` value of a unit file, continuation lines joined (systemd.syntax(7))."""
+    logical, current = [], ""
+    for line in unit.split("\n"):  # systemd ends lines at "\n" only
+        if not current and line.startswith(("#", ";")):
+            continue
+        if line.endswith("\\"):
+            current += line[:-1] + " "
+            continue
+        logical.append(current + line)
+        current = ""
+    return [line.split("=", 1)[1] for line in logical if line.startswith(key + "=")]
+
+
+def test_systemd_reader_follows_the_man_pages() -> None:
+    """The reader above, on systemd.service(5)'s and systemd.syntax(7)'s own examples."""
+    # systemd.service(5): Environment="ONE=one" 'TWO=two two' / ExecStart=echo $ONE $TWO ${TWO}
+    env = dict(w.split("=", 1) for _, w in systemd_words("\"ONE=one\" 'TWO=two two'"))
+    assert systemd_exec("echo $ONE $TWO ${TWO}", env) == [["echo", "one", "two", "two", "two two"]]
+    # Environment=ONE='one' "TWO='two two' too" THREE=: a quote inside a word is a character
+    words = [w for _, w in systemd_words("ONE='one' \"TWO='two two' too\" THREE=")]
+    assert words == ["ONE='one'", "TWO='two two' too", "THREE="]
+    assert systemd_exec("/bin/sh -c 'dmesg | tac'") == [["/bin/sh", "-c", "dmesg | tac"]]
+    assert systemd_exec('echo one ; echo "two two"') == [["echo", "one"], ["echo", "two two"]]
+    assert systemd_exec("echo \\; x") == [["echo", ";", "x"]]
+    # systemd.syntax(7), table 1: the escapes
+    assert [w for _, w in systemd_words(r'"\a\b\f\n\r\t\v\\\"\'\s\x41\101\u00e9\U0001F600"')] == [
+        "\a\b\f\n\r\t\v\\\"' AA\u00e9\U0001f600"
+    ]
+    with pytest.raises(ValueError):
+        systemd_words('"unterminated')
+
+
+UNIT_ARGS = ["100%", "$HOME", "${X}", "a b", 'say "hi"', "back\\slash", ";", "#hash", "",
+             "tab\there", "new\nline", "ünïcødé 模型", "-", "'single'", "%h"]  # fmt: skip
+
+
+def _exec_start(cmd: ServerCommand) -> list[str]:
+    [value] = unit_settings(render_systemd(cmd, "plan", "qwen"), "ExecStart")
+    [argv] = systemd_exec(value)
+    return argv
+
+
+def test_systemd_exec_start_is_the_exact_argv(manifest: Manifest) -> None:
+    cmd = build(RunConfig(), manifest, server=ServerOptions(extra_args=tuple(UNIT_ARGS)))
+    cmd = dataclasses.replace(cmd, argv=("/opt/llama.cpp/bin/llama-server", *cmd.argv[1:]))
+    assert _exec_start(cmd) == list(cmd.argv)
+
+
+@given(st.lists(st.text(alphabet=st.characters(exclude_characters="\x00")), max_size=6))
+def test_systemd_exec_start_round_trips_any_words(words: list[str]) -> None:
+    cmd = ServerCommand(argv=("/usr/bin/llama-server", *words), env={}, warnings=(), target="t")
+    assert _exec_start(cmd) == ["/usr/bin/llama-server", *words]
+
+
+def test_systemd_unit_shape(manifest: Manifest) -> None:
+    cfg = RunConfig(ctx_size=65536, tensor_split=(26.0, 16.0), devices=(0, 1))
+    cmd = build(cfg, manifest, server=ServerOptions(api_key_env="QP_KEY"))
+    unit = render_systemd(cmd, "plan 100% $sure", "qwen3.6 35b")
+    assert "[Unit]" in unit and "[Service]" in unit and "[Install]" in unit
+    assert unit_settings(unit, "WantedBy") == ["default.target"]
+    assert unit_settings(unit, "Restart") == ["on-failure"]
+    assert unit_settings(unit, "RestartSteps") and unit_settings(unit, "RestartMaxDelaySec")
+    env = [dict([w.split("=", 1) for _, w in systemd_words(v)]) for v in
+           unit_settings(unit, "Environment")]  # fmt: skip
+    assert {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"} in env
+    # No secret in the unit: the key comes from a file the user writes.
+    assert unit_settings(unit, "EnvironmentFile") == [
+        "%h/.config/quantpick/llama-server-qwen3.6-35b.env"
+    ]
+    assert "QP_KEY" not in "".join(unit_settings(unit, "ExecStart"))
+    assert "systemctl --user daemon-reload && systemctl --user enable --now" in unit
+
+
+@pytest.mark.parametrize("program", ["-llama-server", "@x", '/opt/"q"/llama-server'])
+def test_systemd_refuses_programs_it_would_misread(program: str) -> None:
+    cmd = ServerCommand(argv=(program, "-c", "1"), env={}, warnings=(), target="t")
+    with pytest.raises(UsageError):
+        render_systemd(cmd, "plan", "m")
+
+
+@pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="needs systemd-analyze")
+def test_systemd_analyze_verify_accepts_the_unit(manifest: Manifest, tmp_path: Path) -> None:
+    """systemd's own parser: no error and no warning but the back-off keys older versions lack."""
+    cmd = build(RunConfig(devices=(0, 1), tensor_split=(1.0, 1.0)), manifest,
+                server=ServerOptions(api_key_env="K", extra_args=tuple(UNIT_ARGS)))  # fmt: skip
+    cmd = dataclasses.replace(cmd, argv=("/bin/echo", *cmd.argv[1:]))
+    unit = tmp_path / "llama-server-test.service"
+    unit.write_text(render_systemd(cmd, "plan", "test"))
+    (tmp_path / "xdg").mkdir(mode=0o700)
+    env = {**os.environ, "XDG_RUNTIME_DIR": str(tmp_path / "xdg"), "HOME": str(tmp_path)}
+    out = subprocess.run(["systemd-analyze", "--user", "verify", str(unit)], env=env,
+                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    problems = [
+        line for line in (out.stdout + out.stderr).splitlines()
+        if line.strip() and "RestartSteps" not in line and "RestartMaxDelaySec" not in line
+    ]  # fmt: skip
+    if out.returncode != 0 and any("initialize manager" in p for p in problems):
+        pytest.skip("systemd-analyze cannot start a user manager here")
+    assert out.returncode == 0 and problems == [], problems
+
+
+# --- docker compose ------------------------------------------------------------------------------
+
+
+def compose_command(text: str) -> list[str]:
+    """The `command:` list, read without a YAML library (each item is one JSON-style string)."""
+    lines = text.splitlines()
+    start = lines.index("    command:") + 1
+    items = []
+    for line in lines[start:]:
+        if not line.startswith("      - "):
+            break
+        items.append(json.loads(line[len("      - ") :]).replace("$$", "$"))
+    return items
+
+
+def test_compose_rewrites_paths_host_and_gpus(manifest: Manifest) -> None:
+    cfg = RunConfig(ctx_size=32768, vision=True, devices=(1, 3), tensor_split=(3.0, 1.0),
+                    override_tensors=((r"blk\.1\.ffn_up_exps", "CUDA3"),))  # fmt: skip
+    cmd = build(cfg, manifest, mmproj_path=Path("/proj/mmproj-BF16.gguf"),
+                server=ServerOptions(host="192.168.1.5", port=9000))  # fmt: skip
+    text = render_compose(cmd, "plan")
+    args = compose_command(text)
+    assert args[:4] == ["-m", f"/models/{MODEL.name}", "--mmproj", "/models-2/mmproj-BF16.gguf"]
+    assert args[args.index("--host") + 1] == "0.0.0.0"  # inside; the port mapping decides
+    # Only GPUs 1 and 3 are in the container, numbered 0 and 1 in PCI order.
+    assert args[args.index("--device") + 1] == "CUDA0,CUDA1"
+    assert args[args.index("-ot") + 1] == r"blk\.1\.ffn_up_exps=CUDA1"
+    assert '      - "192.168.1.5:9000:9000"' in text
+    assert 'device_ids: ["1", "3"]' in text and '"ghcr.io/ggml-org/llama.cpp:server-cuda"' in text
+    assert text.count("read_only: true") == 2
+
+
+def test_compose_cpu_plan_has_no_gpu_and_loopback_port(manifest: Manifest) -> None:
+    cmd = build(RunConfig(ctx_size=8192, n_gpu_layers=0, devices=()), manifest,
+                server=ServerOptions(api_key_env="QP_KEY"))  # fmt: skip
+    text = render_compose(cmd, "plan")
+    assert '"ghcr.io/ggml-org/llama.cpp:server"' in text and "deploy:" not in text
+    assert '      - "127.0.0.1:8080:8080"' in text
+    assert 'LLAMA_API_KEY: "${QP_KEY:?set QP_KEY to the API key}"' in text  # by reference
+    assert "--api-key" not in text
+
+
+def test_compose_parses_as_yaml_to_the_same_values(manifest: Manifest) -> None:
+    yaml = pytest.importorskip("yaml")  # PyYAML only when installed (huggingface_hub brings it)
+    hostile = ("$HOME", "${X}", 'q"uote', "line\nbreak", "nel\x85ls\u2028", "# not a comment",
+               "- dash", "yes", "null", "1e3", "ünïcødé 模型", "tab\t")  # fmt: skip
+    cmd = build(RunConfig(devices=(0,)), manifest, server=ServerOptions(extra_args=hostile))
+    text = render_compose(cmd, "plan with: colons # and hashes\nand a newline")
+    doc = yaml.safe_load(text)
+    service = doc["services"]["llama-server"]
+    command = [c.replace("$$", "$") for c in service["command"]]
+    assert command == compose_command(text)
+    assert command[-len(hostile) :] == list(hostile)
+    assert service["volumes"][0] == {"type": "bind", "source": str(MODEL.parent),
+                                     "target": "/models", "read_only": True}  # fmt: skip
+    assert service["deploy"]["resources"]["reservations"]["devices"] == [
+        {"driver": "nvidia", "device_ids": ["0"], "capabilities": ["gpu"]}
+    ]
+
+
+GOLDEN = Path(__file__).parent / "golden"
+
+
+@pytest.mark.parametrize(
+    ("name", "config", "server"),
+    [
+        ("cpu", RunConfig(ctx_size=8192, n_gpu_layers=0, devices=()), ServerOptions()),
+        ("two-gpu", RunConfig(ctx_size=262144, tensor_split=(27.0, 15.0), devices=(0, 1)),
+         ServerOptions(api_key_env="QP_KEY", alias="qwen")),
+    ],
+)  # fmt: skip
+def test_golden_units_and_compose_files(
+    name: str, config: RunConfig, server: ServerOptions, manifest: Manifest
+) -> None:
+    """Golden outputs (QUANTPICK_REGEN_GOLDEN=1 rewrites them; review the diff)."""
+    program = dataclasses.replace(server, program="/opt/llama.cpp/bin/llama-server")
+    cmd = build(config, manifest, server=program)
+    plan = f"quantpick plan: golden {name}"
+    rendered = {f"{name}.service": render_systemd(cmd, plan, server.alias or manifest.id),
+                f"{name}.compose.yaml": render_compose(cmd, plan)}  # fmt: skip
+    for file, text in rendered.items():
+        path = GOLDEN / file
+        if os.environ.get("QUANTPICK_REGEN_GOLDEN") == "1":
+            path.parent.mkdir(exist_ok=True)
+            path.write_text(text)
+        assert text == path.read_text(), f"{file} changed (QUANTPICK_REGEN_GOLDEN=1 rewrites it)"
+
+
+# --- -hf: the file llama-server's downloader picks --------------------------------------------
+
+
+def test_hf_candidates_follow_find_best_model() -> None:
+    listing = ["mmproj-Q4_K_M.gguf", "X-imatrix-Q4_K_M.gguf", "sub/X-UD-Q4_K_M.gguf",
+               "X-Q4_K_M.gguf", "X-Q4_K_M_L.gguf", "big/X-Q8_0-00002-of-00002.gguf",
+               "big/X-Q8_0-00001-of-00002.gguf", "X-q4_k_m.gguf.part", "README.md"]  # fmt: skip
+    assert hf_candidates(listing, "q4_k_m") == ["sub/X-UD-Q4_K_M.gguf", "X-Q4_K_M.gguf"]
+    assert hf_candidates(listing, "Q8_0") == ["big/X-Q8_0-00001-of-00002.gguf"]
+    assert hf_candidates(listing, "Q4_K") == []  # "Q4_K[.-]": Q4_K_M does not match
+
+
+def test_hf_model_adds_hf_file_only_when_the_tag_is_ambiguous(manifest: Manifest) -> None:
+    hf = hf_model(manifest, "UD-Q4_K_M")
+    assert (hf.repo, hf.tag, hf.file) == ("unsloth/Qwen3.6-35B-A3B-GGUF", "UD-Q4_K_M", None)
+    first = manifest.quant_files("UD-Q4_K_M")[0]
+    twin = dataclasses.replace(first, name="Qwen3.6-35B-A3B-Q4_K_M.gguf", quant="Q4_K_M")
+    plain = dataclasses.replace(first, name="plain/Qwen3.6-35B-A3B-UD-Q4_K_M.gguf")
+    both = dataclasses.replace(manifest, files=(*manifest.files, twin, plain))
+    assert hf_model(both, "UD-Q4_K_M").file == first.name
+    assert hf_model(both, "Q4_K_M").file == twin.name  # UD-Q4_K_M also matches "Q4_K_M[.-]"
+
+
+def test_hf_command(manifest: Manifest) -> None:
+    hf = hf_model(manifest, "UD-Q4_K_M")
+    cmd = build(RunConfig(ctx_size=32768), manifest, model_path=None, hf=hf)
+    assert cmd.argv[1:4] == ("-hf", "unsloth/Qwen3.6-35B-A3B-GGUF:UD-Q4_K_M", "--no-mmproj")
+    assert "-m" not in cmd.argv
+    assert any("main branch" in w and "sha256" in w for w in cmd.warnings)
+    vision = build(RunConfig(vision=True), manifest, model_path=None, hf=hf)
+    assert "--no-mmproj" not in vision.argv and "--mmproj" not in vision.argv
+    with pytest.raises(UsageError):
+        build(RunConfig(), manifest, model_path=None)
+
+
+def test_hf_flags_pass_the_installed_help(manifest: Manifest) -> None:
+    """-hf, --hf-file and --no-mmproj are checked against a real llama-server --help."""
+    from quantpick.serve.flags import parse_help
+
+    caps = parse_help((ROOT / "tests" / "data" / "llama-server-help-current.txt").read_text())
+    hf = dataclasses.replace(hf_model(manifest, "UD-Q4_K_M"), file="a/b.gguf")
+    cmd = build(RunConfig(), manifest, model_path=None, hf=hf, capabilities=caps)
+    assert cmd.argv[1:6] == ("-hf", "unsloth/Qwen3.6-35B-A3B-GGUF:UD-Q4_K_M", "--hf-file",
+                             "a/b.gguf", "--no-mmproj")  # fmt: skip
+    assert not any("dropped" in w for w in cmd.warnings)
+
+
+def test_compose_with_hf_keeps_the_cache_in_a_volume(manifest: Manifest) -> None:
+    yaml = pytest.importorskip("yaml")
+    hf = hf_model(manifest, "UD-Q4_K_M")
+    cmd = build(RunConfig(devices=(0,)), manifest, model_path=None, hf=hf)
+    doc = yaml.safe_load(render_compose(cmd, "plan"))
+    service = doc["services"]["llama-server"]
+    assert service["command"][:2] == ["-hf", "unsloth/Qwen3.6-35B-A3B-GGUF:UD-Q4_K_M"]
+    assert service["environment"]["HF_TOKEN"] == "${HF_TOKEN:-}"  # a reference, never a token
+    assert service["volumes"] == [{"type": "volume", "source": "hf-cache", "target": "/hf"}]
+    assert "hf-cache" in doc["volumes"]
