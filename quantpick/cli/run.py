@@ -694,7 +694,8 @@ def get_cmd(
     )
     if model_source == "hf":
         # llama-server fetches the file itself: plan (on the hub's header), nothing to download.
-        p = _plan_from_hub(manifest, machine, request, gpu_overhead, margin, exact, no_network)
+        overheads = overheads_from_cli(gpu_overhead, margin, ram_reserve, gpu_reserve)
+        p = _plan_from_hub(manifest, machine, request, overheads, exact, no_network)
         if not (json_ or quiet):
             output.note(
                 f"Plan: {p.model} {p.quant} (KV {p.config.cache_type_k}, {p.placement}) for "

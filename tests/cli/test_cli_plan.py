@@ -51,9 +51,13 @@ def run_json(args: list[str]) -> dict:
 
 
 def test_pick_json_reference_box_262144() -> None:
-    doc = run_json(["pick", MODEL, "-c", "262144", *BOX, "--prefer", "speed"])
+    doc = run_json(["pick", MODEL, "-c", "262144", *BOX])
     assert doc["schema_version"] == 1
-    assert doc["quant"] == "Q6_K" and doc["placement"] == "gpu" and doc["fits"] is True
+    assert doc["quant"] in {"Q5_K_M", "Q6_K"} and doc["placement"] == "gpu" and doc["fits"]
+    assert doc["policy"] == "balanced" and "Q8_0 would need experts in RAM" in doc["why"]
+    quality = doc["quality"]
+    assert quality["tier"] == 0 and quality["basis"] == "interpolated"
+    assert 0 < quality["mean_kld"] < 0.01 and "apex35" in quality["source"]
     assert doc["machine"]["described"] is True
     kinds = [d["kind"] for d in doc["devices"]]
     assert kinds == ["gpu", "gpu", "host"]
@@ -63,7 +67,7 @@ def test_pick_json_reference_box_262144() -> None:
         assert isinstance(d["total_bytes"], int)
     assert doc["devices"][0]["layers"] and doc["devices"][1]["layers"]
     flags = " ".join(doc["flags"])
-    assert "-c 262144" in flags and "-ts 27,15" in flags and "-ngl 42" in flags
+    assert "-c 262144" in flags and "-ts " in flags and "-ngl 42" in flags
     speed = doc["speed"]
     assert speed["tokens_per_s_target"] < speed["tokens_per_s_empty"]  # deprecated: the bound
     assert set(speed["expected"]) >= {"decode_tps_empty", "decode_tps_target", "prefill_tps"}
@@ -285,7 +289,7 @@ CLUSTER = ["--gpu", "3090", "--ram", "64G", "--rpc-device", "192.168.1.20:50052=
 
 
 def test_pick_over_a_local_3090_and_a_remote_t4() -> None:
-    doc = run_json(["pick", MODEL, "-c", "65536", "--prefer", "speed", *CLUSTER])
+    doc = run_json(["pick", MODEL, "-c", "65536", *CLUSTER])
     devices = {d["device"]: d for d in doc["devices"]}
     assert list(devices) == ["RPC0", "CUDA0", "CPU"]
     assert devices["RPC0"]["endpoint"] == "192.168.1.20:50052"
@@ -404,7 +408,8 @@ def test_bare_ram_is_gib_with_a_note() -> None:
         ).stdout
     )
     host = [d for d in doc["devices"] if d["kind"] == "host"][0]
-    assert host["budget_bytes"] > 60 * 1024**3
+    # 64 GiB, less the described machine's reserve (a quarter): the budget is 48 GiB
+    assert host["budget_bytes"] == 48 * 1024**3
     result = runner.invoke(app, ["pick", MODEL, "-c", "8192", "--gpu", "3090:24"])
     assert result.exit_code == 0
     assert "Note: --gpu 3090:24: VRAM 24 is read as 24 GiB" in result.stderr

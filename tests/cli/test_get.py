@@ -78,13 +78,14 @@ def test_get_reference_box_262144(
     dest = tmp_path / "models"
     doc = get_json([tiny, "-c", "262144", *BOX, "--dir", str(dest)])
     plan = doc["plan"]
-    assert plan["quant"] == "BF16" and plan["placement"] == "gpu" and plan["fits"] is True
+    # BF16 is the reference, never the default pick: Q8_0 is near-lossless and fits
+    assert plan["quant"] == "Q8_0" and plan["placement"] == "gpu" and plan["fits"] is True
     assert plan["machine"]["source"] == "described: --gpu 3090 --gpu t4 --ram 64G"
     # verified files at their final names, with the repository's hashes
     (entry,) = doc["files"]
     path = Path(entry["path"])
-    assert entry["verified"] is True and path == dest / "Tiny-BF16.gguf"
-    assert sha(path) == sha(repo_files["Tiny-BF16.gguf"]) == entry["sha256"]
+    assert entry["verified"] is True and path == dest / "Tiny-Q8_0.gguf"
+    assert sha(path) == sha(repo_files["Tiny-Q8_0.gguf"]) == entry["sha256"]
     assert not list(dest.glob("*.part")) and (dest / "SHA256SUMS").exists()
     # the command carries exactly the plan's placement flags
     argv = doc["command"]["argv"]
@@ -114,7 +115,7 @@ def test_get_dry_run_writes_nothing(tiny: str, fake_hub: FakeHub, tmp_path: Path
     assert doc["dry_run"] is True and doc["files"] == []
     fetch = doc["fetch"]
     assert fetch["bytes_to_fetch"] > 0 and fetch["enough_space"] is True
-    assert {f["name"] for f in fetch["files"]} == {"Tiny-BF16.gguf", "mmproj-Tiny-F16.gguf"}
+    assert {f["name"] for f in fetch["files"]} == {"Tiny-Q8_0.gguf", "mmproj-Tiny-F16.gguf"}
     assert fetch["source"].startswith("hf:")
     assert "--mmproj" in doc["command"]["argv"]
     assert not dest.exists() or not any(dest.iterdir())
