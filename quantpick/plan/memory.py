@@ -55,6 +55,9 @@ class RunConfig:
     spec_draft_n: int = 0  # --spec-type draft-mtp --spec-draft-n-max N (0 = no MTP speculation)
     devices: tuple[int, ...] | None = None  # --device CUDAi,... (None = every usable GPU)
     logits_rows: str = "server"  # "server": np*(1+draft) rows; "batch": n_ubatch rows (fit-params)
+    # Builds before PR #23764 (2026-05-29) keep the f32 KQ mask beside its f16 cast with flash
+    # attention (plan/build_class.py chooses this per installed build).
+    fa_mask_f32: bool = False
 
 
 @dataclass(frozen=True)
@@ -65,6 +68,12 @@ class Overheads:
     # safety margin kept free (VMM pool growth, fragmentation): llama.cpp --fit-target default
     gpu_margin_bytes: int = 1 * GiB
     host_margin_bytes: int = 1 * GiB  # the OS and everything else on the host
+    # Measured on this machine (quantpick bench, calibration profile): device -> bytes the driver
+    # takes beyond llama.cpp's buffers; replaces gpu_context_bytes for that GPU.
+    gpu_context_by_device: tuple[tuple[str, int], ...] = ()
+    # From llama.cpp's own projection (confirm): device -> bytes added to the estimate so that it
+    # overflows exactly where llama-fit-params says the device overflows.
+    device_correction_bytes: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -86,6 +95,7 @@ class DeviceEstimate:
     attention_layers: tuple[int, ...]  # blocks whose KV cache lives here
     recurrent_layers: tuple[int, ...]  # blocks whose recurrent state lives here
     expert_layers: tuple[int, ...]  # blocks whose routed experts live here
+    correction_bytes: int = 0  # from llama.cpp's own projection (Overheads.device_correction_bytes)
 
     @property
     def headroom_bytes(self) -> int:
@@ -354,7 +364,8 @@ def estimate(
     copies = PIPELINE_COPIES if pipeline else 1
     ub = min(config.ubatch, config.batch, n_ctx)
     fa = config.flash_attn != "off"
-    mask_bytes = kv_size * ub * (2 if fa else 4)  # [kv_size, ub/S, 1, S]
+    # [kv_size, ub/S, 1, S]: f16 with FA (plus the f32 original in builds before PR #23764)
+    mask_bytes = kv_size * ub * ((6 if config.fa_mask_f32 else 2) if fa else 4)
     activations = ub * ACTIVATION_BYTES_PER_TOKEN
     n_outputs_max = (
         min(config.batch, max(1, config.n_parallel) * (1 + config.spec_draft_n))
@@ -382,7 +393,9 @@ def estimate(
             a.compute += logits_bytes
         if pos == 0 and host_expert_layer_bytes and ub >= OP_OFFLOAD_MIN_BATCH:
             a.compute += host_expert_layer_bytes
-        a.overhead = overheads.gpu_context_bytes
+        a.overhead = dict(overheads.gpu_context_by_device).get(
+            gpu_names[pos], overheads.gpu_context_bytes
+        )
     host = acc[host_pos]
     host.compute = HOST_COMPUTE_BASE_BYTES + ub * arch.embedding_length * 4 + copies * mask_bytes
     if host.layers or host.experts:
@@ -401,6 +414,7 @@ def estimate(
     notes: list[str] = []
     if not fa:
         notes.append("flash attention off: the KQ matrix is materialised (large at long context)")
+    corrections = dict(overheads.device_correction_bytes)
     devices: list[DeviceEstimate] = []
     for pos in range(n_gpu + 1):
         a = acc[pos]
@@ -414,7 +428,8 @@ def estimate(
             name, kind, device, gpu_index = "Host", "host", "CPU", None
             free = machine.host.ram_available_bytes
             budget = free - overheads.host_margin_bytes
-        total = a.weights + a.kv + a.recurrent + a.compute + a.overhead + a.projector
+        correction = corrections.get(device, 0)
+        total = a.weights + a.kv + a.recurrent + a.compute + a.overhead + a.projector + correction
         devices.append(
             DeviceEstimate(
                 name=name,
@@ -434,6 +449,7 @@ def estimate(
                 attention_layers=tuple(a.attention),
                 recurrent_layers=tuple(a.recurrent_layers),
                 expert_layers=tuple(a.experts),
+                correction_bytes=correction,
             )
         )
     return Estimate(

@@ -21,6 +21,8 @@ from quantpick.errors import NoFitError, UsageError
 from quantpick.machine.spec import Machine
 from quantpick.model.layout import ModelLayout
 from quantpick.model.manifest import Manifest, ModelFile
+from quantpick.plan.build_class import CONSERVATIVE, ComputeRule, apply_rule
+from quantpick.plan.calibration import Calibration, calibrate_speed
 from quantpick.plan.memory import Estimate, Overheads, RunConfig, estimate
 from quantpick.plan.speed import (
     DEFAULT_GPU_BANDWIDTH,
@@ -53,6 +55,10 @@ class PlanRequest:
     flash_attn: str = "on"
     efficiency: float = 1.0  # speed calibration factor (1.0 = the bandwidth bound)
     allow_offload: bool = True
+    # The installed llama.cpp build's compute rule (plan/build_class.py); unknown: conservative.
+    compute_rule: ComputeRule = CONSERVATIVE
+    # This machine's measured speed factors (quantpick bench), applied to every speed figure.
+    calibration: Calibration | None = None
 
 
 @dataclass(frozen=True)
@@ -85,6 +91,8 @@ class Plan:
     layout_basis: str
     candidates: tuple[Candidate, ...]
     notes: tuple[str, ...] = field(default_factory=tuple)
+    compute_rule: ComputeRule = CONSERVATIVE  # the llama.cpp build class the compute assumes
+    calibration: Calibration | None = None  # applied to the speed figures, when measured here
 
 
 # ----------------------------------------------------------------------------------------------
@@ -120,6 +128,7 @@ class _Search:
     bandwidths: dict[str, int]
     efficiency: float
     target_context: int
+    calibration: Calibration | None = None
 
     def run(self, config: RunConfig) -> Estimate:
         return estimate(
@@ -131,13 +140,14 @@ class _Search:
         )
 
     def speed(self, est: Estimate) -> SpeedEstimate:
-        return decode_speed(
+        speed = decode_speed(
             self.layout,
             est,
             self.bandwidths,
             target_context=self.target_context,
             efficiency=self.efficiency,
         )
+        return calibrate_speed(speed, self.calibration) if self.calibration else speed
 
     def splits(self, n_gpu: int, n_slots: int) -> Iterable[tuple[int, ...]]:
         """Candidate layer counts per GPU (contiguous, as -ts with integer counts)."""
@@ -351,17 +361,20 @@ def plan(
     for quant in quants:
         search: _Search | None = None  # built on first use: skipped quants need no layout
         for kv in request.kv_types:
-            base = RunConfig(
-                ctx_size=target,
-                n_parallel=request.n_parallel,
-                kv_unified=request.kv_unified,
-                cache_type_k=kv,
-                cache_type_v=kv,
-                flash_attn=request.flash_attn,
-                ubatch=request.ubatch,
-                batch=request.batch,
-                vision=request.vision,
-                devices=devices,
+            base = apply_rule(
+                RunConfig(
+                    ctx_size=target,
+                    n_parallel=request.n_parallel,
+                    kv_unified=request.kv_unified,
+                    cache_type_k=kv,
+                    cache_type_v=kv,
+                    flash_attn=request.flash_attn,
+                    ubatch=request.ubatch,
+                    batch=request.batch,
+                    vision=request.vision,
+                    devices=devices,
+                ),
+                request.compute_rule,
             )
             if (
                 chosen is not None
@@ -390,6 +403,7 @@ def plan(
                     bandwidths,
                     request.efficiency,
                     target,
+                    request.calibration,
                 )
             placement, best, least = search.place(base, request.allow_offload)
             if best is None:
@@ -459,6 +473,8 @@ def plan(
         layout_basis=chosen_layout.basis,
         candidates=tuple(final),
         notes=tuple(notes),
+        compute_rule=request.compute_rule,
+        calibration=request.calibration,
     )
 
 

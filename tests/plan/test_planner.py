@@ -13,6 +13,7 @@ from quantpick.machine.spec import Gpu, Host, Machine
 from quantpick.model.layout import ModelLayout, synthesize_layout
 from quantpick.model.manifest import Manifest
 from quantpick.model.registry import find_manifest
+from quantpick.plan.build_class import CONSERVATIVE, compute_rule
 from quantpick.plan.memory import RunConfig, estimate
 from quantpick.plan.planner import PlanRequest, max_context, plan
 
@@ -90,8 +91,18 @@ def reference_box(ram_gib: float = 64) -> Machine:
     )
 
 
+# The pinned tree's llama-server (b11312): logits for a few rows (plan/build_class.py).
+CURRENT_TREE = compute_rule("0.5.0-dev", 11312, "0c1e57098")
+
+
 def test_reference_box_full_gpu_plan_uses_both_cards() -> None:
-    p = plan(MANIFEST, reference_box(), layout_of, PlanRequest(ctx_size=262144, prefer="speed"))
+    p = plan(
+        MANIFEST,
+        reference_box(),
+        layout_of,
+        PlanRequest(ctx_size=262144, prefer="speed", compute_rule=CURRENT_TREE),
+    )
+    assert p.compute_rule == CURRENT_TREE
     assert (p.quant, p.placement, p.config.cache_type_k) == ("Q6_K", "gpu", "f16")
     cuda0, cuda1, host = p.estimate.devices
     assert cuda0.layers and cuda1.layers  # both cards hold layers
@@ -104,6 +115,21 @@ def test_reference_box_full_gpu_plan_uses_both_cards() -> None:
     assert cuda0.headroom_bytes < 1.2 * GiB
     assert 190 < p.speed.tokens_per_s_empty < 200
     assert 60 < p.speed.tokens_per_s_target < 70  # KV reads dominate at 256K
+
+
+def test_an_older_or_unknown_build_reserves_whole_ubatch_logits_and_plans_smaller() -> None:
+    """Before PR #23861 llama-server reserved 485 MiB of logits at -ub 512 (and the f32 FA mask):
+    on the reference box that costs the Q6_K full-GPU plan; the unknown build gets the same."""
+    old = compute_rule(None, 9000, "abc1234")
+    for rule in (old, CONSERVATIVE):
+        p = plan(
+            MANIFEST,
+            reference_box(),
+            layout_of,
+            PlanRequest(ctx_size=262144, prefer="speed", compute_rule=rule),
+        )
+        assert p.compute_rule == rule
+        assert (p.quant, p.config.logits_rows, p.config.fa_mask_f32) == ("Q5_K_M", "batch", True)
 
 
 def test_reference_box_quality_policy_offloads_experts_of_q8() -> None:
