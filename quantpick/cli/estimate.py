@@ -47,6 +47,9 @@ from quantpick.cli.render import (
     _machine_summary,
     _print_footer,
     _speed_dict,
+    calibration_dict,
+    rule_dict,
+    tuning_lines,
 )
 
 if TYPE_CHECKING:
@@ -164,20 +167,29 @@ def estimate_cmd(
         if manifest is None or manifest.projector is None:
             raise UsageError("--vision needs a model whose manifest has a projector (mmproj)")
         projector_bytes = manifest.projector.size_bytes
-    est = estimate(
-        layout,
-        machine,
-        config,
-        overheads=overheads_from_cli(gpu_overhead, margin),
-        projector_bytes=projector_bytes,
-    )
+    from quantpick.pipeline import local_tuning
+    from quantpick.plan.build_class import apply_rule
+    from quantpick.plan.calibration import apply_overheads, calibrate_speed
+
+    tuning = local_tuning(machine, llama_server)
+    for line in tuning.notes:
+        output.note(f"Note: {line}")
+    config = apply_rule(config, tuning.rule)
+    overheads = overheads_from_cli(gpu_overhead, margin)
+    if tuning.calibration is not None:
+        overheads = apply_overheads(overheads, tuning.calibration)
+    est = estimate(layout, machine, config, overheads=overheads, projector_bytes=projector_bytes)
     speed = decode_speed(layout, est, device_bandwidths(machine))
+    if tuning.calibration is not None:
+        speed = calibrate_speed(speed, tuning.calibration)
     if json_:
         output.print_json(
             {
                 "model": label,
                 "quant": layout.quant,
                 "machine": _machine_summary(machine),
+                "compute_rule": rule_dict(tuning.rule),
+                "calibration": calibration_dict(tuning.calibration),
                 "config": _config_dict(config),
                 "flags": _flags(config, layout.n_slots),
                 **_estimate_dict(est),
@@ -194,6 +206,8 @@ def estimate_cmd(
         )
     )
     _print_footer(con, est, speed, layout)
+    for line in tuning_lines(tuning.rule, tuning.calibration):
+        con.print(line)
 
 
 def _resolve_layout(

@@ -26,6 +26,7 @@ def _device_dict(d: Any) -> dict[str, Any]:
         "compute_bytes": d.compute_bytes,
         "overhead_bytes": d.overhead_bytes,
         "projector_bytes": d.projector_bytes,
+        "correction_bytes": d.correction_bytes,
         "total_bytes": d.total_bytes,
         "free_bytes": d.free_bytes,
         "budget_bytes": d.budget_bytes,
@@ -79,6 +80,38 @@ def _estimate_dict(est: Estimate) -> dict[str, Any]:
         "devices": [_device_dict(d) for d in est.devices],
         "notes": list(est.notes),
     }
+
+
+def rule_dict(rule: Any) -> dict[str, Any]:
+    """The llama.cpp build class a compute estimate assumed (plan/build_class.py)."""
+    return {"class": rule.name, "build": rule.build, "reason": rule.reason}
+
+
+def calibration_dict(calibration: Any) -> dict[str, Any] | None:
+    """The calibration applied to speeds and GPU overheads, or None (plan/calibration.py)."""
+    if calibration is None:
+        return None
+    f = calibration.speed
+    return {
+        "label": calibration.label,
+        "date": calibration.date,
+        "build": calibration.build,
+        "speed_factors": {
+            "decode_empty": f.decode_empty,
+            "decode_depth": f.decode_depth,
+            "depth_tokens": f.depth_tokens,
+            "prefill": f.prefill,
+        },
+        "gpu_overhead_bytes": dict(calibration.gpu_overhead_bytes),
+    }
+
+
+def tuning_lines(rule: Any, calibration: Any) -> list[str]:
+    """What the answer assumed about this machine's llama.cpp, in words (human output)."""
+    lines = [f"Compute: {rule.describe()}"]
+    if calibration is not None:
+        lines.append(f"Speed and GPU overhead: {calibration.label}")
+    return lines
 
 
 def _machine_summary(machine: Machine) -> dict[str, Any]:
@@ -180,6 +213,8 @@ def plan_to_dict(p: Plan, machine: Machine, block_count: int) -> dict[str, Any]:
         "policy": p.policy,
         "layout_basis": p.layout_basis,
         "machine": _machine_summary(machine),
+        "compute_rule": rule_dict(p.compute_rule),
+        "calibration": calibration_dict(p.calibration),
         "config": _config_dict(p.config),
         **_estimate_dict(p.estimate),
         "speed": _speed_dict(p.speed),
@@ -237,6 +272,8 @@ def render_plan(p: Plan, machine: Machine, n_slots: int) -> None:
     )
     con.print("llama-server flags: " + " ".join(_flags(p.config, n_slots)))
     con.print(f"Basis: {p.layout_basis}")
+    for line in tuning_lines(p.compute_rule, p.calibration):
+        con.print(line)
     table = Table(title="Candidates", title_justify="left")
     for col in ("quant", "KV", "placement", "tok/s", "result"):
         table.add_column(col)

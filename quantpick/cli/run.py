@@ -29,10 +29,12 @@ from quantpick.cli.options import (
     JsonOpt,
     KvOpt,
     KvuOpt,
+    LlamaBinOpt,
     LlamaServerOpt,
     MarginOpt,
     MinTpsOpt,
     ModelArg,
+    NoConfirmOpt,
     NoNetworkOpt,
     NoOffloadOpt,
     NpOpt,
@@ -41,6 +43,8 @@ from quantpick.cli.options import (
     RamBandwidthOpt,
     RamOpt,
     VisionOpt,
+    apply_local_tuning,
+    confirm_options,
     load_manifest,
     machine_from_cli,
     overheads_from_cli,
@@ -49,8 +53,6 @@ from quantpick.cli.options import (
 
 if TYPE_CHECKING:
     from quantpick.machine.spec import Machine
-    from quantpick.model.layout import ModelLayout
-    from quantpick.model.manifest import Manifest
     from quantpick.plan.planner import Plan
     from quantpick.serve.command import ServerCommand, ServerOptions
     from quantpick.serve.flags import ServerCapabilities
@@ -189,6 +191,8 @@ def command_cmd(
     ram: RamOpt = None,
     cpu_only: CpuOnlyOpt = False,
     llama_server: LlamaServerOpt = None,
+    llama_bin: LlamaBinOpt = None,
+    no_confirm: NoConfirmOpt = False,
     gpu_overhead: GpuOverheadOpt = None,
     margin: MarginOpt = None,
     ram_bandwidth: RamBandwidthOpt = None,
@@ -200,55 +204,18 @@ def command_cmd(
     script: ScriptOpt = None,
     json_: JsonOpt = False,
 ) -> None:
-    """Plan for a GGUF already on disk and print the llama-server command that runs it."""
-    from functools import partial
-
+    """Plan for a GGUF already on disk and print the llama-server command that runs it
+    (confirmed by llama.cpp's llama-fit-params when it is installed)."""
+    from quantpick.cli.confirm import confirmation_to_dict, report_confirmation
+    from quantpick.cli.local import resolve_local
     from quantpick.cli.render import plan_to_dict
-    from quantpick.config import load_settings
-    from quantpick.errors import UsageError
-    from quantpick.model.local import local_layout, manifest_for_gguf
     from quantpick.plan.planner import plan
     from quantpick.serve.command import build_command
 
     machine = machine_from_cli(hardware, gpu, ram, cpu_only, llama_server, ram_bandwidth)
-    if gguf is not None:
-        model_path = gguf
-        layout = local_layout(gguf, quant)
-        manifest = load_manifest(model) if model else manifest_for_gguf(gguf, layout)
-        if model:
-            q = quant or _quant_of(manifest, gguf.name)
-        else:
-            q = manifest.files[0].quant
-        layouts = {q: layout}
-        projector = mmproj
-        if vision and projector is None:
-            raise UsageError("--vision with --gguf needs --mmproj PATH")
-    else:
-        manifest = load_manifest(model)
-        if not quant:
-            raise UsageError("give --quant Q (or --gguf PATH)")
-        q = _canonical_quant(manifest, quant)
-        base = dir_ or load_settings().models_dir / manifest.id
-        files = [base / f.name for f in manifest.quant_files(q)]
-        missing = [p for p in files if not p.is_file()]
-        if missing:
-            raise UsageError(
-                f"{missing[0]} is not there",
-                hint=f"download it first: quantpick get {manifest.id} --quant {q} (or pass --dir)",
-            )
-        model_path = files[0]
-        layout = local_layout(model_path, q)
-        layouts = {q: layout}
-        projector = None
-        if vision:
-            if manifest.projector is None:
-                raise UsageError(f"{manifest.id} has no vision projector")
-            projector = base / manifest.projector.name
-            if not projector.is_file():
-                raise UsageError(
-                    f"{projector} is not there",
-                    hint=f"quantpick get {manifest.id} --quant {q} --vision",
-                )
+    local = resolve_local(model, quant, gguf, mmproj, dir_, vision)
+    manifest, q, model_path = local.manifest, local.quant, local.model_path
+    projector = local.projector
     request = plan_request(
         ctx_size,
         parallel,
@@ -264,13 +231,20 @@ def command_cmd(
         "on",
         no_offload,
     )
-    p = plan(
-        manifest,
-        machine,
-        partial(_from_table, layouts),
-        request,
-        overheads=overheads_from_cli(gpu_overhead, margin),
+    request, overheads, _ = apply_local_tuning(
+        request, overheads_from_cli(gpu_overhead, margin), machine, llama_server
     )
+    p = plan(manifest, machine, lambda _q: local.layout, request, overheads=overheads)
+    confirmation = None
+    options = confirm_options(no_confirm, llama_bin, llama_server, machine)
+    if options is not None:
+        from quantpick.pipeline import confirm_local_plan
+
+        confirmation = confirm_local_plan(
+            p, manifest, model_path, machine, request, overheads, options
+        )
+        p = confirmation.plan
+    report_confirmation(confirmation, machine, no_confirm, quiet=json_)
     caps = _capabilities(machine, llama_server)
     cmd = build_command(
         p.config,
@@ -281,32 +255,13 @@ def command_cmd(
         server=_server_options(host, port, alias, api_key_env),
         capabilities=caps,
     )
-    doc = {"plan": plan_to_dict(p, machine, manifest.architecture.block_count)} if json_ else None
+    doc = None
+    if json_:
+        doc = {
+            "plan": plan_to_dict(p, machine, manifest.architecture.block_count),
+            "confirmation": confirmation_to_dict(confirmation),
+        }
     _emit_command(cmd, fmt=fmt, script=script, comment=_plan_comment(p, machine), json_doc=doc)
-
-
-def _from_table(table: dict[str, ModelLayout], quant: str) -> ModelLayout:
-    return table[quant]
-
-
-def _canonical_quant(manifest: Manifest, quant: str) -> str:
-    from quantpick.errors import UsageError
-
-    for q in manifest.quants:
-        if q.upper() == quant.upper():
-            return q
-    raise UsageError(
-        f"{manifest.id} has no quant {quant}", hint="available: " + ", ".join(manifest.quants)
-    )
-
-
-def _quant_of(manifest: Manifest, filename: str) -> str:
-    from quantpick.errors import UsageError
-
-    for f in manifest.files:
-        if f.name == filename and f.role == "model":
-            return f.quant
-    raise UsageError(f"{filename} is not a file of {manifest.id}", hint="pass --quant Q")
 
 
 @app.command("get")
@@ -339,6 +294,8 @@ def get_cmd(
     ram: RamOpt = None,
     cpu_only: CpuOnlyOpt = False,
     llama_server: LlamaServerOpt = None,
+    llama_bin: LlamaBinOpt = None,
+    no_confirm: NoConfirmOpt = False,
     gpu_overhead: GpuOverheadOpt = None,
     margin: MarginOpt = None,
     ram_bandwidth: RamBandwidthOpt = None,
@@ -354,6 +311,7 @@ def get_cmd(
 ) -> None:
     """Pick, download + verify, and print (or --script) the llama-server command: the whole job."""
     from quantpick.cli import output
+    from quantpick.cli.confirm import confirmation_to_dict, report_confirmation
     from quantpick.cli.download import _progress
     from quantpick.cli.download import plan_to_dict as fetch_plan_to_dict
     from quantpick.cli.render import plan_to_dict
@@ -382,6 +340,9 @@ def get_cmd(
         "on",
         no_offload,
     )
+    request, overheads, _ = apply_local_tuning(
+        request, overheads_from_cli(gpu_overhead, margin), machine, llama_server
+    )
 
     def announce(p: Plan) -> None:
         if not (json_ or quiet):
@@ -397,13 +358,14 @@ def get_cmd(
             manifest=manifest,
             machine=machine,
             plan_request=request,
-            overheads=overheads_from_cli(gpu_overhead, margin),
+            overheads=overheads,
             dest_dir=dir_ or settings.models_dir / manifest.id,
             exact=exact,
             network=not no_network,
             source=source,
             allow_unverified=allow_unverified,
             dry_run=dry_run,
+            confirm=confirm_options(no_confirm, llama_bin, llama_server, machine),
         ),
         settings=settings,
         progress=progress,
@@ -412,6 +374,8 @@ def get_cmd(
     )
     for warning in result.warnings:
         output.warn(warning)
+    if not dry_run:
+        report_confirmation(result.confirmation, machine, no_confirm, quiet=quiet or json_)
     p, report, files = result.plan, result.report, result.files
     model_path, mmproj_path = result.model_path, result.mmproj_path
     caps = _capabilities(machine, llama_server)
@@ -431,6 +395,7 @@ def get_cmd(
             "dry_run": dry_run,
             "fetch": fetch_plan_to_dict(report.plan) if report is not None else None,
             "files": files,
+            "confirmation": confirmation_to_dict(result.confirmation),
         }
     elif dry_run and report is not None:
         fp = report.plan

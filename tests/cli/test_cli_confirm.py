@@ -1,0 +1,105 @@
+"""`get` and `command` confirm the plan with llama-fit-params before writing the command (a fake
+replaying recorded real output), `--no-confirm` turns it off, and no tool means a one-line note."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+from fake_llamacpp import calls, fake_tool, fixture
+from fakehub import FakeHub
+from gguf_fixtures import TINY, write_gguf
+from typer.testing import CliRunner
+
+from quantpick.cli import app
+
+runner = CliRunner()
+REPO = "org/Tiny-GGUF"
+
+
+@pytest.fixture
+def tiny(fake_hub: FakeHub, tmp_path: Path) -> str:
+    root = tmp_path / "repo"
+    root.mkdir()
+    path = root / "Tiny-Q8_0.gguf"
+    write_gguf(path, TINY, big="Q8_0", data="random")
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    (root / "SHA256SUMS").write_text(f"{digest}  {path.name}\n")
+    fake_hub.add_repo(REPO, {path.name: path, "SHA256SUMS": root / "SHA256SUMS"})
+    added = runner.invoke(app, ["manifest", "add", REPO, "--id", "tiny", "--json"])
+    assert added.exit_code == 0, added.stderr
+    return "tiny"
+
+
+@pytest.fixture
+def tools(tmp_path: Path) -> Path:
+    bin_dir = tmp_path / "llama-bin"
+    fake_tool(bin_dir, "llama-fit-params", routes=[([], fixture("tiny-host"))])
+    return bin_dir
+
+
+def test_get_confirms_with_the_downloaded_file(tiny: str, tools: Path, tmp_path: Path) -> None:
+    dest = tmp_path / "models"
+    result = runner.invoke(
+        app, ["get", tiny, "-c", "4096", "--dir", str(dest), "--llama-bin", str(tools), "--json"]
+    )
+    assert result.exit_code == 0, result.stderr
+    doc = json.loads(result.stdout)
+    confirmation = doc["confirmation"]
+    assert confirmation["status"] == "confirmed"
+    (argv,) = calls(tools)
+    assert argv[argv.index("-m") + 1] == str(dest / "Tiny-Q8_0.gguf")
+    assert argv[argv.index("-c") + 1] == "4096" and argv[argv.index("--device") + 1] == "none"
+    assert doc["command"]["argv"][doc["command"]["argv"].index("-c") + 1] == "4096"
+
+
+def test_get_no_confirm_and_dry_run_do_not_ask(tiny: str, tools: Path, tmp_path: Path) -> None:
+    for extra in (["--no-confirm"], ["--dry-run"]):
+        result = runner.invoke(
+            app,
+            ["get", tiny, "-c", "4096", "--dir", str(tmp_path / "m"), "--llama-bin", str(tools),
+             "--json", *extra],
+        )  # fmt: skip
+        assert result.exit_code == 0, result.stderr
+        assert json.loads(result.stdout)["confirmation"] is None
+    assert calls(tools) == []
+
+
+def test_no_tool_is_one_line(tiny: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path / "nothing"))
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    result = runner.invoke(
+        app, ["get", tiny, "-c", "4096", "--dir", str(tmp_path / "m"), "--llama-bin", str(empty)]
+    )
+    assert result.exit_code == 0, result.stderr
+    notes = [ln for ln in result.stderr.splitlines() if "llama-fit-params" in ln]
+    assert notes == [
+        f"Note: no llama-fit-params in {empty}: the plan is not confirmed by llama.cpp"
+    ]
+
+
+def test_command_human_output_shows_the_comparison(tiny: str, tools: Path, tmp_path: Path) -> None:
+    dest = tmp_path / "m"
+    got = runner.invoke(app, ["get", tiny, "-c", "4096", "--dir", str(dest), "--no-confirm"])
+    assert got.exit_code == 0, got.stderr
+    result = runner.invoke(
+        app,
+        ["command", tiny, "--quant", "Q8_0", "--dir", str(dest), "-c", "4096", "--llama-bin",
+         str(tools)],
+        env={"COLUMNS": "200"},
+    )  # fmt: skip
+    assert result.exit_code == 0, result.stderr
+    assert "llama.cpp's projection" in result.stderr and "Confirmed:" in result.stderr
+    assert result.stdout.startswith("llama-server ") and " -c 4096 " in result.stdout
+
+
+def test_confirm_without_a_tool_is_an_error(tiny: str, tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001
+    monkeypatch.setenv("PATH", str(tmp_path / "nothing"))
+    dest = tmp_path / "m"
+    assert runner.invoke(app, ["get", tiny, "-c", "4096", "--dir", str(dest)]).exit_code == 0
+    result = runner.invoke(app, ["confirm", tiny, "--quant", "Q8_0", "--dir", str(dest)])
+    assert result.exit_code == 1
+    assert "no llama-fit-params" in result.stderr
