@@ -83,7 +83,7 @@ def render_bench(report: BenchReport, *, compare: bool, saved: Path | None) -> N
     for label, measured, predicted, ratio in rows:
         cells = [label, _fmt(measured)]
         if compare:
-            cells += [_fmt(predicted), _fmt(ratio, 2)]
+            cells += [_fmt(predicted), "-" if ratio is None else f"{ratio:.3g}"]
         table.add_row(*cells)
     con.print(table)
     if report.gpus:
@@ -183,7 +183,11 @@ def bench_cmd(
         512, 2048, "on", no_offload,
     )  # fmt: skip
     request, overheads, _ = apply_local_tuning(
-        request, overheads_from_cli(gpu_overhead, margin), machine, llama_server
+        request,
+        overheads_from_cli(gpu_overhead, margin),
+        machine,
+        llama_server,
+        gpu_overhead=gpu_overhead,
     )
     p = plan(local.manifest, machine, lambda _q: local.layout, request, overheads=overheads)
     if depth is None:

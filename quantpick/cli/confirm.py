@@ -109,7 +109,8 @@ def confirmation_table(report: ConfirmReport) -> Any:
 
     last = report.rounds[-1]
     table = Table(
-        title="llama.cpp's projection (llama-fit-params) beside quantpick's estimate  (MiB)",
+        title=f"llama.cpp's projection ({Path(last.argv[0]).name}, {last.seconds:.2f} s) beside "
+        "quantpick's estimate  (MiB)",
         title_justify="left",
         pad_edge=False,
     )
@@ -128,12 +129,16 @@ def confirmation_table(report: ConfirmReport) -> Any:
             pair(d.predicted_model_bytes, d.model_mib),
             pair(d.predicted_context_bytes, d.context_mib),
             pair(d.predicted_compute_bytes, d.compute_mib),
-            f"{d.adjust_bytes / MiB:+.0f}" if d.adjust_bytes else "0",
+            f"{d.adjust_bytes / MiB:+.1f}" if d.adjust_bytes else "0",
             f"{d.projected_bytes / MiB:.0f}",
             f"{d.free_bytes // MiB}" + ("" if d.free_from == "llama.cpp" else "*"),
             f"{style}{d.headroom_bytes / MiB:.0f}",
         )
     return table
+
+
+def _amount(n: int) -> str:
+    return f"{n / MiB:+.0f} MiB" if abs(n) >= MiB else f"{n / 1024:+.0f} KiB"
 
 
 def print_confirmation(report: ConfirmReport, *, stdout: bool) -> None:
@@ -145,20 +150,19 @@ def print_confirmation(report: ConfirmReport, *, stdout: bool) -> None:
         con.print(confirmation_table(report))
         last = report.rounds[-1].confirmation
         for a in last.adjustments:
-            con.print(f"  adjust {a.device} {a.bytes / MiB:+.0f} MiB: {a.why}")
+            con.print(f"  adjust {a.device} {_amount(a.bytes)}: {a.why}")
         for note in last.notes:
             con.print(f"  note: {note}")
         if any(d.free_from == "probe" for d in last.checks):
             con.print("  * free memory from quantpick's probe (llama.cpp does not print it)")
         con.print(
-            "  model/context/compute: quantpick = llama.cpp where they agree to the MiB "
-            "(llama.cpp floors); projected = llama-server's use by llama.cpp's figures, "
-            "headroom = free - margin - projected"
+            "  model, context, compute: quantpick = llama.cpp where they agree to the MiB "
+            "(llama.cpp floors).\n  projected: llama-server's use by llama.cpp's figures; "
+            "headroom = free - margin - projected."
         )
     for change in report.changes:
         con.print(f"  re-planned: {change}")
-    verdict = "Confirmed: " if report.status in ("confirmed", "replanned") else ""
-    con.print(verdict + report.message)
+    con.print(report.message[:1].upper() + report.message[1:])
 
 
 def report_confirmation(
@@ -231,7 +235,11 @@ def confirm_cmd(
         512, 2048, "on", no_offload,
     )  # fmt: skip
     request, overheads, _ = apply_local_tuning(
-        request, overheads_from_cli(gpu_overhead, margin), machine, llama_server
+        request,
+        overheads_from_cli(gpu_overhead, margin),
+        machine,
+        llama_server,
+        gpu_overhead=gpu_overhead,
     )
     p = plan(local.manifest, machine, lambda _q: local.layout, request, overheads=overheads)
     if llama_bin is not None and not llama_bin.is_dir():

@@ -176,7 +176,7 @@ def estimate_cmd(
         output.note(f"Note: {line}")
     config = apply_rule(config, tuning.rule)
     overheads = overheads_from_cli(gpu_overhead, margin)
-    if tuning.calibration is not None:
+    if tuning.calibration is not None and gpu_overhead is None:
         overheads = apply_overheads(overheads, tuning.calibration)
     est = estimate(layout, machine, config, overheads=overheads, projector_bytes=projector_bytes)
     speed = decode_speed(layout, est, device_bandwidths(machine))

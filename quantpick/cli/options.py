@@ -207,19 +207,29 @@ def overheads_from_cli(gpu_overhead: str | None, margin: str | None) -> Overhead
 
 
 def apply_local_tuning(
-    request: Any, overheads: Overheads, machine: Machine, llama_server: Path | None
+    request: Any,
+    overheads: Overheads,
+    machine: Machine,
+    llama_server: Path | None,
+    *,
+    gpu_overhead: str | None = None,
 ) -> tuple[Any, Overheads, Any]:
     """The request and overheads with the installed llama.cpp build's compute rule and this
     machine's calibration (pipeline.local_tuning). Its notes (a calibration applied, or why one
-    was not) always go to stderr: a profile is never ignored silently."""
+    was not) always go to stderr: a profile is never ignored silently. An explicit
+    --gpu-overhead wins over the measured one."""
+    from dataclasses import replace
+
     from quantpick.cli import output
     from quantpick.pipeline import local_tuning, tune
 
     tuning = local_tuning(machine, llama_server)
     for line in tuning.notes:
         output.note(f"Note: {line}")
-    request, overheads = tune(request, overheads, tuning)
-    return request, overheads, tuning
+    request, tuned = tune(request, overheads, tuning)
+    if gpu_overhead is not None:
+        tuned = replace(tuned, gpu_context_by_device=overheads.gpu_context_by_device)
+    return request, tuned, tuning
 
 
 def confirm_options(

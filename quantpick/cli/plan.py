@@ -142,7 +142,11 @@ def pick_cmd(
     from quantpick.pipeline import plan_exact
 
     request, overheads, _ = apply_local_tuning(
-        request, overheads_from_cli(gpu_overhead, margin), machine, llama_server
+        request,
+        overheads_from_cli(gpu_overhead, margin),
+        machine,
+        llama_server,
+        gpu_overhead=gpu_overhead,
     )
     p = plan_exact(manifest, machine, layouts, request, overheads)
     n_slots = manifest.architecture.block_count + 1
@@ -211,7 +215,11 @@ def max_context_cmd(
 
     layout_of = LayoutSource(manifest, exact=exact, network=not no_network)
     request, overheads, tuning = apply_local_tuning(
-        request, overheads_from_cli(gpu_overhead, margin), machine, llama_server
+        request,
+        overheads_from_cli(gpu_overhead, margin),
+        machine,
+        llama_server,
+        gpu_overhead=gpu_overhead,
     )
     limits = max_context(manifest, machine, layout_of, request, overheads=overheads)
     if json_:

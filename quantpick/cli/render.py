@@ -178,13 +178,18 @@ def _ranges(values: tuple[int, ...]) -> str:
     return ",".join(out)
 
 
+def _decode_label(speed: Any) -> str:
+    """ "Decode upper bound" for the model's bound; "Decode (calibrated)" once measured here."""
+    return "Decode upper bound" if speed.bound.startswith("upper bound") else "Decode (calibrated)"
+
+
 def _print_footer(con: Any, est: Estimate, speed: SpeedEstimate, layout: ModelLayout) -> None:
     con.print(f"Basis: {est.basis}" + ("" if est.exact_weights else " (estimate)"))
     con.print(
         "* compute and overhead are estimates; weights, KV and state follow llama.cpp's accounting."
     )
     con.print(
-        f"Decode upper bound: {speed.tokens_per_s_empty:.1f} tok/s empty, "
+        f"{_decode_label(speed)}: {speed.tokens_per_s_empty:.1f} tok/s empty, "
         f"{speed.tokens_per_s_target:.1f} tok/s at {speed.target_context} tokens"
     )
     con.print("Fits." if est.fits else "[bold red]Does not fit.[/]")
@@ -267,7 +272,7 @@ def render_plan(p: Plan, machine: Machine, n_slots: int) -> None:
         )
     )
     con.print(
-        f"Decode upper bound: {p.speed.tokens_per_s_empty:.1f} tok/s empty, "
+        f"{_decode_label(p.speed)}: {p.speed.tokens_per_s_empty:.1f} tok/s empty, "
         f"{p.speed.tokens_per_s_target:.1f} tok/s at {p.speed.target_context} tokens"
     )
     con.print("llama-server flags: " + " ".join(_flags(p.config, n_slots)))

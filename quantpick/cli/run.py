@@ -232,7 +232,11 @@ def command_cmd(
         no_offload,
     )
     request, overheads, _ = apply_local_tuning(
-        request, overheads_from_cli(gpu_overhead, margin), machine, llama_server
+        request,
+        overheads_from_cli(gpu_overhead, margin),
+        machine,
+        llama_server,
+        gpu_overhead=gpu_overhead,
     )
     p = plan(manifest, machine, lambda _q: local.layout, request, overheads=overheads)
     confirmation = None
@@ -341,7 +345,11 @@ def get_cmd(
         no_offload,
     )
     request, overheads, _ = apply_local_tuning(
-        request, overheads_from_cli(gpu_overhead, margin), machine, llama_server
+        request,
+        overheads_from_cli(gpu_overhead, margin),
+        machine,
+        llama_server,
+        gpu_overhead=gpu_overhead,
     )
 
     def announce(p: Plan) -> None:

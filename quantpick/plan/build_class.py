@@ -68,7 +68,7 @@ def compute_rule(version: str | None, build: int | None, commit: str | None) -> 
     if build is not None:
         label = f"b{build}" + (f" ({commit})" if commit else "")
     if version:
-        return ComputeRule(CAPPED, label, f"llama.cpp {version} ({label})")
+        return ComputeRule(CAPPED, label, f"llama.cpp {version}, {label}")
     if build is None or build <= 1:
         # build 1 without a semver version: a shallow clone of unknown age
         return ComputeRule(

@@ -92,7 +92,7 @@ def test_command_human_output_shows_the_comparison(tiny: str, tools: Path, tmp_p
         env={"COLUMNS": "200"},
     )  # fmt: skip
     assert result.exit_code == 0, result.stderr
-    assert "llama.cpp's projection" in result.stderr and "Confirmed:" in result.stderr
+    assert "llama.cpp's projection" in result.stderr and "Confirmed by llama.cpp" in result.stderr
     assert result.stdout.startswith("llama-server ") and " -c 4096 " in result.stdout
 
 
@@ -103,3 +103,51 @@ def test_confirm_without_a_tool_is_an_error(tiny: str, tmp_path: Path, monkeypat
     result = runner.invoke(app, ["confirm", tiny, "--quant", "Q8_0", "--dir", str(dest)])
     assert result.exit_code == 1
     assert "no llama-fit-params" in result.stderr
+
+
+def test_a_profile_changes_the_next_answer_unless_overridden(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a probed GPU machine with a stored profile for the installed build: the measured driver
+    overhead replaces the default on that GPU, the speeds are scaled, the answer says so; an
+    explicit --gpu-overhead still wins."""
+    import sys
+
+    from conformance_model import write_conformance_gguf
+    from fake_llamacpp import CURRENT_VERSION
+    from fake_nvml import FakeNvml, rtx_3090
+
+    from quantpick.machine.probe import probe
+    from quantpick.serve.calibration import save_profile
+
+    monkeypatch.setitem(sys.modules, "pynvml", FakeNvml([rtx_3090()]))
+    server = fake_tool(tmp_path / "srv", "llama-server", version_text=CURRENT_VERSION)
+    model = tmp_path / "q4km.gguf"
+    write_conformance_gguf(model)
+    args = ["estimate", "--gguf", str(model), "-c", "8192", "--cpu-moe", "--llama-server",
+            str(server), "--json"]  # fmt: skip
+    before = runner.invoke(app, args)
+    assert before.exit_code == 0, before.stderr
+    save_profile(
+        probe(),
+        {
+            "build_id": "b11312-0c1e57098",
+            "build_label": "b11312 (0c1e57098)",
+            "date": "2026-11-30",
+            "depth_tokens": 8192,
+            "ratios": {"decode_empty": 0.5, "decode_depth": 0.4, "prefill": None},
+            "gpus": [{"device": "CUDA0", "driver_overhead_bytes": 600 * 2**20}],
+        },
+    )
+    after = runner.invoke(app, args)
+    assert after.exit_code == 0, after.stderr
+    assert "Note: calibrated on this machine, 2026-11-30, build b11312 (0c1e57098)" in after.stderr
+    b, a = json.loads(before.stdout), json.loads(after.stdout)
+    assert b["calibration"] is None and a["calibration"]["build"] == "b11312 (0c1e57098)"
+    assert a["devices"][0]["overhead_bytes"] == 600 * 2**20
+    assert b["devices"][0]["overhead_bytes"] == 384 * 2**20
+    assert a["speed"]["tokens_per_s_empty"] == pytest.approx(
+        b["speed"]["tokens_per_s_empty"] * 0.5, rel=1e-3
+    )
+    explicit = runner.invoke(app, [*args, "--gpu-overhead", "100MiB"])
+    assert json.loads(explicit.stdout)["devices"][0]["overhead_bytes"] == 100 * 2**20
