@@ -76,6 +76,12 @@ def confirmation_to_dict(report: ConfirmReport | None) -> dict[str, Any] | None:
                             "compute": d.compute_mib,
                         },
                         "agrees": {k: d.agrees(k) for k in ("model", "context", "compute")},
+                        # llama.cpp's MiB less quantpick's bytes floored the same way
+                        "difference_mib": {
+                            "model": d.model_mib - d.predicted_model_bytes // MiB,
+                            "context": d.context_mib - d.predicted_context_bytes // MiB,
+                            "compute": d.compute_mib - d.predicted_compute_bytes // MiB,
+                        },
                         "adjust_bytes": d.adjust_bytes,
                         "projected_bytes": d.projected_bytes,
                         "estimate_total_bytes": d.estimate_total_bytes,

@@ -60,6 +60,10 @@ def test_confirm_on_the_tiny_model(llamacpp_bin: Path, tiny: Path) -> None:
     (host,) = rnd["devices"]
     assert host["llama_device"] == "Host" and host["fits"]
     assert host["agrees"]["model"] and host["agrees"]["context"]
+    assert host["difference_mib"]["model"] == host["difference_mib"]["context"] == 0
+    assert host["difference_mib"]["compute"] == (
+        host["llamacpp_mib"]["compute"] - host["predicted_compute_bytes"] // MiB
+    )
     assert doc["plan"]["compute_rule"]["build"] == "b11312 (0c1e57098)"
 
 
