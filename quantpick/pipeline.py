@@ -6,6 +6,7 @@ I/O); the CLI parses options, calls one of these and renders what comes back.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -16,9 +17,14 @@ if TYPE_CHECKING:
     from quantpick.fetch.transfer import ProgressSink
     from quantpick.machine.spec import Machine
     from quantpick.model.headers import LayoutSource
+    from quantpick.model.layout import ModelLayout
     from quantpick.model.manifest import Manifest
+    from quantpick.plan.build_class import ComputeRule
+    from quantpick.plan.calibration import Calibration, SpeedFactors
+    from quantpick.plan.confirm import Confirmation
     from quantpick.plan.memory import Overheads
     from quantpick.plan.planner import Plan, PlanRequest
+    from quantpick.serve.bench import BenchMeasurement, BenchSettings
 
 
 def plan_exact(
@@ -71,6 +77,7 @@ class GetRequest:
     source: str = "auto"
     allow_unverified: bool = False
     dry_run: bool = False
+    confirm: ConfirmOptions | None = None  # None: --no-confirm
 
 
 @dataclass(frozen=True)
@@ -85,6 +92,7 @@ class GetResult:
     mmproj_path: Path | None
     header_problems: tuple[str, ...] = ()
     warnings: tuple[str, ...] = field(default_factory=tuple)
+    confirmation: ConfirmReport | None = None  # llama.cpp's check of `plan` (None: not run)
 
 
 def get(
@@ -176,10 +184,17 @@ def get(
     model_path = by_name.get(model_name, dest / model_name)
     mmproj_path = by_name.get(projector.name, dest / projector.name) if projector else None
     final = first
+    confirmation = None
     if not req.dry_run:
         final = plan_on_local_file(
             manifest, first.quant, model_path, req.machine, req.plan_request, req.overheads
         )
+        if req.confirm is not None:
+            confirmation = confirm_local_plan(
+                final, manifest, model_path, req.machine, req.plan_request, req.overheads,
+                req.confirm,
+            )  # fmt: skip
+            final = confirmation.plan
     return GetResult(
         plan=final,
         first_plan=first,
@@ -189,4 +204,521 @@ def get(
         mmproj_path=mmproj_path,
         header_problems=tuple(layouts.problems),
         warnings=tuple(warnings),
+        confirmation=confirmation,
     )
+
+
+# ----------------------------------------------------------------------------------------------
+# This machine's own llama.cpp: which build class the compute assumes, and its calibration.
+
+
+@dataclass(frozen=True)
+class Tuning:
+    """What the installed llama.cpp and this machine's measurements change in a plan."""
+
+    rule: ComputeRule
+    calibration: Calibration | None = None  # applied (same GPUs, same build)
+    notes: tuple[str, ...] = ()  # one line each: what was applied, or why a profile was not
+
+
+def local_tuning(
+    machine: Machine, llama_server: Path | None, *, settings: Settings | None = None
+) -> Tuning:
+    """The compute rule of the llama-server that will run the plan and this machine's calibration
+    profile for that build, if any. The build comes from `--llama-server`, else from a hardware
+    file that recorded one (`probe --json`), else from llama-server on PATH; none: conservative."""
+    from quantpick.machine.llamacpp import find_llama_server, inspect_llama_server
+    from quantpick.plan.build_class import CONSERVATIVE, compute_rule
+    from quantpick.plan.calibration import build_id
+    from quantpick.serve.calibration import load_calibration
+
+    notes: list[str] = []
+    recorded = machine.llama_server
+    if llama_server is None and recorded is not None and recorded.build is not None:
+        server = recorded
+    else:
+        path = find_llama_server(llama_server)
+        server = inspect_llama_server(path) if path is not None else None
+        if server is not None and server.error is not None:
+            notes.append(f"llama-server at {path}: {server.error}")
+            server = None
+    if server is None:
+        rule, build = CONSERVATIVE, build_id(None, None, None)
+    else:
+        rule = compute_rule(server.version, server.build, server.commit)
+        build = build_id(server.build, server.commit, server.version)
+    if machine.described:
+        return Tuning(rule, notes=tuple(notes))
+    calibration, why = load_calibration(machine, build, settings=settings)
+    if calibration is not None:
+        return Tuning(rule, calibration, (*notes, calibration.label))
+    if why:
+        notes.append(f"calibration not applied: {why}")
+    return Tuning(rule, None, tuple(notes))
+
+
+def tune(
+    request: PlanRequest, overheads: Overheads, tuning: Tuning
+) -> tuple[PlanRequest, Overheads]:
+    """The request and overheads with the build's compute rule and the calibration applied."""
+    from quantpick.plan.calibration import apply_overheads
+
+    request = replace(request, compute_rule=tuning.rule, calibration=tuning.calibration)
+    if tuning.calibration is not None:
+        overheads = apply_overheads(overheads, tuning.calibration)
+    return request, overheads
+
+
+# ----------------------------------------------------------------------------------------------
+# Confirm: llama.cpp's own projection of the plan on this machine's devices.
+
+
+@dataclass(frozen=True)
+class ConfirmOptions:
+    llama_bin: Path | None = None  # --llama-bin DIR
+    llama_server: Path | None = None  # --llama-server (its directory is searched too)
+    timeout_s: float = 10.0
+    max_rounds: int = 3  # llama-fit-params runs at most this many times
+    extra_args: tuple[str, ...] = ()  # appended to llama-fit-params (tests: --rpc)
+
+
+@dataclass(frozen=True)
+class ConfirmRound:
+    plan: Plan
+    confirmation: Confirmation
+    argv: tuple[str, ...]
+    seconds: float
+
+
+@dataclass(frozen=True)
+class ConfirmReport:
+    status: str  # "confirmed" | "replanned" | "skipped" | "failed"
+    plan: Plan  # the plan to write: confirmed by llama.cpp unless skipped/failed
+    rounds: tuple[ConfirmRound, ...] = ()
+    message: str = ""  # one line for the user
+    changes: tuple[str, ...] = ()  # what the re-plan changed, flag by flag
+
+    @property
+    def seconds(self) -> float:
+        return sum(r.seconds for r in self.rounds)
+
+
+Replan = Callable[["Overheads"], "Plan"]
+
+
+def confirm_plan(
+    p: Plan,
+    *,
+    layout: ModelLayout,
+    machine: Machine,
+    overheads: Overheads,
+    model_path: Path,
+    block_count: int,
+    replan: Replan,
+    options: ConfirmOptions,
+    projector_bytes: int = 0,
+) -> ConfirmReport:
+    """Run llama-fit-params with the plan's flags and compare; on a projected overflow re-plan with
+    llama.cpp's figures (`replan(overheads with corrections)`, which raises NoFitError when nothing
+    fits) and confirm again. Raises NoFitError when llama.cpp still projects an overflow after
+    `max_rounds`: a command llama.cpp says will not fit is never returned."""
+    from quantpick.errors import NoFitError
+    from quantpick.plan.confirm import compare
+    from quantpick.serve.fitparams import (
+        FIT_PARAMS,
+        FitParamsError,
+        find_tool,
+        fit_params_argv,
+        run_fit_params,
+    )
+
+    tool = find_tool(FIT_PARAMS, llama_bin=options.llama_bin, llama_server=options.llama_server)
+    if tool is None:
+        where = f"in {options.llama_bin}" if options.llama_bin else "beside llama-server or on PATH"
+        return ConfirmReport(
+            "skipped", p, message=f"no {FIT_PARAMS} {where}: the plan is not confirmed by llama.cpp"
+        )
+    rounds: list[ConfirmRound] = []
+    current, current_overheads = p, overheads
+    while True:
+        argv, env = fit_params_argv(
+            tool, current.config, model_path, block_count, extra_args=options.extra_args
+        )
+        try:
+            run = run_fit_params(argv, env, timeout_s=options.timeout_s)
+        except FitParamsError as exc:
+            return ConfirmReport(
+                "failed",
+                current,
+                tuple(rounds),
+                f"could not confirm with llama.cpp: {exc.message}",
+                _changes(p, current),
+            )
+        confirmation = compare(
+            layout,
+            machine,
+            current.config,
+            run.projection,
+            capped=current.compute_rule.capped,
+            overheads=current_overheads,
+            projector_bytes=projector_bytes if current.config.vision else 0,
+        )
+        rounds.append(ConfirmRound(current, confirmation, run.argv, run.seconds))
+        if confirmation.problem is not None:
+            return ConfirmReport(
+                "failed",
+                current,
+                tuple(rounds),
+                f"could not confirm with llama.cpp: {confirmation.problem}",
+                _changes(p, current),
+            )
+        if confirmation.fits:
+            status = "confirmed" if current is p else "replanned"
+            return ConfirmReport(
+                status,
+                current,
+                tuple(rounds),
+                _confirmed_message(confirmation, status, len(rounds)),
+                _changes(p, current),
+            )
+        if len(rounds) >= max(1, options.max_rounds):
+            break
+        current_overheads = replace(
+            current_overheads, device_correction_bytes=confirmation.corrections()
+        )
+        try:
+            current = replan(current_overheads)
+        except NoFitError as exc:
+            raise NoFitError(
+                f"llama.cpp projects the plan will not fit ({_overflow_text(confirmation)}); "
+                f"re-planned with its figures: {exc.message}",
+                hint=exc.hint,
+            ) from exc
+    replans = len(rounds) - 1
+    raise NoFitError(
+        "llama.cpp projects the plan will not fit: over budget on "
+        + _overflow_text(rounds[-1].confirmation)
+        + (f", also after {replans} re-plan(s) with its own figures" if replans else ""),
+        hint="try a shorter -c, --allow-q4-kv, or free memory on the GPUs",
+    )
+
+
+def _overflow_text(confirmation: Confirmation) -> str:
+    return ", ".join(
+        f"{c.device} by {(c.projected_bytes - c.budget_bytes) / 2**20:.0f} MiB"
+        for c in confirmation.overflowing
+    )
+
+
+def _confirmed_message(confirmation: Confirmation, status: str, rounds: int) -> str:
+    tightest = min(confirmation.checks, key=lambda c: c.headroom_bytes)
+    head = (
+        "confirmed by llama.cpp"
+        if status == "confirmed"
+        else f"re-planned with llama.cpp's figures and confirmed (round {rounds})"
+    )
+    return (
+        f"{head}: {tightest.headroom_bytes / 2**20:.0f} MiB to spare on {tightest.device} "
+        "(the tightest device)"
+    )
+
+
+def _changes(before: Plan, after: Plan) -> tuple[str, ...]:
+    """What differs between two plans, flag by flag (`-c 262144 -> 245760`)."""
+    if before is after:
+        return ()
+    a, b = before.config, after.config
+    out = []
+    for label, x, y in (
+        ("quant", before.quant, after.quant),
+        ("-c", a.ctx_size, b.ctx_size),
+        ("-ctk", a.cache_type_k, b.cache_type_k),
+        ("-ctv", a.cache_type_v, b.cache_type_v),
+        ("-ts", a.tensor_split, b.tensor_split),
+        ("--n-cpu-moe", a.n_cpu_moe, b.n_cpu_moe),
+        ("-ngl", a.n_gpu_layers, b.n_gpu_layers),
+        ("placement", before.placement, after.placement),
+    ):
+        if x != y:
+            out.append(f"{label} {_show(x)} -> {_show(y)}")
+    return tuple(out)
+
+
+def confirm_local_plan(
+    p: Plan,
+    manifest: Manifest,
+    model_path: Path,
+    machine: Machine,
+    request: PlanRequest,
+    overheads: Overheads,
+    options: ConfirmOptions,
+) -> ConfirmReport:
+    """`confirm_plan` for a plan made on a file on disk (`get`, `command`, `confirm`)."""
+    from quantpick.model.local import local_layout
+
+    layout = local_layout(model_path, p.quant)
+    projector = manifest.projector.size_bytes if manifest.projector else 0
+    return confirm_plan(
+        p,
+        layout=layout,
+        machine=machine,
+        overheads=overheads,
+        model_path=model_path,
+        block_count=manifest.architecture.block_count,
+        replan=replan_for_file(manifest, p.quant, layout, machine, request),
+        options=options,
+        projector_bytes=projector,
+    )
+
+
+def _show(value: object) -> str:
+    if isinstance(value, tuple):
+        return ",".join(f"{v:g}" for v in value)
+    return str(value)
+
+
+def replan_for_file(
+    manifest: Manifest,
+    quant: str,
+    layout: ModelLayout,
+    machine: Machine,
+    request: PlanRequest,
+) -> Replan:
+    """The re-plan a confirm round uses: the same file (quant), the planner's own policy with
+    llama.cpp's corrections (q8_0 KV or more experts on the host where the request allows), and
+    when nothing fits at the requested context, the largest context that does."""
+    from quantpick.errors import NoFitError
+    from quantpick.plan.planner import max_context, plan
+
+    fixed = replace(request, quant=quant)
+
+    def layout_of(_q: str) -> ModelLayout:
+        return layout
+
+    def run(overheads: Overheads) -> Plan:
+        try:
+            return plan(manifest, machine, layout_of, fixed, overheads=overheads)
+        except NoFitError:
+            limits = max_context(manifest, machine, layout_of, fixed, overheads=overheads)
+            ctx = max((lim.max_context for lim in limits), default=0)
+            target = request.ctx_size or manifest.architecture.context_length
+            if ctx <= 0 or ctx >= target:
+                raise
+            return plan(
+                manifest, machine, layout_of, replace(fixed, ctx_size=ctx), overheads=overheads
+            )
+
+    return run
+
+
+# ----------------------------------------------------------------------------------------------
+# Bench: measure the plan on this machine and derive its calibration profile.
+
+
+@dataclass(frozen=True)
+class GpuOverhead:
+    device: str  # CUDA<i>
+    index: int
+    baseline_used_bytes: int
+    peak_used_bytes: int
+    accounted_bytes: int  # llama.cpp's buffers for the configuration that ran
+    accounted_from: str  # "llama-fit-params" | "quantpick's estimate"
+    driver_overhead_bytes: int
+
+
+@dataclass(frozen=True)
+class BenchReport:
+    plan: Plan
+    measurement: BenchMeasurement
+    predicted: dict[str, float | None]  # decode_empty, decode_depth, prefill (uncalibrated)
+    ratios: SpeedFactors
+    gpus: tuple[GpuOverhead, ...]
+    build_id: str
+    build_label: str
+    entry: dict[str, Any]  # the profile entry (docs/calibration.md)
+    notes: tuple[str, ...] = ()
+
+
+def bench_plan(
+    p: Plan,
+    manifest: Manifest,
+    model_path: Path,
+    machine: Machine,
+    overheads: Overheads,
+    *,
+    settings: BenchSettings,
+    llama_bin: Path | None,
+    llama_server: Path | None,
+    tool: str = "auto",
+    date: str,
+    progress: Callable[[str], None] | None = None,
+    fit_params_extra: tuple[str, ...] = (),
+) -> BenchReport:
+    """Run `p` for real (llama-bench, else llama-server), compare with the uncalibrated
+    prediction and build this machine's calibration profile entry for the tool's build."""
+    from quantpick.errors import UsageError
+    from quantpick.machine.llamacpp import inspect_llama_server
+    from quantpick.model.local import local_layout
+    from quantpick.plan.calibration import (
+        build_id,
+        driver_overhead,
+        predicted_figures,
+        speed_ratios,
+    )
+    from quantpick.plan.confirm import server_logits_saving
+    from quantpick.plan.memory import estimate
+    from quantpick.plan.planner import device_bandwidths
+    from quantpick.plan.speed import decode_speed
+    from quantpick.serve.bench import (
+        BENCH,
+        SERVER,
+        bench_config,
+        run_llama_bench,
+        run_llama_server,
+    )
+    from quantpick.serve.fitparams import (
+        FIT_PARAMS,
+        FitParamsError,
+        find_tool,
+        fit_params_argv,
+        run_fit_params,
+    )
+
+    if tool not in ("auto", BENCH, SERVER):
+        raise UsageError(f"--tool {tool}: use auto, {BENCH} or {SERVER}")
+    bench_bin = (
+        None if tool == SERVER else find_tool(BENCH, llama_bin=llama_bin, llama_server=llama_server)
+    )
+    server_bin = find_tool(SERVER, llama_bin=llama_bin, llama_server=llama_server)
+    if bench_bin is None and (tool == BENCH or server_bin is None):
+        where = f"in {llama_bin}" if llama_bin else "beside llama-server or on PATH"
+        wanted = BENCH if tool == BENCH else f"{BENCH} or {SERVER}"
+        raise UsageError(f"no {wanted} {where}", hint="install llama.cpp or pass --llama-bin DIR")
+    layout = local_layout(model_path, p.quant)
+    block_count = manifest.architecture.block_count
+    gpu_indices = [g.gpu_index for g in p.estimate.gpus if g.gpu_index is not None]
+    notes: list[str] = []
+    if bench_bin is not None:
+        binary = bench_bin
+        measurement = run_llama_bench(
+            bench_bin, p.config, model_path, block_count, settings,
+            gpu_indices=gpu_indices, progress=progress,
+        )  # fmt: skip
+        ran = bench_config(p.config, settings)
+    else:
+        assert server_bin is not None
+        binary = server_bin
+        measurement = run_llama_server(
+            server_bin, p.config, model_path, block_count, settings,
+            vocab_size=layout.architecture.vocab_size, gpu_indices=gpu_indices, progress=progress,
+        )  # fmt: skip
+        ran = p.config
+    info = inspect_llama_server(binary)
+    bid = build_id(info.build, info.commit, info.version)
+    label = f"b{info.build}" + (f" ({info.commit})" if info.commit else "") if info.build else bid
+
+    # Prediction at the same depth, from the uncalibrated model.
+    bandwidths = device_bandwidths(machine)
+    depth = measurement.depth_tokens
+    speed = decode_speed(layout, p.estimate, bandwidths, target_context=depth)
+    figures = predicted_figures(speed)
+    predicted = {
+        "decode_empty": figures["decode_empty"],
+        "decode_depth": figures["decode_target"] if depth > 0 else None,
+        "prefill": figures["prefill"],
+    }
+    measured = {
+        "decode_empty": measurement.decode_tps_empty,
+        "decode_depth": measurement.decode_tps_depth,
+        "prefill": measurement.prefill_tps,
+    }
+    ratios = speed_ratios(measured, predicted, depth)
+    if predicted["prefill"] is None:
+        notes.append("no prefill prediction to compare with yet: prefill stored as measured")
+
+    # What llama.cpp accounts for the configuration that ran, per GPU.
+    est = estimate(layout, machine, ran, overheads=overheads)
+    accounted = {d.device: d.weights_bytes + d.kv_bytes + d.recurrent_bytes + d.compute_bytes
+                 for d in est.gpus}  # fmt: skip
+    source = "quantpick's estimate"
+    fit_bin = find_tool(FIT_PARAMS, llama_bin=llama_bin, llama_server=llama_server)
+    if measurement.gpus and fit_bin is not None:
+        argv, env = fit_params_argv(fit_bin, ran, model_path, block_count,
+                                    extra_args=fit_params_extra)  # fmt: skip
+        try:
+            projection = run_fit_params(argv, env).projection
+        except FitParamsError as exc:
+            notes.append(f"GPU overhead from quantpick's estimate ({exc.message})")
+        else:
+            if len(projection.gpus) == len(est.gpus):
+                saving = 0
+                if measurement.tool == SERVER and p.compute_rule.capped:
+                    saving = server_logits_saving(layout, ran, est.n_ctx)
+                out_dev = next((d.device for d in est.gpus if layout.output_slot in d.layers), None)
+                for d, row in zip(est.gpus, projection.gpus, strict=True):
+                    mib = row.model_mib + row.context_mib + row.compute_mib
+                    accounted[d.device] = mib * 2**20 - (saving if d.device == out_dev else 0)
+                source = FIT_PARAMS
+    gpus = tuple(
+        GpuOverhead(
+            device=g.device,
+            index=g.index,
+            baseline_used_bytes=g.baseline_used_bytes,
+            peak_used_bytes=g.peak_used_bytes,
+            accounted_bytes=accounted.get(g.device, 0),
+            accounted_from=source,
+            driver_overhead_bytes=driver_overhead(
+                g.peak_used_bytes, g.baseline_used_bytes, accounted.get(g.device, 0)
+            ),
+        )
+        for g in measurement.gpus
+    )
+    by_index = {g.index: g for g in machine.gpus}
+    entry = {
+        "build_id": bid,
+        "build_label": label,
+        "version": info.version,
+        "date": date,
+        "tool": measurement.tool,
+        "argv": [Path(measurement.argv[0]).name, *measurement.argv[1:]],
+        "model": manifest.id,
+        "quant": p.quant,
+        "compute_rule": p.compute_rule.name,
+        "n_prompt": measurement.n_prompt,
+        "n_gen": measurement.n_gen,
+        "depth_tokens": depth,
+        "ctx_size": measurement.ctx_size,
+        "measured": {
+            "decode_tps_empty": measurement.decode_tps_empty,
+            "decode_tps_depth": measurement.decode_tps_depth,
+            "prefill_tps": measurement.prefill_tps,
+            "prefill_tps_depth": measurement.prefill_tps_depth,
+        },
+        "predicted": {
+            "decode_tps_empty": predicted["decode_empty"],
+            "decode_tps_depth": predicted["decode_depth"],
+            "prefill_tps": predicted["prefill"],
+            "model": speed.bound,
+        },
+        "ratios": {
+            "decode_empty": ratios.decode_empty,
+            "decode_depth": ratios.decode_depth,
+            "prefill": ratios.prefill,
+        },
+        "gpus": [
+            {
+                "device": g.device,
+                "index": g.index,
+                "name": by_index[g.index].name if g.index in by_index else None,
+                "uuid": by_index[g.index].uuid if g.index in by_index else None,
+                "baseline_used_bytes": g.baseline_used_bytes,
+                "peak_used_bytes": g.peak_used_bytes,
+                "llamacpp_accounted_bytes": g.accounted_bytes,
+                "accounted_from": g.accounted_from,
+                "driver_overhead_bytes": g.driver_overhead_bytes,
+            }
+            for g in gpus
+        ],
+        "host_peak_rss_bytes": measurement.host_peak_rss_bytes,
+    }
+    return BenchReport(p, measurement, predicted, ratios, gpus, bid, label, entry, tuple(notes))

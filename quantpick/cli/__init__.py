@@ -16,7 +16,17 @@ from quantpick.errors import ExitCode
 
 # In --help order. Each module registers its commands on quantpick.cli.core.app when imported;
 # their top-level imports stay light (hub clients, NVML and rich load inside the commands).
-MODULES = ("probe", "models", "estimate", "plan", "download", "run", "manifests")
+MODULES = (
+    "probe",
+    "models",
+    "estimate",
+    "plan",
+    "download",
+    "run",
+    "confirm",
+    "bench",
+    "manifests",
+)
 COMMAND_MODULE = {
     "probe": "probe",
     "models": "models",
@@ -28,6 +38,8 @@ COMMAND_MODULE = {
     "verify": "download",
     "command": "run",
     "get": "run",
+    "confirm": "confirm",
+    "bench": "bench",
     "manifest": "manifests",
 }
 

@@ -55,6 +55,9 @@ from quantpick.cli.render import (
     _machine_summary,
     _print_footer,
     _speed_dict,
+    calibration_dict,
+    rule_dict,
+    tuning_lines,
 )
 
 if TYPE_CHECKING:
@@ -201,24 +204,29 @@ def estimate_cmd(
         if manifest is None or manifest.projector is None:
             raise UsageError("--vision needs a model whose manifest has a projector (mmproj)")
         projector_bytes = manifest.projector.size_bytes
-    est = estimate(
-        layout,
-        machine,
-        config,
-        overheads=overheads_from_cli(gpu_overhead, margin, ram_reserve, gpu_reserve),
-        projector_bytes=projector_bytes,
-    )
+    from quantpick.pipeline import local_tuning
+    from quantpick.plan.build_class import apply_rule
+    from quantpick.plan.calibration import apply_overheads, calibrate_speed
+
+    tuning = local_tuning(machine, llama_server)
+    for line in tuning.notes:
+        output.note(f"Note: {line}")
+    config = apply_rule(config, tuning.rule)
+    overheads = overheads_from_cli(gpu_overhead, margin, ram_reserve, gpu_reserve)
+    if tuning.calibration is not None and gpu_overhead is None:
+        overheads = apply_overheads(overheads, tuning.calibration)
+    est = estimate(layout, machine, config, overheads=overheads, projector_bytes=projector_bytes)
     speed = decode_speed(layout, est, device_bandwidths(machine))
-    speed = replace(
-        speed,
-        expected=expected_speed(
-            layout,
-            est,
-            device_speeds(machine),
-            target_context=speed.target_context,
-            params=speed_params_for(machine),
-        ),
+    expected = expected_speed(
+        layout,
+        est,
+        device_speeds(machine),
+        target_context=speed.target_context,
+        params=speed_params_for(machine),
     )
+    if tuning.calibration is not None:
+        expected = calibrate_speed(expected, tuning.calibration)
+    speed = replace(speed, expected=expected)
     # A configuration that does not fit is still itemized (stdout), then ends like `pick`: exit 3.
     over = [d for d in est.devices if not d.fits]
     no_fit = None
@@ -237,6 +245,8 @@ def estimate_cmd(
                 "model": label,
                 "quant": layout.quant,
                 "machine": _machine_summary(machine),
+                "compute_rule": rule_dict(tuning.rule),
+                "calibration": calibration_dict(tuning.calibration),
                 "config": _config_dict(config),
                 "flags": _flags(config, layout.n_slots),
                 **_estimate_dict(est),
@@ -255,6 +265,8 @@ def estimate_cmd(
         )
     )
     _print_footer(con, est, speed, layout)
+    for line in tuning_lines(tuning.rule, tuning.calibration):
+        con.print(line)
     if no_fit is not None:
         raise no_fit
 

@@ -151,6 +151,22 @@ LlamaServerOpt = Annotated[
     Optional[Path],  # noqa: UP045
     typer.Option("--llama-server", help="The llama-server binary to inspect (default: PATH)."),
 ]
+LlamaBinOpt = Annotated[
+    Optional[Path],  # noqa: UP045
+    typer.Option(
+        "--llama-bin",
+        help="Directory of llama.cpp's tools (llama-fit-params, llama-bench, llama-server); "
+        "default: beside llama-server, then PATH.",
+        file_okay=False,
+    ),
+]
+NoConfirmOpt = Annotated[
+    bool,
+    typer.Option(
+        "--no-confirm",
+        help="Do not ask llama.cpp (llama-fit-params) to confirm the plan on this machine.",
+    ),
+]
 
 
 # ---- planning options ------------------------------------------------------------------------
@@ -408,6 +424,47 @@ def overheads_from_cli(
     if gpu_reserve:
         o = replace(o, gpu_desktop_bytes=parse_size(gpu_reserve))
     return o
+
+
+def apply_local_tuning(
+    request: Any,
+    overheads: Overheads,
+    machine: Machine,
+    llama_server: Path | None,
+    *,
+    gpu_overhead: str | None = None,
+) -> tuple[Any, Overheads, Any]:
+    """The request and overheads with the installed llama.cpp build's compute rule and this
+    machine's calibration (pipeline.local_tuning). Its notes (a calibration applied, or why one
+    was not) always go to stderr: a profile is never ignored silently. An explicit
+    --gpu-overhead wins over the measured one."""
+    from dataclasses import replace
+
+    from quantpick.cli import output
+    from quantpick.pipeline import local_tuning, tune
+
+    tuning = local_tuning(machine, llama_server)
+    for line in tuning.notes:
+        output.note(f"Note: {line}")
+    request, tuned = tune(request, overheads, tuning)
+    if gpu_overhead is not None:
+        tuned = replace(tuned, gpu_context_by_device=overheads.gpu_context_by_device)
+    return request, tuned, tuning
+
+
+def confirm_options(
+    no_confirm: bool, llama_bin: Path | None, llama_server: Path | None, machine: Machine
+) -> Any:
+    """pipeline.ConfirmOptions, or None when confirming is off or the machine is not this one."""
+    from quantpick.errors import UsageError
+    from quantpick.pipeline import ConfirmOptions
+
+    if llama_bin is not None and not llama_bin.is_dir():
+        raise UsageError(f"--llama-bin {llama_bin}: not a directory")
+    if no_confirm or machine.described:
+        # llama.cpp projects on the devices it sees: a described machine is not this one.
+        return None
+    return ConfirmOptions(llama_bin=llama_bin, llama_server=llama_server)
 
 
 def load_manifest(model: str | None) -> Manifest:

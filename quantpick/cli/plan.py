@@ -45,12 +45,20 @@ from quantpick.cli.options import (
     RpcOpt,
     UbOpt,
     VisionOpt,
+    apply_local_tuning,
     load_manifest,
     machine_from_cli,
     overheads_from_cli,
     plan_request,
 )
-from quantpick.cli.render import _machine_summary, plan_to_dict, render_plan
+from quantpick.cli.render import (
+    _machine_summary,
+    calibration_dict,
+    plan_to_dict,
+    render_plan,
+    rule_dict,
+    tuning_lines,
+)
 
 if TYPE_CHECKING:
     pass
@@ -163,13 +171,14 @@ def pick_cmd(
     layouts = LayoutSource(manifest, exact=exact, network=not no_network)
     from quantpick.pipeline import plan_exact
 
-    p = plan_exact(
-        manifest,
-        machine,
-        layouts,
+    request, overheads, _ = apply_local_tuning(
         request,
         overheads_from_cli(gpu_overhead, margin, ram_reserve, gpu_reserve),
+        machine,
+        llama_server,
+        gpu_overhead=gpu_overhead,
     )
+    p = plan_exact(manifest, machine, layouts, request, overheads)
     n_slots = manifest.architecture.block_count + 1
     if layouts.problems:
         output.note(
@@ -252,18 +261,21 @@ def max_context_cmd(
     from quantpick.model.headers import LayoutSource
 
     layout_of = LayoutSource(manifest, exact=exact, network=not no_network)
-    limits = max_context(
-        manifest,
-        machine,
-        layout_of,
+    request, overheads, tuning = apply_local_tuning(
         request,
-        overheads=overheads_from_cli(gpu_overhead, margin, ram_reserve, gpu_reserve),
+        overheads_from_cli(gpu_overhead, margin, ram_reserve, gpu_reserve),
+        machine,
+        llama_server,
+        gpu_overhead=gpu_overhead,
     )
+    limits = max_context(manifest, machine, layout_of, request, overheads=overheads)
     if json_:
         output.print_json(
             {
                 "model": manifest.id,
                 "machine": _machine_summary(machine),
+                "compute_rule": rule_dict(tuning.rule),
+                "calibration": calibration_dict(tuning.calibration),
                 "limits": [
                     {
                         "quant": lim.quant,
@@ -293,3 +305,5 @@ def max_context_cmd(
             f"{lim.tokens_per_s_target:.1f}" if lim.tokens_per_s_target else "-",
         )
     output.stdout().print(table)
+    for line in tuning_lines(tuning.rule, tuning.calibration):
+        output.stdout().print(line)

@@ -26,6 +26,7 @@ def _device_dict(d: Any) -> dict[str, Any]:
         "compute_bytes": d.compute_bytes,
         "overhead_bytes": d.overhead_bytes,
         "projector_bytes": d.projector_bytes,
+        "correction_bytes": d.correction_bytes,
         "total_bytes": d.total_bytes,
         "free_bytes": d.free_bytes,
         "budget_bytes": d.budget_bytes,
@@ -106,6 +107,38 @@ def machine_label(machine: Machine) -> str:
     if not machine.described:
         return "this machine"
     return "described machine: " + machine.source.removeprefix("described: ")
+
+
+def rule_dict(rule: Any) -> dict[str, Any]:
+    """The llama.cpp build class a compute estimate assumed (plan/build_class.py)."""
+    return {"class": rule.name, "build": rule.build, "reason": rule.reason}
+
+
+def calibration_dict(calibration: Any) -> dict[str, Any] | None:
+    """The calibration applied to speeds and GPU overheads, or None (plan/calibration.py)."""
+    if calibration is None:
+        return None
+    f = calibration.speed
+    return {
+        "label": calibration.label,
+        "date": calibration.date,
+        "build": calibration.build,
+        "speed_factors": {
+            "decode_empty": f.decode_empty,
+            "decode_depth": f.decode_depth,
+            "depth_tokens": f.depth_tokens,
+            "prefill": f.prefill,
+        },
+        "gpu_overhead_bytes": dict(calibration.gpu_overhead_bytes),
+    }
+
+
+def tuning_lines(rule: Any, calibration: Any) -> list[str]:
+    """What the answer assumed about this machine's llama.cpp, in words (human output)."""
+    lines = [f"Compute: {rule.describe()}"]
+    if calibration is not None:
+        lines.append(f"Speed and GPU overhead: {calibration.label}")
+    return lines
 
 
 def _machine_summary(machine: Machine) -> dict[str, Any]:
@@ -261,6 +294,8 @@ def plan_to_dict(p: Plan, machine: Machine, block_count: int) -> dict[str, Any]:
         "quality": quality_dict(p.quality),
         "layout_basis": p.layout_basis,
         "machine": _machine_summary(machine),
+        "compute_rule": rule_dict(p.compute_rule),
+        "calibration": calibration_dict(p.calibration),
         "config": _config_dict(p.config),
         **_estimate_dict(p.estimate),
         "speed": _speed_dict(p.speed),
@@ -330,6 +365,8 @@ def render_plan(p: Plan, machine: Machine, n_slots: int) -> None:
     con.print(speed_line(p.speed))
     con.print("llama-server flags: " + " ".join(_flags(p.config, n_slots)))
     con.print(f"Basis: {p.layout_basis}")
+    for line in tuning_lines(p.compute_rule, p.calibration):
+        con.print(line)
     table = Table(title="Candidates", title_justify="left")
     # tok/s: the expected decode at the target context
     for col in ("quant", "KLD", "KV", "placement", "tok/s", "result"):

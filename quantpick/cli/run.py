@@ -35,10 +35,12 @@ from quantpick.cli.options import (
     JsonOpt,
     KvOpt,
     KvuOpt,
+    LlamaBinOpt,
     LlamaServerOpt,
     MarginOpt,
     MinTpsOpt,
     ModelArg,
+    NoConfirmOpt,
     NoNetworkOpt,
     NoOffloadOpt,
     NpOpt,
@@ -54,7 +56,9 @@ from quantpick.cli.options import (
     RpcLatencyOpt,
     RpcOpt,
     VisionOpt,
+    apply_local_tuning,
     complete_source,
+    confirm_options,
     load_manifest,
     machine_from_cli,
     overheads_from_cli,
@@ -63,7 +67,6 @@ from quantpick.cli.options import (
 
 if TYPE_CHECKING:
     from quantpick.machine.spec import Machine
-    from quantpick.model.layout import ModelLayout
     from quantpick.model.manifest import Manifest
     from quantpick.plan.memory import Overheads
     from quantpick.plan.planner import Plan
@@ -337,6 +340,8 @@ def command_cmd(
     ram: RamOpt = None,
     cpu_only: CpuOnlyOpt = False,
     llama_server: LlamaServerOpt = None,
+    llama_bin: LlamaBinOpt = None,
+    no_confirm: NoConfirmOpt = False,
     gpu_overhead: GpuOverheadOpt = None,
     margin: MarginOpt = None,
     ram_reserve: RamReserveOpt = None,
@@ -360,14 +365,12 @@ def command_cmd(
     json_: JsonOpt = False,
 ) -> None:
     """Plan for a GGUF already on disk (or, with --model-source hf, one llama-server fetches
-    itself) and print the llama-server command that runs it."""
-    from functools import partial
-
-    from quantpick.cli import output
+    itself) and print the llama-server command that runs it (confirmed by llama.cpp's
+    llama-fit-params when it is installed)."""
+    from quantpick.cli.confirm import confirmation_to_dict, report_confirmation
+    from quantpick.cli.local import canonical_quant, resolve_local
     from quantpick.cli.render import plan_to_dict
-    from quantpick.config import load_settings
     from quantpick.errors import UsageError
-    from quantpick.model.local import local_layout, manifest_for_gguf
     from quantpick.plan.planner import plan
     from quantpick.serve.command import build_command
 
@@ -392,7 +395,7 @@ def command_cmd(
         if not quant:
             raise UsageError("give --quant Q", hint=f"`quantpick get {manifest.id} -c N "
                              "--model-source hf` picks one")  # fmt: skip
-        q = _canonical_quant(manifest, quant)
+        q = canonical_quant(manifest, quant)
         request = plan_request(ctx_size, parallel, kv_unified, prefer, q, vision, min_tps,
                                allow_q4_kv, kv, 512, 2048, "on", no_offload)  # fmt: skip
         overheads = overheads_from_cli(gpu_overhead, margin, ram_reserve, gpu_reserve)
@@ -400,56 +403,9 @@ def command_cmd(
         _emit_hf(p, manifest, machine, llama_server, (host, port, alias, api_key_env),
                  fmt=fmt, script=script, json_doc={} if json_ else None)  # fmt: skip
         return
-    if gguf is not None:
-        model_path = gguf
-        layout = local_layout(gguf, quant)
-        manifest = load_manifest(model) if model else manifest_for_gguf(gguf, layout)
-        if model:
-            # Both given: the file is what runs, so its own header is the basis of the plan;
-            # MODEL only adds what a header lacks (sampling, reasoning format, alias).
-            if layout.architecture.name != manifest.architecture.name:
-                raise UsageError(
-                    f"{gguf} is {layout.architecture.name}, {manifest.id} is "
-                    f"{manifest.architecture.name}",
-                    hint="drop MODEL to plan the file on its own",
-                )
-            q = quant or _quant_of(manifest, gguf.name)
-            output.note(
-                f"Note: planning on {gguf.name}'s own header; {manifest.id} adds its sampling, "
-                "reasoning format and alias"
-            )
-        else:
-            q = manifest.files[0].quant
-        layouts = {q: layout}
-        projector = mmproj
-        if vision and projector is None:
-            raise UsageError("--vision with --gguf needs --mmproj PATH")
-    else:
-        manifest = load_manifest(model)
-        if not quant:
-            raise UsageError("give --quant Q (or --gguf PATH)")
-        q = _canonical_quant(manifest, quant)
-        base = dir_ or load_settings().models_dir / manifest.id
-        files = [base / f.name for f in manifest.quant_files(q)]
-        missing = [p for p in files if not p.is_file()]
-        if missing:
-            raise UsageError(
-                f"{missing[0]} is not there",
-                hint=f"download it first: quantpick get {manifest.id} --quant {q} (or pass --dir)",
-            )
-        model_path = files[0]
-        layout = local_layout(model_path, q)
-        layouts = {q: layout}
-        projector = None
-        if vision:
-            if manifest.projector is None:
-                raise UsageError(f"{manifest.id} has no vision projector")
-            projector = base / manifest.projector.name
-            if not projector.is_file():
-                raise UsageError(
-                    f"{projector} is not there",
-                    hint=f"quantpick get {manifest.id} --quant {q} --vision",
-                )
+    local = resolve_local(model, quant, gguf, mmproj, dir_, vision)
+    manifest, q, model_path = local.manifest, local.quant, local.model_path
+    projector = local.projector
     request = plan_request(
         ctx_size,
         parallel,
@@ -465,13 +421,24 @@ def command_cmd(
         "on",
         no_offload,
     )
-    p = plan(
-        manifest,
-        machine,
-        partial(_from_table, layouts),
+    request, overheads, _ = apply_local_tuning(
         request,
-        overheads=overheads_from_cli(gpu_overhead, margin, ram_reserve, gpu_reserve),
+        overheads_from_cli(gpu_overhead, margin, ram_reserve, gpu_reserve),
+        machine,
+        llama_server,
+        gpu_overhead=gpu_overhead,
     )
+    p = plan(manifest, machine, lambda _q: local.layout, request, overheads=overheads)
+    confirmation = None
+    options = confirm_options(no_confirm, llama_bin, llama_server, machine)
+    if options is not None:
+        from quantpick.pipeline import confirm_local_plan
+
+        confirmation = confirm_local_plan(
+            p, manifest, model_path, machine, request, overheads, options
+        )
+        p = confirmation.plan
+    report_confirmation(confirmation, machine, no_confirm, quiet=json_)
     caps = _capabilities(machine, llama_server)
     cmd = build_command(
         p.config,
@@ -482,7 +449,12 @@ def command_cmd(
         server=_server_options(host, port, alias, api_key_env),
         capabilities=caps,
     )
-    doc = {"plan": plan_to_dict(p, machine, manifest.architecture.block_count)} if json_ else None
+    doc = None
+    if json_:
+        doc = {
+            "plan": plan_to_dict(p, machine, manifest.architecture.block_count),
+            "confirmation": confirmation_to_dict(confirmation),
+        }
     _emit_command(
         cmd,
         fmt=fmt,
@@ -568,30 +540,6 @@ def _files_in_place(
     return out
 
 
-def _from_table(table: dict[str, ModelLayout], quant: str) -> ModelLayout:
-    return table[quant]
-
-
-def _canonical_quant(manifest: Manifest, quant: str) -> str:
-    from quantpick.errors import UsageError
-
-    for q in manifest.quants:
-        if q.upper() == quant.upper():
-            return q
-    raise UsageError(
-        f"{manifest.id} has no quant {quant}", hint="available: " + ", ".join(manifest.quants)
-    )
-
-
-def _quant_of(manifest: Manifest, filename: str) -> str:
-    from quantpick.errors import UsageError
-
-    for f in manifest.files:
-        if f.name == filename and f.role == "model":
-            return f.quant
-    raise UsageError(f"{filename} is not a file of {manifest.id}", hint="pass --quant Q")
-
-
 @app.command("get")
 def get_cmd(
     model: ModelArg = None,
@@ -628,6 +576,8 @@ def get_cmd(
     ram: RamOpt = None,
     cpu_only: CpuOnlyOpt = False,
     llama_server: LlamaServerOpt = None,
+    llama_bin: LlamaBinOpt = None,
+    no_confirm: NoConfirmOpt = False,
     gpu_overhead: GpuOverheadOpt = None,
     margin: MarginOpt = None,
     ram_reserve: RamReserveOpt = None,
@@ -652,6 +602,7 @@ def get_cmd(
 ) -> None:
     """Pick, download + verify, and print (or --script) the llama-server command: the whole job."""
     from quantpick.cli import output
+    from quantpick.cli.confirm import confirmation_to_dict, report_confirmation
     from quantpick.cli.download import _progress, reuse_lines
     from quantpick.cli.download import plan_to_dict as fetch_plan_to_dict
     from quantpick.cli.render import plan_to_dict
@@ -712,6 +663,13 @@ def get_cmd(
             json_doc={"dry_run": dry_run, "fetch": None, "files": None} if json_ else None,
         )
         return  # fmt: skip
+    request, overheads, _ = apply_local_tuning(
+        request,
+        overheads_from_cli(gpu_overhead, margin, ram_reserve, gpu_reserve),
+        machine,
+        llama_server,
+        gpu_overhead=gpu_overhead,
+    )
 
     def announce(p: Plan) -> None:
         if not (json_ or quiet):
@@ -727,13 +685,14 @@ def get_cmd(
             manifest=manifest,
             machine=machine,
             plan_request=request,
-            overheads=overheads_from_cli(gpu_overhead, margin, ram_reserve, gpu_reserve),
+            overheads=overheads,
             dest_dir=dir_,
             exact=exact,
             network=not no_network,
             source=source,
             allow_unverified=allow_unverified,
             dry_run=dry_run,
+            confirm=confirm_options(no_confirm, llama_bin, llama_server, machine),
         ),
         settings=settings,
         progress=progress,
@@ -742,6 +701,8 @@ def get_cmd(
     )
     for warning in result.warnings:
         output.warn(warning)
+    if not dry_run:
+        report_confirmation(result.confirmation, machine, no_confirm, quiet=quiet or json_)
     p, report, files = result.plan, result.report, result.files
     model_path, mmproj_path = result.model_path, result.mmproj_path
     caps = _capabilities(machine, llama_server)
@@ -763,6 +724,7 @@ def get_cmd(
             "dry_run": dry_run,
             "fetch": fetch_plan_to_dict(report.plan) if report is not None else None,
             "files": files,
+            "confirmation": confirmation_to_dict(result.confirmation),
         }
         if in_place:
             doc["in_place"] = in_place

@@ -58,6 +58,9 @@ class RunConfig:
     devices: tuple[int | str, ...] | None = None
     rpc_servers: tuple[str, ...] = ()  # --rpc HOST:PORT,...: workers of machine.rpc_workers
     logits_rows: str = "server"  # "server": np*(1+draft) rows; "batch": n_ubatch rows (fit-params)
+    # Builds before PR #23764 (2026-05-29) keep the f32 KQ mask beside its f16 cast with flash
+    # attention (plan/build_class.py chooses this per installed build).
+    fa_mask_f32: bool = False
 
 
 @dataclass(frozen=True)
@@ -74,6 +77,12 @@ class Overheads:
     gpu_desktop_bytes: int = 512 * MiB
     # Host RAM kept for everything but the model. None: the rule of `host_reserve_bytes`.
     host_reserve_bytes: int | None = None
+    # Measured on this machine (quantpick bench, calibration profile): device -> bytes the driver
+    # takes beyond llama.cpp's buffers; replaces gpu_context_bytes for that GPU.
+    gpu_context_by_device: tuple[tuple[str, int], ...] = ()
+    # From llama.cpp's own projection (confirm): device -> bytes added to the estimate so that it
+    # overflows exactly where llama-fit-params says the device overflows.
+    device_correction_bytes: tuple[tuple[str, int], ...] = ()
 
 
 # Host reserve rule (documented in the README): a probed machine's available RAM already excludes
@@ -114,6 +123,7 @@ class DeviceEstimate:
     recurrent_layers: tuple[int, ...]  # blocks whose recurrent state lives here
     expert_layers: tuple[int, ...]  # blocks whose routed experts live here
     endpoint: str | None = None  # an RPC device's worker "host:port" (None: a local device)
+    correction_bytes: int = 0  # from llama.cpp's own projection (Overheads.device_correction_bytes)
 
     @property
     def headroom_bytes(self) -> int:
@@ -461,7 +471,8 @@ def estimate(
     copies = PIPELINE_COPIES if pipeline else 1
     ub = min(config.ubatch, config.batch, n_ctx)
     fa = config.flash_attn != "off"
-    mask_bytes = kv_size * ub * (2 if fa else 4)  # [kv_size, ub/S, 1, S]
+    # [kv_size, ub/S, 1, S]: f16 with FA (plus the f32 original in builds before PR #23764)
+    mask_bytes = kv_size * ub * ((6 if config.fa_mask_f32 else 2) if fa else 4)
     activations = ub * ACTIVATION_BYTES_PER_TOKEN
     n_outputs_max = (
         min(config.batch, max(1, config.n_parallel) * (1 + config.spec_draft_n))
@@ -489,7 +500,13 @@ def estimate(
             a.compute += logits_bytes
         if pos == op_offload_pos and host_expert_layer_bytes and ub >= OP_OFFLOAD_MIN_BATCH:
             a.compute += host_expert_layer_bytes
-        a.overhead = 0 if devs[pos].context_in_free else overheads.gpu_context_bytes
+        a.overhead = (
+            0
+            if devs[pos].context_in_free
+            else dict(overheads.gpu_context_by_device).get(
+                devs[pos].name, overheads.gpu_context_bytes
+            )
+        )
     host = acc[host_pos]
     host.compute = HOST_COMPUTE_BASE_BYTES + ub * arch.embedding_length * 4 + copies * mask_bytes
     if host.layers or host.experts:
@@ -512,6 +529,7 @@ def estimate(
     notes: list[str] = []
     if not fa:
         notes.append("flash attention off: the KQ matrix is materialised (large at long context)")
+    corrections = dict(overheads.device_correction_bytes)
     devices: list[DeviceEstimate] = []
     for pos in range(n_gpu + 1):
         a = acc[pos]
@@ -531,7 +549,8 @@ def estimate(
             budget = free - host_reserve_bytes(
                 machine.host.ram_total_bytes, machine.host.ram_available_bytes, overheads
             )
-        total = a.weights + a.kv + a.recurrent + a.compute + a.overhead + a.projector
+        correction = corrections.get(device, 0)
+        total = a.weights + a.kv + a.recurrent + a.compute + a.overhead + a.projector + correction
         devices.append(
             DeviceEstimate(
                 name=name,
@@ -552,6 +571,7 @@ def estimate(
                 recurrent_layers=tuple(a.recurrent_layers),
                 expert_layers=tuple(a.experts),
                 endpoint=endpoint,
+                correction_bytes=correction,
             )
         )
     return Estimate(

@@ -27,6 +27,8 @@ from quantpick.errors import NoFitError, UsageError
 from quantpick.machine.spec import Machine
 from quantpick.model.layout import ModelLayout
 from quantpick.model.manifest import Manifest, ModelFile
+from quantpick.plan.build_class import CONSERVATIVE, ComputeRule, apply_rule
+from quantpick.plan.calibration import Calibration, calibrate_speed
 from quantpick.plan.memory import (
     Estimate,
     LlamaDevice,
@@ -74,6 +76,10 @@ class PlanRequest:
     flash_attn: str = "on"
     efficiency: float = 1.0  # speed calibration factor (1.0 = the bandwidth bound)
     allow_offload: bool = True
+    # The installed llama.cpp build's compute rule (plan/build_class.py); unknown: conservative.
+    compute_rule: ComputeRule = CONSERVATIVE
+    # This machine's measured speed factors (quantpick bench), applied to every speed figure.
+    calibration: Calibration | None = None
 
 
 @dataclass(frozen=True)
@@ -109,6 +115,8 @@ class Plan:
     notes: tuple[str, ...] = field(default_factory=tuple)
     quality: Quality | None = None
     why: str = ""  # the pick in one line
+    compute_rule: ComputeRule = CONSERVATIVE  # the llama.cpp build class the compute assumes
+    calibration: Calibration | None = None  # applied to the speed figures, when measured here
 
 
 # ----------------------------------------------------------------------------------------------
@@ -152,6 +160,7 @@ class _Search:
     bandwidths: dict[str, int]
     efficiency: float
     target_context: int
+    calibration: Calibration | None = None
 
     def run(self, config: RunConfig) -> Estimate:
         return estimate(
@@ -187,6 +196,8 @@ class _Search:
             target_context=self.target_context,
             params=self.speed_params,
         )
+        if self.calibration is not None:
+            expected = calibrate_speed(expected, self.calibration)
         return replace(bound, expected=expected)
 
     def splits(self, devices: tuple[LlamaDevice, ...], n_slots: int) -> Iterable[tuple[int, ...]]:
@@ -445,21 +456,31 @@ def plan(
             continue
         layout = layouts[quant] = layout_of(quant)
         search = _Search(
-            layout, machine, overheads, projector_bytes, bandwidths, request.efficiency, target
+            layout,
+            machine,
+            overheads,
+            projector_bytes,
+            bandwidths,
+            request.efficiency,
+            target,
+            request.calibration,
         )
         for kv in request.kv_types:
-            base = RunConfig(
-                ctx_size=target,
-                n_parallel=request.n_parallel,
-                kv_unified=request.kv_unified,
-                cache_type_k=kv,
-                cache_type_v=kv,
-                flash_attn=request.flash_attn,
-                ubatch=request.ubatch,
-                batch=request.batch,
-                vision=request.vision,
-                devices=devices,
-                rpc_servers=rpc_servers,
+            base = apply_rule(
+                RunConfig(
+                    ctx_size=target,
+                    n_parallel=request.n_parallel,
+                    kv_unified=request.kv_unified,
+                    cache_type_k=kv,
+                    cache_type_v=kv,
+                    flash_attn=request.flash_attn,
+                    ubatch=request.ubatch,
+                    batch=request.batch,
+                    vision=request.vision,
+                    devices=devices,
+                    rpc_servers=rpc_servers,
+                ),
+                request.compute_rule,
             )
             placement, best, least = search.place(base, request.allow_offload)
             if best is None:
@@ -547,6 +568,8 @@ def plan(
         notes=tuple(notes),
         quality=chosen.quality,
         why=why,
+        compute_rule=request.compute_rule,
+        calibration=request.calibration,
     )
 
 

@@ -44,20 +44,34 @@ def q4km_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
+@pytest.fixture
+def current_server(tmp_path: Path) -> Path:
+    """A stand-in llama-server of the pinned tree (b11312): its --version picks the compute rule
+    (plan/build_class.py); without one the conservative rule applies."""
+    data = Path(__file__).resolve().parents[1] / "data"
+    fake = tmp_path / "current" / "llama-server"
+    fake.parent.mkdir()
+    fake.write_text(f'#!/bin/sh\ncat "{data / "llama-server-version-current.txt"}" >&2\n')
+    fake.chmod(0o755)
+    return fake
+
+
 def run_json(args: list[str]) -> dict:
     result = runner.invoke(app, [*args, "--json"])
     assert result.exit_code == 0, result.stderr
     return json.loads(result.stdout)
 
 
-def test_pick_json_reference_box_262144() -> None:
-    doc = run_json(["pick", MODEL, "-c", "262144", *BOX])
+def test_pick_json_reference_box_262144(current_server: Path) -> None:
+    doc = run_json(["pick", MODEL, "-c", "262144", *BOX, "--llama-server", str(current_server)])
     assert doc["schema_version"] == 1
     assert doc["quant"] in {"Q5_K_M", "Q6_K"} and doc["placement"] == "gpu" and doc["fits"]
     assert doc["policy"] == "balanced" and "Q8_0 would need experts in RAM" in doc["why"]
     quality = doc["quality"]
     assert quality["tier"] == 0 and quality["basis"] == "interpolated"
     assert 0 < quality["mean_kld"] < 0.01 and "apex35" in quality["source"]
+    assert doc["compute_rule"]["class"] == "capped"
+    assert doc["compute_rule"]["build"] == "b11312 (0c1e57098)"
     assert doc["machine"]["described"] is True
     kinds = [d["kind"] for d in doc["devices"]]
     assert kinds == ["gpu", "gpu", "host"]
@@ -255,7 +269,8 @@ def test_command_needs_the_file(tmp_path: Path) -> None:
 def test_llama_server_runs_only_where_it_is_needed(
     q4km_gguf: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Planning never starts llama-server; `command` asks it for --help and --version once each."""
+    """Planning never starts llama-server: it asks for --version (the build picks the compute
+    rule); `command` also reads --help (and --version again) to check the command's flags."""
     data = Path(__file__).resolve().parents[1] / "data"
     log = tmp_path / "calls.log"
     fake = tmp_path / "bin" / "llama-server"
@@ -275,10 +290,12 @@ def test_llama_server_runs_only_where_it_is_needed(
     ):
         result = runner.invoke(app, [*args, *BOX, "--json"])
         assert result.exit_code == 0, result.stderr
-    assert not log.exists()
+        assert json.loads(result.stdout)["compute_rule"]["class"] == "capped"
+    assert log.read_text().split() == ["--version"] * 3
+    log.unlink()
     result = runner.invoke(app, ["command", "--gguf", str(q4km_gguf), "-c", "8192", *BOX, "--json"])
     assert result.exit_code == 0, result.stderr
-    assert log.read_text().split() == ["--help", "--version"]
+    assert log.read_text().split() == ["--version", "--help", "--version"]
     target = json.loads(result.stdout)["command"]
     assert target["argv"][0] == str(fake)
 

@@ -15,6 +15,7 @@ from quantpick.machine.spec import Gpu, Host, Machine
 from quantpick.model.layout import ModelLayout, synthesize_layout
 from quantpick.model.manifest import Manifest
 from quantpick.model.registry import find_manifest
+from quantpick.plan.build_class import CONSERVATIVE, compute_rule
 from quantpick.plan.memory import RunConfig, estimate
 from quantpick.plan.planner import (
     SPEED_FLOOR_TIER,
@@ -115,6 +116,10 @@ def reference_box(ram_gib: float = 64) -> Machine:
     )
 
 
+# The pinned tree's llama-server (b11312): logits for a few rows (plan/build_class.py).
+CURRENT_TREE = compute_rule("0.5.0-dev", 11312, "0c1e57098")
+
+
 def test_reference_box_fully_on_both_cards_at_q5_or_better() -> None:
     p = plan(MANIFEST, reference_box(), layout_of, PlanRequest(ctx_size=262144))
     assert p.quant in {"Q5_K_M", "Q6_K", "Q8_0"} and p.placement == "gpu"
@@ -184,6 +189,25 @@ def test_prefer_speed_is_the_fastest_above_the_floor() -> None:
         c.speed.expected.decode_tps_target for c in offload if c.speed
     )
     assert s.quant != "Q8_0"
+
+
+def test_an_older_or_unknown_build_reserves_whole_ubatch_logits() -> None:
+    """Before PR #23861 llama-server reserved 485 MiB of logits at -ub 512 (and the f32 FA mask);
+    the unknown build gets the same conservative rule."""
+    current = plan(
+        MANIFEST, reference_box(), layout_of,
+        PlanRequest(ctx_size=262144, quant="Q6_K", compute_rule=CURRENT_TREE),
+    )  # fmt: skip
+    assert (current.config.logits_rows, current.config.fa_mask_f32) == ("server", False)
+    old = compute_rule(None, 9000, "abc1234")
+    for rule in (old, CONSERVATIVE):
+        p = plan(
+            MANIFEST, reference_box(), layout_of,
+            PlanRequest(ctx_size=262144, quant="Q6_K", compute_rule=rule),
+        )  # fmt: skip
+        assert p.compute_rule == rule
+        assert (p.config.logits_rows, p.config.fa_mask_f32) == ("batch", True)
+        assert p.estimate.gpus[-1].compute_bytes > current.estimate.gpus[-1].compute_bytes
 
 
 def test_nothing_fits_exit_3_names_the_shortfall() -> None:

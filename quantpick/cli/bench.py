@@ -1,0 +1,224 @@
+"""`quantpick bench`: run the planned configuration for real on this machine, measure it, and
+store the calibration profile later plans use.
+
+Usage:
+    quantpick bench qwen3.8-35b-a3b-distill --quant Q4_K_M -c 131072
+    quantpick bench --gguf ./Qwen3.8-35B-A3B-Q4_K_M.gguf -c 65536 --depth 16384 --compare
+    quantpick bench --gguf ./model.gguf --json --no-save
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, Optional
+
+import typer
+
+from quantpick.cli.core import app
+from quantpick.cli.options import (
+    AllowQ4Opt,
+    CtxOpt,
+    GgufOpt,
+    GpuOverheadOpt,
+    JsonOpt,
+    KvOpt,
+    KvuOpt,
+    LlamaBinOpt,
+    LlamaServerOpt,
+    MarginOpt,
+    MinTpsOpt,
+    ModelArg,
+    NoOffloadOpt,
+    NpOpt,
+    PreferOpt,
+    QuantOpt,
+    RamBandwidthOpt,
+    apply_local_tuning,
+    machine_from_cli,
+    overheads_from_cli,
+    plan_request,
+)
+
+if TYPE_CHECKING:
+    from quantpick.pipeline import BenchReport
+
+# The filled context of the second decode figure when --depth is not given: deep enough that KV
+# reads show, short enough to prefill in seconds on a GPU (minutes with experts on the CPU).
+DEFAULT_DEPTH = 8192
+MiB = 1024**2
+
+
+def _fmt(value: float | None, digits: int = 1) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def render_bench(report: BenchReport, *, compare: bool, saved: Path | None) -> None:
+    from rich.table import Table
+
+    from quantpick.cli import output
+
+    m = report.measurement
+    con = output.stdout()
+    table = Table(
+        title=f"{report.plan.model} {report.plan.quant} with {m.tool} ({report.build_label})",
+        title_justify="left",
+        pad_edge=False,
+    )
+    table.add_column("figure")
+    table.add_column("measured tok/s", justify="right")
+    if compare:
+        table.add_column("predicted", justify="right")
+        table.add_column("measured / predicted", justify="right")
+    depth = f"decode at {m.depth_tokens} tokens"
+    rows: list[tuple[str, float | None, float | None, float | None]] = [
+        (f"prefill ({m.n_prompt} tokens)", m.prefill_tps, report.predicted["prefill"],
+         report.ratios.prefill),
+        ("decode, empty context", m.decode_tps_empty, report.predicted["decode_empty"],
+         report.ratios.decode_empty),
+    ]  # fmt: skip
+    if m.depth_tokens:
+        predicted_depth = report.predicted["decode_depth"]
+        rows.append((depth, m.decode_tps_depth, predicted_depth, report.ratios.decode_depth))
+        rows.append((f"prefill at {m.depth_tokens} tokens", m.prefill_tps_depth, None, None))
+    for label, measured, predicted, ratio in rows:
+        cells = [label, _fmt(measured)]
+        if compare:
+            cells += [_fmt(predicted), "-" if ratio is None else f"{ratio:.3g}"]
+        table.add_row(*cells)
+    con.print(table)
+    if report.gpus:
+        gpus = Table(title="GPU memory while it ran (MiB)", title_justify="left", pad_edge=False)
+        for col in ("device", "before", "peak", "llama.cpp buffers", "driver overhead"):
+            gpus.add_column(col, justify="left" if col == "device" else "right")
+        for g in report.gpus:
+            gpus.add_row(
+                g.device,
+                str(g.baseline_used_bytes // MiB),
+                str(g.peak_used_bytes // MiB),
+                f"{g.accounted_bytes // MiB} ({g.accounted_from})",
+                str(g.driver_overhead_bytes // MiB),
+            )
+        con.print(gpus)
+    if m.host_peak_rss_bytes is not None:
+        con.print(f"Host peak RSS of {m.tool}: {m.host_peak_rss_bytes / MiB:.0f} MiB")
+    if compare:
+        con.print(f"Predicted: {report.entry['predicted']['model']} (uncalibrated)")
+    for note in report.notes:
+        con.print(f"Note: {note}")
+    if saved is not None:
+        con.print(f"Calibration saved: {saved} (build {report.build_label})")
+
+
+@app.command("bench")
+def bench_cmd(
+    model: ModelArg = None,
+    quant: QuantOpt = None,
+    gguf: GgufOpt = None,
+    ctx_size: CtxOpt = 0,
+    parallel: NpOpt = 1,
+    kv_unified: KvuOpt = False,
+    prefer: PreferOpt = "quality",
+    min_tps: MinTpsOpt = 10.0,
+    allow_q4_kv: AllowQ4Opt = False,
+    kv: KvOpt = None,
+    no_offload: NoOffloadOpt = False,
+    dir_: Annotated[
+        Optional[Path],  # noqa: UP045
+        typer.Option(
+            "--dir",
+            help="Model directory (default: QUANTPICK_MODELS_DIR or the data dir).",
+            file_okay=False,
+        ),
+    ] = None,
+    n_prompt: Annotated[int, typer.Option("--n-prompt", help="Prefill test size.")] = 512,
+    n_gen: Annotated[int, typer.Option("--n-gen", help="Tokens generated per decode test.")] = 64,
+    depth: Annotated[
+        Optional[int],  # noqa: UP045
+        typer.Option(
+            "--depth",
+            help=f"Filled context for the second decode figure (default: min(-c, {DEFAULT_DEPTH})"
+            "; 0 = none).",
+        ),
+    ] = None,
+    reps: Annotated[int, typer.Option("--reps", help="Repetitions (llama-bench -r).")] = 2,
+    tool: Annotated[
+        str,
+        typer.Option(
+            "--tool", help="auto (llama-bench, else llama-server), llama-bench, llama-server."
+        ),  # fmt: skip
+    ] = "auto",
+    compare: Annotated[
+        bool, typer.Option("--compare", help="Print the prediction beside the measurement.")
+    ] = False,
+    no_save: Annotated[
+        bool, typer.Option("--no-save", help="Measure only; do not store the calibration.")
+    ] = False,
+    llama_server: LlamaServerOpt = None,
+    llama_bin: LlamaBinOpt = None,
+    gpu_overhead: GpuOverheadOpt = None,
+    margin: MarginOpt = None,
+    ram_bandwidth: RamBandwidthOpt = None,
+    json_: JsonOpt = False,
+) -> None:
+    """Measure the planned configuration on this machine and store its calibration profile."""
+    import datetime
+
+    from quantpick.cli import output
+    from quantpick.cli.local import resolve_local
+    from quantpick.cli.render import plan_to_dict
+    from quantpick.errors import UsageError
+    from quantpick.pipeline import bench_plan
+    from quantpick.plan.planner import plan
+    from quantpick.serve.bench import BenchSettings
+    from quantpick.serve.calibration import save_profile
+
+    if n_prompt < 1 or n_gen < 1 or reps < 1 or (depth is not None and depth < 0):
+        raise UsageError("--n-prompt, --n-gen and --reps must be >= 1, --depth >= 0")
+    if llama_bin is not None and not llama_bin.is_dir():
+        raise UsageError(f"--llama-bin {llama_bin}: not a directory")
+    machine = machine_from_cli(None, None, None, False, llama_server, ram_bandwidth)
+    local = resolve_local(model, quant, gguf, None, dir_, False)
+    request = plan_request(
+        ctx_size, parallel, kv_unified, prefer, local.quant, False, min_tps, allow_q4_kv, kv,
+        512, 2048, "on", no_offload,
+    )  # fmt: skip
+    request, overheads, _ = apply_local_tuning(
+        request,
+        overheads_from_cli(gpu_overhead, margin),
+        machine,
+        llama_server,
+        gpu_overhead=gpu_overhead,
+    )
+    p = plan(local.manifest, machine, lambda _q: local.layout, request, overheads=overheads)
+    if depth is None:
+        depth = min(p.config.ctx_size - n_gen - n_prompt, DEFAULT_DEPTH)
+    settings = BenchSettings(n_prompt=n_prompt, n_gen=n_gen, depth=max(0, depth), reps=reps)
+
+    def progress(line: str) -> None:
+        if line.startswith(("llama-bench:", "starting", "prefill", "decode")):
+            output.note(line)
+
+    report = bench_plan(
+        p,
+        local.manifest,
+        local.model_path,
+        machine,
+        overheads,
+        settings=settings,
+        llama_bin=llama_bin,
+        llama_server=llama_server,
+        tool=tool,
+        date=datetime.date.today().isoformat(),
+        progress=progress,
+    )
+    saved = None if no_save else save_profile(machine, report.entry)
+    if json_:
+        doc: dict[str, Any] = {
+            "plan": plan_to_dict(p, machine, local.manifest.architecture.block_count),
+            "bench": report.entry,
+            "notes": list(report.notes),
+            "profile_path": str(saved) if saved else None,
+        }
+        output.print_json(doc)
+        return
+    render_bench(report, compare=compare, saved=saved)

@@ -1,0 +1,84 @@
+"""The llama.cpp build selects the compute rule; an unknown build gets the conservative one."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+from conformance_model import rpc_machine, write_conformance_gguf
+from hypothesis import given
+from hypothesis import strategies as st
+
+from quantpick.model.gguf import layout_from_header, read_gguf_file
+from quantpick.model.layout import ModelLayout
+from quantpick.plan.build_class import (
+    CAPPED,
+    CAPPED_FROM_BUILD,
+    CONSERVATIVE,
+    UNCAPPED,
+    apply_rule,
+    compute_rule,
+)
+from quantpick.plan.memory import RunConfig, estimate
+
+MiB = 1024**2
+
+
+@pytest.mark.parametrize(
+    ("version", "build", "rule"),
+    [
+        ("0.5.0-dev", 11312, CAPPED),  # the pinned tree
+        ("0.5.0-dev", 1, CAPPED),  # a shallow clone of a semver-era tree
+        (None, CAPPED_FROM_BUILD, CAPPED),
+        (None, CAPPED_FROM_BUILD - 1, UNCAPPED),  # b9460-b9463 may have it: not assumed
+        (None, 7988, UNCAPPED),  # qwen35moe's first release
+        (None, 1, UNCAPPED),  # a shallow clone of unknown age
+        (None, None, UNCAPPED),
+    ],
+)
+def test_rule_per_build(version: str | None, build: int | None, rule: str) -> None:
+    got = compute_rule(version, build, "abc1234" if build else None)
+    assert got.name == rule
+    assert (got.build is None) == (build is None)
+    assert got.reason and got.describe()
+
+
+def test_unknown_is_conservative() -> None:
+    assert CONSERVATIVE.name == UNCAPPED and CONSERVATIVE.build is None
+
+
+@given(st.integers(2, 20000))
+def test_newer_builds_never_get_a_larger_rule(build: int) -> None:
+    assert compute_rule(None, build, "x").capped == (build >= CAPPED_FROM_BUILD)
+
+
+@pytest.fixture(scope="module")
+def q4km(tmp_path_factory: pytest.TempPathFactory) -> ModelLayout:
+    path = tmp_path_factory.mktemp("gguf") / "q4km.gguf"
+    size = write_conformance_gguf(path)
+    return layout_from_header(read_gguf_file(path), basis=str(path), file_bytes=size)
+
+
+def test_the_uncapped_rule_adds_the_logits_and_the_f32_mask_only_to_compute(
+    q4km: ModelLayout,
+) -> None:
+    base = RunConfig(ctx_size=262144, n_parallel=4, kv_unified=True, tensor_split=(24.0, 18.0))
+    new = estimate(q4km, rpc_machine(2), apply_rule(base, compute_rule("0.5.0-dev", 11312, "x")))
+    old = estimate(q4km, rpc_machine(2), apply_rule(base, CONSERVATIVE))
+    ub, kv = 512, 262144
+    copies = 4  # two devices, full offload, no overrides: pipeline parallelism
+    for n, o in zip(new.devices, old.devices, strict=True):
+        assert (n.weights_bytes, n.kv_bytes, n.recurrent_bytes) == (
+            o.weights_bytes, o.kv_bytes, o.recurrent_bytes,
+        )  # fmt: skip
+    mask_extra = copies * kv * ub * 4  # the f32 mask beside the f16 one
+    logits_extra = 248320 * (ub - 4) * 4
+    cuda0, cuda1, host = (
+        o.compute_bytes - n.compute_bytes for n, o in zip(new.devices, old.devices, strict=True)
+    )
+    assert cuda0 == mask_extra
+    assert cuda1 == mask_extra + logits_extra  # the output layer's device
+    assert host == mask_extra
+    assert replace(apply_rule(base, CONSERVATIVE), logits_rows="server", fa_mask_f32=False) == (
+        apply_rule(base, compute_rule("0.5.0-dev", 1, None))
+    )
