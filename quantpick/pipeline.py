@@ -567,8 +567,8 @@ def bench_plan(
     )
     from quantpick.plan.confirm import server_logits_saving
     from quantpick.plan.memory import estimate
-    from quantpick.plan.planner import device_bandwidths
-    from quantpick.plan.speed import decode_speed
+    from quantpick.plan.planner import speed_params_for
+    from quantpick.plan.speed import device_speeds, expected_speed
     from quantpick.serve.bench import (
         BENCH,
         SERVER,
@@ -617,10 +617,15 @@ def bench_plan(
     bid = build_id(info.build, info.commit, info.version)
     label = f"b{info.build}" + (f" ({info.commit})" if info.commit else "") if info.build else bid
 
-    # Prediction at the same depth, from the uncalibrated model.
-    bandwidths = device_bandwidths(machine)
+    # Prediction at the same depth, from the uncalibrated expected-speed model; llama-bench has no
+    # server loop (sampling, streaming), so its prediction leaves that cost out.
     depth = measurement.depth_tokens
-    speed = decode_speed(layout, p.estimate, bandwidths, target_context=depth)
+    params = speed_params_for(machine)
+    if bench_bin is not None:
+        params = replace(params, server_ms=0.0)
+    speed = expected_speed(
+        layout, p.estimate, device_speeds(machine), target_context=depth, params=params
+    )
     figures = predicted_figures(speed)
     predicted = {
         "decode_empty": figures["decode_empty"],
@@ -698,7 +703,7 @@ def bench_plan(
             "decode_tps_empty": predicted["decode_empty"],
             "decode_tps_depth": predicted["decode_depth"],
             "prefill_tps": predicted["prefill"],
-            "model": speed.bound,
+            "model": speed.basis,
         },
         "ratios": {
             "decode_empty": ratios.decode_empty,

@@ -28,7 +28,7 @@ MANIFEST_SOURCE_CHOICES = ("hf", "modelscope")
 FORMATS = ("line", "script", "json", "env", "systemd", "compose")
 MODEL_SOURCES = ("local", "hf")
 
-PLANNING = ("pick", "max-context", "command", "get")
+PLANNING = ("pick", "max-context", "command", "get", "confirm", "bench")
 
 
 def kv_types() -> tuple[str, ...]:
@@ -94,7 +94,12 @@ OPTION_VALUES: dict[str, tuple[tuple[tuple[str, ...], Callable[..., list[Item]]]
         (("download", "get"), _fixed(SOURCE_CHOICES)),
         (("manifest add",), _fixed(MANIFEST_SOURCE_CHOICES)),
     ),
-    "--gpu": ((("probe", "estimate", *PLANNING), lambda words, incomplete: gpu_items(incomplete)),),
+    "--gpu": (
+        (
+            ("probe", "estimate", "pick", "max-context", "command", "get"),
+            lambda words, incomplete: gpu_items(incomplete),
+        ),
+    ),
     "--quant": ((("estimate", "download", *PLANNING), quant_items),),
     "-q": ((("estimate", *PLANNING), quant_items),),
 }
@@ -127,7 +132,9 @@ def _command(args: list[str]) -> str | None:
 
 
 # Commands whose first argument is MODEL (a manifest id).
-MODEL_COMMANDS = ("show", "estimate", "pick", "max-context", "download", "command", "get")
+MODEL_COMMANDS = (
+    "show", "estimate", "pick", "max-context", "download", "command", "get", "confirm", "bench",
+)  # fmt: skip
 
 
 def model_items(incomplete: str) -> list[Item]:
@@ -139,7 +146,7 @@ def model_items(incomplete: str) -> list[Item]:
 
 # In `quantpick --help` order (cli.MODULES / COMMAND_MODULE; a test compares with typer's list).
 COMMANDS = ("probe", "models", "show", "estimate", "pick", "max-context", "download", "verify",
-            "command", "get", "manifest")  # fmt: skip
+            "command", "get", "confirm", "bench", "manifest")  # fmt: skip
 MANIFEST_COMMANDS = ("add", "check")
 
 

@@ -187,6 +187,8 @@ FAILING = {
     "command": ["command", MODEL, "-c", "8192"],  # no --quant
     "get": ["get", MODEL, "-c", "8192", "--gpu", "3090", "--script", "/no/such/dir/s.sh"],
     "manifest": ["manifest", "check", "/no/such/manifest.toml"],
+    "confirm": ["confirm", "--gguf", "/no/such/model.gguf", "-c", "8192"],
+    "bench": ["bench", "--gguf", "/no/such/model.gguf", "-c", "8192"],
 }
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -17,8 +18,8 @@ from quantpick.model.local import manifest_for_gguf
 from quantpick.pipeline import bench_plan
 from quantpick.plan.build_class import compute_rule
 from quantpick.plan.memory import Overheads, RunConfig, estimate
-from quantpick.plan.planner import Plan, device_bandwidths
-from quantpick.plan.speed import decode_speed
+from quantpick.plan.planner import Plan, device_bandwidths, speed_params_for
+from quantpick.plan.speed import decode_speed, device_speeds, expected_speed
 from quantpick.serve.bench import (
     BenchError,
     BenchSettings,
@@ -209,7 +210,8 @@ def test_bench_plan_builds_the_profile_entry(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,  # noqa: ANN001
 ) -> None:
-    """Measured speeds against the uncalibrated bound at the same depth; the GPU's driver overhead
+    """Measured speeds against the uncalibrated expected speed at the same depth; the GPU's driver
+    overhead
     is NVML's rise less llama.cpp's own buffers for the configuration that ran."""
     path, layout = q4km
     machine = rpc_machine(2)
@@ -238,11 +240,13 @@ def test_bench_plan_builds_the_profile_entry(
         assert g.accounted_from == "llama-fit-params"
         assert g.accounted_bytes == accounted[g.device]
         assert g.driver_overhead_bytes == rise[g.index] - accounted[g.device]
-    speed = decode_speed(layout, est, device_bandwidths(machine), target_context=64)
-    assert report.predicted["decode_empty"] == speed.tokens_per_s_empty
-    assert report.ratios.decode_empty == pytest.approx(52.343257 / speed.tokens_per_s_empty)
-    assert report.ratios.decode_depth == pytest.approx(123.147126 / speed.tokens_per_s_target)
-    assert report.ratios.prefill is None and report.notes  # no prefill prediction yet
+    # the uncalibrated expected model at the same depth, without the server loop (llama-bench)
+    params = replace(speed_params_for(machine), server_ms=0.0)
+    expected = expected_speed(layout, est, device_speeds(machine), target_context=64, params=params)
+    assert report.predicted["decode_empty"] == pytest.approx(expected.decode_tps_empty)
+    assert report.ratios.decode_empty == pytest.approx(52.343257 / expected.decode_tps_empty)
+    assert report.ratios.decode_depth == pytest.approx(123.147126 / expected.decode_tps_target)
+    assert report.predicted["prefill"] == pytest.approx(expected.prefill_tps)
     e = report.entry
     assert e["build_id"] == "b11312-0c1e57098" and e["date"] == "2026-11-30"
     assert e["argv"][0] == "llama-bench" and e["depth_tokens"] == 64
