@@ -177,6 +177,17 @@ def test_parse_endpoint_round_trips(address: object, port: int) -> None:
 # ---- real workers (llama.cpp's ggml-rpc-server) ----------------------------------------------
 
 
+def recv_exact(sock: socket.socket, n: int) -> bytes:
+    """TCP may deliver a reply in pieces: read until `n` bytes are in."""
+    data = b""
+    while len(data) < n:
+        chunk = sock.recv(n - len(data))
+        if not chunk:
+            break
+        data += chunk
+    return data
+
+
 @pytest.mark.llamacpp
 def test_real_worker_is_read_and_survives_a_busy_probe(llamacpp_bin: Path, tmp_path: Path) -> None:
     from rpc_workers import rpc_workers
@@ -195,11 +206,12 @@ def test_real_worker_is_read_and_survives_a_busy_probe(llamacpp_bin: Path, tmp_p
         # Hold the worker as llama-server would, then probe: busy, and the worker lives on.
         with socket.create_connection((host, port), timeout=5) as holder:
             holder.sendall(HELLO_BYTES)
-            assert len(holder.recv(36)) > 0
+            (size,) = struct.unpack("<Q", recv_exact(holder, 8))
+            assert len(recv_exact(holder, size)) == size  # the worker's HELLO reply
             with pytest.raises(RpcWorkerError, match="is busy"):
                 query_worker(host, port, timeout_s=0.5)
             holder.sendall(COUNT_BYTES)
-            assert struct.unpack("<QI", holder.recv(12)) == (4, 1)
+            assert struct.unpack("<QI", recv_exact(holder, 12)) == (4, 1)
         time.sleep(0.5)  # the worker now reads the abandoned knock, and must drop it quietly
         again = query_worker(host, port)
         assert again.version == rpc.PROTOCOL_VERSION

@@ -135,13 +135,17 @@ def test_head_and_worker_lines_run_across_two_rpc_workers(
         assert result.exit_code == 0, result.stderr
         doc = json.loads(result.stdout)
         plan_devices = [d for d in doc["plan"]["devices"] if d["kind"] == "gpu"]
-        assert [d["device"] for d in plan_devices] == ["RPC0", "RPC1"]
-        assert all(d["layers"] for d in plan_devices), plan_devices  # both workers hold layers
+        used = [d["endpoint"] for d in plan_devices]
+        assert plan_devices and all(d["layers"] for d in plan_devices), plan_devices
         argv = doc["command"]["argv"]
-        assert argv[argv.index("--rpc") + 1] == ",".join(endpoints)
+        assert argv[argv.index("--rpc") + 1] == ",".join(used)
         workers = doc["workers"]
-        assert [w["endpoint"] for w in workers] == endpoints
-        assert workers[0]["argv"][1:] == ["-H", "127.0.0.1", "-p", endpoints[0].split(":")[1], "-c"]
+        assert [w["endpoint"] for w in workers] == used
+        if len(used) < len(endpoints):
+            # the tiny model fits one worker: a second would only add a network hop per token,
+            # so the plan leaves it out of --rpc and says so
+            assert any("left out of --rpc" in n for n in doc["plan"]["notes"])
+        assert workers[0]["argv"][1:] == ["-H", "127.0.0.1", "-p", used[0].split(":")[1], "-c"]
         assert workers[0]["warnings"] == [] and workers[0]["firewall"] == []
 
     # The workers as quantpick wrote them (the program is on PATH on a worker; here, the build).
@@ -180,7 +184,7 @@ def test_head_and_worker_lines_run_across_two_rpc_workers(
                 except subprocess.TimeoutExpired:
                     server.kill()
                     server.wait()
-        # Both workers served the head, and -c filled their tensor caches (tensors > 10 MiB
+        # The workers served the head, and -c filled their tensor caches (tensors > 10 MiB
         # only: the tiny model has none, so the cache directory exists and may be empty).
         for w in workers:
             text = (tmp_path / f"worker-{w['endpoint'].split(':')[1]}.log").read_text()
