@@ -446,7 +446,7 @@ def plan(
         elif request.prefer == "quality" and feasible:
             skip = f"lower quality than {feasible[0].quant}"
         elif request.prefer == "balanced" and best_tier is not None and q.tier > best_tier:
-            skip = f"a lower quality tier than {feasible[0].quant} ({q.verdict})"
+            skip = f"a lower quality tier than plans that fit ({q.verdict})"
         if skip is not None:
             for kv in request.kv_types:
                 candidates.append(
