@@ -20,7 +20,7 @@ below the bound. One token of decode costs, in seconds (`decode_seconds`):
     on the host    routed experts (or whole layers) kept in RAM: bytes / min(RAM bandwidth x
                    `host_bandwidth_efficiency`, cores x `host_core_bytes_per_s`);
     between them   `hop_ms` per change between a GPU and the host along the layers (an expert
-                   layer in RAM is two), `gpu_hop_ms` per change from one local GPU to the next;
+                   layer in RAM is two), `gpu_hop_ms` per change from one GPU to the next;
     the network    for llama.cpp RPC workers (`rpc_seconds`): each run of layers on a worker's
                    device is one synchronous exchange: a round trip, the activations in and out,
                    the KQ mask its attention layers need, the logits when it holds the output;
@@ -158,9 +158,10 @@ class SpeedParams:
     # One change between a GPU and the host along the layers (copy of the activations, sync, a
     # graph split): the --n-cpu-moe sweeps (3080 rows 1-26: ~1 tok/s per layer moved).
     hop_ms: float = 0.104
-    # One change from a local GPU to the next in a layer split (a copy through the host, the next
-    # GPU's graph launch): only the 5070 Ti + 5060 Ti runs (rows 139-144, decode median error
-    # 6%) measure it; held out, the prior (0.5 ms) predicts them ~1.2x too fast.
+    # One change from a GPU to the next in a layer split (a copy through the host, the next
+    # GPU's graph launch; an RPC device pays it too, the network on top): only the 5070 Ti +
+    # 5060 Ti runs (rows 139-144, decode median error 6%) measure it; held out, the prior
+    # (0.5 ms) predicts them ~1.2x too fast.
     gpu_hop_ms: float = 2.10
     # llama-server's own cost per generated token (sampling over the 248K vocabulary,
     # detokenizing, streaming); 0 for llama-bench. The 4090 llama-bench / llama-benchy pairs
@@ -247,6 +248,7 @@ class DeviceSpeed:
     worker_position: int | None = None
     network_bytes_per_s: int | None = None
     network_rtt_s: float | None = None
+    network_assumed: bool = False  # the link's figures are quantpick's defaults (1 GbE)
 
     @property
     def assumed(self) -> tuple[str, ...]:
@@ -255,7 +257,8 @@ class DeviceSpeed:
             for name, flag in (
                 ("bandwidth", self.bandwidth_assumed),
                 ("compute", self.compute_assumed),
-                ("PCIe link", self.pcie_assumed),
+                ("PCIe link", self.pcie_assumed and self.endpoint is None),
+                ("network", self.network_assumed),
             )
             if flag
         )
@@ -305,6 +308,8 @@ def device_speeds(machine: Machine) -> dict[str, DeviceSpeed]:
                 worker_position=position,
                 network_bytes_per_s=worker.network.bandwidth_bytes_per_s,
                 network_rtt_s=worker.network.rtt_s,
+                network_assumed=worker.network.bandwidth_source.startswith("default")
+                or worker.network.rtt_source.startswith("default"),
             )
     host = machine.host
     devices["CPU"] = DeviceSpeed(
@@ -460,7 +465,7 @@ class SpeedWork:
 
     devices: tuple[DeviceWork, ...]
     transitions: int  # changes between a GPU and the host along the layers, per token / ubatch
-    gpu_transitions: int  # changes from one local GPU to another
+    gpu_transitions: int  # changes from one GPU (local or RPC) to another
     kv_quantized: bool
     n_slots: int
     attention_flops_per_token_per_fill: float  # per attention layer: 4 x heads x head_dim
@@ -575,12 +580,13 @@ def speed_work(layout: ModelLayout, estimate: Estimate) -> SpeedWork:
             sequence.append(dense_dev[s])
         if s in expert_dev:
             sequence.append(expert_dev[s])
+    # every change of device costs what a local one costs (a copy through the head, the next
+    # device's graph launch); a change to or from an RPC device adds the network (rpc_seconds)
     pairs = [(a, b) for a, b in zip(sequence, sequence[1:], strict=False) if a != b]
-    local = [(a, b) for a, b in pairs if a not in endpoint_of and b not in endpoint_of]
-    gpu_pairs = sum(1 for a, b in local if a != "CPU" and b != "CPU")
+    gpu_pairs = sum(1 for a, b in pairs if a != "CPU" and b != "CPU")
     return SpeedWork(
         devices=tuple(works),
-        transitions=len(local) - gpu_pairs,
+        transitions=len(pairs) - gpu_pairs,
         gpu_transitions=gpu_pairs,
         kv_quantized=config.cache_type_k not in ("f16", "bf16", "f32")
         or config.cache_type_v not in ("f16", "bf16", "f32"),
