@@ -101,7 +101,7 @@ F32_BYTES = 4
 FIT_BASIS = (
     "fitted to 128 published llama.cpp runs (12 sources, b8148-b9294 and later; RTX 4090, 5090, "
     "5070 Ti, 5060 Ti, 4070, 3080, RTX 4000 Ada, P40, GB10, CPU); median error on rows the fit "
-    "did not see 6% decode, 5% prefill (5-fold), 21% / 8% with each source held out"
+    "did not see 6% decode, 6% prefill (5-fold), 22% / 7% with each source held out"
 )
 
 
@@ -119,37 +119,37 @@ class SpeedParams:
 
     # Fixed cost per token (and per prefill ubatch), in two parts. The floor: graph launch,
     # synchronisation, the logits copy, the same on every card. Pinned by the fully-in-VRAM runs
-    # where model size barely changes speed: 4090 rows 53-100 (decode median error 5%), 5070 Ti /
-    # 5060 Ti 145-150 (6%), RTX 4000 Ada 34-39 and P40 27-33 (4%), GB10 234 (7%).
-    token_fixed_ms: float = 3.41
+    # where model size barely changes speed: 4090 rows 53-112 (decode median error 5%), 5070 Ti /
+    # 5060 Ti 139-150 (5%), RTX 4000 Ada 34-39 and P40 27-33 (4%), GB10 234 (6%).
+    token_fixed_ms: float = 3.33
     # The GPU part: the minimum run time of the ~1500 small kernels per token, inversely
     # proportional to the card's throughput; quoted for the whole model on a 142-TFLOPS
     # (3090-class) card and shared out by the layers each GPU holds. Same rows, across cards
     # from 47 to 419 TFLOPS.
-    gpu_fixed_ms: float = 1.46
+    gpu_fixed_ms: float = 1.62
     # Without CUDA graphs each of the decode graph's kernels is launched on its own (see
     # GRAPHS_MIN_CC): this much more per token, shared out like gpu_fixed_ms. Only the P40 rows
     # (27-33, one source; decode median error 4%) run without them; prior 6 ms (PR #27721's GTX
     # 1080: 10 ms per token saved on a smaller MoE).
-    no_graph_ms: float = 6.71
+    no_graph_ms: float = 6.25
     # Fraction of the data-sheet bandwidth weight streaming reaches. Fit: at its bound 1.0 (the
     # fixed costs carry the rest), so the expected speed never exceeds the bound.
     gpu_bandwidth_efficiency: float = 1.0
     # Decode cost of one token of fill per f16-sized KV byte, in units of bytes/bandwidth (flash
     # attention's decode kernel is not bandwidth-bound). 4090 f16 runs at 8K-49K depth (rows
     # 53-112, decode median error 5%), P40 q8_0 to 164K (rows 27-33, 4%).
-    kv_depth_factor: float = 2.70
+    kv_depth_factor: float = 2.73
     # Extra factor on the depth cost with a quantized KV cache (q8_0, q4_0, ...), applied to the
     # f16-sized bytes: a quantized cache reads fewer bytes but dequantizes them, so it is never
-    # faster at depth (lower bound 1, a hard property). Fit: 1.12: the q8_0 depth series (P40
+    # faster at depth (lower bound 1, a hard property). Fit: 1.13: the q8_0 depth series (P40
     # rows 27-33, RTX 4000 Ada 34-39, 3080 1-26) against the f16 ones (4090 rows 53-112) put
     # q8_0 at ~1.1x f16's cost per token of fill, ~2.1x its own bytes. The 3090 figures of the
     # notes (-3% at 32K with f16, -17% with q8_0) would ask for ~5x, but no row measures a 3090.
-    kv_quant_factor: float = 1.12
+    kv_quant_factor: float = 1.13
     # Fraction of the host's RAM bandwidth that routed experts in RAM are read at. Fit: at its
     # bound 0.85 (STREAM's share on desktop DDR4/5); the --n-cpu-moe rows mostly state no RAM
     # speed, so this multiplies the assumed 50 GB/s (3080 rows 1-26, decode median error 6%;
-    # 5060 Ti 47-52 and 120-123, 12-18%; 4070 231, 13%).
+    # 5060 Ti 47-52 and 120-123, 13-19%; 4070 231, 13%).
     host_bandwidth_efficiency: float = 0.85
     # Quantized weight bytes one CPU core multiplies per second (the core-count ceiling): the
     # 6- and 8-thread offload boxes (jon's 5060 Ti rows 47-52, the 3080 rows) and the CPU-only
@@ -157,25 +157,25 @@ class SpeedParams:
     host_core_bytes_per_s: float = 7.08e9
     # One change between a GPU and the host along the layers (copy of the activations, sync, a
     # graph split): the --n-cpu-moe sweeps (3080 rows 1-26: ~1 tok/s per layer moved).
-    hop_ms: float = 0.104
+    hop_ms: float = 0.102
     # One change from a GPU to the next in a layer split (a copy through the host, the next
     # GPU's graph launch; an RPC device pays it too, the network on top): only the 5070 Ti +
-    # 5060 Ti runs (rows 139-144, decode median error 6%) measure it; held out, the prior
+    # 5060 Ti runs (rows 139-144, decode median error 5%) measure it; held out, the prior
     # (0.5 ms) predicts them ~1.2x too fast.
-    gpu_hop_ms: float = 2.10
+    gpu_hop_ms: float = 1.99
     # llama-server's own cost per generated token (sampling over the 248K vocabulary,
     # detokenizing, streaming); 0 for llama-bench. The 4090 llama-bench / llama-benchy pairs
     # (rows 53-112) and the Windows 3080 server rows; expected_speed includes it (it predicts
     # llama-server).
-    server_ms: float = 1.27
+    server_ms: float = 1.26
     # Fraction of the card's FP16 tensor TFLOPS prefill reaches (256 small expert GEMMs per
     # layer; the weights stream meanwhile, prefill_seconds takes the slower): pp512/pp1024 of the
     # 4090, 5090, 5070 Ti, 5060 Ti, RTX 4000 Ada, P40 (dp4a figure); in-sample median error 6%.
-    gpu_compute_efficiency: float = 0.0976
+    gpu_compute_efficiency: float = 0.0970
     # Fraction of the PCIe link's throughput the per-ubatch copy of host experts reaches
-    # (pageable, mmap'd weights): the 3080 (3%), 5060 Ti --n-cpu-moe and --fit (11-19%) prefill
+    # (pageable, mmap'd weights): the 3080 (4%), 5060 Ti --n-cpu-moe and --fit (10-18%) prefill
     # rows.
-    pcie_efficiency: float = 0.465
+    pcie_efficiency: float = 0.461
     # Effective GFLOPS of one CPU core in prefill: one CPU-only run (row 208, AVX-512 Sapphire
     # Rapids, cores not stated: 8 assumed; 1%), near the prior of 120 (mainline llama.cpp on a
     # Ryzen 7950X, see scripts/fit_speed.py).
