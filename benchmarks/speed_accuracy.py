@@ -609,9 +609,17 @@ def main() -> None:
     if bundled and not args.no_holdout:
         kfold = held_out(cases, row_folds(cases))  # type: ignore[arg-type]
         by_source = held_out(cases, {c.row_id: c.source for c in cases})
+    seen: set[int] = set()  # --data rows that are also bundled rows (the defaults fitted them)
     if not bundled:
+        fitted_rows = {json.dumps(r, sort_keys=True) for r in json.loads(DEFAULT_DATA.read_text())}
+        seen = {
+            int(r["id"])
+            for r in json.loads(args.data.read_text())
+            if json.dumps(r, sort_keys=True) in fitted_rows
+        }
         print(
             f"{args.data}: predicted by SpeedParams' defaults, fitted to {DEFAULT_DATA.name} only"
+            f" ({len(seen)} of its rows are in that file)"
         )
     print(f"SpeedParams: {params.basis}")
     columns = f"{'fit':>7} {'k-fold':>7} {'by src':>7}"
@@ -619,6 +627,7 @@ def main() -> None:
           f" {'pp meas':>8} {columns}  source")  # fmt: skip
     keys = ("fit", "kfold", "source")
     err: dict[str, list[float]] = {f"{w}_{k}": [] for w in ("tg", "pp") for k in keys}
+    err.update({"tg_new": [], "pp_new": []})
     err["tg_bound"] = []
     builds = {}
     for c in sorted(cases, key=lambda c: c.row_id):
@@ -635,6 +644,8 @@ def main() -> None:
             for key, value in zip(keys, values, strict=True):
                 if value is not None:
                     err[f"{what}_{key}"].append(ratio(value, meas))
+            if not bundled and c.row_id not in seen and values[0] is not None:
+                err[f"{what}_new"].append(ratio(values[0], meas))
         if c.tg_tps is not None and b is not None:
             err["tg_bound"].append(ratio(b, c.tg_tps))
 
@@ -655,9 +666,8 @@ def main() -> None:
     print("Summary (error = max(pred/meas, meas/pred)):")
     for what, name in (("tg", "decode"), ("pp", "prefill")):
         if not bundled:
-            print(
-                "  " + summary(f"{name}, defaults (not fitted to these rows)", err[f"{what}_fit"])
-            )
+            print("  " + summary(f"{name}, every row", err[f"{what}_fit"]))
+            print("  " + summary(f"{name}, rows not in the fitted file", err[f"{what}_new"]))
         else:
             print("  " + summary(f"{name}, fitted rows (in-sample)", err[f"{what}_fit"]))
             if not args.no_holdout:

@@ -443,8 +443,8 @@ class RpcStage:
     llama.cpp's scheduler copies a split's inputs into the RPC backend (SET_TENSOR, sent without
     waiting for a reply), queues the graph (GRAPH_COMPUTE / GRAPH_RECOMPUTE, asynchronous), and
     the next split reads the result back with GET_TENSOR, a synchronous round trip that returns
-    once the worker has computed (ggml-rpc.cpp at b11312: set_tensor :740, get_tensor :749,
-    graph_compute :1032-1057; the worker serves one command at a time). A copy between two
+    once the worker has computed (ggml-rpc.cpp at b11312: buffer set_tensor :720-741,
+    get_tensor :743-750, graph_compute :1038-1057; the worker serves one command at a time). A copy between two
     workers goes through the head: `cpy_tensor` refuses buffers of different servers
     (ggml-rpc.cpp:752-770), so the scheduler gets the tensor from one and sets it on the other.
     """
