@@ -444,9 +444,10 @@ class RpcStage:
     waiting for a reply), queues the graph (GRAPH_COMPUTE / GRAPH_RECOMPUTE, asynchronous), and
     the next split reads the result back with GET_TENSOR, a synchronous round trip that returns
     once the worker has computed (ggml-rpc.cpp at b11312: buffer set_tensor :720-741,
-    get_tensor :743-750, graph_compute :1038-1057; the worker serves one command at a time). A copy between two
-    workers goes through the head: `cpy_tensor` refuses buffers of different servers
-    (ggml-rpc.cpp:752-770), so the scheduler gets the tensor from one and sets it on the other.
+    get_tensor :743-750, graph_compute :1038-1057; the worker serves one command at a time).
+    A copy between two workers goes through the head: `cpy_tensor` refuses buffers of different
+    servers (ggml-rpc.cpp:752-770), so the scheduler gets the tensor from one and sets it on the
+    other.
     """
 
     device: str
