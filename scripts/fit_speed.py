@@ -9,10 +9,12 @@ the parameters minimise a robust loss on log(predicted / measured) of decode and
 soft-L1 with a 15% scale, so a few odd runs cannot pull the rest. Each source's rows (one
 repository, page or report) weigh 1/sqrt(n) so a 60-row sweep does not outvote a 4-row one.
 A weak prior (PRIOR_WEIGHT) keeps a parameter no row constrains near its physical value.
-Search: Nelder-Mead in the logarithm of each parameter, inside physical bounds (efficiencies at
-most 1; the depth and quantized-KV factors at least 1, so the expected speed never exceeds the
-bandwidth bound and quantized KV is never faster at depth). Starting values are the physical
-priors below.
+Search: Levenberg-Marquardt on the residuals whose squares are that loss, in the logarithm of each
+parameter, projected onto physical bounds (efficiencies at most 1; the depth and quantized-KV
+factors at least 1, so the expected speed never exceeds the bandwidth bound and quantized KV is
+never faster at depth). It starts from the physical priors below, never from a previous fit, so
+a fit that leaves rows out (the benchmark's held-out schemes) learns nothing from them; one fit
+takes a few seconds.
 
 It prints the fitted values with the rows and error behind them, for SpeedParams' defaults.
 """
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import statistics
 import sys
 from collections import Counter
 from dataclasses import replace
@@ -31,14 +34,19 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from speed_accuracy import DEFAULT_DATA, Case, load_cases, predict, ratio  # noqa: E402
 
-from quantpick.plan.speed import RECENT_BUILD, SpeedParams  # noqa: E402
+from quantpick.plan.speed import SpeedParams  # noqa: E402
 
-# name: (prior, low, high). Priors: kernel-bound decode of ~5 ms per token on 3090/4090-class
-# cards (notes: quality-and-speed.md), full bandwidth, depth costing a few times its bytes,
-# host reads at ~60% of RAM bandwidth, ~30 GFLOPS a core, half a PCIe link for pageable copies.
+# name: (prior, low, high). Priors, from what is known before any row is read: kernel-bound
+# decode of ~5 ms per token on 3090/4090-class cards (notes: quality-and-speed.md) split between
+# the floor and the GPU part; without CUDA graphs a few microseconds more per kernel launch for
+# ~1500-2000 kernels (llama.cpp PR #27721: a GTX 1080 decodes a small MoE 10 ms per token faster
+# with graphs on); full bandwidth; depth costing a few times its bytes; host reads at ~60% of RAM
+# bandwidth; ~120 GFLOPS a core in prefill (below); half a PCIe link for pageable copies; a
+# GPU-to-GPU hop of half a millisecond (a copy through the host and a second graph launch).
 FITTED: dict[str, tuple[float, float, float]] = {
     "token_fixed_ms": (3.5, 0.2, 20.0),
     "gpu_fixed_ms": (1.5, 0.05, 20.0),
+    "no_graph_ms": (6.0, 0.5, 30.0),
     "gpu_bandwidth_efficiency": (0.9, 0.4, 1.0),
     "kv_depth_factor": (3.0, 1.0, 20.0),
     "kv_quant_factor": (1.5, 1.0, 5.0),
@@ -50,7 +58,9 @@ FITTED: dict[str, tuple[float, float, float]] = {
     "server_ms": (0.6, 0.01, 5.0),
     "gpu_compute_efficiency": (0.25, 0.02, 1.0),
     "pcie_efficiency": (0.5, 0.1, 1.0),
-    "cpu_core_gflops": (30.0, 2.0, 300.0),
+    # mainline llama.cpp, LLaMA-3.1-8B Q4_0 pp512 on a 16-core Ryzen 7950X: 123.5 t/s x 2 x 8.03e9
+    # FLOP / 16 cores = 124 GFLOPS a core (ik_llama.cpp PR #54's comparison table, 2024-09)
+    "cpu_core_gflops": (120.0, 10.0, 400.0),
     "legacy_fixed_factor": (1.5, 1.0, 3.0),
 }
 SCALE = 0.15  # soft-L1 scale on log ratios
@@ -67,64 +77,75 @@ def _params(x: list[float], base: SpeedParams) -> SpeedParams:
     return replace(base, **values)
 
 
-def loss(cases: list[Case], params: SpeedParams) -> float:
+def residuals(cases: list[Case], params: SpeedParams) -> list[float]:
+    """Residuals whose squares sum to twice the loss: per row and figure
+    sign(z) sqrt(2 w (sqrt(1 + z^2) - 1)) with z = log(pred / meas) / SCALE, then the priors."""
     weight = Counter(c.source for c in cases)
-    legacy = params.for_build(RECENT_BUILD - 1)
-    total = 0.0
+    out: list[float] = []
     for name, (prior, _, _) in FITTED.items():
-        total += PRIOR_WEIGHT * (math.log(getattr(params, name) / prior) / math.log(3.0)) ** 2
+        out.append(
+            math.sqrt(2 * PRIOR_WEIGHT) * math.log(getattr(params, name) / prior) / math.log(3)
+        )
+    builds: dict[int | None, SpeedParams] = {}
     for c in cases:
-        tg, pp = predict(c, params, legacy)
+        tg, pp = predict(c, params, builds)
         w = 1.0 / math.sqrt(weight[c.source])
         for pred, meas in ((tg, c.tg_tps), (pp, c.pp_tps)):
-            if pred is not None and meas is not None and pred > 0:
-                r = math.log(pred / meas) / SCALE
-                total += w * (math.sqrt(1.0 + r * r) - 1.0)
-    return total
+            if meas is None:
+                continue
+            z = math.log(pred / meas) / SCALE if pred and pred > 0 else 50.0
+            out.append(math.copysign(math.sqrt(2 * w * (math.sqrt(1 + z * z) - 1)), z))
+    return out
 
 
-def nelder_mead(f, x0: list[float], step: float = 0.3, iters: int = 3000, tol: float = 1e-7):  # type: ignore[no-untyped-def]
-    """Plain Nelder-Mead (no SciPy in the project's dependencies)."""
-    n = len(x0)
-    simplex = [list(x0)] + [[x0[j] + (step if j == i else 0.0) for j in range(n)] for i in range(n)]
-    values = [f(p) for p in simplex]
+def loss(cases: list[Case], params: SpeedParams) -> float:
+    return 0.5 * sum(r * r for r in residuals(cases, params))
+
+
+def levenberg_marquardt(f, x0: list[float], lows: list[float], highs: list[float],  # type: ignore[no-untyped-def]
+                        iters: int = 60, tol: float = 1e-6) -> list[float]:  # fmt: skip
+    """Minimise sum(f(x)^2) within [lows, highs] (projected steps, forward-difference Jacobian).
+    Hand-written because SciPy is not among the project's dependencies; numpy solves the steps."""
+    import numpy as np
+
+    x = np.clip(np.array(x0, dtype=float), lows, highs)
+    r = np.array(f(list(x)))
+    cost = float(r @ r)
+    damping = 1e-2
     for _ in range(iters):
-        order = sorted(range(n + 1), key=values.__getitem__)
-        simplex = [simplex[i] for i in order]
-        values = [values[i] for i in order]
-        if abs(values[-1] - values[0]) < tol * (1 + abs(values[0])):
+        jac = np.empty((len(r), len(x)))
+        for j in range(len(x)):
+            h = 1e-4 if x[j] + 1e-4 <= highs[j] else -1e-4
+            xj = x.copy()
+            xj[j] += h
+            jac[:, j] = (np.array(f(list(xj))) - r) / h
+        gradient = jac.T @ r
+        hessian = jac.T @ jac
+        improved = False
+        while damping < 1e8:
+            step = np.linalg.solve(hessian + damping * np.diag(np.diag(hessian) + 1e-9), -gradient)
+            trial = np.clip(x + step, lows, highs)
+            r_trial = np.array(f(list(trial)))
+            cost_trial = float(r_trial @ r_trial)
+            if cost_trial < cost:
+                done = cost - cost_trial < tol * (1 + cost)
+                x, r, cost = trial, r_trial, cost_trial
+                damping = max(damping / 3, 1e-7)
+                improved = True
+                break
+            damping *= 4
+        if not improved or done:
             break
-        centroid = [sum(p[j] for p in simplex[:-1]) / n for j in range(n)]
-        worst = simplex[-1]
-        reflected = [c + (c - w) for c, w in zip(centroid, worst, strict=True)]
-        fr = f(reflected)
-        if fr < values[0]:
-            expanded = [c + 2 * (c - w) for c, w in zip(centroid, worst, strict=True)]
-            fe = f(expanded)
-            simplex[-1], values[-1] = (expanded, fe) if fe < fr else (reflected, fr)
-        elif fr < values[-2]:
-            simplex[-1], values[-1] = reflected, fr
-        else:
-            contracted = [c + 0.5 * (w - c) for c, w in zip(centroid, worst, strict=True)]
-            fc = f(contracted)
-            if fc < values[-1]:
-                simplex[-1], values[-1] = contracted, fc
-            else:
-                best = simplex[0]
-                simplex = [best] + [
-                    [b + 0.5 * (p - b) for b, p in zip(best, q, strict=True)] for q in simplex[1:]
-                ]
-                values = [values[0]] + [f(p) for p in simplex[1:]]
-    i = min(range(n + 1), key=values.__getitem__)
-    return simplex[i], values[i]
+    return list(x)
 
 
 def fit(cases: list[Case], base: SpeedParams | None = None) -> SpeedParams:
-    """The parameters minimising the loss on `cases` (two restarts of Nelder-Mead)."""
+    """The parameters minimising the loss on `cases`, searched from the priors."""
     base = base or SpeedParams()
-    x = [math.log(prior) for prior, _, _ in FITTED.values()]
-    for _ in range(3):
-        x, _value = nelder_mead(lambda v: loss(cases, _params(v, base)), x)
+    lows = [math.log(low) for _, low, _ in FITTED.values()]
+    highs = [math.log(high) for _, _, high in FITTED.values()]
+    x0 = [math.log(prior) for prior, _, _ in FITTED.values()]
+    x = levenberg_marquardt(lambda v: residuals(cases, _params(v, base)), x0, lows, highs)
     return _params(x, base)
 
 
@@ -134,15 +155,27 @@ def main() -> None:
     args = ap.parse_args()
     cases, unusable = load_cases(args.data)
     params = fit(cases)
-    tg = [ratio(p, c.tg_tps) for c in cases for p in [predict(c, params)[0]] if p and c.tg_tps]
-    pp = [ratio(p, c.pp_tps) for c in cases for p in [predict(c, params)[1]] if p and c.pp_tps]
-    med = lambda e: sorted(e)[len(e) // 2] if e else float("nan")  # noqa: E731
+    errors: dict[str, list[tuple[float, float]]] = {}
+    for c in cases:
+        tg, pp = predict(c, params)
+        for what, pred, meas in (("decode", tg, c.tg_tps), ("prefill", pp, c.pp_tps)):
+            if pred and meas:
+                errors.setdefault(what, []).append((ratio(pred, meas), pred / meas))
+                errors.setdefault(f"{what} {c.source[:48]}", []).append(
+                    (ratio(pred, meas), pred / meas)
+                )
     n_sources = len({c.source for c in cases})
     print(f"{len(cases)} usable rows ({len(unusable)} unusable), {n_sources} sources")
-    print(f"decode rows {len(tg)}: median error {100 * (med(tg) - 1):.0f}%, worst {max(tg):.2f}x")
-    print(f"prefill rows {len(pp)}: median error {100 * (med(pp) - 1):.0f}%, worst {max(pp):.2f}x")
-    for name in FITTED:
-        print(f"    {name} = {getattr(params, name):.4g}")
+    for name, values in sorted(errors.items(), key=lambda kv: (" " in kv[0], kv[0])):
+        err = sorted(e for e, _ in values)
+        bias = statistics.median(r for _, r in values)
+        print(f"  {name}: {len(err)} rows, median error {100 * (statistics.median(err) - 1):.0f}%, "
+              f"worst {err[-1]:.2f}x, median predicted/measured {bias:.2f}")  # fmt: skip
+    print(f"loss {loss(cases, params):.3f}; SpeedParams defaults (prior, bounds):")
+    for name, (prior, low, high) in FITTED.items():
+        value = getattr(params, name)
+        at = " (at its bound)" if math.isclose(value, low) or math.isclose(value, high) else ""
+        print(f"    {name}: float = {value:.4g}  # prior {prior:g}, [{low:g}, {high:g}]{at}")
 
 
 if __name__ == "__main__":

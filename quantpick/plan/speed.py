@@ -10,26 +10,33 @@ below the bound. One token of decode costs, in seconds (`decode_seconds`):
 
     once           `token_fixed_ms` (graph launch, sync, logits copy);
     on each GPU    its share of `gpu_fixed_ms` (the minimum run time of ~1500 small kernels,
-                   quoted for a 142-TFLOPS 3090-class card, x 142 / the card's TFLOPS), plus
-                   bytes read / (bandwidth x
-                   `gpu_bandwidth_efficiency`), plus the context-depth term: fill x f16-sized KV
-                   bytes x `kv_depth_factor` / bandwidth, times `kv_quant_factor` when the KV cache
-                   is quantized (on CUDA flash attention dequantizes it: slower at depth, not
-                   faster);
+                   quoted for a 142-TFLOPS 3090-class card, x 142 / the card's TFLOPS), and of
+                   `no_graph_ms` when llama.cpp runs the card without CUDA graphs (compute
+                   capability below 7.0, i.e. Pascal; below 8.0 on builds before Volta/Turing got
+                   them), plus bytes read / (bandwidth x `gpu_bandwidth_efficiency`), plus the
+                   context-depth term: fill x f16-sized KV bytes x `kv_depth_factor` /
+                   bandwidth, times `kv_quant_factor` when the KV cache is quantized (on CUDA flash
+                   attention dequantizes it: slower at depth, never faster);
     on the host    routed experts (or whole layers) kept in RAM: bytes / min(RAM bandwidth x
                    `host_bandwidth_efficiency`, cores x `host_core_bytes_per_s`);
     between them   `hop_ms` per change between a GPU and the host along the layers (an expert
                    layer in RAM is two), `gpu_hop_ms` per change from one GPU to the next;
+    the network    for llama.cpp RPC workers (`rpc_seconds`): each run of layers on a worker's
+                   device is one synchronous exchange: a round trip, the activations in and out,
+                   the KQ mask its attention layers need, the logits when it holds the output;
     llama-server   `server_ms` per token for sampling over the 248K vocabulary and streaming.
 
 Prefill of one ubatch (`prefill_seconds`) is compute-bound on a GPU: 2 x active parameters x tokens
 / (FP16 tensor TFLOPS x `gpu_compute_efficiency`), plus the weights read once per ubatch, the same
 fixed cost, attention over the fill; routed experts in RAM cross PCIe once per ubatch (llama.cpp
 copies host weights to the GPU for batches of 32 tokens or more) at `pcie_efficiency` of the link;
-on the CPU it runs at `cpu_core_gflops` per core.
+on the CPU it runs at `cpu_core_gflops` per core; RPC stages exchange the ubatch's activations and
+mask over the network.
 
 The constants in `SpeedParams` are fitted to published llama.cpp runs by `scripts/fit_speed.py`;
-`benchmarks/speed_accuracy.py` prints predicted against measured for every usable run.
+`benchmarks/speed_accuracy.py` prints predicted against measured for every usable run, in-sample
+and on rows the fit did not see. The network terms have no fitted constant: they are bytes and
+round trips of llama.cpp's RPC protocol over the link the machine describes.
 """
 
 from __future__ import annotations
@@ -42,6 +49,8 @@ from quantpick.machine.spec import (
     ASSUMED_GPU_FP16_TFLOPS,
     ASSUMED_HOST_BANDWIDTH_BYTES_PER_S,
     ASSUMED_PCIE,
+    DEFAULT_RPC_BANDWIDTH,
+    DEFAULT_RPC_RTT_S,
     Machine,
 )
 from quantpick.model.layout import INPUT_SLOT, ModelLayout
@@ -63,16 +72,36 @@ REFERENCE_TFLOPS = 142.3
 # file: ~107 tok/s on b8207, ~158 on b8720; benchmarks/data rows 77-88 vs 53-64). Semver-era
 # builds report build 1 and are current.
 RECENT_BUILD = 8700
+# CUDA graphs (one launch for the whole decode graph instead of one per kernel): llama.cpp turns
+# them off below compute capability 7.0, i.e. on Pascal (ggml-cuda.cu:4426 at b11312,
+# ggml_cuda_graph_set_enabled: `cc < GGML_CUDA_CC_VOLTA`; llama.cpp PR #27721, open, measures
+# +40-78% decode on a GTX 1080 with them on). Volta and Turing (7.0, 7.5: V100, T4, RTX 20xx) got
+# them with PR #25749, merged 2026-07-16 (commit 3f08ef2); before it the gate was 8.0. That
+# build is not recorded where we can read it: b9601 was released 2026-06-12 and b10107 on
+# 07-25, so b10000 (within ~50 builds by date).
+GRAPHS_MIN_CC = 7.0
+GRAPHS_MIN_CC_BEFORE_TURING = 8.0
+TURING_GRAPHS_BUILD = 10000
 # llama.cpp copies host-resident weights to the GPU for ops on batches this large or larger
 # (ggml-cuda: GGML_OP_OFFLOAD_MIN_BATCH); below, the CPU computes them.
 OP_OFFLOAD_MIN_BATCH = 32
+# The KV cells attention reads (and the KQ mask covers): the used cells rounded up to 256
+# (src/llama-kv-cache.cpp:1265-1270 at b11312, get_n_kv: max(n_pad, 256)).
+KV_CELL_PAD = 256
+# A KQ mask element: f16 with flash attention, f32 without (src/llama-graph.cpp:39-41 at b11312,
+# n_kv x n_tokens per stream).
+MASK_BYTES_FA = 2
+MASK_BYTES_NO_FA = 4
+# Activations and logits cross devices as f32 (the residual stream, n_embd per token; the logits,
+# n_vocab per output row).
+F32_BYTES = 4
 
 
 # What the default SpeedParams rest on (benchmarks/speed_accuracy.py prints the figures).
 FIT_BASIS = (
     "fitted to 128 published llama.cpp runs (12 sources, b8148-b9294 and later; RTX 4090, 5090, "
-    "5070 Ti, 5060 Ti, 4070, 3080, RTX 4000 Ada, P40, GB10, CPU); in-sample median error 7% "
-    "decode, 5% prefill"
+    "5070 Ti, 5060 Ti, 4070, 3080, RTX 4000 Ada, P40, GB10, CPU); median error on rows the fit "
+    "did not see 6% decode, 6% prefill (5-fold), 22% / 7% with each source held out"
 )
 
 
@@ -80,7 +109,8 @@ FIT_BASIS = (
 class SpeedParams:
     """The expected-speed model's constants. Defaults: the fit of `scripts/fit_speed.py` to the
     published llama.cpp runs in benchmarks/data/speed-measurements.json (builds b8700 and later,
-    or scaled by `legacy_fixed_factor`); each comment names the rows that pin it down.
+    or scaled by `legacy_fixed_factor`); each comment names the rows that pin it down and the
+    in-sample error of those rows (`python scripts/fit_speed.py` prints both).
 
     Per-machine calibration (a measured bench): `calibrated(...)` returns a copy whose predictions
     are multiplied by measured / predicted; any field can also be replaced with
@@ -89,56 +119,74 @@ class SpeedParams:
 
     # Fixed cost per token (and per prefill ubatch), in two parts. The floor: graph launch,
     # synchronisation, the logits copy, the same on every card. Pinned by the fully-in-VRAM runs
-    # (4090 rows 53-100, 5070 Ti / 5060 Ti 145-150, P40 27-33, RTX 4000 Ada 34-39, GB10 234),
-    # where model size barely changes speed.
-    token_fixed_ms: float = 3.03
+    # where model size barely changes speed: 4090 rows 53-112 (decode median error 5%), 5070 Ti /
+    # 5060 Ti 139-150 (5%), RTX 4000 Ada 34-39 and P40 27-33 (4%), GB10 234 (6%).
+    token_fixed_ms: float = 3.33
     # The GPU part: the minimum run time of the ~1500 small kernels per token, inversely
     # proportional to the card's throughput; quoted for the whole model on a 142-TFLOPS
-    # (3090-class) card and shared out by the layers each GPU holds. Same rows, across cards.
-    gpu_fixed_ms: float = 2.04
+    # (3090-class) card and shared out by the layers each GPU holds. Same rows, across cards
+    # from 47 to 419 TFLOPS.
+    gpu_fixed_ms: float = 1.62
+    # Without CUDA graphs each of the decode graph's kernels is launched on its own (see
+    # GRAPHS_MIN_CC): this much more per token, shared out like gpu_fixed_ms. Only the P40 rows
+    # (27-33, one source; decode median error 4%) run without them; prior 6 ms (PR #27721's GTX
+    # 1080: 10 ms per token saved on a smaller MoE).
+    no_graph_ms: float = 6.25
     # Fraction of the data-sheet bandwidth weight streaming reaches. Fit: at its bound 1.0 (the
     # fixed costs carry the rest), so the expected speed never exceeds the bound.
     gpu_bandwidth_efficiency: float = 1.0
     # Decode cost of one token of fill per f16-sized KV byte, in units of bytes/bandwidth (flash
     # attention's decode kernel is not bandwidth-bound). 4090 f16 runs at 8K-49K depth (rows
-    # 53-100: in-sample within ~10%), P40 q8_0 to 164K (rows 27-33).
-    kv_depth_factor: float = 3.67
+    # 53-112, decode median error 5%), P40 q8_0 to 164K (rows 27-33, 4%).
+    kv_depth_factor: float = 2.73
     # Extra factor on the depth cost with a quantized KV cache (q8_0, q4_0, ...), applied to the
     # f16-sized bytes: a quantized cache reads fewer bytes but dequantizes them, so it is never
-    # faster at depth. Fit (P40, RTX 4000 Ada, 3080 q8_0 rows): 1.0, its lower bound: these runs
-    # show q8_0 costing what f16 costs per token of fill, i.e. ~1.9x its own bytes.
-    kv_quant_factor: float = 1.0
+    # faster at depth (lower bound 1, a hard property). Fit: 1.13: the q8_0 depth series (P40
+    # rows 27-33, RTX 4000 Ada 34-39, 3080 1-26) against the f16 ones (4090 rows 53-112) put
+    # q8_0 at ~1.1x f16's cost per token of fill, ~2.1x its own bytes. The 3090 figures of the
+    # notes (-3% at 32K with f16, -17% with q8_0) would ask for ~5x, but no row measures a 3090.
+    kv_quant_factor: float = 1.13
     # Fraction of the host's RAM bandwidth that routed experts in RAM are read at. Fit: at its
     # bound 0.85 (STREAM's share on desktop DDR4/5); the --n-cpu-moe rows mostly state no RAM
-    # speed, so this multiplies the assumed 50 GB/s (3080, 5060 Ti, 4070 rows).
+    # speed, so this multiplies the assumed 50 GB/s (3080 rows 1-26, decode median error 6%;
+    # 5060 Ti 47-52 and 120-123, 13-19%; 4070 231, 13%).
     host_bandwidth_efficiency: float = 0.85
     # Quantized weight bytes one CPU core multiplies per second (the core-count ceiling): the
-    # 8-thread 3080 box and the CPU-only Sapphire Rapids run (row 208).
-    host_core_bytes_per_s: float = 7.25e9
+    # 6- and 8-thread offload boxes (jon's 5060 Ti rows 47-52, the 3080 rows) and the CPU-only
+    # Sapphire Rapids run (row 208, decode 23% slow).
+    host_core_bytes_per_s: float = 7.08e9
     # One change between a GPU and the host along the layers (copy of the activations, sync, a
     # graph split): the --n-cpu-moe sweeps (3080 rows 1-26: ~1 tok/s per layer moved).
-    hop_ms: float = 0.077
+    hop_ms: float = 0.102
     # One change from a GPU to the next in a layer split (a copy through the host, the next
-    # GPU's graph launch): only the 5070 Ti + 5060 Ti runs (rows 139-144) measure it; held out,
-    # the prior (0.5 ms) predicts them ~1.4x too fast.
-    gpu_hop_ms: float = 1.82
+    # GPU's graph launch; an RPC device pays it too, the network on top): only the 5070 Ti +
+    # 5060 Ti runs (rows 139-144, decode median error 5%) measure it; held out, the prior
+    # (0.5 ms) predicts them ~1.2x too fast.
+    gpu_hop_ms: float = 1.99
     # llama-server's own cost per generated token (sampling over the 248K vocabulary,
-    # detokenizing, streaming); 0 for llama-bench. The 4090 bench/server pairs (rows 53-112) and
-    # the Windows 3080 server rows; expected_speed includes it (it predicts llama-server).
-    server_ms: float = 1.90
+    # detokenizing, streaming); 0 for llama-bench. The 4090 llama-bench / llama-benchy pairs
+    # (rows 53-112) and the Windows 3080 server rows; expected_speed includes it (it predicts
+    # llama-server).
+    server_ms: float = 1.26
     # Fraction of the card's FP16 tensor TFLOPS prefill reaches (256 small expert GEMMs per
-    # layer): pp512/pp1024 of the 4090, 5090, 5070 Ti, 5060 Ti, RTX 4000 Ada, P40 (dp4a figure);
-    # in-sample median error 5%.
-    gpu_compute_efficiency: float = 0.114
+    # layer; the weights stream meanwhile, prefill_seconds takes the slower): pp512/pp1024 of the
+    # 4090, 5090, 5070 Ti, 5060 Ti, RTX 4000 Ada, P40 (dp4a figure); in-sample median error 6%.
+    gpu_compute_efficiency: float = 0.0970
     # Fraction of the PCIe link's throughput the per-ubatch copy of host experts reaches
-    # (pageable, mmap'd weights): the 3080, 5060 Ti --n-cpu-moe and --fit prefill rows.
-    pcie_efficiency: float = 0.477
+    # (pageable, mmap'd weights): the 3080 (4%), 5060 Ti --n-cpu-moe and --fit (10-18%) prefill
+    # rows.
+    pcie_efficiency: float = 0.461
     # Effective GFLOPS of one CPU core in prefill: one CPU-only run (row 208, AVX-512 Sapphire
-    # Rapids, cores not stated: 8 assumed), so weakly pinned.
-    cpu_core_gflops: float = 146.0
+    # Rapids, cores not stated: 8 assumed; 1%), near the prior of 120 (mainline llama.cpp on a
+    # Ryzen 7950X, see scripts/fit_speed.py).
+    cpu_core_gflops: float = 149.0
     # Builds before RECENT_BUILD: the fixed costs (GPU, floor, server) are this many times larger.
-    # The same 4090 and files on b8148-b8396 vs b8720 (rows 53-112, one source).
-    legacy_fixed_factor: float = 1.54
+    # The same 4090 and files on b8148-b8396 vs b8720 (rows 53-112, one source; 5%); held out,
+    # nothing else measures it.
+    legacy_fixed_factor: float = 1.50
+    # The lowest compute capability llama.cpp runs CUDA graphs on (GRAPHS_MIN_CC; for_build
+    # raises it for builds before TURING_GRAPHS_BUILD). From the source, not fitted.
+    graphs_min_cc: float = GRAPHS_MIN_CC
     # Calibration: measured / predicted, applied to the tokens/s (1.0 = uncalibrated).
     decode_scale: float = 1.0
     prefill_scale: float = 1.0
@@ -156,14 +204,19 @@ class SpeedParams:
 
     def for_build(self, build: int | None) -> SpeedParams:
         """The parameters for a llama.cpp build number (None or semver-era 1: current)."""
+        params = self
+        if build is not None and 1 < build < TURING_GRAPHS_BUILD:
+            params = replace(
+                params, graphs_min_cc=max(params.graphs_min_cc, GRAPHS_MIN_CC_BEFORE_TURING)
+            )
         if not legacy_build(build):
-            return self
+            return params
         return replace(
-            self,
-            gpu_fixed_ms=self.gpu_fixed_ms * self.legacy_fixed_factor,
-            token_fixed_ms=self.token_fixed_ms * self.legacy_fixed_factor,
-            server_ms=self.server_ms * self.legacy_fixed_factor,
-            basis=self.basis + f"; build b{build} (before b{RECENT_BUILD}: slower decode)",
+            params,
+            gpu_fixed_ms=params.gpu_fixed_ms * params.legacy_fixed_factor,
+            token_fixed_ms=params.token_fixed_ms * params.legacy_fixed_factor,
+            server_ms=params.server_ms * params.legacy_fixed_factor,
+            basis=params.basis + f"; build b{build} (before b{RECENT_BUILD}: slower decode)",
         )
 
 
@@ -179,7 +232,7 @@ def legacy_build(build: int | None) -> bool:
 class DeviceSpeed:
     """What the speed model needs to know of one llama.cpp device, and which figures are assumed."""
 
-    device: str  # "CUDA0", ..., "CPU"
+    device: str  # "CUDA0", ..., "RPC0", "CPU"
     kind: str  # "gpu" | "host"
     bandwidth_bytes_per_s: int
     fp16_tflops: float | None = None  # GPU: dense FP16 tensor TFLOPS
@@ -188,6 +241,14 @@ class DeviceSpeed:
     bandwidth_assumed: bool = False
     compute_assumed: bool = False
     pcie_assumed: bool = False
+    compute_capability: str | None = None  # GPU: "8.6" (None: unknown, taken as current)
+    # An RPC device: its worker's "host:port", its position on the worker, and the link between
+    # the head and that worker (machine.spec.Network).
+    endpoint: str | None = None
+    worker_position: int | None = None
+    network_bytes_per_s: int | None = None
+    network_rtt_s: float | None = None
+    network_assumed: bool = False  # the link's figures are quantpick's defaults (1 GbE)
 
     @property
     def assumed(self) -> tuple[str, ...]:
@@ -196,7 +257,8 @@ class DeviceSpeed:
             for name, flag in (
                 ("bandwidth", self.bandwidth_assumed),
                 ("compute", self.compute_assumed),
-                ("PCIe link", self.pcie_assumed),
+                ("PCIe link", self.pcie_assumed and self.endpoint is None),
+                ("network", self.network_assumed),
             )
             if flag
         )
@@ -222,12 +284,14 @@ def device_speeds(machine: Machine) -> dict[str, DeviceSpeed]:
             bandwidth_assumed=not g.bandwidth_bytes_per_s,
             compute_assumed=g.fp16_tflops is None,
             pcie_assumed=not known_link,
+            compute_capability=g.compute_capability,
         )
     # RPC devices, named as llama-server names them with every worker in --rpc (the planner's
-    # default). Their network link is charged by the worker's `network` (see rpc_hop_seconds).
+    # default); speed_work finds a device of an Estimate by its worker and position, so a plan
+    # that leaves a worker out (and so renumbers the rest) still gets its own figures.
     rpc_index = 0
     for worker in machine.rpc_workers:
-        for g in worker.devices:
+        for position, g in enumerate(worker.devices):
             name = f"RPC{rpc_index}"
             rpc_index += 1
             devices[name] = DeviceSpeed(
@@ -239,6 +303,13 @@ def device_speeds(machine: Machine) -> dict[str, DeviceSpeed]:
                 bandwidth_assumed=not g.bandwidth_bytes_per_s,
                 compute_assumed=g.fp16_tflops is None,
                 pcie_assumed=True,
+                compute_capability=g.compute_capability,
+                endpoint=worker.endpoint,
+                worker_position=position,
+                network_bytes_per_s=worker.network.bandwidth_bytes_per_s,
+                network_rtt_s=worker.network.rtt_s,
+                network_assumed=worker.network.bandwidth_source.startswith("default")
+                or worker.network.rtt_source.startswith("default"),
             )
     host = machine.host
     devices["CPU"] = DeviceSpeed(
@@ -274,6 +345,11 @@ class ExpectedSpeed:
     target_context: int
     basis: str
     assumed: tuple[str, ...] = ()  # "CUDA1 bandwidth", ...: figures the machine did not tell
+    # RPC workers: the one-time transfer of their weights at load (bytes / link bandwidth, one
+    # worker after the other; 0 with no worker, or with a warm tensor cache `-c` on the worker),
+    # and the network's share of one decoded token at the target fill.
+    load_seconds: float = 0.0
+    network_ms_target: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -355,6 +431,33 @@ class DeviceWork:
     flops_per_token: float  # 2 x parameters a prompt token multiplies here (no output head)
     resident_bytes: int  # weights stored here that a ubatch reads (no token embeddings)
     expert_resident_bytes: int  # ... of which routed experts
+    endpoint: str | None = None  # an RPC device's worker
+    worker_position: int | None = None  # ... and its position among that worker's devices here
+    weights_bytes: int = 0  # every weight stored here (what loading sends to an RPC worker)
+
+
+@dataclass(frozen=True)
+class RpcStage:
+    """A run of consecutive layers on one RPC device: one synchronous exchange per ubatch.
+
+    llama.cpp's scheduler copies a split's inputs into the RPC backend (SET_TENSOR, sent without
+    waiting for a reply), queues the graph (GRAPH_COMPUTE / GRAPH_RECOMPUTE, asynchronous), and
+    the next split reads the result back with GET_TENSOR, a synchronous round trip that returns
+    once the worker has computed (ggml-rpc.cpp at b11312: buffer set_tensor :720-741,
+    get_tensor :743-750, graph_compute :1038-1057; the worker serves one command at a time).
+    A copy between two workers goes through the head: `cpy_tensor` refuses buffers of different
+    servers (ggml-rpc.cpp:752-770), so the scheduler gets the tensor from one and sets it on the
+    other.
+    """
+
+    device: str
+    endpoint: str
+    receives: bool  # activations arrive over this worker's link (from the head or another worker)
+    mask: bool  # the device's first stage with attention layers: the KQ mask arrives with it
+    # What ends the stage: "activations" (read back by the head: round trip + bytes), "logits"
+    # (the output layer is here: n_vocab floats per output row come back), "copy" (the next
+    # stage is another device of the same worker: COPY_TENSOR there, a round trip, no bytes).
+    returns: str
 
 
 @dataclass(frozen=True)
@@ -363,12 +466,16 @@ class SpeedWork:
 
     devices: tuple[DeviceWork, ...]
     transitions: int  # changes between a GPU and the host along the layers, per token / ubatch
-    gpu_transitions: int  # changes from one GPU to another
+    gpu_transitions: int  # changes from one GPU (local or RPC) to another
     kv_quantized: bool
     n_slots: int
     attention_flops_per_token_per_fill: float  # per attention layer: 4 x heads x head_dim
     expert_used_fraction: float
     ubatch: int
+    rpc_stages: tuple[RpcStage, ...] = ()
+    n_embd: int = 0
+    n_vocab: int = 0
+    mask_bytes: int = MASK_BYTES_FA  # one KQ mask element
 
 
 def _slot_elements(layout: ModelLayout) -> tuple[list[int], list[int]]:
@@ -411,34 +518,61 @@ def speed_work(layout: ModelLayout, estimate: Estimate) -> SpeedWork:
     ubatch = max(1, min(config.ubatch, config.batch))
     # A ubatch touches this share of the routed experts (each token picks expert_used of them).
     touched = 1.0 - (1.0 - used) ** ubatch
+    # The MTP/NextN block is loaded but only computed when speculating with it
+    # (src/models/qwen35moe.cpp builds the trunk layers 0..n_layer-1).
+    skip = (
+        set()
+        if config.spec_draft_n
+        else {s for s in range(layout.n_slots) if layout.is_nextn_slot(s)}
+    )
     works: list[DeviceWork] = []
     dense_dev: dict[int, str] = {}
     expert_dev: dict[int, str] = {}
+    endpoint_of: dict[str, str] = {}
+    attention_dev: dict[str, set[int]] = {}
+    seen_on_worker: dict[str, int] = {}
     for d in estimate.devices:
-        for s in d.layers:
+        layers = [s for s in d.layers if s not in skip]
+        expert_layers = [s for s in d.expert_layers if s not in skip]
+        for s in layers:
             dense_dev[s] = d.device
-        for s in d.expert_layers:
+        for s in expert_layers:
             expert_dev[s] = d.device
+        position = None
+        if d.endpoint is not None:
+            endpoint_of[d.device] = d.endpoint
+            position = seen_on_worker.get(d.endpoint, 0)
+            seen_on_worker[d.endpoint] = position + 1
+        attention_dev[d.device] = set(d.attention_layers)
         host_input = layout.input_bytes if d.kind == "host" else 0
-        expert_resident = sum(slots[s].expert_bytes for s in d.expert_layers)
+        expert_resident = sum(slots[s].expert_bytes for s in expert_layers)
         works.append(
             DeviceWork(
                 device=d.device,
                 kind=d.kind,
-                slots=len(d.layers),
-                decode_bytes=sum(slots[s].dense_bytes for s in d.layers)
+                slots=len(layers),
+                decode_bytes=sum(slots[s].dense_bytes for s in layers)
                 + int(expert_resident * used)
                 + 2 * len(d.recurrent_layers) * state_row,
                 kv_depth_bytes=len(d.attention_layers) * kv_cell_f16,
                 attention_layers=len(d.attention_layers),
                 flops_per_token=2.0
                 * (
-                    sum(dense_el[s] for s in d.layers)
-                    + used * sum(expert_el[s] for s in d.expert_layers)
+                    sum(dense_el[s] for s in layers)
+                    + used * sum(expert_el[s] for s in expert_layers)
                 ),
-                resident_bytes=max(0, d.weights_bytes - host_input - expert_resident)
+                resident_bytes=max(
+                    0,
+                    d.weights_bytes
+                    - host_input
+                    - sum(slots[s].expert_bytes for s in d.expert_layers)
+                    - sum(slots[s].dense_bytes for s in d.layers if s in skip),
+                )
                 + int(expert_resident * touched),
                 expert_resident_bytes=expert_resident,
+                endpoint=d.endpoint,
+                worker_position=position,
+                weights_bytes=d.weights_bytes,
             )
         )
     sequence: list[str] = []
@@ -447,6 +581,8 @@ def speed_work(layout: ModelLayout, estimate: Estimate) -> SpeedWork:
             sequence.append(dense_dev[s])
         if s in expert_dev:
             sequence.append(expert_dev[s])
+    # every change of device costs what a local one costs (a copy through the head, the next
+    # device's graph launch); a change to or from an RPC device adds the network (rpc_seconds)
     pairs = [(a, b) for a, b in zip(sequence, sequence[1:], strict=False) if a != b]
     gpu_pairs = sum(1 for a, b in pairs if a != "CPU" and b != "CPU")
     return SpeedWork(
@@ -459,7 +595,64 @@ def speed_work(layout: ModelLayout, estimate: Estimate) -> SpeedWork:
         attention_flops_per_token_per_fill=4.0 * arch.head_count * arch.key_length,
         expert_used_fraction=used,
         ubatch=ubatch,
+        rpc_stages=_rpc_stages(layout, sequence, dense_dev, endpoint_of, attention_dev),
+        n_embd=arch.embedding_length,
+        n_vocab=arch.vocab_size,
+        mask_bytes=MASK_BYTES_NO_FA if config.flash_attn == "off" else MASK_BYTES_FA,
     )
+
+
+def _rpc_stages(
+    layout: ModelLayout,
+    sequence: list[str],
+    dense_dev: dict[int, str],
+    endpoint_of: dict[str, str],
+    attention_dev: dict[str, set[int]],
+) -> tuple[RpcStage, ...]:
+    """The runs of the layer sequence on RPC devices, with what crosses the network for each."""
+    if not endpoint_of:
+        return ()
+    runs: list[list[str]] = []
+    for dev in sequence:
+        if runs and runs[-1][0] == dev:
+            runs[-1].append(dev)
+        else:
+            runs.append([dev])
+    output_dev = dense_dev.get(layout.output_slot)
+    masked: set[str] = set()
+    stages: list[RpcStage] = []
+    for i, run in enumerate(runs):
+        dev = run[0]
+        endpoint = endpoint_of.get(dev)
+        if endpoint is None:
+            continue
+        prev = runs[i - 1][0] if i > 0 else None
+        nxt = runs[i + 1][0] if i + 1 < len(runs) else None
+        same_worker_before = prev is not None and endpoint_of.get(prev) == endpoint
+        mask = dev not in masked and bool(attention_dev.get(dev))
+        if mask:
+            masked.add(dev)
+        if nxt is None and output_dev == dev:
+            returns = "logits"
+        elif nxt is not None and endpoint_of.get(nxt) == endpoint:
+            returns = "copy"
+        else:
+            returns = "activations"
+        stages.append(RpcStage(dev, endpoint, not same_worker_before, mask, returns))
+    return tuple(stages)
+
+
+def _cc(value: str | None) -> float | None:
+    try:
+        return float(value) if value else None
+    except ValueError:
+        return None
+
+
+def cuda_graphs(dev: DeviceSpeed, params: SpeedParams = DEFAULT_SPEED_PARAMS) -> bool:
+    """Whether llama.cpp decodes on this GPU with CUDA graphs (an unknown card: yes)."""
+    cc = _cc(dev.compute_capability)
+    return cc is None or cc >= params.graphs_min_cc
 
 
 def _gpu_fixed_seconds(dev: DeviceSpeed, params: SpeedParams) -> float:
@@ -484,6 +677,75 @@ def _host_rate(dev: DeviceSpeed, params: SpeedParams) -> float:
     )
 
 
+def _lookup(devices: dict[str, DeviceSpeed]):  # type: ignore[no-untyped-def]
+    """DeviceWork -> its DeviceSpeed: an RPC device by its worker and position on it (the
+    Estimate numbers RPC devices over the workers it uses), a local one by name."""
+    by_worker = {
+        (d.endpoint, d.worker_position): d for d in devices.values() if d.endpoint is not None
+    }
+
+    def find(w: DeviceWork) -> DeviceSpeed:
+        if w.endpoint is not None:
+            found = by_worker.get((w.endpoint, w.worker_position))
+            if found is not None:
+                return found
+        return devices.get(w.device) or _fallback(w)
+
+    return find
+
+
+def _link(endpoint: str, devices: dict[str, DeviceSpeed]) -> tuple[float, float]:
+    """(bytes/s, round trip s) of the link to an RPC worker (the machine's defaults if unknown)."""
+    for d in devices.values():
+        if d.endpoint == endpoint and d.network_bytes_per_s:
+            rtt = d.network_rtt_s if d.network_rtt_s is not None else DEFAULT_RPC_RTT_S
+            return float(d.network_bytes_per_s), rtt
+    return float(DEFAULT_RPC_BANDWIDTH), DEFAULT_RPC_RTT_S
+
+
+def kv_cells(fill: int) -> int:
+    """KV cells attention covers with `fill` tokens in the cache (llama.cpp get_n_kv)."""
+    return max(KV_CELL_PAD, -(-fill // KV_CELL_PAD) * KV_CELL_PAD)
+
+
+def rpc_seconds(
+    work: SpeedWork, devices: dict[str, DeviceSpeed], fill: int, tokens: int = 1, outputs: int = 1
+) -> float:
+    """Seconds one ubatch of `tokens` (decode: 1) spends on the network to RPC workers, with
+    `fill` tokens already in the cache and `outputs` rows of logits wanted.
+
+    Per stage (a run of layers on one RPC device): one round trip (the head's GET_TENSOR waits
+    for the worker), the activations in (tokens x n_embd x 4 B, unless they come from a device
+    of the same worker), the KQ mask the device's attention layers read (n_kv x tokens x 2 B with
+    flash attention: 512 KiB per token at 262144 filled), and the activations or, for the output
+    layer, the logits (outputs x n_vocab x 4 B) back.
+    """
+    if not work.rpc_stages:
+        return 0.0
+    activations = tokens * work.n_embd * F32_BYTES
+    mask = kv_cells(fill + tokens) * tokens * work.mask_bytes
+    logits = outputs * work.n_vocab * F32_BYTES
+    seconds = 0.0
+    for stage in work.rpc_stages:
+        bandwidth, rtt = _link(stage.endpoint, devices)
+        sent = (activations if stage.receives else 0) + (mask if stage.mask else 0)
+        back = {"logits": logits, "activations": activations}.get(stage.returns, 0)
+        seconds += rtt + (sent + back) / bandwidth
+    return seconds
+
+
+def load_seconds(work: SpeedWork, devices: dict[str, DeviceSpeed]) -> float:
+    """The one-time transfer of the RPC devices' weights at load: bytes / link bandwidth, one
+    tensor after the other (llama.cpp's loader sets tensors sequentially; a worker started with
+    `-c` keeps a tensor cache, and a warm cache sends hashes instead: SET_TENSOR_HASH)."""
+    seconds = 0.0
+    for w in work.devices:
+        if w.endpoint is not None and w.weights_bytes:
+            bandwidth, _rtt = _link(w.endpoint, devices)
+            seconds += w.weights_bytes / bandwidth
+    return seconds
+
+
 def decode_seconds(
     work: SpeedWork,
     devices: dict[str, DeviceSpeed],
@@ -495,12 +757,17 @@ def decode_seconds(
     """Seconds per decoded token with `fill` tokens in the KV cache."""
     seconds = _hops(work, params) + params.token_fixed_ms * 1e-3
     seconds += params.server_ms * 1e-3 if server else 0.0
+    seconds += rpc_seconds(work, devices, fill)
     quant = params.kv_quant_factor if work.kv_quantized else 1.0
+    find = _lookup(devices)
     for w in work.devices:
-        dev = devices.get(w.device) or _fallback(w)
+        dev = find(w)
         if w.kind == "gpu":
             if w.slots:
-                seconds += _gpu_fixed_seconds(dev, params) * w.slots / work.n_slots
+                share = w.slots / work.n_slots
+                seconds += _gpu_fixed_seconds(dev, params) * share
+                if not cuda_graphs(dev, params):
+                    seconds += params.no_graph_ms * 1e-3 * share
             bw = dev.bandwidth_bytes_per_s * params.gpu_bandwidth_efficiency
             seconds += w.decode_bytes / bw
             seconds += fill * w.kv_depth_bytes * params.kv_depth_factor * quant / bw
@@ -522,27 +789,32 @@ def prefill_seconds(
     """Seconds for one ubatch of `tokens` prompt tokens (default the ubatch) after `fill`."""
     n = tokens or work.ubatch
     seconds = _hops(work, params) + params.token_fixed_ms * 1e-3
+    seconds += rpc_seconds(work, devices, fill, tokens=n)
+    find = _lookup(devices)
     gpus = [w for w in work.devices if w.kind == "gpu" and (w.slots or w.resident_bytes)]
-    first_gpu = devices.get(gpus[0].device) if gpus else None
+    first_gpu = find(gpus[0]) if gpus else None
     attn = work.attention_flops_per_token_per_fill * (fill + n / 2) * n
     for w in work.devices:
-        dev = devices.get(w.device) or _fallback(w)
+        dev = find(w)
         if w.kind == "gpu":
             if w.slots:
                 seconds += _gpu_fixed_seconds(dev, params) * w.slots / work.n_slots
-            flops = n * w.flops_per_token + attn * w.attention_layers
-            seconds += flops / _gpu_flops(dev, params)
-            seconds += w.resident_bytes / (
-                dev.bandwidth_bytes_per_s * params.gpu_bandwidth_efficiency
+            # the weights stream while the matrix units multiply: the slower of the two
+            seconds += max(
+                n * w.flops_per_token / _gpu_flops(dev, params),
+                w.resident_bytes / (dev.bandwidth_bytes_per_s * params.gpu_bandwidth_efficiency),
             )
+            seconds += attn * w.attention_layers / _gpu_flops(dev, params)
         elif first_gpu is not None and n >= OP_OFFLOAD_MIN_BATCH:
             # host weights cross PCIe once per ubatch; the first GPU multiplies them
             link = (
                 first_gpu.pcie_bytes_per_s or pcie_bytes_per_s(*ASSUMED_PCIE)
             ) * params.pcie_efficiency
             seconds += w.resident_bytes / link
-            flops = n * w.flops_per_token + attn * w.attention_layers
-            seconds += flops / _gpu_flops(first_gpu, params)
+            seconds += n * w.flops_per_token / _gpu_flops(first_gpu, params)
+            # attention has no weights to offload: it runs where the layer's KV cache is
+            cpu_flops = (dev.cores or 1) * params.cpu_core_gflops * 1e9
+            seconds += attn * w.attention_layers / cpu_flops
         else:
             flops = n * w.flops_per_token + attn * w.attention_layers
             seconds += flops / ((dev.cores or 1) * params.cpu_core_gflops * 1e9)
@@ -576,14 +848,18 @@ def expected_speed(
     empty = decode_seconds(work, devices, 0, params)
     target = decode_seconds(work, devices, target_context, params)
     tokens = min(work.ubatch, PREFILL_PROMPT_TOKENS)
-    # a 512-token prompt in ubatches of `tokens`
+    # a 512-token prompt in ubatches of `tokens`; llama-server wants the last token's logits
     n_ub = -(-PREFILL_PROMPT_TOKENS // tokens)
-    prefill = n_ub * prefill_seconds(work, devices, 0, params, tokens=tokens)
+    prefill = sum(
+        prefill_seconds(work, devices, i * tokens, params, tokens=tokens) for i in range(n_ub)
+    )
     used = {w.device for w in work.devices if w.slots or w.decode_bytes or w.resident_bytes}
     assumed = tuple(
         f"{name} {what}" for name, dev in devices.items() if name in used for what in dev.assumed
     )
     basis = params.basis + (f"; assumed: {', '.join(assumed)}" if assumed else "")
+    if work.rpc_stages:
+        basis += "; RPC: network round trips, activations, KQ mask and logits per token"
     return ExpectedSpeed(
         decode_tps_empty=params.decode_scale / empty,
         decode_tps_target=params.decode_scale / target,
@@ -591,4 +867,6 @@ def expected_speed(
         target_context=target_context,
         basis=basis,
         assumed=assumed,
+        load_seconds=load_seconds(work, devices),
+        network_ms_target=1e3 * rpc_seconds(work, devices, target_context),
     )

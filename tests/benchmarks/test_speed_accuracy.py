@@ -8,11 +8,15 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
 
 from speed_accuracy import (  # noqa: E402
+    DEFAULT_DATA,
+    FOLDS,
     Unusable,
     _manifest,
     build_case,
+    load_cases,
     parse_cores,
     parse_count,
     parse_gpus,
@@ -20,8 +24,12 @@ from speed_accuracy import (  # noqa: E402
     parse_size,
     parse_threads,
     pp_prompt_tokens,
+    predict,
+    row_folds,
     source_key,
 )
+
+from quantpick.plan.speed import DEFAULT_SPEED_PARAMS  # noqa: E402
 
 GiB = 1024**3
 
@@ -147,3 +155,87 @@ def test_speculative_decode_and_unstated_prompt_are_dropped_per_figure() -> None
         )
     kept = build_case(row(speculative_decoding=True), _manifest())
     assert kept.tg_tps is None and kept.pp_tps == 300.0
+
+
+def test_llama_benchy_measures_a_server_and_counts_the_depth_in_its_prompt() -> None:
+    """llama-benchy's pp figure is (depth + pp) tokens over the uncached request's time (its
+    README: pp2048 @ d32768 = 34816 tokens / 30.83 s); its tg includes llama-server's cost."""
+    benchy = build_case(
+        row(bench_tool="llama-server + llama-benchy v0.3.5 (--runs 5)",
+            pp_metric="llama-benchy pp2048 @ d32768", context_depth_tokens=32768,
+            flags={"ngl": 99, "n_cpu_moe": 30, "ctx": 65536}),
+        _manifest(),
+    )  # fmt: skip
+    assert benchy.server and benchy.fill == 32768
+    assert (benchy.pp_tokens, benchy.pp_fill) == (32768 + 2048, 0)
+    bench = build_case(
+        row(pp_metric="llama-bench pp512 @ d32768", context_depth_tokens=32768,
+            flags={"ngl": 99, "n_cpu_moe": 30}),
+        _manifest(),
+    )  # fmt: skip
+    assert not bench.server and (bench.pp_tokens, bench.pp_fill) == (512, 32768)
+
+
+def test_llama_bench_fit_sizes_the_tests_own_context() -> None:
+    """llama-bench's --fit sizes n_prompt + n_gen + n_depth; --fit-ctx only bounds how far a
+    larger context may shrink (tools/llama-bench/llama-bench.cpp:2341-2357 at b11312)."""
+    fit = {"ngl": 99, "ub": 512, "other": "--fit-ctx 100000 --fit-target 300"}
+    on_bench = build_case(
+        row(gpu="RTX 5060 Ti", gpu_vram="16 GB", placement="--fit auto", flags=fit), _manifest()
+    )
+    on_server = build_case(
+        row(gpu="RTX 5060 Ti", gpu_vram="16 GB", placement="--fit auto", flags=fit,
+            bench_tool="llama-server"),
+        _manifest(),
+    )  # fmt: skip
+    bench_n = on_bench.estimate.config.n_cpu_moe  # type: ignore[attr-defined]
+    server_n = on_server.estimate.config.n_cpu_moe  # type: ignore[attr-defined]
+    assert 0 < bench_n < server_n  # a 100000-token KV cache pushes more experts out
+
+
+def test_a_prefill_at_the_cards_memory_ceiling_is_left_out() -> None:
+    ceiling = build_case(
+        row(notes="label n27-c16k-ub256; author: ubatch too small",
+            source_url="https://github.com/zhcqiu/local-qwen/blob/372b024/HANDBOOK.md",
+            pp_metric="server prompt eval tok/s, ~7120-tok prompt", context_depth_tokens=7120),
+        _manifest(),
+    )  # fmt: skip
+    assert ceiling.pp_tps is None and ceiling.tg_tps == 30.0
+    assert any("10033" in n for n in ceiling.notes)
+
+
+def test_folds_deal_every_source_round_all_folds() -> None:
+    cases, _ = load_cases(DEFAULT_DATA)
+    folds = row_folds(cases)
+    assert folds == row_folds(cases)  # fixed seed: the same folds every run
+    assert set(folds) == {c.row_id for c in cases} and set(folds.values()) == set(range(FOLDS))
+    for source in {c.source for c in cases}:
+        counts = [0] * FOLDS
+        for c in cases:
+            if c.source == source:
+                counts[folds[c.row_id]] += 1
+        assert max(counts) - min(counts) <= 1  # stratified: 1/k of each source per fold
+
+
+def test_predict_uses_the_parameters_of_the_rows_build() -> None:
+    case = build_case(row(llama_cpp_build="b8207", flags={"ngl": 99, "n_cpu_moe": 30}), _manifest())
+    current = build_case(row(flags={"ngl": 99, "n_cpu_moe": 30}), _manifest())
+    old_tg, _ = predict(case, DEFAULT_SPEED_PARAMS)
+    new_tg, _ = predict(current, DEFAULT_SPEED_PARAMS)
+    assert old_tg is not None and new_tg is not None and old_tg < new_tg
+    cache: dict = {}
+    assert predict(case, DEFAULT_SPEED_PARAMS, cache) == predict(case, DEFAULT_SPEED_PARAMS)
+    assert 8207 in cache
+
+
+def test_the_defaults_are_the_fit_of_the_bundled_rows() -> None:
+    """SpeedParams' defaults are what scripts/fit_speed.py finds (refresh them after a change to
+    the model or the data): every fitted constant within 2%."""
+    from fit_speed import FITTED, fit  # type: ignore[import-not-found]
+
+    cases, _ = load_cases(DEFAULT_DATA)
+    fitted = fit(cases)
+    for name in FITTED:
+        assert getattr(DEFAULT_SPEED_PARAMS, name) == pytest.approx(
+            getattr(fitted, name), rel=0.02
+        ), name

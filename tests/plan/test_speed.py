@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from quantpick.machine.describe import describe_gpu
-from quantpick.machine.spec import Host, Machine
+from quantpick.machine.spec import DEFAULT_RPC_BANDWIDTH, Host, Machine, Network, RpcWorker
 from quantpick.model.layout import ModelLayout, synthesize_layout
 from quantpick.model.registry import find_manifest
 from quantpick.plan.memory import RunConfig, estimate
@@ -18,11 +18,16 @@ from quantpick.plan.planner import PlanRequest, plan
 from quantpick.plan.speed import (
     DEFAULT_SPEED_PARAMS,
     RECENT_BUILD,
+    TURING_GRAPHS_BUILD,
+    cuda_graphs,
     decode_seconds,
     decode_speed,
     device_speeds,
     expected_speed,
+    kv_cells,
     legacy_build,
+    prefill_seconds,
+    rpc_seconds,
     speed_work,
 )
 
@@ -284,3 +289,314 @@ def test_planner_fills_the_expected_speed() -> None:
     assert 0 < e.decode_tps_target <= e.decode_tps_empty <= p.speed.tokens_per_s_empty
     assert e.prefill_tps > 100 and "fitted" in e.basis
     assert all(c.speed is None or c.speed.expected is not None for c in p.candidates)
+
+
+# ---- CUDA graphs by compute capability and build -----------------------------------------------
+
+
+def test_pascal_decodes_without_cuda_graphs_and_pays_for_it() -> None:
+    """llama.cpp runs no CUDA graphs below compute capability 7.0 (ggml-cuda.cu:4426 at b11312):
+    the same card described as a 6.1 part decodes slower; prefill is unaffected."""
+    machine = box("p40")
+    pascal = device_speeds(machine)
+    assert not cuda_graphs(pascal["CUDA0"])
+    as_volta = {
+        k: dataclasses.replace(d, compute_capability="7.0") if k == "CUDA0" else d
+        for k, d in pascal.items()
+    }
+    assert cuda_graphs(as_volta["CUDA0"])
+    work = work_of("UD-Q4_K_M", machine)
+    slower = decode_seconds(work, pascal, 0) - decode_seconds(work, as_volta, 0)
+    assert slower == pytest.approx(DEFAULT_SPEED_PARAMS.no_graph_ms * 1e-3)
+    assert prefill_seconds(work, pascal) == pytest.approx(prefill_seconds(work, as_volta))
+
+
+def test_turing_gets_cuda_graphs_from_the_volta_turing_build_on() -> None:
+    t4 = device_speeds(box("t4"))
+    work = work_of("UD-IQ2_M", box("t4"))
+    old = DEFAULT_SPEED_PARAMS.for_build(TURING_GRAPHS_BUILD - 1)
+    new = DEFAULT_SPEED_PARAMS.for_build(TURING_GRAPHS_BUILD)
+    assert not cuda_graphs(t4["CUDA0"], old) and cuda_graphs(t4["CUDA0"], new)
+    assert cuda_graphs(t4["CUDA0"], DEFAULT_SPEED_PARAMS.for_build(None))
+    assert decode_seconds(work, t4, 0, old) > decode_seconds(work, t4, 0, new)
+    # an Ampere card never lost them
+    ampere = device_speeds(box("3090"))
+    assert cuda_graphs(ampere["CUDA0"], old)
+
+
+@SETTINGS
+@given(
+    quant=st.sampled_from(QUANTS),
+    card=st.sampled_from(CARDS),
+    n_cpu_moe=st.integers(0, 40),
+    fill=st.integers(0, 262144),
+    build=st.sampled_from((None, 1, 8200, 9283, 10500)),
+)
+def test_no_graphs_is_never_faster(
+    quant: str, card: str, n_cpu_moe: int, fill: int, build: int | None
+) -> None:
+    machine = box(card)
+    work = work_of(quant, machine, RunConfig(ctx_size=262144, n_cpu_moe=n_cpu_moe))
+    speeds = device_speeds(machine)
+    pascal = {k: dataclasses.replace(d, compute_capability="6.1") for k, d in speeds.items()}
+    params = DEFAULT_SPEED_PARAMS.for_build(build)
+    assert decode_seconds(work, pascal, fill, params) >= decode_seconds(work, speeds, fill, params)
+
+
+# ---- RPC workers --------------------------------------------------------------------------------
+
+WORKER = "10.0.0.7:50052"
+
+
+def cluster(
+    local: str = "3090",
+    remote: tuple[str, ...] = ("t4",),
+    *,
+    bandwidth: int = DEFAULT_RPC_BANDWIDTH,
+    rtt: float = 0.0003,
+    workers: int = 1,
+) -> Machine:
+    """`local` here, each worker serving `remote` cards, behind `bandwidth` and `rtt`."""
+    base = box(local)
+    rpc = tuple(
+        RpcWorker(
+            host=f"10.0.0.{7 + i}",
+            port=50052,
+            devices=tuple(describe_gpu(name, index=j) for j, name in enumerate(remote)),
+            network=Network(bandwidth_bytes_per_s=bandwidth, rtt_s=rtt),
+        )
+        for i in range(workers)
+    )
+    return dataclasses.replace(base, rpc_workers=rpc)
+
+
+def rpc_config(machine: Machine, **changes: object) -> RunConfig:
+    servers = tuple(w.endpoint for w in machine.rpc_workers)
+    return dataclasses.replace(RunConfig(ctx_size=262144, rpc_servers=servers), **changes)
+
+
+def test_a_worker_holds_its_layers_and_exchanges_once_per_token() -> None:
+    machine = cluster()
+    layout = layout_of("UD-Q4_K_M")
+    est = estimate(layout, machine, rpc_config(machine))
+    work = speed_work(layout, est)
+    rpc = next(d for d in est.gpus if d.endpoint == WORKER)
+    assert rpc.device == "RPC0" and rpc.layers  # llama.cpp puts RPC devices first
+    # one stage: activations in (from the head's token embeddings), the KQ mask, activations out
+    assert len(work.rpc_stages) == 1
+    stage = work.rpc_stages[0]
+    assert (stage.receives, stage.mask, stage.returns) == (True, True, "activations")
+    # a local GPU to an RPC device is a device change like any other
+    assert work.gpu_transitions == 1
+    speeds = device_speeds(machine)
+    n_embd = layout.architecture.embedding_length
+    at = 262144
+    expected = 0.0003 + (2 * n_embd * 4 + kv_cells(at + 1) * 2) / DEFAULT_RPC_BANDWIDTH
+    assert rpc_seconds(work, speeds, at) == pytest.approx(expected)
+    # the mask: 512 KiB a token at 262144 filled (f16, flash attention)
+    assert kv_cells(262144) * 2 == 512 * 1024
+    # over 1 GbE that alone is ~4.5 ms a token: long contexts over 1 GbE are slow
+    assert rpc_seconds(work, speeds, at) > 4.4e-3
+
+
+def test_the_mask_is_f32_without_flash_attention() -> None:
+    machine = cluster()
+    layout = layout_of("UD-Q4_K_M")
+    fa = speed_work(layout, estimate(layout, machine, rpc_config(machine, ctx_size=8192)))
+    no_fa = speed_work(
+        layout, estimate(layout, machine, rpc_config(machine, ctx_size=8192, flash_attn="off"))
+    )
+    assert (fa.mask_bytes, no_fa.mask_bytes) == (2, 4)
+    speeds = device_speeds(machine)
+    assert rpc_seconds(no_fa, speeds, 8000) > rpc_seconds(fa, speeds, 8000)
+
+
+def test_logits_come_back_when_the_output_layer_is_on_a_worker() -> None:
+    """--device CUDA0,RPC0 puts the output layer on the worker: n_vocab floats a token return."""
+    machine = cluster()
+    layout = layout_of("UD-Q4_K_M")
+    est = estimate(layout, machine, rpc_config(machine, devices=(0, "RPC0")))
+    work = speed_work(layout, est)
+    assert layout.output_slot in next(d for d in est.gpus if d.device == "RPC0").layers
+    assert [s.returns for s in work.rpc_stages] == ["logits"]
+    speeds = device_speeds(machine)
+    arch = layout.architecture
+    expected = 0.0003 + (arch.embedding_length * 4 + 256 * 2 + arch.vocab_size * 4) / (
+        DEFAULT_RPC_BANDWIDTH
+    )
+    assert rpc_seconds(work, speeds, 0) == pytest.approx(expected)
+
+
+def test_a_hop_between_two_workers_goes_through_the_head() -> None:
+    """ggml-rpc refuses copies between servers (cpy_tensor, ggml-rpc.cpp:752-770): the head
+    reads the activations from one worker and sends them to the next."""
+    machine = cluster(local="3090", remote=("t4",), workers=2)
+    layout = layout_of("UD-Q4_K_M")
+    est = estimate(layout, machine, rpc_config(machine, ctx_size=32768))
+    work = speed_work(layout, est)
+    assert [s.device for s in work.rpc_stages] == ["RPC0", "RPC1"]
+    assert all(s.receives and s.returns == "activations" for s in work.rpc_stages)
+    # two devices of one worker: the copy stays on the worker (COPY_TENSOR), one round trip
+    same = cluster(local="3090", remote=("t4", "t4"))
+    est = estimate(layout, same, rpc_config(same, ctx_size=32768))
+    stages = speed_work(layout, est).rpc_stages
+    assert [(s.receives, s.returns) for s in stages] == [(True, "copy"), (False, "activations")]
+
+
+def test_devices_are_found_by_worker_when_a_plan_renumbers_them() -> None:
+    """A plan without the first worker names the second one's device RPC0; its speed figures are
+    still that worker's (a 10 GbE link here, 1 GbE for the first)."""
+    machine = cluster(local="3090", remote=("t4",), workers=2)
+    slow, fast = machine.rpc_workers
+    machine = dataclasses.replace(
+        machine,
+        rpc_workers=(slow, dataclasses.replace(fast, network=Network(1_170_000_000, 0.0001))),
+    )
+    layout = layout_of("UD-Q4_K_M")
+    est = estimate(layout, machine, RunConfig(ctx_size=32768, rpc_servers=(fast.endpoint,)))
+    work = speed_work(layout, est)
+    assert [s.device for s in work.rpc_stages] == ["RPC0"]
+    speeds = device_speeds(machine)  # names RPC0 the first worker's device
+    assert speeds["RPC0"].endpoint == slow.endpoint
+    n_embd = layout.architecture.embedding_length
+    expected = 0.0001 + (2 * n_embd * 4 + 256 * 2) / 1_170_000_000
+    assert rpc_seconds(work, speeds, 0) == pytest.approx(expected)
+
+
+@SETTINGS
+@given(
+    quant=st.sampled_from(QUANTS),
+    remote=st.sampled_from(("t4", "3060", "4090", "p40")),
+    fill=st.integers(0, 262144),
+    on_worker=st.integers(1, 40),
+    rtt=st.floats(0.00005, 0.01),
+    gbits=st.floats(0.1, 100),
+)
+def test_a_worker_is_slower_than_the_same_device_local(
+    quant: str, remote: str, fill: int, on_worker: int, rtt: float, gbits: float
+) -> None:
+    """Same device, same layers, same order: over the network decode and prefill only get
+    slower (the network is added to everything a local device costs)."""
+    layout = layout_of(quant)
+    split = (float(on_worker), float(layout.n_slots - on_worker))
+    networked = cluster(local="a100-80g", remote=(remote,), bandwidth=int(gbits * 1.25e8), rtt=rtt)
+    far = estimate(layout, networked, rpc_config(networked, tensor_split=split))
+    # locally: the remote card as CUDA0 in front of the A100 as CUDA1, llama.cpp's order for RPC
+    here = Machine(
+        gpus=(describe_gpu(remote, index=0), describe_gpu("a100-80g", index=1)),
+        host=networked.host,
+        described=True,
+        source="test",
+    )
+    near = estimate(layout, here, RunConfig(ctx_size=262144, tensor_split=split))
+    assert [len(d.layers) for d in far.gpus] == [len(d.layers) for d in near.gpus]
+    far_work, near_work = speed_work(layout, far), speed_work(layout, near)
+    far_speeds, near_speeds = device_speeds(networked), device_speeds(here)
+    # the worker's card keeps its figures, with the assumed PCIe link of a remote device
+    assert far_speeds["RPC0"].bandwidth_bytes_per_s == near_speeds["CUDA0"].bandwidth_bytes_per_s
+    assert decode_seconds(far_work, far_speeds, fill) > decode_seconds(near_work, near_speeds, fill)
+    assert prefill_seconds(far_work, far_speeds) > prefill_seconds(near_work, near_speeds)
+
+
+@SETTINGS
+@given(
+    quant=st.sampled_from(QUANTS),
+    fill=st.integers(0, 262144),
+    tokens=st.sampled_from((1, 512)),
+    bandwidth=st.integers(10_000_000, 10_000_000_000),
+    more=st.floats(1.0, 10.0),
+    rtt=st.floats(0.00001, 0.02),
+    later=st.floats(1.0, 10.0),
+    workers=st.integers(1, 2),
+)
+def test_network_bandwidth_and_latency_move_the_figure_the_right_way(
+    quant: str,
+    fill: int,
+    tokens: int,
+    bandwidth: int,
+    more: float,
+    rtt: float,
+    later: float,
+    workers: int,
+) -> None:
+    layout = layout_of(quant)
+
+    def seconds(bw: float, latency: float) -> tuple[float, float]:
+        machine = cluster(bandwidth=int(bw), rtt=latency, workers=workers)
+        est = estimate(layout, machine, rpc_config(machine, ctx_size=32768))
+        work = speed_work(layout, est)
+        speeds = device_speeds(machine)
+        return decode_seconds(work, speeds, fill), prefill_seconds(work, speeds, tokens=tokens)
+
+    base = seconds(bandwidth, rtt)
+    faster_link = seconds(bandwidth * more, rtt)
+    slower_trip = seconds(bandwidth, rtt * later)
+    assert all(f <= b * (1 + 1e-9) for f, b in zip(faster_link, base, strict=True))
+    assert all(s >= b * (1 - 1e-9) for s, b in zip(slower_trip, base, strict=True))
+
+
+def test_load_time_is_the_workers_weights_over_their_links() -> None:
+    machine = cluster()
+    layout = layout_of("UD-Q4_K_M")
+
+    def loaded(on_worker: int, m: Machine = machine) -> tuple[float, int]:
+        split = (float(on_worker), float(layout.n_slots - on_worker))
+        est = estimate(layout, m, rpc_config(m, ctx_size=32768, tensor_split=split))
+        e = expected_speed(layout, est, device_speeds(m), target_context=32768)
+        rpc_weights = sum(d.weights_bytes for d in est.gpus if d.endpoint is not None)
+        return e.load_seconds, rpc_weights
+
+    seconds, weights = loaded(16)
+    assert seconds == pytest.approx(weights / DEFAULT_RPC_BANDWIDTH)
+    more_seconds, more_weights = loaded(24)
+    assert more_weights > weights and more_seconds > seconds
+    faster = cluster(bandwidth=10 * DEFAULT_RPC_BANDWIDTH)
+    assert loaded(16, faster)[0] == pytest.approx(seconds / 10)
+    # no worker, nothing to send
+    alone = expected_speed(
+        layout_of("UD-Q4_K_M"),
+        estimate(layout_of("UD-Q4_K_M"), box("3090"), SHORT),
+        device_speeds(box("3090")),
+        target_context=8192,
+    )
+    assert alone.load_seconds == 0 and alone.network_ms_target == 0
+
+
+def test_the_reference_cluster_over_1gbe() -> None:
+    """Q4_K_M on a 3090 here and a T4 on a worker behind 1 GbE: at 262144 filled the mask makes
+    the network a fifth of each token; the weights take about a minute to send."""
+    machine = cluster()
+    layout = layout_of("UD-Q4_K_M")
+    est = estimate(layout, machine, rpc_config(machine))
+    speeds = device_speeds(machine)
+    short = expected_speed(layout, est, speeds, target_context=32768)
+    long = expected_speed(layout, est, speeds, target_context=262144)
+    assert 0.5 < short.network_ms_target < 2 and 4 < long.network_ms_target < 6
+    assert long.decode_tps_target < short.decode_tps_target < short.decode_tps_empty
+    assert 30 < long.load_seconds < 180
+    assert "RPC" in long.basis
+
+
+def test_a_default_network_is_named_as_assumed() -> None:
+    machine = cluster()
+    layout = layout_of("UD-Q4_K_M")
+    est = estimate(layout, machine, rpc_config(machine, ctx_size=32768))
+    e = expected_speed(layout, est, device_speeds(machine), target_context=32768)
+    assert "RPC0 network" in e.assumed
+    told = dataclasses.replace(
+        machine,
+        rpc_workers=tuple(
+            dataclasses.replace(
+                w,
+                network=Network(
+                    w.network.bandwidth_bytes_per_s,
+                    w.network.rtt_s,
+                    bandwidth_source="--rpc-bandwidth",
+                    rtt_source="measured",
+                ),
+            )
+            for w in machine.rpc_workers
+        ),
+    )
+    e = expected_speed(layout, est, device_speeds(told), target_context=32768)
+    assert "RPC0 network" not in e.assumed
