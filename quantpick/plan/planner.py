@@ -389,7 +389,74 @@ def plan(
     *,
     overheads: Overheads | None = None,
 ) -> Plan:
-    """The best plan for `request`; raises NoFitError (exit 3) when nothing fits."""
+    """The best plan for `request`; raises NoFitError (exit 3) when nothing fits.
+
+    With RPC workers, the plan without them (this machine alone, experts in its own RAM where
+    needed) is weighed too: a worker behind a slow network can make every token slower than host
+    offload, and then it is left out, with the figures that show why.
+    """
+    if not machine.rpc_workers:
+        return _plan_once(manifest, machine, layout_of, request, overheads=overheads)
+    with_workers: Plan | None = None
+    problem: NoFitError | None = None
+    try:
+        with_workers = _plan_once(manifest, machine, layout_of, request, overheads=overheads)
+    except NoFitError as exc:
+        problem = exc
+    local = replace(machine, rpc_workers=())
+    try:
+        alone = _plan_once(manifest, local, layout_of, request, overheads=overheads)
+    except NoFitError:
+        if with_workers is None:
+            assert problem is not None
+            raise problem from None
+        return with_workers
+    if with_workers is not None and (
+        not with_workers.config.rpc_servers  # it left them out itself (they held nothing)
+        or not _better_plan(alone, with_workers, request.prefer)
+    ):
+        return with_workers
+    endpoints = ", ".join(w.endpoint for w in machine.rpc_workers)
+    if with_workers is None:
+        why = f"RPC worker(s) {endpoints} unused: no plan that uses them fits"
+    else:
+        e = with_workers.speed.expected
+        net = getattr(e, "network_ms_target", None)
+        over = f" (+{net:.1f} ms per token on the network at {e.target_context} tokens)"
+        why = (
+            f"RPC worker(s) {endpoints} left unused: with them the best plan is "
+            f"{with_workers.quant} at ~{e.decode_tps_target:.0f} tok/s"
+            + (over if net else "")
+            + f"; this machine alone runs {alone.quant} at "
+            f"~{alone.speed.expected.decode_tps_target:.0f} tok/s ({alone.placement})"
+        )
+    return replace(alone, notes=(*alone.notes, why), why=alone.why + "; " + why)
+
+
+def _better_plan(alone: Plan, with_workers: Plan, prefer: str) -> bool:
+    """Leave the workers out when this machine alone is no worse in quality (its tier, or its
+    KLD under --prefer quality) and at least as fast: the network then costs more than it buys."""
+    a, w = _chosen(alone), _chosen(with_workers)
+    assert a.quality is not None and w.quality is not None
+    if prefer == "quality":
+        not_worse = a.quality.mean_kld <= w.quality.mean_kld
+    else:
+        not_worse = a.quality.tier <= w.quality.tier
+    return not_worse and expected_tps(alone.speed) >= expected_tps(with_workers.speed)
+
+
+def _chosen(p: Plan) -> Candidate:
+    return next(c for c in p.candidates if c.reason.startswith("chosen"))
+
+
+def _plan_once(
+    manifest: Manifest,
+    machine: Machine,
+    layout_of: LayoutFn,
+    request: PlanRequest,
+    *,
+    overheads: Overheads | None = None,
+) -> Plan:
     overheads = overheads or Overheads()
     if request.prefer not in POLICIES:
         raise UsageError(f"--prefer {request.prefer}: use " + ", ".join(POLICIES))
@@ -534,9 +601,10 @@ def plan(
         est = estimate(
             chosen_layout, machine, config, overheads=overheads, projector_bytes=projector_bytes
         )
-        speed = decode_speed(
-            chosen_layout, est, bandwidths, target_context=target, efficiency=request.efficiency
-        )
+        speed = _Search(
+            chosen_layout, machine, overheads, projector_bytes, bandwidths, request.efficiency,
+            target, request.calibration,
+        ).speed(est)  # fmt: skip
         final = [
             replace(c, config=config, estimate=est, speed=speed)
             if c.reason.startswith("chosen")

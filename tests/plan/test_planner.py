@@ -443,21 +443,34 @@ def with_workers(m: Machine, *workers: tuple[str, Gpu]) -> Machine:
 
 
 def test_a_3090_here_and_a_t4_on_a_worker_is_planned_across_both() -> None:
+    """At 262144 tokens the 3090 alone needs experts in RAM; with the T4 worker (over 1 GbE) the
+    model runs fully on the two cards, faster: the worker is used."""
     here = machine(gpu(0, 24, 936, "NVIDIA GeForce RTX 3090"))
     cluster = with_workers(here, ("10.0.0.7:50052", gpu(0, 15, 320, "Tesla T4")))
-    request = PlanRequest(ctx_size=65536)
+    request = PlanRequest(ctx_size=262144, compute_rule=CURRENT_TREE)
     alone, both = (
         plan(MANIFEST, here, layout_of, request),
         plan(MANIFEST, cluster, layout_of, request),
     )
+    assert alone.placement == "expert-offload"
     assert both.config.rpc_servers == ("10.0.0.7:50052",)
     assert [d.device for d in both.estimate.gpus] == ["RPC0", "CUDA0"]  # the worker first
     assert both.placement == "gpu" and both.estimate.fits
     assert both.config.tensor_split is not None and len(both.config.tensor_split) == 2
     assert all(d.layers for d in both.estimate.gpus)
-    # 39 GiB of devices hold a better quant than the 3090 alone
-    assert RANK[both.quant] > RANK[alone.quant]
+    assert both.speed.expected.decode_tps_target > alone.speed.expected.decode_tps_target
+    assert both.speed.expected.network_ms_target > 0  # the network is charged, and still wins
     assert both.config.devices is None  # llama.cpp's own order, nothing to name
+
+
+def test_a_worker_that_buys_nothing_is_left_unused() -> None:
+    """At 65536 tokens Q4_K_M runs fully on the 3090 at ~100 tok/s; the T4 worker would only add a
+    quality step nobody notices, at a network cost: it is left out, and the plan says why."""
+    here = machine(gpu(0, 24, 936, "NVIDIA GeForce RTX 3090"))
+    cluster = with_workers(here, ("10.0.0.7:50052", gpu(0, 15, 320, "Tesla T4")))
+    p = plan(MANIFEST, cluster, layout_of, PlanRequest(ctx_size=65536))
+    assert p.config.rpc_servers == () and p.placement == "gpu"
+    assert any("left unused" in n and "this machine alone" in n for n in p.notes)
 
 
 def test_a_failed_local_gpu_is_left_out_and_the_workers_named() -> None:
@@ -518,3 +531,40 @@ def test_dropping_a_worker_renumbers_the_rpc_devices() -> None:
     assert slim.tensor_split == (10.0, 32.0)
     after = run(layout_of("Q4_K_M"), m, slim)
     assert [len(d.layers) for d in after.gpus] == [len(d.layers) for d in est.gpus[1:]]
+
+
+def test_a_worker_behind_a_slow_link_is_left_unused_and_the_plan_says_why() -> None:
+    """At 262144 tokens every token sends the KQ mask (512 KiB) to a worker with attention
+    layers: over a slow link this machine alone, with experts in its own RAM, is faster."""
+    from quantpick.machine.spec import Network
+
+    here = machine(gpu(0, 24, 936, "NVIDIA GeForce RTX 3090"), ram_gib=64)
+    fast = with_workers(here, ("10.0.0.7:50052", gpu(0, 15, 320, "Tesla T4")))
+    fast = replace(
+        fast,
+        rpc_workers=tuple(
+            replace(w, network=Network(bandwidth_bytes_per_s=1_170_000_000, rtt_s=0.0001))
+            for w in fast.rpc_workers
+        ),
+    )
+    slow = replace(
+        fast,
+        rpc_workers=tuple(
+            replace(w, network=Network(bandwidth_bytes_per_s=12_000_000, rtt_s=0.002))
+            for w in fast.rpc_workers
+        ),
+    )
+    request = PlanRequest(ctx_size=262144, compute_rule=CURRENT_TREE)
+    used = plan(MANIFEST, fast, layout_of, request)
+    assert used.config.rpc_servers == ("10.0.0.7:50052",)
+    unused = plan(MANIFEST, slow, layout_of, request)
+    assert unused.config.rpc_servers == () and "RPC0" not in [
+        d.device for d in unused.estimate.gpus
+    ]
+    note = next(n for n in unused.notes if "left unused" in n)
+    assert "10.0.0.7:50052" in note and "on the network" in note and "this machine alone" in note
+    assert "left unused" in unused.why
+    # the unused worker's plan really is slower: what was weighed is what is said
+    alone_tps = unused.speed.expected.decode_tps_target
+    with_tps = float(note.split("~")[1].split(" tok/s")[0])
+    assert with_tps < alone_tps
