@@ -61,6 +61,10 @@ def _speed_dict(speed: SpeedEstimate) -> dict[str, Any]:
                 "target_context": expected.target_context,
                 "basis": expected.basis,
                 "assumed": list(expected.assumed),
+                # RPC workers: the network's share of a token at the target fill, and the
+                # one-time transfer of the workers' weights at load (a cold tensor cache)
+                "network_ms_target": round(expected.network_ms_target, 3),
+                "load_seconds": round(expected.load_seconds, 1),
             }
             if expected is not None
             else None
@@ -218,10 +222,17 @@ def speed_line(speed: SpeedEstimate) -> str:
     e = speed.expected
     if e is None:
         return "Decode " + bound
-    return (
+    line = (
         f"Expected: ~{e.decode_tps_empty:.0f} tok/s decode ({e.decode_tps_target:.0f} at "
         f"{e.target_context} tokens), {e.prefill_tps:.0f} tok/s prefill; {bound}"
     )
+    if e.load_seconds:
+        line += (
+            f"\nRPC: {e.network_ms_target:.1f} ms of each token on the network at "
+            f"{e.target_context} tokens; loading sends the workers' weights once "
+            f"(~{e.load_seconds:.0f} s; ggml-rpc-server -c caches them for the next start)"
+        )
+    return line
 
 
 def _speed_tps(speed: SpeedEstimate | None) -> float | None:
