@@ -261,7 +261,8 @@ class RangeServer:
     (200 + Content-Range + exact Content-Length, as ModelScope answers), "endless" (ignores
     Range and streams the path's bytes followed by zeros forever). `redirects` maps a path to a
     URL answered with 302. `require_auth` maps a path to the Authorization value it must carry.
-    The log records (method, path, Range, Authorization, bytes sent) per request.
+    `fail_next` maps a path to statuses answered first, one per request (e.g. [503, 429]).
+    The log records (method, path, Range, Authorization, status, bytes sent) per request.
     """
 
     def __init__(self) -> None:
@@ -271,6 +272,7 @@ class RangeServer:
         self.files: dict[str, Path | bytes] = {}
         self.redirects: dict[str, str] = {}
         self.require_auth: dict[str, str] = {}
+        self.fail_next: dict[str, list[int]] = {}
         self.mode = "range"
         self.log: list[dict[str, Any]] = []
         outer = self
@@ -281,6 +283,12 @@ class RangeServer:
             def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - quiet
                 pass
 
+            def send_response(self, code: int, message: str | None = None) -> None:
+                entry = getattr(self, "_log_entry", None)
+                if entry is not None:
+                    entry["status"] = code
+                super().send_response(code, message)
+
             def do_GET(self) -> None:  # noqa: N802 - http.server API
                 entry: dict[str, Any] = {
                     "path": self.path,
@@ -289,6 +297,7 @@ class RangeServer:
                     "sent": 0,
                 }
                 outer.log.append(entry)
+                self._log_entry = entry
                 try:
                     outer._answer(self, entry)
                 except (BrokenPipeError, ConnectionResetError):
@@ -329,6 +338,12 @@ class RangeServer:
             return
         if path in self.require_auth and h.headers.get("Authorization") != self.require_auth[path]:
             h.send_response(401)
+            h.send_header("Content-Length", "0")
+            h.end_headers()
+            return
+        if self.fail_next.get(path):
+            h.send_response(self.fail_next[path].pop(0))
+            h.send_header("Retry-After", "0")
             h.send_header("Content-Length", "0")
             h.end_headers()
             return

@@ -11,7 +11,7 @@ import pytest
 from fakehub import FakeHub, gguf_bytes, make_manifest, sha256sums
 
 from quantpick.config import load_settings
-from quantpick.errors import DownloadError
+from quantpick.errors import DownloadError, VerificationError
 from quantpick.fetch.download import fetch_model
 from quantpick.fetch.http import RetryPolicy
 from quantpick.fetch.sources import open_source
@@ -90,6 +90,30 @@ def test_hostile_names_in_a_listing_are_never_exposed(fake_hub: FakeHub) -> None
     for kind in ("hf", "modelscope"):
         repo = open_source(Source(kind, repo="org/evil"))
         assert [f.name for f in repo.list_files()] == ["ok.gguf"]
+        assert set(repo.refused) == {"../../evil.gguf"}
+
+
+def test_overlong_and_file_and_folder_names_are_refused_and_reported(fake_hub: FakeHub) -> None:
+    long_component = "c" * 300 + ".gguf"
+    long_path = "d/" * 2500 + "x.gguf"
+    fake_hub.add_repo(
+        "org/odd",
+        {
+            "ok.gguf": b"GGUF",
+            long_component: b"GGUF",
+            long_path: b"GGUF",
+            "a.gguf": b"GGUF",
+            "a.gguf/b.gguf": b"GGUF",
+        },
+    )
+    for kind in ("hf", "modelscope"):
+        repo = open_source(Source(kind, repo="org/odd"))
+        assert [f.name for f in repo.list_files()] == ["ok.gguf"]
+        assert set(repo.refused) == {long_component, long_path, "a.gguf", "a.gguf/b.gguf"}
+        note = repo.refused_note()
+        assert note is not None and "4 file name(s)" in note and len(note) < 1000
+        with pytest.raises(VerificationError, match="listed both as a file and as a folder"):
+            repo.resolve("a.gguf")
 
 
 def test_modelscope_lists_sha256_and_builds_download_urls(hub: FakeHub) -> None:
