@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from quantpick.errors import DownloadError, UsageError, VerificationError
-from quantpick.fetch.http import RetryPolicy
+from quantpick.fetch.atomic import os_error, write_atomic
+from quantpick.fetch.http import BodyTooLarge, RetryPolicy
 from quantpick.fetch.sources import RemoteFile, RepoSource, open_source
 from quantpick.fetch.transfer import (
     DEFAULT_LOCK_TIMEOUT,
@@ -24,18 +25,27 @@ from quantpick.fetch.transfer import (
     DownloadResult,
     NullProgress,
     ProgressSink,
+    acquire_file_lock,
     download_file,
+    existing_parent,
     free_bytes,
+    make_dir,
     part_paths,
 )
-from quantpick.fetch.verify import format_sha256sums, parse_sha256sums
-from quantpick.safe_names import safe_relative_name
+from quantpick.fetch.verify import (
+    CHECKSUMS_MAX_BYTES,
+    format_sha256sums,
+    parse_sha256sums,
+    read_sha256sums,
+)
+from quantpick.safe_names import safe_relative_name, shown
 
 if TYPE_CHECKING:
     from quantpick.config import Settings
     from quantpick.model.manifest import Manifest, ModelFile, Source
 
-CHECKSUMS_MAX_BYTES = 1024 * 1024
+# Suffixes the transfer engine puts beside a file; the longest decides the path length checked.
+_LONGEST_SIDE_FILE = ".bad-0123456789ab"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -51,13 +61,18 @@ class PlannedFile:
     size: int | None
     sha256: str | None
     sha256_from: tuple[str, ...]  # which authorities vouched for sha256 (all agree)
-    state: str  # "present" | "partial" | "absent"
+    # "present": the final file, of the expected size (verified before use); "partial": a .part
+    # or a final file shorter than expected, resumed; "oversized": a final file longer than
+    # expected, moved aside and fetched again; "absent"
+    state: str
     local_bytes: int  # bytes already on disk (final file or .part)
 
     @property
     def bytes_to_fetch(self) -> int:
         if self.state == "present" or self.size is None:
             return 0
+        if self.state == "oversized":
+            return self.size
         return max(0, self.size - self.local_bytes)
 
 
@@ -75,6 +90,7 @@ class FetchPlan:
     free_bytes: int
     enough_space: bool
     checksums_text: str | None = field(default=None, repr=False)
+    notes: tuple[str, ...] = ()  # what the plan left out and why (refused names, big SHA256SUMS)
 
 
 @dataclass(frozen=True)
@@ -127,6 +143,51 @@ def _agree(
     return (known[0][1] if known else None), tuple(who for who, _ in known)
 
 
+def _checksums_from(
+    manifest: Manifest, repo: RepoSource, progress: ProgressSink, notes: list[str]
+) -> tuple[dict[str, str], str | None]:
+    """The repository's checksums file, parsed strictly (a hostile line refuses the download);
+    ({}, None) when it has none or it is larger than CHECKSUMS_MAX_BYTES (then with a note)."""
+    if not manifest.checksums_file:
+        return {}, None
+    label = f"{manifest.checksums_file} ({repo.label})"
+    try:
+        text = repo.fetch_text(manifest.checksums_file, CHECKSUMS_MAX_BYTES)
+    except BodyTooLarge:
+        note = (
+            f"{repo.label}: {manifest.checksums_file} is larger than {CHECKSUMS_MAX_BYTES} bytes; "
+            "ignored, the hub listing and the manifest vouch for the hashes"
+        )
+        progress.message(note)
+        notes.append(note)
+        return {}, None
+    if text is None:
+        progress.message(
+            f"{repo.label} has no {manifest.checksums_file}; using the hub and manifest hashes"
+        )
+        return {}, None
+    return parse_sha256sums(text, label), text
+
+
+def _local_path_problem(path: Path) -> str | None:
+    """Why `path` (and its .part/.lock/.bad- siblings) cannot exist on the destination's file
+    system: a component or the whole path longer than that file system allows (pathconf)."""
+    probe = existing_parent(path.parent)
+    try:
+        name_max = os.pathconf(probe, "PC_NAME_MAX")
+        path_max = os.pathconf(probe, "PC_PATH_MAX")
+    except (OSError, ValueError, AttributeError):  # no pathconf (Windows) or no answer
+        return None
+    longest = os.fsencode(str(path) + _LONGEST_SIDE_FILE)
+    if name_max and name_max > 0:
+        for part in path.parts:
+            if len(os.fsencode(part + _LONGEST_SIDE_FILE)) > name_max:
+                return f"a component is longer than the {name_max} bytes {probe} allows"
+    if path_max and path_max > 0 and len(longest) >= path_max:
+        return f"the path is longer than the {path_max} bytes {probe} allows"
+    return None
+
+
 def plan_fetch(
     manifest: Manifest,
     files: list[ModelFile],
@@ -140,16 +201,8 @@ def plan_fetch(
 ) -> FetchPlan:
     """Resolve every file on one source and cross-check every hash, before any large transfer."""
     progress = progress or NullProgress()
-    sums: dict[str, str] = {}
-    checksums_text = None
-    if manifest.checksums_file:
-        checksums_text = repo.fetch_text(manifest.checksums_file, CHECKSUMS_MAX_BYTES)
-        if checksums_text is None:
-            progress.message(
-                f"{repo.label} has no {manifest.checksums_file}; using the hub and manifest hashes"
-            )
-        else:
-            sums = parse_sha256sums(checksums_text)
+    notes: list[str] = []
+    sums, checksums_text = _checksums_from(manifest, repo, progress, notes)
     planned = []
     for mf in files:
         remote = repo.resolve(mf.name)
@@ -175,16 +228,35 @@ def plan_fetch(
             remote.size if remote.size is not None else (mf.size_bytes if mf.size_exact else None)
         )
         path = dest_dir / mf.name
+        problem = _local_path_problem(path)
+        if problem is not None:
+            raise UsageError(
+                f"cannot store {shown(mf.name)} in {dest_dir}: {problem}",
+                hint="choose a shorter --dir",
+            )
         part, _ = part_paths(path)
-        if path.exists():
-            state, local = "present", path.stat().st_size
-        elif part.exists():
-            state, local = "partial", part.stat().st_size
-        else:
-            state, local = "absent", 0
+        try:
+            if path.exists():
+                local = path.stat().st_size
+                if size is None or local == size:
+                    state = "present"
+                elif local < size:
+                    state = "partial"  # a truncated final file is resumed like a .part
+                else:
+                    state = "oversized"
+            elif part.exists():
+                state, local = "partial", part.stat().st_size
+            else:
+                state, local = "absent", 0
+        except OSError as exc:
+            raise os_error("cannot look at", path, exc) from None
         planned.append(
             PlannedFile(mf.name, mf.role, remote.url, path, size, sha, vouchers, state, local)
         )
+    refused = repo.refused_note()
+    if refused is not None:
+        progress.message(refused)
+        notes.append(refused)
     to_fetch = sum(p.bytes_to_fetch for p in planned)
     # Unknown sizes (plain mirror, no manifest size) count as the manifest's approximate size.
     to_fetch += sum(mf.size_bytes for mf, p in zip(files, planned, strict=True) if p.size is None)
@@ -202,6 +274,7 @@ def plan_fetch(
         free_bytes=free,
         enough_space=free >= to_fetch + SPACE_MARGIN,
         checksums_text=checksums_text,
+        notes=tuple(notes),
     )
 
 
@@ -230,13 +303,18 @@ def fetch_model(
     progress = progress or NullProgress()
     files = wanted_files(manifest, quant, vision)
     dest = Path(dest_dir) if dest_dir is not None else settings.models_dir / manifest.id
+    # Absolute (not resolved: a symlinked models dir keeps the name the user gave): every path
+    # printed from here on, `--quiet`'s included, is unambiguous and never starts with "-".
+    dest = Path(os.path.abspath(dest))
+    if not dry_run:
+        make_dir(dest)  # a read-only or unwritable --dir fails here, before any network call
     skipped: list[str] = []
     candidates = candidate_sources(manifest, source)
     for index, src in enumerate(candidates):
         last = index == len(candidates) - 1
         repo: RepoSource | None = None
         try:
-            repo = open_source_fn(src, settings=settings)
+            repo = open_source_fn(src, settings=settings, policy=policy)
             plan = plan_fetch(
                 manifest,
                 files,
@@ -280,10 +358,9 @@ def fetch_model(
                         progress=progress,
                         disk_usage=disk_usage,
                         lock_timeout=lock_timeout,
-                        lock_dir=settings.cache_dir / "locks",
                     )
                 )
-            _record_checksums(dest, plan, results)
+            _record_checksums(dest, plan, results, lock_timeout=lock_timeout)
             return FetchReport(plan, tuple(results), tuple(skipped))
         except DownloadError as exc:
             if last:
@@ -296,24 +373,44 @@ def fetch_model(
     raise AssertionError("unreachable: candidate_sources never returns an empty list")
 
 
-def _record_checksums(dest: Path, plan: FetchPlan, results: list[DownloadResult]) -> None:
+def _record_checksums(
+    dest: Path,
+    plan: FetchPlan,
+    results: list[DownloadResult],
+    *,
+    lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
+    durable: bool = True,
+) -> None:
     """Keep a SHA256SUMS in the directory so `quantpick verify DIR` works later, offline.
 
-    It merges what was there, the repository's own file, and the hashes just verified.
+    It merges what was there, the repository's own file, and the hashes just verified, under the
+    file's own lock (two downloads into one directory must not lose each other's lines), and is
+    written atomically and durably. A full disk leaves no temporary file and says so in one line.
     """
     path = dest / "SHA256SUMS"
-    entries: dict[str, str] = {}
+    lock = acquire_file_lock(path, stall_timeout=lock_timeout)
     try:
-        if path.exists():
-            entries.update(parse_sha256sums(path.read_text()))
-    except (OSError, VerificationError):
-        return  # not ours to rewrite
-    if plan.checksums_text:
-        entries.update(parse_sha256sums(plan.checksums_text))
-    entries.update({r.name: r.sha256 for r in results if r.verified})
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(format_sha256sums(entries))
-    os.replace(tmp, path)
+        entries: dict[str, str] = {}
+        try:
+            if path.exists():
+                entries.update(parse_sha256sums(path.read_text(), str(path)))
+        except (OSError, UnicodeDecodeError, VerificationError):
+            return  # not ours to rewrite
+        if plan.checksums_text:
+            entries.update(read_sha256sums(plan.checksums_text).entries)
+        entries.update({r.name: r.sha256 for r in results if r.verified})
+        try:
+            write_atomic(path, format_sha256sums(entries).encode(), durable=durable)
+        except OSError as exc:
+            raise os_error(
+                "cannot write the checksums file",
+                path,
+                exc,
+                hint="the model files are complete and verified; free some space and run the "
+                "command again to record their hashes for `quantpick verify`",
+            ) from None
+    finally:
+        lock.release()
 
 
 def verified_local_files(
