@@ -153,3 +153,15 @@ def test_a_default_pick_falls_back_to_the_manifest_with_a_note(
     assert "synthesized" in json.dumps(document)  # planned on the manifest's own table
     assert "gave up after 2 attempts" in err  # the note says why the exact header is missing
     assert silent_hub.connections >= FAST.attempts
+
+
+def test_the_planning_policy_is_short_and_follows_the_default(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from quantpick.fetch.http import planning_policy
+
+    policy = planning_policy()
+    assert (policy.attempts, policy.connect_timeout, policy.idle_timeout) == (2, 5.0, 10.0)
+    assert policy.worst_case_seconds() == 2 * 15 + 1  # what a silent hub can cost a `pick`
+    monkeypatch.setattr(http, "DEFAULT_POLICY", FAST)
+    assert planning_policy() == FAST  # already shorter: unchanged
