@@ -34,6 +34,7 @@ class RemoteHeaderError(GGUFError):
 
 HeadersFor = Callable[[str], dict[str, str]]
 INITIAL_WINDOW = 4 * 1024 * 1024  # first range request; a Qwen3.6 header is ~11 MB
+MAX_WINDOW = 16 * 1024 * 1024  # the largest range request (a real header needs 4 + 4 + 8 MiB)
 MAX_REDIRECTS = 10
 
 
@@ -142,11 +143,14 @@ class RangeReader:
         except httpx.TransportError as exc:  # timeouts, resets mid-body: ask again
             raise TransientError(f"{type(exc).__name__} mid-body: {exc}") from None
         self.bytes_fetched += len(out)
-        return bytes(out[:limit])
+        del out[limit:]
+        return bytes(out)
 
     def fill(self, offset: int, min_bytes: int) -> bytes:
-        # Doubling the total: the bytes fetched stay below 2x what the parser needed (+ window).
-        want = max(min_bytes, self.initial_window if offset == 0 else offset)
+        # Doubling the total: the bytes fetched stay below 2x what the parser needed (+ window),
+        # each request at most MAX_WINDOW (a hostile 64 MiB header is read in 16 MiB steps, so
+        # the memory held at once stays a few windows, not the whole header).
+        want = max(min_bytes, min(self.initial_window if offset == 0 else offset, MAX_WINDOW))
         if self.total_size is not None:
             if offset >= self.total_size:
                 return b""
