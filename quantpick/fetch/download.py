@@ -178,13 +178,14 @@ def _local_path_problem(path: Path) -> str | None:
         path_max = os.pathconf(probe, "PC_PATH_MAX")
     except (OSError, ValueError, AttributeError):  # no pathconf (Windows) or no answer
         return None
-    longest = os.fsencode(str(path) + _LONGEST_SIDE_FILE)
     if name_max and name_max > 0:
-        for part in path.parts:
-            if len(os.fsencode(part + _LONGEST_SIDE_FILE)) > name_max:
-                return f"a component is longer than the {name_max} bytes {probe} allows"
+        *folders, last = path.parts
+        names = [*folders, last + _LONGEST_SIDE_FILE]
+        if any(len(os.fsencode(name)) > name_max for name in names):
+            return f"a name is longer than the {name_max} bytes its file system allows (NAME_MAX)"
+    longest = os.fsencode(str(path) + _LONGEST_SIDE_FILE)
     if path_max and path_max > 0 and len(longest) >= path_max:
-        return f"the path is longer than the {path_max} bytes {probe} allows"
+        return f"the path is longer than the {path_max} bytes the system allows (PATH_MAX)"
     return None
 
 

@@ -276,3 +276,19 @@ def test_a_read_only_dir_through_the_cli_is_one_error_line(
 
 def test_local_errors_are_quantpick_errors() -> None:
     assert issubclass(LocalFileError, QuantpickError) and issubclass(DiskSpaceError, QuantpickError)
+
+
+def test_a_dir_too_long_for_the_file_system_is_one_line(hub: FakeHub, tmp_path: Path) -> None:
+    from quantpick.errors import UsageError
+
+    # The directory fits PATH_MAX, the file in it would not: refused before anything is written.
+    deep = tmp_path.joinpath(*(["d" * 200] * ((4096 - 40 - len(str(tmp_path))) // 201)))
+    deep = deep / ("e" * (4096 - 30 - len(str(deep)) - 1))  # 30 bytes short of PATH_MAX
+    assert len(str(deep)) == 4096 - 30 and len(str(deep / NAME)) > 4096 - 17
+    for dry_run in (True, False):
+        with pytest.raises(UsageError, match="the path is longer than the 4096 bytes") as info:
+            get(deep, dry_run=dry_run)
+        assert info.value.hint == "choose a shorter --dir"
+    # A directory that does not fit itself: the OS says so, in one line naming it.
+    with pytest.raises(LocalFileError, match="cannot create the download directory: .*too long"):
+        get(deep / ("d" * 200))
