@@ -188,3 +188,45 @@ def test_hub_libraries_are_not_imported_at_module_level() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_modelscope_against_a_hub_that_never_answers_ends(tmp_path: Path) -> None:
+    """ModelScope's library brings its own timeouts and retries (quantpick relies on them, see
+    open_source): with its knobs turned down, a silent hub ends in a DownloadError (exit 5).
+    Its constants are read at import, hence a subprocess."""
+    import os
+    import time
+
+    from fakehub import SilentServer
+
+    script = (
+        "from quantpick.fetch.sources import open_source\n"
+        "from quantpick.model.manifest import Source\n"
+        "from quantpick.errors import DownloadError\n"
+        "try:\n"
+        "    open_source(Source('modelscope', repo='org/x')).list_files()\n"
+        "except DownloadError as exc:\n"
+        "    print('DownloadError', exc.exit_code)\n"
+    )
+    with SilentServer() as silent:
+        env = dict(
+            os.environ,
+            MODELSCOPE_ENDPOINT=silent.url,
+            MODELSCOPE_API_TOKEN="",
+            MODELSCOPE_CACHE=str(tmp_path / "c"),
+            MODELSCOPE_HOME=str(tmp_path / "h"),
+            MODELSCOPE_DOWNLOAD_INTRA_CLOUD="false",
+            MODELSCOPE_API_TIMEOUT="1",
+            MODELSCOPE_API_CONNECT_TIMEOUT="1",
+            MODELSCOPE_REPO_TREE_PAGE_TIMEOUT_SECONDS="1",
+            MODELSCOPE_REPO_TREE_PAGE_MAX_ATTEMPTS="2",
+            MODELSCOPE_REPO_TREE_PAGE_RETRY_MAX_DELAY_SECONDS="1",
+            NO_PROXY="127.0.0.1",
+        )
+        start = time.monotonic()
+        out = subprocess.run(
+            [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120
+        )
+        assert out.stdout.strip() == "DownloadError 5", out.stderr
+        assert time.monotonic() - start < 60
+        assert silent.connections >= 2
