@@ -162,8 +162,9 @@ def _write_json_atomic(path: Path, document: dict[str, Any], durable: bool = Tru
 
 def lock_path(dest: Path) -> Path:
     """The lock of a target file: beside it (hidden), so every process that writes the file sees
-    it, whatever its user or QUANTPICK_HOME. It stays after use, empty: removing a flock file is
-    only safe when every waiter re-checks the inode after locking, which filelock 3.x does not."""
+    it, whatever its user or QUANTPICK_HOME. It stays after use, empty, as filelock's UnixFileLock
+    leaves it ("the file stays in place on release so waiters share the same inode"): unlinking
+    a flock file that others may be waiting on lets a waiter lock a dead inode."""
     return dest.with_name(f".{dest.name}.lock")
 
 
