@@ -380,6 +380,46 @@ class _HashPipe:
             self._thread.join()
 
 
+class _Flusher:
+    """Writeback while the download goes on: every FLUSH_EVERY bytes written, fdatasync runs on a
+    thread (it releases the GIL), so the fsync before the final rename waits for the tail only,
+    not for the whole file. Without it the kernel starts writing back only past its dirty
+    threshold (10 % of RAM by default), and on a fast link the whole file waits at the end."""
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+        self._sync = getattr(os, "fdatasync", os.fsync)  # macOS has no fdatasync
+        self._wake = threading.Event()
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, daemon=True, name="quantpick-flush")
+        self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            self._wake.wait()
+            self._wake.clear()
+            if self._stopping:
+                return
+            try:
+                self._sync(self._fd)
+            except OSError:
+                pass  # the final fsync, on the main thread, reports any error
+
+    def poke(self) -> None:
+        self._wake.set()
+
+    def close(self) -> None:
+        self._stopping = True
+        self._wake.set()
+        self._thread.join()
+
+
+# Bytes between background fdatasyncs. benchmarks/download.py, 1 GiB on loopback, cost of
+# durability (median of 5, durable minus not): +2.32 s with no background flush, +1.22 s every
+# 256 MiB, +1.01 s every 64 MiB; at 100 MB/s, +0.10 s per 512 MiB.
+FLUSH_EVERY = 64 * 1024 * 1024
+
+
 @dataclass
 class _State:
     offset: int
@@ -388,6 +428,8 @@ class _State:
     # Bytes of an earlier run that this one kept (the .part it started from); 0 once it had to
     # start again from byte 0. Right even when the .part was complete and no request was made.
     resumed_from: int = 0
+    flusher: _Flusher | None = None
+    next_flush: int = FLUSH_EVERY
 
 
 def download_file(
@@ -565,67 +607,107 @@ def _transfer_and_finish(
     durable: bool,
 ) -> DownloadResult:
     progress.file_started(dest.name, size, state.offset)
-
-    failures = 0
-    last_error = ""
     with _os_step("cannot open the partial download", part):
         handle = _open_part(part)
-    with handle:
-        handle.seek(state.offset)
-        while size is None or state.offset < size:
-            before = state.offset
-            try:
-                _check_still_ours(handle, part, "writing more into it")
-                finished = _transfer_once(
-                    remote, handle, part, state, size, headers_for, policy, progress, dest.name
-                )
-                if finished:
-                    break
-                continue
-            except RestartTransfer as exc:
-                last_error = str(exc)
-                progress.message(f"{dest.name}: {exc}; restarting from byte 0")
-                _restart_from_zero(handle, part, state)
-                failures += 1
-                retry_after = None
-            except TransientError as exc:
-                last_error = str(exc)
-                failures = 1 if state.offset > before else failures + 1
-                retry_after = exc.retry_after
-            if failures >= policy.attempts:
-                raise DownloadError(
-                    f"{dest.name}: {last_error} (gave up after {failures} attempts)",
-                    hint=f"run the command again to resume; {state.offset} bytes are kept in "
-                    f"{part.name}",
-                )
-            delay = policy.backoff(failures)
-            if retry_after is not None:
-                delay = max(delay, min(retry_after, policy.max_retry_after))
-            progress.message(f"{dest.name}: {last_error}; retrying in {delay:.1f} s")
-            policy.sleep(delay)
+    if durable:
+        state.flusher = _Flusher(handle.fileno())
+        state.next_flush = state.offset + FLUSH_EVERY
+    try:
+        return _fetch_into(
+            remote,
+            dest,
+            part,
+            sidecar,
+            handle,
+            state,
+            headers_for,
+            sha,
+            size,
+            expected_from,
+            source_label,
+            policy,
+            progress,
+            durable,
+        )
+    finally:
+        if state.flusher is not None:
+            state.flusher.close()
+        handle.close()
 
-        digest = state.hasher.hexdigest()
-        got_size = state.offset
-        on_disk = os.fstat(handle.fileno()).st_size
-        if on_disk != got_size:  # the hash covers the stream; make sure the file is that stream
-            raise DownloadError(f"{part} holds {on_disk} bytes, {got_size} were written")
-        if (sha is not None and digest != sha) or (size is not None and got_size != size):
-            _check_still_ours(handle, part, "moving it aside")
-            sidecar.unlink(missing_ok=True)
-            bad = _move_aside(part, digest)
-            raise VerificationError(
-                f"{remote.name}: downloaded sha256 {digest} ({got_size} bytes) does not match "
-                f"{sha} ({size} bytes) expected from {expected_from}",
-                hint=f"the bytes were kept as {bad} and not used; the source or the expected hash "
-                "is wrong: report it, or try another --source",
+
+def _fetch_into(
+    remote: RemoteFile,
+    dest: Path,
+    part: Path,
+    sidecar: Path,
+    handle: Any,
+    state: _State,
+    headers_for: HeadersFor,
+    sha: str | None,
+    size: int | None,
+    expected_from: str,
+    source_label: str,
+    policy: RetryPolicy,
+    progress: ProgressSink,
+    durable: bool,
+) -> DownloadResult:
+    failures = 0
+    last_error = ""
+    handle.seek(state.offset)
+    while size is None or state.offset < size:
+        before = state.offset
+        try:
+            _check_still_ours(handle, part, "writing more into it")
+            finished = _transfer_once(
+                remote, handle, part, state, size, headers_for, policy, progress, dest.name
             )
-        with _os_step("cannot finish", dest):
-            if durable:
-                os.fsync(handle.fileno())  # the bytes are on disk before the name says so
-            _check_still_ours(handle, part, "renaming it to its final name")
-            os.replace(part, dest)
-            if durable:
-                fsync_dir(dest.parent)  # and the new name is on disk too
+            if finished:
+                break
+            continue
+        except RestartTransfer as exc:
+            last_error = str(exc)
+            progress.message(f"{dest.name}: {exc}; restarting from byte 0")
+            _restart_from_zero(handle, part, state)
+            failures += 1
+            retry_after = None
+        except TransientError as exc:
+            last_error = str(exc)
+            failures = 1 if state.offset > before else failures + 1
+            retry_after = exc.retry_after
+        if failures >= policy.attempts:
+            raise DownloadError(
+                f"{dest.name}: {last_error} (gave up after {failures} attempts)",
+                hint=f"run the command again to resume; {state.offset} bytes are kept in "
+                f"{part.name}",
+            )
+        delay = policy.backoff(failures)
+        if retry_after is not None:
+            delay = max(delay, min(retry_after, policy.max_retry_after))
+        progress.message(f"{dest.name}: {last_error}; retrying in {delay:.1f} s")
+        policy.sleep(delay)
+
+    digest = state.hasher.hexdigest()
+    got_size = state.offset
+    on_disk = os.fstat(handle.fileno()).st_size
+    if on_disk != got_size:  # the hash covers the stream; make sure the file is that stream
+        raise DownloadError(f"{part} holds {on_disk} bytes, {got_size} were written")
+    if (sha is not None and digest != sha) or (size is not None and got_size != size):
+        _check_still_ours(handle, part, "moving it aside")
+        sidecar.unlink(missing_ok=True)
+        bad = _move_aside(part, digest)
+        raise VerificationError(
+            f"{remote.name}: downloaded sha256 {digest} ({got_size} bytes) does not match "
+            f"{sha} ({size} bytes) expected from {expected_from}",
+            hint=f"the bytes were kept as {bad} and not used; the source or the expected hash "
+            "is wrong: report it, or try another --source",
+        )
+    with _os_step("cannot finish", dest):
+        if durable:
+            os.fsync(handle.fileno())  # the bytes are on disk before the name says so
+        _check_still_ours(handle, part, "renaming it to its final name")
+        os.replace(part, dest)
+        if durable:
+            fsync_dir(dest.parent)  # and the new name is on disk too
     with suppress(OSError):  # a sidecar left here is removed by the next run
         sidecar.unlink(missing_ok=True)
     result = DownloadResult(
@@ -746,6 +828,9 @@ def _transfer_once(
             state.hasher.feed(buffer, n)
             state.offset += n
             state.fetched += n
+            if state.flusher is not None and state.offset >= state.next_flush:
+                state.flusher.poke()
+                state.next_flush = state.offset + FLUSH_EVERY
             progress.advance(label, n)
             if size is not None and state.offset >= size:
                 break

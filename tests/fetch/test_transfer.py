@@ -525,6 +525,30 @@ def test_data_and_directory_are_fsynced_around_the_final_rename(
     assert [e for e in events.log if e[0] == "fsync"] == []  # the benchmark's "without" side
 
 
+def test_writeback_runs_during_the_transfer_not_only_at_the_end(
+    hub: FakeHub, tmp_path: Path, policy: RetryPolicy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import quantpick.fetch.transfer as engine
+
+    synced: list[int] = []
+    real = getattr(os, "fdatasync", os.fsync)
+
+    def fdatasync(fd: int) -> None:
+        synced.append(os.fstat(fd).st_size)  # how much was written when it ran
+        real(fd)
+
+    monkeypatch.setattr(os, "fdatasync", fdatasync, raising=False)
+    monkeypatch.setattr(engine, "FLUSH_EVERY", 1024 * 1024)
+    hub.faults.add(NAME, "throttle", rate=4_000_000)  # ~0.8 s: time for the thread to run
+    fetch(hub, tmp_path / NAME, policy)
+    assert_complete(tmp_path / NAME)
+    assert synced and min(synced) < SIZE  # at least one flush before the last byte arrived
+    synced.clear()
+    (tmp_path / NAME).unlink()
+    fetch(hub, tmp_path / NAME, policy, durable=False)
+    assert synced == []
+
+
 def test_a_part_replaced_by_another_process_is_never_written_or_renamed(
     hub: FakeHub, tmp_path: Path, policy: RetryPolicy
 ) -> None:
