@@ -65,7 +65,7 @@ def read_only_dir(tmp_path: Path) -> Iterator[Path]:
         directory.chmod(0o755)
         return
     mounted = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(directory)],
+        ["mount", "-t", "tmpfs", "-o", "ro,size=1g", "tmpfs", str(directory)],
         capture_output=True,
     )
     if mounted.returncode != 0:

@@ -287,7 +287,7 @@ def test_write_script_into_a_read_only_directory_is_one_line(tmp_path: Path) -> 
     directory.mkdir()
     if os.geteuid() == 0:  # root ignores mode bits: a read-only tmpfs, or nothing to test
         mounted = subprocess.run(
-            ["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(directory)],
+            ["mount", "-t", "tmpfs", "-o", "ro,size=1g", "tmpfs", str(directory)],
             capture_output=True,
         )
         if mounted.returncode != 0:
