@@ -423,6 +423,7 @@ def verified_local_files(
     from quantpick.errors import VerificationError
     from quantpick.fetch.verify import parse_sha256sums, verify_files
 
+    dest = Path(os.path.abspath(dest))  # like fetch_model: no printed path starts with "-"
     sums_path = dest / "SHA256SUMS"
     if not sums_path.is_file():
         return None
