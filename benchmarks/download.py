@@ -1,12 +1,14 @@
 """Download + verification throughput on loopback, against tests/fakehub.py.
 
-    python benchmarks/download.py [--rounds 3] [--size-mib 1024]
+    python benchmarks/download.py [--rounds 3] [--size-mib 1024] [--methods a,b]
 
 Methods, interleaved round-robin (one round = each method once), each client in a fresh
 subprocess timed around the transfer only (imports excluded), output deleted and `sync` run
 between runs outside the timing:
   * quantpick   - quantpick.fetch.transfer.download_file: hub 302 -> CDN, sha256 while downloading,
-                  verified, atomic rename (end-to-end verified).
+                  verified, fsync of the data, atomic rename, fsync of the directory (durable).
+  * quantpick-nofsync - the same with durable=False: the two rows side by side are the cost of
+                  durability (the data must reach the disk before the rename, not after).
   * curl        - `curl -s -o FILE` on the CDN URL (bare download, no verification).
   * curl+hash   - the same followed by hashlib sha256 of the file.
   * hf_hub      - huggingface_hub.hf_hub_download(local_dir=...) (size check only).
@@ -41,9 +43,10 @@ from pathlib import Path
 from quantpick.fetch.transfer import download_file
 from quantpick.fetch.sources import RemoteFile
 url, dest, size, sha = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+durable = sys.argv[5] == "1"
 remote = RemoteFile("model.gguf", size, sha, url, "hf", None)
 t = time.perf_counter()
-result = download_file(remote, dest, headers_for=lambda u: {"User-Agent": "bench"})
+result = download_file(remote, dest, headers_for=lambda u: {"User-Agent": "bench"}, durable=durable)
 elapsed = time.perf_counter() - t
 assert result.verified and result.sha256 == sha
 print(json.dumps({"seconds": elapsed}))
@@ -97,6 +100,18 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--size-mib", type=int, default=1024)
+    parser.add_argument(
+        "--methods",
+        default="quantpick,quantpick-nofsync,curl,curl+hash,hf_hub",
+        help="comma-separated subset of the methods, in this order",
+    )
+    parser.add_argument("--skip-verify", action="store_true", help="downloads only")
+    parser.add_argument(
+        "--rate-mbps",
+        type=float,
+        default=None,
+        help="throttle the server to this many MB/s (a real link instead of loopback)",
+    )
     args = parser.parse_args()
     size = args.size_mib * 1024 * 1024
 
@@ -107,6 +122,8 @@ def main() -> None:
     hub = FakeHub(work / "hub").start()
     try:
         repo = hub.add_repo("bench/model", {NAME: source})
+        if args.rate_mbps:
+            hub.faults.add(NAME, "throttle", rate=args.rate_mbps * 1e6, times=None)
         sha = repo.files[NAME].sha256
         resolve = f"{hub.hf_endpoint}/bench/model/resolve/{repo.commit}/{NAME}"
         cdn = f"{hub.cdn_url}/lfs/{sha}?name={NAME}&repo=bench/model"
@@ -123,7 +140,12 @@ def main() -> None:
         target = out / NAME
 
         def quantpick() -> float:
-            return child_seconds([PY, "-c", QUANTPICK, resolve, str(target), str(size), sha], env)
+            argv = [PY, "-c", QUANTPICK, resolve, str(target), str(size), sha, "1"]
+            return child_seconds(argv, env)
+
+        def quantpick_nofsync() -> float:
+            argv = [PY, "-c", QUANTPICK, resolve, str(target), str(size), sha, "0"]
+            return child_seconds(argv, env)
 
         def curl() -> float:
             t = time.perf_counter()
@@ -139,28 +161,47 @@ def main() -> None:
         def hf_hub() -> float:
             return child_seconds([PY, "-c", HF_HUB, hub.hf_endpoint, "bench/model", str(out)], env)
 
-        methods = {"quantpick": quantpick, "curl": curl, "curl+hash": curl_hash, "hf_hub": hf_hub}
+        every = {
+            "quantpick": quantpick,
+            "quantpick-nofsync": quantpick_nofsync,
+            "curl": curl,
+            "curl+hash": curl_hash,
+            "hf_hub": hf_hub,
+        }
+        methods = {m: every[m] for m in args.methods.split(",")}
         times: dict[str, list[float]] = {m: [] for m in methods}
         for round_no in range(args.rounds):
             for label, method in methods.items():
-                clean(target, out / ".cache")
+                clean(target, out / ".cache", out / f".{NAME}.lock")
                 seconds = method()
                 times[label].append(seconds)
                 print(
-                    f"round {round_no + 1} {label:10s} {seconds:6.2f} s  "
+                    f"round {round_no + 1} {label:17s} {seconds:6.2f} s  "
                     f"{size / seconds / 2**20:6.0f} MiB/s",
                     flush=True,
                 )
         clean(target, out / ".cache")
 
         print(f"\ndownload of {args.size_mib} MiB, median of {args.rounds} (interleaved):")
-        base = statistics.median(times["curl"])
+        base_label = "curl" if "curl" in times else next(iter(times))
+        base = statistics.median(times[base_label])
         for label, values in times.items():
             med = statistics.median(values)
             print(
-                f"  {label:10s} {med:6.2f} s  {size / med / 2**20:6.0f} MiB/s  "
-                f"{med / base:4.2f}x curl  (min {min(values):.2f}, max {max(values):.2f})"
+                f"  {label:17s} {med:6.2f} s  {size / med / 2**20:6.0f} MiB/s  "
+                f"{med / base:4.2f}x {base_label}  (min {min(values):.2f}, max {max(values):.2f})"
             )
+        if "quantpick" in times and "quantpick-nofsync" in times:
+            paired = [
+                a - b for a, b in zip(times["quantpick"], times["quantpick-nofsync"], strict=True)
+            ]
+            print(
+                f"  cost of fsync (same round, durable - not): median "
+                f"{statistics.median(paired):+.2f} s, per round "
+                + ", ".join(f"{d:+.2f}" for d in paired)
+            )
+        if args.skip_verify:
+            return
 
         # Verification: 1 file and 4 hard links of it (page-cached after the first pass).
         vdir = work / "verify"

@@ -643,6 +643,49 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 # ---------------------------------------------------------------------------------------------
+# A hub that accepts connections and never answers
+
+
+class SilentServer:
+    """A TCP listener on 127.0.0.1 that accepts every connection, reads what the client sends and
+    never answers (the "hub that hangs" of issue 13). Point HF_ENDPOINT/MODELSCOPE_ENDPOINT or a
+    URL at `url`; `connections` counts the accepted connections (one per client attempt).
+    """
+
+    def __init__(self) -> None:
+        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._sock.bind(("127.0.0.1", 0))
+        self._sock.listen(64)
+        self._sock.settimeout(0.05)
+        self.port = self._sock.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.connections = 0
+        self._open: list[socket.socket] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+
+    def _serve(self) -> None:
+        while not self._stop.is_set():
+            try:
+                conn, _ = self._sock.accept()
+            except (TimeoutError, OSError):
+                continue
+            self.connections += 1
+            self._open.append(conn)  # held open, never written to
+
+    def __enter__(self) -> SilentServer:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        for conn in self._open:
+            conn.close()
+        self._sock.close()
+
+
+# ---------------------------------------------------------------------------------------------
 # pytest fixtures
 
 

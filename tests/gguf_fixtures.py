@@ -250,6 +250,74 @@ def tensor_info(name: str, shape: Sequence[int], type_id: int, offset: int) -> b
 
 
 # ------------------------------------------------------------------------------------------------
+# Hostile headers that stay inside the parser's 64 MiB cap (issue 13): cheap to write, costly to
+# parse naively. Shared by tests/model/test_gguf.py and benchmarks/hostile_headers.py.
+
+HOSTILE_SHAPES = (
+    "tiny-kvs",  # millions of 1-byte metadata values
+    "short-arrays",  # 64-element uint8 arrays: under SHORT_ARRAY, so decoded into lists
+    "short-string-arrays",  # 64-element arrays of 2-byte strings: one str object each
+    "nested-arrays",  # arrays of arrays of arrays, 64 wide at every level
+    "wide-nested",  # one array of millions of empty arrays
+    "long-keys",  # 60 KiB keys
+    "long-string",  # one 60 MiB string value
+    "tensors",  # millions of 1-D tensor infos
+)
+
+
+def hostile_header(shape: str, size: int = 60 * 1024 * 1024, max_count: int | None = None) -> bytes:
+    """About `size` bytes of a well-formed-looking GGUF header of the given shape; with
+    `max_count`, at most that many metadata pairs or tensors (an attacker who knows the parser's
+    count caps stays under them)."""
+    import struct
+
+    U8, STR, ARR = 0, 8, 9
+    limit = max_count if max_count is not None else 1 << 62
+
+    def fill_kvs(prefix: str, suffix: str, value_type: int, body: bytes) -> bytes:
+        # Every key is f"{prefix}{i:07d}{suffix}", every value `body`: built by joining (a few
+        # hundred ns per pair), and kept inside `size`, so inside the parser's cap.
+        head = struct.pack("<Q", len(prefix) + 7 + len(suffix))
+        tail = struct.pack("<I", value_type) + body
+        item = len(head) + len(prefix) + 7 + len(suffix) + len(tail)
+        n = max(1, min(limit, (size - 24) // item))
+        return raw_gguf(
+            [b"".join(head + f"{prefix}{i:07d}{suffix}".encode() + tail for i in range(n))],
+            n_kv=n,
+        )
+
+    if shape == "tiny-kvs":
+        return fill_kvs("general.k", "", U8, b"\1")
+    if shape == "short-arrays":
+        return fill_kvs("general.a", "", ARR, struct.pack("<IQ", U8, 64) + bytes(range(64)))
+    if shape == "short-string-arrays":
+        return fill_kvs("tokenizer.s", "", ARR, struct.pack("<IQ", STR, 64) + gguf_str("ab") * 64)
+    if shape == "nested-arrays":
+        leaf = struct.pack("<IQ", U8, 64) + bytes(64)
+        level2 = struct.pack("<IQ", ARR, 64) + leaf * 64
+        level3 = struct.pack("<IQ", ARR, 64) + level2 * 64
+        level4 = struct.pack("<IQ", ARR, 64) + level3 * 64
+        return fill_kvs("general.n", "", ARR, level4)
+    if shape == "wide-nested":
+        n = (size - 64) // 12
+        return raw_gguf(
+            [kv("general.w", ARR, struct.pack("<IQ", ARR, n) + struct.pack("<IQ", U8, 0) * n)]
+        )
+    if shape == "long-keys":
+        return fill_kvs("general.", "k" * 60_000, U8, b"\1")
+    if shape == "long-string":
+        return raw_gguf([kv("general.description", STR, gguf_str("x" * (size - 64)))])
+    if shape == "tensors":
+        n = min((size - 24) // 40, limit)
+        head, dims = struct.pack("<Q", 8), struct.pack("<IQI", 1, 32, 0)
+        infos = b"".join(
+            head + f"t{i:07d}".encode() + dims + struct.pack("<Q", 128 * i) for i in range(n)
+        )
+        return raw_gguf(tensors=[infos], n_tensors=n)
+    raise ValueError(shape)
+
+
+# ------------------------------------------------------------------------------------------------
 # A local HTTP server with Range support (and misbehaving modes) for the remote-header tests.
 
 
@@ -261,7 +329,8 @@ class RangeServer:
     (200 + Content-Range + exact Content-Length, as ModelScope answers), "endless" (ignores
     Range and streams the path's bytes followed by zeros forever). `redirects` maps a path to a
     URL answered with 302. `require_auth` maps a path to the Authorization value it must carry.
-    The log records (method, path, Range, Authorization, bytes sent) per request.
+    `fail_next` maps a path to statuses answered first, one per request (e.g. [503, 429]).
+    The log records (method, path, Range, Authorization, status, bytes sent) per request.
     """
 
     def __init__(self) -> None:
@@ -271,6 +340,7 @@ class RangeServer:
         self.files: dict[str, Path | bytes] = {}
         self.redirects: dict[str, str] = {}
         self.require_auth: dict[str, str] = {}
+        self.fail_next: dict[str, list[int]] = {}
         self.mode = "range"
         self.log: list[dict[str, Any]] = []
         outer = self
@@ -281,6 +351,12 @@ class RangeServer:
             def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - quiet
                 pass
 
+            def send_response(self, code: int, message: str | None = None) -> None:
+                entry = getattr(self, "_log_entry", None)
+                if entry is not None:
+                    entry["status"] = code
+                super().send_response(code, message)
+
             def do_GET(self) -> None:  # noqa: N802 - http.server API
                 entry: dict[str, Any] = {
                     "path": self.path,
@@ -289,6 +365,7 @@ class RangeServer:
                     "sent": 0,
                 }
                 outer.log.append(entry)
+                self._log_entry = entry
                 try:
                     outer._answer(self, entry)
                 except (BrokenPipeError, ConnectionResetError):
@@ -329,6 +406,12 @@ class RangeServer:
             return
         if path in self.require_auth and h.headers.get("Authorization") != self.require_auth[path]:
             h.send_response(401)
+            h.send_header("Content-Length", "0")
+            h.end_headers()
+            return
+        if self.fail_next.get(path):
+            h.send_response(self.fail_next[path].pop(0))
+            h.send_header("Retry-After", "0")
             h.send_header("Content-Length", "0")
             h.end_headers()
             return

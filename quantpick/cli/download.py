@@ -484,7 +484,7 @@ def verify(
 ) -> None:
     """Check files against DIR/SHA256SUMS (like `sha256sum -c --ignore-missing`), in parallel."""
     from quantpick.cli import output
-    from quantpick.fetch.verify import parse_sha256sums, verify_files
+    from quantpick.fetch.verify import read_sha256sums, verify_files
 
     sums_path = directory / checksums
     if not directory.is_dir():
@@ -495,8 +495,11 @@ def verify(
             f"no {checksums} in {directory}",
             hint="`quantpick download` writes one; or pass --checksums NAME",
         )
-    expected = parse_sha256sums(sums_path.read_text(errors="replace"))
-    result = verify_files(directory, expected)
+    # Lenient: a bad line (hostile or overlong name, malformed) is reported, the rest checked.
+    parsed = read_sha256sums(sums_path.read_text(errors="replace"), checksums)
+    for problem in parsed.problems:
+        output.warn(problem)
+    result = verify_files(directory, parsed.entries)
     if json_:
         output.print_json(verification_to_dict(result))
     else:
@@ -509,5 +512,8 @@ def verify(
             f"{len(bad)} of {len(result.checked)} checked file(s) do not match {checksums}: "
             + ", ".join(f.name for f in bad)
         )
+    refused = parsed.summary()
+    if refused is not None:
+        raise VerificationError(refused)
     if not result.checked:
         raise QuantpickError(f"none of the files listed in {checksums} is in {directory}")

@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from quantpick.errors import DownloadError, QuantpickError, UsageError, VerificationError
-from quantpick.fetch.http import RetryPolicy
+from quantpick.fetch.atomic import os_error, write_atomic
+from quantpick.fetch.http import BodyTooLarge, RetryPolicy
 from quantpick.fetch.sources import RemoteFile, RepoSource, open_source
 from quantpick.fetch.transfer import (
     DEFAULT_LOCK_TIMEOUT,
@@ -24,12 +25,20 @@ from quantpick.fetch.transfer import (
     DownloadResult,
     NullProgress,
     ProgressSink,
+    acquire_file_lock,
     download_file,
+    existing_parent,
     free_bytes,
+    make_dir,
     part_paths,
 )
-from quantpick.fetch.verify import format_sha256sums, parse_sha256sums
-from quantpick.safe_names import safe_relative_name
+from quantpick.fetch.verify import (
+    CHECKSUMS_MAX_BYTES,
+    format_sha256sums,
+    parse_sha256sums,
+    read_sha256sums,
+)
+from quantpick.safe_names import safe_relative_name, shown
 
 if TYPE_CHECKING:
     from quantpick.config import Settings
@@ -37,7 +46,8 @@ if TYPE_CHECKING:
     from quantpick.fetch.stores import HashCache, StoreRoot
     from quantpick.model.manifest import Manifest, ModelFile, Source
 
-CHECKSUMS_MAX_BYTES = 1024 * 1024
+# Suffixes the transfer engine puts beside a file; the longest decides the path length checked.
+_LONGEST_SIDE_FILE = ".bad-0123456789ab"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -53,7 +63,10 @@ class PlannedFile:
     size: int | None
     sha256: str | None
     sha256_from: tuple[str, ...]  # which authorities vouched for sha256 (all agree)
-    state: str  # "present" | "partial" | "absent"
+    # "present": the final file, of the expected size (verified before use); "partial": a .part
+    # or a final file shorter than expected, resumed; "oversized": a final file longer than
+    # expected, moved aside and fetched again; "absent"
+    state: str
     local_bytes: int  # bytes already on disk (final file or .part)
     # Copies in other tools' stores (quantpick.fetch.stores), best first, none known to be bad
     # (a candidate whose cached sha256 differs is in reuse_rejected instead).
@@ -71,6 +84,8 @@ class PlannedFile:
         """What the transfer engine fetches once no store copy could be used."""
         if self.state == "present" or self.size is None:
             return 0
+        if self.state == "oversized":
+            return self.size
         return max(0, self.size - self.local_bytes)
 
     @property
@@ -130,6 +145,7 @@ class FetchPlan:
     reuse_stores: tuple[str, ...] = ()  # the enabled stores
     reuse_origin: str = ""
     hf_cache: HFCacheTarget | None = None  # --hf-cache: files go into the Hugging Face cache
+    notes: tuple[str, ...] = ()  # what the plan left out and why (refused names, big SHA256SUMS)
 
 
 @dataclass(frozen=True)
@@ -186,6 +202,52 @@ def _agree(
     return (known[0][1] if known else None), tuple(who for who, _ in known)
 
 
+def _checksums_from(
+    manifest: Manifest, repo: RepoSource, progress: ProgressSink, notes: list[str]
+) -> tuple[dict[str, str], str | None]:
+    """The repository's checksums file, parsed strictly (a hostile line refuses the download);
+    ({}, None) when it has none or it is larger than CHECKSUMS_MAX_BYTES (then with a note)."""
+    if not manifest.checksums_file:
+        return {}, None
+    label = f"{manifest.checksums_file} ({repo.label})"
+    try:
+        text = repo.fetch_text(manifest.checksums_file, CHECKSUMS_MAX_BYTES)
+    except BodyTooLarge:
+        note = (
+            f"{repo.label}: {manifest.checksums_file} is larger than {CHECKSUMS_MAX_BYTES} bytes; "
+            "ignored, the hub listing and the manifest vouch for the hashes"
+        )
+        progress.message(note)
+        notes.append(note)
+        return {}, None
+    if text is None:
+        progress.message(
+            f"{repo.label} has no {manifest.checksums_file}; using the hub and manifest hashes"
+        )
+        return {}, None
+    return parse_sha256sums(text, label), text
+
+
+def _local_path_problem(path: Path) -> str | None:
+    """Why `path` (and its .part/.lock/.bad- siblings) cannot exist on the destination's file
+    system: a component or the whole path longer than that file system allows (pathconf)."""
+    probe = existing_parent(path.parent)
+    try:
+        name_max = os.pathconf(probe, "PC_NAME_MAX")
+        path_max = os.pathconf(probe, "PC_PATH_MAX")
+    except (OSError, ValueError, AttributeError):  # no pathconf (Windows) or no answer
+        return None
+    if name_max and name_max > 0:
+        *folders, last = path.parts
+        names = [*folders, last + _LONGEST_SIDE_FILE]
+        if any(len(os.fsencode(name)) > name_max for name in names):
+            return f"a name is longer than the {name_max} bytes its file system allows (NAME_MAX)"
+    longest = os.fsencode(str(path) + _LONGEST_SIDE_FILE)
+    if path_max and path_max > 0 and len(longest) >= path_max:
+        return f"the path is longer than the {path_max} bytes the system allows (PATH_MAX)"
+    return None
+
+
 def plan_fetch(
     manifest: Manifest,
     files: list[ModelFile],
@@ -209,16 +271,8 @@ def plan_fetch(
     from quantpick.fetch.stores import is_link
 
     progress = progress or NullProgress()
-    sums: dict[str, str] = {}
-    checksums_text = None
-    if manifest.checksums_file:
-        checksums_text = repo.fetch_text(manifest.checksums_file, CHECKSUMS_MAX_BYTES)
-        if checksums_text is None:
-            progress.message(
-                f"{repo.label} has no {manifest.checksums_file}; using the hub and manifest hashes"
-            )
-        else:
-            sums = parse_sha256sums(checksums_text)
+    notes: list[str] = []
+    sums, checksums_text = _checksums_from(manifest, repo, progress, notes)
     planned = []
     for mf in files:
         remote = repo.resolve(mf.name)
@@ -253,13 +307,28 @@ def plan_fetch(
             path = hf_target.blob_path(sha)
         else:
             path = dest_dir / mf.name
+        problem = _local_path_problem(path)
+        if problem is not None:
+            raise UsageError(
+                f"cannot store {shown(mf.name)} in {path.parent}: {problem}",
+                hint="choose a shorter --dir",
+            )
         part, _ = part_paths(path)
-        if path.exists():
-            state, local = "present", path.stat().st_size
-        elif part.exists():
-            state, local = "partial", part.stat().st_size
-        else:
-            state, local = "absent", 0
+        try:
+            if path.exists():
+                local = path.stat().st_size
+                if size is None or local == size:
+                    state = "present"
+                elif local < size:
+                    state = "partial"  # a truncated final file is resumed like a .part
+                else:
+                    state = "oversized"
+            elif part.exists():
+                state, local = "partial", part.stat().st_size
+            else:
+                state, local = "absent", 0
+        except OSError as exc:
+            raise os_error("cannot look at", path, exc) from None
         found: tuple[ReuseCandidate, ...] = ()
         rejected: tuple[RejectedCandidate, ...] = ()
         if reuse_roots and sha is not None and (state != "present" or is_link(path)):
@@ -281,6 +350,10 @@ def plan_fetch(
                 rejected,
             )
         )
+    refused = repo.refused_note()
+    if refused is not None:
+        progress.message(refused)
+        notes.append(refused)
     to_fetch = sum(p.bytes_to_fetch for p in planned)
     # Unknown sizes (plain mirror, no manifest size) count as the manifest's approximate size.
     to_fetch += sum(
@@ -304,6 +377,7 @@ def plan_fetch(
         checksums_text=checksums_text,
         reuse_roots=reuse_roots,
         hf_cache=hf_target,
+        notes=tuple(notes),
     )
 
 
@@ -388,6 +462,11 @@ def fetch_model(
             )
         source = "hf"
     dest = Path(dest_dir) if dest_dir is not None else settings.models_dir / manifest.id
+    # Absolute (not resolved: a symlinked models dir keeps the name the user gave): every path
+    # printed from here on, `--quiet`'s included, is unambiguous and never starts with "-".
+    dest = Path(os.path.abspath(dest))
+    if not dry_run and not settings.hf_cache:
+        make_dir(dest)  # a read-only or unwritable --dir fails here, before any network call
     roots = (
         store_roots(settings.reuse_stores, overrides=settings.store_paths)
         if settings.reuse_stores
@@ -400,7 +479,7 @@ def fetch_model(
         last = index == len(candidates) - 1
         repo: RepoSource | None = None
         try:
-            repo = open_source_fn(src, settings=settings)
+            repo = open_source_fn(src, settings=settings, policy=policy)
             target = None
             if settings.hf_cache:
                 from quantpick.fetch.hf_cache import hf_cache_target
@@ -480,12 +559,11 @@ def fetch_model(
                         progress=progress,
                         disk_usage=disk_usage,
                         lock_timeout=lock_timeout,
-                        lock_dir=settings.cache_dir / "locks",
                     )
                 )
             results = _after_transfer(plan, results, done, cache)
             if target is None:
-                _record_checksums(dest, plan, results)
+                _record_checksums(dest, plan, results, lock_timeout=lock_timeout)
             return FetchReport(plan, tuple(results), tuple(skipped), reused, rejected)
         except DownloadError as exc:
             if last:
@@ -694,24 +772,44 @@ def _hash_with_progress(path: Path, cache: HashCache, progress: ProgressSink, la
     return digest
 
 
-def _record_checksums(dest: Path, plan: FetchPlan, results: list[DownloadResult]) -> None:
+def _record_checksums(
+    dest: Path,
+    plan: FetchPlan,
+    results: list[DownloadResult],
+    *,
+    lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
+    durable: bool = True,
+) -> None:
     """Keep a SHA256SUMS in the directory so `quantpick verify DIR` works later, offline.
 
-    It merges what was there, the repository's own file, and the hashes just verified.
+    It merges what was there, the repository's own file, and the hashes just verified, under the
+    file's own lock (two downloads into one directory must not lose each other's lines), and is
+    written atomically and durably. A full disk leaves no temporary file and says so in one line.
     """
     path = dest / "SHA256SUMS"
-    entries: dict[str, str] = {}
+    lock = acquire_file_lock(path, stall_timeout=lock_timeout)
     try:
-        if path.exists():
-            entries.update(parse_sha256sums(path.read_text()))
-    except (OSError, VerificationError):
-        return  # not ours to rewrite
-    if plan.checksums_text:
-        entries.update(parse_sha256sums(plan.checksums_text))
-    entries.update({r.name: r.sha256 for r in results if r.verified})
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(format_sha256sums(entries))
-    os.replace(tmp, path)
+        entries: dict[str, str] = {}
+        try:
+            if path.exists():
+                entries.update(parse_sha256sums(path.read_text(), str(path)))
+        except (OSError, UnicodeDecodeError, VerificationError):
+            return  # not ours to rewrite
+        if plan.checksums_text:
+            entries.update(read_sha256sums(plan.checksums_text).entries)
+        entries.update({r.name: r.sha256 for r in results if r.verified})
+        try:
+            write_atomic(path, format_sha256sums(entries).encode(), durable=durable)
+        except OSError as exc:
+            raise os_error(
+                "cannot write the checksums file",
+                path,
+                exc,
+                hint="the model files are complete and verified; free some space and run the "
+                "command again to record their hashes for `quantpick verify`",
+            ) from None
+    finally:
+        lock.release()
 
 
 def verified_local_files(
@@ -724,6 +822,7 @@ def verified_local_files(
     from quantpick.errors import VerificationError
     from quantpick.fetch.verify import parse_sha256sums, verify_files
 
+    dest = Path(os.path.abspath(dest))  # like fetch_model: no printed path starts with "-"
     sums_path = dest / "SHA256SUMS"
     if not sums_path.is_file():
         return None

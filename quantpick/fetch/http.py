@@ -53,6 +53,38 @@ class RetryPolicy:
         delay = min(self.max_delay, self.base_delay * 2 ** max(0, failures - 1))
         return delay * (0.5 + 0.5 * self.jitter())  # "equal jitter": never below half
 
+    def worst_case_seconds(self) -> float:
+        """The longest a call that never gets an answer can take: every attempt waits for its
+        connect and read timeouts, and every pause between attempts is at its longest."""
+        waits = sum(
+            min(self.max_delay, self.base_delay * 2 ** (i - 1)) for i in range(1, self.attempts)
+        )
+        return self.attempts * (self.connect_timeout + self.idle_timeout) + waits
+
+
+# The policy every network call uses unless its caller passes one. One module attribute, read at
+# call time, so that a test can make the whole program give up in a second (monkeypatch it).
+DEFAULT_POLICY = RetryPolicy()
+
+
+def default_policy() -> RetryPolicy:
+    return DEFAULT_POLICY
+
+
+def planning_policy() -> RetryPolicy:
+    """For a read a plan can do without (the exact header `pick` tries once, falling back to the
+    manifest): two attempts and shorter timeouts, so a hub that never answers delays the answer
+    by at most 2 x (5 + 10) + 1 s instead of minutes. Derived from DEFAULT_POLICY."""
+    from dataclasses import replace
+
+    base = default_policy()
+    return replace(
+        base,
+        attempts=min(base.attempts, 2),
+        connect_timeout=min(base.connect_timeout, 5.0),
+        idle_timeout=min(base.idle_timeout, 10.0),
+    )
+
 
 # ---------------------------------------------------------------------------------------------
 # HTTP primitives
@@ -64,6 +96,10 @@ class TransientError(Exception):
     def __init__(self, message: str, retry_after: float | None = None) -> None:
         super().__init__(message)
         self.retry_after = retry_after
+
+
+class BodyTooLarge(DownloadError):
+    """A small file (SHA256SUMS) larger than its cap: the caller decides whether to go on."""
 
 
 class RestartTransfer(Exception):
@@ -135,7 +171,7 @@ def open_url(
     Credentials come from headers_for(url) for each hop, and are dropped anyway once a redirect
     has left the origin of the previous hop (hub -> CDN). Network errors raise TransientError.
     """
-    policy = policy or RetryPolicy()
+    policy = policy or default_policy()
     previous_origin = origin(url)
     dropped = False
     for _hop in range(max_redirects + 1):
@@ -202,7 +238,15 @@ def status_error(
     return DownloadError(f"{what}: unexpected HTTP {status} from {url_label(url)}")
 
 
-def with_retries(what: str, policy: RetryPolicy, attempt: Callable[[], Any]) -> Any:
+def with_retries(
+    what: str,
+    policy: RetryPolicy,
+    attempt: Callable[[], Any],
+    *,
+    error: Callable[[str], Exception] = DownloadError,
+) -> Any:
+    """Call `attempt` until it returns; a TransientError is retried after a backoff (Retry-After
+    honoured), `policy.attempts` times at most, then `error("<what>: <why> (gave up ...)")`."""
     failures = 0
     while True:
         try:
@@ -210,7 +254,7 @@ def with_retries(what: str, policy: RetryPolicy, attempt: Callable[[], Any]) -> 
         except TransientError as exc:
             failures += 1
             if failures >= policy.attempts:
-                raise DownloadError(f"{what}: {exc} (gave up after {failures} attempts)") from None
+                raise error(f"{what}: {exc} (gave up after {failures} attempts)") from None
             delay = policy.backoff(failures)
             if exc.retry_after is not None:
                 delay = max(delay, min(exc.retry_after, policy.max_retry_after))
@@ -221,7 +265,7 @@ def fetch_small(
     url: str, headers_for: HeadersFor, *, max_bytes: int, policy: RetryPolicy | None = None
 ) -> bytes | None:
     """GET a small file (SHA256SUMS) into memory; None on 404; retries like a download."""
-    policy = policy or RetryPolicy()
+    policy = policy or default_policy()
 
     def attempt() -> bytes | None:
         conn, response, final = open_url(url, headers_for, policy=policy)
@@ -235,7 +279,7 @@ def fetch_small(
             except (OSError, http.client.HTTPException) as exc:
                 raise TransientError(f"{type(exc).__name__}: {exc}") from None
             if len(data) > max_bytes:
-                raise DownloadError(f"{url_label(url)} is larger than {max_bytes} bytes")
+                raise BodyTooLarge(f"{url_label(url)} is larger than {max_bytes} bytes")
             return data
         finally:
             conn.close()

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from quantpick.errors import VerificationError
-from quantpick.safe_names import safe_relative_name
+from quantpick.safe_names import name_problem, path_conflicts, safe_relative_name, shown
 
 # 1 MiB reads: the notes measured hashlib at ~1.4 GiB/s with 1-4 MiB reads, slower with 8 MiB.
 HASH_CHUNK = 1024 * 1024
@@ -22,33 +22,95 @@ HASH_CHUNK = 1024 * 1024
 _HEX64 = re.compile(r"^[0-9a-fA-F]{64}$")
 
 
-def parse_sha256sums(text: str) -> dict[str, str]:
-    """Parse `sha256sum` output: `<hex>  <name>` (text mode) or `<hex> *<name>` (binary mode).
+# A checksums file is read whole into memory, so its size is capped: 8 MiB holds ~60,000 lines of
+# 66 hex+separator bytes and a 70-byte name, orders of magnitude more than a GGUF repository has
+# files (a hundred or so). A larger file is not an error: it is ignored with a note, and the hub
+# listing and the manifest still vouch for the hashes.
+CHECKSUMS_MAX_BYTES = 8 * 1024 * 1024
+MAX_REPORTED_PROBLEMS = 20  # lines named in a report; the count says how many more there were
 
-    Returns {name: lower-case hex}. Blank lines and `#` comments are skipped; a leading "./" is
-    dropped. Malformed lines, coreutils' backslash-escaped names, hostile names and one name listed
-    with two different hashes raise VerificationError.
+
+@dataclass(frozen=True)
+class ChecksumsFile:
+    """A parsed SHA256SUMS: the usable entries, and one message per line that was refused."""
+
+    entries: dict[str, str]  # name -> lower-case hex
+    problems: tuple[str, ...]  # "<label> line N: why", at most MAX_REPORTED_PROBLEMS
+    refused_lines: int = 0  # every refused line, reported or not
+
+    def summary(self) -> str | None:
+        """One line for the refused lines (None when every line was usable)."""
+        if not self.refused_lines:
+            return None
+        more = self.refused_lines - 1
+        return self.problems[0] + (f" (and {more} more refused line(s))" if more else "")
+
+
+def read_sha256sums(text: str, label: str = "SHA256SUMS") -> ChecksumsFile:
+    """Parse `sha256sum` output leniently: every good line is kept, every bad one reported.
+
+    Line format: `<hex>  <name>` (text mode) or `<hex> *<name>` (binary mode); blank lines and
+    `#` comments are skipped; a leading "./" is dropped. Refused: malformed lines, coreutils'
+    backslash-escaped names, names `quantpick.safe_names` refuses (hostile, too long), a name
+    listed with two different hashes (both lines), a name that is also a folder of another
+    (both). `verify` checks the rest and reports these; a download refuses the file outright
+    (`parse_sha256sums`).
     """
     result: dict[str, str] = {}
+    line_of: dict[str, int] = {}
+    problems: list[str] = []
+    refused = 0
+    conflicting: set[str] = set()
+
+    def refuse(lineno: int, why: str) -> None:
+        nonlocal refused
+        refused += 1
+        if len(problems) < MAX_REPORTED_PROBLEMS:
+            problems.append(f"{label} line {lineno}: {why}")
+
     for lineno, raw in enumerate(text.splitlines(), start=1):
         line = raw.rstrip("\r")
         if not line.strip() or line.lstrip().startswith("#"):
             continue
         if line.startswith("\\"):
             # coreutils escapes names holding "\\" or "\n" this way: never a sane GGUF name.
-            raise VerificationError(f"SHA256SUMS line {lineno}: escaped file name refused")
+            refuse(lineno, "escaped file name refused")
+            continue
         digest, sep, rest = line[:64], line[64:66], line[66:]
         if not _HEX64.match(digest) or sep not in ("  ", " *") or not rest:
-            raise VerificationError(
-                f"SHA256SUMS line {lineno} is not `<sha256>  <name>`: {line[:120]!r}"
-            )
+            refuse(lineno, f"not `<sha256>  <name>`: {shown(line, 120)}")
+            continue
         name = rest[2:] if rest.startswith("./") else rest
-        safe_relative_name(name)
+        problem = name_problem(name)
+        if problem is not None:
+            refuse(lineno, f"refusing file name {shown(name)}: {problem}")
+            continue
         digest = digest.lower()
+        if name in conflicting:
+            refuse(lineno, f"{shown(name)} is listed again")
+            continue
         if result.get(name, digest) != digest:
-            raise VerificationError(f"SHA256SUMS lists {name!r} twice with different hashes")
+            first = line_of[name]
+            refuse(lineno, f"lists {shown(name)} twice with different hashes (line {first})")
+            del result[name]
+            conflicting.add(name)
+            continue
         result[name] = digest
-    return result
+        line_of.setdefault(name, lineno)
+    for name, why in sorted(path_conflicts(result).items(), key=lambda item: line_of[item[0]]):
+        refuse(line_of[name], why)
+        del result[name]
+    return ChecksumsFile(result, tuple(problems), refused)
+
+
+def parse_sha256sums(text: str, label: str = "SHA256SUMS") -> dict[str, str]:
+    """Parse `sha256sum` output strictly: {name: lower-case hex}, or VerificationError naming the
+    first refused line (see `read_sha256sums` for the rules)."""
+    parsed = read_sha256sums(text, label)
+    summary = parsed.summary()
+    if summary is not None:
+        raise VerificationError(summary)
+    return parsed.entries
 
 
 def format_sha256sums(entries: Mapping[str, str]) -> str:

@@ -28,7 +28,6 @@ if TYPE_CHECKING:
 
 
 CHECKSUM_NAMES = ("SHA256SUMS", "SHA256SUMS.txt", "sha256sums.txt", "SHA256SUM")
-MAX_SUMS_BYTES = 1024 * 1024
 
 
 @dataclass
@@ -88,17 +87,27 @@ def default_id(repo: str) -> str:
 def _checksums(
     files: list[RemoteFile], fetch: Any, warnings: list[str]
 ) -> tuple[str | None, dict[str, str]]:
-    from quantpick.fetch.verify import parse_sha256sums
+    """The repository's checksums file, if it has a usable one. A file over the size cap or with
+    a refused line is left out with a warning: the hub listing still gives every LFS sha256."""
+    from quantpick.fetch.http import BodyTooLarge
+    from quantpick.fetch.verify import CHECKSUMS_MAX_BYTES, parse_sha256sums
 
     names = {f.name for f in files}
     for candidate in CHECKSUM_NAMES:
         if candidate not in names:
             continue
-        text = fetch(candidate, MAX_SUMS_BYTES)
+        try:
+            text = fetch(candidate, CHECKSUMS_MAX_BYTES)
+        except BodyTooLarge:
+            warnings.append(
+                f"{candidate} ignored: larger than {CHECKSUMS_MAX_BYTES} bytes; the hub "
+                "listing's sha256 values are used"
+            )
+            return None, {}
         if text is None:
             continue
         try:
-            return candidate, parse_sha256sums(text)
+            return candidate, parse_sha256sums(text, candidate)
         except QuantpickError as exc:
             warnings.append(f"{candidate} ignored: {exc.message}")
             return None, {}
@@ -139,6 +148,9 @@ def build_manifest(
             hint="file names should end like -Q4_K_M.gguf, -UD-Q4_K_XL.gguf or -BF16.gguf",
         )
     warnings: list[str] = []
+    refused = source.refused_note()
+    if refused is not None:  # hostile, overlong or file-and-folder names: never in a manifest
+        warnings.append(refused)
     missing = [m.name for g in groups for m in g.files if by_name[m.name].size is None]
     if missing:
         raise ManifestError(f"{source.label}: the listing gives no size for {missing[0]}")
@@ -169,9 +181,10 @@ def build_manifest(
         listed = by_name[name].sha256
         from_sums = sums.get(name)
         if listed and from_sums and listed != from_sums:
+            # Whole hashes: two prefixes can look identical; the reader compares them.
             warnings.append(
-                f"{name}: {sums_name} says {from_sums[:12]}..., the hub listing "
-                f"{listed[:12]}...; keeping the listing's (computed by the hub from the bytes)"
+                f"{name}: {sums_name} says {from_sums}, the hub listing {listed}; keeping the "
+                "listing's (computed by the hub from the bytes)"
             )
         return listed or from_sums
 

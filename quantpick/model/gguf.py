@@ -13,13 +13,18 @@ and it cannot work from a partial download at all. This parser keeps arrays long
 string, and it never reads past the tensor infos.
 
 Hostile input: every count and length is checked against what the remaining bytes could hold
-(the file size when known, else the header cap) before anything is allocated or looped over, so
-memory and time are bounded by `max_header_bytes` (64 MiB by default; a real Qwen3.6 header is
-about 11 MB). Each problem is one GGUFError naming the offset.
+(the file size when known, else the header cap) before anything is allocated or looped over, and
+against fixed caps (MAX_KV_PAIRS, MAX_TENSORS) far above any real model. Only the metadata someone
+reads is decoded and kept (`general.*`, `split.*`, `tokenizer.*` and the architecture's own keys,
+within KEPT_METADATA_BUDGET); everything else is walked over without being decoded. Arrays of
+arrays are refused, as llama.cpp refuses them. So a header inside the 64 MiB cap costs tens of MB
+and about a second at worst (benchmarks/hostile_headers.py), where a naive reader spent up to
+634 MB and 30 s. Each problem is one GGUFError naming the offset.
 """
 
 from __future__ import annotations
 
+import hashlib
 import re
 import struct
 from collections.abc import Callable
@@ -40,8 +45,24 @@ MAX_HEADER_BYTES = 64 * 1024 * 1024
 MAX_DIMS = 4  # GGML_MAX_DIMS
 MAX_NAME = 64  # GGML_MAX_NAME: llama.cpp's gguf.cpp rejects longer tensor names
 MAX_KEY = 65535  # GGUF spec: keys are at most 65535 bytes
-MAX_NESTING = 4  # arrays of arrays: llama.cpp writes none; bound the recursion anyway
 _MAX_ELEMENTS = 1 << 62  # sanity bound for the product of dims (ggml uses int64)
+# Caps on counts, far above real files and far below what 64 MiB could claim (millions). Real
+# headers hold 40-70 metadata pairs and 700-1,200 tensors (Qwen3.6-35B-A3B: 39 pairs kept of 41,
+# 753 tensors; DeepSeek-V3 and Llama-3.1-405B: ~1,100); a 128-expert MoE written one tensor per
+# expert would reach ~14,000. llama.cpp's gguf.cpp caps neither below SIZE_MAX / sizeof(entry).
+MAX_KV_PAIRS = 65536
+MAX_TENSORS = 65536
+# Metadata kept (decoded) at all: what quantpick reads. layout_from_header and
+# architecture_from_metadata read general.architecture/alignment and `<arch>.*`; manifest add and
+# the local-GGUF manifest read general.name/license/sampling.*; split files split.*; the
+# vocabulary size and chat template live under tokenizer.*. Other keys (quantize.imatrix.*, ...)
+# are walked over, never decoded.
+KEPT_PREFIXES = ("general.", "split.", "tokenizer.")
+MAX_KEPT_KEY = 256  # bytes; longer keys are never read (llama.cpp's longest is ~50)
+# Estimated Python memory of the kept metadata (keys + values). A real header keeps ~100 KB
+# (its largest value is the chat template, ~10 KB); values past the budget are dropped and counted
+# in stats["metadata_dropped"]. 8 MiB of estimate is ~10 MB of real memory.
+KEPT_METADATA_BUDGET = 8 * 1024 * 1024
 
 # GGUF value types (gguf.constants.GGUFValueType) -> struct code; STRING=8, ARRAY=9 handled apart.
 _SCALAR: dict[int, str] = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?",
@@ -80,6 +101,9 @@ Fill = Callable[[int, int], bytes]
 
 class _Truncated(GGUFError):
     """The bytes ran out (as opposed to an HTTP or I/O failure inside `fill`)."""
+
+
+_SKIP_STEP = 4 * 1024 * 1024
 
 
 class _Cursor:
@@ -148,9 +172,17 @@ class _Cursor:
         return value
 
     def skip(self, n: int) -> None:
-        self.ensure(n)
-        self.pos += n
-        self._compact()
+        # In steps, compacting between them: skipping a 60 MB string never holds 60 MB.
+        end = self.pos + n
+        if end > self.max_bytes:
+            self.ensure(n)  # raises, naming the cap
+        while True:
+            step = min(end - self.pos, _SKIP_STEP)
+            self.ensure(step)
+            self.pos += step
+            self._compact()
+            if self.pos >= end:
+                return
 
     def string_length(self, what: str, cap: int | None = None) -> int:
         at = self.pos
@@ -183,44 +215,97 @@ class _Cursor:
 def _min_value_bytes(value_type: int) -> int:
     if value_type in _SCALAR:
         return struct.calcsize("<" + _SCALAR[value_type])
-    if value_type == _STRING:
-        return 8
-    return 12  # a nested array: type + count
+    return 8  # a string: its length
 
 
-def _read_value(cur: _Cursor, value_type: int, key: str, depth: int = 0) -> Any:
+class _Dropped:
+    """A kept-namespace value that did not fit the budget (never stored)."""
+
+
+_DROPPED = _Dropped()
+_STR_COST, _NUMBER_COST, _LIST_COST, _ENTRY_COST = 49, 32, 56, 100  # CPython object sizes
+
+
+class _Budget:
+    def __init__(self, limit: int) -> None:
+        self.left = limit
+        self.dropped = 0
+
+    def spend(self, cost: int) -> bool:
+        if cost > self.left:
+            return False
+        self.left -= cost
+        return True
+
+
+def _skip_value(cur: _Cursor, value_type: int, key: str) -> Any:
+    """Walk over a value without decoding it; returns ArraySummary for arrays, else None."""
     if value_type in _SCALAR:
-        return cur.unpack(_SCALAR[value_type])
+        cur.skip(struct.calcsize("<" + _SCALAR[value_type]))
+        return None
     if value_type == _STRING:
-        return cur.string(f"string value of {key}")
+        cur.skip(cur.string_length(f"string value of {key}"))
+        return None
+    element_type, length = _array_head(cur, value_type, key)
+    _skip_array(cur, element_type, length, key)
+    return ArraySummary(element_type, length)
+
+
+def _array_head(cur: _Cursor, value_type: int, key: str) -> tuple[int, int]:
     if value_type != _ARRAY:
         raise cur.fail(f"metadata {key}: unknown value type {value_type}")
-    if depth >= MAX_NESTING:
-        raise cur.fail(f"metadata {key}: arrays nested deeper than {MAX_NESTING}")
     element_type = int(cur.unpack("I"))
-    if element_type not in _SCALAR and element_type not in (_STRING, _ARRAY):
+    if element_type == _ARRAY:
+        # gguf.cpp (gguf_init_from_file_impl) refuses arrays of arrays: "invalid GGUF type".
+        raise cur.fail(f"metadata {key}: an array of arrays (llama.cpp refuses them too)")
+    if element_type not in _SCALAR and element_type != _STRING:
         raise cur.fail(f"metadata {key}: array of unknown value type {element_type}")
     length = cur.count(f"array length of {key}", _min_value_bytes(element_type))
+    return element_type, length
+
+
+def _read_value(cur: _Cursor, value_type: int, key: str, budget: _Budget) -> Any:
+    """Decode a kept value, or walk over it (and return _DROPPED) when it does not fit."""
+    if value_type in _SCALAR:
+        value = cur.unpack(_SCALAR[value_type])
+        return value if budget.spend(_NUMBER_COST) else _DROPPED
+    if value_type == _STRING:
+        length = cur.string_length(f"string value of {key}")
+        if not budget.spend(_STR_COST + length):
+            cur.skip(length)
+            return _DROPPED
+        return cur.take(length).decode("utf-8", errors="replace")
+    element_type, length = _array_head(cur, value_type, key)
     if length > SHORT_ARRAY:
-        _skip_array(cur, element_type, length, key, depth)
+        _skip_array(cur, element_type, length, key)
         return ArraySummary(element_type, length)
     if element_type in _SCALAR:
         code = _SCALAR[element_type]
         size = struct.calcsize("<" + code)
+        if not budget.spend(_LIST_COST + length * (8 + _NUMBER_COST)):
+            cur.skip(size * length)
+            return _DROPPED
         raw = cur.take(size * length)
         return list(struct.unpack(f"<{length}{code}", raw))
-    return [_read_value(cur, element_type, key, depth + 1) for _ in range(length)]
+    if not budget.spend(_LIST_COST + 8 * length):
+        _skip_strings(cur, length, key)
+        return _DROPPED
+    values: list[str] = []
+    for i in range(length):
+        n = cur.string_length(f"string in {key}")
+        if not budget.spend(_STR_COST + n):
+            cur.skip(n)
+            _skip_strings(cur, length - i - 1, key)
+            return _DROPPED
+        values.append(cur.take(n).decode("utf-8", errors="replace"))
+    return values
 
 
-def _skip_array(cur: _Cursor, element_type: int, length: int, key: str, depth: int) -> None:
+def _skip_array(cur: _Cursor, element_type: int, length: int, key: str) -> None:
     if element_type in _SCALAR:
         cur.skip(length * struct.calcsize("<" + _SCALAR[element_type]))
         return
-    if element_type == _STRING:
-        _skip_strings(cur, length, key)
-        return
-    for _ in range(length):
-        _read_value(cur, _ARRAY, key, depth + 1)
+    _skip_strings(cur, length, key)
 
 
 _U64 = struct.Struct("<Q")
@@ -279,15 +364,46 @@ def parse_gguf_header(
     # a metadata pair is key(8+1) + type(4) + one byte of value.
     n_tensors = cur.count("tensor count", 32)
     n_kv = cur.count("metadata count", 8 + 1 + 4 + 1)
+    for what, n, cap in (
+        ("tensor count", n_tensors, MAX_TENSORS),
+        ("metadata count", n_kv, MAX_KV_PAIRS),
+    ):
+        if n > cap:
+            raise cur.fail(
+                f"{what} {n} is more than the {cap} quantpick reads (real models: ~1,000)"
+            )
     metadata: dict[str, Any] = {}
+    seen: set[bytes] = set()  # 16-byte digests of every key: bounded whatever the keys' lengths
+    budget = _Budget(KEPT_METADATA_BUDGET)
+    kept_prefixes: tuple[bytes, ...] = tuple(p.encode() for p in KEPT_PREFIXES) + tuple(
+        f"{a}.".encode() for a in SUPPORTED_ARCHITECTURES
+    )
     for _ in range(n_kv):
-        key = cur.string("metadata key", MAX_KEY)
-        if not key:
+        at = cur.pos
+        raw_key = cur.take(cur.string_length("metadata key", MAX_KEY))
+        if not raw_key:
             raise cur.fail(f"empty metadata key before offset {cur.pos}")
-        if key in metadata:
-            raise cur.fail(f"duplicate metadata key {key!r}")
+        digest = hashlib.blake2b(raw_key, digest_size=16).digest()
+        label = raw_key[:80].decode("utf-8", errors="replace")  # for messages only
+        if digest in seen:
+            raise cur.fail(f"duplicate metadata key {label!r} at offset {at}")
+        seen.add(digest)
         value_type = int(cur.unpack("I"))
-        metadata[key] = _read_value(cur, value_type, key)
+        if len(raw_key) > MAX_KEPT_KEY or not raw_key.startswith(kept_prefixes):
+            _skip_value(cur, value_type, label)
+            continue
+        key = raw_key.decode("utf-8", errors="replace")
+        if not budget.spend(_ENTRY_COST + _STR_COST + len(raw_key)):
+            _skip_value(cur, value_type, key)
+            budget.dropped += 1
+            continue
+        value = _read_value(cur, value_type, key, budget)
+        if value is _DROPPED:
+            budget.dropped += 1
+            continue
+        metadata[key] = value
+        if key == "general.architecture" and isinstance(value, str):
+            kept_prefixes += (f"{value}.".encode(),)
 
     alignment = metadata.get("general.alignment", DEFAULT_ALIGNMENT)
     if (
@@ -339,6 +455,9 @@ def parse_gguf_header(
                     f"tensor {t.name}: data ({t.n_bytes} bytes at {data_offset + off}) runs past "
                     f"the end of the {file_size}-byte file"
                 )
+    stats = {"header_bytes": header_end}
+    if budget.dropped:
+        stats["metadata_dropped"] = budget.dropped
     return GGUFHeader(
         version=version,
         metadata=metadata,
@@ -346,7 +465,7 @@ def parse_gguf_header(
         alignment=int(alignment),
         data_offset=data_offset,
         source=source,
-        stats={"header_bytes": header_end},
+        stats=stats,
         tensor_offsets=tuple(offsets),
         header_bytes=header_end,
     )

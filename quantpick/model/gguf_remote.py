@@ -1,5 +1,10 @@
 """A GGUF header read over HTTP: range requests that grow geometrically until the bounded parser in
 `gguf.py` has the whole header. httpx is imported only when a header is actually read.
+
+Every request has a connect and a read timeout and is retried with the transfer engine's backoff
+(`quantpick.fetch.http.RetryPolicy`: connection errors, timeouts, 5xx, 429). A read that still
+fails is a RemoteHeaderError: a GGUFError (callers that fall back on a missing header keep doing
+so) with the download exit code 5.
 """
 
 from __future__ import annotations
@@ -7,15 +12,29 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from quantpick.errors import GGUFError
+from quantpick.errors import ExitCode, GGUFError
+from quantpick.fetch.http import (
+    RetryPolicy,
+    TransientError,
+    default_policy,
+    retry_after_seconds,
+    with_retries,
+)
 from quantpick.model.gguf import MAX_HEADER_BYTES, GGUFHeader, parse_gguf_header
 
 if TYPE_CHECKING:
     import httpx
 
 
+class RemoteHeaderError(GGUFError):
+    """The header could not be fetched (network, after retries): exit 5, like a download."""
+
+    exit_code = ExitCode.DOWNLOAD_FAILED
+
+
 HeadersFor = Callable[[str], dict[str, str]]
 INITIAL_WINDOW = 4 * 1024 * 1024  # first range request; a Qwen3.6 header is ~11 MB
+MAX_WINDOW = 16 * 1024 * 1024  # the largest range request (a real header needs 4 + 4 + 8 MiB)
 MAX_REDIRECTS = 10
 
 
@@ -45,17 +64,22 @@ class RangeReader:
         headers_for: HeadersFor | None = None,
         client: httpx.Client | None = None,
         initial_window: int = INITIAL_WINDOW,
-        timeout: float = 30.0,
+        timeout: float | None = None,
+        policy: RetryPolicy | None = None,
     ) -> None:
         import httpx
 
         self.url = url
         self.final_url: str | None = None
         self.headers_for = headers_for or _default_headers
+        self.policy = policy or default_policy()
+        read_timeout = timeout if timeout is not None else self.policy.idle_timeout
         self._own_client = client is None
-        # a short connect timeout: a firewalled hub should not stall planning for long
         self.client = client or httpx.Client(
-            timeout=httpx.Timeout(timeout, connect=min(timeout, 5.0)), follow_redirects=False
+            timeout=httpx.Timeout(
+                read_timeout, connect=min(read_timeout, self.policy.connect_timeout)
+            ),
+            follow_redirects=False,
         )
         self.initial_window = initial_window
         self.requests = 0
@@ -91,8 +115,10 @@ class RangeReader:
             request = self.client.build_request("GET", url, headers=headers)
             try:
                 response = self.client.send(request, stream=True)
-            except httpx.HTTPError as exc:
+            except httpx.UnsupportedProtocol as exc:
                 raise GGUFError(f"{self.url}: cannot read the header: {exc}") from None
+            except httpx.TransportError as exc:  # timeouts, refused/reset connections
+                raise TransientError(f"{type(exc).__name__}: {exc}") from None
             self.requests += 1
             if response.status_code in (301, 302, 303, 307, 308):
                 location = response.headers.get("location")
@@ -114,22 +140,42 @@ class RangeReader:
                 out += chunk
                 if len(out) >= limit:
                     break
-        except httpx.HTTPError as exc:  # timeouts, resets mid-body
-            raise GGUFError(f"{self.url}: reading the header failed: {exc!r}") from None
+        except httpx.TransportError as exc:  # timeouts, resets mid-body: ask again
+            raise TransientError(f"{type(exc).__name__} mid-body: {exc}") from None
         self.bytes_fetched += len(out)
-        return bytes(out[:limit])
+        del out[limit:]
+        return bytes(out)
 
     def fill(self, offset: int, min_bytes: int) -> bytes:
-        # Doubling the total: the bytes fetched stay below 2x what the parser needed (+ window).
-        want = max(min_bytes, self.initial_window if offset == 0 else offset)
+        # Doubling the total: the bytes fetched stay below 2x what the parser needed (+ window),
+        # each request at most MAX_WINDOW (a hostile 64 MiB header is read in 16 MiB steps, so
+        # the memory held at once stays a few windows, not the whole header).
+        want = max(min_bytes, min(self.initial_window if offset == 0 else offset, MAX_WINDOW))
         if self.total_size is not None:
             if offset >= self.total_size:
                 return b""
             want = min(want, self.total_size - offset)
         if self._stream is not None:
             return self._fill_from_stream(offset, want)
+
+        def error(message: str) -> Exception:
+            return RemoteHeaderError(f"{self.url}: reading the header failed: {message}")
+
+        data: bytes = with_retries(
+            f"bytes {offset}-{offset + want - 1}",
+            self.policy,
+            lambda: self._fill_range(offset, want),
+            error=error,
+        )
+        return data
+
+    def _fill_range(self, offset: int, want: int) -> bytes:
         response = self._send(offset, offset + want - 1)
         status = response.status_code
+        if status == 429 or status >= 500:
+            after = retry_after_seconds(response.headers.get("retry-after"))
+            response.close()
+            raise TransientError(f"HTTP {status}", after)
         content_range = response.headers.get("content-range", "")
         if status == 416:
             response.close()
@@ -179,8 +225,10 @@ class RangeReader:
                 chunk = next(self._stream_iter)
             except StopIteration:
                 break
-            except httpx.HTTPError as exc:
-                raise GGUFError(f"{self.url}: reading the header failed: {exc!r}") from None
+            except httpx.HTTPError as exc:  # a streamed whole-file body cannot be resumed
+                raise RemoteHeaderError(
+                    f"{self.url}: reading the header failed: {type(exc).__name__}: {exc}"
+                ) from None
             out += chunk
             self.bytes_fetched += len(chunk)
         if len(out) > want:
@@ -197,13 +245,19 @@ def read_gguf_url(
     client: httpx.Client | None = None,
     initial_window: int = INITIAL_WINDOW,
     max_header_bytes: int = MAX_HEADER_BYTES,
-    timeout: float = 30.0,
+    timeout: float | None = None,
+    policy: RetryPolicy | None = None,
 ) -> GGUFHeader:
     """Header of a remote GGUF, fetched with range requests (first `initial_window` bytes, then
     doubling the total). `stats` gets requests, bytes_fetched, header_bytes, file_bytes (when
     the server said) and range_ignored."""
     with RangeReader(
-        url, headers_for=headers_for, client=client, initial_window=initial_window, timeout=timeout
+        url,
+        headers_for=headers_for,
+        client=client,
+        initial_window=initial_window,
+        timeout=timeout,
+        policy=policy,
     ) as reader:
 
         def fill(offset: int, min_bytes: int) -> bytes:

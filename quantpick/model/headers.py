@@ -29,6 +29,7 @@ from quantpick.model.layout import ModelLayout, synthesize_layout
 
 if TYPE_CHECKING:
     from quantpick.config import Settings
+    from quantpick.fetch.http import RetryPolicy
     from quantpick.fetch.sources import RepoSource
     from quantpick.model.manifest import Manifest, ModelFile
 
@@ -129,6 +130,7 @@ def read_remote_header(source: RepoSource, names: list[str]) -> tuple[GGUFHeader
                 remote.url,
                 headers_for=source.request_headers,
                 initial_window=INITIAL_WINDOW if i == 0 else SHARD_WINDOW,
+                policy=source.policy,
             )
         )
     return merge_split_headers(headers), first_url
@@ -141,6 +143,7 @@ def layout_for(
     settings: Settings,
     network: bool,
     require_exact: bool,
+    policy: RetryPolicy | None = None,
 ) -> ModelLayout:
     """The layout of one quant of `manifest`.
 
@@ -177,7 +180,7 @@ def layout_for(
         for source in manifest.sources:
             label = source.repo or source.name or source.kind
             try:
-                repo = open_source(source, settings=settings)
+                repo = open_source(source, settings=settings, policy=policy)
                 remote_first = repo.resolve(names[0])
                 pinned, listed = files[0].sha256, remote_first.sha256
                 if pinned and listed and listed != pinned:
@@ -263,8 +266,15 @@ class LayoutSource:
         if self(quant).exact or not self.network:
             return False
         try:
+            from quantpick.fetch.http import planning_policy
+
             layout = layout_for(
-                self.manifest, quant, settings=self.settings, network=True, require_exact=True
+                self.manifest,
+                quant,
+                settings=self.settings,
+                network=True,
+                require_exact=True,
+                policy=planning_policy(),  # optional: never minutes of retries before the answer
             )
         except GGUFError as exc:
             self.problems.append(exc.message)

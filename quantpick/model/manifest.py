@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
 from quantpick.errors import ManifestError
-from quantpick.safe_names import name_problem
+from quantpick.safe_names import name_problem, path_conflicts
 
 
 @dataclass(frozen=True)
@@ -428,6 +428,8 @@ def _check_files(r: _Reader, files: list[ModelFile]) -> None:
         if f.name in seen:
             r.fail(f"files[{i}].name", f"duplicate of files[{seen[f.name]}] ({f.name!r})")
         seen[f.name] = i
+    for name, why in path_conflicts(seen).items():
+        r.fail(f"files[{seen[name]}].name", why)
     models = [(i, f) for i, f in enumerate(files) if f.role == "model"]
     if not models:
         r.fail("files", "no file has role = 'model'")

@@ -934,7 +934,13 @@ def write_script(path: Path, text: str) -> None:
     import tempfile  # only when writing: `pick` imports this module for its flags
 
     directory = path.parent if str(path.parent) else Path(".")
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as exc:  # a read-only or missing directory: one line naming the path
+        raise QuantpickError(
+            f"cannot write the launch script: {path}: {exc.strerror or exc}",
+            hint="choose a --script path in a directory you can write to",
+        ) from None
     try:
         with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
             f.write(text)
@@ -943,11 +949,15 @@ def write_script(path: Path, text: str) -> None:
             # Explicit mode: mkstemp creates 0600 and the umask must not decide executability.
             os.fchmod(f.fileno(), 0o755)
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         try:
             os.unlink(tmp)
         except FileNotFoundError:
             pass
+        if isinstance(exc, OSError):
+            raise QuantpickError(
+                f"cannot write the launch script: {path}: {exc.strerror or exc}"
+            ) from None
         raise
 
 

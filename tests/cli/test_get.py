@@ -173,7 +173,9 @@ def test_ctrl_c_exits_130_and_the_rerun_resumes(
     tiny: str, fake_hub: FakeHub, tmp_path: Path
 ) -> None:
     dest = tmp_path / "models"
-    fake_hub.faults.add("Tiny-BF16.gguf", "throttle", rate=2_000_000, times=1)
+    # times=2: the plan's header read takes the first use; the download must be throttled too, or
+    # it can finish before the SIGINT lands (then the rerun has nothing to resume).
+    fake_hub.faults.add("Tiny-BF16.gguf", "throttle", rate=2_000_000, times=2)
     args = [
         sys.executable,
         "-m",

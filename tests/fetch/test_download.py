@@ -1,452 +1,294 @@
-"""The reuse step of fetch_model: copies already on disk in other tools' stores (laid out exactly
-as each tool lays them out) are verified and linked in before any transfer; a bad copy is never
-used and never touched; --hf-cache writes what huggingface_hub itself reads back."""
+"""quantpick.fetch.download: planning (dry runs, names, checksums files) and the files it writes
+beside the model (SHA256SUMS), on the fake hub; local failures end in one line naming the path."""
 
 from __future__ import annotations
 
-import dataclasses
 import errno
 import hashlib
-import json
 import os
+import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from fakehub import FakeHub, gguf_bytes, make_manifest, sha256sums
+from typer.testing import CliRunner
 
+import quantpick.cli.download  # noqa: F401 - registers the commands
+from quantpick.cli import app
 from quantpick.config import load_settings
-from quantpick.errors import UsageError, VerificationError
-from quantpick.fetch import stores
+from quantpick.errors import ExitCode, QuantpickError, VerificationError
 from quantpick.fetch.download import fetch_model
 from quantpick.fetch.http import RetryPolicy
-from quantpick.fetch.transfer import part_paths
+from quantpick.fetch.transfer import DiskSpaceError, LocalFileError
+from quantpick.fetch.verify import CHECKSUMS_MAX_BYTES
 from quantpick.model.manifest import Source
 
-SIZE = 2 * 1024 * 1024 + 77
-NAME = "model-Q4_K_M.gguf"
+SIZE = 1024 * 1024 + 77
+NAME = "m-Q4_K_M.gguf"
 DATA = gguf_bytes(SIZE, seed=11)
 SHA = hashlib.sha256(DATA).hexdigest()
-REPO = "org/model"
-BAD = DATA[:1000] + bytes([DATA[1000] ^ 0xFF]) + DATA[1001:]  # same size, one byte flipped
-STORES = ("hf", "llama", "llama-legacy", "lmstudio", "ollama")
 FAST = RetryPolicy(attempts=2, idle_timeout=2, connect_timeout=2, sleep=lambda s: None)
-
-
-def home() -> Path:
-    return Path(os.environ["HOME"])  # tests/conftest.py gives every test its own
-
-
-def byte_gets(hub: FakeHub, name: str = NAME) -> list[dict[str, Any]]:
-    """Every GET that names the file: the hub's redirect and the CDN's bytes."""
-    return [r for r in hub.requests if r.get("file") == name and r["method"] == "GET"]
-
-
-def downloads(hub: FakeHub, name: str = NAME) -> int:
-    """Bodies sent by the CDN: one per transfer."""
-    return len([r for r in byte_gets(hub, name) if r["server"] == "cdn"])
-
-
-# -- each tool's layout ------------------------------------------------------------------------
-
-
-def lay_out(store: str, data: bytes, sha: str = SHA) -> Path:
-    """Write `data` where and how `store` keeps NAME of REPO; returns the file's path."""
-    h = home()
-    if store == "hf":  # `hf download org/model NAME` (huggingface_hub 2.4)
-        return hf_layout(h / ".cache" / "huggingface" / "hub", data, sha)
-    if store == "llama":  # `llama-server -hf org/model:Q4_K_M` with LLAMA_CACHE set
-        os.environ["LLAMA_CACHE"] = str(h / "llama-cache")
-        return hf_layout(h / "llama-cache", data, sha)
-    if store == "llama-legacy":  # llama.cpp before the HF-layout cache: ~/.cache/llama.cpp
-        path = h / ".cache" / "llama.cpp" / f"org_model_{NAME}"
-        path.parent.mkdir(parents=True)
-        path.write_bytes(data)
-        path.with_name(path.name + ".json").write_text('{"etag": "x"}')
-        return path
-    if store == "lmstudio":  # LM Studio's downloader: models/<publisher>/<repo>/<file>
-        path = h / ".lmstudio" / "models" / "org" / "model" / NAME
-        path.parent.mkdir(parents=True)
-        path.write_bytes(data)
-        return path
-    if store == "ollama":  # `ollama pull hf.co/org/model:Q4_K_M`: blob + manifest
-        models = h / ".ollama" / "models"
-        blob = models / "blobs" / f"sha256-{sha}"
-        blob.parent.mkdir(parents=True)
-        blob.write_bytes(data)
-        manifest = models / "manifests" / "hf.co" / "org" / "model" / "Q4_K_M"
-        manifest.parent.mkdir(parents=True)
-        layer = {"mediaType": "application/vnd.ollama.image.model", "digest": f"sha256:{sha}"}
-        manifest.write_text(json.dumps({"schemaVersion": 2, "layers": [{**layer, "size": SIZE}]}))
-        return blob
-    raise AssertionError(store)
-
-
-def hf_layout(hub: Path, data: bytes, sha: str, commit: str = "c" * 40) -> Path:
-    storage = hub / "models--org--model"
-    blob = storage / "blobs" / sha
-    blob.parent.mkdir(parents=True)
-    blob.write_bytes(data)
-    pointer = storage / "snapshots" / commit / NAME
-    pointer.parent.mkdir(parents=True)
-    os.symlink(os.path.relpath(blob, pointer.parent), pointer)  # as _create_symlink does
-    (storage / "refs").mkdir()
-    (storage / "refs" / "main").write_text(commit)
-    return blob
-
-
-def store_name(store: str) -> str:
-    return "llama" if store.startswith("llama") else store
-
-
-def snapshot(path: Path) -> tuple[bytes, int, int, int, int]:
-    st = os.stat(path)
-    return path.read_bytes(), st.st_mtime_ns, st.st_mode, st.st_ino, st.st_size
+runner = CliRunner()
 
 
 @pytest.fixture
-def hub(fake_hub: FakeHub, monkeypatch: pytest.MonkeyPatch) -> FakeHub:
-    monkeypatch.delenv("LLAMA_CACHE", raising=False)  # lay_out("llama") sets it
-    fake_hub.add_repo(REPO, {NAME: DATA, "SHA256SUMS": sha256sums({NAME: DATA})})
+def hub(fake_hub: FakeHub) -> FakeHub:
+    fake_hub.add_repo("org/model", {NAME: DATA, "SHA256SUMS": sha256sums({NAME: DATA})})
     return fake_hub
 
 
 def manifest(**kw: Any) -> Any:
-    return make_manifest("test-model", {NAME: DATA}, (Source("hf", repo=REPO),), **kw)
+    return make_manifest("test-model", {NAME: DATA}, (Source("hf", repo="org/model"),), **kw)
 
 
-def fetch(dest: Path | None, **kw: Any) -> Any:
-    settings = kw.pop("settings", None) or load_settings()
-    return fetch_model(manifest(), "Q4_K_M", settings=settings, dest_dir=dest, policy=FAST, **kw)
-
-
-class Recorder:
-    def __init__(self) -> None:
-        self.messages: list[str] = []
-        self.hashed: list[tuple[str, int]] = []
-
-    def message(self, text: str) -> None:
-        self.messages.append(text)
-
-    def total_started(self, n_files: int, total_bytes: int) -> None:
-        pass
-
-    def file_started(self, name: str, total: int | None, done: int) -> None:
-        pass
-
-    def advance(self, name: str, n_bytes: int) -> None:
-        pass
-
-    def file_finished(self, name: str, result: Any) -> None:
-        pass
-
-    def hash_started(self, label: str, total: int) -> None:
-        self.hashed.append((label, 0))
-
-    def hash_advance(self, label: str, n: int) -> None:
-        self.hashed[-1] = (label, self.hashed[-1][1] + n)
-
-    def hash_finished(self, label: str) -> None:
-        pass
-
-
-# -- reuse from each store ---------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("store", STORES)
-def test_verified_copy_is_linked_and_nothing_downloads(
-    hub: FakeHub, tmp_path: Path, store: str
-) -> None:
-    source = lay_out(store, DATA)
-    before = snapshot(source)
-    progress = Recorder()
-    dest = tmp_path / "models"
-    report = fetch(dest, progress=progress)
-    assert byte_gets(hub) == []
-    used = report.reused[NAME]
-    assert used.store == store_name(store) and used.verified and used.action == "hardlink"
-    assert os.path.samefile(dest / NAME, source)
-    (result,) = report.results
-    assert (result.reused, result.verified, result.bytes_fetched, result.path) == (
-        True,
-        True,
-        0,
-        dest / NAME,
+def get(dest: Path, **kw: Any) -> Any:
+    return fetch_model(
+        manifest(), "Q4_K_M", settings=load_settings(), dest_dir=dest, policy=FAST, **kw
     )
-    assert (dest / "SHA256SUMS").read_text() == f"{SHA}  {NAME}\n"  # `verify DIR` works later
-    assert progress.hashed == [(f"{NAME} in {store_name(store)}", SIZE)]  # shown while hashing
-    assert any(m.startswith(f"Reusing {NAME} from {store_name(store)}") for m in progress.messages)
-    data, mtime, mode, inode, size = snapshot(source)
-    assert (data, mtime, mode, inode, size) == (before[0], before[1], before[2], before[3], SIZE)
-
-    # a rerun verifies from the sha256 cache: no rehash, no transfer
-    again = Recorder()
-    report = fetch(dest, progress=again)
-    assert again.hashed == [] and byte_gets(hub) == []
-    assert report.results[0].reused
 
 
-@pytest.mark.parametrize("store", STORES)
-def test_corrupted_copy_is_not_used_and_left_untouched(
-    hub: FakeHub, tmp_path: Path, store: str
-) -> None:
-    source = lay_out(store, BAD)  # named and placed as the right file, one byte wrong
-    before = snapshot(source)
-    dest = tmp_path / "models"
-    report = fetch(dest)
-    assert downloads(hub) == 1  # downloaded instead
-    assert (dest / NAME).read_bytes() == DATA and not os.path.samefile(dest / NAME, source)
-    assert NAME not in report.reused
-    (rejected,) = report.rejected[NAME]
-    assert rejected.path == source and "left untouched" in rejected.reason
-    assert snapshot(source) == before  # bytes, mtime, mode, inode: byte-for-byte untouched
-    assert not list(source.parent.glob(f"{source.name}.bad-*"))
-
-    # next time the cache already knows it differs: listed as rejected, not hashed again
-    plan = fetch(tmp_path / "other", dry_run=True).plan
-    assert plan.files[0].reuse is None and plan.files[0].reuse_rejected[0].path == source
+def byte_gets(hub: FakeHub) -> list[dict[str, Any]]:
+    return [r for r in hub.requests_for(NAME) if r["server"] == "cdn"]
 
 
-@pytest.mark.parametrize("store", ["hf", "lmstudio", "ollama"])
-def test_disabled_store_is_not_looked_at(hub: FakeHub, tmp_path: Path, store: str) -> None:
-    lay_out(store, DATA)
-    # without LLAMA_CACHE, llama.cpp's -hf cache is the HF cache: "llama" looks there too
-    off = {store, "llama"} if store == "hf" else {store}
-    others = tuple(s for s in ("hf", "llama", "lmstudio", "ollama") if s not in off)
-    settings = dataclasses.replace(load_settings(), reuse_stores=others)
-    report = fetch(tmp_path / "models", settings=settings)
-    assert all(r.store != store for r in report.plan.reuse_roots)
-    assert NAME not in report.reused and downloads(hub) == 1
-    report = fetch(tmp_path / "none", settings=dataclasses.replace(settings, reuse_stores=()))
-    assert report.plan.reuse_roots == () and downloads(hub) == 2
-
-
-def test_llama_alone_finds_the_hf_cache_it_shares(hub: FakeHub, tmp_path: Path) -> None:
-    lay_out("hf", DATA)
-    settings = dataclasses.replace(load_settings(), reuse_stores=("llama",))
-    report = fetch(tmp_path / "models", settings=settings)
-    assert report.reused[NAME].store == "llama" and byte_gets(hub) == []
-
-
-def test_dry_run_reports_the_copy_and_whether_it_is_verified(hub: FakeHub, tmp_path: Path) -> None:
-    source = lay_out("ollama", DATA)
-    plan = fetch(tmp_path / "models", dry_run=True).plan
-    choice = plan.files[0].reuse
-    assert (choice.store, choice.path, choice.match, choice.verified, choice.action) == (
-        "ollama",
-        source,
-        "sha256",
-        False,  # not hashed yet: the real run hashes it before any transfer
-        "hardlink",
-    )
-    assert plan.bytes_to_fetch == 0 and byte_gets(hub) == []
-    assert not (tmp_path / "models").exists()  # a dry run writes nothing
-    fetch(tmp_path / "models")
-    plan = fetch(tmp_path / "second", dry_run=True).plan
-    assert plan.files[0].reuse.verified  # the sha256 cache knows it now
-
-
-def test_a_partial_download_is_superseded_by_a_verified_copy(hub: FakeHub, tmp_path: Path) -> None:
-    lay_out("lmstudio", DATA)
-    dest = tmp_path / "models"
-    part, sidecar = part_paths(dest / NAME)
-    dest.mkdir()
-    part.write_bytes(DATA[:1000])
-    sidecar.write_text("{}")
-    report = fetch(dest)
-    assert report.reused[NAME].store == "lmstudio" and byte_gets(hub) == []
-    assert not part.exists() and not sidecar.exists()
-
-
-def test_symlink_when_no_hardlink_is_possible(
-    hub: FakeHub, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    source = lay_out("hf", DATA)
-
-    def cross_device(a: object, b: object) -> None:
-        raise OSError(errno.EXDEV, "Invalid cross-device link")
-
-    monkeypatch.setattr(stores.os, "link", cross_device)
-    dest = tmp_path / "models"
-    report = fetch(dest)
-    assert report.reused[NAME].action == "symlink"
-    assert (dest / NAME).is_symlink() and (dest / NAME).resolve() == source.resolve()
-    assert byte_gets(hub) == []
-
-
-def test_in_place_when_no_link_at_all(
-    hub: FakeHub, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    source = lay_out("lmstudio", DATA)
-
-    def refuse(a: object, b: object) -> None:
-        raise OSError(errno.EPERM, "Operation not permitted")
-
-    monkeypatch.setattr(stores.os, "link", refuse)
-    monkeypatch.setattr(stores.os, "symlink", refuse)
-    report = fetch(tmp_path / "models")
-    assert report.reused[NAME].action == "in-place"
-    assert report.results[0].path == source and byte_gets(hub) == []
-
-
-def test_in_place_is_refused_for_a_blob_without_the_file_name(
-    hub: FakeHub, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    lay_out("ollama", DATA)  # blobs/sha256-<hex>: llama.cpp could not find split siblings by name
-
-    def refuse(a: object, b: object) -> None:
-        raise OSError(errno.EPERM, "Operation not permitted")
-
-    monkeypatch.setattr(stores.os, "link", refuse)
-    monkeypatch.setattr(stores.os, "symlink", refuse)
-    report = fetch(tmp_path / "models")
-    assert NAME not in report.reused and downloads(hub) == 1
-
-
-def test_a_linked_copy_changed_by_its_tool_is_dropped_never_written(
-    hub: FakeHub, tmp_path: Path
-) -> None:
-    source = lay_out("lmstudio", DATA)
-    dest = tmp_path / "models"
-    fetch(dest)
-    assert os.path.samefile(dest / NAME, source)
-    source.write_bytes(DATA[: SIZE // 2])  # the other tool truncates its file (same inode)
-    before = snapshot(source)
-    report = fetch(dest)
-    assert snapshot(source) == before  # the engine never resumed into the other tool's inode
-    assert (dest / NAME).read_bytes() == DATA and not os.path.samefile(dest / NAME, source)
-    assert downloads(hub) == 1 and not report.results[0].reused
-
-
-# -- --hf-cache: what huggingface_hub reads back ---------------------------------------------
-
-
-def hf_settings(**kw: Any) -> Any:
-    return dataclasses.replace(load_settings(), hf_cache=True, **kw)
-
-
-def test_hf_cache_round_trips_through_huggingface_hub(hub: FakeHub, tmp_path: Path) -> None:
-    from huggingface_hub import hf_hub_download, scan_cache_dir, try_to_load_from_cache
-
-    cache_dir = home() / ".cache" / "huggingface" / "hub"
-    commit = hub.repos[REPO].commit
-    report = fetch(None, settings=hf_settings(reuse_stores=()))
-    pointer = cache_dir / "models--org--model" / "snapshots" / commit / NAME
-    assert report.results[0].path == pointer
-    assert os.readlink(pointer) == f"../../blobs/{SHA}"  # relative, as huggingface_hub writes
-    assert (cache_dir / "models--org--model" / "refs" / "main").read_text() == commit
-    assert (cache_dir / "CACHEDIR.TAG").read_text().startswith("Signature: 8a477f597d28d")
-    assert not list((cache_dir / "models--org--model" / "blobs").glob("*.part*"))
-
-    assert try_to_load_from_cache(REPO, NAME, cache_dir=cache_dir) == str(pointer)
-    assert try_to_load_from_cache(REPO, NAME, cache_dir=cache_dir, revision=commit) == str(pointer)
-    info = scan_cache_dir(cache_dir)
-    assert info.warnings == []
-    (repo,) = info.repos
-    (revision,) = repo.revisions
-    assert (repo.repo_id, revision.commit_hash, set(revision.refs)) == (REPO, commit, {"main"})
-    assert {(f.file_name, f.blob_path.name) for f in revision.files} == {(NAME, SHA)}
-    got = hf_hub_download(REPO, NAME, cache_dir=cache_dir, local_files_only=True)
-    assert got == str(pointer) and Path(got).read_bytes() == DATA
-    # online, huggingface_hub finds its blob and pointer: no byte is fetched again
-    gets = len(byte_gets(hub))
-    assert hf_hub_download(REPO, NAME, cache_dir=cache_dir, endpoint=hub.hf_endpoint) == str(
-        pointer
-    )
-    assert len(byte_gets(hub)) == gets
-
-
-def test_hf_cache_pinned_commit_writes_no_ref(hub: FakeHub, tmp_path: Path) -> None:
-    from huggingface_hub import hf_hub_download, scan_cache_dir
-
-    commit = hub.repos[REPO].commit
-    pinned = make_manifest("test-model", {NAME: DATA}, (Source("hf", repo=REPO, revision=commit),))
-    cache_dir = home() / ".cache" / "huggingface" / "hub"
-    fetch_model(pinned, "Q4_K_M", settings=hf_settings(reuse_stores=()), policy=FAST)
-    assert not (cache_dir / "models--org--model" / "refs").exists()  # revision == commit
-    (repo,) = scan_cache_dir(cache_dir).repos
-    assert [r.commit_hash for r in repo.revisions] == [commit]
-    got = hf_hub_download(REPO, NAME, revision=commit, cache_dir=cache_dir, local_files_only=True)
-    assert Path(got).read_bytes() == DATA
-
-
-def test_hf_cache_reuses_another_store_into_the_blob(hub: FakeHub, tmp_path: Path) -> None:
-    from huggingface_hub import try_to_load_from_cache
-
-    source = lay_out("ollama", DATA)
-    report = fetch(None, settings=hf_settings())
-    cache_dir = home() / ".cache" / "huggingface" / "hub"
-    assert byte_gets(hub) == [] and report.reused[NAME].store == "ollama"
-    blob = cache_dir / "models--org--model" / "blobs" / SHA
-    assert os.path.samefile(blob, source)
-    assert try_to_load_from_cache(REPO, NAME, cache_dir=cache_dir) == str(report.results[0].path)
-
-
-def test_hf_cache_blob_already_there_gets_its_snapshot(hub: FakeHub, tmp_path: Path) -> None:
-    from huggingface_hub import try_to_load_from_cache
-
-    cache_dir = home() / ".cache" / "huggingface" / "hub"
-    blob = hf_layout(cache_dir, DATA, SHA)  # `hf download` at an older commit
-    before = snapshot(blob)
-    report = fetch(None, settings=hf_settings(reuse_stores=()))
-    commit = hub.repos[REPO].commit
-    assert byte_gets(hub) == [] and snapshot(blob) == before
-    assert report.results[0].path.parent.name == commit
-    assert try_to_load_from_cache(REPO, NAME, cache_dir=cache_dir) == str(report.results[0].path)
-
-
-def test_hf_cache_bad_blob_is_reported_not_touched(hub: FakeHub, tmp_path: Path) -> None:
-    cache_dir = home() / ".cache" / "huggingface" / "hub"
-    blob = cache_dir / "models--org--model" / "blobs" / SHA
-    blob.parent.mkdir(parents=True)
-    blob.write_bytes(BAD)
-    before = snapshot(blob)
-    with pytest.raises(VerificationError, match="does not touch it|has sha256"):
-        fetch(None, settings=hf_settings(reuse_stores=()))
-    assert snapshot(blob) == before and byte_gets(hub) == []
-
-
-def test_hf_cache_needs_a_hugging_face_source(hub: FakeHub, tmp_path: Path) -> None:
-    with pytest.raises(UsageError, match="--dir"):
-        fetch(tmp_path, settings=hf_settings())
-    with pytest.raises(UsageError, match="--source modelscope"):
-        fetch(None, settings=hf_settings(), source="modelscope")
-    mirror_only = make_manifest(
-        "m", {NAME: DATA}, (Source("mirror", url_template=f"{hub.mirror_base}/{{file}}"),)
-    )
-    with pytest.raises(UsageError, match="no hf source"):
-        fetch_model(mirror_only, "Q4_K_M", settings=hf_settings(), policy=FAST)
-
-
-@pytest.mark.llamacpp
-def test_llama_server_lists_what_hf_cache_wrote(hub: FakeHub, llamacpp_bin: Path) -> None:
-    """llama.cpp's own reader of the cache (`-cl`, hf_cache::get_cached_files, the lookup an
-    offline `-hf org/model:Q4_K_M` uses) finds the file quantpick wrote with --hf-cache."""
-    import subprocess
-
-    fetch(None, settings=hf_settings(reuse_stores=()))
-    out = subprocess.run(
-        [str(llamacpp_bin / "llama-server"), "--cache-list"],
+@pytest.fixture
+def read_only_dir(tmp_path: Path) -> Iterator[Path]:
+    """A directory nobody can write in: a read-only tmpfs as root (root ignores mode bits),
+    mode 0555 otherwise."""
+    directory = tmp_path / "ro"
+    directory.mkdir()
+    if os.geteuid() != 0:
+        directory.chmod(0o555)
+        yield directory
+        directory.chmod(0o755)
+        return
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "ro,size=1g", "tmpfs", str(directory)],
         capture_output=True,
-        text=True,
-        timeout=60,
-        env=dict(os.environ),  # HF_HOME under the test's home; no LLAMA_CACHE
     )
-    assert out.returncode == 0, out.stderr
-    assert f"{REPO}:Q4_K_M" in out.stdout + out.stderr
+    if mounted.returncode != 0:
+        pytest.skip("running as root without mount(8): cannot make a read-only directory")
+    try:
+        yield directory
+    finally:
+        subprocess.run(["umount", str(directory)], check=False)
 
 
-def test_an_unreadable_copy_is_skipped(
+# -- dry runs ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("on_disk", "state", "to_fetch"),
+    [
+        (DATA[:300_000], "partial", SIZE - 300_000),  # truncated at the final name: resumed
+        (DATA, "present", 0),
+        (DATA + b"extra", "oversized", SIZE),  # moved aside, fetched again whole
+    ],
+    ids=["truncated", "complete", "oversized"],
+)
+def test_a_dry_run_counts_what_a_final_file_still_needs(
+    hub: FakeHub, tmp_path: Path, on_disk: bytes, state: str, to_fetch: int
+) -> None:
+    (tmp_path / NAME).write_bytes(on_disk)
+    report = get(tmp_path, dry_run=True)
+    (planned,) = report.plan.files
+    assert (planned.state, planned.bytes_to_fetch, report.plan.bytes_to_fetch) == (
+        state,
+        to_fetch,
+        to_fetch,
+    )
+    assert byte_gets(hub) == []
+    if state == "partial":  # and the real run fetches exactly that
+        result = get(tmp_path).results[0]
+        assert result.bytes_fetched == to_fetch and (tmp_path / NAME).read_bytes() == DATA
+
+
+def test_paths_are_absolute_so_quiet_output_never_starts_with_a_dash(
     hub: FakeHub, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    source = lay_out("ollama", DATA)
-    real = stores.sha256_of
+    monkeypatch.chdir(tmp_path)
+    report = get(Path("-models"))
+    assert report.plan.dest_dir == tmp_path / "-models"
+    assert report.results[0].path == tmp_path / "-models" / NAME
 
-    def as_another_user(path: Path, *args: Any, **kw: Any) -> Any:
-        if Path(path) == source:  # the Linux service's blobs, mode 0600 for user ollama
-            raise PermissionError(errno.EACCES, "Permission denied", str(path))
-        return real(path, *args, **kw)
 
-    monkeypatch.setattr(stores, "sha256_of", as_another_user)
-    report = fetch(tmp_path / "models")
-    assert "unreadable" in report.rejected[NAME][0].reason and downloads(hub) == 1
+def test_quiet_prints_an_absolute_path(
+    hub: FakeHub, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    manifests = tmp_path / "manifests"
+    manifests.mkdir()
+    monkeypatch.setenv("QUANTPICK_MANIFESTS", str(manifests))
+    (manifests / "m.toml").write_text(_toml_manifest())
+    monkeypatch.chdir(tmp_path)
+    result = runner.invoke(app, ["download", "m", "--quant", "Q4_K_M", "--dir", "-x", "--quiet"])
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout == f"{tmp_path / '-x' / NAME}\n"
+
+
+def _toml_manifest() -> str:
+    from fakehub import make_manifest as _unused  # noqa: F401 - same shape as make_manifest
+
+    return (
+        'schema = 1\nid = "m"\ndisplay_name = "M"\nchecksums_file = "SHA256SUMS"\n'
+        '[architecture]\nname = "qwen35moe"\nblock_count = 4\nnextn_predict_layers = 0\n'
+        "context_length = 4096\nembedding_length = 64\nhead_count = 4\nhead_count_kv = 2\n"
+        "key_length = 16\nvalue_length = 16\nexpert_count = 4\nexpert_used_count = 2\n"
+        "expert_feed_forward_length = 32\nexpert_shared_feed_forward_length = 32\n"
+        "ssm_conv_kernel = 4\nssm_state_size = 16\nssm_group_count = 2\n"
+        "ssm_time_step_rank = 4\nssm_inner_size = 64\nfull_attention_interval = 4\n"
+        'vocab_size = 256\n\n[[sources]]\nkind = "hf"\nrepo = "org/model"\n\n'
+        f'[[files]]\nname = "{NAME}"\nquant = "Q4_K_M"\nsize_bytes = {SIZE}\n'
+        "size_exact = true\nquality_rank = 1\n"
+    )
+
+
+# -- names from the hub and from SHA256SUMS ------------------------------------------------------
+
+
+def test_refused_listing_names_are_reported_not_silently_dropped(
+    fake_hub: FakeHub, tmp_path: Path
+) -> None:
+    long_name = "x" * 300 + ".gguf"
+    fake_hub.add_repo(
+        "org/model",
+        {NAME: DATA, "../evil.gguf": b"GGUF", long_name: b"GGUF", "a.gguf": b"1", "a.gguf/b": b"2"},
+    )
+    notes: list[str] = []
+
+    class Sink:
+        def message(self, text: str) -> None:
+            notes.append(text)
+
+        def __getattr__(self, name: str) -> Any:
+            return lambda *a, **k: None
+
+    report = get(tmp_path, progress=Sink())
+    assert report.results[0].path.read_bytes() == DATA
+    (note,) = [n for n in notes if "will not write" in n]
+    assert "4 file name(s)" in note and "'../evil.gguf'" in note
+    assert report.plan.notes == (note,)
+    assert not list(tmp_path.glob("*evil*"))
+
+
+def test_a_5000_character_name_in_sha256sums_refuses_the_download_in_one_line(
+    fake_hub: FakeHub, tmp_path: Path
+) -> None:
+    sums = sha256sums({NAME: DATA}) + f"{SHA}  {'d/' * 2500}x.gguf\n".encode()
+    fake_hub.add_repo("org/model", {NAME: DATA, "SHA256SUMS": sums})
+    with pytest.raises(VerificationError, match="line 2: refusing file name") as info:
+        get(tmp_path)
+    assert len(info.value.message) < 400 and "\n" not in info.value.message
+    assert byte_gets(fake_hub) == []
+
+
+def test_a_sha256sums_over_the_cap_is_ignored_with_a_note(
+    fake_hub: FakeHub, tmp_path: Path
+) -> None:
+    filler = "".join(
+        f"{'0' * 64}  pad/{i:08d}.bin\n" for i in range(CHECKSUMS_MAX_BYTES // 80 + 10)
+    )
+    sums = sha256sums({NAME: DATA}).decode() + filler
+    assert len(sums) > CHECKSUMS_MAX_BYTES
+    fake_hub.add_repo("org/model", {NAME: DATA, "SHA256SUMS": sums.encode()})
+    report = get(tmp_path)
+    assert report.results[0].verified  # the hub listing and the manifest still vouch for it
+    assert report.plan.checksums_file is None
+    assert any("larger than" in n for n in report.plan.notes)
+
+
+# -- SHA256SUMS beside the files -----------------------------------------------------------------
+
+
+def test_enospc_while_writing_sha256sums_leaves_no_tmp_and_one_line(
+    hub: FakeHub, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "SHA256SUMS").write_text(f"{'1' * 64}  other.gguf\n")
+    before = (tmp_path / "SHA256SUMS").read_bytes()
+    real_write = os.write
+
+    def full_disk(fd: int, data: Any) -> int:
+        if "SHA256SUMS" in os.readlink(f"/proc/self/fd/{fd}"):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_write(fd, data)
+
+    with monkeypatch.context() as patch, pytest.raises(DiskSpaceError) as info:
+        patch.setattr(os, "write", full_disk)
+        get(tmp_path)
+    message = info.value.message
+    assert message == (
+        f"cannot write the checksums file: {tmp_path / 'SHA256SUMS'}: No space left on device"
+    )
+    assert "complete and verified" in (info.value.hint or "")
+    assert info.value.exit_code == ExitCode.ERROR
+    assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == []
+    assert (tmp_path / "SHA256SUMS").read_bytes() == before  # untouched
+    assert (tmp_path / NAME).read_bytes() == DATA  # the model itself is in place, verified
+    again = get(tmp_path)  # space freed: the rerun reuses the file and records it
+    assert again.results[0].reused
+    assert f"{SHA}  {NAME}" in (tmp_path / "SHA256SUMS").read_text()
+
+
+def test_two_downloads_merge_their_lines_into_one_sha256sums(
+    fake_hub: FakeHub, tmp_path: Path
+) -> None:
+    other = gguf_bytes(50_000, seed=12)
+    files = {NAME: DATA, "o-Q8_0.gguf": other}
+    fake_hub.add_repo("org/model", {**files, "SHA256SUMS": sha256sums(files)})
+    get(tmp_path)
+    text = (tmp_path / "SHA256SUMS").read_text()
+    assert f"{SHA}  {NAME}" in text and "o-Q8_0.gguf" in text  # the repository's lines kept
+
+
+# -- a directory that cannot be written ----------------------------------------------------------
+
+
+def test_a_read_only_dir_fails_before_any_network_call_naming_the_path(
+    hub: FakeHub, read_only_dir: Path
+) -> None:
+    target = read_only_dir / "models"
+    with pytest.raises(LocalFileError) as info:
+        get(target)
+    assert info.value.message.startswith(f"cannot create the download directory: {target}: ")
+    assert info.value.exit_code == ExitCode.ERROR
+    assert hub.requests == []
+    with pytest.raises(
+        LocalFileError, match=f"cannot write in the download directory: {read_only_dir}"
+    ):
+        get(read_only_dir)
+
+
+def test_a_read_only_dir_through_the_cli_is_one_error_line(
+    hub: FakeHub, read_only_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    manifests = tmp_path / "manifests"
+    manifests.mkdir()
+    (manifests / "m.toml").write_text(_toml_manifest())
+    monkeypatch.setenv("QUANTPICK_MANIFESTS", str(manifests))
+    target = read_only_dir / "models"
+    result = runner.invoke(app, ["download", "m", "--quant", "Q4_K_M", "--dir", str(target)])
+    assert result.exit_code == 1
+    errors = [line for line in result.stderr.splitlines() if line.startswith("Error:")]
+    assert len(errors) == 1 and str(target) in errors[0], result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_local_errors_are_quantpick_errors() -> None:
+    assert issubclass(LocalFileError, QuantpickError) and issubclass(DiskSpaceError, QuantpickError)
+
+
+def test_a_dir_too_long_for_the_file_system_is_one_line(hub: FakeHub, tmp_path: Path) -> None:
+    from quantpick.errors import UsageError
+
+    # The directory fits PATH_MAX, the file in it would not: refused before anything is written.
+    deep = tmp_path.joinpath(*(["d" * 200] * ((4096 - 40 - len(str(tmp_path))) // 201)))
+    deep = deep / ("e" * (4096 - 30 - len(str(deep)) - 1))  # 30 bytes short of PATH_MAX
+    assert len(str(deep)) == 4096 - 30 and len(str(deep / NAME)) > 4096 - 17
+    for dry_run in (True, False):
+        with pytest.raises(UsageError, match="the path is longer than the 4096 bytes") as info:
+            get(deep, dry_run=dry_run)
+        assert info.value.hint == "choose a shorter --dir"
+    # A directory that does not fit itself: the OS says so, in one line naming it.
+    with pytest.raises(LocalFileError, match="cannot create the download directory: .*too long"):
+        get(deep / ("d" * 200))

@@ -11,7 +11,7 @@ import pytest
 from fakehub import FakeHub, gguf_bytes, make_manifest, sha256sums
 
 from quantpick.config import load_settings
-from quantpick.errors import DownloadError
+from quantpick.errors import DownloadError, VerificationError
 from quantpick.fetch.download import fetch_model
 from quantpick.fetch.http import RetryPolicy
 from quantpick.fetch.sources import open_source
@@ -90,6 +90,30 @@ def test_hostile_names_in_a_listing_are_never_exposed(fake_hub: FakeHub) -> None
     for kind in ("hf", "modelscope"):
         repo = open_source(Source(kind, repo="org/evil"))
         assert [f.name for f in repo.list_files()] == ["ok.gguf"]
+        assert set(repo.refused) == {"../../evil.gguf"}
+
+
+def test_overlong_and_file_and_folder_names_are_refused_and_reported(fake_hub: FakeHub) -> None:
+    long_component = "c" * 300 + ".gguf"
+    long_path = "d/" * 2500 + "x.gguf"
+    fake_hub.add_repo(
+        "org/odd",
+        {
+            "ok.gguf": b"GGUF",
+            long_component: b"GGUF",
+            long_path: b"GGUF",
+            "a.gguf": b"GGUF",
+            "a.gguf/b.gguf": b"GGUF",
+        },
+    )
+    for kind in ("hf", "modelscope"):
+        repo = open_source(Source(kind, repo="org/odd"))
+        assert [f.name for f in repo.list_files()] == ["ok.gguf"]
+        assert set(repo.refused) == {long_component, long_path, "a.gguf", "a.gguf/b.gguf"}
+        note = repo.refused_note()
+        assert note is not None and "4 file name(s)" in note and len(note) < 1000
+        with pytest.raises(VerificationError, match="listed both as a file and as a folder"):
+            repo.resolve("a.gguf")
 
 
 def test_modelscope_lists_sha256_and_builds_download_urls(hub: FakeHub) -> None:
@@ -164,3 +188,45 @@ def test_hub_libraries_are_not_imported_at_module_level() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_modelscope_against_a_hub_that_never_answers_ends(tmp_path: Path) -> None:
+    """ModelScope's library brings its own timeouts and retries (quantpick relies on them, see
+    open_source): with its knobs turned down, a silent hub ends in a DownloadError (exit 5).
+    Its constants are read at import, hence a subprocess."""
+    import os
+    import time
+
+    from fakehub import SilentServer
+
+    script = (
+        "from quantpick.fetch.sources import open_source\n"
+        "from quantpick.model.manifest import Source\n"
+        "from quantpick.errors import DownloadError\n"
+        "try:\n"
+        "    open_source(Source('modelscope', repo='org/x')).list_files()\n"
+        "except DownloadError as exc:\n"
+        "    print('DownloadError', exc.exit_code)\n"
+    )
+    with SilentServer() as silent:
+        env = dict(
+            os.environ,
+            MODELSCOPE_ENDPOINT=silent.url,
+            MODELSCOPE_API_TOKEN="",
+            MODELSCOPE_CACHE=str(tmp_path / "c"),
+            MODELSCOPE_HOME=str(tmp_path / "h"),
+            MODELSCOPE_DOWNLOAD_INTRA_CLOUD="false",
+            MODELSCOPE_API_TIMEOUT="1",
+            MODELSCOPE_API_CONNECT_TIMEOUT="1",
+            MODELSCOPE_REPO_TREE_PAGE_TIMEOUT_SECONDS="1",
+            MODELSCOPE_REPO_TREE_PAGE_MAX_ATTEMPTS="2",
+            MODELSCOPE_REPO_TREE_PAGE_RETRY_MAX_DELAY_SECONDS="1",
+            NO_PROXY="127.0.0.1",
+        )
+        start = time.monotonic()
+        out = subprocess.run(
+            [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120
+        )
+        assert out.stdout.strip() == "DownloadError 5", out.stderr
+        assert time.monotonic() - start < 60
+        assert silent.connections >= 2

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import stat
 import threading
+import time
 from collections import namedtuple
 from pathlib import Path
 from typing import Any
@@ -17,7 +20,14 @@ from quantpick.errors import DownloadError, ExitCode, UsageError, VerificationEr
 from quantpick.fetch.download import fetch_model
 from quantpick.fetch.http import RetryPolicy
 from quantpick.fetch.sources import RemoteFile
-from quantpick.fetch.transfer import DiskSpaceError, download_file, part_paths
+from quantpick.fetch.transfer import (
+    DiskSpaceError,
+    NullProgress,
+    acquire_file_lock,
+    download_file,
+    lock_path,
+    part_paths,
+)
 from quantpick.model.manifest import Source
 
 SIZE = 3 * 1024 * 1024 + 123
@@ -262,23 +272,27 @@ def test_disk_space_precheck(hub: FakeHub, tmp_path: Path, policy: RetryPolicy) 
     assert byte_gets(hub) == []
 
 
-def test_enospc_mid_write_keeps_the_part(
+def test_enospc_mid_write_keeps_the_part_and_says_how_much(
     hub: FakeHub, tmp_path: Path, policy: RetryPolicy, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import errno
 
     import quantpick.fetch.transfer as engine
 
+    room = 2_044_480  # not a multiple of the 1 MiB chunks: the last write is a short one
+
     class FullDisk:
-        """The .part handle of a disk that fills up after 1 MiB."""
+        """The .part handle of a disk with `room` bytes: like write(2), a write that reaches
+        the end takes what fits and returns that count; the next one fails with ENOSPC."""
 
         def __init__(self, path: Path) -> None:
             self._f = open(path, "r+b", buffering=0)  # noqa: SIM115
 
         def write(self, data: Any) -> int:
-            if self._f.tell() + len(data) > 1_048_576:
+            fits = room - self._f.tell()
+            if fits <= 0:
                 raise OSError(errno.ENOSPC, "No space left on device")
-            return self._f.write(data)
+            return self._f.write(data[:fits])
 
         def __getattr__(self, name: str) -> Any:
             return getattr(self._f, name)
@@ -289,17 +303,18 @@ def test_enospc_mid_write_keeps_the_part(
         def __exit__(self, *exc: object) -> None:
             self._f.close()
 
-    monkeypatch.setattr(engine, "_open_part", FullDisk)
     dest = tmp_path / NAME
-    with pytest.raises(DiskSpaceError, match="No space left") as info:
+    with monkeypatch.context() as patch, pytest.raises(DiskSpaceError, match="No space") as info:
+        patch.setattr(engine, "_open_part", FullDisk)
         fetch(hub, dest, policy)
     assert info.value.exit_code == ExitCode.ERROR
+    assert f"({room} bytes kept)" in info.value.message  # what the disk holds, not what was sent
     part = part_paths(dest)[0]
-    assert part.read_bytes() == DATA[:1_048_576] and not dest.exists()
-    monkeypatch.undo()
-    fetch(hub, dest, policy)  # space freed: the rerun resumes
+    assert part.read_bytes() == DATA[:room] and not dest.exists()
+    result = fetch(hub, dest, policy)  # space freed: the rerun resumes
     assert_complete(dest)
-    assert byte_gets(hub)[-1]["range"] == "bytes=1048576-"
+    assert byte_gets(hub)[-1]["range"] == f"bytes={room}-"
+    assert result.resumed_from == room
 
 
 def test_present_file_is_verified_not_trusted(
@@ -328,10 +343,20 @@ def test_truncated_final_file_is_resumed(hub: FakeHub, tmp_path: Path, policy: R
     assert result.bytes_fetched == SIZE - 1_000_000
 
 
-def test_second_download_of_same_file_waits_then_gives_up(
+class Notes(NullProgress):
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def message(self, text: str) -> None:
+        self.lines.append(text)
+
+
+def test_second_download_waits_while_the_first_makes_progress(
     hub: FakeHub, tmp_path: Path, policy: RetryPolicy
 ) -> None:
-    hub.faults.add(NAME, "throttle", rate=2_000_000)  # first run takes ~1.6 s
+    # The first run takes ~3 s and its .part grows every ~1 s (1 MiB reads at 1 MB/s). The
+    # second gives up after 2.5 s *without progress*: it must outwait the whole first run.
+    hub.faults.add(NAME, "throttle", rate=1_000_000)
     dest = tmp_path / NAME
     errors: list[BaseException] = []
 
@@ -345,14 +370,53 @@ def test_second_download_of_same_file_waits_then_gives_up(
     thread.start()
     while not byte_gets(hub):
         threading.Event().wait(0.02)
-    with pytest.raises(DownloadError, match="another quantpick process"):
-        fetch(hub, dest, policy, lock_timeout=0.2)
-    # A patient second run gets the lock after the first, finds the file and verifies it.
-    late = fetch(hub, dest, policy, lock_timeout=30)
+    notes = Notes()
+    started = time.monotonic()
+    late = fetch(hub, dest, policy, lock_timeout=2.5, progress=notes)
     thread.join()
     assert errors == []
-    assert late.reused and late.bytes_fetched == 0
+    assert time.monotonic() - started > 2.5  # it did wait longer than its stall timeout
+    assert late.reused and late.bytes_fetched == 0  # then found the file and verified it
     assert len(byte_gets(hub)) == 1
+    assert any("waiting while it makes progress" in line for line in notes.lines)
+    assert lock_path(dest).exists() and lock_path(dest).parent == dest.parent  # beside the data
+
+
+def test_second_download_gives_up_when_the_holder_is_stuck(
+    hub: FakeHub, tmp_path: Path, policy: RetryPolicy
+) -> None:
+    dest = tmp_path / NAME
+    stuck = acquire_file_lock(dest)  # holds the lock and never writes a byte
+    try:
+        started = time.monotonic()
+        with pytest.raises(DownloadError, match="no progress for 0.5 s") as info:
+            fetch(hub, dest, policy, lock_timeout=0.5)
+        assert time.monotonic() - started < 10
+        assert info.value.exit_code == ExitCode.DOWNLOAD_FAILED
+        assert str(lock_path(dest)) in info.value.message
+    finally:
+        stuck.release()
+    assert byte_gets(hub) == []
+    fetch(hub, dest, policy)  # once released, a run goes through
+    assert_complete(dest)
+
+
+def test_lock_mode_lets_the_directory_s_writers_share_it(tmp_path: Path) -> None:
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o2775)  # a group's models volume (setgid, group-writable)
+    private = tmp_path / "private"
+    private.mkdir()
+    private.chmod(0o755)
+    old_umask = os.umask(0o077)  # the strictest umask must not narrow the shared lock
+    try:
+        for directory, mode in ((shared, 0o664), (private, 0o644)):
+            dest = directory / NAME
+            lock = acquire_file_lock(dest)
+            lock.release()
+            assert stat.S_IMODE(lock_path(dest).stat().st_mode) == mode
+    finally:
+        os.umask(old_umask)
 
 
 def test_authorization_is_dropped_on_the_cdn(
@@ -389,6 +453,128 @@ def test_gated_without_token_is_a_clear_error(
             policy=policy,
         )
     assert "hf auth login" in (info.value.hint or "")
+
+
+def test_a_complete_part_is_finished_without_a_request(
+    hub: FakeHub, tmp_path: Path, policy: RetryPolicy
+) -> None:
+    dest = tmp_path / NAME
+    seed_part(hub, dest, SIZE)  # killed after the last byte, before the rename
+    result = fetch(hub, dest, policy)
+    assert_complete(dest)
+    assert byte_gets(hub) == []
+    assert (result.bytes_fetched, result.resumed_from, result.reused) == (0, SIZE, False)
+
+
+def test_an_orphan_sidecar_is_cleaned_on_the_next_run(
+    hub: FakeHub, tmp_path: Path, policy: RetryPolicy
+) -> None:
+    dest = tmp_path / NAME
+    seed_part(hub, dest, SIZE)
+    part, sidecar = part_paths(dest)
+    part.rename(dest)  # killed between the final rename and the sidecar's removal
+    assert sidecar.exists()
+    result = fetch(hub, dest, policy)
+    assert result.reused and not sidecar.exists()
+    assert_complete(dest)
+
+
+class Events:
+    """os.fsync / os.replace, recorded in order (fsync'ed paths read back from /proc)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.log: list[tuple[str, str]] = []
+        real_fsync, real_replace = os.fsync, os.replace
+
+        def fsync(fd: int) -> None:
+            self.log.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
+            real_fsync(fd)
+
+        def replace(src: Any, dst: Any) -> None:
+            self.log.append(("replace", f"{src} -> {dst}"))
+            real_replace(src, dst)
+
+        monkeypatch.setattr(os, "fsync", fsync)
+        monkeypatch.setattr(os, "replace", replace)
+
+    def index(self, kind: str, text: str) -> int:
+        return next(i for i, (k, t) in enumerate(self.log) if k == kind and t == text)
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="needs /proc to name the fds")
+def test_data_and_directory_are_fsynced_around_the_final_rename(
+    hub: FakeHub, tmp_path: Path, policy: RetryPolicy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    dest = tmp_path / NAME
+    part, sidecar = part_paths(dest)
+    events = Events(monkeypatch)
+    fetch(hub, dest, policy)
+    assert_complete(dest)
+    data = events.index("fsync", str(part))
+    rename = events.index("replace", f"{part} -> {dest}")
+    directory = max(i for i, e in enumerate(events.log) if e == ("fsync", str(tmp_path)))
+    assert data < rename < directory  # bytes on disk, then the name, then the name made durable
+    # The sidecar too: its temporary file is fsynced before it takes the sidecar's name.
+    tmp_syncs = [t for k, t in events.log if k == "fsync" and t.endswith(".tmp")]
+    renames = [t for k, t in events.log if k == "replace" and t.endswith(f" -> {sidecar}")]
+    assert tmp_syncs and renames and renames[0].startswith(tmp_syncs[0])
+
+    events.log.clear()
+    dest.unlink()
+    fetch(hub, dest, policy, durable=False)
+    assert [e for e in events.log if e[0] == "fsync"] == []  # the benchmark's "without" side
+
+
+def test_writeback_runs_during_the_transfer_not_only_at_the_end(
+    hub: FakeHub, tmp_path: Path, policy: RetryPolicy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import quantpick.fetch.transfer as engine
+
+    synced: list[int] = []
+    real = getattr(os, "fdatasync", os.fsync)
+
+    def fdatasync(fd: int) -> None:
+        synced.append(os.fstat(fd).st_size)  # how much was written when it ran
+        real(fd)
+
+    monkeypatch.setattr(os, "fdatasync", fdatasync, raising=False)
+    monkeypatch.setattr(engine, "FLUSH_EVERY", 1024 * 1024)
+    hub.faults.add(NAME, "throttle", rate=4_000_000)  # ~0.8 s: time for the thread to run
+    fetch(hub, tmp_path / NAME, policy)
+    assert_complete(tmp_path / NAME)
+    assert synced and min(synced) < SIZE  # at least one flush before the last byte arrived
+    synced.clear()
+    (tmp_path / NAME).unlink()
+    fetch(hub, tmp_path / NAME, policy, durable=False)
+    assert synced == []
+
+
+def test_a_part_replaced_by_another_process_is_never_written_or_renamed(
+    hub: FakeHub, tmp_path: Path, policy: RetryPolicy
+) -> None:
+    """Another writer swaps the .part for its own file mid-transfer (what a second downloader
+    with its own lock did before the lock moved beside the data): this process stops at its next
+    chunk and leaves that file alone, instead of writing, truncating or renaming through a handle
+    that no longer is the path."""
+    hub.faults.add(NAME, "throttle", rate=4_000_000)
+    dest = tmp_path / NAME
+    part, _ = part_paths(dest)
+    foreign = b"the other process's bytes"
+
+    class Swap(NullProgress):
+        done = False
+
+        def advance(self, name: str, n_bytes: int) -> None:
+            if not self.done:
+                self.done = True
+                other = tmp_path / "other"
+                other.write_bytes(foreign)
+                os.replace(other, part)
+
+    with pytest.raises(DownloadError, match="renamed or replaced by another process") as info:
+        fetch(hub, dest, policy, progress=Swap())
+    assert info.value.exit_code == ExitCode.DOWNLOAD_FAILED
+    assert part.read_bytes() == foreign and not dest.exists()
 
 
 # -- fetch_model: a manifest quant, cross-checks before any transfer ---------------------------
@@ -506,3 +692,94 @@ def test_unknown_quant_is_a_usage_error(hub: FakeHub, tmp_path: Path) -> None:
     with pytest.raises(UsageError, match="Q8_0") as info:
         fetch_model(hf_manifest(), "Q8_0", settings=load_settings(), dest_dir=tmp_path)
     assert "Q4_K_M" in (info.value.hint or "")
+
+
+# -- two users, one directory --------------------------------------------------------------------
+
+
+def test_two_homes_racing_on_one_directory_never_leave_a_bad_final_file(
+    hub: FakeHub, tmp_path: Path
+) -> None:
+    """Two `quantpick download` processes with different QUANTPICK_HOMEs (two users sharing a
+    models volume) fetch one file into one --dir. The first transfer is cut and the server
+    ignores Range on the retry (a full 200: restart from byte 0). Before the lock moved beside
+    the data, both transferred at once and the loser truncated the winner's verified file."""
+    import subprocess
+    import sys
+
+    manifests = tmp_path / "manifests"
+    manifests.mkdir()
+    (manifests / "race.toml").write_text(
+        'schema = 1\nid = "race"\ndisplay_name = "Race"\nchecksums_file = "SHA256SUMS"\n'
+        + MANIFEST_ARCH
+        + '\n[[sources]]\nkind = "hf"\nrepo = "org/model"\n\n'
+        + f'[[files]]\nname = "{NAME}"\nquant = "Q4_K_M"\nsize_bytes = {SIZE}\n'
+        + "size_exact = true\nquality_rank = 1\n"
+    )
+    hub.faults.add(NAME, "throttle", rate=1_500_000, times=None)
+    hub.faults.add(NAME, "cut", after=1_200_000, times=1)
+    hub.faults.add(NAME, "ignore_range", times=None)
+    dest = tmp_path / "shared-models"
+    final = dest / NAME
+    bootstrap = "import quantpick.cli.download; from quantpick.cli import main; main()"
+
+    def start(home: str) -> subprocess.Popen[str]:
+        env = dict(os.environ, QUANTPICK_HOME=str(tmp_path / home))
+        env["QUANTPICK_MANIFESTS"] = str(manifests)
+        argv = [sys.executable, "-c", bootstrap, "download", "race", "--quant", "Q4_K_M"]
+        argv += ["--dir", str(dest), "--json"]
+        return subprocess.Popen(
+            argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+
+    first = start("home-a")
+    deadline = time.monotonic() + 60
+    while not byte_gets(hub):
+        assert first.poll() is None, first.communicate()
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    second = start("home-b")
+    wrong: list[str] = []
+    while first.poll() is None or second.poll() is None:
+        assert time.monotonic() < deadline + 60
+        try:
+            data = final.read_bytes()
+        except FileNotFoundError:
+            data = None
+        if data is not None and data != DATA:
+            wrong.append(f"{len(data)} bytes, sha256 {hashlib.sha256(data).hexdigest()[:12]}")
+        time.sleep(0.01)
+    outs = [p.communicate() for p in (first, second)]
+    assert (first.returncode, second.returncode) == (0, 0), outs
+    assert wrong == []  # never a wrong file at the final name, at any moment
+    assert final.read_bytes() == DATA
+    documents = [json.loads(out) for out, _ in outs]
+    reused = sorted(d["files"][0]["reused"] for d in documents)
+    assert reused == [False, True]  # one transferred, the other waited and verified it
+    assert "waiting while it makes progress" in outs[1][1]
+    assert not part_paths(final)[0].exists() and not part_paths(final)[1].exists()
+
+
+MANIFEST_ARCH = """
+[architecture]
+name = "qwen35moe"
+block_count = 4
+nextn_predict_layers = 0
+context_length = 4096
+embedding_length = 64
+head_count = 4
+head_count_kv = 2
+key_length = 16
+value_length = 16
+expert_count = 4
+expert_used_count = 2
+expert_feed_forward_length = 32
+expert_shared_feed_forward_length = 32
+ssm_conv_kernel = 4
+ssm_state_size = 16
+ssm_group_count = 2
+ssm_time_step_rank = 4
+ssm_inner_size = 64
+full_attention_interval = 4
+vocab_size = 256
+"""

@@ -6,7 +6,13 @@ from pathlib import Path
 import pytest
 
 from quantpick.errors import VerificationError
-from quantpick.fetch.verify import format_sha256sums, hash_file, parse_sha256sums, verify_files
+from quantpick.fetch.verify import (
+    format_sha256sums,
+    hash_file,
+    parse_sha256sums,
+    read_sha256sums,
+    verify_files,
+)
 from quantpick.safe_names import safe_relative_name
 
 A = "a" * 64
@@ -98,3 +104,47 @@ def test_verify_files_ignores_missing_like_sha256sum(tmp_path: Path) -> None:
     (tmp_path / "x").write_bytes(b"x")
     result = verify_files(tmp_path, {"x": hashlib.sha256(b"x").hexdigest(), "y": A})
     assert result.ok
+
+
+# -- lenient reading: check what can be checked, report the rest ---------------------------------
+
+
+def test_a_5000_character_name_is_one_refused_line_not_a_crash(tmp_path: Path) -> None:
+    long_name = "d/" * 2499 + "x.gguf"  # 5,004 characters, every component short
+    long_component = "y" * 300 + ".gguf"
+    text = f"{A}  ok.gguf\n{A}  {long_name}\n{B}  {long_component}\n{'c' * 64}  also.gguf\n"
+    parsed = read_sha256sums(text)
+    assert parsed.entries == {"ok.gguf": A, "also.gguf": "c" * 64}
+    assert parsed.refused_lines == 2
+    assert parsed.problems[0].startswith("SHA256SUMS line 2: refusing file name")
+    assert "more than the 3072 bytes" in parsed.problems[0]
+    assert (
+        parsed.problems[1].startswith("SHA256SUMS line 3:")
+        and "305-byte component" in (parsed.problems[1])
+    )
+    assert all(len(p) < 400 for p in parsed.problems)  # the name is shown cut, with its length
+    with pytest.raises(VerificationError, match="line 2.*and 1 more refused"):
+        parse_sha256sums(text)
+
+
+def test_file_and_folder_of_the_same_name_are_both_refused() -> None:
+    parsed = read_sha256sums(f"{A}  a.gguf\n{B}  a.gguf/b.gguf\n{A}  c.gguf\n")
+    assert parsed.entries == {"c.gguf": A}
+    assert parsed.refused_lines == 2
+    assert "both as a file and as a folder" in parsed.problems[0]
+
+
+def test_verify_cli_checks_the_rest_and_reports_the_bad_line(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    import quantpick.cli.download  # noqa: F401 - registers the commands
+    from quantpick.cli import app
+
+    (tmp_path / "ok.gguf").write_bytes(b"fine")
+    digest = hashlib.sha256(b"fine").hexdigest()
+    (tmp_path / "SHA256SUMS").write_text(f"{digest}  ok.gguf\n{A}  {'z' * 5000}.gguf\n")
+    result = CliRunner().invoke(app, ["verify", str(tmp_path)])
+    assert result.exit_code == 4
+    assert result.stdout == "ok.gguf: OK\n"  # the good line was checked
+    assert "SHA256SUMS line 2: refusing file name" in result.stderr
+    assert "Traceback" not in result.stderr and len(result.stderr) < 1000

@@ -13,9 +13,10 @@ from fakehub import FakeHub
 from gguf_fixtures import FULL, TINY, RangeServer, gguf_str, kv, raw_gguf, write_gguf, write_split
 
 from quantpick.config import load_settings
-from quantpick.errors import GGUFError
+from quantpick.errors import ExitCode, GGUFError
+from quantpick.fetch.http import RetryPolicy
 from quantpick.model.gguf import read_gguf_file, read_gguf_split
-from quantpick.model.gguf_remote import read_gguf_url
+from quantpick.model.gguf_remote import RemoteHeaderError, read_gguf_url
 from quantpick.model.headers import header_cache_dir, layout_for
 from quantpick.model.manifest import Architecture, Manifest, ModelFile, Source
 
@@ -98,13 +99,41 @@ def test_endless_body_is_cut_at_the_cap(server: RangeServer) -> None:
         )
 
 
-def test_stalled_server_times_out(server: RangeServer, tiny: Path) -> None:
+def test_stalled_server_times_out_and_is_retried_with_backoff(
+    server: RangeServer, tiny: Path
+) -> None:
     server.mode = "stall"
     server.files["/stall.gguf"] = tiny
+    sleeps: list[float] = []
+    policy = RetryPolicy(attempts=3, sleep=sleeps.append, jitter=lambda: 0)
     start = time.perf_counter()
-    with pytest.raises(GGUFError, match="reading the header failed"):
-        read_gguf_url(server.url("/stall.gguf"), timeout=0.3)
-    assert time.perf_counter() - start < 1.5
+    with pytest.raises(RemoteHeaderError, match="reading the header failed.*gave up after 3") as e:
+        read_gguf_url(server.url("/stall.gguf"), timeout=0.3, policy=policy)
+    assert time.perf_counter() - start < 4
+    assert e.value.exit_code == ExitCode.DOWNLOAD_FAILED  # a network failure, like a download
+    assert isinstance(e.value, GGUFError)  # planners that fall back on a missing header still do
+    assert len(server.log) == 3 and sleeps == [0.5, 1.0]  # the transfer engine's backoff
+
+
+def test_a_5xx_is_retried_then_the_header_is_read(server: RangeServer, tiny: Path) -> None:
+    server.files["/tiny.gguf"] = tiny
+    server.fail_next["/tiny.gguf"] = [503, 429]
+    policy = RetryPolicy(attempts=3, sleep=lambda s: None)
+    header = read_gguf_url(server.url("/tiny.gguf"), policy=policy)
+    _same(header, read_gguf_file(tiny))
+    assert [e["status"] for e in server.log] == [503, 429, 206]
+
+
+def test_a_hub_that_never_answers_is_bounded(tiny: Path) -> None:
+    from fakehub import SilentServer
+
+    policy = RetryPolicy(attempts=2, idle_timeout=0.3, connect_timeout=0.3, sleep=lambda s: None)
+    with SilentServer() as silent:
+        start = time.perf_counter()
+        with pytest.raises(RemoteHeaderError, match="gave up after 2"):
+            read_gguf_url(f"{silent.url}/x.gguf", policy=policy)
+        assert time.perf_counter() - start < 2 * policy.worst_case_seconds() + 2
+        assert silent.connections == 2
 
 
 def test_truncated_remote_file(server: RangeServer, tiny: Path) -> None:

@@ -401,6 +401,14 @@ def test_unknown_top_level_key_points_to_extra(tmp_path: Path) -> None:
             lambda d: d["files"].append(dict(d["files"][1], name="other-Q2_K.gguf")),
             "Q2_K has several files that are not one split set",
         ),
+        (
+            lambda d: d["files"][4].update(name="tiny-Q4_K_M.gguf/mmproj-F16.gguf"),
+            "'tiny-Q4_K_M.gguf' is listed both as a file and as a folder",
+        ),
+        (
+            lambda d: d["files"][4].update(name="m" * 300 + ".gguf"),
+            "has a 305-byte component",
+        ),
     ],
 )
 def test_cross_file_rules(tmp_path: Path, mutate: Any, expected: str) -> None:

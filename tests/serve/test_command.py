@@ -287,6 +287,34 @@ def test_write_script_is_atomic_and_executable(tmp_path: Path) -> None:
     assert subprocess.run([str(path)], capture_output=True, text=True).stdout == "new\n"
 
 
+def test_write_script_into_a_read_only_directory_is_one_line(tmp_path: Path) -> None:
+    from quantpick.errors import QuantpickError
+
+    directory = tmp_path / "ro"
+    directory.mkdir()
+    if os.geteuid() == 0:  # root ignores mode bits: a read-only tmpfs, or nothing to test
+        mounted = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", "ro,size=1g", "tmpfs", str(directory)],
+            capture_output=True,
+        )
+        if mounted.returncode != 0:
+            pytest.skip("running as root without mount(8): cannot make a read-only directory")
+    else:
+        directory.chmod(0o555)
+    try:
+        with pytest.raises(QuantpickError) as info:
+            write_script(directory / "serve.sh", "#!/bin/sh\n")
+        assert info.value.message.startswith(
+            f"cannot write the launch script: {directory}/serve.sh: "
+        )
+        assert "\n" not in info.value.message
+    finally:
+        if os.geteuid() == 0:
+            subprocess.run(["umount", str(directory)], check=False)
+        else:
+            directory.chmod(0o755)
+
+
 def test_json_format(manifest: Manifest) -> None:
     cmd = build(RunConfig(devices=(0,)), manifest)
     data = json.loads(json.dumps(render_json(cmd)))

@@ -1,0 +1,167 @@
+"""quantpick.fetch.http: retries and timeouts, and the promise built on them: no network call hangs.
+
+A hub that accepts connections and never answers (`fakehub.SilentServer`) must make `download`,
+`get` and `manifest add` end with exit 5 and one error line, and a default `pick` (which tries one
+header read) fall back to the manifest with a note, each within a bounded time.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from fakehub import SilentServer
+from typer.testing import CliRunner
+
+import quantpick.cli.download  # noqa: F401 - registers the commands
+import quantpick.fetch.http as http
+from quantpick.cli import app
+from quantpick.errors import DownloadError
+from quantpick.fetch.http import RetryPolicy, TransientError, with_retries
+
+runner = CliRunner()
+
+# A policy that gives up within about a second: two attempts, 0.3 s timeouts, no pause.
+FAST = RetryPolicy(attempts=2, idle_timeout=0.3, connect_timeout=0.3, sleep=lambda s: None)
+
+ARCH = """
+[architecture]
+name = "qwen35moe"
+block_count = 4
+nextn_predict_layers = 0
+context_length = 4096
+embedding_length = 64
+head_count = 4
+head_count_kv = 2
+key_length = 16
+value_length = 16
+expert_count = 4
+expert_used_count = 2
+expert_feed_forward_length = 32
+expert_shared_feed_forward_length = 32
+ssm_conv_kernel = 4
+ssm_state_size = 16
+ssm_group_count = 2
+ssm_time_step_rank = 4
+ssm_inner_size = 64
+full_attention_interval = 4
+vocab_size = 256
+"""
+
+
+def test_backoff_doubles_with_equal_jitter_and_caps() -> None:
+    policy = RetryPolicy(base_delay=1, max_delay=8, jitter=lambda: 1)
+    assert [policy.backoff(n) for n in range(1, 6)] == [1, 2, 4, 8, 8]
+    assert RetryPolicy(jitter=lambda: 0).backoff(3) == 2  # never below half
+    # 6 attempts x (15 + 30 s) + 1 + 2 + 4 + 8 + 16 s of pauses
+    assert RetryPolicy().worst_case_seconds() == 6 * 45 + 31
+
+
+def test_with_retries_gives_up_with_one_line_and_the_chosen_error() -> None:
+    sleeps: list[float] = []
+    calls: list[int] = []
+
+    def attempt() -> None:
+        calls.append(1)
+        raise TransientError("ReadTimeout: timed out", retry_after=5)
+
+    policy = RetryPolicy(attempts=3, sleep=sleeps.append, jitter=lambda: 0)
+    with pytest.raises(DownloadError, match=r"^hub: ReadTimeout: timed out \(gave up after 3"):
+        with_retries("hub", policy, attempt)
+    assert len(calls) == 3 and sleeps == [5, 5]  # Retry-After beats a shorter backoff
+
+    class Custom(Exception):
+        pass
+
+    with pytest.raises(Custom):
+        with_retries("hub", RetryPolicy(attempts=1), attempt, error=Custom)
+
+
+# -- the hub that never answers ----------------------------------------------------------------
+
+
+@pytest.fixture
+def silent_hub(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[SilentServer]:
+    """HF_ENDPOINT at a silent server, the fast policy everywhere, a manifest `tiny-hf` with only
+    that source (found through QUANTPICK_MANIFESTS)."""
+    with SilentServer() as silent:
+        monkeypatch.setattr(http, "DEFAULT_POLICY", FAST)
+        monkeypatch.setenv("HF_ENDPOINT", silent.url)
+        monkeypatch.setenv("HF_HUB_DISABLE_TELEMETRY", "1")
+        monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+        monkeypatch.delenv("HF_HUB_DOWNLOAD_TIMEOUT", raising=False)
+        monkeypatch.delenv("QUANTPICK_OFFLINE", raising=False)
+        monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
+        manifests = tmp_path / "manifests"
+        manifests.mkdir()
+        (manifests / "tiny-hf.toml").write_text(
+            'schema = 1\nid = "tiny-hf"\ndisplay_name = "Tiny"\nchecksums_file = "SHA256SUMS"\n'
+            + ARCH
+            + '\n[[sources]]\nkind = "hf"\nrepo = "org/tiny"\n\n'
+            + '[[files]]\nname = "Tiny-Q4_K_M.gguf"\nquant = "Q4_K_M"\n'
+            + "size_bytes = 400000\nsize_exact = true\nquality_rank = 1\n"
+        )
+        monkeypatch.setenv("QUANTPICK_MANIFESTS", str(manifests))
+        yield silent
+
+
+def _timed(args: list[str]) -> tuple[int, str, str, float]:
+    start = time.perf_counter()
+    result = runner.invoke(app, args)
+    return result.exit_code, result.stdout, result.stderr, time.perf_counter() - start
+
+
+# Generous: a loaded 2-core machine. The point is "ends", against "hangs forever" before the fix.
+BOUND = 8 * FAST.worst_case_seconds() + 20
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["download", "tiny-hf", "--quant", "Q4_K_M"],
+        ["get", "tiny-hf", "--quant", "Q4_K_M", "--gpu", "3090", "--ram", "64G"],
+        ["manifest", "add", "org/tiny"],
+    ],
+    ids=["download", "get", "manifest-add"],
+)
+def test_a_hub_that_never_answers_ends_with_exit_5(
+    silent_hub: SilentServer, tmp_path: Path, args: list[str]
+) -> None:
+    code, out, err, seconds = _timed(
+        [*args, *(["--dir", str(tmp_path / "d")] if args[0] != "manifest" else [])]
+    )
+    assert code == 5, err
+    assert seconds < BOUND
+    errors = [line for line in err.splitlines() if line.startswith("Error:")]
+    assert len(errors) == 1 and "gave up after 2 attempts" in errors[0], err
+    assert "Traceback" not in err
+    assert silent_hub.connections >= FAST.attempts  # it did try, and retried
+
+
+def test_a_default_pick_falls_back_to_the_manifest_with_a_note(
+    silent_hub: SilentServer,
+) -> None:
+    code, out, err, seconds = _timed(
+        ["pick", "tiny-hf", "--gpu", "3090", "--ram", "64G", "--ctx-size", "4096", "--json"]
+    )
+    assert code == 0, err
+    assert seconds < BOUND
+    document = json.loads(out)
+    assert "synthesized" in json.dumps(document)  # planned on the manifest's own table
+    assert "gave up after 2 attempts" in err  # the note says why the exact header is missing
+    assert silent_hub.connections >= FAST.attempts
+
+
+def test_the_planning_policy_is_short_and_follows_the_default(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from quantpick.fetch.http import planning_policy
+
+    policy = planning_policy()
+    assert (policy.attempts, policy.connect_timeout, policy.idle_timeout) == (2, 5.0, 10.0)
+    assert policy.worst_case_seconds() == 2 * 15 + 1  # what a silent hub can cost a `pick`
+    monkeypatch.setattr(http, "DEFAULT_POLICY", FAST)
+    assert planning_policy() == FAST  # already shorter: unchanged
