@@ -75,9 +75,9 @@ class PlannedFile:
 
     @property
     def bytes_to_fetch(self) -> int:
-        if self.state == "present" or self.size is None or self.reuse_candidates:
+        if self.reuse_candidates:
             return 0
-        return max(0, self.size - self.local_bytes)
+        return self.bytes_to_fetch_without_reuse
 
     @property
     def bytes_to_fetch_without_reuse(self) -> int:
@@ -317,7 +317,9 @@ def plan_fetch(
         try:
             if path.exists():
                 local = path.stat().st_size
-                if size is None or local == size:
+                # A link into another tool's store is never resumed into (its bytes are not
+                # ours): it is checked as present and dropped when it no longer matches.
+                if size is None or local == size or is_link(path):
                     state = "present"
                 elif local < size:
                     state = "partial"  # a truncated final file is resumed like a .part
