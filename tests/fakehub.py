@@ -715,6 +715,32 @@ def fake_hub(
         hub.stop()
 
 
+# The same small architecture as a manifest's TOML table, for tests that write manifest files.
+SMALL_ARCH_TOML = """
+[architecture]
+name = "qwen35moe"
+block_count = 4
+nextn_predict_layers = 0
+context_length = 4096
+embedding_length = 64
+head_count = 4
+head_count_kv = 2
+key_length = 16
+value_length = 16
+expert_count = 4
+expert_used_count = 2
+expert_feed_forward_length = 32
+expert_shared_feed_forward_length = 32
+ssm_conv_kernel = 4
+ssm_state_size = 16
+ssm_group_count = 2
+ssm_time_step_rank = 4
+ssm_inner_size = 64
+full_attention_interval = 4
+vocab_size = 256
+"""
+
+
 def make_manifest(
     model_id: str,
     files: dict[str, bytes],

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from fakehub import FakeHub, gguf_bytes, sha256sums
+from fakehub import SMALL_ARCH_TOML, FakeHub, gguf_bytes, sha256sums
 from typer.testing import CliRunner
 
 import quantpick.cli.download  # noqa: F401 - registers the commands
@@ -23,29 +23,6 @@ MODEL = "Tiny-Q4_K_M.gguf"
 PROJ = "mmproj-F16.gguf"
 DATA = gguf_bytes(400_000, seed=3)
 PDATA = gguf_bytes(100_000, seed=4)
-ARCH = """
-[architecture]
-name = "qwen35moe"
-block_count = 4
-nextn_predict_layers = 0
-context_length = 4096
-embedding_length = 64
-head_count = 4
-head_count_kv = 2
-key_length = 16
-value_length = 16
-expert_count = 4
-expert_used_count = 2
-expert_feed_forward_length = 32
-expert_shared_feed_forward_length = 32
-ssm_conv_kernel = 4
-ssm_state_size = 16
-ssm_group_count = 2
-ssm_time_step_rank = 4
-ssm_inner_size = 64
-full_attention_interval = 4
-vocab_size = 256
-"""
 
 
 def write_manifest(directory: Path, hub: FakeHub, files: dict[str, bytes]) -> None:
@@ -53,7 +30,7 @@ def write_manifest(directory: Path, hub: FakeHub, files: dict[str, bytes]) -> No
     directory.mkdir(parents=True, exist_ok=True)
     parts = [
         'schema = 1\nid = "tiny-test"\ndisplay_name = "Tiny"\nchecksums_file = "SHA256SUMS"\n',
-        ARCH,
+        SMALL_ARCH_TOML,
         '[[sources]]\nkind = "hf"\nrepo = "org/tiny"\n',
         '[[sources]]\nkind = "modelscope"\nrepo = "org/tiny"\n',
         '[[sources]]\nkind = "mirror"\nname = "lan"\n'

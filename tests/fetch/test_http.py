@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from fakehub import SilentServer
+from fakehub import SMALL_ARCH_TOML, SilentServer
 from typer.testing import CliRunner
 
 import quantpick.cli.download  # noqa: F401 - registers the commands
@@ -26,30 +26,6 @@ runner = CliRunner()
 
 # A policy that gives up within about a second: two attempts, 0.3 s timeouts, no pause.
 FAST = RetryPolicy(attempts=2, idle_timeout=0.3, connect_timeout=0.3, sleep=lambda s: None)
-
-ARCH = """
-[architecture]
-name = "qwen35moe"
-block_count = 4
-nextn_predict_layers = 0
-context_length = 4096
-embedding_length = 64
-head_count = 4
-head_count_kv = 2
-key_length = 16
-value_length = 16
-expert_count = 4
-expert_used_count = 2
-expert_feed_forward_length = 32
-expert_shared_feed_forward_length = 32
-ssm_conv_kernel = 4
-ssm_state_size = 16
-ssm_group_count = 2
-ssm_time_step_rank = 4
-ssm_inner_size = 64
-full_attention_interval = 4
-vocab_size = 256
-"""
 
 
 def test_backoff_doubles_with_equal_jitter_and_caps() -> None:
@@ -99,7 +75,7 @@ def silent_hub(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Sile
         manifests.mkdir()
         (manifests / "tiny-hf.toml").write_text(
             'schema = 1\nid = "tiny-hf"\ndisplay_name = "Tiny"\nchecksums_file = "SHA256SUMS"\n'
-            + ARCH
+            + SMALL_ARCH_TOML
             + '\n[[sources]]\nkind = "hf"\nrepo = "org/tiny"\n\n'
             + '[[files]]\nname = "Tiny-Q4_K_M.gguf"\nquant = "Q4_K_M"\n'
             + "size_bytes = 400000\nsize_exact = true\nquality_rank = 1\n"

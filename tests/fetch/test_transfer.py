@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fakehub import FakeHub, gguf_bytes, make_manifest, sha256sums
+from fakehub import SMALL_ARCH_TOML, FakeHub, gguf_bytes, make_manifest, sha256sums
 
 from quantpick.config import load_settings
 from quantpick.errors import DownloadError, ExitCode, UsageError, VerificationError
@@ -711,7 +711,7 @@ def test_two_homes_racing_on_one_directory_never_leave_a_bad_final_file(
     manifests.mkdir()
     (manifests / "race.toml").write_text(
         'schema = 1\nid = "race"\ndisplay_name = "Race"\nchecksums_file = "SHA256SUMS"\n'
-        + MANIFEST_ARCH
+        + SMALL_ARCH_TOML
         + '\n[[sources]]\nkind = "hf"\nrepo = "org/model"\n\n'
         + f'[[files]]\nname = "{NAME}"\nquant = "Q4_K_M"\nsize_bytes = {SIZE}\n'
         + "size_exact = true\nquality_rank = 1\n"
@@ -758,28 +758,3 @@ def test_two_homes_racing_on_one_directory_never_leave_a_bad_final_file(
     assert reused == [False, True]  # one transferred, the other waited and verified it
     assert "waiting while it makes progress" in outs[1][1]
     assert not part_paths(final)[0].exists() and not part_paths(final)[1].exists()
-
-
-MANIFEST_ARCH = """
-[architecture]
-name = "qwen35moe"
-block_count = 4
-nextn_predict_layers = 0
-context_length = 4096
-embedding_length = 64
-head_count = 4
-head_count_kv = 2
-key_length = 16
-value_length = 16
-expert_count = 4
-expert_used_count = 2
-expert_feed_forward_length = 32
-expert_shared_feed_forward_length = 32
-ssm_conv_kernel = 4
-ssm_state_size = 16
-ssm_group_count = 2
-ssm_time_step_rank = 4
-ssm_inner_size = 64
-full_attention_interval = 4
-vocab_size = 256
-"""
