@@ -759,7 +759,7 @@ def choose(
         c = min(ties, key=lambda c: (_kld(c), -expected_tps(_s(c))))
         tail = "" if floor else " (nothing at or above the quality floor fits)"
         return c, _describe(c) + ": the fastest plan" + tail
-    return _choose_balanced(feasible)
+    return _choose_balanced(per_quant)
 
 
 def _s(c: Candidate) -> SpeedEstimate:
