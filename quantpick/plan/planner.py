@@ -815,9 +815,10 @@ def _choose_balanced(cands: list[Candidate]) -> tuple[Candidate, str]:
                 "for no quality step a person would notice"
             )
         else:
+            ratio = expected_tps(_s(pick)) / max(expected_tps(_s(top)), 1e-3)
             reason = (
-                f"{top.quant} (~{expected_tps(_s(top)):.0f} tok/s) is not enough better to be "
-                f"{expected_tps(_s(pick)) / max(expected_tps(_s(top)), 1e-3):.2f}x slower"
+                f"{top.quant} would be {ratio:.2f}x slower (~{expected_tps(_s(top)):.0f} tok/s) "
+                "for a difference a person would not notice"
             )
         why += (
             f"; within {pick.quality.mean_kld - gap:.4f} KLD of {top.quant} (same tier); {reason}"
