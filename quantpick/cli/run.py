@@ -300,11 +300,12 @@ def _plan_comment(p: Plan, machine: Machine) -> str:
     gpus = ", ".join(d.name for d in p.estimate.gpus if d.endpoint is None) or "no GPU"
     if p.config.rpc_servers:
         gpus += " + RPC workers " + ", ".join(p.config.rpc_servers)
+    e = p.speed.expected
     return (
         f"quantpick plan: {p.model} {p.quant}, KV {p.config.cache_type_k}/{p.config.cache_type_v}, "
-        f"-c {p.config.ctx_size}, {p.placement} on {gpus} ({where}); decode upper bound "
-        f"{p.speed.tokens_per_s_empty:.0f} tok/s empty, {p.speed.tokens_per_s_target:.0f} at "
-        f"{p.speed.target_context} tokens"
+        f"-c {p.config.ctx_size}, {p.placement} on {gpus} ({where}); expected decode "
+        f"~{e.decode_tps_empty:.0f} tok/s empty, ~{e.decode_tps_target:.0f} at "
+        f"{p.speed.target_context} tokens (bound {p.speed.tokens_per_s_empty:.0f}); {p.why}"
     )
 
 
@@ -675,8 +676,8 @@ def get_cmd(
         if not (json_ or quiet):
             output.note(
                 f"Plan: {p.model} {p.quant} (KV {p.config.cache_type_k}, {p.placement}) for "
-                f"-c {p.config.ctx_size}; decode upper bound {p.speed.tokens_per_s_target:.0f} "
-                f"tok/s at that context"
+                f"-c {p.config.ctx_size}; expected ~{p.speed.expected.decode_tps_target:.0f} tok/s "
+                f"decode at that context. Why: {p.why}"
             )
 
     progress, live = _progress(quiet or json_)
