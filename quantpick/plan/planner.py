@@ -532,7 +532,17 @@ def _plan_once(
             target,
             request.calibration,
         )
+        full_gpu_kv: str | None = None  # the first KV type that ran fully on the GPUs
         for kv in request.kv_types:
+            if full_gpu_kv is not None and request.prefer != "speed":
+                # The KV types are listed best first, and on CUDA a quantized cache is never
+                # faster at depth (plan/speed.py): once one runs fully on the GPUs, the others
+                # cannot win under balanced or quality (speed still weighs them).
+                candidates.append(
+                    Candidate(quant, ranks[quant], kv, "not searched", False, False,
+                              f"{full_gpu_kv} KV already runs fully on the GPUs", quality=q)
+                )  # fmt: skip
+                continue
             base = apply_rule(
                 RunConfig(
                     ctx_size=target,
@@ -575,6 +585,8 @@ def _plan_once(
                 quality=q,
             )  # fmt: skip
             candidates.append(cand)
+            if placement == "gpu" and full_gpu_kv is None:
+                full_gpu_kv = kv
             if ok:
                 feasible.append(cand)
                 best_tier = q.tier if best_tier is None else min(best_tier, q.tier)
