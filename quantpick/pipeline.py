@@ -117,6 +117,7 @@ def get(
         verified_hf_cache_files,
         verified_local_files,
     )
+    from quantpick.fetch.http import RetryPolicy
     from quantpick.fetch.stores import HashCache, hash_cache_path
     from quantpick.model.headers import LayoutSource
 
@@ -152,6 +153,8 @@ def get(
                 allow_unverified=req.allow_unverified,
                 dry_run=req.dry_run,
                 progress=progress,
+                # a dry run reads a listing and a checksums file: one attempt, like `download`
+                policy=RetryPolicy(attempts=1) if req.dry_run else None,
             )
         files = [] if req.dry_run else report_files(report)
     except DownloadError as exc:

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from quantpick.errors import DownloadError, QuantpickError, UsageError, VerificationError
 from quantpick.fetch.atomic import os_error, write_atomic
-from quantpick.fetch.http import BodyTooLarge, RetryPolicy
+from quantpick.fetch.http import BodyTooLarge, RetryPolicy, UnreachableError
 from quantpick.fetch.sources import RemoteFile, RepoSource, open_source
 from quantpick.fetch.transfer import (
     DEFAULT_LOCK_TIMEOUT,
@@ -476,6 +476,7 @@ def fetch_model(
     )
     cache = HashCache(hash_cache_path(settings.cache_dir))
     skipped: list[str] = []
+    unreachable: list[UnreachableError | None] = []
     candidates = candidate_sources(manifest, source)
     for index, src in enumerate(candidates):
         last = index == len(candidates) - 1
@@ -568,7 +569,16 @@ def fetch_model(
                 _record_checksums(dest, plan, results, lock_timeout=lock_timeout)
             return FetchReport(plan, tuple(results), tuple(skipped), reused, rejected)
         except DownloadError as exc:
+            unreachable.append(exc if isinstance(exc, UnreachableError) else None)
             if last:
+                hosts = [e.host for e in unreachable if e is not None]
+                if len(hosts) == len(unreachable) and len(hosts) > 1:
+                    # No network: one short line, not one paragraph per source.
+                    raise DownloadError(
+                        f"no source reachable ({', '.join(dict.fromkeys(hosts))}): the names do "
+                        "not resolve (no network?)",
+                        hint=exc.hint,
+                    ) from None
                 if skipped:
                     exc.message += f" (also failed: {'; '.join(skipped)})"
                 raise

@@ -92,6 +92,42 @@ def planning_policy() -> RetryPolicy:
 # HTTP primitives
 
 
+class UnreachableError(DownloadError):
+    """A host whose name does not resolve: no network (or no DNS) here. Not retried: offline
+    means offline, and it fails fast and short (exit 5)."""
+
+    def __init__(self, host: str) -> None:
+        super().__init__(
+            f"cannot reach {host}: its name does not resolve (no network?)",
+            hint="--offline plans from the manifest and uses the files already in place",
+        )
+        self.host = host
+
+
+_NAME_RESOLUTION = (
+    "Name or service not known",
+    "Temporary failure in name resolution",
+    "nodename nor servname",
+    "No address associated with hostname",
+    "getaddrinfo failed",
+)
+
+
+def name_unresolved(exc: BaseException) -> bool:
+    """Is `exc` (or what it wraps) a failed name lookup? socket.gaierror, or httpx's ConnectError
+    around one (huggingface_hub's client)."""
+    seen = 0
+    cur: BaseException | None = exc
+    while cur is not None and seen < 8:
+        if isinstance(cur, socket.gaierror):
+            return True
+        if any(text in str(cur) for text in _NAME_RESOLUTION):
+            return True
+        cur = cur.__cause__ or cur.__context__
+        seen += 1
+    return False
+
+
 class TransientError(Exception):
     """Worth retrying (connection error, stall, 5xx, 429, short body)."""
 
@@ -187,6 +223,8 @@ def open_url(
             conn.request(method, target, headers=headers)
             response = conn.getresponse()
         except (OSError, http.client.HTTPException) as exc:
+            if name_unresolved(exc):
+                raise UnreachableError(urlsplit(url).hostname or url_label(url)) from None
             raise TransientError(f"{type(exc).__name__}: {exc} ({url_label(url)})") from None
         location = response.getheader("Location")
         if response.status in _REDIRECTS and location:

@@ -177,7 +177,7 @@ class HFSource(RepoSource):
         from huggingface_hub.errors import HfHubHTTPError
         from huggingface_hub.utils import httpx as hx  # the HTTP library huggingface_hub uses
 
-        from quantpick.fetch.http import retry_after_seconds
+        from quantpick.fetch.http import UnreachableError, name_unresolved, retry_after_seconds
 
         read = _env_seconds("HF_HUB_DOWNLOAD_TIMEOUT") or policy.idle_timeout
         timeout = hx.Timeout(read, connect=policy.connect_timeout)
@@ -186,6 +186,8 @@ class HFSource(RepoSource):
         except hx.UnsupportedProtocol as exc:
             raise self._error(exc) from None
         except hx.TransportError as exc:  # timeouts, refused/reset connections, proxy errors
+            if name_unresolved(exc):
+                raise UnreachableError(urlsplit(self.endpoint).hostname or self.endpoint) from None
             raise TransientError(_short(exc) or type(exc).__name__) from None
         except HfHubHTTPError as exc:
             response = getattr(exc, "response", None)

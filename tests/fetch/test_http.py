@@ -144,3 +144,50 @@ def test_the_planning_policy_is_short_and_follows_the_default(
     monkeypatch.setattr(http, "DEFAULT_POLICY", FAST)
     # already shorter: unchanged, but for the short pause between the two attempts
     assert planning_policy() == replace(FAST, base_delay=0.2)
+
+
+def test_a_name_that_does_not_resolve_is_not_retried(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No network (no DNS): one line at once, not minutes of backoff."""
+    import socket
+
+    from quantpick.fetch.http import UnreachableError, fetch_small
+
+    def no_dns(*args: object, **kwargs: object) -> object:
+        raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+
+    monkeypatch.setattr(socket, "getaddrinfo", no_dns)
+    sleeps: list[float] = []
+    policy = RetryPolicy(attempts=6, sleep=sleeps.append)
+    with pytest.raises(UnreachableError) as info:
+        fetch_small("http://hub.example/org/repo/SHA256SUMS", lambda url: {}, max_bytes=1024,
+                    policy=policy)  # fmt: skip
+    assert sleeps == [] and info.value.exit_code == 5
+    assert info.value.message == "cannot reach hub.example: its name does not resolve (no network?)"
+
+
+def test_download_dry_run_without_network_is_fast_and_one_line(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`download --dry-run` with no network: every source fails its name lookup once; the error is
+    one short line naming the hosts (it took 19-29 s and 400 characters)."""
+    import socket
+    import time
+
+    def no_dns(*args: object, **kwargs: object) -> object:
+        raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+
+    monkeypatch.setattr(socket, "getaddrinfo", no_dns)
+    # (huggingface_hub reads HF_ENDPOINT once, at import: set it, do not only unset it)
+    monkeypatch.setenv("HF_ENDPOINT", "https://huggingface.co")
+    start = time.monotonic()
+    result = runner.invoke(
+        app, ["download", "qwen3.8-35b-a3b-distill", "--quant", "Q4_K_M", "--dry-run"]
+    )
+    assert time.monotonic() - start < 10
+    assert result.exit_code == 5
+    error = next(line for line in result.stderr.splitlines() if line.startswith("Error:"))
+    assert error == (
+        "Error: no source reachable (huggingface.co, gitcode.com): the names do not resolve "
+        "(no network?)"
+    )
+    assert "Hint: --offline" in result.stderr
