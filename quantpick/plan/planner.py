@@ -771,7 +771,8 @@ def choose(
         c = min(ties, key=lambda c: (_kld(c), -expected_tps(_s(c))))
         tail = "" if floor else " (nothing at or above the quality floor fits)"
         return c, _describe(c) + ": the fastest plan" + tail
-    return _choose_balanced(per_quant)
+    # balanced: one fixed key over every feasible plan (the KV preference is inside the key)
+    return _choose_balanced(feasible, kv_order)
 
 
 def _s(c: Candidate) -> SpeedEstimate:
@@ -792,7 +793,9 @@ def _describe(c: Candidate) -> str:
     )
 
 
-def balanced_key(c: Candidate) -> tuple[int, bool, bool, float]:
+def balanced_key(
+    c: Candidate, kv_order: tuple[str, ...] = DEFAULT_KV_TYPES
+) -> tuple[int, bool, bool, float]:
     """The balanced policy's order of plans (higher is better), a fixed key per plan, so that more
     memory can only raise the pick and a longer context only lower it:
 
@@ -800,16 +803,25 @@ def balanced_key(c: Candidate) -> tuple[int, bool, bool, float]:
     2. host RAM not tight;
     3. fully on the GPUs over experts in host RAM (RAM is used only when it buys a tier);
     4. utility: log expected decode speed, capped at COMFORTABLE_TPS, minus mean KLD weighed by
-       KLD_PER_SPEED_LOG (a 25% faster plan is worth the Q8_0 -> Q5_K_S gap, no more).
+       KLD_PER_SPEED_LOG (a 25% faster plan is worth the Q8_0 -> Q6_K gap, no more), minus
+       log(MEANINGFUL_SPEEDUP) for a KV type after the first allowed one (f16 by default: a
+       quantized cache must be meaningfully faster to be chosen). The KV preference is part of
+       the key, not a rule applied per quant first: such a rule made the order depend on which
+       other plans fit, and a longer context could then raise the pick.
     """
     assert c.quality is not None
     tps = max(expected_tps(_s(c)), 1e-3)
     utility = math.log(min(tps, COMFORTABLE_TPS)) - c.quality.mean_kld / KLD_PER_SPEED_LOG
+    if kv_order and c.cache_type != kv_order[0]:
+        utility -= math.log(MEANINGFUL_SPEEDUP)
     return (-c.quality.tier, not _tight(c), c.placement == "gpu", utility)
 
 
-def _choose_balanced(cands: list[Candidate]) -> tuple[Candidate, str]:
-    pick = max(cands, key=lambda c: (balanced_key(c), -_kld(c)))
+def _choose_balanced(cands: list[Candidate], kv_order: tuple[str, ...]) -> tuple[Candidate, str]:
+    def key(c: Candidate) -> tuple[int, bool, bool, float]:
+        return balanced_key(c, kv_order)
+
+    pick = max(cands, key=lambda c: (key(c), -_kld(c)))
     assert pick.quality is not None
     why = _describe(pick)
     better = [c for c in cands if _kld(c) < _kld(pick) and c.quant != pick.quant]
@@ -818,7 +830,7 @@ def _choose_balanced(cands: list[Candidate]) -> tuple[Candidate, str]:
         top = min(better, key=lambda c: (_kld(c), -expected_tps(_s(c))))
         assert top.quality is not None
         gap = top.quality.mean_kld
-        kt, kp = balanced_key(top), balanced_key(pick)
+        kt, kp = key(top), key(pick)
         if kt[1] != kp[1]:
             reason = f"{top.quant} would leave host RAM tight (under {TIGHT_FRACTION:.0%} free)"
         elif kt[2] != kp[2]:
@@ -838,7 +850,7 @@ def _choose_balanced(cands: list[Candidate]) -> tuple[Candidate, str]:
     if pick.placement == "expert-offload":
         gpu = [c for c in cands if c.placement == "gpu"]
         if gpu:
-            g = max(gpu, key=balanced_key)
+            g = max(gpu, key=key)
             assert g.quality is not None
             why += (
                 f"; experts in RAM buy a quality step over the best full-GPU plan, {g.quant} "
