@@ -147,6 +147,17 @@ def _overflow(est: Estimate) -> tuple[int, str | None]:
     return worst, where
 
 
+# The multi-GPU --n-cpu-moe search past the smallest N that fits: every N up to OFFLOAD_WALK
+# steps past it, then every OFFLOAD_STRIDE-th N while the host fits, then the N around the best
+# of those. The stride is this architecture's full-attention interval (one attention layer, and
+# its KV, in every 4), the step where a split's speed changes most. Why a search at all: on a
+# 15 GiB 2039 GB/s card beside a 22 GiB 192 GB/s one at -c 259072, more experts in RAM let the
+# attention layers leave the slow card, 1.5-1.85x the expected decode of the smallest N.
+# Measured against trying every N (python benchmarks/offload_search.py) in the note on #10.
+OFFLOAD_WALK = 4
+OFFLOAD_STRIDE = 4
+
+
 def _gpu_overflow(est: Estimate) -> int:
     return max((d.total_bytes - d.budget_bytes for d in est.gpus), default=0)
 
@@ -321,7 +332,14 @@ class _Search:
         if a_min <= a_max:
             # The balanced split first, so that it wins a tie (two equal devices, or two RPC
             # workers the speed model cannot tell apart) instead of leaving a device empty.
-            for a in dict.fromkeys(((a_min + a_max) // 2, a_min, a_max)):
+            # Speed is close to linear in the split between its ends, but for two steps: where
+            # the attention layers (KV depth) fall, and, with --n-cpu-moe N, a switch of GPU at
+            # a slot whose experts are in RAM costs no extra hop (GPU0 -> CPU -> GPU1), so the
+            # split at N-1 is tried too.
+            splits = [(a_min + a_max) // 2, a_min, a_max]
+            if config.n_cpu_moe and a_min <= config.n_cpu_moe - 1:
+                splits.append(min(a_max, config.n_cpu_moe - 1))
+            for a in dict.fromkeys(splits):
                 yield get(a)
         else:
             # nothing fits: report the split that balances the overflow best
@@ -359,9 +377,61 @@ class _Search:
                     break
                 last_least = candidate
                 lo = mid + 1
-        if found is not None:
-            return ("expert-offload", found, found)
-        return ("none", None, last_least)
+        if found is None:
+            return ("none", None, last_least)
+        if n_gpu == 2:
+            # three or more GPUs: each N is a full split enumeration (a 3060+T4+3060 pick took
+            # 2.2 -> 6.4 s with the search), so the smallest N is kept there
+            found = self._faster_offload(base, found, n_layer)
+        return ("expert-offload", found, found)
+
+    def _faster_offload(self, base: RunConfig, found: Estimate, n_layer: int) -> Estimate:
+        """With two GPUs the smallest --n-cpu-moe is not always the fastest: more expert
+        layers in RAM free room on the GPUs to move slots (and their KV) off a slow card or to
+        split where the switch costs no hop. One GPU gains nothing from it (every extra layer
+        only moves experts to the slower host), so only then is this search made. Host use
+        grows with N, so the search ends where the host no longer fits."""
+        start = found.config.n_cpu_moe or 0
+        tried: dict[int, float] = {start: expected_tps(self.speed(found))}
+        fits: dict[int, Estimate] = {start: found}
+        host_ok = start  # the largest N known to fit the host
+        host_full = n_layer + 1  # the smallest N known not to
+
+        def attempt(n: int) -> None:
+            nonlocal host_ok, host_full
+            if n in tried or n <= start or n > n_layer or n >= host_full:
+                return
+            fit, least = self.best_split(replace(base, n_cpu_moe=n))
+            if fit is None and not least.host.fits:
+                host_full = n
+                return
+            host_ok = max(host_ok, n)
+            tried[n] = -1.0 if fit is None else expected_tps(self.speed(fit))
+            if fit is not None:
+                fits[n] = fit
+
+        def best() -> int:
+            return max(tried, key=lambda n: (tried[n], -n))
+
+        for n in range(start + 1, start + OFFLOAD_WALK + 1):
+            attempt(n)
+        for n in range(start + OFFLOAD_WALK + OFFLOAD_STRIDE, n_layer + 1, OFFLOAD_STRIDE):
+            attempt(n)
+        # the top end (all the experts the host can take), found by bisection when the host
+        # is the limit: the fast card then holds the most slots, often the fastest plan
+        lo, hi = host_ok, min(host_full, n_layer + 1)
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            attempt(mid)
+            lo, hi = (mid, hi) if mid < host_full else (lo, mid)
+        attempt(lo)
+        # refine around the best so far: speed against N is a saw-tooth whose teeth are about
+        # a stride apart (where an attention layer changes card)
+        for centre in dict.fromkeys((best(), lo)):
+            for n in range(centre - OFFLOAD_STRIDE, centre + OFFLOAD_STRIDE + 1):
+                attempt(n)
+        n = best()
+        return fits[n] if tried[n] > tried[start] * (1 + 1e-9) else found
 
 
 def _quality_order(manifest: Manifest, quants: list[str]) -> list[str]:
@@ -755,20 +825,28 @@ def choose(
     feasible: list[Candidate], prefer: str, kv_order: tuple[str, ...]
 ) -> tuple[Candidate, str]:
     """The policy's pick among feasible candidates, and why, in one line."""
-    per_quant = _per_quant(feasible, kv_order)
     if prefer == "quality":
-        c = min(per_quant, key=lambda c: (_kld(c), -c.quality_rank))
+        c = min(_per_quant(feasible, kv_order), key=lambda c: (_kld(c), -c.quality_rank))
         return c, _describe(c) + ": the highest quality that fits and reaches --min-tps"
     if prefer == "speed":
+        # Every plan, every KV type: a q8_0 cache more than SPEED_TIE faster is what this policy
+        # is for (a per-quant KV rule here let a longer context raise the pick).
         floor = [
-            c for c in per_quant if c.quality is not None and c.quality.tier <= SPEED_FLOOR_TIER
+            c for c in feasible if c.quality is not None and c.quality.tier <= SPEED_FLOOR_TIER
         ]
-        pool = floor or per_quant
+        pool = floor or feasible
         gpu = [c for c in pool if c.placement == "gpu"]
         pool = gpu or pool
         fastest = max(expected_tps(_s(c)) for c in pool)
         ties = [c for c in pool if expected_tps(_s(c)) * SPEED_TIE >= fastest]
-        c = min(ties, key=lambda c: (_kld(c), -expected_tps(_s(c))))
+        c = min(
+            ties,
+            key=lambda c: (
+                _kld(c),
+                kv_order.index(c.cache_type) if c.cache_type in kv_order else len(kv_order),
+                -expected_tps(_s(c)),
+            ),
+        )
         tail = "" if floor else " (nothing at or above the quality floor fits)"
         return c, _describe(c) + ": the fastest plan" + tail
     # balanced: one fixed key over every feasible plan (the KV preference is inside the key)

@@ -15,6 +15,7 @@ from quantpick.machine.spec import Gpu, Host, Machine
 from quantpick.model.layout import ModelLayout, synthesize_layout
 from quantpick.model.manifest import Manifest
 from quantpick.model.registry import find_manifest
+from quantpick.plan import planner
 from quantpick.plan.build_class import CONSERVATIVE, compute_rule
 from quantpick.plan.memory import RunConfig, estimate
 from quantpick.plan.planner import (
@@ -193,6 +194,48 @@ def test_prefer_speed_is_the_fastest_above_the_floor() -> None:
     assert s.quant != "Q8_0"
 
 
+def _offload_speeds(m: Machine, ctx: int) -> dict[tuple[str, str], tuple[float, int]]:
+    p = plan(MANIFEST, m, layout_of, PlanRequest(ctx_size=ctx, prefer="speed"))
+    return {
+        (c.quant, c.cache_type): (expected_tps(c.speed), c.config.n_cpu_moe or 0)
+        for c in p.candidates
+        if c.speed is not None and c.placement == "expert-offload"
+    }
+
+
+def test_two_gpus_offload_more_experts_to_take_attention_off_a_slow_card(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # 9 GiB at 1008 GB/s beside 20 GiB at 192 GB/s, -c 231424: the KV read at depth on the slow
+    # card dominates; more experts in RAM let the fast card hold the attention layers.
+    m = machine(gpu(0, 9, 1008), gpu(1, 20, 192), ram_gib=64)
+    searched = _offload_speeds(m, 231424)
+    with monkeypatch.context() as mp:  # the smallest --n-cpu-moe that fits, as before the search
+        mp.setattr(planner._Search, "_faster_offload", lambda self, base, found, n_layer: found)
+        smallest = _offload_speeds(m, 231424)
+    with monkeypatch.context() as mp:  # every N tried
+        mp.setattr(planner, "OFFLOAD_WALK", 10_000)
+        every = _offload_speeds(m, 231424)
+    assert searched.keys() == smallest.keys() == every.keys() and searched
+    for key, (tps, n) in searched.items():
+        assert tps >= smallest[key][0] - 1e-9 and n >= smallest[key][1]
+        assert tps * 1.05 >= every[key][0], key
+    gains = [searched[k][0] / smallest[k][0] for k in searched]
+    assert max(gains) > 1.3
+
+
+def test_one_gpu_offload_keeps_the_smallest_n_cpu_moe() -> None:
+    # one card: every extra layer of experts in RAM only reads slower memory
+    m = machine(gpu(0, 12, 360), ram_gib=64)
+    p = plan(MANIFEST, m, layout_of, PlanRequest(ctx_size=32768))
+    assert p.placement == "expert-offload"
+    n = p.config.n_cpu_moe
+    assert n is not None and n > 0
+    assert estimate(layout_of(p.quant), m, p.config, projector_bytes=0).fits
+    fewer = replace(p.config, n_cpu_moe=n - 1)
+    assert not estimate(layout_of(p.quant), m, fewer, projector_bytes=0).fits
+
+
 def test_an_older_or_unknown_build_reserves_whole_ubatch_logits() -> None:
     """Before PR #23861 llama-server reserved 485 MiB of logits at -ub 512 (and the f32 FA mask);
     the unknown build gets the same conservative rule."""
@@ -209,7 +252,11 @@ def test_an_older_or_unknown_build_reserves_whole_ubatch_logits() -> None:
         )  # fmt: skip
         assert p.compute_rule == rule
         assert (p.config.logits_rows, p.config.fa_mask_f32) == ("batch", True)
-        assert p.estimate.gpus[-1].compute_bytes > current.estimate.gpus[-1].compute_bytes
+        # the card that holds the output layer (the last one used: with experts in RAM the old
+        # rule's plan may leave the T4 empty) reserves more
+        assert max(d.compute_bytes for d in p.estimate.gpus) > max(
+            d.compute_bytes for d in current.estimate.gpus
+        )
 
 
 def test_nothing_fits_exit_3_names_the_shortfall() -> None:
