@@ -162,6 +162,18 @@ def _gpu_overflow(est: Estimate) -> int:
     return max((d.total_bytes - d.budget_bytes for d in est.gpus), default=0)
 
 
+@dataclass(frozen=True)
+class _Bracket:
+    """Where the ends of the two-GPU fitting interval are known to lie: the largest a (slots on
+    GPU0) with GPU0 fitting in [a_max_lo, a_max_hi], the smallest with GPU1 fitting in
+    [a_min_lo, a_min_hi]."""
+
+    a_max_lo: int
+    a_max_hi: int
+    a_min_lo: int
+    a_min_hi: int
+
+
 @dataclass
 class _Search:
     layout: ModelLayout
@@ -172,6 +184,7 @@ class _Search:
     efficiency: float
     target_context: int
     calibration: Calibration | None = None
+    bounds: tuple[int, int] = (0, -1)  # (a_min, a_max) of the last two-GPU split search
 
     def run(self, config: RunConfig) -> Estimate:
         return estimate(
@@ -246,8 +259,12 @@ class _Search:
                             seen.add(key)
                             yield key
 
-    def best_split(self, config: RunConfig) -> tuple[Estimate | None, Estimate]:
-        """(the fastest fitting estimate or None, the least-overflowing estimate)."""
+    def best_split(
+        self, config: RunConfig, bracket: _Bracket | None = None
+    ) -> tuple[Estimate | None, Estimate]:
+        """(the fastest fitting estimate or None, the least-overflowing estimate). With two GPUs
+        the ends of the fitting interval found are left in `self.bounds`; `bracket` narrows
+        their bisection (from neighbouring --n-cpu-moe values)."""
         devices = llama_devices(self.machine, config)
         n_gpu = len(devices)
         n_slots = self.layout.n_slots
@@ -266,7 +283,7 @@ class _Search:
             if fixed > sum(d.budget_bytes for d in probe.gpus) or not probe.host.fits:
                 return None, probe
         if n_gpu == 2:
-            evaluated = self._two_gpu_candidates(config, n_slots)
+            evaluated = self._two_gpu_candidates(config, n_slots, bracket)
         else:
             evaluated = (
                 self.run(
@@ -287,7 +304,9 @@ class _Search:
         assert least is not None
         return best, least
 
-    def _two_gpu_candidates(self, config: RunConfig, n_slots: int) -> Iterable[Estimate]:
+    def _two_gpu_candidates(
+        self, config: RunConfig, n_slots: int, bracket: _Bracket | None = None
+    ) -> Iterable[Estimate]:
         """GPU0's load grows with its slot count a, GPU1's shrinks: the feasible a form an
         interval. Find its ends by bisection instead of trying all n_slots+1 splits."""
 
@@ -305,30 +324,41 @@ class _Search:
                 cache[a] = at(a)
             return cache[a]
 
+        def fits0(a: int) -> bool:
+            return gpu_over(get(a), 0) <= 0
+
+        def fits1(a: int) -> bool:
+            return gpu_over(get(a), 1) <= 0
+
+        # The bracket is only a hint: each end is checked before it narrows a bisection.
+        b = bracket or _Bracket(0, n_slots, 0, n_slots)
         # largest a with GPU0 fitting
-        lo, hi = 0, n_slots
-        if gpu_over(get(0), 0) > 0:
+        if not fits0(0):
             a_max = -1
         else:
+            lo = b.a_max_lo if 0 <= b.a_max_lo <= n_slots and fits0(b.a_max_lo) else 0
+            hi = b.a_max_hi if lo <= b.a_max_hi < n_slots and not fits0(b.a_max_hi + 1) else n_slots
             while lo < hi:
                 mid = (lo + hi + 1) // 2
-                if gpu_over(get(mid), 0) <= 0:
+                if fits0(mid):
                     lo = mid
                 else:
                     hi = mid - 1
             a_max = lo
         # smallest a with GPU1 fitting
-        lo, hi = 0, n_slots
-        if gpu_over(get(n_slots), 1) > 0:
+        if not fits1(n_slots):
             a_min = n_slots + 1
         else:
+            hi = b.a_min_hi if 0 <= b.a_min_hi <= n_slots and fits1(b.a_min_hi) else n_slots
+            lo = b.a_min_lo if 0 < b.a_min_lo <= hi and not fits1(b.a_min_lo - 1) else 0
             while lo < hi:
                 mid = (lo + hi) // 2
-                if gpu_over(get(mid), 1) <= 0:
+                if fits1(mid):
                     hi = mid
                 else:
                     lo = mid + 1
             a_min = lo
+        self.bounds = (a_min, a_max)
         if a_min <= a_max:
             # The balanced split first, so that it wins a tie (two equal devices, or two RPC
             # workers the speed model cannot tell apart) instead of leaving a device empty.
@@ -396,12 +426,23 @@ class _Search:
         fits: dict[int, Estimate] = {start: found}
         host_ok = start  # the largest N known to fit the host
         host_full = n_layer + 1  # the smallest N known not to
+        ends: dict[int, tuple[int, int]] = {}  # N -> (a_min, a_max) of its fitting interval
 
         def attempt(n: int) -> None:
             nonlocal host_ok, host_full
             if n in tried or n <= start or n > n_layer or n >= host_full:
                 return
-            fit, least = self.best_split(replace(base, n_cpu_moe=n))
+            # GPU load falls as N grows, so the interval's ends move outwards with N: those of
+            # the nearest N tried on either side bracket this N's (a pure speed-up: each end of
+            # the bracket is checked before it is used)
+            below = max((k for k in ends if k < n), default=None)
+            above = min((k for k in ends if k > n), default=None)
+            n_slots = self.layout.n_slots
+            lo_min, lo_max = ends[below] if below is not None else (n_slots, 0)
+            hi_min, hi_max = ends[above] if above is not None else (0, n_slots)
+            bracket = _Bracket(lo_max, hi_max, hi_min, lo_min)
+            fit, least = self.best_split(replace(base, n_cpu_moe=n), bracket)
+            ends[n] = self.bounds
             if fit is None and not least.host.fits:
                 host_full = n
                 return

@@ -17,7 +17,7 @@ from quantpick.model.manifest import Manifest
 from quantpick.model.registry import find_manifest
 from quantpick.plan import planner
 from quantpick.plan.build_class import CONSERVATIVE, compute_rule
-from quantpick.plan.memory import RunConfig, estimate
+from quantpick.plan.memory import Overheads, RunConfig, estimate
 from quantpick.plan.planner import (
     SPEED_FLOOR_TIER,
     SPEED_TIE,
@@ -435,6 +435,33 @@ def test_longer_context_never_makes_the_pick_better(
     short = pick_or_none(m, PlanRequest(ctx_size=ctx, prefer=prefer))
     long_ = pick_or_none(m, PlanRequest(ctx_size=longer_ctx, prefer=prefer))
     assert at_least_as_good(short, long_, prefer)
+
+
+@SETTINGS
+@given(
+    a=gib_sizes,
+    b=gib_sizes,
+    ctx=contexts,
+    n_cpu_moe=st.integers(1, 40),
+    quant=st.sampled_from(MANIFEST.quants),
+    bracket=st.tuples(*[st.integers(-2, 44)] * 4),
+)
+def test_a_bracket_only_speeds_up_the_two_gpu_split_search(
+    a: int, b: int, ctx: int, n_cpu_moe: int, quant: str, bracket: tuple[int, int, int, int]
+) -> None:
+    """The --n-cpu-moe search passes each N the interval ends of its neighbours; any bracket,
+    even a wrong one, must give the split search's own answer."""
+    m = machine(gpu(0, a, 936), gpu(1, b, 320))
+    search = planner._Search(
+        layout_of(quant), m, Overheads(), 0, planner.device_bandwidths(m), 1.0, ctx
+    )
+    config = RunConfig(ctx_size=ctx, n_cpu_moe=n_cpu_moe)
+    plain_fit, plain_least = search.best_split(config)
+    plain_bounds = search.bounds
+    fit, least = search.best_split(config, planner._Bracket(*bracket))
+    assert search.bounds == plain_bounds
+    assert (fit and fit.config) == (plain_fit and plain_fit.config)
+    assert least.config == plain_least.config
 
 
 @SETTINGS
