@@ -185,6 +185,7 @@ class _Search:
     target_context: int
     calibration: Calibration | None = None
     bounds: tuple[int, int] = (0, -1)  # (a_min, a_max) of the last two-GPU split search
+    _speeds: dict[int, tuple[Estimate, SpeedEstimate]] = field(default_factory=dict, repr=False)
 
     def run(self, config: RunConfig) -> Estimate:
         return estimate(
@@ -205,7 +206,16 @@ class _Search:
 
     def speed(self, est: Estimate) -> SpeedEstimate:
         """The bound, with the expected speed beside it (the one place the planner computes
-        speed; policies read `speed.expected.decode_tps_target`)."""
+        speed; policies read `speed.expected.decode_tps_target`). Remembered per estimate: the
+        split search weighs a plan, then the placement and offload searches read it again."""
+        seen = self._speeds.get(id(est))
+        if seen is not None and seen[0] is est:
+            return seen[1]
+        result = self._speed(est)
+        self._speeds[id(est)] = (est, result)  # the estimate is kept, so its id is not reused
+        return result
+
+    def _speed(self, est: Estimate) -> SpeedEstimate:
         bound = decode_speed(
             self.layout,
             est,
