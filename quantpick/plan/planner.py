@@ -430,11 +430,14 @@ class _Search:
         layers in RAM free room on the GPUs to move slots (and their KV) off a slow card or to
         split where the switch costs no hop. One GPU gains nothing from it (every extra layer
         only moves experts to the slower host), so only then is this search made. Host use
-        grows with N, so the search ends where the host no longer fits."""
+        grows with N (and does not depend on the split), so the search ends where the host no
+        longer fits, or where it would leave the host tight when the smallest N did not (the
+        balanced policy ranks a tight host below any speed)."""
         start = found.config.n_cpu_moe or 0
+        may_tighten = _host_tight(found)
         tried: dict[int, float] = {start: expected_tps(self.speed(found))}
         fits: dict[int, Estimate] = {start: found}
-        host_ok = start  # the largest N known to fit the host
+        host_ok = start  # the largest N known to fit the host (and not tighten it)
         host_full = n_layer + 1  # the smallest N known not to
         ends: dict[int, tuple[int, int]] = {}  # N -> (a_min, a_max) of its fitting interval
 
@@ -453,7 +456,9 @@ class _Search:
             bracket = _Bracket(lo_max, hi_max, hi_min, lo_min)
             fit, least = self.best_split(replace(base, n_cpu_moe=n), bracket)
             ends[n] = self.bounds
-            if fit is None and not least.host.fits:
+            if (fit is None and not least.host.fits) or (
+                not may_tighten and _host_tight(fit or least)
+            ):
                 host_full = n
                 return
             host_ok = max(host_ok, n)
@@ -841,7 +846,11 @@ def expected_tps(speed: SpeedEstimate) -> float:
 
 def _tight(c: Candidate) -> bool:
     assert c.estimate is not None
-    host = c.estimate.host
+    return _host_tight(c.estimate)
+
+
+def _host_tight(est: Estimate) -> bool:
+    host = est.host
     return host.headroom_bytes < TIGHT_FRACTION * max(host.budget_bytes, 1)
 
 

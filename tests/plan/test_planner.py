@@ -21,6 +21,7 @@ from quantpick.plan.memory import Overheads, RunConfig, estimate
 from quantpick.plan.planner import (
     SPEED_FLOOR_TIER,
     SPEED_TIE,
+    Candidate,
     Plan,
     PlanRequest,
     balanced_key,
@@ -222,6 +223,29 @@ def test_two_gpus_offload_more_experts_to_take_attention_off_a_slow_card(
         assert tps * 1.05 >= every[key][0], key
     gains = [searched[k][0] / smallest[k][0] for k in searched]
     assert max(gains) > 1.3
+
+
+def test_the_offload_search_never_leaves_the_host_tight_when_the_smallest_n_did_not(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # 11 GiB at 936 GB/s beside 23 GiB at 192 GB/s, 35 GiB of RAM: the fastest N would leave
+    # under 10% of the host free (Q6_K: N 5 -> 38), which the balanced policy ranks below speed
+    m = machine(gpu(0, 11, 936), gpu(1, 23, 192), ram_gib=35)
+    request = PlanRequest(ctx_size=225536, prefer="speed")
+
+    def offload(p: Plan) -> dict[tuple[str, str], Candidate]:
+        return {(c.quant, c.cache_type): c for c in p.candidates if c.placement == "expert-offload"}
+
+    searched = offload(plan(MANIFEST, m, layout_of, request))
+    with monkeypatch.context() as mp:
+        mp.setattr(planner._Search, "_faster_offload", lambda self, base, found, n_layer: found)
+        smallest = offload(plan(MANIFEST, m, layout_of, request))
+    assert searched.keys() == smallest.keys() and searched
+    for key, c in searched.items():
+        assert planner._tight(c) <= planner._tight(smallest[key]), key
+    assert any(
+        expected_tps(c.speed) > 1.2 * expected_tps(smallest[k].speed) for k, c in searched.items()
+    )
 
 
 def test_one_gpu_offload_keeps_the_smallest_n_cpu_moe() -> None:
