@@ -387,8 +387,12 @@ class _Search:
             mid = max(0, min(n_slots, (a_min + a_max) // 2))
             yield get(mid)
 
-    def place(self, base: RunConfig, allow_offload: bool) -> tuple[str, Estimate | None, Estimate]:
-        """(placement, the best fitting estimate or None, the least-overflowing estimate)."""
+    def place(
+        self, base: RunConfig, allow_offload: bool, *, search_offload: bool = True
+    ) -> tuple[str, Estimate | None, Estimate]:
+        """(placement, the best fitting estimate or None, the least-overflowing estimate).
+        search_offload=False: an expert-offload plan at the smallest --n-cpu-moe that fits, for
+        faster_offload to improve later only where that can change the pick."""
         n_gpu = len(llama_devices(self.machine, base))
         if n_gpu == 0:
             est = self.run(replace(base, n_gpu_layers=0, devices=(), rpc_servers=()))
@@ -419,11 +423,17 @@ class _Search:
                 lo = mid + 1
         if found is None:
             return ("none", None, last_least)
-        if n_gpu == 2:
-            # three or more GPUs: each N is a full split enumeration (a 3060+T4+3060 pick took
-            # 2.2 -> 6.4 s with the search), so the smallest N is kept there
-            found = self._faster_offload(base, found, n_layer)
+        if search_offload:
+            found = self.faster_offload(base, found)
         return ("expert-offload", found, found)
+
+    def faster_offload(self, base: RunConfig, found: Estimate) -> Estimate:
+        """The fastest --n-cpu-moe from the smallest that fits (`found`), on two GPUs; with
+        three or more each N is a full split enumeration (a 3060+T4+3060 pick took 2.2 -> 6.4 s
+        with the search), so the smallest N is kept there, as on one GPU."""
+        if len(llama_devices(self.machine, base)) != 2:
+            return found
+        return self._faster_offload(base, found, self.layout.architecture.n_layer)
 
     def _faster_offload(self, base: RunConfig, found: Estimate, n_layer: int) -> Estimate:
         """With two GPUs the smallest --n-cpu-moe is not always the fastest: more expert
@@ -631,6 +641,26 @@ def _plan_once(
     candidates: list[Candidate] = []
     feasible: list[Candidate] = []
     best_tier: int | None = None  # the tier of the best feasible plan found so far
+    # expert-offload candidates at their smallest --n-cpu-moe: (index, search, base config)
+    offloaded: list[tuple[int, _Search, RunConfig]] = []
+
+    def fitted(
+        quant: str, q: Quality, kv: str, placement: str, best: Estimate, search: _Search
+    ) -> Candidate:
+        speed = search.speed(best)
+        tps = expected_tps(speed)
+        ok = tps >= request.min_tps
+        reason = (
+            f"fits: {placement}, ~{tps:.0f} tok/s expected at {target} tokens"
+            if ok
+            else f"fits ({placement}) but ~{tps:.1f} tok/s expected at {target} tokens is "
+            f"below --min-tps {request.min_tps:g}"
+        )
+        return Candidate(
+            quant, ranks[quant], kv, placement, True, ok, reason, best.config, best, speed,
+            quality=q,
+        )  # fmt: skip
+
     for quant in order:
         q = qualities[quant]
         skip = None
@@ -685,7 +715,7 @@ def _plan_once(
                 ),
                 request.compute_rule,
             )
-            placement, best, least = search.place(base, request.allow_offload)
+            placement, best, least = search.place(base, request.allow_offload, search_offload=False)
             if best is None:
                 over, where = _overflow(least)
                 dev_name = next((d.name for d in least.devices if d.device == where), where)
@@ -697,25 +727,34 @@ def _plan_once(
                     )
                 )  # fmt: skip
                 continue
-            speed = search.speed(best)
-            tps = expected_tps(speed)
-            ok = tps >= request.min_tps
-            reason = (
-                f"fits: {placement}, ~{tps:.0f} tok/s expected at {target} tokens"
-                if ok
-                else f"fits ({placement}) but ~{tps:.1f} tok/s expected at {target} tokens is "
-                f"below --min-tps {request.min_tps:g}"
-            )
-            cand = Candidate(
-                quant, ranks[quant], kv, placement, True, ok, reason, best.config, best, speed,
-                quality=q,
-            )  # fmt: skip
+            cand = fitted(quant, q, kv, placement, best, search)
             candidates.append(cand)
+            if placement == "expert-offload":
+                offloaded.append((len(candidates) - 1, search, base))
             if placement == "gpu" and full_gpu_kv is None:
                 full_gpu_kv = kv
-            if ok:
+            if cand.feasible:
                 feasible.append(cand)
                 best_tier = q.tier if best_tier is None else min(best_tier, q.tier)
+
+    # The --n-cpu-moe search (two GPUs: more experts in RAM can be faster) only where its speed
+    # can change the pick: the policy's choice is the same as with every offload plan searched.
+    if offloaded:
+        tentative = choose(feasible, request.prefer, request.kv_types)[0] if feasible else None
+        for idx, search, base in offloaded:
+            c = candidates[idx]
+            if tentative is not None and not _speed_may_matter(
+                c, tentative, request.prefer, request.kv_types
+            ):
+                continue
+            assert c.estimate is not None
+            faster = search.faster_offload(base, c.estimate)
+            if faster is not c.estimate:
+                assert c.quality is not None
+                candidates[idx] = fitted(
+                    c.quant, c.quality, c.cache_type, c.placement, faster, search
+                )
+        feasible = [c for c in candidates if c.feasible]
 
     if not feasible:
         raise _no_fit(manifest, candidates, target, request)
@@ -879,6 +918,27 @@ def _per_quant(cands: list[Candidate], kv_order: tuple[str, ...]) -> list[Candid
         if faster or (first and not slower):
             best[c.quant] = c
     return list(best.values())
+
+
+def _speed_may_matter(
+    c: Candidate, chosen: Candidate, prefer: str, kv_order: tuple[str, ...]
+) -> bool:
+    """Could a faster plan for offload candidate `c` (more experts in RAM, same quant and KV,
+    a host no tighter) change the policy's choice, now `chosen`?
+    - speed: the fastest plan fully on the GPUs wins over any offload plan, so only when the
+      chosen plan is not fully on the GPUs, or when nothing at or above the quality floor is
+      feasible yet and `c` is (its speed may lift it over --min-tps);
+    - quality: only through --min-tps and the per-quant KV choice, so for quants at least as
+      good as the chosen one;
+    - balanced: speed is the key's last part; tier, host room and full-GPU come first and do
+      not improve with the search, so only when those tie with or beat the chosen plan's."""
+    if prefer == "speed":
+        floor_empty = chosen.quality is None or chosen.quality.tier > SPEED_FLOOR_TIER
+        above_floor = c.quality is not None and c.quality.tier <= SPEED_FLOOR_TIER
+        return chosen.placement != "gpu" or (floor_empty and above_floor)
+    if prefer == "quality":
+        return _kld(c) <= _kld(chosen)
+    return balanced_key(c, kv_order)[:3] >= balanced_key(chosen, kv_order)[:3]
 
 
 def choose(

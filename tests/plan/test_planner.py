@@ -210,6 +210,8 @@ def test_two_gpus_offload_more_experts_to_take_attention_off_a_slow_card(
     # 9 GiB at 1008 GB/s beside 20 GiB at 192 GB/s, -c 231424: the KV read at depth on the slow
     # card dominates; more experts in RAM let the fast card hold the attention layers.
     m = machine(gpu(0, 9, 1008), gpu(1, 20, 192), ram_gib=64)
+    # every offload candidate searched, not only those whose speed can change the pick
+    monkeypatch.setattr(planner, "_speed_may_matter", lambda *args: True)
     searched = _offload_speeds(m, 231424)
     with monkeypatch.context() as mp:  # the smallest --n-cpu-moe that fits, as before the search
         mp.setattr(planner._Search, "_faster_offload", lambda self, base, found, n_layer: found)
@@ -232,6 +234,8 @@ def test_the_offload_search_never_leaves_the_host_tight_when_the_smallest_n_did_
     # under 10% of the host free (Q6_K: N 5 -> 38), which the balanced policy ranks below speed
     m = machine(gpu(0, 11, 936), gpu(1, 23, 192), ram_gib=35)
     request = PlanRequest(ctx_size=225536, prefer="speed")
+    # every offload candidate searched, not only those whose speed can change the pick
+    monkeypatch.setattr(planner, "_speed_may_matter", lambda *args: True)
 
     def offload(p: Plan) -> dict[tuple[str, str], Candidate]:
         return {(c.quant, c.cache_type): c for c in p.candidates if c.placement == "expert-offload"}
@@ -459,6 +463,38 @@ def test_longer_context_never_makes_the_pick_better(
     short = pick_or_none(m, PlanRequest(ctx_size=ctx, prefer=prefer))
     long_ = pick_or_none(m, PlanRequest(ctx_size=longer_ctx, prefer=prefer))
     assert at_least_as_good(short, long_, prefer)
+
+
+@st.composite
+def two_gpu_machines(draw: st.DrawFn) -> Machine:
+    gpus = [gpu(i, draw(gib_sizes), draw(bandwidths)) for i in range(2)]
+    return machine(
+        *gpus,
+        ram_gib=draw(st.integers(min_value=8, max_value=160)),
+        ram_bw_gbs=draw(st.sampled_from([25, 50, 90])),
+    )
+
+
+@SETTINGS
+@given(m=two_gpu_machines(), ctx=contexts, prefer=policies)
+def test_the_offload_search_is_skipped_only_where_it_cannot_change_the_pick(
+    m: Machine, ctx: int, prefer: str
+) -> None:
+    request = PlanRequest(ctx_size=ctx, prefer=prefer)
+    lazy = pick_or_none(m, request)
+    original = planner._speed_may_matter
+    planner._speed_may_matter = lambda *args: True  # type: ignore[assignment]
+    try:
+        every = pick_or_none(m, request)
+    finally:
+        planner._speed_may_matter = original
+    assert (lazy is None) == (every is None)
+    if lazy is not None and every is not None:
+        assert (lazy.quant, lazy.config, lazy.placement) == (
+            every.quant,
+            every.config,
+            every.placement,
+        )
 
 
 @SETTINGS
