@@ -16,6 +16,7 @@ import typer
 
 from quantpick.cli.core import app
 from quantpick.cli.options import (
+    DEFAULT_MIN_TPS,
     AllowQ4Opt,
     CtxOpt,
     GgufOpt,
@@ -28,6 +29,7 @@ from quantpick.cli.options import (
     MarginOpt,
     MinTpsOpt,
     ModelArg,
+    ModelDirOpt,
     NoOffloadOpt,
     NpOpt,
     PreferOpt,
@@ -117,19 +119,12 @@ def bench_cmd(
     ctx_size: CtxOpt = 0,
     parallel: NpOpt = 1,
     kv_unified: KvuOpt = False,
-    prefer: PreferOpt = "quality",
-    min_tps: MinTpsOpt = 10.0,
+    prefer: PreferOpt = "balanced",
+    min_tps: MinTpsOpt = DEFAULT_MIN_TPS,
     allow_q4_kv: AllowQ4Opt = False,
     kv: KvOpt = None,
     no_offload: NoOffloadOpt = False,
-    dir_: Annotated[
-        Optional[Path],  # noqa: UP045
-        typer.Option(
-            "--dir",
-            help="Model directory (default: QUANTPICK_MODELS_DIR or the data dir).",
-            file_okay=False,
-        ),
-    ] = None,
+    dir_: ModelDirOpt = None,
     n_prompt: Annotated[int, typer.Option("--n-prompt", help="Prefill test size.")] = 512,
     n_gen: Annotated[int, typer.Option("--n-gen", help="Tokens generated per decode test.")] = 64,
     depth: Annotated[

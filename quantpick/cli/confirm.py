@@ -11,12 +11,11 @@ Usage:
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
-
-import typer
+from typing import TYPE_CHECKING, Any
 
 from quantpick.cli.core import app
 from quantpick.cli.options import (
+    DEFAULT_MIN_TPS,
     AllowQ4Opt,
     CtxOpt,
     GgufOpt,
@@ -28,7 +27,9 @@ from quantpick.cli.options import (
     LlamaServerOpt,
     MarginOpt,
     MinTpsOpt,
+    MmprojOpt,
     ModelArg,
+    ModelDirOpt,
     NoOffloadOpt,
     NpOpt,
     PreferOpt,
@@ -197,27 +198,17 @@ def confirm_cmd(
     model: ModelArg = None,
     quant: QuantOpt = None,
     gguf: GgufOpt = None,
-    mmproj: Annotated[
-        Path | None,
-        typer.Option("--mmproj", help="Projector file for --gguf with --vision.", dir_okay=False),
-    ] = None,  # noqa: UP045
+    mmproj: MmprojOpt = None,
     ctx_size: CtxOpt = 0,
     parallel: NpOpt = 1,
     kv_unified: KvuOpt = False,
-    prefer: PreferOpt = "quality",
+    prefer: PreferOpt = "balanced",
     vision: VisionOpt = False,
-    min_tps: MinTpsOpt = 10.0,
+    min_tps: MinTpsOpt = DEFAULT_MIN_TPS,
     allow_q4_kv: AllowQ4Opt = False,
     kv: KvOpt = None,
     no_offload: NoOffloadOpt = False,
-    dir_: Annotated[
-        Path | None,
-        typer.Option(
-            "--dir",
-            help="Model directory (default: QUANTPICK_MODELS_DIR or the data dir).",
-            file_okay=False,
-        ),
-    ] = None,  # noqa: UP045
+    dir_: ModelDirOpt = None,
     llama_server: LlamaServerOpt = None,
     llama_bin: LlamaBinOpt = None,
     gpu_overhead: GpuOverheadOpt = None,

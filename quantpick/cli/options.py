@@ -274,6 +274,19 @@ PreferOpt = Annotated[
         autocompletion=_choices(PREFER_CHOICES),
     ),
 ]
+# Where get puts models and command, confirm and bench look for them.
+ModelDirOpt = Annotated[
+    Optional[Path],  # noqa: UP045 - typer needs Optional on 3.10
+    typer.Option(
+        "--dir",
+        help="Model directory (default: QUANTPICK_MODELS_DIR or the data dir).",
+        file_okay=False,
+    ),
+]
+MmprojOpt = Annotated[
+    Optional[Path],  # noqa: UP045
+    typer.Option("--mmproj", help="Projector file for --gguf with --vision.", dir_okay=False),
+]
 # = quantpick.plan.planner.DEFAULT_MIN_TPS, kept here so the CLI does not import the planner to
 # show a default (tests/cli/test_cli_plan.py checks they agree).
 DEFAULT_MIN_TPS = 5.0

@@ -39,7 +39,9 @@ from quantpick.cli.options import (
     LlamaServerOpt,
     MarginOpt,
     MinTpsOpt,
+    MmprojOpt,
     ModelArg,
+    ModelDirOpt,
     NoConfirmOpt,
     NoNetworkOpt,
     NoOffloadOpt,
@@ -112,14 +114,6 @@ ApiKeyEnvOpt = Annotated[
         "--api-key-env",
         help="NAME of an environment variable holding the API key "
         "(the key itself is never written).",
-    ),
-]
-DirOpt = Annotated[
-    Optional[Path],  # noqa: UP045
-    typer.Option(
-        "--dir",
-        help="Model directory (default: QUANTPICK_MODELS_DIR or the data dir).",
-        file_okay=False,
     ),
 ]
 
@@ -322,10 +316,7 @@ def command_cmd(
             dir_okay=False,
         ),
     ] = None,
-    mmproj: Annotated[
-        Path | None,
-        typer.Option("--mmproj", help="Projector file for --gguf with --vision.", dir_okay=False),
-    ] = None,  # noqa: UP045
+    mmproj: MmprojOpt = None,
     ctx_size: CtxOpt = 0,
     parallel: NpOpt = 1,
     kv_unified: KvuOpt = False,
@@ -335,7 +326,7 @@ def command_cmd(
     allow_q4_kv: AllowQ4Opt = False,
     kv: KvOpt = None,
     no_offload: NoOffloadOpt = False,
-    dir_: DirOpt = None,
+    dir_: ModelDirOpt = None,
     hardware: HardwareOpt = None,
     gpu: GpuOpt = None,
     ram: RamOpt = None,
@@ -554,7 +545,7 @@ def get_cmd(
     allow_q4_kv: AllowQ4Opt = False,
     kv: KvOpt = None,
     no_offload: NoOffloadOpt = False,
-    dir_: DirOpt = None,
+    dir_: ModelDirOpt = None,
     source: Annotated[
         str,
         typer.Option(

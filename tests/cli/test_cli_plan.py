@@ -474,3 +474,24 @@ def test_command_model_source_hf_needs_no_file() -> None:
     assert result.exit_code == 0, result.output
     assert "-hf empero-ai/Qwen3.8-35B-A3B-Distill-GGUF:Q4_K_M --no-mmproj" in result.stdout
     assert " -m " not in result.stdout
+
+
+def test_the_cli_min_tps_default_is_the_planners() -> None:
+    # cli/options.py keeps its own copy so that the CLI need not import the planner at start-up
+    from quantpick.cli.options import DEFAULT_MIN_TPS as CLI_DEFAULT
+    from quantpick.plan.planner import DEFAULT_MIN_TPS, PlanRequest
+
+    assert CLI_DEFAULT == DEFAULT_MIN_TPS == PlanRequest(ctx_size=4096).min_tps
+
+
+def test_every_planning_command_plans_with_the_same_defaults() -> None:
+    """pick, get, command, confirm and bench plan the same file the same way unless told
+    otherwise (confirm and bench once defaulted to --prefer quality and --min-tps 10)."""
+    import typer.main
+
+    root = typer.main.get_command(app)
+    defaults = {}
+    for name in ("pick", "max-context", "get", "command", "confirm", "bench"):
+        params = {p.name: p.default for p in root.commands[name].params}  # type: ignore[attr-defined]
+        defaults[name] = (params["prefer"], params["min_tps"])
+    assert set(defaults.values()) == {("balanced", 5.0)}, defaults
