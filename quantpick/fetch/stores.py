@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from quantpick.fetch.verify import HASH_CHUNK
+from quantpick.fetch.verify import hash_file
 
 HF_LAYOUT = "hf-cache"  # models--org--repo/{blobs,snapshots,refs}
 FLAT = "flat"  # llama.cpp's own cache: files side by side
@@ -424,25 +424,12 @@ def sha256_of(
     on_bytes: Callable[[int], None] | None = None,
 ) -> tuple[str, bool]:
     """(sha256, from_cache): the cached value when the file is unchanged, else hashed now
-    (1 MiB reads, like quantpick.fetch.verify.hash_file, reporting progress) and recorded."""
+    (verify.hash_file, reporting progress) and recorded."""
     cached = cache.lookup(path)
     if cached is not None:
         return cached, True
-    import hashlib
-
-    st = os.stat(path)
-    digest = hashlib.sha256()
-    buffer = bytearray(HASH_CHUNK)
-    view = memoryview(buffer)
-    with open(path, "rb", buffering=0) as handle:
-        while True:
-            n = handle.readinto(buffer)
-            if not n:
-                break
-            digest.update(view[:n])
-            if on_bytes is not None:
-                on_bytes(n)
-    value = digest.hexdigest()
+    st = os.stat(path)  # before reading: a change while hashing leaves a stale key, not a bad one
+    value = hash_file(path, on_bytes=on_bytes)
     cache.record(path, value, st)
     return value, False
 

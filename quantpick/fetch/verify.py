@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -118,8 +118,13 @@ def format_sha256sums(entries: Mapping[str, str]) -> str:
     return "".join(f"{digest}  {name}\n" for name, digest in sorted(entries.items()))
 
 
-def hash_file(path: Path | str, *, chunk_size: int = HASH_CHUNK) -> str:
-    """sha256 hex of a file, read with a reused buffer."""
+def hash_file(
+    path: Path | str,
+    *,
+    chunk_size: int = HASH_CHUNK,
+    on_bytes: Callable[[int], None] | None = None,
+) -> str:
+    """sha256 hex of a file, read with a reused buffer; `on_bytes(n)` after each read (progress)."""
     import hashlib  # here, not at import: manifest loading uses this module for name checks
 
     digest = hashlib.sha256()
@@ -131,6 +136,8 @@ def hash_file(path: Path | str, *, chunk_size: int = HASH_CHUNK) -> str:
             if not n:
                 break
             digest.update(view[:n])
+            if on_bytes is not None:
+                on_bytes(n)
     return digest.hexdigest()
 
 
