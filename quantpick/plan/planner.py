@@ -636,7 +636,7 @@ def _plan_once(
     order = _quality_order(manifest, quants)
     # The 16-bit weights are the reference, "not for daily use" (the model card): only when asked.
     reference_ok = request.prefer == "quality" or request.quant is not None
-    layouts: dict[str, ModelLayout] = {}
+    searches: dict[str, _Search] = {}  # per searched quant: its layout, estimates and speeds
 
     candidates: list[Candidate] = []
     feasible: list[Candidate] = []
@@ -677,9 +677,8 @@ def _plan_once(
                               quality=q)
                 )  # fmt: skip
             continue
-        layout = layouts[quant] = layout_of(quant)
-        search = _Search(
-            layout,
+        search = searches[quant] = _Search(
+            layout_of(quant),
             machine,
             overheads,
             projector_bytes,
@@ -768,20 +767,16 @@ def _plan_once(
         final.append(c)
     assert chosen.config is not None and chosen.estimate is not None and chosen.speed is not None
     assert chosen.quality is not None
-    chosen_layout = layouts[chosen.quant]
+    chosen_search = searches[chosen.quant]
+    chosen_layout = chosen_search.layout
     notes = []
     config, est, speed = chosen.config, chosen.estimate, chosen.speed
     idle = _idle_workers(est)
     if idle:
         # llama-server connects to (and holds) every --rpc worker, even one holding nothing.
         config = _without_workers(machine, config, est, idle)
-        est = estimate(
-            chosen_layout, machine, config, overheads=overheads, projector_bytes=projector_bytes
-        )
-        speed = _Search(
-            chosen_layout, machine, overheads, projector_bytes, bandwidths, request.efficiency,
-            target, request.calibration,
-        ).speed(est)  # fmt: skip
+        est = chosen_search.run(config)
+        speed = chosen_search.speed(est)
         final = [
             replace(c, config=config, estimate=est, speed=speed)
             if c.reason.startswith("chosen")
