@@ -38,6 +38,16 @@ def layout_of(quant: str) -> ModelLayout:
     )
 
 
+def two_gpus(sizes_gib: tuple[int, int], bandwidths_gbs: tuple[int, int], ram_gib: int) -> Machine:
+    gpus = tuple(
+        Gpu(index=i, name=f"GPU{i}", total_bytes=g * GiB, free_bytes=g * GiB,
+            bandwidth_bytes_per_s=bw * GB)
+        for i, (g, bw) in enumerate(zip(sizes_gib, bandwidths_gbs, strict=True))
+    )  # fmt: skip
+    host = Host(ram_gib * GiB, ram_gib * GiB, 8, ram_bandwidth_bytes_per_s=50 * GB)
+    return Machine(gpus=gpus, host=host, described=True, source="benchmark")
+
+
 def random_machine(rng: random.Random) -> Machine:
     gpus = []
     for i in range(2):
@@ -142,6 +152,19 @@ def main() -> None:
     planner.OFFLOAD_WALK = shipped
     planner._Search._faster_offload = _search  # type: ignore[method-assign]
     planner._speed_may_matter = _may_matter  # type: ignore[assignment]
+    # The README's example: a 15 GiB A100-class card beside a 22 GiB 192 GB/s one, 96 GiB RAM.
+    example = two_gpus((15, 22), (2039, 192), 96)
+    planner._speed_may_matter = _every  # type: ignore[assignment]
+    got, _ = offload_speeds(example, 259072, shipped)
+    smallest, _ = offload_speeds(example, 259072, None)
+    planner.OFFLOAD_WALK = shipped
+    planner._Search._faster_offload = _search  # type: ignore[method-assign]
+    planner._speed_may_matter = _may_matter  # type: ignore[assignment]
+    gains = [got[k] / smallest[k] for k in got if k in smallest]
+    print(
+        "README example (15 GiB 2039 GB/s + 22 GiB 192 GB/s, -c 259072): the search's plans are "
+        f"{min(gains):.2f}-{max(gains):.2f}x the decode of the smallest N ({len(gains)} plans)"
+    )
     print(f"{args.n} two-GPU machines (seed {args.seed}), {n_cand} expert-offload candidates")
     print(
         f"  slower than trying every N: {len(missed)}"
