@@ -20,7 +20,7 @@ from quantpick.errors import UsageError, VerificationError
 from quantpick.fetch import stores
 from quantpick.fetch.download import fetch_model
 from quantpick.fetch.http import RetryPolicy
-from quantpick.fetch.transfer import part_paths
+from quantpick.fetch.transfer import NullProgress, part_paths
 from quantpick.model.manifest import Source
 
 SIZE = 2 * 1024 * 1024 + 77
@@ -120,25 +120,13 @@ def fetch(dest: Path | None, **kw: Any) -> Any:
     return fetch_model(manifest(), "Q4_K_M", settings=settings, dest_dir=dest, policy=FAST, **kw)
 
 
-class Recorder:
+class Recorder(NullProgress):
     def __init__(self) -> None:
         self.messages: list[str] = []
         self.hashed: list[tuple[str, int]] = []
 
     def message(self, text: str) -> None:
         self.messages.append(text)
-
-    def total_started(self, n_files: int, total_bytes: int) -> None:
-        pass
-
-    def file_started(self, name: str, total: int | None, done: int) -> None:
-        pass
-
-    def advance(self, name: str, n_bytes: int) -> None:
-        pass
-
-    def file_finished(self, name: str, result: Any) -> None:
-        pass
 
     def hash_started(self, label: str, total: int) -> None:
         self.hashed.append((label, 0))
