@@ -495,3 +495,22 @@ def test_every_planning_command_plans_with_the_same_defaults() -> None:
         params = {p.name: p.default for p in root.commands[name].params}  # type: ignore[attr-defined]
         defaults[name] = (params["prefer"], params["min_tps"])
     assert set(defaults.values()) == {("balanced", 5.0)}, defaults
+
+
+def test_gpu_reserve_is_taken_from_the_first_described_gpu_only() -> None:
+    args = ["estimate", "qwen3.8-35b-a3b-distill", "--quant", "Q4_K_M", "-c", "4096",
+            "--gpu", "3090", "--gpu", "t4", "--ram", "64G", "--offline"]  # fmt: skip
+
+    def budgets(extra: list[str]) -> dict[str, int]:
+        return {d["device"]: d["budget_bytes"] for d in run_json([*args, *extra])["devices"]}
+
+    default, none, two = (
+        budgets([]),
+        budgets(["--gpu-reserve", "0"]),
+        budgets(["--gpu-reserve", "2G"]),
+    )
+    MiB = 1024**2
+    assert none["CUDA0"] - default["CUDA0"] == 512 * MiB  # the documented default
+    assert none["CUDA0"] - two["CUDA0"] == 2048 * MiB
+    assert none["CUDA1"] == default["CUDA1"] == two["CUDA1"]
+    assert none["CPU"] == default["CPU"] == two["CPU"]

@@ -115,6 +115,21 @@ def test_bench_calibrates_the_next_estimate(llamacpp_bin: Path, tiny: Path) -> N
     )
 
 
+def test_bench_compare_prints_the_prediction_beside_the_measurement(
+    llamacpp_bin: Path, tiny: Path
+) -> None:
+    args = ["bench", "--gguf", str(tiny), "-c", "2048", "--n-prompt", "32", "--n-gen", "8",
+            "--depth", "0", "--reps", "1", "--no-save", *tools(llamacpp_bin)]  # fmt: skip
+    plain = runner.invoke(app, args, env={"COLUMNS": "200"})
+    compared = runner.invoke(app, [*args, "--compare"], env={"COLUMNS": "200"})
+    assert plain.exit_code == 0 and compared.exit_code == 0, compared.stderr
+    for out in (plain.stdout, compared.stdout):
+        assert "decode, empty context" in out and "Calibration saved" not in out
+    assert "measured / predicted" not in plain.stdout and "Predicted:" not in plain.stdout
+    assert "measured / predicted" in compared.stdout
+    assert "Predicted: " in compared.stdout and "(uncalibrated)" in compared.stdout
+
+
 def test_bench_through_llama_server(llamacpp_bin: Path, tiny: Path) -> None:
     doc = invoke_json(
         ["bench", "--gguf", str(tiny), "-c", "2048", "--n-prompt", "64", "--n-gen", "8",
