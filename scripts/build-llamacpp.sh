@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Builds the four llama.cpp tools quantpick's real-tool tests use (llama-server, llama-fit-params,
-# llama-bench, ggml-rpc-server) from the pinned tree in scripts/llamacpp.pin, CPU + RPC, into a
+# Builds the llama.cpp tools quantpick's real-tool tests use (llama-server, llama-fit-params,
+# llama-bench, ggml-rpc-server, and test-llama-archs, which writes a tiny model of every
+# architecture the loader supports) from the pinned tree in scripts/llamacpp.pin, CPU + RPC, into a
 # cache outside the clone. Prints the directory holding the binaries as the last line of stdout.
 #
 #   scripts/build-llamacpp.sh            # build, or reuse the cached build (seconds)
@@ -18,7 +19,7 @@ here="$(cd "$(dirname "$0")" && pwd)"
 # shellcheck source=llamacpp.pin
 . "$here/llamacpp.pin"
 
-tools=(llama-server llama-fit-params llama-bench ggml-rpc-server)
+tools=(llama-server llama-fit-params llama-bench ggml-rpc-server test-llama-archs)
 cache_root="${QUANTPICK_LLAMACPP_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/quantpick/llama.cpp}"
 jobs="${LLAMACPP_JOBS:-$(nproc 2>/dev/null || echo 2)}"
 
@@ -44,7 +45,7 @@ cmake_flags=(
     -DGGML_CUDA=OFF
     -DLLAMA_OPENSSL=OFF               # no HTTPS client needed: tests never reach a hub
     -DLLAMA_USE_PREBUILT_UI=OFF       # the prebuilt web UI is a network download at configure time
-    -DLLAMA_BUILD_TESTS=OFF
+    -DLLAMA_BUILD_TESTS=ON            # for test-llama-archs only (the one test target built)
     -DLLAMA_BUILD_EXAMPLES=OFF
 )
 if [ "$arch" = x86_64 ]; then
