@@ -38,6 +38,9 @@ def layout_of(quant: str) -> ModelLayout:
     )
 
 
+LAYOUTS = {q: layout_of(q) for q in MANIFEST.quants}
+
+
 def two_gpus(sizes_gib: tuple[int, int], bandwidths_gbs: tuple[int, int], ram_gib: int) -> Machine:
     gpus = tuple(
         Gpu(index=i, name=f"GPU{i}", total_bytes=g * GiB, free_bytes=g * GiB,
@@ -78,7 +81,7 @@ def offload_speeds(
     )
     t = time.perf_counter()
     try:
-        p = planner.plan(MANIFEST, m, layout_of, planner.PlanRequest(ctx_size=ctx, prefer="speed"))
+        p = planner.plan(MANIFEST, m, LAYOUTS, planner.PlanRequest(ctx_size=ctx, prefer="speed"))
     except NoFitError:
         return {}, time.perf_counter() - t
     dt = time.perf_counter() - t
@@ -104,7 +107,7 @@ def shipped_pick_seconds(m: Machine, ctx: int, prefer: str) -> float:
     planner._speed_may_matter = _may_matter  # type: ignore[assignment]
     t = time.perf_counter()
     try:
-        planner.plan(MANIFEST, m, layout_of, planner.PlanRequest(ctx_size=ctx, prefer=prefer))
+        planner.plan(MANIFEST, m, LAYOUTS, planner.PlanRequest(ctx_size=ctx, prefer=prefer))
     except NoFitError:
         pass
     dt = time.perf_counter() - t

@@ -60,11 +60,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_DATA = ROOT / "benchmarks" / "data" / "speed-measurements.json"
 
+from quantpick.arch.registry import architecture  # noqa: E402
 from quantpick.machine.catalog import find_gpu  # noqa: E402
 from quantpick.machine.describe import describe_gpu  # noqa: E402
 from quantpick.machine.spec import Host, Machine  # noqa: E402
 from quantpick.model.layout import ModelLayout, synthesize_layout  # noqa: E402
-from quantpick.model.manifest import Architecture, Manifest  # noqa: E402
+from quantpick.model.manifest import Manifest  # noqa: E402
 from quantpick.model.registry import bundled_manifest_dir, load_manifest_file  # noqa: E402
 from quantpick.plan.memory import RunConfig, estimate  # noqa: E402
 from quantpick.plan.planner import device_bandwidths  # noqa: E402
@@ -85,8 +86,7 @@ DEFAULT_CORES = 8
 DEFAULT_RAM_BYTES = 128 * GiB  # host fit does not change speed; a row's stated RAM is used
 # Qwen3-30B-A3B config.json (also Qwen3-Coder-30B-A3B): qwen3moe, built with the qwen35moe
 # layout code as all-attention blocks without a shared expert.
-QWEN3MOE = Architecture(
-    name="qwen35moe", block_count=48, nextn_predict_layers=0, context_length=262144,
+QWEN3MOE = architecture("qwen35moe", block_count=48, nextn_predict_layers=0, context_length=262144,
     embedding_length=2048, head_count=32, head_count_kv=4, key_length=128, value_length=128,
     expert_count=128, expert_used_count=8, expert_feed_forward_length=768,
     expert_shared_feed_forward_length=0, ssm_conv_kernel=4, ssm_state_size=128,

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from quantpick.plan.calibration import Calibration, SpeedFactors
     from quantpick.plan.confirm import Confirmation
     from quantpick.plan.memory import Overheads
-    from quantpick.plan.planner import Plan, PlanRequest
+    from quantpick.plan.planner import ContextLimit, Plan, PlanRequest
     from quantpick.serve.bench import BenchMeasurement, BenchSettings
 
 
@@ -34,14 +34,27 @@ def plan_exact(
     request: PlanRequest,
     overheads: Overheads,
 ) -> Plan:
-    """Plan, then redo it on the chosen quant's exact header (at most three rounds)."""
+    """Plan on the layouts at hand (cache or synthesized), then redo it on the chosen quant's
+    exact header (read from the hub when it can be; at most three rounds). The planner itself
+    never reaches for a header: it is handed the layouts."""
+    from quantpick.errors import NoFitError
     from quantpick.plan.planner import plan
 
-    p = plan(manifest, machine, layouts, request, overheads=overheads)
+    wanted = None if request.quant is None else tuple(
+        q for q in manifest.quants if q.upper() == request.quant.upper()
+    )
+    resolved = layouts.layouts(wanted or None)
+    if not resolved and layouts.problems:
+        raise NoFitError(
+            f"nothing of {manifest.id} can be planned: {layouts.problems[-1]}",
+            hint="allow network access once (headers are then cached)",
+        )
+    p = plan(manifest, machine, resolved, request, overheads=overheads)
     for _ in range(3):
         if not layouts.upgrade(p.quant):
             break
-        p = plan(manifest, machine, layouts, request, overheads=overheads)
+        resolved[p.quant] = layouts(p.quant)
+        p = plan(manifest, machine, resolved, request, overheads=overheads)
     return p
 
 
@@ -59,8 +72,103 @@ def plan_on_local_file(
 
     layout = local_layout(model_path, quant)
     return plan(
-        manifest, machine, lambda _q: layout, replace(request, quant=quant), overheads=overheads
+        manifest, machine, {quant: layout}, replace(request, quant=quant), overheads=overheads
     )
+
+
+# ----------------------------------------------------------------------------------------------
+# The plan recipe: every command that plans goes through plan_for.
+
+
+@dataclass(frozen=True)
+class PlanInputs:
+    """What one plan needs, gathered once by the CLI. `plan_for` applies the installed build's
+    compute rule and this machine's calibration, then plans on the best layouts it can have."""
+
+    manifest: Manifest
+    machine: Machine
+    request: PlanRequest
+    overheads: Overheads
+    llama_server: Path | None = None  # --llama-server: the build whose compute rule applies
+    gpu_overhead_given: bool = False  # --gpu-overhead: it wins over a measured driver overhead
+    exact: bool = False  # --exact: every candidate on its exact header
+    network: bool = True  # False: --offline / --no-network
+    local: ModelLayout | None = None  # a file on disk: plan its quant on its own header
+
+
+@dataclass(frozen=True)
+class PlanResult:
+    plan: Plan
+    inputs: PlanInputs  # with the tuned request and overheads the plan was made with
+    tuning: Tuning
+    header_problems: tuple[str, ...] = ()
+
+    @property
+    def notes(self) -> tuple[str, ...]:
+        """What the CLI says on stderr: the tuning applied (or why not), a missing header."""
+        out = list(self.tuning.notes)
+        if self.header_problems:
+            out.append(
+                "exact GGUF header unavailable, planned from the manifest: "
+                + self.header_problems[-1]
+            )
+        return tuple(out)
+
+
+def tuned(inputs: PlanInputs, *, settings: Settings | None = None) -> tuple[PlanInputs, Tuning]:
+    """`inputs` with the build's compute rule and this machine's calibration applied."""
+    tuning = local_tuning(inputs.machine, inputs.llama_server, settings=settings)
+    request, overheads = tune(inputs.request, inputs.overheads, tuning)
+    if inputs.gpu_overhead_given:
+        overheads = replace(
+            overheads, gpu_context_by_device=inputs.overheads.gpu_context_by_device
+        )
+    return replace(inputs, request=request, overheads=overheads), tuning
+
+
+def plan_for(inputs: PlanInputs, *, settings: Settings | None = None) -> PlanResult:
+    """The plan for `inputs`: tuned, then on the file's own header (`local`) or on the exact
+    header of the chosen quant when it can be had."""
+    from quantpick.model.headers import LayoutSource
+    from quantpick.plan.planner import plan
+
+    inputs, tuning = tuned(inputs, settings=settings)
+    if inputs.local is not None:
+        quant = inputs.request.quant or inputs.local.quant or inputs.manifest.quants[0]
+        request = replace(inputs.request, quant=quant)
+        p = plan(
+            inputs.manifest, inputs.machine, {quant: inputs.local}, request,
+            overheads=inputs.overheads,
+        )  # fmt: skip
+        return PlanResult(p, replace(inputs, request=request), tuning)
+    layouts = LayoutSource(
+        inputs.manifest, exact=inputs.exact, network=inputs.network, settings=settings
+    )
+    p = plan_exact(inputs.manifest, inputs.machine, layouts, inputs.request, inputs.overheads)
+    return PlanResult(p, inputs, tuning, tuple(layouts.problems))
+
+
+@dataclass(frozen=True)
+class LimitsResult:
+    limits: list[ContextLimit]
+    tuning: Tuning
+    header_problems: tuple[str, ...] = ()
+
+
+def max_context_for(inputs: PlanInputs, *, settings: Settings | None = None) -> LimitsResult:
+    """The largest context per quant, through the same recipe as plan_for."""
+    from quantpick.model.headers import LayoutSource
+    from quantpick.plan.planner import max_context
+
+    inputs, tuning = tuned(inputs, settings=settings)
+    source = LayoutSource(
+        inputs.manifest, exact=inputs.exact, network=inputs.network, settings=settings
+    )
+    limits = max_context(
+        inputs.manifest, inputs.machine, source.layouts(), inputs.request,
+        overheads=inputs.overheads,
+    )  # fmt: skip
+    return LimitsResult(limits, tuning, tuple(source.problems))
 
 
 @dataclass(frozen=True)
@@ -78,6 +186,8 @@ class GetRequest:
     allow_unverified: bool = False
     dry_run: bool = False
     confirm: ConfirmOptions | None = None  # None: --no-confirm
+    llama_server: Path | None = None  # the build whose compute rule and calibration apply
+    gpu_overhead_given: bool = False  # --gpu-overhead wins over a measured driver overhead
 
 
 @dataclass(frozen=True)
@@ -93,6 +203,7 @@ class GetResult:
     header_problems: tuple[str, ...] = ()
     warnings: tuple[str, ...] = field(default_factory=tuple)
     confirmation: ConfirmReport | None = None  # llama.cpp's check of `plan` (None: not run)
+    tuning: Tuning | None = None  # the compute rule and calibration the plan was made with
 
 
 def get(
@@ -119,12 +230,20 @@ def get(
     )
     from quantpick.fetch.http import RetryPolicy
     from quantpick.fetch.stores import HashCache, hash_cache_path
-    from quantpick.model.headers import LayoutSource
 
     manifest = req.manifest
     vision = req.plan_request.vision
-    layouts = LayoutSource(manifest, exact=req.exact, network=req.network, settings=settings)
-    first = plan_exact(manifest, req.machine, layouts, req.plan_request, req.overheads)
+    planned = plan_for(
+        PlanInputs(
+            manifest, req.machine, req.plan_request, req.overheads,
+            llama_server=req.llama_server, gpu_overhead_given=req.gpu_overhead_given,
+            exact=req.exact, network=req.network,
+        ),
+        settings=settings,
+    )  # fmt: skip
+    first = planned.plan
+    # what the file's own plan and the confirm rounds use: the tuned request and overheads
+    req = replace(req, plan_request=planned.inputs.request, overheads=planned.inputs.overheads)
     if on_plan is not None:
         on_plan(first)
     warnings: list[str] = []
@@ -137,8 +256,10 @@ def get(
         warnings.append(f"offline: no hub contacted; the dry run shows the plan for {dest}")
         model_path = dest / manifest.quant_files(first.quant)[0].name
         mmproj = dest / manifest.projector.name if vision and manifest.projector else None
-        return GetResult(first, first, None, None, model_path, mmproj,
-                         tuple(layouts.problems), tuple(warnings))  # fmt: skip
+        return GetResult(
+            first, first, None, None, model_path, mmproj, planned.header_problems,
+            tuple(warnings), tuning=planned.tuning,
+        )  # fmt: skip
     try:
         if offline and not req.dry_run:
             raise DownloadError("offline (--offline or QUANTPICK_OFFLINE): no hub contacted")
@@ -205,9 +326,10 @@ def get(
         files=files,
         model_path=model_path,
         mmproj_path=mmproj_path,
-        header_problems=tuple(layouts.problems),
+        header_problems=planned.header_problems,
         warnings=tuple(warnings),
         confirmation=confirmation,
+        tuning=planned.tuning,
     )
 
 
@@ -495,20 +617,19 @@ def replan_for_file(
 
     fixed = replace(request, quant=quant)
 
-    def layout_of(_q: str) -> ModelLayout:
-        return layout
+    layouts = {quant: layout}
 
     def run(overheads: Overheads) -> Plan:
         try:
-            return plan(manifest, machine, layout_of, fixed, overheads=overheads)
+            return plan(manifest, machine, layouts, fixed, overheads=overheads)
         except NoFitError:
-            limits = max_context(manifest, machine, layout_of, fixed, overheads=overheads)
+            limits = max_context(manifest, machine, layouts, fixed, overheads=overheads)
             ctx = max((lim.max_context for lim in limits), default=0)
             target = request.ctx_size or manifest.architecture.context_length
             if ctx <= 0 or ctx >= target:
                 raise
             return plan(
-                manifest, machine, layout_of, replace(fixed, ctx_size=ctx), overheads=overheads
+                manifest, machine, layouts, replace(fixed, ctx_size=ctx), overheads=overheads
             )
 
     return run

@@ -751,10 +751,10 @@ def make_manifest(
     manifest_sha: dict[str, str | None] | None = None,
 ) -> Any:
     """A Manifest for `files` (each *.gguf is a model file of `quant`, "mmproj*" the projector)."""
-    from quantpick.model.manifest import Architecture, Manifest, ModelFile
+    from quantpick.arch.registry import architecture
+    from quantpick.model.manifest import Manifest, ModelFile
 
-    arch = Architecture(
-        name="qwen35moe",
+    arch = architecture("qwen35moe",
         block_count=4,
         nextn_predict_layers=0,
         context_length=4096,

@@ -137,9 +137,10 @@ def test_only_the_cli_imports_the_cli_and_the_pipeline() -> None:
 
 
 def core_modules() -> list[str]:
-    return sorted(m for m in all_modules() if m.startswith("quantpick.plan.")) + sorted(
-        PURE_MODULES
-    )
+    """The pure core: plan/, arch/ (architectures as data) and the plain data modules."""
+    return sorted(
+        m for m in all_modules() if m.startswith(("quantpick.plan.", "quantpick.arch"))
+    ) + sorted(PURE_MODULES)
 
 
 @pytest.mark.parametrize("module", core_modules())
@@ -162,7 +163,9 @@ def test_planning_core_is_pure(module: str) -> None:
                 problems.append(f"line {node.lineno}: calls {node.func.id}()")
         if isinstance(node, ast.Attribute) and node.attr in ("environ", "getenv"):
             problems.append(f"line {node.lineno}: reads the environment")
-    allowed = PURE_MODULES | {m for m in all_modules() if m.startswith("quantpick.plan")}
+    allowed = PURE_MODULES | {
+        m for m in all_modules() if m.startswith(("quantpick.plan", "quantpick.arch"))
+    }
     known = set(all_modules())
     for dep in imports_of(path, known):
         if dep not in allowed and dep != "quantpick":

@@ -35,7 +35,6 @@ from quantpick.cli.options import (
     PreferOpt,
     QuantOpt,
     RamBandwidthOpt,
-    apply_local_tuning,
     machine_from_cli,
     overheads_from_cli,
     plan_request,
@@ -163,7 +162,6 @@ def bench_cmd(
     from quantpick.cli.render import plan_to_dict
     from quantpick.errors import UsageError
     from quantpick.pipeline import bench_plan
-    from quantpick.plan.planner import plan
     from quantpick.serve.bench import BenchSettings
     from quantpick.serve.calibration import save_profile
 
@@ -177,14 +175,18 @@ def bench_cmd(
         ctx_size, parallel, kv_unified, prefer, local.quant, False, min_tps, allow_q4_kv, kv,
         512, 2048, "on", no_offload,
     )  # fmt: skip
-    request, overheads, _ = apply_local_tuning(
-        request,
-        overheads_from_cli(gpu_overhead, margin),
-        machine,
-        llama_server,
-        gpu_overhead=gpu_overhead,
-    )
-    p = plan(local.manifest, machine, lambda _q: local.layout, request, overheads=overheads)
+    from quantpick.pipeline import PlanInputs, plan_for
+
+    result = plan_for(
+        PlanInputs(
+            local.manifest, machine, request, overheads_from_cli(gpu_overhead, margin),
+            llama_server=llama_server, gpu_overhead_given=gpu_overhead is not None,
+            local=local.layout,
+        )
+    )  # fmt: skip
+    for line in result.notes:
+        output.note(f"Note: {line}")
+    p, overheads = result.plan, result.inputs.overheads
     if depth is None:
         depth = min(p.config.ctx_size - n_gen - n_prompt, DEFAULT_DEPTH)
     settings = BenchSettings(n_prompt=n_prompt, n_gen=n_gen, depth=max(0, depth), reps=reps)
@@ -209,7 +211,7 @@ def bench_cmd(
     saved = None if no_save else save_profile(machine, report.entry)
     if json_:
         doc: dict[str, Any] = {
-            "plan": plan_to_dict(p, machine, local.manifest.architecture.block_count),
+            "plan": plan_to_dict(p, machine, p.n_slots - 1),
             "bench": report.entry,
             "notes": list(report.notes),
             "profile_path": str(saved) if saved else None,

@@ -36,7 +36,6 @@ from quantpick.cli.options import (
     QuantOpt,
     RamBandwidthOpt,
     VisionOpt,
-    apply_local_tuning,
     machine_from_cli,
     overheads_from_cli,
     plan_request,
@@ -222,7 +221,6 @@ def confirm_cmd(
     from quantpick.cli.render import plan_to_dict
     from quantpick.errors import QuantpickError
     from quantpick.pipeline import ConfirmOptions, confirm_local_plan
-    from quantpick.plan.planner import plan
     from quantpick.serve.command import placement_flags
 
     machine = machine_from_cli(None, None, None, False, llama_server, ram_bandwidth)
@@ -231,14 +229,18 @@ def confirm_cmd(
         ctx_size, parallel, kv_unified, prefer, local.quant, vision, min_tps, allow_q4_kv, kv,
         512, 2048, "on", no_offload,
     )  # fmt: skip
-    request, overheads, _ = apply_local_tuning(
-        request,
-        overheads_from_cli(gpu_overhead, margin),
-        machine,
-        llama_server,
-        gpu_overhead=gpu_overhead,
-    )
-    p = plan(local.manifest, machine, lambda _q: local.layout, request, overheads=overheads)
+    from quantpick.pipeline import PlanInputs, plan_for
+
+    result = plan_for(
+        PlanInputs(
+            local.manifest, machine, request, overheads_from_cli(gpu_overhead, margin),
+            llama_server=llama_server, gpu_overhead_given=gpu_overhead is not None,
+            local=local.layout,
+        )
+    )  # fmt: skip
+    for line in result.notes:
+        output.note(f"Note: {line}")
+    p, request, overheads = result.plan, result.inputs.request, result.inputs.overheads
     if llama_bin is not None and not llama_bin.is_dir():
         from quantpick.errors import UsageError
 
@@ -254,7 +256,7 @@ def confirm_cmd(
     )
     if report.status in ("skipped", "failed"):
         raise QuantpickError(report.message, hint="pass --llama-bin DIR (llama.cpp's build/bin)")
-    block_count = local.manifest.architecture.block_count
+    block_count = report.plan.n_slots - 1
     if json_:
         output.print_json(
             {

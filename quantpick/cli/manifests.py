@@ -17,7 +17,6 @@ import typer
 from quantpick.cli.complete import MANIFEST_SOURCE_CHOICES
 from quantpick.cli.core import QuantpickTyper, app
 from quantpick.cli.options import JsonOpt
-from quantpick.errors import ManifestError
 
 if TYPE_CHECKING:
     from quantpick.model.manifest import Manifest
@@ -127,14 +126,12 @@ def check_command(
 
 
 def _check(file: Path) -> Manifest:
-    from quantpick.model.layout import SUPPORTED_ARCHITECTURES
+    from quantpick.arch.registry import support
+    from quantpick.cli import output
     from quantpick.model.registry import load_manifest_file
 
     manifest = load_manifest_file(file)
-    arch = manifest.architecture.name
-    if arch not in SUPPORTED_ARCHITECTURES:
-        raise ManifestError(
-            f"{file}: architecture.name: {arch!r} is not modelled by quantpick's memory model "
-            f"(supported: {', '.join(SUPPORTED_ARCHITECTURES)})"
-        )
+    note = support(manifest.architecture.name).note
+    if note:
+        output.note(f"Note: {file}: {note}")
     return manifest

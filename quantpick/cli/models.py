@@ -190,13 +190,21 @@ def show_command(model: ModelArg, json_: JsonOpt = False) -> None:
     line()
 
     a = manifest.architecture
+    from quantpick.arch.registry import support, view_of
+
+    view, sup = view_of(a), support(a.name)
     nextn = f" + {a.nextn_predict_layers} NextN/MTP" if a.nextn_predict_layers else ""
+    swa = sum(1 for lv in view.layers if lv.kv and lv.attention.value == "sliding")
+    kinds = [f"{len(view.kv_layers)} with KV"]
+    if swa:
+        kinds.append(f"{swa} of them sliding-window ({view.n_swa} tokens)")
+    if view.recurrent_layers:
+        kinds.append(f"{len(view.recurrent_layers)} recurrent")
+    experts = f"experts {a.expert_count}/{a.expert_used_count} used, " if a.expert_count else ""
     line(
-        f"Architecture: {a.name}, {a.n_layer} layers{nextn} "
-        f"({len(a.attention_layers)} attention, {len(a.recurrent_layers)} recurrent), "
-        f"context {a.context_length:,}, embedding {a.embedding_length}, "
-        f"heads {a.head_count}/{a.head_count_kv} kv ({a.key_length}/{a.value_length}), "
-        f"experts {a.expert_count}/{a.expert_used_count} used, vocab {a.vocab_size:,}"
+        f"Architecture: {a.name} ({sup.basis}), {a.n_layer} layers{nextn} "
+        f"({', '.join(kinds)}), context {a.context_length:,}, embedding {a.embedding_length}, "
+        f"heads {view.n_head}/{view.layers[0].n_head_kv} kv, {experts}vocab {a.vocab_size:,}"
     )
     line("Sources:")
     for s in manifest.sources:

@@ -45,7 +45,6 @@ from quantpick.cli.options import (
     RpcOpt,
     UbOpt,
     VisionOpt,
-    apply_local_tuning,
     load_manifest,
     machine_from_cli,
     overheads_from_cli,
@@ -166,31 +165,25 @@ def pick_cmd(
         flash_attn,
         no_offload,
     )
-    from quantpick.model.headers import LayoutSource
+    from quantpick.pipeline import PlanInputs, plan_for
 
-    layouts = LayoutSource(manifest, exact=exact, network=not no_network)
-    from quantpick.pipeline import plan_exact
-
-    request, overheads, _ = apply_local_tuning(
-        request,
-        overheads_from_cli(gpu_overhead, margin, ram_reserve, gpu_reserve),
-        machine,
-        llama_server,
-        gpu_overhead=gpu_overhead,
-    )
-    p = plan_exact(manifest, machine, layouts, request, overheads)
-    n_slots = manifest.architecture.block_count + 1
-    if layouts.problems:
-        output.note(
-            f"Note: exact GGUF header unavailable, planned from the manifest: "
-            f"{layouts.problems[-1]}"
+    result = plan_for(
+        PlanInputs(
+            manifest, machine, request,
+            overheads_from_cli(gpu_overhead, margin, ram_reserve, gpu_reserve),
+            llama_server=llama_server, gpu_overhead_given=gpu_overhead is not None,
+            exact=exact, network=not no_network,
         )
+    )  # fmt: skip
+    for line in result.notes:
+        output.note(f"Note: {line}")
+    p = result.plan
     if json_:
-        doc = plan_to_dict(p, machine, manifest.architecture.block_count)
-        doc["header_problems"] = layouts.problems
+        doc = plan_to_dict(p, machine, p.n_slots - 1)
+        doc["header_problems"] = list(result.header_problems)
         output.print_json(doc)
         return
-    render_plan(p, machine, n_slots)
+    render_plan(p, machine, p.n_slots)
 
 
 # ---- max-context ------------------------------------------------------------------------------
@@ -228,7 +221,6 @@ def max_context_cmd(
 ) -> None:
     """The largest context each quant (or --quant) supports on this machine."""
     from quantpick.cli import output
-    from quantpick.plan.planner import max_context
 
     manifest = load_manifest(model)
     machine = machine_from_cli(
@@ -258,17 +250,19 @@ def max_context_cmd(
         "on",
         no_offload,
     )
-    from quantpick.model.headers import LayoutSource
+    from quantpick.pipeline import PlanInputs, max_context_for
 
-    layout_of = LayoutSource(manifest, exact=exact, network=not no_network)
-    request, overheads, tuning = apply_local_tuning(
-        request,
-        overheads_from_cli(gpu_overhead, margin, ram_reserve, gpu_reserve),
-        machine,
-        llama_server,
-        gpu_overhead=gpu_overhead,
-    )
-    limits = max_context(manifest, machine, layout_of, request, overheads=overheads)
+    found = max_context_for(
+        PlanInputs(
+            manifest, machine, request,
+            overheads_from_cli(gpu_overhead, margin, ram_reserve, gpu_reserve),
+            llama_server=llama_server, gpu_overhead_given=gpu_overhead is not None,
+            exact=exact, network=not no_network,
+        )
+    )  # fmt: skip
+    limits, tuning = found.limits, found.tuning
+    for line in tuning.notes:
+        output.note(f"Note: {line}")
     if json_:
         output.print_json(
             {

@@ -58,7 +58,6 @@ from quantpick.cli.options import (
     RpcLatencyOpt,
     RpcOpt,
     VisionOpt,
-    apply_local_tuning,
     complete_source,
     confirm_options,
     load_manifest,
@@ -359,11 +358,11 @@ def command_cmd(
     """Plan for a GGUF already on disk (or, with --model-source hf, one llama-server fetches
     itself) and print the llama-server command that runs it (confirmed by llama.cpp's
     llama-fit-params when it is installed)."""
+    from quantpick.cli import output
     from quantpick.cli.confirm import confirmation_to_dict, report_confirmation
     from quantpick.cli.local import canonical_quant, resolve_local
     from quantpick.cli.render import plan_to_dict
     from quantpick.errors import UsageError
-    from quantpick.plan.planner import plan
     from quantpick.serve.command import build_command
 
     _check_format(fmt, model_source)
@@ -391,7 +390,8 @@ def command_cmd(
         request = plan_request(ctx_size, parallel, kv_unified, prefer, q, vision, min_tps,
                                allow_q4_kv, kv, 512, 2048, "on", no_offload)  # fmt: skip
         overheads = overheads_from_cli(gpu_overhead, margin, ram_reserve, gpu_reserve)
-        p = _plan_from_hub(manifest, machine, request, overheads, exact, no_network)
+        p = _plan_from_hub(manifest, machine, request, overheads, exact, no_network,
+                           llama_server, gpu_overhead is not None)  # fmt: skip
         _emit_hf(p, manifest, machine, llama_server, (host, port, alias, api_key_env),
                  fmt=fmt, script=script, json_doc={} if json_ else None)  # fmt: skip
         return
@@ -413,14 +413,19 @@ def command_cmd(
         "on",
         no_offload,
     )
-    request, overheads, _ = apply_local_tuning(
-        request,
-        overheads_from_cli(gpu_overhead, margin, ram_reserve, gpu_reserve),
-        machine,
-        llama_server,
-        gpu_overhead=gpu_overhead,
-    )
-    p = plan(manifest, machine, lambda _q: local.layout, request, overheads=overheads)
+    from quantpick.pipeline import PlanInputs, plan_for
+
+    planned = plan_for(
+        PlanInputs(
+            manifest, machine, request,
+            overheads_from_cli(gpu_overhead, margin, ram_reserve, gpu_reserve),
+            llama_server=llama_server, gpu_overhead_given=gpu_overhead is not None,
+            local=local.layout,
+        )
+    )  # fmt: skip
+    for line in planned.notes:
+        output.note(f"Note: {line}")
+    p, request, overheads = planned.plan, planned.inputs.request, planned.inputs.overheads
     confirmation = None
     options = confirm_options(no_confirm, llama_bin, llama_server, machine)
     if options is not None:
@@ -466,19 +471,23 @@ def _plan_from_hub(
     overheads: Overheads,
     exact: bool,
     no_network: bool,
+    llama_server: Path | None,
+    gpu_overhead_given: bool,
 ) -> Plan:
     """The plan for a file that stays on the hub: on its exact header when it can be read (cache
-    or a few range requests), else on the manifest, as `pick` does."""
+    or a few range requests), else on the manifest, through the recipe `pick` uses."""
     from quantpick.cli import output
-    from quantpick.model.headers import LayoutSource
-    from quantpick.pipeline import plan_exact
+    from quantpick.pipeline import PlanInputs, plan_for
 
-    layouts = LayoutSource(manifest, exact=exact, network=not no_network)
-    p = plan_exact(manifest, machine, layouts, request, overheads)
-    if layouts.problems:
-        output.note(f"Note: exact GGUF header unavailable, planned from the manifest: "
-                    f"{layouts.problems[-1]}")  # fmt: skip
-    return p
+    result = plan_for(
+        PlanInputs(
+            manifest, machine, request, overheads, llama_server=llama_server,
+            gpu_overhead_given=gpu_overhead_given, exact=exact, network=not no_network,
+        )
+    )  # fmt: skip
+    for line in result.notes:
+        output.note(f"Note: {line}")
+    return result.plan
 
 
 def _emit_hf(
@@ -638,7 +647,8 @@ def get_cmd(
     if model_source == "hf":
         # llama-server fetches the file itself: plan (on the hub's header), nothing to download.
         overheads = overheads_from_cli(gpu_overhead, margin, ram_reserve, gpu_reserve)
-        p = _plan_from_hub(manifest, machine, request, overheads, exact, no_network)
+        p = _plan_from_hub(manifest, machine, request, overheads, exact, no_network,
+                           llama_server, gpu_overhead is not None)  # fmt: skip
         if not (json_ or quiet):
             output.note(
                 f"Plan: {p.model} {p.quant} (KV {p.config.cache_type_k}, {p.placement}) for "
@@ -655,13 +665,7 @@ def get_cmd(
             json_doc={"dry_run": dry_run, "fetch": None, "files": None} if json_ else None,
         )
         return  # fmt: skip
-    request, overheads, _ = apply_local_tuning(
-        request,
-        overheads_from_cli(gpu_overhead, margin, ram_reserve, gpu_reserve),
-        machine,
-        llama_server,
-        gpu_overhead=gpu_overhead,
-    )
+    overheads = overheads_from_cli(gpu_overhead, margin, ram_reserve, gpu_reserve)
 
     def announce(p: Plan) -> None:
         if not (json_ or quiet):
@@ -685,12 +689,16 @@ def get_cmd(
             allow_unverified=allow_unverified,
             dry_run=dry_run,
             confirm=confirm_options(no_confirm, llama_bin, llama_server, machine),
+            llama_server=llama_server,
+            gpu_overhead_given=gpu_overhead is not None,
         ),
         settings=settings,
         progress=progress,
         on_plan=announce,
         live=live,
     )
+    for line in result.tuning.notes if result.tuning is not None else ():
+        output.note(f"Note: {line}")
     for warning in result.warnings:
         output.warn(warning)
     if not dry_run:

@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import json
 import sys
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from quantpick.arch.base import Architecture
 from quantpick.errors import ManifestError, QuantpickError, UsageError
 
 if TYPE_CHECKING:
@@ -67,6 +68,19 @@ def _table(name: str, values: dict[str, Any], array: bool = False) -> str:
     head = f"[[{name}]]" if array else f"[{name}]"
     lines = [head] + [f"{k} = {_toml(v)}" for k, v in values.items() if v is not None]
     return "\n".join(lines) + "\n"
+
+
+def architecture_table(arch: Architecture) -> dict[str, Any]:
+    """The [architecture] table: the header's `<arch>.*` keys llama.cpp reads (arch/keys.py),
+    written as TOML dotted keys (`attention.head_count_kv = 8`)."""
+    from quantpick.arch.keys import ARCH_KEYS
+
+    table: dict[str, Any] = {"name": arch.name, "vocab_size": arch.vocab_size}
+    for key, value in arch.hparams:
+        if key in ARCH_KEYS and key != "vocab_size":
+            table[key] = list(value) if isinstance(value, tuple) else value
+    table["has_output_tensor"] = arch.has_output_tensor
+    return table
 
 
 def default_id(repo: str) -> str:
@@ -162,7 +176,7 @@ def build_manifest(
     probe = min(models, key=lambda g: (len(g.files), total(g)))
     header: GGUFHeader
     header, url = read_remote_header(source, [m.name for m in probe.files])
-    layout = layout_from_header(header, basis=f"gguf-remote:{url}")  # refuses unknown archs
+    layout = layout_from_header(header, basis=f"gguf-remote:{url}")
     params = n_parameters(header)
     if params <= 0:
         raise ManifestError(f"{probe.files[0].name}: the header lists no tensors")
@@ -203,8 +217,7 @@ def build_manifest(
         + (f"license = {_toml(lic)}\n" if lic else "")
         + f"checksums_file = {_toml(sums_name or '')}\n\n"
     ]
-    arch = asdict(layout.architecture)
-    parts.append(_table("architecture", arch) + "\n")
+    parts.append(_table("architecture", architecture_table(layout.architecture)) + "\n")
     sampling_keys = {"temperature": "temp", "top_p": "top_p", "top_k": "top_k", "min_p": "min_p"}
     sampling = {k: meta.get(f"general.sampling.{v}") for k, v in sampling_keys.items()}
     if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in sampling.values()):

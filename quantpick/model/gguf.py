@@ -32,15 +32,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from quantpick.arch.base import MAX_LAYERS, Architecture, HValue
 from quantpick.errors import GGUFError
 from quantpick.model.ggml import GGML_TYPES, TYPE_BY_ID, tensor_bytes
-from quantpick.model.layout import SUPPORTED_ARCHITECTURES, ModelLayout, TensorInfo
-from quantpick.model.manifest import Architecture
+from quantpick.model.layout import ModelLayout, TensorInfo
 
 GGUF_MAGIC = b"GGUF"
 SUPPORTED_VERSIONS = (2, 3)  # v1 (32-bit counts, 2023) is not read by current llama.cpp either
 DEFAULT_ALIGNMENT = 32
 SHORT_ARRAY = 64  # arrays longer than this become ArraySummary
+# ... except the architecture's own numeric arrays: one value per layer (head counts, SWA and
+# recurrent-layer flags), up to llama.cpp's LLAMA_MAX_LAYERS.
+LAYER_ARRAY = MAX_LAYERS
 MAX_HEADER_BYTES = 64 * 1024 * 1024
 MAX_DIMS = 4  # GGML_MAX_DIMS
 MAX_NAME = 64  # GGML_MAX_NAME: llama.cpp's gguf.cpp rejects longer tensor names
@@ -264,8 +267,11 @@ def _array_head(cur: _Cursor, value_type: int, key: str) -> tuple[int, int]:
     return element_type, length
 
 
-def _read_value(cur: _Cursor, value_type: int, key: str, budget: _Budget) -> Any:
-    """Decode a kept value, or walk over it (and return _DROPPED) when it does not fit."""
+def _read_value(
+    cur: _Cursor, value_type: int, key: str, budget: _Budget, *, layer_array: bool = False
+) -> Any:
+    """Decode a kept value, or walk over it (and return _DROPPED) when it does not fit.
+    `layer_array`: a numeric array of the architecture's own keys is kept up to LAYER_ARRAY."""
     if value_type in _SCALAR:
         value = cur.unpack(_SCALAR[value_type])
         return value if budget.spend(_NUMBER_COST) else _DROPPED
@@ -276,7 +282,8 @@ def _read_value(cur: _Cursor, value_type: int, key: str, budget: _Budget) -> Any
             return _DROPPED
         return cur.take(length).decode("utf-8", errors="replace")
     element_type, length = _array_head(cur, value_type, key)
-    if length > SHORT_ARRAY:
+    limit = LAYER_ARRAY if layer_array and element_type in _SCALAR else SHORT_ARRAY
+    if length > limit:
         _skip_array(cur, element_type, length, key)
         return ArraySummary(element_type, length)
     if element_type in _SCALAR:
@@ -375,9 +382,8 @@ def parse_gguf_header(
     metadata: dict[str, Any] = {}
     seen: set[bytes] = set()  # 16-byte digests of every key: bounded whatever the keys' lengths
     budget = _Budget(KEPT_METADATA_BUDGET)
-    kept_prefixes: tuple[bytes, ...] = tuple(p.encode() for p in KEPT_PREFIXES) + tuple(
-        f"{a}.".encode() for a in SUPPORTED_ARCHITECTURES
-    )
+    kept_prefixes: tuple[bytes, ...] = tuple(p.encode() for p in KEPT_PREFIXES)
+    arch_prefix: bytes | None = None
     for _ in range(n_kv):
         at = cur.pos
         raw_key = cur.take(cur.string_length("metadata key", MAX_KEY))
@@ -397,13 +403,15 @@ def parse_gguf_header(
             _skip_value(cur, value_type, key)
             budget.dropped += 1
             continue
-        value = _read_value(cur, value_type, key, budget)
+        layer_array = arch_prefix is not None and raw_key.startswith(arch_prefix)
+        value = _read_value(cur, value_type, key, budget, layer_array=layer_array)
         if value is _DROPPED:
             budget.dropped += 1
             continue
         metadata[key] = value
         if key == "general.architecture" and isinstance(value, str):
-            kept_prefixes += (f"{value}.".encode(),)
+            arch_prefix = f"{value}.".encode()
+            kept_prefixes += (arch_prefix,)
 
     alignment = metadata.get("general.alignment", DEFAULT_ALIGNMENT)
     if (
@@ -651,63 +659,47 @@ def n_parameters(header: GGUFHeader) -> int:
     return total
 
 
-def _meta_int(meta: dict[str, Any], key: str, default: int | None = None) -> int:
-    value = meta.get(key, default)
-    if isinstance(value, list):  # per-layer arrays: llama.cpp takes layer 0 for these shapes
-        value = value[0] if value else default
-    if value is None or isinstance(value, (bool, ArraySummary)):
-        raise GGUFError(f"GGUF metadata {key} is missing")
-    try:
-        return int(value)
-    except (TypeError, ValueError):
-        raise GGUFError(f"GGUF metadata {key} is not an integer: {value!r}") from None
+def _hparam(value: Any) -> HValue | None:
+    """A metadata value as an architecture hyperparameter (numbers, flags, short strings and
+    per-layer numeric arrays; long arrays and other lists are not hyperparameters)."""
+    if isinstance(value, (bool, int, float)):
+        return value
+    if isinstance(value, str) and len(value) <= 256:
+        return value
+    if isinstance(value, list) and all(isinstance(v, (bool, int, float)) for v in value):
+        return tuple(value)
+    return None
 
 
 def architecture_from_metadata(
     meta: dict[str, Any], tensor_names: set[str] | None = None
 ) -> Architecture:
-    """The Architecture block from GGUF keys (src/models/qwen35moe.cpp: load_arch_hparams)."""
+    """The Architecture of a header: `general.architecture` and its `<arch>.*` keys, whatever the
+    architecture (arch/registry.py says what quantpick knows of it)."""
     arch = meta.get("general.architecture")
-    if not isinstance(arch, str):
+    if not isinstance(arch, str) or not arch:
         raise GGUFError("GGUF metadata general.architecture is missing")
-    if arch not in SUPPORTED_ARCHITECTURES:
-        raise GGUFError(
-            f"architecture {arch!r} is not modelled by quantpick's memory model",
-            hint="supported: " + ", ".join(SUPPORTED_ARCHITECTURES),
-        )
     p = arch + "."
-    n_embd = _meta_int(meta, p + "embedding_length")
-    n_head = _meta_int(meta, p + "attention.head_count")
-    vocab = meta.get(p + "vocab_size")
+    hparams: dict[str, HValue] = {}
+    for key, value in meta.items():
+        if key.startswith(p):
+            hv = _hparam(value)
+            if hv is not None:
+                hparams[key[len(p) :]] = hv
+    for key in ("block_count", "embedding_length", "context_length"):
+        value = hparams.get(key)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise GGUFError(f"GGUF metadata {p}{key} is missing or not an integer")
+    block_count = hparams["block_count"]
+    assert isinstance(block_count, int)
+    if not 0 < block_count <= MAX_LAYERS:
+        raise GGUFError(f"GGUF metadata {p}block_count {block_count} is outside 1..{MAX_LAYERS}")
+    vocab = hparams.pop("vocab_size", None)
     tokens = meta.get("tokenizer.ggml.tokens")
-    if vocab is None:
+    if not isinstance(vocab, int) or isinstance(vocab, bool):
         vocab = tokens.length if isinstance(tokens, ArraySummary) else len(tokens or [])
     has_output = True if tensor_names is None else "output.weight" in tensor_names
-    return Architecture(
-        name=arch,
-        block_count=_meta_int(meta, p + "block_count"),
-        nextn_predict_layers=_meta_int(meta, p + "nextn_predict_layers", 0),
-        context_length=_meta_int(meta, p + "context_length"),
-        embedding_length=n_embd,
-        head_count=n_head,
-        head_count_kv=_meta_int(meta, p + "attention.head_count_kv", n_head),
-        key_length=_meta_int(meta, p + "attention.key_length", n_embd // max(n_head, 1)),
-        value_length=_meta_int(meta, p + "attention.value_length", n_embd // max(n_head, 1)),
-        expert_count=_meta_int(meta, p + "expert_count", 0),
-        expert_used_count=_meta_int(meta, p + "expert_used_count", 0),
-        expert_feed_forward_length=_meta_int(meta, p + "expert_feed_forward_length", 0),
-        expert_shared_feed_forward_length=_meta_int(
-            meta, p + "expert_shared_feed_forward_length", 0
-        ),
-        ssm_conv_kernel=_meta_int(meta, p + "ssm.conv_kernel"),
-        ssm_state_size=_meta_int(meta, p + "ssm.state_size"),
-        ssm_group_count=_meta_int(meta, p + "ssm.group_count"),
-        ssm_time_step_rank=_meta_int(meta, p + "ssm.time_step_rank"),
-        ssm_inner_size=_meta_int(meta, p + "ssm.inner_size"),
-        full_attention_interval=_meta_int(meta, p + "full_attention_interval", 4),
-        vocab_size=int(vocab),
-        has_output_tensor=has_output,
-    )
+    return Architecture.of(arch, hparams, int(vocab), has_output_tensor=has_output)
 
 
 def layout_from_header(

@@ -25,7 +25,7 @@ from quantpick.model.gguf import (
     layout_from_header,
     merge_split_headers,
 )
-from quantpick.model.layout import ModelLayout, synthesize_layout
+from quantpick.model.layout import ModelLayout, NoTensorTable, synthesize_layout
 
 if TYPE_CHECKING:
     from quantpick.config import Settings
@@ -210,7 +210,13 @@ def layout_for(
             f"no exact GGUF header for {manifest.id} {quant_name}: {reason}",
             hint="allow network access once (the header is then cached), or drop --exact",
         )
-    layout = synthesize_layout(manifest.architecture, quant_name, file_bytes)
+    try:
+        layout = synthesize_layout(manifest.architecture, quant_name, file_bytes)
+    except NoTensorTable as exc:
+        raise GGUFError(
+            f"no GGUF header for {manifest.id} {quant_name} ({reason}), and {exc}",
+            hint="allow network access once (the header is then cached)",
+        ) from None
     if problems:
         layout = replace(layout, basis=f"{layout.basis} (exact header unavailable: {reason})")
     return layout
@@ -247,6 +253,21 @@ class LayoutSource:
         self.network = network and not self.settings.offline
         self._cache: dict[str, ModelLayout] = {}
         self.problems: list[str] = []
+
+    def layouts(self, quants: tuple[str, ...] | None = None) -> dict[str, ModelLayout]:
+        """Every quant's layout the planner may weigh (all of the manifest's by default), from
+        the cache or synthesized; a quant with neither (an architecture whose family cannot list
+        its tensors, header not cached) is left out, with its reason in `problems`."""
+        out: dict[str, ModelLayout] = {}
+        for quant in quants if quants is not None else self.manifest.quants:
+            try:
+                out[quant] = self(quant)
+            except GGUFError as exc:
+                if self.exact:
+                    raise
+                if exc.message not in self.problems:
+                    self.problems.append(exc.message)
+        return out
 
     def __call__(self, quant: str) -> ModelLayout:
         if quant not in self._cache:

@@ -1,18 +1,21 @@
 """The model as llama.cpp will load it: a per-tensor table (name, ggml type, shape, bytes) plus the
 architecture, grouped into llama.cpp's layer slots. Pure.
 
-A layout comes from a GGUF header (exact: `gguf_header.py`) or is synthesized from a manifest's
+A layout comes from a GGUF header (exact: `model/gguf.py`) or is synthesized from a manifest's
 architecture block and the file size (`synthesize_layout`, an estimate); `basis` says which.
+Which slot a tensor loads into is llama.cpp's rule for every architecture (`slot_of`): `blk.N.*`
+is layer N, the output head and its norms are the output layer, and the other global tensors are
+the input (host memory) except the few llama.cpp creates on the first layer.
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from functools import cached_property, lru_cache
+from functools import cached_property
 
+from quantpick.arch.base import Architecture, ModelView
 from quantpick.model.ggml import GGML_TYPES, tensor_bytes
-from quantpick.model.manifest import Architecture
 
 # llama.cpp common/common.h: llm_ffn_exps_cpu_override -- the routed-expert tensors that
 # --cpu-moe / --n-cpu-moe move to host memory.
@@ -20,6 +23,35 @@ EXPERT_TENSOR_RE = re.compile(r"\.ffn_(up|down|gate|gate_up)_(ch|)exps")
 _BLOCK_RE = re.compile(r"^blk\.(\d+)\.")
 
 INPUT_SLOT = -1  # token_embd: always host memory (llama_model_base::load_tensors, dev_input)
+
+# Global tensors (no `blk.N.`) of the output layer and of the first layer, by name without the
+# .weight/.bias suffix: llama.cpp's LLM_TENSOR_INFOS layer classes (src/llama-arch.cpp:728-1007,
+# LLM_TENSOR_LAYER_OUTPUT / _REPEATING; names from LLM_TENSOR_NAMES :439-700). Everything else
+# global is LLM_TENSOR_LAYER_INPUT (token_embd, position_embd, per_layer_token_embd, ...).
+OUTPUT_TENSORS = frozenset({
+    "output", "output_norm", "cls", "cls.norm", "cls.output", "dense_2", "dense_3",
+    "dec.output_norm", "enc.output_norm", "output_res_score", "output_hc_base", "output_hc_down",
+    "output_hc_fn", "output_hc_norm", "output_hc_scale", "output_hc_up", "altup_proj",
+    "altup_unembd_proj", "nextn.post_projection", "fc", "d2t", "markov_w1", "markov_w2",
+    "conf_proj", "selector_hidden", "selector_predecessor", "selector_successor",
+})  # fmt: skip
+# LLM_TENSOR_LAYER_REPEATING tensors without a block number are created on layer 0 (e.g.
+# bloom.cpp:25 `tn(LLM_TENSOR_TOKEN_EMBD_NORM, "weight", 0)`): "do the norms on the first layer".
+FIRST_LAYER_TENSORS = frozenset({
+    "token_embd_norm", "per_layer_model_proj", "per_layer_proj_norm", "conv1d",
+    "nextn.pre_projection", "hrm.z_l_init",
+})  # fmt: skip
+# ... and these once per device that holds a trunk layer: llama.cpp creates them for every layer
+# with TENSOR_DUPLICATED for i != 0, which makes one copy per buffer type
+# (src/llama-model-loader.cpp:1371-1376; e.g. llama.cpp:~1660 rope_freqs, phi3.cpp:54).
+PER_DEVICE_TENSORS = frozenset({"rope_freqs", "rope_factors_long", "rope_factors_short"})
+
+
+def _stem(name: str) -> str:
+    for suffix in (".weight", ".bias"):
+        if name.endswith(suffix):
+            return name[: -len(suffix)]
+    return name
 
 
 @dataclass(frozen=True)
@@ -61,13 +93,39 @@ class ModelLayout:
     def output_slot(self) -> int:
         return self.architecture.block_count
 
+    @cached_property
+    def view(self) -> ModelView:
+        """The per-layer view of the architecture (quantpick/arch)."""
+        from quantpick.arch.registry import view_of
+
+        return view_of(self.architecture)
+
     def slot_of(self, name: str) -> int:
         match = _BLOCK_RE.match(name)
         if match:
             return int(match.group(1))
-        if name.startswith(("output.", "output_norm.")):
+        stem = _stem(name)
+        if stem in OUTPUT_TENSORS or stem in self.view.output_tensors:
             return self.output_slot
-        return INPUT_SLOT  # token_embd and any other global tensor stay with the input
+        if stem in FIRST_LAYER_TENSORS or stem in PER_DEVICE_TENSORS:
+            return 0
+        return INPUT_SLOT  # token_embd and the other input tensors stay in host memory
+
+    @cached_property
+    def per_device_tensors(self) -> tuple[TensorInfo, ...]:
+        """Tensors llama.cpp copies onto every device that holds a trunk layer."""
+        return tuple(t for t in self.tensors if _stem(t.name) in PER_DEVICE_TENSORS)
+
+    @cached_property
+    def tied_output_bytes(self) -> int:
+        """token_embd's bytes when it also serves as the output head (no output.weight): loaded
+        again on the output layer's device (create_tensor with TENSOR_DUPLICATED)."""
+        if not self.view.tied_embeddings or not self.tensors:
+            return 0
+        names = {t.name for t in self.tensors}
+        if "output.weight" in names:
+            return 0
+        return next((t.n_bytes for t in self.tensors if t.name == "token_embd.weight"), 0)
 
     @cached_property
     def slots(self) -> tuple[SlotWeights, ...]:
@@ -76,13 +134,32 @@ class ModelLayout:
         expert = [0] * self.n_slots
         for t in self.tensors:
             slot = self.slot_of(t.name)
-            if slot == INPUT_SLOT or slot >= self.n_slots:
+            if slot == INPUT_SLOT or slot >= self.n_slots or _stem(t.name) in PER_DEVICE_TENSORS:
                 continue
             if t.is_expert:
                 expert[slot] += t.n_bytes
             else:
                 dense[slot] += t.n_bytes
         return tuple(SlotWeights(d, e) for d, e in zip(dense, expert, strict=False))
+
+    @cached_property
+    def slot_elements(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """(dense, routed-expert) parameter counts per slot, the output head left out of dense
+        (the speed model's FLOPs; computed once per layout)."""
+        dense = [0] * self.n_slots
+        expert = [0] * self.n_slots
+        for t in self.tensors:
+            slot = self.slot_of(t.name)
+            if slot == INPUT_SLOT or slot >= self.n_slots or t.name.startswith("output."):
+                continue
+            n = 1
+            for dim in t.shape:
+                n *= dim
+            if t.is_expert:
+                expert[slot] += n
+            else:
+                dense[slot] += n
+        return tuple(dense), tuple(expert)
 
     @cached_property
     def input_bytes(self) -> int:
@@ -92,92 +169,8 @@ class ModelLayout:
     def tensor_bytes_total(self) -> int:
         return sum(t.n_bytes for t in self.tensors)
 
-    @cached_property
-    def recurrent_flags(self) -> tuple[bool, ...]:
-        """For each trunk block (0..n_layer-1): True for DeltaNet, False for full attention."""
-        arch = self.architecture
-        return tuple(arch.is_recurrent(il) for il in range(arch.n_layer))
-
     def is_nextn_slot(self, slot: int) -> bool:
-        arch = self.architecture
-        return arch.n_layer <= slot < arch.block_count
-
-
-# ----------------------------------------------------------------------------------------------
-# Tensor shapes of an architecture (llama.cpp src/models/qwen35moe.cpp: load_arch_tensors).
-
-
-SUPPORTED_ARCHITECTURES = ("qwen35moe",)
-
-
-@lru_cache(maxsize=8)
-def tensor_shapes(arch: Architecture) -> tuple[tuple[str, tuple[int, ...]], ...]:
-    """(name, ne) for every tensor llama.cpp's qwen35moe loader expects, MTP block included."""
-    if arch.name not in SUPPORTED_ARCHITECTURES:
-        raise ValueError(f"architecture {arch.name!r} is not modelled (supported: qwen35moe)")
-    n_embd, n_vocab = arch.embedding_length, arch.vocab_size
-    head_dim, n_head, n_head_kv = arch.key_length, arch.head_count, arch.head_count_kv
-    key_dim = arch.ssm_state_size * arch.ssm_group_count
-    value_dim = arch.ssm_inner_size
-    conv_dim = key_dim * 2 + value_dim
-    n_v_heads = arch.ssm_time_step_rank
-    n_expert, ff_exp, ff_sh = (
-        arch.expert_count,
-        arch.expert_feed_forward_length,
-        arch.expert_shared_feed_forward_length,
-    )
-    shapes: list[tuple[str, tuple[int, ...]]] = [
-        ("token_embd.weight", (n_embd, n_vocab)),
-        ("output_norm.weight", (n_embd,)),
-    ]
-    if arch.has_output_tensor:
-        shapes.append(("output.weight", (n_embd, n_vocab)))
-    for il in range(arch.block_count):
-        p = f"blk.{il}."
-        nextn = il >= arch.n_layer
-        shapes += [
-            (p + "attn_norm.weight", (n_embd,)),
-            (p + "post_attention_norm.weight", (n_embd,)),
-        ]
-        if arch.is_recurrent(il):
-            shapes += [
-                (p + "attn_qkv.weight", (n_embd, conv_dim)),
-                (p + "attn_gate.weight", (n_embd, value_dim)),
-                (p + "ssm_conv1d.weight", (arch.ssm_conv_kernel, conv_dim)),
-                (p + "ssm_dt.bias", (n_v_heads,)),
-                (p + "ssm_a", (n_v_heads,)),
-                (p + "ssm_beta.weight", (n_embd, n_v_heads)),
-                (p + "ssm_alpha.weight", (n_embd, n_v_heads)),
-                (p + "ssm_norm.weight", (arch.ssm_state_size,)),
-                (p + "ssm_out.weight", (value_dim, n_embd)),
-            ]
-        else:
-            shapes += [
-                (p + "attn_q.weight", (n_embd, head_dim * n_head * 2)),
-                (p + "attn_k.weight", (n_embd, head_dim * n_head_kv)),
-                (p + "attn_v.weight", (n_embd, arch.value_length * n_head_kv)),
-                (p + "attn_output.weight", (head_dim * n_head, n_embd)),
-                (p + "attn_q_norm.weight", (head_dim,)),
-                (p + "attn_k_norm.weight", (head_dim,)),
-            ]
-        shapes += [
-            (p + "ffn_gate_inp.weight", (n_embd, n_expert)),
-            (p + "ffn_down_exps.weight", (ff_exp, n_embd, n_expert)),
-            (p + "ffn_gate_exps.weight", (n_embd, ff_exp, n_expert)),
-            (p + "ffn_up_exps.weight", (n_embd, ff_exp, n_expert)),
-            (p + "ffn_gate_inp_shexp.weight", (n_embd,)),
-            (p + "ffn_gate_shexp.weight", (n_embd, ff_sh)),
-            (p + "ffn_up_shexp.weight", (n_embd, ff_sh)),
-            (p + "ffn_down_shexp.weight", (ff_sh, n_embd)),
-        ]
-        if nextn:
-            shapes += [
-                (p + "nextn.eh_proj.weight", (2 * n_embd, n_embd)),
-                (p + "nextn.enorm.weight", (n_embd,)),
-                (p + "nextn.hnorm.weight", (n_embd,)),
-                (p + "nextn.shared_head_norm.weight", (n_embd,)),
-            ]
-    return tuple(shapes)
+        return 0 <= slot < len(self.view.layers) and self.view.layers[slot].nextn
 
 
 # ----------------------------------------------------------------------------------------------
@@ -270,21 +263,37 @@ def estimate_header_bytes(arch: Architecture, n_tensors: int) -> int:
     return arch.vocab_size * 30 + n_tensors * 80 + 65536
 
 
+class NoTensorTable(ValueError):
+    """The architecture's family cannot list its tensors: a layout needs the GGUF header."""
+
+
 def synthesize_layout(arch: Architecture, quant: str, file_bytes: int) -> ModelLayout:
     """Tensor classes at the types llama.cpp's quantizer gives `quant`, then the remainder between
-    that sum and the real file size spread over the quantized tensors, so the total matches."""
+    that sum and the real file size spread over the quantized tensors, so the total matches.
+    Raises NoTensorTable when the architecture's family has no tensor table."""
+    from quantpick.arch.registry import tensor_shapes
+
+    shapes = tensor_shapes(arch)
+    if shapes is None:
+        raise NoTensorTable(
+            f"quantpick cannot list {arch.name}'s tensors without its GGUF header"
+        )
     key = normalize_quant(quant)
     base = _BASE_TYPE.get(key, "Q4_K")
     mix = key.endswith(("_M", "_L")) or quant.upper().startswith("UD-")
     high = base in _HIGH_PRECISION
-    # use_more_bits() counts each tensor kind in layer order: ordinals per kind.
-    attn_blocks = [il for il in range(arch.block_count) if not arch.is_recurrent(il)]
-    recurrent_blocks = [il for il in range(arch.block_count) if arch.is_recurrent(il)]
-    attn_ordinal = {il: i for i, il in enumerate(attn_blocks)}
-    recurrent_ordinal = {il: i for i, il in enumerate(recurrent_blocks)}
-    n_attn_v, n_qkv = len(attn_blocks), len(recurrent_blocks)
+    # use_more_bits() counts each tensor kind in layer order (llama-quant.cpp's i_attention_wv
+    # and kin): the ordinal of a tensor among those with the same name past `blk.N.`.
+    kind_of = {name: name.split(".", 2)[2] for name, _ in shapes if name.startswith("blk.")}
+    counts: dict[str, int] = {}
+    ordinal: dict[str, int] = {}
+    for name, _ in shapes:
+        kind = kind_of.get(name)
+        if kind is not None:
+            ordinal[name] = counts.get(kind, 0)
+            counts[kind] = ordinal[name] + 1
     types: list[tuple[str, tuple[int, ...], str]] = []
-    for name, shape in tensor_shapes(arch):
+    for name, shape in shapes:
         if _unquantized(name, shape):
             qtype = "F32"
         elif high:
@@ -301,10 +310,8 @@ def synthesize_layout(arch: Architecture, quant: str, file_bytes: int) -> ModelL
             more_bits = False
             if ".ffn_down" in name:  # ffn_down_exps and ffn_down_shexp, by block index
                 more_bits = _use_more_bits(block, arch.block_count)
-            elif name.endswith("attn_v.weight"):
-                more_bits = _use_more_bits(attn_ordinal[block], n_attn_v)
-            elif name.endswith("attn_qkv.weight"):
-                more_bits = _use_more_bits(recurrent_ordinal[block], n_qkv)
+            elif name.endswith(("attn_v.weight", "attn_qkv.weight")):
+                more_bits = _use_more_bits(ordinal[name], counts[kind_of[name]])
             if mix and more_bits and base in _MORE_BITS:
                 qtype = _MORE_BITS[base]
         # ggml requires whole blocks; fall back to a block-free type when a row does not fill one.
@@ -337,3 +344,16 @@ def synthesize_layout(arch: Architecture, quant: str, file_bytes: int) -> ModelL
         file_bytes=file_bytes,
         quant=quant,
     )
+
+
+def synthesized_layouts(manifest: object) -> dict[str, ModelLayout]:
+    """Every model quant of a manifest, synthesized from its architecture block and file sizes
+    (no header): what the planner weighs before any header is read (tests, benchmarks)."""
+    from quantpick.model.manifest import Manifest
+
+    assert isinstance(manifest, Manifest)
+    out: dict[str, ModelLayout] = {}
+    for quant in manifest.quants:
+        size = sum(f.size_bytes for f in manifest.quant_files(quant))
+        out[quant] = synthesize_layout(manifest.architecture, quant, size)
+    return out

@@ -9,52 +9,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
+from quantpick.arch.base import Architecture, HValue
 from quantpick.errors import ManifestError
 from quantpick.safe_names import name_problem, path_conflicts
 
-
-@dataclass(frozen=True)
-class Architecture:
-    """The GGUF hyperparameters the memory model needs (GGUF key names in comments)."""
-
-    name: str  # general.architecture, e.g. "qwen35moe"
-    block_count: int  # {arch}.block_count, including MTP/NextN blocks
-    nextn_predict_layers: int  # {arch}.nextn_predict_layers (0 when absent)
-    context_length: int
-    embedding_length: int
-    head_count: int
-    head_count_kv: int
-    key_length: int
-    value_length: int
-    expert_count: int
-    expert_used_count: int
-    expert_feed_forward_length: int
-    expert_shared_feed_forward_length: int
-    ssm_conv_kernel: int
-    ssm_state_size: int
-    ssm_group_count: int
-    ssm_time_step_rank: int
-    ssm_inner_size: int
-    full_attention_interval: int
-    vocab_size: int
-    has_output_tensor: bool = True  # False: output tied to token_embd (loaded twice by llama.cpp)
-
-    @property
-    def n_layer(self) -> int:
-        """Trunk layers (llama.cpp's n_layer()): block_count minus the NextN blocks."""
-        return self.block_count - self.nextn_predict_layers
-
-    def is_recurrent(self, il: int) -> bool:
-        """llama.cpp qwen35moe: recurrent unless (il+1) % interval == 0; NextN blocks are not."""
-        return il < self.n_layer and (il + 1) % self.full_attention_interval != 0
-
-    @property
-    def attention_layers(self) -> tuple[int, ...]:
-        return tuple(il for il in range(self.n_layer) if not self.is_recurrent(il))
-
-    @property
-    def recurrent_layers(self) -> tuple[int, ...]:
-        return tuple(il for il in range(self.n_layer) if self.is_recurrent(il))
+__all__ = ["Architecture", "Manifest", "ModelFile", "Sampling", "Source", "parse_manifest"]
 
 
 @dataclass(frozen=True)
@@ -151,18 +110,12 @@ _TOP_KEYS = (
     "schema", "id", "display_name", "description", "license", "reasoning", "checksums_file",
     "aliases", "architecture", "sampling", "sources", "files", "extra",
 )  # fmt: skip
-_ARCH_INT_KEYS = (
-    "block_count", "nextn_predict_layers", "context_length", "embedding_length", "head_count",
-    "head_count_kv", "key_length", "value_length", "expert_count", "expert_used_count",
-    "expert_feed_forward_length", "expert_shared_feed_forward_length", "ssm_conv_kernel",
-    "ssm_state_size", "ssm_group_count", "ssm_time_step_rank", "ssm_inner_size",
-    "full_attention_interval", "vocab_size",
-)  # fmt: skip
-# Must be >= 1 (the others may be 0, e.g. a model without SSM layers or experts).
-_ARCH_POSITIVE = (
-    "block_count", "context_length", "embedding_length", "head_count", "head_count_kv",
-    "key_length", "value_length", "full_attention_interval", "vocab_size",
-)  # fmt: skip
+# [architecture]: `name`, `has_output_tensor`, and GGUF keys without the `<arch>.` prefix
+# ("attention.head_count_kv" = 8, or as a nested TOML table); the short names manifests used
+# before architectures became data ("head_count_kv", "ssm_state_size") are read as aliases
+# (arch.registry.manifest_aliases). These must be present and >= 1:
+_ARCH_REQUIRED = ("block_count", "context_length", "embedding_length", "vocab_size")
+_ARCH_MAX_ARRAY = 512  # LLAMA_MAX_LAYERS (src/llama-hparams.h:11): one value per layer at most
 _SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p")
 _SOURCE_KEYS = {
     "hf": ("kind", "repo", "revision", "name"),
@@ -304,22 +257,105 @@ def check_file_name(name: str) -> str | None:
     return name_problem(name)
 
 
+def _flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        full = f"{prefix}{key}"
+        if isinstance(value, dict):
+            out.update(_flatten(value, full + "."))
+        else:
+            out[full] = value
+    return out
+
+
+def _hvalue(r: _Reader, key: str, gguf_key: str, value: Any) -> HValue:
+    from quantpick.arch.keys import INTEGER_KEYS, PER_LAYER_KEYS, POSITIVE_KEYS
+
+    def integer(v: Any) -> bool:
+        return isinstance(v, int) and not isinstance(v, bool)
+
+    if isinstance(value, list):
+        if len(value) > _ARCH_MAX_ARRAY:
+            r.fail(key, f"has {len(value)} values; at most {_ARCH_MAX_ARRAY} (one per layer)")
+        for i, item in enumerate(value):
+            if not isinstance(item, (bool, int, float)):
+                r.fail(f"{key}[{i}]", f"expected a number, got {_describe(item)}")
+            if gguf_key in INTEGER_KEYS and not integer(item):
+                r.fail(f"{key}[{i}]", f"expected an integer, got {_describe(item)}")
+            if integer(item) and item < 0:
+                r.fail(f"{key}[{i}]", "must not be negative")
+        if gguf_key in INTEGER_KEYS and gguf_key not in PER_LAYER_KEYS:
+            r.fail(key, f"expected an integer, got {_describe(value)}")
+        return tuple(value)
+    if gguf_key in INTEGER_KEYS:
+        if not integer(value):
+            r.fail(key, f"expected an integer, got {_describe(value)}")
+        minimum = 1 if gguf_key in POSITIVE_KEYS else 0
+        if value < minimum:
+            r.fail(key, f"must be >= {minimum}, got {value}")
+        return int(value)
+    if isinstance(value, (bool, int, float)):
+        if isinstance(value, float) and (value != value or value in (float("inf"), float("-inf"))):
+            r.fail(key, "must be a finite number")
+        return value
+    if isinstance(value, str):
+        return value
+    r.fail(key, f"expected a number, a boolean or an array of numbers, got {_describe(value)}")
+
+
 def _parse_architecture(r: _Reader) -> Architecture:
-    r.check_keys(("name", "has_output_tensor", *_ARCH_INT_KEYS))
+    from quantpick.arch.keys import ARCH_KEYS
+    from quantpick.arch.registry import manifest_aliases
+
     name = r.str_("name")
-    values: dict[str, int] = {}
-    for key in _ARCH_INT_KEYS:
-        value = r.int_(key, minimum=1 if key in _ARCH_POSITIVE else 0)
-        assert value is not None
-        values[key] = value
-    if values["nextn_predict_layers"] >= values["block_count"]:
-        r.fail("nextn_predict_layers", "must be smaller than block_count")
-    if values["expert_used_count"] > values["expert_count"]:
-        r.fail("expert_used_count", "must not exceed expert_count")
-    has_output = r.bool_("has_output_tensor", required=False)
     assert name is not None
-    return Architecture(
-        name=name, has_output_tensor=True if has_output is None else has_output, **values
+    has_output = r.bool_("has_output_tensor", required=False)
+    aliases = manifest_aliases(name)
+    values: dict[str, HValue] = {}
+    for key, value in _flatten(r.data).items():
+        if key in ("name", "has_output_tensor"):
+            continue
+        gguf_key = aliases.get(key, key)
+        if gguf_key not in ARCH_KEYS:
+            import difflib  # only on errors
+
+            close = difflib.get_close_matches(key, [*aliases, *ARCH_KEYS], n=1)
+            extra = f" (did you mean {close[0]!r}?)" if close else ""
+            r.fail(key, f"unknown key{extra}: not a GGUF key llama.cpp reads")
+        if gguf_key in values:
+            r.fail(key, f"given twice (also as {gguf_key!r})")
+        values[gguf_key] = _hvalue(r, key, gguf_key, value)
+    from quantpick.arch.registry import required_keys
+
+    short = {full: alias for alias, full in aliases.items()}
+    for key in _ARCH_REQUIRED:
+        if key not in values:
+            r.fail(key, "missing (required)")
+    for key in required_keys(name):
+        value = values.get(key)
+        shown = short.get(key, key)
+        if value is None:
+            r.fail(shown, f"missing (required for {name})")
+        numbers = value if isinstance(value, tuple) else (value,)
+        if any(not isinstance(v, (int, float)) or v < 1 for v in numbers):
+            r.fail(shown, f"must be >= 1 for {name}, got {_describe(value)}")
+    block_count = values["block_count"]
+    nextn = values.get("nextn_predict_layers", 0)
+    assert isinstance(block_count, int)
+    if isinstance(nextn, int) and nextn >= block_count:
+        r.fail("nextn_predict_layers", "must be smaller than block_count")
+    used, experts = values.get("expert_used_count", 0), values.get("expert_count", 0)
+    if isinstance(used, int) and isinstance(experts, int) and used > experts:
+        r.fail("expert_used_count", "must not exceed expert_count")
+    from quantpick.arch.keys import PER_LAYER_KEYS
+
+    for key, value in values.items():
+        if key in PER_LAYER_KEYS and isinstance(value, tuple) and len(value) != block_count:
+            r.fail(key, f"has {len(value)} values; block_count is {block_count} (one per layer)")
+    vocab = values.pop("vocab_size")
+    assert isinstance(vocab, int)
+    return Architecture.of(
+        name, values, vocab, has_output_tensor=True if has_output is None else has_output
     )
 
 
@@ -539,14 +575,37 @@ def manifest_to_dict(manifest: Manifest) -> dict[str, Any]:
         "path": manifest.path,
         "origin": manifest.origin,
         "quants": list(manifest.quants),
-        "architecture": {
-            **asdict(arch),
-            "n_layer": arch.n_layer,
-            "attention_layers": list(arch.attention_layers),
-            "recurrent_layer_count": len(arch.recurrent_layers),
-        },
+        "architecture": architecture_to_dict(arch),
         "sampling": asdict(manifest.sampling) if manifest.sampling else None,
         "sources": [asdict(s) for s in manifest.sources],
         "files": [asdict(f) for f in manifest.files],
         "extra": dict(manifest.extra),
+    }
+
+
+def architecture_to_dict(arch: Architecture) -> dict[str, Any]:
+    """The [architecture] block as JSON: the GGUF keys, and what the registry makes of them."""
+    from quantpick.arch.registry import manifest_aliases, support, view_of
+
+    view = view_of(arch)
+    sup = support(arch.name)
+    keys = dict(arch.hparams)
+    # the short names earlier documents carried, beside the GGUF keys
+    legacy = {short: keys[full] for short, full in manifest_aliases(arch.name).items()
+              if full in keys}  # fmt: skip
+    return {
+        **{k: list(v) if isinstance(v, tuple) else v for k, v in legacy.items()},
+        "name": arch.name,
+        "vocab_size": arch.vocab_size,
+        "has_output_tensor": arch.has_output_tensor,
+        **{k: list(v) if isinstance(v, tuple) else v for k, v in arch.hparams},
+        "family": sup.family,
+        "known": sup.known,
+        "checked": sup.checked,
+        "basis": sup.basis,
+        "n_layer": view.n_layer,
+        "memory": view.memory.value,
+        "attention_layers": list(view.kv_layers),
+        "recurrent_layer_count": len(view.recurrent_layers),
+        "sliding_window": view.n_swa,
     }

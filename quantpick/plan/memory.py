@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from quantpick.arch.base import AttentionKind, LayerView, ModelView
 from quantpick.errors import UsageError
 from quantpick.machine.spec import Gpu, Machine
 from quantpick.model.ggml import KV_CACHE_TYPES, row_size
@@ -20,8 +21,10 @@ GiB = 1024**3
 
 # Per-token f32 activations of one layer at peak (Q+gate, qkv_mixed, conv, MoE up/gate/down, ...),
 # with ggml-alloc reusing memory across layers: notes §2d item 5 puts it at 0.15-0.3 MiB per ubatch
-# token. Estimate.
+# token for qwen35moe (n_embd 2048): 160 KiB, i.e. 80 bytes (20 f32 values) per embedding
+# dimension, the rule `activation_bytes_per_token` applies to every architecture. Estimate.
 ACTIVATION_BYTES_PER_TOKEN = 160 * 1024
+ACTIVATION_BYTES_PER_EMBD = 80
 # ggml_backend_sched n_copies with pipeline parallelism (GGML_SCHED_MAX_COPIES).
 PIPELINE_COPIES = 4
 # GGML_OP_OFFLOAD_MIN_BATCH: below this ubatch host-resident experts are not copied to the GPU.
@@ -61,6 +64,7 @@ class RunConfig:
     # Builds before PR #23764 (2026-05-29) keep the f32 KQ mask beside its f16 cast with flash
     # attention (plan/build_class.py chooses this per installed build).
     fa_mask_f32: bool = False
+    swa_full: bool = False  # --swa-full: the sliding-window layers get the full cache
 
 
 @dataclass(frozen=True)
@@ -179,21 +183,40 @@ def context_cells(
     return n_ctx_seq * n_seq, n_ctx_seq, n_seq
 
 
+def swa_cells(view: ModelView, kv_size: int, n_parallel: int, kv_unified: bool, ubatch: int,
+              swa_full: bool) -> int:  # fmt: skip
+    """Cells per stream of a sliding-window layer: pad256(min(kv_size, n_swa x (unified ?
+    n_seq : 1) + n_ubatch)), the full cache with --swa-full (src/llama-kv-cache-iswa.cpp:73-80)."""
+    if swa_full or view.n_swa <= 0:
+        return kv_size
+    return pad(min(kv_size, view.n_swa * (max(1, n_parallel) if kv_unified else 1) + ubatch), 256)
+
+
+def layer_kv_bytes_per_cell(
+    layer: LayerView, view: ModelView, type_k: str, type_v: str, flash_attn: bool = True
+) -> int:
+    """K + V bytes one cell of `layer` takes (src/llama-kv-cache.cpp:200-237): V is padded to the
+    widest layer without flash attention (V is stored transposed then), and absent for MLA."""
+    v_width = layer.v_width if flash_attn or not layer.v_width else view.v_width_max
+    return row_size(type_k, layer.k_width) + row_size(type_v, v_width)
+
+
 def kv_bytes_per_cell_per_layer(layout: ModelLayout, type_k: str, type_v: str) -> int:
-    arch = layout.architecture
-    n_embd_k_gqa = arch.key_length * arch.head_count_kv
-    n_embd_v_gqa = arch.value_length * arch.head_count_kv
-    return row_size(type_k, n_embd_k_gqa) + row_size(type_v, n_embd_v_gqa)
+    """K + V bytes per cell of the widest KV layer (speed's and compute's yardstick)."""
+    view = layout.view
+    layers = [view.layers[il] for il in view.kv_layers] or list(view.layers[:1])
+    return max((layer_kv_bytes_per_cell(lv, view, type_k, type_v) for lv in layers), default=0)
 
 
 def recurrent_bytes_per_layer_per_row(layout: ModelLayout) -> int:
-    """src/llama-hparams.cpp n_embd_r + n_embd_s, always f32 (create_memory)."""
-    arch = layout.architecture
-    n_embd_r = (arch.ssm_conv_kernel - 1) * (
-        arch.ssm_inner_size + 2 * arch.ssm_group_count * arch.ssm_state_size
-    )
-    n_embd_s = arch.ssm_state_size * arch.ssm_inner_size
-    return (n_embd_r + n_embd_s) * 4
+    """One sequence's recurrent state of one layer: n_embd_r + n_embd_s, always f32
+    (src/llama-hparams.cpp:218-270; create_memory passes GGML_TYPE_F32)."""
+    return layout.view.state_bytes_per_row
+
+
+def activation_bytes_per_token(view: ModelView) -> int:
+    """Peak f32 activations per ubatch token of one layer (estimate; see the constant)."""
+    return ACTIVATION_BYTES_PER_EMBD * max(view.n_embd, 1)
 
 
 def validate_config(config: RunConfig, layout: ModelLayout) -> None:
@@ -385,6 +408,8 @@ def estimate(
 
     slot_device = [device_of_slot(s) for s in range(n_slots)]
     acc = [_Acc() for _ in range(n_gpu + 1)]
+    view = layout.view
+    per_device = frozenset(layout.per_device_tensors)
     mtp_loaded = config.spec_draft_n > 0 and arch.nextn_predict_layers > 0
 
     # Weights. The NextN/MTP block is skipped (never allocated) unless MTP speculation loads it.
@@ -401,6 +426,8 @@ def estimate(
         # -ot: std::regex_search on every tensor name, first match wins, before the normal choice
         # (llama_model_loader::create_tensor); --n-cpu-moe's own patterns come after the user's.
         for t in layout.tensors:
+            if t in per_device:
+                continue
             slot = layout.slot_of(t.name)
             if skipped(slot):
                 continue
@@ -426,6 +453,17 @@ def estimate(
             acc[host_pos if on_host else dev].weights += sw.expert_bytes
             if on_host:
                 host_experts[slot] = sw.expert_bytes
+    # rope_freqs and kin: one copy per device holding a trunk layer (TENSOR_DUPLICATED)
+    if per_device:
+        holders = dict.fromkeys(slot_device[il] for il in range(arch.n_layer))
+        extra = sum(t.n_bytes for t in per_device)
+        for pos in holders:
+            acc[pos].weights += extra
+    # A tied output head: token_embd loaded again on the output layer's device when that is not
+    # the host (the same buffer type keeps one copy: src/llama-model-loader.cpp:1371-1376).
+    output_dev = slot_device[layout.output_slot]
+    if layout.tied_output_bytes and output_dev != host_pos:
+        acc[output_dev].weights += layout.tied_output_bytes
     for slot in range(n_slots):
         if skipped(slot):
             continue
@@ -439,41 +477,48 @@ def estimate(
     op_offload_pos = next((pos for pos, d in enumerate(devs) if not d.is_rpc), None)
     host_expert_layer_bytes = max(host_experts) if op_offload_pos is not None else 0
 
-    # KV cache (10 attention layers) and recurrent state (30 DeltaNet layers).
+    # KV cache and recurrent state, layer by layer from the architecture's view: each layer's
+    # cache on its layer's device (dev_layer(il)), or the host with -nkvo
+    # (src/llama-kv-cache.cpp:213-222, llama-memory-recurrent.cpp).
     n_ctx, kv_size, n_stream = context_cells(
         config.ctx_size, arch.context_length, config.n_parallel, config.kv_unified
     )
-    kv_layer = (
-        kv_size
-        * n_stream
-        * kv_bytes_per_cell_per_layer(layout, config.cache_type_k, config.cache_type_v)
+    ub = min(config.ubatch, config.batch, n_ctx)
+    fa = config.flash_attn != "off"
+    window_cells = swa_cells(
+        view, kv_size, config.n_parallel, config.kv_unified, ub, config.swa_full
     )
-    # one cell per sequence, times (1 + drafts) rollback snapshots with MTP speculation
+    # one row per sequence, times (1 + drafts) rollback snapshots with MTP speculation
     rows = max(1, config.n_parallel) * (1 + config.spec_draft_n)
-    rs_layer = rows * recurrent_bytes_per_layer_per_row(layout)
-    for il, recurrent in enumerate(layout.recurrent_flags):
+    rs_layer = rows * view.state_bytes_per_row
+    for layer in view.layers:
+        il = layer.index
         dev = slot_device[il] if config.kv_offload else host_pos
-        if recurrent:
+        if layer.kv:
+            cells = window_cells if layer.attention is AttentionKind.SLIDING else kv_size
+            per_cell = layer_kv_bytes_per_cell(
+                layer, view, config.cache_type_k, config.cache_type_v, fa
+            )
+            acc[dev].kv += cells * n_stream * per_cell
+            acc[dev].attention.append(il)
+        if layer.recurrent:
             acc[dev].recurrent += rs_layer
             acc[dev].recurrent_layers.append(il)
-        else:
-            acc[dev].kv += kv_layer
-            acc[dev].attention.append(il)
     if mtp_loaded:
-        # The MTP context keeps a plain f16 KV cache for the NextN layer (-ctkd/-ctvd default f16).
-        mtp_dev = slot_device[arch.n_layer] if config.kv_offload else host_pos
-        acc[mtp_dev].kv += n_ctx * kv_bytes_per_cell_per_layer(layout, "f16", "f16")
+        # The MTP context keeps a plain f16 KV cache for the NextN layers (-ctkd/-ctvd default
+        # f16), one stream of the full context.
+        for il in view.mtp_kv_layers:
+            mtp_dev = slot_device[il] if config.kv_offload else host_pos
+            acc[mtp_dev].kv += n_ctx * layer_kv_bytes_per_cell(view.layers[il], view, "f16", "f16")
 
     # Compute buffers (estimates; notes §2d).
     overridden = bool(config.override_tensors) or config.cpu_moe or config.n_cpu_moe > 0
     full_offload = n_gpu > 0 and ngl >= n_slots
     pipeline = n_gpu > 1 and full_offload and not overridden and config.kv_offload
     copies = PIPELINE_COPIES if pipeline else 1
-    ub = min(config.ubatch, config.batch, n_ctx)
-    fa = config.flash_attn != "off"
     # [kv_size, ub/S, 1, S]: f16 with FA (plus the f32 original in builds before PR #23764)
     mask_bytes = kv_size * ub * ((6 if config.fa_mask_f32 else 2) if fa else 4)
-    activations = ub * ACTIVATION_BYTES_PER_TOKEN
+    activations = ub * activation_bytes_per_token(view)
     n_outputs_max = (
         min(config.batch, max(1, config.n_parallel) * (1 + config.spec_draft_n))
         if config.logits_rows == "server"
@@ -482,13 +527,9 @@ def estimate(
     logits_rows = min(ub, n_outputs_max)
     logits_bytes = arch.vocab_size * logits_rows * 4
     non_f16_kv = config.cache_type_k != "f16" or config.cache_type_v != "f16"
-    fa_scratch = (
-        2 * (arch.key_length * arch.head_count_kv) * kv_size * n_stream * 2
-        if fa and non_f16_kv
-        else 0
-    )
-    no_fa_kq = 0 if fa else kv_size * ub * arch.head_count * 4
-    output_dev = slot_device[layout.output_slot]
+    widest_k = max((view.layers[il].k_width for il in view.kv_layers), default=0)
+    fa_scratch = 2 * widest_k * kv_size * n_stream * 2 if fa and non_f16_kv else 0
+    no_fa_kq = 0 if fa else kv_size * ub * max(view.n_head, 1) * 4
     for pos in range(n_gpu):
         a = acc[pos]
         if not a.layers:
@@ -517,7 +558,6 @@ def estimate(
             host.compute += logits_bytes
     # Output buffer: n_vocab x max(n_outputs, n_seq) f32 in host memory (output_reserve).
     host.overhead = arch.vocab_size * max(logits_rows, max(1, config.n_parallel)) * 4
-
     if config.vision and projector_bytes:
         # The projector goes to --device's first device, else to the first GPU registered, which
         # is a local one when there is any: RPC devices register at --rpc, after the built-in

@@ -1,7 +1,8 @@
 """Choose the quant, KV cache type and placement for a model, a machine and a target context. Pure.
 
-Inputs are data (manifest, machine, a function giving each quant's layout, a request); the result is
-data (the chosen plan and every candidate with the reason it lost). No I/O, no environment.
+Inputs are data (manifest, machine, each quant's layout, a request); the result is data (the
+chosen plan and every candidate with the reason it lost). No I/O, no environment: the pipeline
+resolves the layouts (header cache, hub, or synthesized) before it calls the planner.
 
 Quality is measured (plan/quality.py: mean KLD vs BF16 and a tier of what a person would notice);
 speed is expected (plan/speed.py); `min_tps` applies to the expected decode at the target context.
@@ -20,8 +21,9 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
+from enum import Enum
 
 from quantpick.errors import NoFitError, UsageError
 from quantpick.machine.spec import Machine
@@ -58,7 +60,22 @@ POLICIES = ("balanced", "quality", "speed")
 # llama.cpp's --fit never shrinks below 4096 (fit-ctx default); the planner's smallest context.
 MIN_CONTEXT = 4096
 
-LayoutFn = Callable[[str], ModelLayout]
+# quant -> its layout, resolved by the caller (pipeline) before planning.
+Layouts = Mapping[str, ModelLayout]
+
+
+class Placement(str, Enum):
+    """Where a plan puts the model (str values: --json documents and tests compare them)."""
+
+    GPU = "gpu"  # every layer on the GPUs
+    EXPERT_OFFLOAD = "expert-offload"  # routed experts of some layers in host RAM
+    LAYER_OFFLOAD = "layer-offload"  # some whole layers in host RAM (-ngl N)
+    CPU = "cpu"  # no GPU
+    NONE = "none"  # does not fit
+    NOT_SEARCHED = "not searched"
+
+    def __str__(self) -> str:
+        return self.value
 
 
 @dataclass(frozen=True)
@@ -87,7 +104,7 @@ class Candidate:
     quant: str
     quality_rank: int
     cache_type: str  # K and V cache type
-    placement: str  # "gpu" (all on GPUs) | "expert-offload" | "cpu" | "none" (does not fit)
+    placement: Placement
     fits: bool  # fits every device's budget
     feasible: bool  # fits and meets the speed floor where it applies
     reason: str
@@ -108,7 +125,7 @@ class Plan:
     config: RunConfig
     estimate: Estimate
     speed: SpeedEstimate
-    placement: str
+    placement: Placement
     policy: str
     layout_basis: str
     candidates: tuple[Candidate, ...]
@@ -117,6 +134,8 @@ class Plan:
     why: str = ""  # the pick in one line
     compute_rule: ComputeRule = CONSERVATIVE  # the llama.cpp build class the compute assumes
     calibration: Calibration | None = None  # applied to the speed figures, when measured here
+    arch: str = ""  # general.architecture of the planned file
+    n_slots: int = 0  # llama.cpp's layer slots (-ngl counts them): block_count + 1
 
 
 # ----------------------------------------------------------------------------------------------
@@ -148,14 +167,16 @@ def _overflow(est: Estimate) -> tuple[int, str | None]:
 
 
 # The multi-GPU --n-cpu-moe search past the smallest N that fits: every N up to OFFLOAD_WALK
-# steps past it, then every OFFLOAD_STRIDE-th N while the host fits, then the N around the best
-# of those. The stride is this architecture's full-attention interval (one attention layer, and
-# its KV, in every 4), the step where a split's speed changes most. Why a search at all: on a
-# 15 GiB 2039 GB/s card beside a 22 GiB 192 GB/s one at -c 259072, more experts in RAM let the
-# attention layers leave the slow card, 1.5-1.85x the expected decode of the smallest N.
+# steps past it, then every stride-th N while the host fits, then the N around the best of those.
+# The stride is the architecture's attention period (ModelView.attention_period: one layer with
+# its own KV in every 4 for qwen35moe), the step where a split's speed changes most; at least
+# OFFLOAD_STRIDE_MIN so that the walk stays short on a dense-attention model. Why a search at
+# all: on a 15 GiB 2039 GB/s card beside a 22 GiB 192 GB/s one at -c 259072, more experts in
+# RAM let the attention layers leave the slow card, 1.5-1.85x the expected decode of the
+# smallest N.
 # Measured against trying every N (python benchmarks/offload_search.py) in the note on #10.
 OFFLOAD_WALK = 4
-OFFLOAD_STRIDE = 4
+OFFLOAD_STRIDE_MIN = 4
 
 
 def _gpu_overflow(est: Estimate) -> int:
@@ -277,7 +298,8 @@ class _Search:
         their bisection (from neighbouring --n-cpu-moe values)."""
         devices = llama_devices(self.machine, config)
         n_gpu = len(devices)
-        n_slots = self.layout.n_slots
+        # the slots on the GPUs: all, or the last -ngl of them (the split shares those)
+        n_slots = min(config.n_gpu_layers or self.layout.n_slots, self.layout.n_slots)
         best: Estimate | None = None
         best_speed = -1.0
         least: Estimate | None = None
@@ -389,22 +411,43 @@ class _Search:
 
     def place(
         self, base: RunConfig, allow_offload: bool, *, search_offload: bool = True
-    ) -> tuple[str, Estimate | None, Estimate]:
+    ) -> tuple[Placement, Estimate | None, Estimate]:
         """(placement, the best fitting estimate or None, the least-overflowing estimate).
         search_offload=False: an expert-offload plan at the smallest --n-cpu-moe that fits, for
-        faster_offload to improve later only where that can change the pick."""
+        faster_offload to improve later only where that can change the pick.
+
+        When the GPUs cannot hold everything: a MoE model moves routed experts to host RAM
+        first (--n-cpu-moe: they are read at 1/expert_count of their bytes per token), whole
+        layers only if that is not enough; a dense model moves whole layers (-ngl N)."""
         n_gpu = len(llama_devices(self.machine, base))
         if n_gpu == 0:
             est = self.run(replace(base, n_gpu_layers=0, devices=(), rpc_servers=()))
-            return ("cpu", est if est.fits else None, est)
+            return (Placement.CPU, est if est.fits else None, est)
         best, least = self.best_split(base)
         if best is not None:
-            return ("gpu", best, best)
+            return (Placement.GPU, best, best)
         if not allow_offload:
-            return ("none", None, least)
-        # Expert offload: --n-cpu-moe N moves the routed experts of blocks 0..N-1 to host memory.
-        # GPU load falls as N grows, so bisect for the smallest N whose GPUs fit; then check host.
-        n_layer = self.layout.architecture.n_layer
+            return (Placement.NONE, None, least)
+        if self.layout.view.is_moe:
+            found, last_least = self._expert_offload(base, least)
+            if found is not None:
+                if search_offload:
+                    found = self.faster_offload(base, found)
+                return (Placement.EXPERT_OFFLOAD, found, found)
+            if _gpu_overflow(last_least) <= 0:
+                return (Placement.NONE, None, last_least)  # the host is the limit
+            least = last_least
+        found, least = self._layer_offload(base, least)
+        if found is None:
+            return (Placement.NONE, None, least)
+        return (Placement.LAYER_OFFLOAD, found, found)
+
+    def _expert_offload(
+        self, base: RunConfig, least: Estimate
+    ) -> tuple[Estimate | None, Estimate]:
+        """--n-cpu-moe N moves the routed experts of blocks 0..N-1 to host memory. GPU load falls
+        as N grows, so bisect for the smallest N whose GPUs fit; then check the host."""
+        n_layer = self.layout.view.n_layer
         lo, hi = 1, n_layer
         found: Estimate | None = None
         last_least = least
@@ -414,18 +457,44 @@ class _Search:
             if fit is not None:
                 found, hi = fit, mid - 1
             else:
-                candidate = fit or least_mid
-                if _gpu_overflow(candidate) <= 0:
-                    # GPUs fit but the host does not: more offload only makes it worse
-                    last_least = candidate
-                    break
-                last_least = candidate
+                last_least = least_mid
+                if _gpu_overflow(least_mid) <= 0:
+                    break  # GPUs fit but the host does not: more offload only makes it worse
                 lo = mid + 1
-        if found is None:
-            return ("none", None, last_least)
-        if search_offload:
-            found = self.faster_offload(base, found)
-        return ("expert-offload", found, found)
+        return found, last_least
+
+    def _layer_offload(
+        self, base: RunConfig, least: Estimate
+    ) -> tuple[Estimate | None, Estimate]:
+        """-ngl N keeps the last N slots (the output layer first) on the GPUs and the rest, with
+        their KV, in host memory (llama_model_base::load_tensors: i_gpu_start = n_slots - N).
+        GPU load grows with N and host load falls: the largest N whose GPUs fit is the fastest
+        plan, if the host holds the rest."""
+        n_slots = self.layout.n_slots
+        tried: dict[int, tuple[Estimate | None, Estimate]] = {}
+
+        def at(n: int) -> tuple[Estimate | None, Estimate]:
+            if n not in tried:
+                tried[n] = self.best_split(replace(base, n_gpu_layers=n))
+            return tried[n]
+
+        def more_fits(n: int) -> bool:
+            # fits, or the GPUs still have room, or the host is short (then only a larger N can
+            # help): true for small N, false past the largest N the GPUs hold
+            fit, least_n = at(n)
+            return fit is not None or _gpu_overflow(least_n) <= 0 or not least_n.host.fits
+
+        if n_slots < 2 or not more_fits(1):
+            return None, at(1)[1] if n_slots >= 2 else least
+        lo, hi = 1, n_slots - 1
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if more_fits(mid):
+                lo = mid
+            else:
+                hi = mid - 1
+        fit, least_n = at(lo)
+        return fit, least_n
 
     def faster_offload(self, base: RunConfig, found: Estimate) -> Estimate:
         """The fastest --n-cpu-moe from the smallest that fits (`found`), on two GPUs; with
@@ -433,7 +502,7 @@ class _Search:
         with the search), so the smallest N is kept there, as on one GPU."""
         if len(llama_devices(self.machine, base)) != 2:
             return found
-        return self._faster_offload(base, found, self.layout.architecture.n_layer)
+        return self._faster_offload(base, found, self.layout.view.n_layer)
 
     def _faster_offload(self, base: RunConfig, found: Estimate, n_layer: int) -> Estimate:
         """With two GPUs the smallest --n-cpu-moe is not always the fastest: more expert
@@ -479,9 +548,10 @@ class _Search:
         def best() -> int:
             return max(tried, key=lambda n: (tried[n], -n))
 
+        stride = max(OFFLOAD_STRIDE_MIN, self.layout.view.attention_period)
         for n in range(start + 1, start + OFFLOAD_WALK + 1):
             attempt(n)
-        for n in range(start + OFFLOAD_WALK + OFFLOAD_STRIDE, n_layer + 1, OFFLOAD_STRIDE):
+        for n in range(start + OFFLOAD_WALK + stride, n_layer + 1, stride):
             attempt(n)
         # the top end (all the experts the host can take), found by bisection when the host
         # is the limit: the fast card then holds the most slots, often the fastest plan
@@ -494,7 +564,7 @@ class _Search:
         # refine around the best so far: speed against N is a saw-tooth whose teeth are about
         # a stride apart (where an attention layer changes card)
         for centre in dict.fromkeys((best(), lo)):
-            for n in range(centre - OFFLOAD_STRIDE, centre + OFFLOAD_STRIDE + 1):
+            for n in range(centre - stride, centre + stride + 1):
                 attempt(n)
         n = best()
         return fits[n] if tried[n] > tried[start] * (1 + 1e-9) else found
@@ -520,7 +590,7 @@ def quality_for(manifest: Manifest, quant: str) -> Quality:
 def plan(
     manifest: Manifest,
     machine: Machine,
-    layout_of: LayoutFn,
+    layouts: Layouts,
     request: PlanRequest,
     *,
     overheads: Overheads | None = None,
@@ -532,16 +602,16 @@ def plan(
     offload, and then it is left out, with the figures that show why.
     """
     if not machine.rpc_workers:
-        return _plan_once(manifest, machine, layout_of, request, overheads=overheads)
+        return _plan_once(manifest, machine, layouts, request, overheads=overheads)
     with_workers: Plan | None = None
     problem: NoFitError | None = None
     try:
-        with_workers = _plan_once(manifest, machine, layout_of, request, overheads=overheads)
+        with_workers = _plan_once(manifest, machine, layouts, request, overheads=overheads)
     except NoFitError as exc:
         problem = exc
     local = replace(machine, rpc_workers=())
     try:
-        alone = _plan_once(manifest, local, layout_of, request, overheads=overheads)
+        alone = _plan_once(manifest, local, layouts, request, overheads=overheads)
     except NoFitError:
         if with_workers is None:
             assert problem is not None
@@ -588,7 +658,7 @@ def _chosen(p: Plan) -> Candidate:
 def _plan_once(
     manifest: Manifest,
     machine: Machine,
-    layout_of: LayoutFn,
+    layouts: Layouts,
     request: PlanRequest,
     *,
     overheads: Overheads | None = None,
@@ -645,7 +715,7 @@ def _plan_once(
     offloaded: list[tuple[int, _Search, RunConfig]] = []
 
     def fitted(
-        quant: str, q: Quality, kv: str, placement: str, best: Estimate, search: _Search
+        quant: str, q: Quality, kv: str, placement: Placement, best: Estimate, search: _Search
     ) -> Candidate:
         speed = search.speed(best)
         tps = expected_tps(speed)
@@ -670,15 +740,17 @@ def _plan_once(
             skip = f"lower quality than {feasible[0].quant}"
         elif request.prefer == "balanced" and best_tier is not None and q.tier > best_tier:
             skip = f"a lower quality tier than plans that fit ({q.verdict})"
+        elif quant not in layouts:
+            skip = "no tensor table: this quant's GGUF header is needed (not cached)"
         if skip is not None:
             for kv in request.kv_types:
                 candidates.append(
-                    Candidate(quant, ranks[quant], kv, "not searched", False, False, skip,
-                              quality=q)
+                    Candidate(quant, ranks[quant], kv, Placement.NOT_SEARCHED, False, False,
+                              skip, quality=q)
                 )  # fmt: skip
             continue
         search = searches[quant] = _Search(
-            layout_of(quant),
+            layouts[quant],
             machine,
             overheads,
             projector_bytes,
@@ -694,7 +766,7 @@ def _plan_once(
                 # faster at depth (plan/speed.py): once one runs fully on the GPUs, the others
                 # cannot win under balanced or quality (speed still weighs them).
                 candidates.append(
-                    Candidate(quant, ranks[quant], kv, "not searched", False, False,
+                    Candidate(quant, ranks[quant], kv, Placement.NOT_SEARCHED, False, False,
                               f"{full_gpu_kv} KV already runs fully on the GPUs", quality=q)
                 )  # fmt: skip
                 continue
@@ -720,7 +792,7 @@ def _plan_once(
                 dev_name = next((d.name for d in least.devices if d.device == where), where)
                 candidates.append(
                     Candidate(
-                        quant, ranks[quant], kv, "none", False, False,
+                        quant, ranks[quant], kv, Placement.NONE, False, False,
                         f"too big by {over / GiB:.2f} GiB on {where} ({dev_name})",
                         least.config, least, search.speed(least), over, where, quality=q,
                     )
@@ -728,9 +800,9 @@ def _plan_once(
                 continue
             cand = fitted(quant, q, kv, placement, best, search)
             candidates.append(cand)
-            if placement == "expert-offload":
+            if placement is Placement.EXPERT_OFFLOAD:
                 offloaded.append((len(candidates) - 1, search, base))
-            if placement == "gpu" and full_gpu_kv is None:
+            if placement is Placement.GPU and full_gpu_kv is None:
                 full_gpu_kv = kv
             if cand.feasible:
                 feasible.append(cand)
@@ -793,6 +865,7 @@ def _plan_once(
         )
     if chosen.quality.note:
         notes.append(chosen.quality.note)
+    notes.extend(chosen_layout.view.notes)
     return Plan(
         model=manifest.id,
         quant=chosen.quant,
@@ -810,6 +883,8 @@ def _plan_once(
         why=why,
         compute_rule=request.compute_rule,
         calibration=request.calibration,
+        arch=chosen_layout.architecture.name,
+        n_slots=chosen_layout.n_slots,
     )
 
 
@@ -901,7 +976,7 @@ def _per_quant(cands: list[Candidate], kv_order: tuple[str, ...]) -> list[Candid
         if cur is None:
             best[c.quant] = c
             continue
-        gpu_c, gpu_cur = c.placement == "gpu", cur.placement == "gpu"
+        gpu_c, gpu_cur = c.placement is Placement.GPU, cur.placement is Placement.GPU
         if gpu_c != gpu_cur:
             if gpu_c:
                 best[c.quant] = c
@@ -930,7 +1005,7 @@ def _speed_may_matter(
     if prefer == "speed":
         floor_empty = chosen.quality is None or chosen.quality.tier > SPEED_FLOOR_TIER
         above_floor = c.quality is not None and c.quality.tier <= SPEED_FLOOR_TIER
-        return chosen.placement != "gpu" or (floor_empty and above_floor)
+        return chosen.placement is not Placement.GPU or (floor_empty and above_floor)
     if prefer == "quality":
         return _kld(c) <= _kld(chosen)
     return balanced_key(c, kv_order)[:3] >= balanced_key(chosen, kv_order)[:3]
@@ -950,7 +1025,7 @@ def choose(
             c for c in feasible if c.quality is not None and c.quality.tier <= SPEED_FLOOR_TIER
         ]
         pool = floor or feasible
-        gpu = [c for c in pool if c.placement == "gpu"]
+        gpu = [c for c in pool if c.placement is Placement.GPU]
         pool = gpu or pool
         fastest = max(expected_tps(_s(c)) for c in pool)
         ties = [c for c in pool if expected_tps(_s(c)) * SPEED_TIE >= fastest]
@@ -976,9 +1051,10 @@ def _s(c: Candidate) -> SpeedEstimate:
 def _describe(c: Candidate) -> str:
     assert c.quality is not None
     where = {
-        "gpu": "fully on the GPUs",
-        "expert-offload": "experts partly in RAM",
-        "cpu": "on the CPU",
+        Placement.GPU: "fully on the GPUs",
+        Placement.EXPERT_OFFLOAD: "experts partly in RAM",
+        Placement.LAYER_OFFLOAD: "layers partly in RAM",
+        Placement.CPU: "on the CPU",
     }
     return (
         f"{c.quant} ({c.quality.verdict.split(':')[0]}, KLD {c.quality.mean_kld:.4f}), "
@@ -1007,7 +1083,7 @@ def balanced_key(
     utility = math.log(min(tps, COMFORTABLE_TPS)) - c.quality.mean_kld / KLD_PER_SPEED_LOG
     if kv_order and c.cache_type != kv_order[0]:
         utility -= math.log(MEANINGFUL_SPEEDUP)
-    return (-c.quality.tier, not _tight(c), c.placement == "gpu", utility)
+    return (-c.quality.tier, not _tight(c), c.placement is Placement.GPU, utility)
 
 
 def _choose_balanced(cands: list[Candidate], kv_order: tuple[str, ...]) -> tuple[Candidate, str]:
@@ -1028,8 +1104,8 @@ def _choose_balanced(cands: list[Candidate], kv_order: tuple[str, ...]) -> tuple
             reason = f"{top.quant} would leave host RAM tight (under {TIGHT_FRACTION:.0%} free)"
         elif kt[2] != kp[2]:
             reason = (
-                f"{top.quant} would need experts in RAM (~{expected_tps(_s(top)):.0f} tok/s) "
-                "for no quality step a person would notice"
+                f"{top.quant} would need {_in_ram(top)} in RAM (~{expected_tps(_s(top)):.0f} "
+                "tok/s) for no quality step a person would notice"
             )
         else:
             ratio = expected_tps(_s(pick)) / max(expected_tps(_s(top)), 1e-3)
@@ -1040,18 +1116,23 @@ def _choose_balanced(cands: list[Candidate], kv_order: tuple[str, ...]) -> tuple
         why += (
             f"; within {pick.quality.mean_kld - gap:.4f} KLD of {top.quant} (same tier); {reason}"
         )
-    if pick.placement == "expert-offload":
-        gpu = [c for c in cands if c.placement == "gpu"]
+    if pick.placement in (Placement.EXPERT_OFFLOAD, Placement.LAYER_OFFLOAD):
+        gpu = [c for c in cands if c.placement is Placement.GPU]
         if gpu:
             g = max(gpu, key=key)
             assert g.quality is not None
+            what = "experts" if pick.placement is Placement.EXPERT_OFFLOAD else "layers"
             why += (
-                f"; experts in RAM buy a quality step over the best full-GPU plan, {g.quant} "
+                f"; {what} in RAM buy a quality step over the best full-GPU plan, {g.quant} "
                 f"({g.quality.verdict.split(':')[0]})"
             )
         else:
             why += "; nothing of this quality fits fully on the GPUs"
     return pick, why
+
+
+def _in_ram(c: Candidate) -> str:
+    return "layers" if c.placement is Placement.LAYER_OFFLOAD else "experts"
 
 
 def _why_lost(c: Candidate, chosen: Candidate) -> str:
@@ -1060,8 +1141,8 @@ def _why_lost(c: Candidate, chosen: Candidate) -> str:
     if c.quality is not None and chosen.quality is not None:
         if c.quality.tier > chosen.quality.tier:
             return f"lower quality tier than {chosen.quant}"
-        if c.placement != "gpu" and chosen.placement == "gpu":
-            return "needs experts in RAM; a full-GPU plan of the same tier exists"
+        if c.placement is not Placement.GPU and chosen.placement is Placement.GPU:
+            return f"needs {_in_ram(c)} in RAM; a full-GPU plan of the same tier exists"
         if _kld(c) > _kld(chosen):
             return f"lower quality than {chosen.quant}"
     return f"{chosen.quant} preferred by the {'policy'}"
@@ -1070,7 +1151,7 @@ def _why_lost(c: Candidate, chosen: Candidate) -> str:
 def _no_fit(
     manifest: Manifest, candidates: list[Candidate], target: int, request: PlanRequest
 ) -> NoFitError:
-    failing = [c for c in candidates if c.placement != "not searched"]
+    failing = [c for c in candidates if c.placement is not Placement.NOT_SEARCHED]
     slow = [c for c in failing if c.fits and not c.feasible]
     if slow:
         fastest = max(slow, key=lambda c: expected_tps(c.speed) if c.speed else 0)
@@ -1105,14 +1186,14 @@ class ContextLimit:
     quality_rank: int
     max_context: int  # 0: does not fit even at MIN_CONTEXT
     cache_type: str | None
-    placement: str | None
+    placement: Placement | None
     tokens_per_s_target: float | None
 
 
 def max_context(
     manifest: Manifest,
     machine: Machine,
-    layout_of: LayoutFn,
+    layouts: Layouts,
     request: PlanRequest,
     *,
     overheads: Overheads | None = None,
@@ -1133,7 +1214,7 @@ def max_context(
                 p = plan(
                     manifest,
                     machine,
-                    layout_of,
+                    layouts,
                     replace(request, ctx_size=ctx, quant=quant),
                     overheads=overheads,
                 )

@@ -41,9 +41,9 @@ round trips of llama.cpp's RPC protocol over the link the machine describes.
 
 from __future__ import annotations
 
-import weakref
 from dataclasses import dataclass, field, replace
 
+from quantpick.arch.base import AttentionKind
 from quantpick.machine.spec import (
     ASSUMED_GPU_BANDWIDTH_BYTES_PER_S,
     ASSUMED_GPU_FP16_TFLOPS,
@@ -53,12 +53,8 @@ from quantpick.machine.spec import (
     DEFAULT_RPC_RTT_S,
     Machine,
 )
-from quantpick.model.layout import INPUT_SLOT, ModelLayout
-from quantpick.plan.memory import (
-    Estimate,
-    kv_bytes_per_cell_per_layer,
-    recurrent_bytes_per_layer_per_row,
-)
+from quantpick.model.layout import ModelLayout
+from quantpick.plan.memory import DeviceEstimate, Estimate, layer_kv_bytes_per_cell
 
 DEFAULT_HOST_BANDWIDTH = ASSUMED_HOST_BANDWIDTH_BYTES_PER_S
 DEFAULT_GPU_BANDWIDTH = ASSUMED_GPU_BANDWIDTH_BYTES_PER_S
@@ -363,6 +359,39 @@ class SpeedEstimate:
     expected: ExpectedSpeed | None = field(default=None, compare=False)
 
 
+def attention_reads(
+    layout: ModelLayout, dev: DeviceEstimate, type_k: str, type_v: str
+) -> tuple[int, int]:
+    """(bytes per token of fill over full-context layers, ... over sliding-window layers) that
+    decode reads on `dev`: the KV layers placed there, plus layers there that attend over
+    another layer's KV (gemma3n, gemma4)."""
+    view = layout.view
+    full = window = 0
+    attending = list(dev.attention_layers)
+    owned = set(attending)
+    for il in dev.layers:
+        if il < len(view.layers) and view.layers[il].kv_shared_from is not None:
+            if il not in owned and view.layers[il].attends:
+                attending.append(il)
+    for il in attending:
+        layer = view.layers[il]
+        source = view.layers[layer.kv_shared_from] if layer.kv_shared_from is not None else layer
+        cell = layer_kv_bytes_per_cell(source, view, type_k, type_v)
+        if layer.attention is AttentionKind.SLIDING and view.n_swa > 0:
+            window += cell
+        else:
+            full += cell
+    return full, window
+
+
+def filled(fill: int, window_bytes: int, full_bytes: int, n_swa: int) -> float:
+    """KV bytes attention reads at `fill` tokens: every cell of a full layer, at most n_swa of a
+    sliding one."""
+    return fill * full_bytes + min(fill, n_swa) * window_bytes if n_swa else fill * (
+        full_bytes + window_bytes
+    )
+
+
 def decode_speed(
     layout: ModelLayout,
     estimate: Estimate,
@@ -375,10 +404,9 @@ def decode_speed(
     arch = layout.architecture
     used_fraction = arch.expert_used_count / arch.expert_count if arch.expert_count else 1.0
     target = target_context if target_context is not None else estimate.n_ctx
-    kv_cell = kv_bytes_per_cell_per_layer(
-        layout, estimate.config.cache_type_k, estimate.config.cache_type_v
-    )
-    state_row = recurrent_bytes_per_layer_per_row(layout)
+    type_k, type_v = estimate.config.cache_type_k, estimate.config.cache_type_v
+    state_row = layout.view.state_bytes_per_row
+    n_swa = layout.view.n_swa
     slots = layout.slots
     host_name = estimate.host.device
     traffic: list[DeviceTraffic] = []
@@ -397,7 +425,8 @@ def decode_speed(
             for slot in expert_host:
                 if slot not in dev.layers:
                     weights += int(slots[slot].expert_bytes * used_fraction)
-        kv_target = len(dev.attention_layers) * kv_cell * target
+        full, window = attention_reads(layout, dev, type_k, type_v)
+        kv_target = int(filled(target, window, full, n_swa))
         state = 2 * len(dev.recurrent_layers) * state_row
         bw = bandwidths.get(dev.device) or (
             DEFAULT_HOST_BANDWIDTH if dev.kind == "host" else DEFAULT_GPU_BANDWIDTH
@@ -427,6 +456,7 @@ class DeviceWork:
     slots: int  # layer slots whose dense part runs here
     decode_bytes: int  # weights read per decoded token + recurrent state read and written
     kv_depth_bytes: int  # f16-sized KV bytes read per token of fill (attention layers here)
+    kv_window_bytes: int  # ... of its sliding-window layers (read up to n_swa tokens of fill)
     attention_layers: int
     flops_per_token: float  # 2 x parameters a prompt token multiplies here (no output head)
     resident_bytes: int  # weights stored here that a ubatch reads (no token embeddings)
@@ -476,45 +506,18 @@ class SpeedWork:
     n_embd: int = 0
     n_vocab: int = 0
     mask_bytes: int = MASK_BYTES_FA  # one KQ mask element
-
-
-def _slot_elements(layout: ModelLayout) -> tuple[list[int], list[int]]:
-    """(dense, routed-expert) parameter counts per slot, the output head left out of dense."""
-    cached = _ELEMENTS.get(id(layout))
-    if cached is not None and cached[0]() is layout:
-        return cached[1]
-    dense = [0] * layout.n_slots
-    expert = [0] * layout.n_slots
-    for t in layout.tensors:
-        slot = layout.slot_of(t.name)
-        if slot == INPUT_SLOT or slot >= layout.n_slots or t.name.startswith("output."):
-            continue
-        n = 1
-        for dim in t.shape:
-            n *= dim
-        if t.is_expert:
-            expert[slot] += n
-        else:
-            dense[slot] += n
-    key = id(layout)
-    _ELEMENTS[key] = (weakref.ref(layout, lambda _ref: _ELEMENTS.pop(key, None)), (dense, expert))
-    return dense, expert
-
-
-# The planner asks for the speed of one layout hundreds of times: its parameter counts are kept
-# while the layout lives.
-_ELEMENTS: dict[int, tuple[weakref.ref[ModelLayout], tuple[list[int], list[int]]]] = {}
+    n_swa: int = 0  # the sliding window (0: none)
 
 
 def speed_work(layout: ModelLayout, estimate: Estimate) -> SpeedWork:
     arch = layout.architecture
     config = estimate.config
     used = arch.expert_used_count / arch.expert_count if arch.expert_count else 1.0
-    kv_cell_f16 = kv_bytes_per_cell_per_layer(layout, "f16", "f16")
+    view = layout.view
     # one request decodes: one sequence's recurrent state is read and written per token
-    state_row = recurrent_bytes_per_layer_per_row(layout)
+    state_row = view.state_bytes_per_row
     slots = layout.slots
-    dense_el, expert_el = _slot_elements(layout)
+    dense_el, expert_el = layout.slot_elements
     ubatch = max(1, min(config.ubatch, config.batch))
     # A ubatch touches this share of the routed experts (each token picks expert_used of them).
     touched = 1.0 - (1.0 - used) ** ubatch
@@ -546,6 +549,7 @@ def speed_work(layout: ModelLayout, estimate: Estimate) -> SpeedWork:
         attention_dev[d.device] = set(d.attention_layers)
         host_input = layout.input_bytes if d.kind == "host" else 0
         expert_resident = sum(slots[s].expert_bytes for s in expert_layers)
+        kv_full, kv_window = attention_reads(layout, d, "f16", "f16")
         works.append(
             DeviceWork(
                 device=d.device,
@@ -554,7 +558,8 @@ def speed_work(layout: ModelLayout, estimate: Estimate) -> SpeedWork:
                 decode_bytes=sum(slots[s].dense_bytes for s in layers)
                 + int(expert_resident * used)
                 + 2 * len(d.recurrent_layers) * state_row,
-                kv_depth_bytes=len(d.attention_layers) * kv_cell_f16,
+                kv_depth_bytes=kv_full,
+                kv_window_bytes=kv_window,
                 attention_layers=len(d.attention_layers),
                 flops_per_token=2.0
                 * (
@@ -592,14 +597,26 @@ def speed_work(layout: ModelLayout, estimate: Estimate) -> SpeedWork:
         kv_quantized=config.cache_type_k not in ("f16", "bf16", "f32")
         or config.cache_type_v not in ("f16", "bf16", "f32"),
         n_slots=max(1, len(dense_dev)),
-        attention_flops_per_token_per_fill=4.0 * arch.head_count * arch.key_length,
+        attention_flops_per_token_per_fill=_attention_flops(layout),
         expert_used_fraction=used,
         ubatch=ubatch,
         rpc_stages=_rpc_stages(layout, sequence, dense_dev, endpoint_of, attention_dev),
         n_embd=arch.embedding_length,
         n_vocab=arch.vocab_size,
         mask_bytes=MASK_BYTES_NO_FA if config.flash_attn == "off" else MASK_BYTES_FA,
+        n_swa=view.n_swa,
     )
+
+
+def _attention_flops(layout: ModelLayout) -> float:
+    """4 x heads x head size: a prompt token's attention FLOPs per token of fill in one layer
+    (QK^T and AV), for the widest attending layer."""
+    best = 0.0
+    for layer in layout.view.layers:
+        if layer.attends and layer.n_head_kv:
+            head = layer.k_width // layer.n_head_kv
+            best = max(best, 4.0 * layer.n_head * head)
+    return best
 
 
 def _rpc_stages(
@@ -770,11 +787,13 @@ def decode_seconds(
                     seconds += params.no_graph_ms * 1e-3 * share
             bw = dev.bandwidth_bytes_per_s * params.gpu_bandwidth_efficiency
             seconds += w.decode_bytes / bw
-            seconds += fill * w.kv_depth_bytes * params.kv_depth_factor * quant / bw
+            depth = filled(fill, w.kv_window_bytes, w.kv_depth_bytes, work.n_swa)
+            seconds += depth * params.kv_depth_factor * quant / bw
         else:
             rate = _host_rate(dev, params)
             seconds += w.decode_bytes / rate
-            seconds += fill * w.kv_depth_bytes * params.kv_depth_factor / rate
+            depth = filled(fill, w.kv_window_bytes, w.kv_depth_bytes, work.n_swa)
+            seconds += depth * params.kv_depth_factor / rate
     return seconds
 
 

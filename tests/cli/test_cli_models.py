@@ -84,7 +84,8 @@ def test_show_table() -> None:
     assert "1961032690" in out and Q4_SHA not in out  # short hash in the table
     assert "b1f9d1dcc3de8aa867669b0ab919384aeeb9b8d5" in out
     assert "--temp 0.6 --top-p 0.95 --top-k 20 --min-p 0" in out
-    assert "40 layers + 1 NextN/MTP (10 attention, 30 recurrent)" in out
+    assert "40 layers + 1 NextN/MTP (10 with KV, 30 recurrent)" in out
+    assert "qwen35 rules, checked against llama.cpp" in out
     assert result.stderr == ""
 
 

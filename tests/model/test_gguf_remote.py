@@ -12,13 +12,14 @@ import pytest
 from fakehub import FakeHub
 from gguf_fixtures import FULL, TINY, RangeServer, gguf_str, kv, raw_gguf, write_gguf, write_split
 
+from quantpick.arch.registry import architecture
 from quantpick.config import load_settings
 from quantpick.errors import ExitCode, GGUFError
 from quantpick.fetch.http import RetryPolicy
 from quantpick.model.gguf import read_gguf_file, read_gguf_split
 from quantpick.model.gguf_remote import RemoteHeaderError, read_gguf_url
 from quantpick.model.headers import header_cache_dir, layout_for
-from quantpick.model.manifest import Architecture, Manifest, ModelFile, Source
+from quantpick.model.manifest import Manifest, ModelFile, Source
 
 MiB = 1024 * 1024
 
@@ -186,8 +187,7 @@ def test_not_a_gguf_over_http(server: RangeServer) -> None:
 # ----------------------------------------------------------------------------------------------
 # layouts.layout_for: fake hubs, cache, offline, split files
 
-TINY_ARCH = Architecture(
-    name="qwen35moe", block_count=9, nextn_predict_layers=1, context_length=32768,
+TINY_ARCH = architecture("qwen35moe", block_count=9, nextn_predict_layers=1, context_length=32768,
     embedding_length=256, head_count=4, head_count_kv=2, key_length=64, value_length=64,
     expert_count=16, expert_used_count=4, expert_feed_forward_length=128,
     expert_shared_feed_forward_length=128, ssm_conv_kernel=4, ssm_state_size=32,
@@ -219,7 +219,9 @@ def test_layout_for_remote_then_cache_then_offline(fake_hub: FakeHub, tiny: Path
     assert remote.basis.startswith("gguf-remote:" + fake_hub.hf_endpoint)
     assert remote.exact
     assert remote.tensors == read_gguf_file(tiny).tensors
-    assert remote.architecture == TINY_ARCH
+    # the header carries every key; the ones the manifest gives agree
+    assert all(remote.architecture.keys[k] == v for k, v in TINY_ARCH.hparams)
+    assert remote.view.kv_layers == (3, 7)
     assert list(header_cache_dir(settings).glob("sha256-*.json"))
 
     n_requests = len(fake_hub.requests)

@@ -170,8 +170,10 @@ def test_distill_manifest() -> None:
     assert m.projector.quality_rank is None
     a = m.architecture
     assert (a.name, a.block_count, a.nextn_predict_layers, a.n_layer) == ("qwen35moe", 41, 1, 40)
-    assert a.attention_layers == tuple(range(3, 40, 4))
-    assert len(a.recurrent_layers) == 30
+    from quantpick.arch.registry import view_of
+
+    assert view_of(a).kv_layers == tuple(range(3, 40, 4))
+    assert len(view_of(a).recurrent_layers) == 30
     assert (a.expert_count, a.expert_used_count, a.vocab_size) == (256, 8, 248_320)
     assert m.sampling is not None and (m.sampling.top_k, m.sampling.min_p) == (20, 0.0)
     assert m.reasoning and m.license == "Apache-2.0" and m.checksums_file == "SHA256SUMS"
@@ -216,7 +218,9 @@ def test_unsloth_manifest() -> None:
     )
     a = m.architecture
     assert (a.block_count, a.nextn_predict_layers, a.n_layer) == (40, 0, 40)
-    assert len(a.attention_layers) == 10
+    from quantpick.arch.registry import view_of
+
+    assert len(view_of(a).kv_layers) == 10
     sources = {s.kind: s for s in m.sources}
     assert sources["hf"].revision == "a483e9e6cbd595906af30beda3187c2663a1118c"
     assert sources["modelscope"].repo == "unsloth/Qwen3.6-35B-A3B-GGUF"

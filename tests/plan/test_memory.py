@@ -54,7 +54,8 @@ def test_conformance_with_llamacpp(q4km: ModelLayout, case: dict) -> None:
 def test_conformance_file_is_the_published_architecture(q4km: ModelLayout) -> None:
     arch = q4km.architecture
     assert (arch.block_count, arch.nextn_predict_layers, arch.n_layer) == (41, 1, 40)
-    assert arch.attention_layers == (3, 7, 11, 15, 19, 23, 27, 31, 35, 39)
+    assert q4km.view.kv_layers == (3, 7, 11, 15, 19, 23, 27, 31, 35, 39)
+    assert len(q4km.view.recurrent_layers) == 30 and q4km.view.attention_period == 4
     assert len(q4km.tensors) == 753
     # 733 trunk tensors + 20 MTP tensors; params 35,505,251,456 like the empero card
     params = 0

@@ -42,6 +42,9 @@ def layout_of(quant: str) -> ModelLayout:
     return synthesize_layout(MANIFEST.architecture, quant, size)
 
 
+LAYOUTS = {q: layout_of(q) for q in MANIFEST.quants}
+
+
 def gpu(index: int, gib: float, bandwidth_gbs: float = 900, name: str | None = None) -> Gpu:
     total = int(gib * GiB)
     return Gpu(
@@ -78,7 +81,7 @@ def test_guide_one_gpu_vram_only(vram_gib: int, expected: set[str]) -> None:
     p = plan(
         MANIFEST,
         machine(gpu(0, vram_gib)),
-        layout_of,
+        LAYOUTS,
         PlanRequest(ctx_size=4096, allow_offload=False),
     )
     assert p.quant in expected
@@ -88,10 +91,10 @@ def test_guide_one_gpu_vram_only(vram_gib: int, expected: set[str]) -> None:
 def test_bf16_only_when_asked() -> None:
     """80 GB: the card lists BF16 as a reference, "not for daily use": never the default pick."""
     big = machine(gpu(0, 80, 2039))
-    assert plan(MANIFEST, big, layout_of, PlanRequest(ctx_size=4096)).quant == "Q8_0"
-    p = plan(MANIFEST, big, layout_of, PlanRequest(ctx_size=4096, prefer="quality"))
+    assert plan(MANIFEST, big, LAYOUTS, PlanRequest(ctx_size=4096)).quant == "Q8_0"
+    p = plan(MANIFEST, big, LAYOUTS, PlanRequest(ctx_size=4096, prefer="quality"))
     assert p.quant == "BF16"
-    default = plan(MANIFEST, big, layout_of, PlanRequest(ctx_size=4096))
+    default = plan(MANIFEST, big, LAYOUTS, PlanRequest(ctx_size=4096))
     reasons = {c.quant: c.reason for c in default.candidates}
     assert "not for daily use" in reasons["BF16"]
 
@@ -102,7 +105,7 @@ def test_bf16_only_when_asked() -> None:
 )
 def test_guide_cpu_only_ram(ram_gib: int, expected: set[str]) -> None:
     """The card's RAM guide for CPU inference, on a desktop (8 cores, dual-channel ~50 GB/s)."""
-    p = plan(MANIFEST, machine(ram_gib=ram_gib), layout_of, PlanRequest(ctx_size=4096))
+    p = plan(MANIFEST, machine(ram_gib=ram_gib), LAYOUTS, PlanRequest(ctx_size=4096))
     assert p.quant in expected
     assert p.placement == "cpu"
     # a described desktop keeps a quarter of its RAM for the OS, a desktop session and the cache
@@ -123,7 +126,7 @@ CURRENT_TREE = compute_rule("0.5.0-dev", 11312, "0c1e57098")
 
 
 def test_reference_box_fully_on_both_cards_at_q5_or_better() -> None:
-    p = plan(MANIFEST, reference_box(), layout_of, PlanRequest(ctx_size=262144))
+    p = plan(MANIFEST, reference_box(), LAYOUTS, PlanRequest(ctx_size=262144))
     assert p.quant in {"Q5_K_M", "Q6_K", "Q8_0"} and p.placement == "gpu"
     cuda0, cuda1, host = p.estimate.devices
     assert cuda0.layers and cuda1.layers  # both cards hold layers
@@ -139,25 +142,25 @@ def test_reference_box_fully_on_both_cards_at_q5_or_better() -> None:
 def test_reference_box_at_32k_takes_q8_fully_on_the_cards() -> None:
     # with the installed build known (a current llama-server reserves a few logits rows)
     request = PlanRequest(ctx_size=32768, compute_rule=CURRENT_TREE)
-    p = plan(MANIFEST, reference_box(), layout_of, request)
+    p = plan(MANIFEST, reference_box(), LAYOUTS, request)
     assert (p.quant, p.placement) == ("Q8_0", "gpu")
 
 
 def test_two_4090s_keep_q8_in_vram_instead_of_bf16_with_offload() -> None:
     m = machine(gpu(0, 24, 1008), gpu(1, 24, 1008), ram_gib=64)
-    p = plan(MANIFEST, m, layout_of, PlanRequest(ctx_size=262144))
+    p = plan(MANIFEST, m, LAYOUTS, PlanRequest(ctx_size=262144))
     assert p.quant in {"Q6_K", "Q8_0"} and p.placement == "gpu"
 
 
 def test_one_3090_with_32g_fits_q4_on_the_card() -> None:
     m = machine(gpu(0, 24, 936), ram_gib=32)
-    p = plan(MANIFEST, m, layout_of, PlanRequest(ctx_size=32768))
+    p = plan(MANIFEST, m, LAYOUTS, PlanRequest(ctx_size=32768))
     assert p.quant in {"IQ4_XS", "Q4_K_M"} and p.placement == "gpu"
 
 
 def test_3060_with_32g_does_not_fill_the_desktop_with_q8() -> None:
     m = machine(gpu(0, 12, 360), ram_gib=32)
-    p = plan(MANIFEST, m, layout_of, PlanRequest(ctx_size=32768))
+    p = plan(MANIFEST, m, LAYOUTS, PlanRequest(ctx_size=32768))
     assert p.placement == "expert-offload" and p.quant not in {"Q8_0", "BF16"}
     assert p.estimate.host.headroom_bytes >= 0.1 * p.estimate.host.budget_bytes
     q8 = [c for c in p.candidates if c.quant == "Q8_0" and c.fits]
@@ -170,7 +173,7 @@ def test_experts_in_ram_only_for_a_real_quality_step() -> None:
     """A 16 GB card: everything that fits fully is a "noticeable loss" Q2/IQ2; experts of a
     near-lossless quant in RAM buy a real step, and stay usable."""
     m = machine(gpu(0, 16, 448), ram_gib=64)
-    p = plan(MANIFEST, m, layout_of, PlanRequest(ctx_size=32768))
+    p = plan(MANIFEST, m, LAYOUTS, PlanRequest(ctx_size=32768))
     assert p.placement == "expert-offload" and p.quality is not None and p.quality.tier == 0
     assert "nothing of this quality fits fully on the GPUs" in p.why
     fully = [c for c in p.candidates if c.placement == "gpu"]
@@ -179,14 +182,14 @@ def test_experts_in_ram_only_for_a_real_quality_step() -> None:
 
 
 def test_prefer_speed_is_the_fastest_above_the_floor() -> None:
-    p = plan(MANIFEST, reference_box(), layout_of, PlanRequest(ctx_size=32768, prefer="speed"))
+    p = plan(MANIFEST, reference_box(), LAYOUTS, PlanRequest(ctx_size=32768, prefer="speed"))
     assert p.quality is not None and p.quality.tier <= 1 and p.placement == "gpu"
     feasible = [c for c in p.candidates if c.feasible and c.quality and c.quality.tier <= 1]
     fastest = max(c.speed.expected.decode_tps_target for c in feasible if c.speed)
     assert p.speed.expected.decode_tps_target * 1.05 >= fastest
     # nothing fits on the GPUs: the fastest offload plan, not the largest
     small = machine(gpu(0, 8, 448), ram_gib=64)
-    s = plan(MANIFEST, small, layout_of, PlanRequest(ctx_size=8192, prefer="speed"))
+    s = plan(MANIFEST, small, LAYOUTS, PlanRequest(ctx_size=8192, prefer="speed"))
     offload = [c for c in s.candidates if c.feasible and c.quality and c.quality.tier <= 1]
     assert s.placement == "expert-offload"
     assert s.speed.expected.decode_tps_target * 1.05 >= max(
@@ -196,7 +199,7 @@ def test_prefer_speed_is_the_fastest_above_the_floor() -> None:
 
 
 def _offload_speeds(m: Machine, ctx: int) -> dict[tuple[str, str], tuple[float, int]]:
-    p = plan(MANIFEST, m, layout_of, PlanRequest(ctx_size=ctx, prefer="speed"))
+    p = plan(MANIFEST, m, LAYOUTS, PlanRequest(ctx_size=ctx, prefer="speed"))
     return {
         (c.quant, c.cache_type): (expected_tps(c.speed), c.config.n_cpu_moe or 0)
         for c in p.candidates
@@ -240,10 +243,10 @@ def test_the_offload_search_never_leaves_the_host_tight_when_the_smallest_n_did_
     def offload(p: Plan) -> dict[tuple[str, str], Candidate]:
         return {(c.quant, c.cache_type): c for c in p.candidates if c.placement == "expert-offload"}
 
-    searched = offload(plan(MANIFEST, m, layout_of, request))
+    searched = offload(plan(MANIFEST, m, LAYOUTS, request))
     with monkeypatch.context() as mp:
         mp.setattr(planner._Search, "_faster_offload", lambda self, base, found, n_layer: found)
-        smallest = offload(plan(MANIFEST, m, layout_of, request))
+        smallest = offload(plan(MANIFEST, m, LAYOUTS, request))
     assert searched.keys() == smallest.keys() and searched
     for key, c in searched.items():
         assert planner._tight(c) <= planner._tight(smallest[key]), key
@@ -255,7 +258,7 @@ def test_the_offload_search_never_leaves_the_host_tight_when_the_smallest_n_did_
 def test_one_gpu_offload_keeps_the_smallest_n_cpu_moe() -> None:
     # one card: every extra layer of experts in RAM only reads slower memory
     m = machine(gpu(0, 12, 360), ram_gib=64)
-    p = plan(MANIFEST, m, layout_of, PlanRequest(ctx_size=32768))
+    p = plan(MANIFEST, m, LAYOUTS, PlanRequest(ctx_size=32768))
     assert p.placement == "expert-offload"
     n = p.config.n_cpu_moe
     assert n is not None and n > 0
@@ -268,14 +271,14 @@ def test_an_older_or_unknown_build_reserves_whole_ubatch_logits() -> None:
     """Before PR #23861 llama-server reserved 485 MiB of logits at -ub 512 (and the f32 FA mask);
     the unknown build gets the same conservative rule."""
     current = plan(
-        MANIFEST, reference_box(), layout_of,
+        MANIFEST, reference_box(), LAYOUTS,
         PlanRequest(ctx_size=262144, quant="Q6_K", compute_rule=CURRENT_TREE),
     )  # fmt: skip
     assert (current.config.logits_rows, current.config.fa_mask_f32) == ("server", False)
     old = compute_rule(None, 9000, "abc1234")
     for rule in (old, CONSERVATIVE):
         p = plan(
-            MANIFEST, reference_box(), layout_of,
+            MANIFEST, reference_box(), LAYOUTS,
             PlanRequest(ctx_size=262144, quant="Q6_K", compute_rule=rule),
         )  # fmt: skip
         assert p.compute_rule == rule
@@ -289,7 +292,7 @@ def test_an_older_or_unknown_build_reserves_whole_ubatch_logits() -> None:
 
 def test_nothing_fits_exit_3_names_the_shortfall() -> None:
     with pytest.raises(NoFitError) as info:
-        plan(MANIFEST, machine(gpu(0, 4), ram_gib=8), layout_of, PlanRequest(ctx_size=262144))
+        plan(MANIFEST, machine(gpu(0, 4), ram_gib=8), LAYOUTS, PlanRequest(ctx_size=262144))
     assert info.value.exit_code == 3
     assert "GiB over budget on" in info.value.message and "IQ2_M" in info.value.message
 
@@ -297,9 +300,9 @@ def test_nothing_fits_exit_3_names_the_shortfall() -> None:
 def test_min_tps_floor_applies_to_the_expected_figure() -> None:
     slow = machine(gpu(0, 8), ram_gib=128, ram_bw_gbs=5)
     with pytest.raises(NoFitError, match="min-tps"):
-        plan(MANIFEST, slow, layout_of, PlanRequest(ctx_size=32768, min_tps=50))
+        plan(MANIFEST, slow, LAYOUTS, PlanRequest(ctx_size=32768, min_tps=50))
     m = machine(gpu(0, 24, 936), ram_gib=64)
-    p = plan(MANIFEST, m, layout_of, PlanRequest(ctx_size=32768, min_tps=40))
+    p = plan(MANIFEST, m, LAYOUTS, PlanRequest(ctx_size=32768, min_tps=40))
     assert p.speed.expected.decode_tps_target >= 40
     # a plan whose bound clears the floor but whose expected figure does not is refused
     refused = [c for c in p.candidates if c.fits and not c.feasible and c.speed]
@@ -313,15 +316,15 @@ def test_fixed_quant_and_vision() -> None:
     p = plan(
         MANIFEST,
         reference_box(),
-        layout_of,
+        LAYOUTS,
         PlanRequest(ctx_size=65536, quant="q4_k_m", vision=True),
     )
     assert p.quant == "Q4_K_M" and p.projector is not None
     assert p.estimate.devices[0].projector_bytes >= p.projector.size_bytes
     with pytest.raises(UsageError):
-        plan(MANIFEST, reference_box(), layout_of, PlanRequest(ctx_size=4096, quant="Q7_K"))
+        plan(MANIFEST, reference_box(), LAYOUTS, PlanRequest(ctx_size=4096, quant="Q7_K"))
     with pytest.raises(UsageError):
-        plan(MANIFEST, reference_box(), layout_of, PlanRequest(ctx_size=300000))
+        plan(MANIFEST, reference_box(), LAYOUTS, PlanRequest(ctx_size=300000))
 
 
 def test_max_context_per_quant() -> None:
@@ -330,7 +333,7 @@ def test_max_context_per_quant() -> None:
         for lim in max_context(
             MANIFEST,
             machine(gpu(0, 24, 936)),
-            layout_of,
+            LAYOUTS,
             PlanRequest(ctx_size=0, allow_offload=False),
         )
     }
@@ -342,14 +345,14 @@ def test_max_context_per_quant() -> None:
     plan(
         MANIFEST,
         machine(gpu(0, 24, 936)),
-        layout_of,
+        LAYOUTS,
         PlanRequest(ctx_size=q4, quant="Q4_K_M", allow_offload=False),
     )
     with pytest.raises(NoFitError):
         plan(
             MANIFEST,
             machine(gpu(0, 24, 936)),
-            layout_of,
+            LAYOUTS,
             PlanRequest(ctx_size=q4 + 256, quant="Q4_K_M", allow_offload=False),
         )
 
@@ -374,7 +377,7 @@ def machines(draw: st.DrawFn) -> Machine:
 
 def pick_or_none(m: Machine, request: PlanRequest) -> Plan | None:
     try:
-        return plan(MANIFEST, m, layout_of, request)
+        return plan(MANIFEST, m, LAYOUTS, request)
     except NoFitError:
         return None
 
@@ -556,7 +559,7 @@ def test_q8_0_kv_never_costs_more_than_f16(
 def test_a_failed_gpu_is_left_out_by_name() -> None:
     broken = Gpu(index=1, name="GPU1", total_bytes=24 * GiB, free_bytes=0, error="Unknown Error")
     m = machine(gpu(0, 24, 936), broken, gpu(2, 16, 320))
-    p = plan(MANIFEST, m, layout_of, PlanRequest(ctx_size=32768, prefer="speed"))
+    p = plan(MANIFEST, m, LAYOUTS, PlanRequest(ctx_size=32768, prefer="speed"))
     assert p.config.devices == (0, 2)
     assert [d.device for d in p.estimate.gpus] == ["CUDA0", "CUDA2"]
 
@@ -583,8 +586,8 @@ def test_a_3090_here_and_a_t4_on_a_worker_is_planned_across_both() -> None:
     cluster = with_workers(here, ("10.0.0.7:50052", gpu(0, 15, 320, "Tesla T4")))
     request = PlanRequest(ctx_size=262144, compute_rule=CURRENT_TREE)
     alone, both = (
-        plan(MANIFEST, here, layout_of, request),
-        plan(MANIFEST, cluster, layout_of, request),
+        plan(MANIFEST, here, LAYOUTS, request),
+        plan(MANIFEST, cluster, LAYOUTS, request),
     )
     assert alone.placement == "expert-offload"
     assert both.config.rpc_servers == ("10.0.0.7:50052",)
@@ -602,7 +605,7 @@ def test_a_worker_that_buys_nothing_is_left_unused() -> None:
     quality step nobody notices, at a network cost: it is left out, and the plan says why."""
     here = machine(gpu(0, 24, 936, "NVIDIA GeForce RTX 3090"))
     cluster = with_workers(here, ("10.0.0.7:50052", gpu(0, 15, 320, "Tesla T4")))
-    p = plan(MANIFEST, cluster, layout_of, PlanRequest(ctx_size=65536))
+    p = plan(MANIFEST, cluster, LAYOUTS, PlanRequest(ctx_size=65536))
     assert p.config.rpc_servers == () and p.placement == "gpu"
     assert any("left unused" in n and "this machine alone" in n for n in p.notes)
 
@@ -614,7 +617,7 @@ def test_a_failed_local_gpu_is_left_out_and_the_workers_named() -> None:
         ("10.0.0.7:50052", gpu(0, 15, 320)),
         ("10.0.0.8:50052", gpu(0, 12, 360)),
     )
-    p = plan(MANIFEST, m, layout_of, PlanRequest(ctx_size=32768, quant="Q8_0"))
+    p = plan(MANIFEST, m, LAYOUTS, PlanRequest(ctx_size=32768, quant="Q8_0"))
     assert p.config.devices == ("RPC0", "RPC1", 0)
     assert [d.device for d in p.estimate.gpus] == ["RPC0", "RPC1", "CUDA0"]
 
@@ -622,11 +625,11 @@ def test_a_failed_local_gpu_is_left_out_and_the_workers_named() -> None:
 def test_two_equal_workers_share_the_layers_only_when_needed() -> None:
     workers = [(f"10.0.0.{i}:50052", gpu(0, 24, 500)) for i in (7, 8)]
     cluster = with_workers(machine(ram_gib=64), *workers)
-    p = plan(MANIFEST, cluster, layout_of, PlanRequest(ctx_size=8192, quant="Q8_0"))
+    p = plan(MANIFEST, cluster, LAYOUTS, PlanRequest(ctx_size=8192, quant="Q8_0"))
     a, b = (len(d.layers) for d in p.estimate.gpus)
     assert abs(a - b) <= 2  # Q8_0 needs both: balanced, not one worker stuffed to the brim
     # one worker holds Q4_K_M alone: a second would only add a network hop per token
-    p = plan(MANIFEST, cluster, layout_of, PlanRequest(ctx_size=8192, quant="Q4_K_M"))
+    p = plan(MANIFEST, cluster, LAYOUTS, PlanRequest(ctx_size=8192, quant="Q4_K_M"))
     assert len(p.config.rpc_servers) == 1 and any("left out of --rpc" in n for n in p.notes)
 
 
@@ -634,7 +637,7 @@ def test_a_worker_left_empty_is_left_out_of_rpc() -> None:
     # Q4_K_M at a small context fits the 3090 alone, and the 3090 is the faster device.
     here = machine(gpu(0, 24, 936))
     m = with_workers(here, ("10.0.0.7:50052", gpu(0, 15, 320)))
-    p = plan(MANIFEST, m, layout_of, PlanRequest(ctx_size=8192, quant="Q4_K_M", prefer="speed"))
+    p = plan(MANIFEST, m, LAYOUTS, PlanRequest(ctx_size=8192, quant="Q4_K_M", prefer="speed"))
     assert p.config.rpc_servers == ()
     assert [d.device for d in p.estimate.gpus] == ["CUDA0"]
     assert any("10.0.0.7:50052 hold no layer" in n for n in p.notes)
@@ -689,9 +692,9 @@ def test_a_worker_behind_a_slow_link_is_left_unused_and_the_plan_says_why() -> N
         ),
     )
     request = PlanRequest(ctx_size=262144, compute_rule=CURRENT_TREE)
-    used = plan(MANIFEST, fast, layout_of, request)
+    used = plan(MANIFEST, fast, LAYOUTS, request)
     assert used.config.rpc_servers == ("10.0.0.7:50052",)
-    unused = plan(MANIFEST, slow, layout_of, request)
+    unused = plan(MANIFEST, slow, LAYOUTS, request)
     assert unused.config.rpc_servers == () and "RPC0" not in [
         d.device for d in unused.estimate.gpus
     ]

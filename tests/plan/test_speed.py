@@ -42,6 +42,9 @@ def layout_of(quant: str) -> ModelLayout:
     return synthesize_layout(MANIFEST.architecture, quant, size)
 
 
+LAYOUTS = {q: layout_of(q) for q in MANIFEST.quants}
+
+
 def box(*gpus: str, ram_gib: int = 128, ram_gbs: float | None = 60, cores: int = 8) -> Machine:
     host = Host(
         ram_gib * GiB,
@@ -282,7 +285,7 @@ def test_offloading_more_experts_is_never_faster(
 
 
 def test_planner_fills_the_expected_speed() -> None:
-    p = plan(MANIFEST, box("3090"), layout_of, PlanRequest(ctx_size=32768))
+    p = plan(MANIFEST, box("3090"), LAYOUTS, PlanRequest(ctx_size=32768))
     assert p.speed.expected is not None
     e = p.speed.expected
     assert e.target_context == 32768

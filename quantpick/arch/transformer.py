@@ -1,0 +1,128 @@
+"""Decoder-only transformers with a plain KV cache, dense or MoE (llama, qwen2/3, qwen3moe,
+mistral3, glm4moe, deepseek, granite, olmoe, ... and the sliding-window ones: gpt-oss, cohere2,
+olmo2, exaone4, llama4's chunked attention, ...). Pure.
+
+Everything here is llama.cpp's shared rule (src/llama-model.cpp:1298-1479 and create_memory's
+default branch): every layer caches n_embd_head_k x n_head_kv(il) keys and n_embd_head_v x
+n_head_kv(il) values per cell (head counts may be per-layer arrays; 0 means the layer has no
+attention), NextN blocks are left out of the trunk's cache. The one quirk per architecture is its
+sliding window: which layers slide, how wide, and whether it is on at all, as each model's
+load_arch_hparams sets it (SWA_RULES below, each citing its file).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+from quantpick.arch.base import HParams, SwaType
+from quantpick.arch.family import Family
+
+
+class SwaOn(Enum):
+    """When load_arch_hparams turns SWA on."""
+
+    ALWAYS = "always"  # swa_type set unconditionally
+    IF_WINDOW = "if-window"  # attention.sliding_window present and > 0
+    ARRAY = "array"  # always; layers from the attention.sliding_window_pattern array only
+    UNLESS_ZERO = "unless-zero"  # llama4: off only when the key is present and 0
+
+
+@dataclass(frozen=True)
+class SwaRule:
+    pattern: int  # load_swa_pattern's default period (n_pattern)
+    on: SwaOn
+    dense_first: bool = False
+    default_window: int = 0  # n_swa before (or instead of) the key
+    window_fixed: bool = False  # the default replaces the key's value (smallthinker)
+    swa_type: SwaType = SwaType.STANDARD
+    where: str = ""
+
+
+SWA_RULES: dict[str, SwaRule] = {
+    "gpt-oss": SwaRule(2, SwaOn.ALWAYS, where="src/models/openai-moe.cpp:4-6"),
+    "cohere2": SwaRule(4, SwaOn.ALWAYS, where="src/models/cohere2.cpp:2-9"),
+    "cohere2moe": SwaRule(4, SwaOn.ALWAYS, dense_first=True,
+                          where="src/models/cohere2moe.cpp:25-26"),
+    "exaone-moe": SwaRule(4, SwaOn.ALWAYS, default_window=128,
+                          where="src/models/exaone-moe.cpp:2-9"),
+    "muse-glimmer": SwaRule(4, SwaOn.ALWAYS, where="src/models/muse-glimmer.cpp:3-11"),
+    "afmoe": SwaRule(4, SwaOn.IF_WINDOW, where="src/models/afmoe.cpp:9-21"),
+    "mellum": SwaRule(4, SwaOn.IF_WINDOW, where="src/models/mellum.cpp:4-16"),
+    "olmo2": SwaRule(4, SwaOn.IF_WINDOW, where="src/models/olmo2.cpp:4-13"),
+    "plamo3": SwaRule(8, SwaOn.IF_WINDOW, where="src/models/plamo3.cpp:3-9"),
+    "laguna": SwaRule(4, SwaOn.IF_WINDOW, dense_first=True, where="src/models/laguna.cpp:26-31"),
+    "smallthinker": SwaRule(4, SwaOn.IF_WINDOW, dense_first=True, default_window=4096,
+                            window_fixed=True, where="src/models/smallthinker.cpp:2-13"),
+    "llama4": SwaRule(4, SwaOn.UNLESS_ZERO, default_window=8192, window_fixed=True,
+                      swa_type=SwaType.CHUNKED, where="src/models/llama4.cpp:6-17"),
+    "granite_swa": SwaRule(0, SwaOn.ARRAY, where="src/models/granite-swa.cpp:12-15"),
+    "maple": SwaRule(0, SwaOn.ARRAY, where="src/models/maple.cpp:2-8"),
+    "mimo2": SwaRule(0, SwaOn.ARRAY, where="src/models/mimo2.cpp:4-10"),
+    "spark2_5": SwaRule(0, SwaOn.ARRAY, where="src/models/spark2-5.cpp:3-6"),
+    "step35": SwaRule(0, SwaOn.ARRAY, where="src/models/step35.cpp"),
+}  # fmt: skip
+
+
+def apply_swa(hp: HParams, rule: SwaRule) -> None:
+    window = hp.key("attention.sliding_window")
+    present = isinstance(window, (int, float)) and not isinstance(window, bool)
+    n_swa = int(window) if present else rule.default_window  # type: ignore[arg-type]
+    if rule.window_fixed:
+        n_swa = rule.default_window
+    if rule.on is SwaOn.IF_WINDOW and not (present and int(window) > 0):  # type: ignore[arg-type]
+        hp.swa_type = SwaType.NONE
+        return
+    if rule.on is SwaOn.UNLESS_ZERO and present and int(window) == 0:  # type: ignore[arg-type]
+        hp.swa_type = SwaType.NONE
+        return
+    hp.swa_type = rule.swa_type
+    hp.n_swa = n_swa
+    if rule.on is SwaOn.ARRAY:
+        listed = hp.key("attention.sliding_window_pattern")
+        flags = [bool(v) for v in listed] if isinstance(listed, tuple) else []
+        hp.is_swa = (flags + [False] * hp.n_layer_all)[: hp.n_layer_all]
+    else:
+        hp.load_swa_pattern(rule.pattern, rule.dense_first)
+
+
+def configure(hp: HParams) -> None:
+    name = hp.arch.name
+    rule = SWA_RULES.get(name)
+    if rule is not None:
+        apply_swa(hp, rule)
+    elif name == "exaone4" and hp.n_layer() == 64:
+        # src/models/exaone4.cpp:2-12: only the 32B (64 layers) slides, 4096 unless the key says
+        apply_swa(hp, SwaRule(4, SwaOn.ALWAYS, default_window=4096))
+    # phi3 (src/models/phi3.cpp:11-21) reads a window and then turns SWA off: nothing to do.
+
+
+# Architectures with llama.cpp's shared rule and at most the sliding window above: each one's
+# load_arch_hparams touches no other memory-sizing field (src/models/<arch>.cpp at b11312).
+PLAIN = (
+    "llama", "deci", "falcon", "grok", "gpt2", "gptj", "gptneox", "mpt", "baichuan", "starcoder",
+    "refact", "bloom", "stablelm", "qwen", "qwen2", "qwen2moe", "qwen2vl", "qwen3", "qwen3moe",
+    "qwen3vl", "qwen3vlmoe", "phi2", "phi3", "phimoe", "plamo", "codeshell", "orion", "internlm2",
+    "minicpm", "minicpm3", "starcoder2", "xverse", "command-r", "dbrx", "olmo", "olmoe",
+    "openelm", "arctic", "deepseek", "chatglm", "glm4", "glm4moe", "bitnet", "jais", "jais2",
+    "nemotron", "exaone", "exaone4", "granite", "granitemoe", "chameleon", "plm", "bailingmoe",
+    "bailingmoe2", "dots1", "arcee", "ernie4_5", "ernie4_5-moe", "hunyuan-moe", "hunyuan-dense",
+    "hunyuan_vl", "hy_v3", "smollm3", "seed_oss", "grovemoe", "apertus", "minimax-m2", "cogvlm",
+    "pangu-embedded", "mistral3", "mistral4", "paddleocr", "maincoder", "talkie",
+)  # fmt: skip
+
+FAMILY = Family(
+    name="transformer",
+    architectures=PLAIN + tuple(SWA_RULES),
+    configure=configure,
+    summary="attention on every layer (per-layer head counts honoured); sliding window where "
+    "the architecture has one",
+    rules=(
+        "K/V per cell: key_length x head_count_kv(il), value_length x head_count_kv(il) "
+        "(src/llama-hparams.cpp n_embd_k_gqa/n_embd_v_gqa)",
+        "SWA cells: pad256(min(n_ctx_seq, n_swa x (kvu ? np : 1) + n_ubatch)), the full cache "
+        "with --swa-full (src/llama-kv-cache-iswa.cpp:73-80)",
+        "NextN blocks: no trunk KV (src/llama-model.cpp ~2772)",
+    ),
+    checked=frozenset(),  # filled in from the conformance sweep (tests/arch)
+)
