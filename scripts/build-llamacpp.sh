@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds the llama.cpp tools quantpick's real-tool tests use (llama-server, llama-fit-params,
-# llama-bench, ggml-rpc-server, and test-llama-archs, which writes a tiny model of every
-# architecture the loader supports) from the pinned tree in scripts/llamacpp.pin, CPU + RPC, into a
+# llama-bench, ggml-rpc-server, test-llama-archs, which writes a tiny model of every architecture
+# the loader supports, and quantpick's own llama-memory-bytes, scripts/llamacpp-memory/, the same
+# projection as llama-fit-params in bytes and with --kv-unified) from the pinned tree in scripts/llamacpp.pin, CPU + RPC, into a
 # cache outside the clone. Prints the directory holding the binaries as the last line of stdout.
 #
 #   scripts/build-llamacpp.sh            # build, or reuse the cached build (seconds)
@@ -19,7 +20,7 @@ here="$(cd "$(dirname "$0")" && pwd)"
 # shellcheck source=llamacpp.pin
 . "$here/llamacpp.pin"
 
-tools=(llama-server llama-fit-params llama-bench ggml-rpc-server test-llama-archs)
+tools=(llama-server llama-fit-params llama-bench ggml-rpc-server test-llama-archs llama-memory-bytes)
 cache_root="${QUANTPICK_LLAMACPP_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/quantpick/llama.cpp}"
 jobs="${LLAMACPP_JOBS:-$(nproc 2>/dev/null || echo 2)}"
 
@@ -58,6 +59,9 @@ if [ "$arch" = x86_64 ]; then
     )
 fi
 key_text="$LLAMACPP_SDIST_VERSION $LLAMACPP_SDIST_SHA256 $arch ${cmake_flags[*]}"
+# Our own tool's source: a change to it rebuilds that tool in the same tree (incrementally).
+extra_src="$here/llamacpp-memory"
+extra_hash="$(cat "$extra_src"/* | sha256sum | cut -c1-16)"
 key="$LLAMACPP_SDIST_VERSION-b$LLAMACPP_BUILD_NUMBER-$(printf '%s' "$key_text" | sha256sum | cut -c1-12)"
 dir="$cache_root/$key"
 bin="$dir/bin"
@@ -68,6 +72,7 @@ cached_ok() {
         [ -x "$bin/$tool" ] || return 1
     done
     "$bin/llama-server" --version >/dev/null 2>&1 || return 1
+    [ "$(cat "$bin/.llama-memory-bytes.src" 2>/dev/null)" = "$extra_hash" ] || return 1
 }
 
 mkdir -p "$dir"
@@ -113,6 +118,12 @@ if [ ! -f "$src/CMakeLists.txt" ]; then
     rm -rf "$dir/extract"
 fi
 
+# quantpick's llama-memory-bytes builds inside the tree, as one more tool (tools/CMakeLists.txt)
+rm -rf "$src/tools/quantpick-memory"
+cp -r "$extra_src" "$src/tools/quantpick-memory"
+grep -q 'add_subdirectory(quantpick-memory)' "$src/tools/CMakeLists.txt" \
+    || printf '\nadd_subdirectory(quantpick-memory)\n' >> "$src/tools/CMakeLists.txt"
+
 # --- configure and build -----------------------------------------------------------------------
 build_log="$dir/build.log"
 fail() {
@@ -133,6 +144,7 @@ for tool in "${tools[@]}"; do
     cp "$dir/build/bin/$tool" "$bin.new/$tool"
 done
 "$bin.new/llama-server" --version >>"$build_log" 2>&1 || fail "llama-server --version"
+printf '%s\n' "$extra_hash" > "$bin.new/.llama-memory-bytes.src"
 touch "$bin.new/.complete"
 rm -rf "$bin"
 mv "$bin.new" "$bin"

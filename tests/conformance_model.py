@@ -106,7 +106,8 @@ def write_grid_models(directory: Path) -> dict[str, tuple[Path, int]]:
 
 def rpc_machine(n: int) -> Machine:
     gpus = tuple(
-        Gpu(index=i, name=f"RPC{i}", total_bytes=64 * GiB, free_bytes=64 * GiB) for i in range(n)
+        Gpu(index=i, name=f"RPC{i}", total_bytes=64 * GiB, free_bytes=64 * GiB, backend="CPU")
+        for i in range(n)
     )
     return Machine(
         gpus=gpus, host=Host(ram_total_bytes=128 * GiB, ram_available_bytes=128 * GiB, cpu_cores=2)

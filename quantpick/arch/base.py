@@ -159,6 +159,10 @@ class LayerView:
     kv_shared_from: int | None = None  # attends over this earlier layer's KV (gemma3n, gemma4)
     recurrent: bool = False  # owns recurrent state (SSM, linear attention, short conv)
     nextn: bool = False  # an MTP/NextN block: no trunk KV, weights only with an MTP context
+    # A sparse-attention indexer's own cache beside the KV (DSA, MSA, hybrid-idx): K (and for
+    # MSA V) elements per cell, full context, -ctk/-ctv types (0: none)
+    index_k_width: int = 0
+    index_v_width: int = 0
 
     @property
     def attends(self) -> bool:
@@ -287,6 +291,10 @@ class HParams:
     recr_filter: LayerFilter | None = None  # layers with recurrent state (None: is_recr)
     kv_reuse: LayerReuse | None = None  # layer -> the layer whose KV it uses (-1: its own)
     mtp_kv_layers: tuple[int, ...] | None = None  # None: the NextN blocks
+    # indexer caches: which layers, and their K / V widths (elements per cell)
+    index_filter: LayerFilter | None = None
+    index_k_width: int = 0
+    index_v_width: int = 0
     output_tensors: set[str] = field(default_factory=set)
     notes: list[str] = field(default_factory=list)
 
@@ -493,6 +501,7 @@ def build_view(hp: HParams, *, family: str, known: bool) -> ModelView:
             and (recr_filter(il) if memory is not MemoryClass.RECURRENT else True)
         )
         shared = reuse.get(il) if not kv else None
+        indexed = hp.index_filter is not None and has_cache and hp.index_filter(il)
         if recurrent and not kv:
             kind = AttentionKind.NONE
         elif hp.n_head_kv[il] == 0 and not kv and shared is None:
@@ -513,6 +522,8 @@ def build_view(hp: HParams, *, family: str, known: bool) -> ModelView:
                 kv_shared_from=shared,
                 recurrent=recurrent,
                 nextn=nextn,
+                index_k_width=hp.index_k_width if indexed else 0,
+                index_v_width=hp.index_v_width if indexed else 0,
             )
         )
     v_max = max((hp.n_embd_v_gqa(il) for il in range(n_all)), default=0)

@@ -24,7 +24,8 @@ def configure(hp: HParams) -> None:
 
 FAMILY = Family(
     name="deepseek",
-    architectures=("deepseek2", "deepseek2-ocr"),
+    # mistral4's model class is deepseek2's (src/models/models.h:1399)
+    architectures=("deepseek2", "deepseek2-ocr", "mistral4"),
     configure=configure,
     summary="multi-head latent attention: a K-only cache of kv_lora_rank + rope dims per token",
     rules=(

@@ -35,14 +35,29 @@ def configure(hp: HParams) -> None:
     hp.n_embd_head_v_mla = hp.int_key("attention.value_length_mla")
     hp.ssm_d_conv = hp.int_key("ssm.conv_kernel")
     hp.n_embd_head_kda = hp.int_key("kda.head_dim")
-    if name == "kimi-k3":
+    if name in ("kimi-k3", "glm5-next"):
         hp.n_embd_head_v_full = hp.int_key("attention.kv_lora_rank")
     hp.is_recr = [il < n and hp.n_head_kv[il] == 0 for il in range(hp.n_layer_all)]
+    if name == "glm5-next":
+        # hybrid-idx (src/llama-memory-hybrid-idx.cpp:53-73, src/llama-model.cpp:2450-2493):
+        # trunk attention layers only (NextN excluded), and an indexer cache of key, gate and
+        # pooled values (3 x indexer.key_length with kpool) on the layers indexer.types marks
+        listed = hp.key("attention.indexer.types")
+        types = (
+            [bool(v) for v in listed] + [False] * hp.n_layer_all
+            if isinstance(listed, tuple)
+            else [True] * hp.n_layer_all
+        )
+        pooled = hp.int_key("attention.indexer.kpool") > 0
+        hp.index_k_width = hp.int_key("attention.indexer.key_length") * (3 if pooled else 1)
+        hp.kv_filter = lambda il: il < n and not hp.is_recr[il]
+        hp.recr_filter = lambda il: il < n and hp.is_recr[il]
+        hp.index_filter = lambda il: il < n and not hp.is_recr[il] and types[il]
 
 
 FAMILY = Family(
     name="linear_attention",
-    architectures=("minimax-01", "kimi-linear", "kimi-k3", "bailingmoe3"),
+    architectures=("minimax-01", "kimi-linear", "kimi-k3", "bailingmoe3", "glm5-next"),
     configure=configure,
     summary="linear-attention layers with a fixed state beside softmax (or MLA) attention",
     rules=("state F32 per sequence and layer: n_embd_r + n_embd_s (src/llama-hparams.cpp)",),

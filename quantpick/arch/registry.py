@@ -14,7 +14,6 @@ from functools import lru_cache
 from quantpick.arch.base import Architecture, HValue, ModelView, build_view, load_hparams
 from quantpick.arch.family import Family, TensorShapes
 
-
 GENERIC = "generic"
 GENERIC_NOTE = (
     "architecture {name!r} is not one quantpick models: weights are exact from the header, "
@@ -35,14 +34,18 @@ def families() -> tuple[Family, ...]:
         linear_attention,
         qwen35,
         rwkv,
+        sparse_attention,
         ssm,
         transformer,
     )
 
     return tuple(
         m.FAMILY
-        for m in (qwen35, transformer, gemma, deepseek, ssm, linear_attention, lfm2, rwkv, encoder)
-    )
+        for m in (
+            qwen35, transformer, gemma, deepseek, sparse_attention, ssm, linear_attention, lfm2,
+            rwkv, encoder,
+        )
+    )  # fmt: skip
 
 
 @lru_cache(maxsize=1)

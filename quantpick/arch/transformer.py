@@ -108,7 +108,8 @@ PLAIN = (
     "nemotron", "exaone", "exaone4", "granite", "granitemoe", "chameleon", "plm", "bailingmoe",
     "bailingmoe2", "dots1", "arcee", "ernie4_5", "ernie4_5-moe", "hunyuan-moe", "hunyuan-dense",
     "hunyuan_vl", "hy_v3", "smollm3", "seed_oss", "grovemoe", "apertus", "minimax-m2", "cogvlm",
-    "pangu-embedded", "mistral3", "mistral4", "paddleocr", "maincoder", "talkie",
+    "pangu-embedded", "mistral3", "paddleocr", "maincoder", "talkie", "qwen3tts", "pockettts",
+    "hrm_text",
 )  # fmt: skip
 
 FAMILY = Family(

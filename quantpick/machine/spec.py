@@ -43,6 +43,9 @@ class Gpu:
     # not a catalogue card (the speed model then assumes ASSUMED_GPU_FP16_TFLOPS and says so)
     fp16_tflops: float | None = None
     error: str | None = None  # a query that failed; the GPU is then not planned on
+    # The ggml backend behind the device, which sizes its buffers (model/ggml.py BUFFER_RULES):
+    # "CUDA" for an NVIDIA card, "CPU" for an RPC worker serving its CPU backend.
+    backend: str = "CUDA"
 
     @property
     def usable(self) -> bool:

@@ -78,3 +78,42 @@ def tensor_bytes(type_name: str, shape: tuple[int, ...]) -> int:
     for dim in shape[1:]:
         rows *= dim
     return row_size(type_name, shape[0]) * rows
+
+
+# Types ggml_is_quantized is false for (ggml/src/ggml.c type_traits: is_quantized).
+UNQUANTIZED = frozenset({"F32", "F16", "BF16", "F64", "I8", "I16", "I32", "I64"})
+
+
+def pad(value: int, multiple: int) -> int:
+    return (value + multiple - 1) // multiple * multiple
+
+
+class BufferRule:
+    """How a backend's buffer sizes one tensor: ggml_backend_buft_get_alloc_size, then padded to
+    the buffer's alignment (ggml/src/ggml-alloc.c:1184 ggml_backend_alloc_ctx_tensors_from_buft).
+
+    CPU (and an RPC worker's CPU device): the tensor's bytes, 32-byte aligned (TENSOR_ALIGNMENT,
+    ggml/src/ggml-impl.h:44). CUDA: 128-byte aligned, and a quantized tensor whose rows are not a
+    multiple of MATRIX_ROW_PADDING = 512 elements gets that much more of one row
+    (ggml/src/ggml-cuda/ggml-cuda.cu:897-920, common.cuh:186)."""
+
+    __slots__ = ("name", "alignment", "row_padding")
+
+    def __init__(self, name: str, alignment: int, row_padding: int) -> None:
+        self.name = name
+        self.alignment = alignment
+        self.row_padding = row_padding
+
+    def __repr__(self) -> str:
+        return f"BufferRule({self.name})"
+
+    def alloc(self, type_name: str, ne0: int, n_bytes: int) -> int:
+        size = n_bytes
+        if self.row_padding and ne0 % self.row_padding and type_name.upper() not in UNQUANTIZED:
+            size += row_size(type_name, self.row_padding - ne0 % self.row_padding)
+        return pad(size, self.alignment)
+
+
+CPU_BUFFER = BufferRule("CPU", 32, 0)
+CUDA_BUFFER = BufferRule("CUDA", 128, 512)
+BUFFER_RULES = {"CPU": CPU_BUFFER, "CUDA": CUDA_BUFFER}

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 from quantpick.arch.base import Architecture, ModelView
-from quantpick.model.ggml import GGML_TYPES, tensor_bytes
+from quantpick.model.ggml import CPU_BUFFER, GGML_TYPES, BufferRule, tensor_bytes
 
 # llama.cpp common/common.h: llm_ffn_exps_cpu_override -- the routed-expert tensors that
 # --cpu-moe / --n-cpu-moe move to host memory.
@@ -141,6 +141,41 @@ class ModelLayout:
             else:
                 dense[slot] += t.n_bytes
         return tuple(SlotWeights(d, e) for d, e in zip(dense, expert, strict=False))
+
+    @cached_property
+    def _under(self) -> dict[str, tuple[tuple[SlotWeights, ...], int]]:
+        return {}
+
+    def slots_under(self, rule: BufferRule) -> tuple[SlotWeights, ...]:
+        """`slots` as a backend's buffers hold them: each tensor padded by `rule`."""
+        return self._padded(rule)[0]
+
+    def input_bytes_under(self, rule: BufferRule = CPU_BUFFER) -> int:
+        return self._padded(rule)[1]
+
+    def _padded(self, rule: BufferRule) -> tuple[tuple[SlotWeights, ...], int]:
+        found = self._under.get(rule.name)
+        if found is not None:
+            return found
+        dense = [0] * self.n_slots
+        expert = [0] * self.n_slots
+        inputs = 0
+        for t in self.tensors:
+            slot = self.slot_of(t.name)
+            size = rule.alloc(t.ggml_type, t.shape[0] if t.shape else 1, t.n_bytes)
+            if slot == INPUT_SLOT:
+                inputs += size
+            elif slot < self.n_slots and _stem(t.name) not in PER_DEVICE_TENSORS:
+                if t.is_expert:
+                    expert[slot] += size
+                else:
+                    dense[slot] += size
+        found = (tuple(SlotWeights(d, e) for d, e in zip(dense, expert, strict=False)), inputs)
+        self._under[rule.name] = found
+        return found
+
+    def tensor_alloc(self, t: TensorInfo, rule: BufferRule) -> int:
+        return rule.alloc(t.ggml_type, t.shape[0] if t.shape else 1, t.n_bytes)
 
     @cached_property
     def slot_elements(self) -> tuple[tuple[int, ...], tuple[int, ...]]:

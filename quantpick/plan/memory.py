@@ -8,12 +8,20 @@ are computed to the byte; compute buffers and the CUDA context are estimates, la
 from __future__ import annotations
 
 import re
+import struct
 from dataclasses import dataclass, field
 
 from quantpick.arch.base import AttentionKind, LayerView, ModelView
 from quantpick.errors import UsageError
 from quantpick.machine.spec import Gpu, Machine
-from quantpick.model.ggml import KV_CACHE_TYPES, row_size
+from quantpick.model.ggml import (
+    BUFFER_RULES,
+    CPU_BUFFER,
+    CUDA_BUFFER,
+    KV_CACHE_TYPES,
+    BufferRule,
+    row_size,
+)
 from quantpick.model.layout import INPUT_SLOT, ModelLayout
 
 MiB = 1024**2
@@ -201,6 +209,24 @@ def layer_kv_bytes_per_cell(
     return row_size(type_k, layer.k_width) + row_size(type_v, v_width)
 
 
+def layer_kv_bytes(
+    layer: LayerView,
+    view: ModelView,
+    cells: int,
+    type_k: str,
+    type_v: str,
+    flash_attn: bool,
+    rule: BufferRule,
+) -> int:
+    """The K and V tensors of one layer's cache, `cells` cells (x streams), as a buffer holds
+    them: [row(type, width), cells] each, padded by the device's rule (src/llama-kv-cache.cpp
+    :226-237; V absent for MLA, padded to the widest layer without flash attention)."""
+    v_width = layer.v_width if flash_attn or not layer.v_width else view.v_width_max
+    k = rule.alloc(type_k, layer.k_width, row_size(type_k, layer.k_width) * cells)
+    v = rule.alloc(type_v, v_width, row_size(type_v, v_width) * cells) if v_width else 0
+    return k + v
+
+
 def kv_bytes_per_cell_per_layer(layout: ModelLayout, type_k: str, type_v: str) -> int:
     """K + V bytes per cell of the widest KV layer (speed's and compute's yardstick)."""
     view = layout.view
@@ -359,6 +385,17 @@ def _buft_to_device(buft: str, devices: tuple[LlamaDevice, ...]) -> int | None:
     raise UsageError(f"-ot buffer type {b!r} is not a device here", hint=hint)
 
 
+def _f32(value: float) -> float:
+    """`value` rounded to single precision (C++ float)."""
+    return float(struct.unpack("f", struct.pack("f", value))[0])
+
+
+def device_buffer(device: LlamaDevice) -> BufferRule:
+    """How a device's backend sizes tensors (a local NVIDIA GPU: CUDA; an RPC device: the
+    backend the worker serves, CUDA unless the worker is known to serve its CPU)."""
+    return BUFFER_RULES.get(device.gpu.backend, CUDA_BUFFER)
+
+
 def estimate(
     layout: ModelLayout,
     machine: Machine,
@@ -382,24 +419,27 @@ def estimate(
     i_gpu_start = max(n_slots - ngl, 0)
     act_gpu_layers = min(ngl, n_slots) if n_gpu else 0
 
-    # llama_model_base::load_tensors: cumulative split fractions, from -ts or free memory.
+    # llama_model_base::load_tensors (src/llama-model.cpp:1556-1614): cumulative split fractions,
+    # from -ts or free memory, in float (single precision, as llama.cpp computes them: a split
+    # exactly at a layer boundary falls where float32 rounding puts it).
     if config.tensor_split is not None and any(config.tensor_split) and n_gpu:
         shares = list(config.tensor_split[:n_gpu]) + [0.0] * max(
             0, n_gpu - len(config.tensor_split)
         )
     else:
         shares = [float(d.gpu.free_bytes) for d in devs]
-    total_share = sum(shares) or 1.0
     splits: list[float] = []
     running = 0.0
-    for s in shares:
-        running += s
-        splits.append(running / total_share)
+    for share in shares:
+        running = _f32(running + _f32(share))
+        splits.append(running)
+    total_share = running or 1.0
+    splits = [_f32(edge / total_share) for edge in splits]
 
     def device_of_slot(slot: int) -> int:
         if n_gpu == 0 or slot < i_gpu_start or slot - i_gpu_start >= act_gpu_layers:
             return host_pos
-        frac = (slot - i_gpu_start) / act_gpu_layers
+        frac = _f32(_f32(slot - i_gpu_start) / act_gpu_layers)
         # std::upper_bound: the first split strictly greater than frac
         for pos, edge in enumerate(splits):
             if edge > frac:
@@ -421,6 +461,9 @@ def estimate(
     def skipped(slot: int) -> bool:
         return slot in nextn_skipped
 
+    # Each device's buffers size their tensors by its backend's rule (model/ggml.py BufferRule:
+    # alignment, CUDA's quantized row padding); the host is the CPU backend.
+    rules = [device_buffer(d) for d in devs] + [CPU_BUFFER]
     host_experts = [0] * n_slots  # routed-expert bytes of each block that live in host memory
     if overrides:
         # -ot: std::regex_search on every tensor name, first match wins, before the normal choice
@@ -439,31 +482,35 @@ def estimate(
             else:
                 if slot != INPUT_SLOT and t.is_expert and slot < n_cpu_moe:
                     target = host_pos
-            acc[target].weights += t.n_bytes
+            acc[target].weights += layout.tensor_alloc(t, rules[target])
             if t.is_expert and target == host_pos and slot != INPUT_SLOT:
                 host_experts[slot] += t.n_bytes
     else:
-        acc[host_pos].weights += layout.input_bytes
+        acc[host_pos].weights += layout.input_bytes_under(CPU_BUFFER)
+        by_rule = {rule.name: layout.slots_under(rule) for rule in set(rules)}
+        host_slots = by_rule[CPU_BUFFER.name]
         for slot, sw in enumerate(layout.slots):
             if skipped(slot):
                 continue
             dev = slot_device[slot]
             on_host = slot < n_cpu_moe or dev == host_pos
-            acc[dev].weights += sw.dense_bytes
-            acc[host_pos if on_host else dev].weights += sw.expert_bytes
+            acc[dev].weights += by_rule[rules[dev].name][slot].dense_bytes
             if on_host:
+                acc[host_pos].weights += host_slots[slot].expert_bytes
                 host_experts[slot] = sw.expert_bytes
+            else:
+                acc[dev].weights += by_rule[rules[dev].name][slot].expert_bytes
     # rope_freqs and kin: one copy per device holding a trunk layer (TENSOR_DUPLICATED)
     if per_device:
         holders = dict.fromkeys(slot_device[il] for il in range(arch.n_layer))
-        extra = sum(t.n_bytes for t in per_device)
         for pos in holders:
-            acc[pos].weights += extra
+            acc[pos].weights += sum(layout.tensor_alloc(t, rules[pos]) for t in per_device)
     # A tied output head: token_embd loaded again on the output layer's device when that is not
     # the host (the same buffer type keeps one copy: src/llama-model-loader.cpp:1371-1376).
     output_dev = slot_device[layout.output_slot]
     if layout.tied_output_bytes and output_dev != host_pos:
-        acc[output_dev].weights += layout.tied_output_bytes
+        embd = next(t for t in layout.tensors if t.name == "token_embd.weight")
+        acc[output_dev].weights += layout.tensor_alloc(embd, rules[output_dev])
     for slot in range(n_slots):
         if skipped(slot):
             continue
@@ -490,26 +537,40 @@ def estimate(
     )
     # one row per sequence, times (1 + drafts) rollback snapshots with MTP speculation
     rows = max(1, config.n_parallel) * (1 + config.spec_draft_n)
-    rs_layer = rows * view.state_bytes_per_row
     for layer in view.layers:
         il = layer.index
         dev = slot_device[il] if config.kv_offload else host_pos
+        rule = rules[dev]
         if layer.kv:
             cells = window_cells if layer.attention is AttentionKind.SLIDING else kv_size
-            per_cell = layer_kv_bytes_per_cell(
-                layer, view, config.cache_type_k, config.cache_type_v, fa
+            acc[dev].kv += layer_kv_bytes(
+                layer, view, cells * n_stream, config.cache_type_k, config.cache_type_v, fa, rule
             )
-            acc[dev].kv += cells * n_stream * per_cell
             acc[dev].attention.append(il)
+        if layer.index_k_width:
+            # the indexer's cache: one key head (and for MSA a value head), every cell
+            acc[dev].kv += rule.alloc(
+                config.cache_type_k, layer.index_k_width,
+                row_size(config.cache_type_k, layer.index_k_width) * kv_size * n_stream,
+            )  # fmt: skip
+            if layer.index_v_width:
+                acc[dev].kv += rule.alloc(
+                    config.cache_type_v, layer.index_v_width,
+                    row_size(config.cache_type_v, layer.index_v_width) * kv_size * n_stream,
+                )  # fmt: skip
         if layer.recurrent:
-            acc[dev].recurrent += rs_layer
+            # r and s: two f32 tensors of rows x n_embd_r / n_embd_s
+            acc[dev].recurrent += rule.alloc("F32", view.state_r, rows * view.state_r * 4)
+            acc[dev].recurrent += rule.alloc("F32", view.state_s, rows * view.state_s * 4)
             acc[dev].recurrent_layers.append(il)
     if mtp_loaded:
         # The MTP context keeps a plain f16 KV cache for the NextN layers (-ctkd/-ctvd default
         # f16), one stream of the full context.
         for il in view.mtp_kv_layers:
             mtp_dev = slot_device[il] if config.kv_offload else host_pos
-            acc[mtp_dev].kv += n_ctx * layer_kv_bytes_per_cell(view.layers[il], view, "f16", "f16")
+            acc[mtp_dev].kv += layer_kv_bytes(
+                view.layers[il], view, n_ctx, "f16", "f16", True, rules[mtp_dev]
+            )
 
     # Compute buffers (estimates; notes §2d).
     overridden = bool(config.override_tensors) or config.cpu_moe or config.n_cpu_moe > 0

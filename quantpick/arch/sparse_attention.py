@@ -1,0 +1,76 @@
+"""Sparse attention with a lightning indexer (deepseek32, glm-dsa, hy_v4, minimax-m3): MLA (or
+plain) attention beside a per-token indexer key cache. Pure.
+
+Rules (llama.cpp b11312):
+- DSA (deepseek32, glm-dsa, hy_v4): the main cache is MLA (K only); a second cache holds one
+  indexer key head of `attention.indexer.key_length` per token, type -ctk, on every trunk layer
+  (deepseek32) or on the layers `attention.indexer.types` marks (glm-dsa: every layer before
+  GLM 5.2, i.e. context_length < 1048576, else GLM-5.2's default list; hy_v4: none when
+  `attention.indexer.top_k` is 0) (src/llama-kv-cache-dsa.cpp:29-54, src/models/glm-dsa.cpp:31-38,
+  src/models/hy-v4.cpp:22-38, src/llama-model.cpp:2375-2535);
+- MSA (minimax-m3): a plain cache plus an indexer cache with one key head of indexer.key_length
+  and one value head of value_length, on layers il >= leading_dense_block_count
+  (src/llama-kv-cache-msa.cpp:28-50, src/llama-model.cpp:2376-2395).
+"""
+
+from __future__ import annotations
+
+from quantpick.arch.base import HParams
+from quantpick.arch.family import Family
+
+# src/models/glm-dsa.cpp:6-22 GLM_5_2_DEFAULT_INDEXER_TYPES: 1, 1, then one in four.
+GLM_5_2_FIRST_FULL = 2
+GLM_5_2_PERIOD = 4
+
+
+def _types(hp: HParams, default: list[bool]) -> list[bool]:
+    listed = hp.key("attention.indexer.types")
+    if isinstance(listed, tuple):
+        return [bool(v) for v in listed] + [False] * (hp.n_layer_all - len(listed))
+    if isinstance(listed, (int, float)) and not isinstance(listed, bool):
+        return [bool(listed)] * hp.n_layer_all
+    return default
+
+
+def configure(hp: HParams) -> None:
+    name = hp.arch.name
+    n = hp.n_layer()
+    hp.n_embd_head_k_mla = hp.int_key("attention.key_length_mla")
+    hp.n_embd_head_v_mla = hp.int_key("attention.value_length_mla")
+    hp.index_k_width = hp.int_key("attention.indexer.key_length")
+    if name == "deepseek32":
+        hp.index_filter = lambda il: il < n
+    elif name == "glm-dsa":
+        if hp.n_ctx_train < 1048576:
+            default = [True] * hp.n_layer_all
+        else:
+            default = [
+                il < GLM_5_2_FIRST_FULL or (il - GLM_5_2_FIRST_FULL) % GLM_5_2_PERIOD == 0
+                for il in range(hp.n_layer_all)
+            ]
+        types = _types(hp, default)
+        hp.index_filter = lambda il: il < n and types[il]
+    elif name == "hy_v4":
+        if hp.int_key("attention.indexer.top_k") == 0:
+            hp.index_k_width = 0
+        else:
+            types = _types(hp, [False] * hp.n_layer_all)
+            hp.index_filter = lambda il: types[il]
+    elif name == "minimax-m3":
+        hp.n_embd_head_k_mla = hp.n_embd_head_v_mla = 0
+        lead = hp.int_key("leading_dense_block_count")
+        hp.index_v_width = hp.n_embd_head_v_full
+        hp.index_filter = lambda il: il >= lead
+
+
+FAMILY = Family(
+    name="sparse_attention",
+    architectures=("deepseek32", "glm-dsa", "hy_v4", "minimax-m3"),
+    configure=configure,
+    summary="MLA or plain attention with a lightning indexer's per-token key cache beside it",
+    rules=(
+        "indexer cache: one key head of indexer.key_length per token, -ctk type, full context "
+        "(src/llama-kv-cache-dsa.cpp:29-54; MSA adds a value head: llama-kv-cache-msa.cpp)",
+    ),
+    checked=frozenset(),
+)
