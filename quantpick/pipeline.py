@@ -113,6 +113,7 @@ def get(
     from quantpick.errors import DownloadError
     from quantpick.fetch.download import (
         fetch_model,
+        files_in_place,
         report_files,
         verified_hf_cache_files,
         verified_local_files,
@@ -123,7 +124,10 @@ def get(
 
     manifest = req.manifest
     vision = req.plan_request.vision
-    layouts = LayoutSource(manifest, exact=req.exact, network=req.network, settings=settings)
+    dest = req.dest_dir if req.dest_dir is not None else settings.models_dir / manifest.id
+    in_cache = settings.hf_cache and req.dest_dir is None
+    layouts = LayoutSource(manifest, exact=req.exact, network=req.network, settings=settings,
+                           local_dir=None if in_cache else dest)  # fmt: skip
     first = plan_exact(manifest, req.machine, layouts, req.plan_request, req.overheads)
     if on_plan is not None:
         on_plan(first)
@@ -131,7 +135,6 @@ def get(
     report = None
     files: list[dict[str, Any]] | None = None
     offline = not req.network or settings.offline
-    dest = req.dest_dir if req.dest_dir is not None else settings.models_dir / manifest.id
     if offline and req.dry_run:
         # Offline means offline, dry run included: the plan and the local files, no hub.
         warnings.append(f"offline: no hub contacted; the dry run shows the plan for {dest}")
@@ -143,20 +146,26 @@ def get(
         if offline and not req.dry_run:
             raise DownloadError("offline (--offline or QUANTPICK_OFFLINE): no hub contacted")
         with live if live is not None else nullcontext():
-            report = fetch_model(
-                manifest,
-                first.quant,
-                settings=settings,
-                vision=vision,
-                dest_dir=req.dest_dir,
-                source=req.source,
-                allow_unverified=req.allow_unverified,
-                dry_run=req.dry_run,
+            # Files in place that a pinned sha256 verifies need no hub.
+            files = None if req.dry_run else files_in_place(
+                manifest, first.quant, vision, settings=settings, dest_dir=req.dest_dir,
                 progress=progress,
-                # a dry run reads a listing and a checksums file: one attempt, like `download`
-                policy=RetryPolicy(attempts=1) if req.dry_run else None,
-            )
-        files = [] if req.dry_run else report_files(report)
+            )  # fmt: skip
+            if files is None:
+                report = fetch_model(
+                    manifest,
+                    first.quant,
+                    settings=settings,
+                    vision=vision,
+                    dest_dir=req.dest_dir,
+                    source=req.source,
+                    allow_unverified=req.allow_unverified,
+                    dry_run=req.dry_run,
+                    progress=progress,
+                    # a dry run reads a listing and a checksums file: one attempt, like `download`
+                    policy=RetryPolicy(attempts=1) if req.dry_run else None,
+                )
+                files = [] if req.dry_run else report_files(report)
     except DownloadError as exc:
         # No hub (offline, HF_HUB_OFFLINE, an outage): files already in place still serve, once
         # verified against the checksums a previous run left beside them (or, in the Hugging
@@ -173,7 +182,7 @@ def get(
         where = (
             "the Hugging Face cache"
             if settings.hf_cache
-            else f"{dest}, verified against its SHA256SUMS"
+            else f"{dest}, verified against their pinned sha256"
         )
         warnings.append(f"{exc.message}; using the files in {where}")
     model_name = manifest.quant_files(first.quant)[0].name
