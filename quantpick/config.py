@@ -34,6 +34,9 @@ CONFIG_FILE_NAME = "config.toml"
 # stat() calls, and a candidate is only used after its sha256 matches the pinned one.
 STORE_NAMES = ("hf", "llama", "lmstudio", "ollama")
 CONFIG_KEYS = ("reuse", "hf_cache", "stores")
+# The config file holds three keys and a few paths (a few hundred bytes): 1 MiB is a cap that no
+# real file reaches and that keeps a hostile one (a link to /dev/zero) from filling memory.
+CONFIG_MAX_BYTES = 1024 * 1024
 
 
 def _is_true(value: str | None) -> bool:
@@ -134,8 +137,10 @@ def read_config_file(path: Path) -> dict[str, Any]:
     Unknown keys and bad values are errors naming the file (a typo must not silently turn a
     setting off). "_read" is set when the file existed.
     """
+    from quantpick.local_files import read_small
+
     try:
-        raw = path.read_bytes()
+        raw = read_small(path, CONFIG_MAX_BYTES)  # a FIFO or /dev/zero here must not hang a run
     except FileNotFoundError:
         return {}
     except OSError as exc:

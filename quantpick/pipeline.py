@@ -94,6 +94,7 @@ class PlanInputs:
     exact: bool = False  # --exact: every candidate on its exact header
     network: bool = True  # False: --offline / --no-network
     local: ModelLayout | None = None  # a file on disk: plan its quant on its own header
+    local_dir: Path | None = None  # where the files would be: a header read there needs no hub
 
 
 @dataclass(frozen=True)
@@ -142,8 +143,9 @@ def plan_for(inputs: PlanInputs, *, settings: Settings | None = None) -> PlanRes
         )  # fmt: skip
         return PlanResult(p, replace(inputs, request=request), tuning)
     layouts = LayoutSource(
-        inputs.manifest, exact=inputs.exact, network=inputs.network, settings=settings
-    )
+        inputs.manifest, exact=inputs.exact, network=inputs.network, settings=settings,
+        local_dir=inputs.local_dir,
+    )  # fmt: skip
     p = plan_exact(inputs.manifest, inputs.machine, layouts, inputs.request, inputs.overheads)
     return PlanResult(p, inputs, tuning, tuple(layouts.problems))
 
@@ -224,6 +226,7 @@ def get(
     from quantpick.errors import DownloadError
     from quantpick.fetch.download import (
         fetch_model,
+        files_in_place,
         report_files,
         verified_hf_cache_files,
         verified_local_files,
@@ -233,11 +236,13 @@ def get(
 
     manifest = req.manifest
     vision = req.plan_request.vision
+    dest = req.dest_dir if req.dest_dir is not None else settings.models_dir / manifest.id
+    in_cache = settings.hf_cache and req.dest_dir is None
     planned = plan_for(
         PlanInputs(
             manifest, req.machine, req.plan_request, req.overheads,
             llama_server=req.llama_server, gpu_overhead_given=req.gpu_overhead_given,
-            exact=req.exact, network=req.network,
+            exact=req.exact, network=req.network, local_dir=None if in_cache else dest,
         ),
         settings=settings,
     )  # fmt: skip
@@ -250,7 +255,6 @@ def get(
     report = None
     files: list[dict[str, Any]] | None = None
     offline = not req.network or settings.offline
-    dest = req.dest_dir if req.dest_dir is not None else settings.models_dir / manifest.id
     if offline and req.dry_run:
         # Offline means offline, dry run included: the plan and the local files, no hub.
         warnings.append(f"offline: no hub contacted; the dry run shows the plan for {dest}")
@@ -264,20 +268,26 @@ def get(
         if offline and not req.dry_run:
             raise DownloadError("offline (--offline or QUANTPICK_OFFLINE): no hub contacted")
         with live if live is not None else nullcontext():
-            report = fetch_model(
-                manifest,
-                first.quant,
-                settings=settings,
-                vision=vision,
-                dest_dir=req.dest_dir,
-                source=req.source,
-                allow_unverified=req.allow_unverified,
-                dry_run=req.dry_run,
+            # Files in place that a pinned sha256 verifies need no hub.
+            files = None if req.dry_run else files_in_place(
+                manifest, first.quant, vision, settings=settings, dest_dir=req.dest_dir,
                 progress=progress,
-                # a dry run reads a listing and a checksums file: one attempt, like `download`
-                policy=RetryPolicy(attempts=1) if req.dry_run else None,
-            )
-        files = [] if req.dry_run else report_files(report)
+            )  # fmt: skip
+            if files is None:
+                report = fetch_model(
+                    manifest,
+                    first.quant,
+                    settings=settings,
+                    vision=vision,
+                    dest_dir=req.dest_dir,
+                    source=req.source,
+                    allow_unverified=req.allow_unverified,
+                    dry_run=req.dry_run,
+                    progress=progress,
+                    # a dry run reads a listing and a checksums file: one attempt, like `download`
+                    policy=RetryPolicy(attempts=1) if req.dry_run else None,
+                )
+                files = [] if req.dry_run else report_files(report)
     except DownloadError as exc:
         # No hub (offline, HF_HUB_OFFLINE, an outage): files already in place still serve, once
         # verified against the checksums a previous run left beside them (or, in the Hugging
@@ -294,7 +304,7 @@ def get(
         where = (
             "the Hugging Face cache"
             if settings.hf_cache
-            else f"{dest}, verified against its SHA256SUMS"
+            else f"{dest}, verified against their pinned sha256"
         )
         warnings.append(f"{exc.message}; using the files in {where}")
     model_name = manifest.quant_files(first.quant)[0].name

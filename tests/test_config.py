@@ -96,3 +96,32 @@ def test_store_list_is_a_set_in_canonical_order(names: list[str]) -> None:
     parsed = parse_store_list(" , ".join(names), what="x")
     assert set(parsed) == set(names)
     assert list(parsed) == sorted(parsed, key=STORE_NAMES.index)
+
+
+def test_a_config_file_that_is_a_fifo_or_huge_is_one_clear_error(tmp_path: Path) -> None:
+    """A FIFO would block the open (every command hangs); a link to /dev/zero or a huge file
+    would be read until memory runs out."""
+    import os
+    import threading
+
+    env = env_with(tmp_path, "")
+    config = tmp_path / "config" / "config.toml"
+    config.unlink()
+    os.mkfifo(config)
+    box: dict[str, BaseException] = {}
+
+    def load() -> None:
+        try:
+            load_settings(env)
+        except QuantpickError as exc:
+            box["error"] = exc
+
+    worker = threading.Thread(target=load, daemon=True)
+    worker.start()
+    worker.join(10)
+    assert not worker.is_alive(), "load_settings hangs on a FIFO"
+    assert "a FIFO, not a regular file" in str(box["error"])
+    config.unlink()
+    config.write_text("# padding\n" * (1024 * 1024 // 10 + 1))  # valid TOML, over the cap
+    with pytest.raises(QuantpickError, match="larger than 1048576 bytes"):
+        load_settings(env)

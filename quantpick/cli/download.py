@@ -208,7 +208,10 @@ def plan_to_dict(plan: FetchPlan) -> dict[str, Any]:
         "source_kind": plan.source_kind,
         "revision": plan.revision,
         "checksums_file": plan.checksums_file,
+        # store copies not yet verified count as to fetch; bytes_to_verify are hashed first
         "bytes_to_fetch": plan.bytes_to_fetch,
+        "bytes_to_verify": plan.bytes_to_verify,
+        "bytes_to_fetch_if_verified": plan.bytes_to_fetch_if_verified,
         "free_bytes": plan.free_bytes,
         "enough_space": plan.enough_space,
         "reuse_from": {
@@ -229,6 +232,7 @@ def plan_to_dict(plan: FetchPlan) -> dict[str, Any]:
                 "state": f.state,
                 "local_bytes": f.local_bytes,
                 "bytes_to_fetch": f.bytes_to_fetch,
+                "bytes_to_verify": f.bytes_to_verify,
                 # the other tool's copy a run would use (hashed first unless `verified`), or null
                 "reuse": f.reuse.as_dict() if f.reuse and f.state != "present" else None,
                 "reuse_rejected": [r.as_dict() for r in f.reuse_rejected],
@@ -286,8 +290,14 @@ def _print_plan(plan: FetchPlan) -> None:
     console = output.stdout()
     console.print(table)
     room = "enough" if plan.enough_space else "NOT enough"
+    verify = (
+        f" ({human(plan.bytes_to_fetch_if_verified)} if the store copies verify: "
+        f"{human(plan.bytes_to_verify)} to hash first)"
+        if plan.bytes_to_verify
+        else ""
+    )
     console.print(
-        f"Into {plan.dest_dir}: {human(plan.bytes_to_fetch)} to fetch, "
+        f"Into {plan.dest_dir}: {human(plan.bytes_to_fetch)} to fetch{verify}, "
         f"{human(plan.free_bytes)} free ({room} room)",
         markup=False,
     )

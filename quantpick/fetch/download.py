@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from quantpick.errors import DownloadError, QuantpickError, UsageError, VerificationError
 from quantpick.fetch.atomic import os_error, write_atomic
-from quantpick.fetch.http import BodyTooLarge, RetryPolicy, UnreachableError
+from quantpick.fetch.http import BodyTooLarge, RetryPolicy, UnreachableError, default_policy
 from quantpick.fetch.sources import RemoteFile, RepoSource, open_source
 from quantpick.fetch.transfer import (
     DEFAULT_LOCK_TIMEOUT,
@@ -43,7 +43,7 @@ from quantpick.safe_names import safe_relative_name, shown
 if TYPE_CHECKING:
     from quantpick.config import Settings
     from quantpick.fetch.hf_cache import HFCacheTarget
-    from quantpick.fetch.stores import HashCache, StoreRoot
+    from quantpick.fetch.stores import HashCache, HashedFile, StoreRoot
     from quantpick.model.manifest import Manifest, ModelFile, Source
 
 # Suffixes the transfer engine puts beside a file; the longest decides the path length checked.
@@ -72,12 +72,25 @@ class PlannedFile:
     # (a candidate whose cached sha256 differs is in reuse_rejected instead).
     reuse_candidates: tuple[ReuseCandidate, ...] = ()
     reuse_rejected: tuple[RejectedCandidate, ...] = ()
+    # "lmstudio (/path/to/its/models)" when `path` is inside another tool's folder (--dir there):
+    # a file at that name is never renamed, moved, truncated or deleted, only verified and used.
+    owner: str | None = None
 
     @property
     def bytes_to_fetch(self) -> int:
-        if self.reuse_candidates:
+        """What a run fetches, honestly: 0 for a store copy only when its sha256 is already
+        known to match (an unverified one is counted: it may not match)."""
+        if self.reuse is not None and self.reuse.verified:
             return 0
         return self.bytes_to_fetch_without_reuse
+
+    @property
+    def bytes_to_verify(self) -> int:
+        """Bytes of an unverified store copy a run hashes first; when it matches, nothing of
+        bytes_to_fetch is fetched."""
+        if self.reuse is None or self.reuse.verified or not self.bytes_to_fetch_without_reuse:
+            return 0
+        return self.size if self.size is not None else 0
 
     @property
     def bytes_to_fetch_without_reuse(self) -> int:
@@ -136,10 +149,14 @@ class FetchPlan:
     revision: str | None
     checksums_file: str | None  # the repository's SHA256SUMS name, when it had one
     files: tuple[PlannedFile, ...]
-    bytes_to_fetch: int
+    bytes_to_fetch: int  # counting every store copy not yet verified as to fetch
     free_bytes: int
-    enough_space: bool
+    enough_space: bool  # for bytes_to_fetch
     checksums_text: str | None = field(default=None, repr=False)
+    # Bytes of store copies to hash before any transfer; what is left to fetch when they all
+    # match (what the space check before the transfers needs).
+    bytes_to_verify: int = 0
+    bytes_to_fetch_if_verified: int = 0
     # Where copies were looked for (quantpick.fetch.stores), and which setting chose the stores.
     reuse_roots: tuple[StoreRoot, ...] = ()  # the enabled stores' directories that exist
     reuse_stores: tuple[str, ...] = ()  # the enabled stores
@@ -261,14 +278,17 @@ def plan_fetch(
     reuse_roots: tuple[StoreRoot, ...] = (),
     hash_cache: HashCache | None = None,
     hf_target: HFCacheTarget | None = None,
+    owner_roots: tuple[StoreRoot, ...] = (),
 ) -> FetchPlan:
     """Resolve every file on one source and cross-check every hash, before any large transfer.
 
     With `reuse_roots`, each file is also looked for in other tools' stores (stat only: the
     hashing happens in fetch_model, before any transfer). With `hf_target`, files are planned
-    as Hugging Face cache blobs (`blobs/<sha256>`) instead of `dest_dir/<name>`.
+    as Hugging Face cache blobs (`blobs/<sha256>`) instead of `dest_dir/<name>`. A destination
+    inside one of `owner_roots` (every store's folder, enabled or not) belongs to that tool: a
+    file already at its name is verified and used, or reported, never renamed or replaced.
     """
-    from quantpick.fetch.stores import is_link
+    from quantpick.fetch.stores import is_link, owning_store
 
     progress = progress or NullProgress()
     notes: list[str] = []
@@ -331,6 +351,10 @@ def plan_fetch(
                 state, local = "absent", 0
         except OSError as exc:
             raise os_error("cannot look at", path, exc) from None
+        root = owning_store(path, owner_roots)
+        owner = f"{root.store} ({root.path})" if root is not None else None
+        if owner is not None and state in ("partial", "oversized") and path.exists():
+            raise _foreign_file_error(path, mf.name, owner, f"{local} bytes, not {size}")
         found: tuple[ReuseCandidate, ...] = ()
         rejected: tuple[RejectedCandidate, ...] = ()
         if reuse_roots and sha is not None and (state != "present" or is_link(path)):
@@ -350,19 +374,17 @@ def plan_fetch(
                 local,
                 found,
                 rejected,
+                owner,
             )
         )
     refused = repo.refused_note()
     if refused is not None:
         progress.message(refused)
         notes.append(refused)
-    to_fetch = sum(p.bytes_to_fetch for p in planned)
     # Unknown sizes (plain mirror, no manifest size) count as the manifest's approximate size.
-    to_fetch += sum(
-        mf.size_bytes
-        for mf, p in zip(files, planned, strict=True)
-        if p.size is None and not p.reuse_candidates
-    )
+    approx = {mf.name: mf.size_bytes for mf in files}
+    to_fetch = sum(_fetch_estimate(p, approx) for p in planned)
+    if_verified = sum(_fetch_estimate(p, approx) for p in planned if p.reuse is None)
     free = free_bytes(hf_target.storage if hf_target is not None else dest_dir, disk_usage)
     return FetchPlan(
         manifest_id=manifest.id,
@@ -377,10 +399,28 @@ def plan_fetch(
         free_bytes=free,
         enough_space=free >= to_fetch + SPACE_MARGIN,
         checksums_text=checksums_text,
+        bytes_to_verify=sum(p.bytes_to_verify for p in planned),
+        bytes_to_fetch_if_verified=if_verified,
         reuse_roots=reuse_roots,
         hf_cache=hf_target,
         notes=tuple(notes),
     )
+
+
+def _foreign_file_error(path: Path, name: str, owner: str, what: str) -> VerificationError:
+    return VerificationError(
+        f"{path} is in the folder of {owner} and is not {name} ({what}); quantpick never "
+        "renames, moves or deletes another tool's files",
+        hint="remove or fix it with the tool that owns it (the Hugging Face cache: "
+        "`hf cache rm`), or choose a --dir outside its folder",
+    )
+
+
+def _fetch_estimate(planned: PlannedFile, approx: dict[str, int]) -> int:
+    """planned.bytes_to_fetch, with the manifest's approximate size where the size is unknown."""
+    if planned.size is None and not (planned.reuse is not None and planned.reuse.verified):
+        return approx.get(planned.name, 0)
+    return planned.bytes_to_fetch
 
 
 def manifest_repos(manifest: Manifest) -> tuple[str, ...]:
@@ -448,6 +488,7 @@ def fetch_model(
     hashed, and when it matches the pinned sha256 it is linked in instead of downloaded. With
     settings.hf_cache the files are written into the Hugging Face cache layout.
     """
+    from quantpick.config import STORE_NAMES
     from quantpick.fetch.stores import HashCache, hash_cache_path, store_roots
 
     progress = progress or NullProgress()
@@ -474,7 +515,11 @@ def fetch_model(
         if settings.reuse_stores
         else ()
     )
+    # Every store's folder, used for reuse or not: a --dir inside one holds another tool's files.
+    owner_roots = store_roots(STORE_NAMES, overrides=settings.store_paths)
     cache = HashCache(hash_cache_path(settings.cache_dir))
+    # Hub calls (listing, SHA256SUMS) say when an answer is slow and when they retry.
+    hub_policy = replace(policy or default_policy(), notify=progress.message)
     skipped: list[str] = []
     unreachable: list[UnreachableError | None] = []
     candidates = candidate_sources(manifest, source)
@@ -482,7 +527,7 @@ def fetch_model(
         last = index == len(candidates) - 1
         repo: RepoSource | None = None
         try:
-            repo = open_source_fn(src, settings=settings, policy=policy)
+            repo = open_source_fn(src, settings=settings, policy=hub_policy)
             target = None
             if settings.hf_cache:
                 from quantpick.fetch.hf_cache import hf_cache_target
@@ -503,25 +548,29 @@ def fetch_model(
                 reuse_roots=roots,
                 hash_cache=cache,
                 hf_target=target,
+                owner_roots=owner_roots,
             )
             plan = replace(
                 plan, reuse_stores=settings.reuse_stores, reuse_origin=settings.reuse_origin
             )
             if dry_run:
                 return FetchReport(plan, (), tuple(skipped))
-            if not plan.enough_space:
+            # Before hashing any store copy: enough room if every copy matches.
+            if plan.free_bytes < plan.bytes_to_fetch_if_verified + SPACE_MARGIN:
                 raise DiskSpaceError(
                     f"not enough free space in {dest}: {plan.free_bytes} bytes free, "
-                    f"{plan.bytes_to_fetch} to fetch plus a {SPACE_MARGIN} byte margin",
+                    f"{plan.bytes_to_fetch_if_verified} to fetch plus a {SPACE_MARGIN} byte margin",
                     hint="free some space or choose another directory with --dir",
                 )
             progress.message(f"Using {plan.source} -> {dest}")
             done, reused, rejected = _use_local_copies(plan, cache, progress)
             cache.save()
             left = [p for p in plan.files if p.name not in done]
-            # The plan counted store copies as free; the ones that failed verification are not.
-            to_fetch = plan.bytes_to_fetch + sum(
-                p.bytes_to_fetch_without_reuse for p in left if p.reuse_candidates
+            # What is left once the store copies are verified, used or rejected.
+            approx = {mf.name: mf.size_bytes for mf in files}
+            to_fetch = sum(
+                p.bytes_to_fetch_without_reuse if p.size is not None else approx.get(p.name, 0)
+                for p in left
             )
             plan = replace(
                 plan,
@@ -562,6 +611,7 @@ def fetch_model(
                         progress=progress,
                         disk_usage=disk_usage,
                         lock_timeout=lock_timeout,
+                        owner=planned.owner,
                     )
                 )
             results = _after_transfer(plan, results, done, cache)
@@ -624,7 +674,7 @@ def _use_local_copies(
     symlink) or, when no link can be made, used where it is. A copy that does not match is
     never used and never touched. Returns (results by name, copies used, copies rejected).
     """
-    from quantpick.fetch.stores import link_into
+    from quantpick.fetch.stores import FileChanged, link_into
 
     done: dict[str, DownloadResult] = {}
     reused: dict[str, ReuseCandidate] = {}
@@ -648,11 +698,16 @@ def _use_local_copies(
         for choice in planned.reuse_candidates:
             label = f"{planned.name} in {choice.store}"
             try:
-                digest = _hash_with_progress(choice.path, cache, progress, label)
+                hashed = _hash_with_progress(choice.path, cache, progress, label)
             except OSError as exc:  # e.g. the Linux Ollama service's files, unreadable to us
                 bad.append(RejectedCandidate(choice.store, choice.path, f"unreadable: {exc}"))
                 progress.message(f"{choice.path}: cannot read it ({exc.strerror}); skipped")
                 continue
+            except FileChanged as exc:
+                bad.append(RejectedCandidate(choice.store, choice.path, f"{exc}: not used"))
+                progress.message(f"{exc}: not used")
+                continue
+            digest = hashed.sha256
             if digest != planned.sha256:
                 bad.append(
                     RejectedCandidate(
@@ -664,7 +719,14 @@ def _use_local_copies(
                     "not used, left untouched"
                 )
                 continue
-            action, why = link_into(choice.path, planned.path)
+            try:
+                # The inode that was hashed, or nothing: the path is checked again here.
+                linked = link_into(choice.path, planned.path, hashed.identity)
+            except FileChanged as exc:
+                bad.append(RejectedCandidate(choice.store, choice.path, f"{exc}: not used"))
+                progress.message(f"{exc}: not used")
+                continue
+            action, why = linked.action, linked.why
             final = planned.path
             if action == "in-place":
                 # llama.cpp finds shards 2..N beside shard 1 by name, and a Hugging Face cache
@@ -675,7 +737,8 @@ def _use_local_copies(
                 final = Path(choice.path)
                 in_place_dirs.add(final.parent)
             else:
-                cache.record(planned.path, digest)  # a hardlink changes the inode's ctime
+                assert linked.identity is not None
+                cache.put(planned.path, linked.identity, digest)  # a hardlink moved its ctime
                 part, sidecar = part_paths(planned.path)
                 if part.exists():  # quantpick's own partial download of the same bytes
                     part.unlink()
@@ -721,15 +784,21 @@ def _verify_in_place(
     into or truncated by the engine); a plain file is left for the engine (it resumes a shorter
     file, and moves a wrong one aside).
     """
-    from quantpick.fetch.stores import is_link
+    from quantpick.fetch.stores import FileChanged, is_link
 
     path = planned.path
     size = path.stat().st_size
     digest = None
     if planned.size is None or size == planned.size:
-        digest = _hash_with_progress(path, cache, progress, f"{planned.name} (in place)")
+        try:
+            digest = _hash_with_progress(path, cache, progress, f"{planned.name} (in place)").sha256
+        except FileChanged as exc:
+            progress.message(f"{exc}: not used as it is")
         if digest == planned.sha256:
             return True
+    if planned.owner is not None and plan.hf_cache is None:
+        got = f"sha256 {digest}" if digest else f"{size} bytes"
+        raise _foreign_file_error(path, planned.name, planned.owner, got)
     if plan.hf_cache is not None:
         got = f"sha256 {digest}" if digest else f"{size} bytes"
         raise VerificationError(
@@ -760,28 +829,37 @@ def _result(planned: PlannedFile, path: Path, source: str) -> DownloadResult:
     )
 
 
-def _hash_with_progress(path: Path, cache: HashCache, progress: ProgressSink, label: str) -> str:
-    """sha256 of `path` through the cache; progress through the sink's optional hash_* methods
+def _hash_with_progress(
+    path: Path, cache: HashCache, progress: ProgressSink, label: str
+) -> HashedFile:
+    """sha256 of `path` through the cache (stores.sha256_of: one descriptor, FileChanged when
+    it changes while read); progress through the sink's optional hash_* methods
     (quantpick.cli.download's sinks have them), else one message before a long hash."""
     from quantpick.fetch.stores import sha256_of
 
-    known = cache.lookup(path)
-    if known is not None:
-        return known
-    size = path.stat().st_size
     started = getattr(progress, "hash_started", None)
     advance = getattr(progress, "hash_advance", None)
     finished = getattr(progress, "hash_finished", None)
-    if started is not None:
-        started(label, size)
-    else:
-        progress.message(f"Verifying {label} ({size} bytes)")
-    digest, _ = sha256_of(
-        path, cache, on_bytes=(lambda n: advance(label, n)) if advance is not None else None
-    )
-    if finished is not None:
-        finished(label)
-    return digest
+    began = False
+
+    def on_start(size: int) -> None:
+        nonlocal began
+        began = True
+        if started is not None:
+            started(label, size)
+        else:
+            progress.message(f"Verifying {label} ({size} bytes)")
+
+    try:
+        return sha256_of(
+            path,
+            cache,
+            on_start=on_start,
+            on_bytes=(lambda n: advance(label, n)) if advance is not None else None,
+        )
+    finally:
+        if began and finished is not None:
+            finished(label)
 
 
 def _record_checksums(
@@ -801,12 +879,15 @@ def _record_checksums(
     path = dest / "SHA256SUMS"
     lock = acquire_file_lock(path, stall_timeout=lock_timeout)
     try:
+        from quantpick.local_files import read_small_text
+
         entries: dict[str, str] = {}
         try:
-            if path.exists():
-                entries.update(parse_sha256sums(path.read_text(), str(path)))
+            entries.update(parse_sha256sums(read_small_text(path, CHECKSUMS_MAX_BYTES), str(path)))
+        except FileNotFoundError:
+            pass
         except (OSError, UnicodeDecodeError, VerificationError):
-            return  # not ours to rewrite
+            return  # not ours to rewrite (a FIFO, a huge or hostile file: never read whole)
         if plan.checksums_text:
             entries.update(read_sha256sums(plan.checksums_text).entries)
         entries.update({r.name: r.sha256 for r in results if r.verified})
@@ -825,61 +906,172 @@ def _record_checksums(
 
 
 def verified_local_files(
-    manifest: Manifest, quant: str, vision: bool, dest: Path, cache: HashCache | None = None
+    manifest: Manifest,
+    quant: str,
+    vision: bool,
+    dest: Path,
+    cache: HashCache | None = None,
+    *,
+    strict: bool = True,
+    progress: ProgressSink | None = None,
 ) -> list[dict[str, Any]] | None:
-    """The quant's files in `dest`, hashed against dest/SHA256SUMS (written by an earlier download)
-    and the manifest's own hashes; None when a file or its checksum is missing. A mismatch is a
-    VerificationError (exit 4): a bad file is never used. With `cache`, a file unchanged since
-    it was last hashed is not hashed again."""
-    from quantpick.errors import VerificationError
-    from quantpick.fetch.verify import parse_sha256sums, verify_files
+    """The quant's files in `dest`, each hashed (through the sha256 cache: a file unchanged
+    since it was last hashed is not hashed again) against the sha256 that pins it: the
+    manifest's, and dest/SHA256SUMS (an earlier download writes it) where it lists the file;
+    the two must agree. None when a file is missing or nothing pins its hash.
 
+    `strict` (no hub to fetch from): a file that does not match, or a SHA256SUMS that disagrees
+    with the manifest, is a VerificationError (exit 4): a bad file is never used. Not strict
+    (before asking a hub): None instead, and the download fetches what is wrong.
+    """
+    from quantpick.fetch.stores import HashCache
+    from quantpick.local_files import read_small_text
+
+    progress = progress or NullProgress()
+    cache = cache if cache is not None else HashCache(None)
     dest = Path(os.path.abspath(dest))  # like fetch_model: no printed path starts with "-"
     sums_path = dest / "SHA256SUMS"
-    if not sums_path.is_file():
-        return None
-    sums = parse_sha256sums(sums_path.read_text())
-    expected: dict[str, str] = {}
-    for mf in wanted_files(manifest, quant, vision):
-        if mf.name not in sums or not (dest / mf.name).is_file():
+    sums: dict[str, str] = {}
+    try:
+        text: str | None = read_small_text(sums_path, CHECKSUMS_MAX_BYTES)
+    except (OSError, ValueError):  # missing, a FIFO or a device, over the cap, not UTF-8
+        text = None
+    if text is not None:
+        try:
+            sums = parse_sha256sums(text, str(sums_path))
+        except VerificationError:
+            if strict:
+                raise
             return None
-        if mf.sha256 and mf.sha256.lower() != sums[mf.name].lower():
-            raise VerificationError(
-                f"{sums_path} lists {sums[mf.name]} for {mf.name}, the manifest {mf.sha256}"
-            )
-        expected[mf.name] = sums[mf.name]
-    known = {
-        name: sha
-        for name, sha in expected.items()
-        if cache is not None and cache.lookup(dest / name) == sha
-    }
-    result = verify_files(dest, {n: h for n, h in expected.items() if n not in known})
-    bad = [c for c in result.files if c.status != "ok"]
-    if bad:
-        raise VerificationError(
-            f"{dest / bad[0].name}: sha256 {bad[0].actual} does not match {bad[0].expected} "
-            f"from {sums_path}",
-            hint="run the command again with the hub reachable to fetch it afresh",
+
+    try:
+        return _verify_listed(manifest, quant, vision, dest, sums, cache, strict, progress)
+    finally:
+        cache.save()  # a mismatch found here is not hashed again by the download that follows
+
+
+def _verify_listed(
+    manifest: Manifest,
+    quant: str,
+    vision: bool,
+    dest: Path,
+    sums: dict[str, str],
+    cache: HashCache,
+    strict: bool,
+    progress: ProgressSink,
+) -> list[dict[str, Any]] | None:
+    from quantpick.fetch.stores import FileChanged
+
+    sums_path = dest / "SHA256SUMS"
+
+    def refuse(message: str, hint: str | None = None) -> None:
+        if strict:
+            raise VerificationError(message, hint=hint)
+
+    out = []
+    for mf in wanted_files(manifest, quant, vision):
+        path = dest / mf.name
+        listed, pinned = sums.get(mf.name), (mf.sha256 or "").lower() or None
+        if listed is not None and pinned is not None and listed != pinned:
+            refuse(f"{sums_path} lists {listed} for {mf.name}, the manifest {pinned}")
+            return None
+        expected = pinned or listed
+        if expected is None or not path.is_file():
+            return None
+        who = " and ".join(
+            w for w, v in ((f"manifest {manifest.id}", pinned), (str(sums_path), listed)) if v
         )
-    hashed = {c.name: c.actual for c in result.files}
-    if cache is not None:
-        for name, sha in hashed.items():
-            cache.record(dest / name, str(sha))
-        cache.save()
-    return [
-        {
-            "name": name,
-            "path": str(dest / name),
-            "size": (dest / name).stat().st_size,
-            "sha256": expected[name],
-            "verified": True,
-            "bytes_fetched": 0,
-            "resumed_from": 0,
-            "reused": True,
-            "source": f"local {sums_path}",
-        }
-        for name in sorted(expected)
-    ]
+        try:
+            hashed = _hash_with_progress(path, cache, progress, f"{mf.name} (in place)")
+        except FileChanged as exc:
+            refuse(f"{exc}: not used", hint="run the command again once nothing writes to it")
+            return None
+        if hashed.sha256 != expected:
+            refuse(
+                f"{path}: sha256 {hashed.sha256} does not match {expected} from {who}",
+                hint="run the command again with the hub reachable to fetch it afresh",
+            )
+            return None
+        out.append(
+            {
+                "name": mf.name,
+                "path": str(path),
+                "size": hashed.identity.size,
+                "sha256": expected,
+                "verified": True,
+                "bytes_fetched": 0,
+                "resumed_from": 0,
+                "reused": True,
+                "source": f"local {dest} (sha256 pinned by {who})",
+            }
+        )
+    return sorted(out, key=lambda entry: str(entry["name"]))
+
+
+def known_local_copy(manifest: Manifest, quant: str, dest: Path, settings: Settings) -> Path | None:
+    """The first file of `quant` in `dest` when every file of it there is already known, from
+    the sha256 cache (nothing is hashed here), to have the sha256 that pins it (the manifest's,
+    or dest/SHA256SUMS): planning may read that file's header instead of asking a hub."""
+    from quantpick.fetch.stores import HashCache, hash_cache_path
+    from quantpick.local_files import read_small_text
+
+    files = manifest.quant_files(quant)
+    if not files:
+        return None
+    dest = Path(os.path.abspath(dest))
+    try:
+        sums = read_sha256sums(read_small_text(dest / "SHA256SUMS", CHECKSUMS_MAX_BYTES)).entries
+    except (OSError, ValueError):
+        sums = {}
+    cache = HashCache(hash_cache_path(settings.cache_dir))
+    for mf in files:
+        pinned, listed = (mf.sha256 or "").lower() or None, sums.get(mf.name)
+        if pinned is not None and listed is not None and pinned != listed:
+            return None
+        expected = pinned or listed
+        if expected is None or cache.lookup(dest / mf.name) != expected:
+            return None
+    return dest / files[0].name
+
+
+def files_in_place(
+    manifest: Manifest,
+    quant: str,
+    vision: bool,
+    *,
+    settings: Settings,
+    dest_dir: Path | None,
+    progress: ProgressSink | None = None,
+) -> list[dict[str, Any]] | None:
+    """Before asking any hub: the quant's files already where a download would put them (the
+    --dir or models dir, else with --hf-cache the Hugging Face cache snapshot), each verified
+    against a sha256 that pins it without a hub (the manifest's; in a directory also the
+    SHA256SUMS an earlier download left). A verified copy needs no hub. None when a file is
+    missing, unpinned or different: the download then fetches it (and replaces what is wrong).
+    """
+    from quantpick.fetch.stores import HashCache, hash_cache_path
+
+    progress = progress or NullProgress()
+    cache = HashCache(hash_cache_path(settings.cache_dir))
+    found: list[dict[str, Any]] | None
+    if settings.hf_cache and dest_dir is None:
+        if not all(mf.sha256 for mf in wanted_files(manifest, quant, vision)):
+            return None  # the blob names are the hub's word; ask the hub
+        try:
+            found = verified_hf_cache_files(manifest, quant, vision, settings, cache)
+        except VerificationError:
+            return None
+        where = "the Hugging Face cache"
+    else:
+        dest = dest_dir if dest_dir is not None else settings.models_dir / manifest.id
+        found = verified_local_files(
+            manifest, quant, vision, dest, cache, strict=False, progress=progress
+        )
+        where = str(Path(os.path.abspath(dest)))
+    if found is not None:
+        names = ", ".join(str(f["name"]) for f in found)
+        progress.message(f"{names}: already in {where}, sha256 verified; no hub contacted")
+    return found
 
 
 def verified_hf_cache_files(
@@ -889,7 +1081,7 @@ def verified_hf_cache_files(
     manifest's Hugging Face repo (its pinned commit, else what refs/<revision> names), verified
     against the manifest's sha256, else the name of the blob each snapshot entry points to (the
     hub's LFS sha256, checked when it was written). None when a file is not there."""
-    from quantpick.fetch.hf_cache import COMMIT_RE, SHA256_RE
+    from quantpick.fetch.hf_cache import COMMIT_RE, SHA256_RE, read_ref
     from quantpick.fetch.stores import hf_cache_for_writing, hf_repo_folder
 
     source = next((s for s in manifest.sources if s.kind == "hf" and s.repo), None)
@@ -899,10 +1091,10 @@ def verified_hf_cache_files(
     revision = source.revision or "main"
     commit = revision
     if not COMMIT_RE.match(revision):
-        try:
-            commit = (storage / "refs" / revision).read_text().strip()
-        except OSError:
+        found = read_ref(storage / "refs" / revision)
+        if found is None or not COMMIT_RE.match(found):
             return None
+        commit = found
     out = []
     for mf in wanted_files(manifest, quant, vision):
         pointer = storage / "snapshots" / commit / mf.name
@@ -915,11 +1107,12 @@ def verified_hf_cache_files(
         st = pointer.stat()
         if mf.size_exact and st.st_size != mf.size_bytes:
             raise VerificationError(f"{pointer}: {st.st_size} bytes, not {mf.size_bytes}")
-        digest = cache.lookup(pointer)
-        if digest is None:
-            from quantpick.fetch.stores import sha256_of
+        from quantpick.fetch.stores import FileChanged, sha256_of
 
-            digest, _ = sha256_of(pointer, cache)
+        try:
+            digest = sha256_of(pointer, cache).sha256
+        except FileChanged as exc:
+            raise VerificationError(f"{exc}: not used") from None
         if digest != expected:
             raise VerificationError(
                 f"{pointer}: sha256 {digest} does not match {expected}",

@@ -34,9 +34,13 @@ from pathlib import Path
 
 from quantpick.errors import UsageError, VerificationError
 from quantpick.fetch.stores import hf_repo_folder
+from quantpick.local_files import read_small_text
 from quantpick.safe_names import safe_relative_name
 
 COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
+# A ref holds one 40-hex commit, no newline (huggingface_hub `_cache_commit_hash_for_specific_
+# revision`); 1 KiB is far more than any ref a hub tool writes.
+REF_MAX_BYTES = 1024
 SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 
 # huggingface_hub/_local_folder.py CACHEDIR_TAG_CONTENT (2.4), byte for byte.
@@ -100,6 +104,15 @@ def _write_cachedir_tag(cache_dir: Path) -> None:
             pass  # huggingface_hub ignores this failure too
 
 
+def read_ref(ref: Path) -> str | None:
+    """The commit a refs/<revision> file names (None when it is missing, not a regular file, or
+    larger than REF_MAX_BYTES: huggingface_hub's cache is another program's)."""
+    try:
+        return read_small_text(ref, REF_MAX_BYTES).strip()
+    except (OSError, ValueError):
+        return None
+
+
 def _write_ref(target: HFCacheTarget) -> None:
     """refs/<revision> = commit, as `_cache_commit_hash_for_specific_revision` writes it."""
     if target.revision == target.commit:
@@ -107,7 +120,7 @@ def _write_ref(target: HFCacheTarget) -> None:
     ref = target.storage / "refs" / target.revision
     safe_relative_name(target.revision)
     ref.parent.mkdir(parents=True, exist_ok=True)
-    if ref.exists() and ref.read_text() == target.commit:
+    if read_ref(ref) == target.commit:
         return
     tmp = ref.with_name(f"{ref.name}.{uuid.uuid4().hex[:8]}.tmp")
     tmp.write_text(target.commit)

@@ -48,6 +48,8 @@ class RetryPolicy:
     connect_timeout: float = 15.0
     sleep: Callable[[float], None] = time.sleep
     jitter: Callable[[], float] = random.random
+    # Progress lines from with_retries (a slow first answer, each retry); None: silent.
+    notify: Callable[[str], None] | None = None
 
     def backoff(self, failures: int) -> float:
         delay = min(self.max_delay, self.base_delay * 2 ** max(0, failures - 1))
@@ -69,6 +71,48 @@ DEFAULT_POLICY = RetryPolicy()
 
 def default_policy() -> RetryPolicy:
     return DEFAULT_POLICY
+
+
+# A call that can take minutes (up to worst_case_seconds) says so once it has waited this long
+# for its first answer: a healthy hub answers a listing in well under a second, so 5 s without
+# one is worth a line, and short enough that nobody stares at a silent terminal.
+SLOW_ANSWER_NOTICE = 5.0
+
+# All of `pick`'s optional exact-header read (listing + header ranges, every attempt) gets this
+# long, then the plan goes on with the manifest's table (a note says so; --exact waits for the
+# header instead). A budget chosen for an interactive answer, not measured: a 4 MiB first window
+# arrives within it from ~7 Mbit/s up, the whole 11 MB Qwen3.6 header from ~18 Mbit/s up.
+PLANNING_DEADLINE = 5.0
+
+
+class DeadlineExceeded(DownloadError):
+    """An optional call did not finish within its deadline (call_within): go on without it."""
+
+
+def call_within(seconds: float, what: str, call: Callable[[], Any]) -> Any:
+    """`call()` on a worker thread, waited for at most `seconds` in total; DeadlineExceeded
+    after that. The call's own exception is raised here. A call past its deadline goes on in
+    the background until its own timeouts end it, and its result is dropped: only for reads a
+    caller can do without (daemon thread: it never keeps the process alive)."""
+    import threading
+
+    box: dict[str, Any] = {}
+    done = threading.Event()
+
+    def run() -> None:
+        try:
+            box["value"] = call()
+        except BaseException as exc:  # noqa: BLE001 - handed to the waiting thread
+            box["error"] = exc
+        finally:
+            done.set()
+
+    threading.Thread(target=run, name=f"quantpick: {what}", daemon=True).start()
+    if not done.wait(seconds):
+        raise DeadlineExceeded(f"{what}: no answer within {seconds:g} s")
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
 
 
 def planning_policy() -> RetryPolicy:
@@ -289,6 +333,7 @@ def with_retries(
     honoured), `policy.attempts` times at most, then `error("<what>: <why> (gave up ...)")`."""
     failures = 0
     while True:
+        timer = _slow_answer_timer(what, policy) if failures == 0 else None
         try:
             return attempt()
         except TransientError as exc:
@@ -298,7 +343,31 @@ def with_retries(
             delay = policy.backoff(failures)
             if exc.retry_after is not None:
                 delay = max(delay, min(exc.retry_after, policy.max_retry_after))
+            if policy.notify is not None:
+                policy.notify(
+                    f"{what}: {exc}; retrying in {delay:.1f} s "
+                    f"(attempt {failures + 1} of {policy.attempts})"
+                )
             policy.sleep(delay)
+        finally:
+            if timer is not None:
+                timer.cancel()
+
+
+def _slow_answer_timer(what: str, policy: RetryPolicy) -> Any:
+    """With policy.notify: one line once the first attempt has waited SLOW_ANSWER_NOTICE s."""
+    if policy.notify is None:
+        return None
+    import threading
+
+    notice = (
+        f"{what}: no answer after {SLOW_ANSWER_NOTICE:g} s; still waiting (it gives up after "
+        f"about {policy.worst_case_seconds():.0f} s without an answer)"
+    )
+    timer = threading.Timer(SLOW_ANSWER_NOTICE, policy.notify, args=(notice,))
+    timer.daemon = True
+    timer.start()
+    return timer
 
 
 def fetch_small(

@@ -42,12 +42,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from quantpick.fetch.verify import hash_file
+from quantpick.errors import VerificationError
+from quantpick.local_files import read_small_text
 
 HF_LAYOUT = "hf-cache"  # models--org--repo/{blobs,snapshots,refs}
 FLAT = "flat"  # llama.cpp's own cache: files side by side
 PUBLISHER = "publisher/repo"  # LM Studio: <publisher>/<repo>/<file>
 OLLAMA = "ollama-blobs"  # blobs/sha256-<hex>
+
+# Caps on what is read of LM Studio's own files (quantpick.local_files: regular files only, never
+# read past the cap; a larger one is ignored like a missing one). The pointer holds one path:
+# PATH_MAX is 4096 bytes on Linux (<linux/limits.h>), 1024 on macOS. settings.json is a flat
+# object of a few dozen keys, a few KiB: 1 MiB leaves two orders of magnitude.
+POINTER_MAX_BYTES = 4096
+SETTINGS_MAX_BYTES = 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -120,7 +128,7 @@ def lmstudio_models_dirs(home: Path) -> list[tuple[Path, str]]:
     lms_home: Path | None = None
     origin = "default"
     try:
-        text = pointer.read_text(encoding="utf-8").strip()
+        text = read_small_text(pointer, POINTER_MAX_BYTES).strip()
         if text:
             lms_home = Path(text) if Path(text).is_absolute() else home / text
             origin = str(pointer)
@@ -131,7 +139,7 @@ def lmstudio_models_dirs(home: Path) -> list[tuple[Path, str]]:
         lms_home = legacy if legacy.is_dir() else home / ".lmstudio"
     settings = lms_home / "settings.json"
     try:
-        folder = json.loads(settings.read_text(encoding="utf-8")).get("downloadsFolder")
+        folder = json.loads(read_small_text(settings, SETTINGS_MAX_BYTES)).get("downloadsFolder")
         if isinstance(folder, str) and folder:
             found.append((Path(folder).expanduser(), f"{settings} downloadsFolder"))
     except (OSError, ValueError, AttributeError):
@@ -214,6 +222,23 @@ def store_roots(
         seen.add(key)
         unique.append(root)
     return tuple(unique)
+
+
+def owning_store(path: Path, roots: Iterable[StoreRoot]) -> StoreRoot | None:
+    """The store whose folder holds `path` (as written, or once symlinks are resolved), or None.
+
+    A file there belongs to that tool: quantpick may read it, verify it and link it, and never
+    renames, moves, truncates or deletes it, even with `--dir` pointed inside that folder.
+    """
+    here = Path(os.path.abspath(path))
+    real = Path(os.path.realpath(here.parent)) / here.name
+    for root in roots:
+        base = Path(os.path.abspath(root.path))
+        for candidate in (here, real):
+            for folder in {base, Path(os.path.realpath(base))}:
+                if candidate != folder and candidate.is_relative_to(folder):
+                    return root
+    return None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -333,14 +358,57 @@ HASH_CACHE_VERSION = 1
 HASH_CACHE_MAX_ENTRIES = 512
 
 
+@dataclass(frozen=True)
+class FileIdentity:
+    """What says a file is still the one that was hashed: the same inode, the same size, and
+    unchanged mtime and ctime.
+
+    ctime matters because mtime can be set back (`touch -d`, os.utime): a file rewritten with
+    its mtime restored still gets a new ctime, which no user call can set. (A hardlink also
+    moves the inode's ctime: after linking, the identity is taken again.)
+    """
+
+    device: int
+    inode: int
+    size: int
+    mtime_ns: int
+    ctime_ns: int
+
+    @classmethod
+    def of(cls, st: os.stat_result) -> FileIdentity:
+        return cls(st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+    def same_inode(self, st: os.stat_result) -> bool:
+        """`st` is this inode with these bytes (size, mtime); ctime is not compared, for a
+        second name made by a hardlink, which moves it."""
+        return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns) == (
+            self.device,
+            self.inode,
+            self.size,
+            self.mtime_ns,
+        )
+
+
+class FileChanged(VerificationError):
+    """A file was replaced, repointed or written while it was hashed or before it was linked:
+    its hash describes no version of what the path names now. The copy is not used (exit 4 if
+    a caller lets it through)."""
+
+
+@dataclass(frozen=True)
+class HashedFile:
+    sha256: str
+    from_cache: bool
+    identity: FileIdentity  # of the inode that was hashed (read through one descriptor)
+
+
 class HashCache:
     """sha256 of files already hashed, keyed by (device, inode) and valid only while size,
-    mtime and ctime are unchanged.
+    mtime and ctime are unchanged (FileIdentity).
 
-    ctime is in the key because mtime can be set back (`touch -d`): a file rewritten with its
-    mtime restored still gets a new ctime, which no user call can set. A link to the same inode
-    (quantpick's hardlink into its directory) finds the same entry. Stored as JSON in the cache
-    dir; a lost or unreadable cache only costs a rehash.
+    A link to the same inode (quantpick's hardlink into its directory) finds the same entry.
+    An entry is only written for a file whose identity was the same before and after it was
+    hashed. Stored as JSON in the cache dir; a lost or unreadable cache only costs a rehash.
     """
 
     def __init__(self, path: Path | None) -> None:
@@ -356,49 +424,58 @@ class HashCache:
                 self._entries = {}
 
     @staticmethod
-    def _key(st: os.stat_result) -> str:
-        return f"{st.st_dev}:{st.st_ino}"
+    def _key(identity: FileIdentity) -> str:
+        return f"{identity.device}:{identity.inode}"
 
-    def lookup(self, path: Path) -> str | None:
-        """The sha256 hashed earlier for this file, if it has not changed since."""
-        try:
-            st = os.stat(path)
-        except OSError:
-            return None
-        entry = self._entries.get(self._key(st))
+    def get(self, identity: FileIdentity) -> str | None:
+        """The sha256 hashed earlier for this inode, if it is unchanged since."""
+        entry = self._entries.get(self._key(identity))
         if (
             isinstance(entry, dict)
-            and entry.get("size") == st.st_size
-            and entry.get("mtime_ns") == st.st_mtime_ns
-            and entry.get("ctime_ns") == st.st_ctime_ns
+            and entry.get("size") == identity.size
+            and entry.get("mtime_ns") == identity.mtime_ns
+            and entry.get("ctime_ns") == identity.ctime_ns
             and isinstance(entry.get("sha256"), str)
         ):
             return str(entry["sha256"])
         return None
 
-    def record(self, path: Path, sha256: str, st: os.stat_result | None = None) -> None:
-        """Remember the sha256 of `path` as it is now (`st`: the stat taken before hashing)."""
+    def lookup(self, path: Path) -> str | None:
+        """The sha256 hashed earlier for the file `path` names now, if it has not changed."""
         try:
-            now = os.stat(path)
-        except OSError:
-            return
-        if st is not None and (
-            (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
-            != (now.st_dev, now.st_ino, now.st_size, now.st_mtime_ns)
-        ):
-            return  # it changed while being hashed: the hash describes no version of it
-        key = self._key(now)
+            st = os.stat(path)
+        except (OSError, ValueError):
+            return None
+        return self.get(FileIdentity.of(st))
+
+    def put(self, path: Path, identity: FileIdentity, sha256: str) -> None:
+        """Remember that the inode of `identity`, as it was then, has `sha256` (`path`: for a
+        reader of the cache file only)."""
+        key = self._key(identity)
         self._entries.pop(key, None)
         self._entries[key] = {
             "path": str(path),
-            "size": now.st_size,
-            "mtime_ns": now.st_mtime_ns,
-            "ctime_ns": now.st_ctime_ns,
+            "size": identity.size,
+            "mtime_ns": identity.mtime_ns,
+            "ctime_ns": identity.ctime_ns,
             "sha256": sha256,
         }
         while len(self._entries) > HASH_CACHE_MAX_ENTRIES:
             self._entries.pop(next(iter(self._entries)))
         self._dirty = True
+
+    def record(self, path: Path, sha256: str, before: FileIdentity | None = None) -> None:
+        """Remember the sha256 of the file `path` names now. With `before` (the identity taken
+        when hashing started), nothing is stored unless the file is still exactly that one:
+        same inode, size, mtime and ctime (a change while hashing leaves no entry, never a
+        wrong one)."""
+        try:
+            now = FileIdentity.of(os.stat(path))
+        except (OSError, ValueError):
+            return
+        if before is not None and now != before:
+            return
+        self.put(path, now, sha256)
 
     def save(self) -> None:
         if not self._dirty or self.path is None:
@@ -422,16 +499,37 @@ def sha256_of(
     cache: HashCache,
     *,
     on_bytes: Callable[[int], None] | None = None,
-) -> tuple[str, bool]:
-    """(sha256, from_cache): the cached value when the file is unchanged, else hashed now
-    (verify.hash_file, reporting progress) and recorded."""
-    cached = cache.lookup(path)
-    if cached is not None:
-        return cached, True
-    st = os.stat(path)  # before reading: a change while hashing leaves a stale key, not a bad one
-    value = hash_file(path, on_bytes=on_bytes)
-    cache.record(path, value, st)
-    return value, False
+    on_start: Callable[[int], None] | None = None,
+) -> HashedFile:
+    """The sha256 of the file `path` names, read through one descriptor: the cached value when
+    that inode is unchanged, else hashed now (`on_start(size)` first, `on_bytes(n)` per read)
+    and recorded.
+
+    Only a regular file is opened (quantpick.local_files.open_regular: a FIFO never blocks).
+    fstat() before and after hashing must give the same FileIdentity, else FileChanged: a file
+    written while it was read (even with its mtime put back) has no hash. The result names the
+    inode that was hashed, so a caller links that one (link_into) and not whatever the path
+    names by then.
+    """
+    from quantpick.fetch.verify import hash_open_file
+    from quantpick.local_files import open_regular
+
+    fd = open_regular(path)
+    try:
+        before = FileIdentity.of(os.fstat(fd))
+        cached = cache.get(before)
+        if cached is not None:
+            return HashedFile(cached, True, before)
+        if on_start is not None:
+            on_start(before.size)
+        value = hash_open_file(fd, on_bytes=on_bytes)
+        after = FileIdentity.of(os.fstat(fd))
+    finally:
+        os.close(fd)
+    if after != before:
+        raise FileChanged(f"{path} changed while it was hashed")
+    cache.put(path, before, value)
+    return HashedFile(value, False, before)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -463,13 +561,29 @@ def predict_link(candidate: Candidate, dest: Path) -> str:
     return "hardlink" if same else "symlink"
 
 
-def link_into(source: Path, dest: Path) -> tuple[str, str]:
+@dataclass(frozen=True)
+class Linked:
+    action: str  # "hardlink" | "symlink" | "in-place"
+    why: str
+    # The linked inode as `dest` names it now (a hardlink moves its ctime); None for in-place.
+    identity: FileIdentity | None
+
+
+def link_into(source: Path, dest: Path, hashed: FileIdentity) -> Linked:
     """Give `dest` the bytes of `source` without copying: a hardlink when the filesystem allows
-    it, else a symlink to the real file. Returns (action, why); action "in-place" means neither
-    could be made and nothing was written. `source` is only read (link creation never changes
-    the linked file's bytes, owner or mode). An existing `dest` is replaced atomically.
+    it, else a symlink to the real file; "in-place" means neither could be made, nothing was
+    written, and the command uses `source` itself. `source` is only read (link creation never
+    changes the linked file's bytes, owner or mode). An existing `dest` is replaced atomically.
+
+    `hashed` is the identity of the inode whose sha256 was checked (sha256_of). The path is
+    resolved again here, so it is checked again: before linking, `source` must still name that
+    inode, unchanged (ctime included); after linking, the new name must be that inode with the
+    same size and mtime (a rename over `source` or a repointed symlink in between is caught
+    here). Otherwise the temporary link is removed and FileChanged raised: what would be linked
+    is not what was verified.
     """
     real = Path(os.path.realpath(source))
+    _check_unchanged(real, hashed, source)
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = dest.with_name(f".{dest.name}.quantpick-link")
     tmp.unlink(missing_ok=True)
@@ -482,17 +596,39 @@ def link_into(source: Path, dest: Path) -> tuple[str, str]:
             os.symlink(real, tmp)
         except OSError as exc2:
             reason2 = errno.errorcode.get(exc2.errno or 0, str(exc2.errno))
-            return "in-place", f"{LINK_WHY['in-place']} (hardlink: {reason}, symlink: {reason2})"
+            _check_unchanged(real, hashed, source)  # the command will name `source` itself
+            return Linked(
+                "in-place",
+                f"{LINK_WHY['in-place']} (hardlink: {reason}, symlink: {reason2})",
+                None,
+            )
         why = LINK_WHY["symlink"]
         if exc.errno != errno.EXDEV:
             why += f" (hardlink refused: {reason})"
         action = "symlink"
     try:
+        st = os.stat(tmp)  # through the symlink: the file the new name reaches
+        linked = hashed.same_inode(st) and (action == "hardlink" or FileIdentity.of(st) == hashed)
+        if not linked:
+            raise FileChanged(f"{source} was replaced or repointed after it was hashed; not linked")
         os.replace(tmp, dest)
-    except OSError:
+    except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    return action, why
+    st = os.stat(dest)  # the rename moved the inode's ctime once more: the identity from now on
+    if not hashed.same_inode(st):
+        dest.unlink(missing_ok=True)  # quantpick's own name, just made
+        raise FileChanged(f"{dest} was replaced right after it was linked; removed")
+    return Linked(action, why, FileIdentity.of(st))
+
+
+def _check_unchanged(real: Path, hashed: FileIdentity, source: Path) -> None:
+    try:
+        now = FileIdentity.of(os.stat(real))
+    except OSError:
+        now = None
+    if now != hashed:
+        raise FileChanged(f"{source} was replaced or written after it was hashed; not used")
 
 
 def is_link(path: Path) -> bool:

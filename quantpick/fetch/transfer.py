@@ -57,7 +57,7 @@ from quantpick.fetch.http import (
     url_label,
 )
 from quantpick.fetch.sources import RemoteFile
-from quantpick.fetch.verify import hash_file
+from quantpick.fetch.verify import hash_open_file
 
 CHUNK = 1024 * 1024  # 1 MiB reads: the fastest read size measured for http.client + hashlib
 SPACE_MARGIN = 128 * 1024 * 1024  # keep this much free beyond the bytes still to fetch
@@ -293,6 +293,27 @@ def free_bytes(where: Path, disk_usage: Callable[[str], Any]) -> int:
         return int(disk_usage(str(probe)).free)
 
 
+def _hash_named_file(path: Path) -> str | None:
+    """sha256 of the file `path` names, through one descriptor; None when the path no longer
+    names that same, unchanged file once it is read (renamed over or written meanwhile), so a
+    result never vouches for bytes other than the ones at that name."""
+    from quantpick.fetch.stores import FileIdentity
+    from quantpick.local_files import open_regular
+
+    fd = open_regular(path)
+    try:
+        before = FileIdentity.of(os.fstat(fd))
+        digest = hash_open_file(fd)
+        after = FileIdentity.of(os.fstat(fd))
+    finally:
+        os.close(fd)
+    try:
+        named = FileIdentity.of(os.stat(path))
+    except FileNotFoundError:
+        return None
+    return digest if before == after == named else None
+
+
 def _move_aside(path: Path, digest: str) -> Path:
     bad = path.with_name(f"{path.name.removesuffix('.part')}.bad-{digest[:12]}")
     with _os_step("cannot move a mismatching file aside", path):
@@ -446,13 +467,16 @@ def download_file(
     disk_usage: Callable[[str], Any] = shutil.disk_usage,
     lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
     durable: bool = True,
+    owner: str | None = None,
 ) -> DownloadResult:
     """Fetch `remote` to `dest`, resuming a matching .part, verifying before the final rename.
 
     expected_sha256/size default to the RemoteFile's. With no sha256 at all the file is still
     written (the caller decided to allow it) and the result says verified=False. `lock_timeout`:
     seconds to wait on another process that holds this file's lock and makes no progress.
-    `durable=False` skips the fsyncs (benchmarks/download.py measures their cost).
+    `durable=False` skips the fsyncs (benchmarks/download.py measures their cost). `owner`
+    names the other tool whose folder holds `dest` (quantpick.fetch.stores.owning_store): a
+    file already at that name is then only verified, never resumed into or moved aside.
     """
     policy = policy or default_policy()
     progress = progress or NullProgress()
@@ -473,6 +497,7 @@ def download_file(
             progress,
             disk_usage,
             durable,
+            owner,
         )
     finally:
         lock.release()
@@ -490,6 +515,7 @@ def _download_locked(
     progress: ProgressSink,
     disk_usage: Callable[[str], Any],
     durable: bool,
+    owner: str | None = None,
 ) -> DownloadResult:
     part, sidecar = part_paths(dest)
     wanted = _sidecar(remote.url, size, sha, remote.revision)
@@ -501,7 +527,7 @@ def _download_locked(
     if dest.exists():
         with _os_step("cannot read", dest):
             present = dest.stat().st_size
-        if sha is not None and size is not None and present < size:
+        if sha is not None and size is not None and present < size and owner is None:
             # Truncated final file: it is a prefix as good as a .part; the hash check decides.
             progress.message(f"{dest.name}: {present} of {size} bytes present, resuming")
             _write_json_atomic(sidecar, wanted, durable)
@@ -510,10 +536,27 @@ def _download_locked(
         else:
             progress.message(f"{dest.name}: already present, verifying")
             with _os_step("cannot read", dest):
-                digest = hash_file(dest)
-            if sha is None or (digest == sha and (size is None or present == size)):
+                digest = _hash_named_file(dest)
+            if digest is not None and (
+                sha is None or (digest == sha and (size is None or present == size))
+            ):
                 return DownloadResult(
                     remote.name, dest, present, digest, sha is not None, 0, 0, source_label, True
+                )
+            if owner is not None:
+                got = f"sha256 {digest}" if digest is not None else "changed while hashed"
+                raise VerificationError(
+                    f"{dest} is in the folder of {owner} and is not {remote.name} "
+                    f"({present} bytes, {got}); quantpick never renames, moves or deletes "
+                    "another tool's files",
+                    hint="remove or fix it with the tool that owns it (the Hugging Face "
+                    "cache: `hf cache rm`), or choose a --dir outside its folder",
+                )
+            if digest is None:
+                raise DownloadError(
+                    f"{dest} changed while it was being verified; nothing was touched",
+                    hint="another program writes into this directory: let it finish, then "
+                    "run again",
                 )
             bad = _move_aside(dest, digest)
             progress.message(

@@ -124,13 +124,33 @@ def hash_file(
     chunk_size: int = HASH_CHUNK,
     on_bytes: Callable[[int], None] | None = None,
 ) -> str:
-    """sha256 hex of a file, read with a reused buffer; `on_bytes(n)` after each read (progress)."""
+    """sha256 hex of a regular file (quantpick.local_files.open_regular: a FIFO or a device is
+    refused, never read); `on_bytes(n)` after each read (progress)."""
+    from quantpick.local_files import open_regular
+
+    fd = open_regular(path)
+    try:
+        return hash_open_file(fd, chunk_size=chunk_size, on_bytes=on_bytes)
+    finally:
+        os.close(fd)
+
+
+def hash_open_file(
+    fd: int,
+    *,
+    chunk_size: int = HASH_CHUNK,
+    on_bytes: Callable[[int], None] | None = None,
+) -> str:
+    """sha256 hex of what an open descriptor reads from its current offset to the end, with a
+    reused buffer. Hashing a descriptor, not a path, is what ties the hash to one inode: a
+    rename over the path while it is read changes nothing here (the caller compares fstat()
+    before and after, and links only that inode)."""
     import hashlib  # here, not at import: manifest loading uses this module for name checks
 
     digest = hashlib.sha256()
     buffer = bytearray(chunk_size)
     view = memoryview(buffer)
-    with open(path, "rb", buffering=0) as handle:
+    with open(fd, "rb", buffering=0, closefd=False) as handle:
         while True:
             n = handle.readinto(buffer)
             if not n:

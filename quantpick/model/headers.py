@@ -243,7 +243,13 @@ class LayoutSource:
     """
 
     def __init__(
-        self, manifest: Manifest, *, exact: bool, network: bool, settings: Settings | None = None
+        self,
+        manifest: Manifest,
+        *,
+        exact: bool,
+        network: bool,
+        settings: Settings | None = None,
+        local_dir: Path | None = None,
     ) -> None:
         from quantpick.config import load_settings
 
@@ -251,6 +257,9 @@ class LayoutSource:
         self.manifest = manifest
         self.exact = exact
         self.network = network and not self.settings.offline
+        # Where `get` keeps the files: a quant already there, known to be verified, is upgraded
+        # from its own header, with no hub.
+        self.local_dir = local_dir
         self._cache: dict[str, ModelLayout] = {}
         self.problems: list[str] = []
 
@@ -283,21 +292,43 @@ class LayoutSource:
     def upgrade(self, quant: str) -> bool:
         """Replace quant's synthesized layout by the exact header when it can be fetched."""
         from quantpick.errors import GGUFError
+        from quantpick.fetch.http import (
+            PLANNING_DEADLINE,
+            DeadlineExceeded,
+            call_within,
+            planning_policy,
+        )
 
-        if self(quant).exact or not self.network:
+        if self(quant).exact:
+            return False
+        if self.local_dir is not None:
+            from quantpick.fetch.download import known_local_copy
+            from quantpick.model.local import local_layout
+
+            path = known_local_copy(self.manifest, quant, self.local_dir, self.settings)
+            if path is not None:
+                try:
+                    self._cache[quant] = local_layout(path, quant)
+                    return True
+                except QuantpickError:
+                    pass  # unreadable after all: the hub, as for any other quant
+        if not self.network:
             return False
         try:
-            from quantpick.fetch.http import planning_policy
-
-            layout = layout_for(
-                self.manifest,
-                quant,
-                settings=self.settings,
-                network=True,
-                require_exact=True,
-                policy=planning_policy(),  # optional: never minutes of retries before the answer
+            # Optional: never minutes of retries, nor more than PLANNING_DEADLINE s in all.
+            layout = call_within(
+                PLANNING_DEADLINE,
+                f"the exact {quant} header",
+                lambda: layout_for(
+                    self.manifest,
+                    quant,
+                    settings=self.settings,
+                    network=True,
+                    require_exact=True,
+                    policy=planning_policy(),
+                ),
             )
-        except GGUFError as exc:
+        except (GGUFError, DeadlineExceeded) as exc:
             self.problems.append(exc.message)
             # One failed round per run: the other quants' headers sit on the same hubs.
             self.network = False

@@ -280,13 +280,18 @@ def test_dry_run_json_reports_what_would_be_reused(tiny: FakeHub, tmp_path: Path
         "action": "hardlink",
         "why": entry["reuse"]["why"],
     }
-    assert entry["bytes_to_fetch"] == 0 and doc["bytes_to_fetch"] == 0
+    # Not verified yet: counted as to fetch, and as to hash first (it said "0 B to fetch").
+    size = len(DATA)
+    assert (entry["bytes_to_fetch"], entry["bytes_to_verify"]) == (size, size)
+    assert (doc["bytes_to_fetch"], doc["bytes_to_verify"]) == (size, size)
+    assert doc["bytes_to_fetch_if_verified"] == 0
     assert doc["reuse_from"]["origin"] == "default" and "ollama" in doc["reuse_from"]["stores"]
     assert tiny.requests_for(MODEL) == []
 
     code, out, err = run(*args, "--dry-run")  # the human form says the same
     assert code == 0, err
     assert f"would reuse {blob} (ollama; not verified yet" in out
+    assert "(0 B if the store copies verify:" in out and "to hash first)" in out
 
 
 def test_download_reuses_and_reports_it(tiny: FakeHub, tmp_path: Path) -> None:

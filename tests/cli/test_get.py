@@ -218,7 +218,7 @@ def test_get_offline_uses_verified_local_files(
     result = runner.invoke(app, ["get", tiny, "-c", "32768", *BOX, "--dir", str(dest), "--json"])
     assert result.exit_code == 0, result.stderr
     doc = json.loads(result.stdout)
-    assert "verified against its SHA256SUMS" in result.stderr
+    assert "verified against their pinned sha256" in result.stderr
     assert doc["files"][0]["verified"] is True and doc["files"][0]["bytes_fetched"] == 0
     assert doc["command"]["argv"] == first["command"]["argv"]
     # an altered file is never used
@@ -251,7 +251,11 @@ def test_get_dry_run_then_run_reuse_an_lmstudio_copy(
     doc = get_json([*args, "--dry-run"])
     (entry,) = doc["fetch"]["files"]
     assert entry["reuse"]["store"] == "lmstudio" and entry["reuse"]["path"] == str(source)
-    assert entry["reuse"]["verified"] is False and doc["fetch"]["bytes_to_fetch"] == 0
+    assert entry["reuse"]["verified"] is False
+    # Not verified yet: to fetch unless it matches, and to hash first (issue 21: it said 0 B).
+    size = repo_files["Tiny-Q8_0.gguf"].stat().st_size
+    assert (doc["fetch"]["bytes_to_fetch"], doc["fetch"]["bytes_to_verify"]) == (size, size)
+    assert doc["fetch"]["bytes_to_fetch_if_verified"] == 0
     result = runner.invoke(app, ["get", *args, "--dry-run"])
     assert f"would reuse {source} (lmstudio; not verified yet" in result.stderr
 

@@ -292,3 +292,63 @@ def test_a_dir_too_long_for_the_file_system_is_one_line(hub: FakeHub, tmp_path: 
     # A directory that does not fit itself: the OS says so, in one line naming it.
     with pytest.raises(LocalFileError, match="cannot create the download directory: .*too long"):
         get(deep / ("d" * 200))
+
+
+# -- files already in place, verified before any hub (issue 21) --------------------------------
+
+
+def test_files_in_place_pinned_by_the_manifest_need_no_sha256sums(tmp_path: Path) -> None:
+    from quantpick.fetch.download import files_in_place
+    from quantpick.fetch.transfer import NullProgress
+
+    class Notes(NullProgress):
+        def __init__(self) -> None:
+            self.lines: list[str] = []
+
+        def message(self, text: str) -> None:
+            self.lines.append(text)
+
+    dest = tmp_path / "d"
+    dest.mkdir()
+    (dest / NAME).write_bytes(DATA)
+    notes = Notes()
+    found = files_in_place(
+        manifest(), "Q4_K_M", False, settings=load_settings(), dest_dir=dest, progress=notes
+    )
+    assert found is not None and found[0]["sha256"] == SHA and found[0]["bytes_fetched"] == 0
+    assert "pinned by manifest test-model" in found[0]["source"]
+    assert any("sha256 verified; no hub contacted" in line for line in notes.lines)
+
+
+def test_files_in_place_that_do_not_match_are_left_to_the_download(
+    hub: FakeHub, tmp_path: Path
+) -> None:
+    from quantpick.fetch.download import files_in_place, verified_local_files
+
+    dest = tmp_path / "d"
+    dest.mkdir()
+    (dest / NAME).write_bytes(DATA[:-1] + bytes([DATA[-1] ^ 1]))
+    settings = load_settings()
+    assert files_in_place(manifest(), "Q4_K_M", False, settings=settings, dest_dir=dest) is None
+    with pytest.raises(VerificationError, match="does not match"):  # no hub: never used
+        verified_local_files(manifest(), "Q4_K_M", False, dest)
+    report = get(dest)  # the hub is there: the bad file is replaced
+    assert (dest / NAME).read_bytes() == DATA and len(byte_gets(hub)) == 1
+    assert report.results[0].verified
+
+
+def test_files_in_place_unpinned_or_contradicted_are_not_used(tmp_path: Path) -> None:
+    from quantpick.fetch.download import files_in_place, verified_local_files
+
+    dest = tmp_path / "d"
+    dest.mkdir()
+    (dest / NAME).write_bytes(DATA)
+    unpinned = manifest(manifest_sha={NAME: None})
+    settings = load_settings()
+    assert files_in_place(unpinned, "Q4_K_M", False, settings=settings, dest_dir=dest) is None
+    (dest / "SHA256SUMS").write_text(f"{'0' * 64}  {NAME}\n")  # disagrees with the manifest
+    assert files_in_place(manifest(), "Q4_K_M", False, settings=settings, dest_dir=dest) is None
+    with pytest.raises(VerificationError, match="the manifest"):
+        verified_local_files(manifest(), "Q4_K_M", False, dest)
+    (dest / "SHA256SUMS").write_text(f"{SHA}  {NAME}\n")  # an earlier download's pins it
+    assert files_in_place(unpinned, "Q4_K_M", False, settings=settings, dest_dir=dest)

@@ -191,3 +191,66 @@ def test_download_dry_run_without_network_is_fast_and_one_line(
         "(no network?)"
     )
     assert "Hint: --offline" in result.stderr
+
+
+# -- a verified local copy needs no hub; a slow hub says so; pick's header read is bounded ------
+
+
+def _local_copy(tmp_path: Path, manifests: Path) -> Path:
+    """`tiny-hf`'s file and the SHA256SUMS an earlier `get` leaves beside it, in a --dir; the
+    manifest is rewritten with that file's size (it pins no sha256: SHA256SUMS does)."""
+    import hashlib
+
+    from gguf_fixtures import TINY, write_gguf
+
+    dest = tmp_path / "d"
+    dest.mkdir()
+    size = write_gguf(dest / "Tiny-Q4_K_M.gguf", TINY, big="Q8_0", data="random")
+    digest = hashlib.sha256((dest / "Tiny-Q4_K_M.gguf").read_bytes()).hexdigest()
+    (dest / "SHA256SUMS").write_text(f"{digest}  Tiny-Q4_K_M.gguf\n")
+    toml = manifests / "tiny-hf.toml"
+    toml.write_text(toml.read_text().replace("size_bytes = 400000", f"size_bytes = {size}"))
+    return dest
+
+
+GET = ["get", "tiny-hf", "--gpu", "3090", "--ram", "64G", "-c", "4096", "--no-confirm"]
+
+
+def test_get_with_a_verified_local_copy_asks_no_hub(
+    silent_hub: SilentServer, tmp_path: Path
+) -> None:
+    dest = _local_copy(tmp_path, tmp_path / "manifests")
+    code, out, err, _ = _timed([*GET, "--dir", str(dest)])
+    assert code == 0, err
+    assert "sha256 verified; no hub contacted" in err
+    first = silent_hub.connections  # only planning's optional header read (bounded)
+    assert first <= FAST.attempts
+    code, out, err, _ = _timed([*GET, "--dir", str(dest)])  # its sha256 is known now
+    assert code == 0, err
+    assert silent_hub.connections == first  # no hub at all: planned on the file's own header
+    assert f"-m {dest / 'Tiny-Q4_K_M.gguf'}" in out
+
+
+def test_get_tells_about_a_hub_that_does_not_answer(
+    silent_hub: SilentServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(http, "SLOW_ANSWER_NOTICE", 0.05, raising=False)
+    code, out, err, _ = _timed([*GET, "--dir", str(tmp_path / "empty")])
+    assert code == 5
+    assert "no answer after 0.05 s; still waiting (it gives up after about" in err
+    assert "retrying in" in err and "(attempt 2 of 2)" in err
+
+
+def test_pick_waits_on_a_silent_hub_no_longer_than_its_deadline(
+    silent_hub: SilentServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The real default policy (a silent hub costs the header read 2 x (5 + 10) s of timeouts),
+    with the deadline on the whole read shortened to 1 s: the answer comes from the manifest."""
+    monkeypatch.setattr(http, "DEFAULT_POLICY", RetryPolicy())
+    monkeypatch.setattr(http, "PLANNING_DEADLINE", 1.0, raising=False)
+    code, out, err, seconds = _timed(
+        ["pick", "tiny-hf", "--gpu", "3090", "--ram", "64G", "--ctx-size", "4096", "--json"]
+    )
+    assert code == 0, err
+    assert "synthesized" in out and "no answer within 1 s" in err
+    assert seconds < 10  # 20 s and more without the deadline

@@ -227,11 +227,18 @@ def test_dry_run_reports_the_copy_and_whether_it_is_verified(hub: FakeHub, tmp_p
         False,  # not hashed yet: the real run hashes it before any transfer
         "hardlink",
     )
-    assert plan.bytes_to_fetch == 0 and byte_gets(hub) == []
+    # Not verified yet: counted as to fetch (it may not match), and as to hash first.
+    assert (plan.bytes_to_fetch, plan.bytes_to_verify, plan.bytes_to_fetch_if_verified) == (
+        SIZE,
+        SIZE,
+        0,
+    )
+    assert byte_gets(hub) == []
     assert not (tmp_path / "models").exists()  # a dry run writes nothing
     fetch(tmp_path / "models")
     plan = fetch(tmp_path / "second", dry_run=True).plan
     assert plan.files[0].reuse.verified  # the sha256 cache knows it now
+    assert (plan.bytes_to_fetch, plan.bytes_to_verify) == (0, 0)
 
 
 def test_a_partial_download_is_superseded_by_a_verified_copy(hub: FakeHub, tmp_path: Path) -> None:
@@ -438,3 +445,130 @@ def test_an_unreadable_copy_is_skipped(
     monkeypatch.setattr(stores, "sha256_of", as_another_user)
     report = fetch(tmp_path / "models")
     assert "unreadable" in report.rejected[NAME][0].reason and downloads(hub) == 1
+
+
+# -- a copy swapped while it is hashed; another tool's folder as --dir (issue 21) -------------
+
+
+class SwapWhileHashing(Recorder):
+    """Runs `swap` once, after the first read of the copy being hashed (the race, made exact)."""
+
+    def __init__(self, swap: Any) -> None:
+        super().__init__()
+        self.swap = swap
+
+    def hash_advance(self, label: str, n: int) -> None:
+        super().hash_advance(label, n)
+        if self.swap is not None and "in place" not in label:
+            swap, self.swap = self.swap, None
+            swap()
+
+
+def replace_with_bad(path: Path) -> None:
+    bad = path.with_name(path.name + ".evil")
+    bad.write_bytes(BAD)
+    os.replace(bad, path)
+
+
+@pytest.mark.parametrize("store", STORES)
+def test_a_copy_renamed_over_while_hashed_is_never_linked(
+    hub: FakeHub, tmp_path: Path, store: str
+) -> None:
+    source = lay_out(store, DATA)
+    dest = tmp_path / "models"
+    progress = SwapWhileHashing(lambda: replace_with_bad(source))
+    report = fetch(dest, progress=progress)
+    assert NAME not in report.reused  # never "sha256 verified" for bytes it did not hash
+    assert (dest / NAME).read_bytes() == DATA and not os.path.samefile(dest / NAME, source)
+    assert downloads(hub) == 1 and report.results[0].verified
+    assert any("changed while it was hashed" in m for m in progress.messages)
+    assert source.read_bytes() == BAD  # the other tool's file is left as it is
+
+
+def test_a_copy_whose_symlink_is_repointed_while_hashed_is_never_linked(
+    hub: FakeHub, tmp_path: Path
+) -> None:
+    good, bad = tmp_path / "disk" / "good.gguf", tmp_path / "disk" / "bad.gguf"
+    good.parent.mkdir()
+    good.write_bytes(DATA)
+    bad.write_bytes(BAD)
+    source = home() / ".lmstudio" / "models" / "org" / "model" / NAME
+    source.parent.mkdir(parents=True)
+    source.symlink_to(good)  # LM Studio models kept on another disk, linked in
+
+    def repoint() -> None:
+        source.unlink()
+        source.symlink_to(bad)
+
+    dest = tmp_path / "models"
+    progress = SwapWhileHashing(repoint)
+    report = fetch(dest, progress=progress)
+    assert NAME not in report.reused
+    assert (dest / NAME).read_bytes() == DATA and not os.path.samefile(dest / NAME, bad)
+    assert downloads(hub) == 1
+    # The next run finds the copy again, now the bad one: hashed, refused, never linked.
+    again = fetch(tmp_path / "again")
+    assert NAME not in again.reused and (tmp_path / "again" / NAME).read_bytes() == DATA
+
+
+def lmstudio_folder(data: bytes, *, hardlinked: bool = False) -> Path:
+    """LM Studio's folder for REPO holding NAME with `data` (optionally with a second name, as
+    after another tool linked it); returns the folder."""
+    path = lay_out("lmstudio", data)
+    if hardlinked:
+        os.link(path, path.with_name("imported-elsewhere.gguf"))
+    return path.parent
+
+
+@pytest.mark.parametrize("hardlinked", [False, True], ids=["plain", "hardlinked"])
+def test_dir_inside_another_tools_folder_never_renames_its_file(
+    hub: FakeHub, hardlinked: bool
+) -> None:
+    folder = lmstudio_folder(BAD, hardlinked=hardlinked)
+    before = snapshot(folder / NAME)
+    names = sorted(os.listdir(folder))
+    with pytest.raises(VerificationError, match="never renames, moves or deletes") as info:
+        fetch(folder)
+    assert "lmstudio" in info.value.message and info.value.exit_code == 4
+    assert snapshot(folder / NAME) == before  # same bytes, same inode, same name
+    assert sorted(os.listdir(folder)) == names  # no .bad-*, no .part, nothing removed
+    assert downloads(hub) == 0
+
+
+def test_dir_inside_another_tools_folder_never_resumes_into_its_shorter_file(
+    hub: FakeHub,
+) -> None:
+    folder = lmstudio_folder(DATA[: SIZE // 2])
+    before = snapshot(folder / NAME)
+    with pytest.raises(VerificationError, match="never renames, moves or deletes"):
+        fetch(folder)
+    assert snapshot(folder / NAME) == before and sorted(os.listdir(folder)) == [NAME]
+    assert downloads(hub) == 0
+
+
+def test_dir_inside_another_tools_folder_uses_its_verified_file(hub: FakeHub) -> None:
+    folder = lmstudio_folder(DATA)
+    before = snapshot(folder / NAME)
+    report = fetch(folder)
+    assert report.results[0].reused and report.results[0].path == folder / NAME
+    assert snapshot(folder / NAME) == before and downloads(hub) == 0
+
+
+def test_the_engine_itself_never_moves_a_file_it_does_not_own(tmp_path: Path) -> None:
+    """transfer.download_file with `owner` (the guard at the root, whatever the caller planned)."""
+    from quantpick.fetch.sources import RemoteFile
+    from quantpick.fetch.transfer import download_file
+
+    dest = tmp_path / NAME
+    for data in (BAD, DATA[:1000]):
+        dest.write_bytes(data)
+        with pytest.raises(VerificationError, match="never renames"):
+            download_file(
+                RemoteFile(NAME, SIZE, SHA, "http://127.0.0.1:9/x", "hf", None),
+                dest,
+                headers_for=lambda url: {},
+                policy=FAST,
+                owner="lmstudio (/somewhere)",
+            )
+        left = [n for n in os.listdir(tmp_path) if n != f".{NAME}.lock"]  # quantpick's own lock
+        assert dest.read_bytes() == data and left == [NAME]

@@ -7,7 +7,12 @@ import errno
 import hashlib
 import json
 import os
+import subprocess
+import sys
+import threading
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given
@@ -19,6 +24,8 @@ from quantpick.fetch.stores import (
     HF_LAYOUT,
     OLLAMA,
     PUBLISHER,
+    FileChanged,
+    FileIdentity,
     HashCache,
     StoreRoot,
     find_candidates,
@@ -28,6 +35,7 @@ from quantpick.fetch.stores import (
     llama_flat_cache,
     lmstudio_models_dirs,
     ollama_models_dirs,
+    owning_store,
     sha256_of,
     store_roots,
 )
@@ -37,6 +45,10 @@ SHA = hashlib.sha256(DATA).hexdigest()
 NAME = "Qwen-Q4_K_M.gguf"
 REPO = "unsloth/Qwen-GGUF"
 COMMIT = "a" * 40
+
+
+def identity(path: Path) -> FileIdentity:
+    return FileIdentity.of(os.stat(path))
 
 
 # -- layouts, written exactly as each tool writes them -----------------------------------------
@@ -299,17 +311,19 @@ def test_hash_cache_round_trip_and_invalidation(tmp_path: Path) -> None:
     path.write_bytes(DATA)
     cache = HashCache(tmp_path / "cache.json")
     seen: list[int] = []
-    assert sha256_of(path, cache, on_bytes=seen.append) == (SHA, False)
+    hashed = sha256_of(path, cache, on_bytes=seen.append)
+    assert (hashed.sha256, hashed.from_cache) == (SHA, False)
     assert sum(seen) == len(DATA)
     cache.save()
     again = HashCache(tmp_path / "cache.json")
-    assert sha256_of(path, again) == (SHA, True)  # a rerun does not rehash
+    again_hashed = sha256_of(path, again)
+    assert (again_hashed.sha256, again_hashed.from_cache) == (SHA, True)  # a rerun: no rehash
     # a byte changed and the mtime put back: ctime still moves, so the cache does not answer
     st = path.stat()
     path.write_bytes(b"X" + DATA[1:])
     os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
     assert again.lookup(path) is None
-    assert sha256_of(path, again)[0] == hashlib.sha256(b"X" + DATA[1:]).hexdigest()
+    assert sha256_of(path, again).sha256 == hashlib.sha256(b"X" + DATA[1:]).hexdigest()
 
 
 def test_hash_cache_ignores_garbage(tmp_path: Path) -> None:
@@ -325,7 +339,7 @@ def test_sha256_of_equals_hashlib(data: bytes) -> None:
     with tempfile.TemporaryDirectory() as d:
         path = Path(d) / "f"
         path.write_bytes(data)
-        assert sha256_of(path, HashCache(None))[0] == hashlib.sha256(data).hexdigest()
+        assert sha256_of(path, HashCache(None)).sha256 == hashlib.sha256(data).hexdigest()
 
 
 # -- linking ----------------------------------------------------------------------------------
@@ -337,8 +351,10 @@ def test_link_into_hardlinks_on_one_filesystem(tmp_path: Path) -> None:
     src.write_bytes(DATA)
     before = src.stat()
     dest = tmp_path / "models" / NAME
-    action, why = link_into(src, dest)
+    linked = link_into(src, dest, identity(src))
+    action, why = linked.action, linked.why
     assert action == "hardlink" and "no extra space" in why
+    assert linked.identity == FileIdentity.of(dest.stat())  # the ctime the link gave it
     assert os.path.samefile(src, dest) and is_link(dest)
     after = src.stat()
     assert (after.st_mtime_ns, after.st_size, after.st_mode) == (
@@ -360,7 +376,8 @@ def test_link_into_symlinks_across_filesystems(
 
     monkeypatch.setattr(stores.os, "link", cross_device)
     dest = tmp_path / "models" / NAME
-    action, why = link_into(src, dest)
+    linked = link_into(src, dest, identity(src))
+    action, why = linked.action, linked.why
     assert action == "symlink" and dest.is_symlink() and dest.resolve() == src.resolve()
     assert "breaks if the other tool deletes" in why
 
@@ -376,6 +393,186 @@ def test_link_into_in_place_when_no_link_can_be_made(
 
     monkeypatch.setattr(stores.os, "link", refuse)
     monkeypatch.setattr(stores.os, "symlink", refuse)
-    action, why = link_into(src, tmp_path / "models" / NAME)
-    assert action == "in-place" and "EPERM" in why
+    linked = link_into(src, tmp_path / "models" / NAME, identity(src))
+    assert linked.action == "in-place" and "EPERM" in linked.why
     assert not (tmp_path / "models" / NAME).exists()
+
+
+# -- a file swapped or written while it is hashed (issue 21) ---------------------------------
+
+
+def _let_ctime_move() -> None:
+    """File times come from a coarse clock (one kernel tick, 1-10 ms): a write within the same
+    tick as the file's creation would keep its ctime. A real store file is older than that."""
+    time.sleep(0.05)
+
+
+def test_a_file_written_while_hashed_with_its_mtime_put_back_has_no_hash(tmp_path: Path) -> None:
+    path = tmp_path / "f.gguf"
+    path.write_bytes(DATA)
+    _let_ctime_move()
+    before = path.stat()
+
+    def rewrite(n: int) -> None:  # during the hash: one byte changed, the mtime set back
+        with open(path, "r+b") as handle:
+            handle.write(b"X")
+        os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+
+    cache = HashCache(tmp_path / "cache.json")
+    with pytest.raises(FileChanged):
+        sha256_of(path, cache, on_bytes=rewrite)
+    assert path.stat().st_mtime_ns == before.st_mtime_ns  # the attack kept the mtime
+    assert cache.lookup(path) is None  # never the old hash for the new bytes
+    cache.save()
+    assert HashCache(tmp_path / "cache.json").lookup(path) is None
+
+
+def test_record_compares_the_full_identity_ctime_included(tmp_path: Path) -> None:
+    path = tmp_path / "f.gguf"
+    path.write_bytes(DATA)
+    _let_ctime_move()
+    st = path.stat()
+    hashed_as = identity(path)
+    with open(path, "r+b") as handle:
+        handle.write(b"X")
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    cache = HashCache(None)
+    cache.record(path, SHA, hashed_as)
+    assert cache.lookup(path) is None
+    cache.record(path, "0" * 64)  # no `before`: what the file is now (a fresh hash of it)
+    assert cache.lookup(path) == "0" * 64
+
+
+def test_a_file_renamed_over_while_hashed_has_no_hash(tmp_path: Path) -> None:
+    """The descriptor keeps reading the file that was opened; losing its name moves that
+    inode's ctime, so the hash is refused rather than vouching for the path."""
+    src = tmp_path / "store" / NAME
+    src.parent.mkdir()
+    src.write_bytes(DATA)
+    _let_ctime_move()
+    evil = tmp_path / "evil"
+    evil.write_bytes(b"EVIL" + DATA[4:])
+    cache = HashCache(None)
+    with pytest.raises(FileChanged):
+        sha256_of(src, cache, on_bytes=lambda n: os.replace(evil, src))
+    assert cache.lookup(src) is None
+
+
+def test_a_file_renamed_over_after_hashing_is_never_linked(tmp_path: Path) -> None:
+    src = tmp_path / "store" / NAME
+    src.parent.mkdir()
+    src.write_bytes(DATA)
+    hashed = sha256_of(src, HashCache(None))
+    (tmp_path / "evil").write_bytes(b"EVIL" + DATA[4:])
+    os.replace(tmp_path / "evil", src)
+    dest = tmp_path / "models" / NAME
+    with pytest.raises(FileChanged):
+        link_into(src, dest, hashed.identity)
+    assert not dest.exists()
+
+
+def test_a_symlink_repointed_while_hashed_is_never_linked(tmp_path: Path) -> None:
+    good, evil = tmp_path / "good", tmp_path / "evil"
+    good.write_bytes(DATA)
+    evil.write_bytes(b"EVIL" + DATA[4:])
+    src = tmp_path / "store" / NAME
+    src.parent.mkdir()
+    src.symlink_to(good)
+
+    def repoint(n: int) -> None:
+        src.unlink()
+        src.symlink_to(evil)
+
+    hashed = sha256_of(src, HashCache(None), on_bytes=repoint)
+    dest = tmp_path / "models" / NAME
+    with pytest.raises(FileChanged):
+        link_into(src, dest, hashed.identity)
+    assert not dest.exists()
+
+
+def test_a_rename_over_between_the_check_and_the_link_is_caught_after_linking(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    src = tmp_path / "store" / NAME
+    src.parent.mkdir()
+    src.write_bytes(DATA)
+    evil = tmp_path / "evil"
+    evil.write_bytes(b"EVIL" + DATA[4:])
+    hashed = sha256_of(src, HashCache(None))
+    real_link = os.link
+
+    def swap_then_link(a: Any, b: Any) -> None:
+        os.replace(evil, src)  # the race the re-check before linking cannot see
+        real_link(a, b)
+
+    monkeypatch.setattr(stores.os, "link", swap_then_link)
+    dest = tmp_path / "models" / NAME
+    with pytest.raises(FileChanged):
+        link_into(src, dest, hashed.identity)
+    assert not dest.exists() and list(dest.parent.iterdir()) == []  # the temporary link is gone
+
+
+# -- other tools' small files: regular files only, read with a cap (issue 21) ------------------
+
+
+def _finishes(call: Any, seconds: float = 10.0) -> Any:
+    """call() on a thread; fails (instead of hanging the suite) when it has not returned."""
+    box: dict[str, Any] = {}
+    worker = threading.Thread(target=lambda: box.setdefault("value", call()), daemon=True)
+    worker.start()
+    worker.join(seconds)
+    assert not worker.is_alive(), f"still running after {seconds} s"
+    return box["value"]
+
+
+@pytest.mark.parametrize("which", ["pointer", "settings"])
+def test_lmstudio_pointer_or_settings_as_a_fifo_does_not_hang(tmp_path: Path, which: str) -> None:
+    home = tmp_path / "home"
+    (home / ".lmstudio").mkdir(parents=True)
+    fifo = home / (".lmstudio-home-pointer" if which == "pointer" else ".lmstudio/settings.json")
+    os.mkfifo(fifo)
+    dirs = _finishes(lambda: lmstudio_models_dirs(home))
+    assert dirs[0] == (home / ".lmstudio" / "models", "default")  # as if it were not there
+
+
+def test_lmstudio_files_linked_to_dev_zero_are_not_read(tmp_path: Path) -> None:
+    """A symlink to /dev/zero: read whole, it never ends (here: a 1 GiB address-space limit
+    turns that into a MemoryError instead of eating the machine's memory)."""
+    home = tmp_path / "home"
+    (home / ".lmstudio").mkdir(parents=True)
+    (home / ".lmstudio-home-pointer").symlink_to("/dev/zero")
+    (home / ".lmstudio" / "settings.json").symlink_to("/dev/zero")
+    code = (
+        "import resource, sys\n"
+        "resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))\n"
+        "from pathlib import Path\n"
+        "from quantpick.fetch.stores import lmstudio_models_dirs\n"
+        "print(lmstudio_models_dirs(Path(sys.argv[1]))[0][0])\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(home)], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == str(home / ".lmstudio" / "models")
+
+
+def test_an_oversized_lmstudio_settings_file_is_ignored(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    (home / ".lmstudio").mkdir(parents=True)
+    doc = json.dumps({"downloadsFolder": str(tmp_path / "elsewhere")})
+    (home / ".lmstudio" / "settings.json").write_text(doc + " " * stores.SETTINGS_MAX_BYTES)
+    assert lmstudio_models_dirs(home)[0] == (home / ".lmstudio" / "models", "default")
+    (home / ".lmstudio" / "settings.json").write_text(doc)  # the same file, small: read
+    assert lmstudio_models_dirs(home)[0][0] == tmp_path / "elsewhere"
+
+
+def test_owning_store_by_path_and_through_symlinks(tmp_path: Path) -> None:
+    models = tmp_path / "lms" / "models"
+    (models / "org" / "repo").mkdir(parents=True)
+    alias = tmp_path / "alias"
+    alias.symlink_to(models / "org")
+    roots = [root("lmstudio", PUBLISHER, models)]
+    assert owning_store(models / "org" / "repo" / NAME, roots) == roots[0]
+    assert owning_store(alias / "repo" / NAME, roots) == roots[0]  # the same folder, renamed
+    assert owning_store(tmp_path / "mine" / NAME, roots) is None
+    assert owning_store(tmp_path / "lms" / NAME, roots) is None  # beside it, not in it

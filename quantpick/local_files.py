@@ -1,0 +1,86 @@
+"""Opening files that another program controls (LM Studio's pointer and settings, a Hugging Face
+cache ref, a SHA256SUMS in a --dir, a store's GGUF, the config file): regular files only, and
+small ones read with a cap.
+
+Any of these paths can be a FIFO (open() blocks until a writer appears: every run hangs), a
+symlink to /dev/zero or a tty (a whole-file read never ends, or eats memory), or be swapped
+between a stat() and the open. So the file is opened with O_NONBLOCK (a FIFO opens at once
+instead of waiting for a writer), checked with fstat() on the descriptor itself (what was opened
+is what is judged) and refused unless it is a regular file; a small file is read to at most
+`max_bytes + 1` bytes and refused when longer.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+from pathlib import Path
+
+# O_NOCTTY: a terminal device named by a hostile symlink never becomes our controlling tty.
+_OPEN_FLAGS = (
+    os.O_RDONLY
+    | getattr(os, "O_NONBLOCK", 0)
+    | getattr(os, "O_NOCTTY", 0)
+    | getattr(os, "O_BINARY", 0)
+)
+
+
+class NotARegularFile(OSError):
+    """The path is a FIFO, a device, a socket or a directory: never read."""
+
+
+class FileTooLarge(OSError):
+    """A small file (pointer, settings, checksums) larger than its cap: never read whole."""
+
+
+def _kind(mode: int) -> str:
+    if stat.S_ISFIFO(mode):
+        return "a FIFO"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    if stat.S_ISDIR(mode):
+        return "a directory"
+    return "not a regular file"
+
+
+def open_regular(path: Path | str) -> int:
+    """A read-only descriptor of `path`, which must be a regular file (after symlinks); the
+    caller closes it. NotARegularFile (an OSError) otherwise, FileNotFoundError etc. as usual."""
+    fd = os.open(path, _OPEN_FLAGS)
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise NotARegularFile(errno.EINVAL, f"{_kind(mode)}, not a regular file", str(path))
+        if hasattr(os, "set_blocking"):
+            os.set_blocking(fd, True)  # a regular file: reads block normally (no EAGAIN)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def read_small(path: Path | str, max_bytes: int) -> bytes:
+    """The bytes of a small regular file, at most `max_bytes` of them (FileTooLarge beyond)."""
+    fd = open_regular(path)
+    try:
+        chunks: list[bytes] = []
+        have = 0
+        while have <= max_bytes:
+            chunk = os.read(fd, max_bytes + 1 - have)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            have += len(chunk)
+    finally:
+        os.close(fd)
+    if have > max_bytes:
+        raise FileTooLarge(errno.EINVAL, f"larger than {max_bytes} bytes", str(path))
+    return b"".join(chunks)
+
+
+def read_small_text(path: Path | str, max_bytes: int, *, errors: str = "strict") -> str:
+    """read_small, decoded as UTF-8 (UnicodeDecodeError with errors="strict")."""
+    return read_small(path, max_bytes).decode("utf-8", errors=errors)
