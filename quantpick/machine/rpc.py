@@ -49,6 +49,7 @@ import time
 from dataclasses import dataclass
 
 from quantpick.errors import RpcWorkerError, UsageError
+from quantpick.machine.spec import MAX_MEMORY_BYTES
 
 # ggml/include/ggml-rpc.h: RPC_PROTO_MAJOR/MINOR/PATCH_VERSION at b11312.
 PROTOCOL_VERSION = (7, 0, 0)
@@ -254,6 +255,27 @@ def _reply(sock: socket.socket, size: int, what: str, where: str) -> bytes:
         ) from None
 
 
+def _device_memory(free: int, total: int, device: int, where: str) -> DeviceMemory:
+    """A GET_DEVICE_MEMORY reply that can be true, or exit 6: free above total (which no ggml
+    backend reports: CUDA's cudaMemGetInfo, the CPU's sysinfo and Vulkan's heap budget all keep
+    free <= total) or a size no device has (a u64 read as 2^63 or more) is a broken worker, and
+    planning on it would put a model on memory that does not exist."""
+    hint = f"describe the device instead: --rpc-device {where.removeprefix('RPC worker ')}=GPU"
+    if total > MAX_MEMORY_BYTES:
+        raise RpcWorkerError(
+            f"{where}: device {device} reports {total:,} bytes of memory, more than any device "
+            "has: not a reply to plan on",
+            hint=hint,
+        )
+    if free > total:
+        raise RpcWorkerError(
+            f"{where}: device {device} reports {free / 1024**3:.2f} GiB free of "
+            f"{total / 1024**3:.2f} GiB total: free memory cannot exceed the total",
+            hint=hint,
+        )
+    return DeviceMemory(free_bytes=free, total_bytes=total)
+
+
 def _knock(host: str, port: int, timeout_s: float) -> None:
     """Is the worker free? It hangs up on the knock at once if so (module docstring)."""
     where = f"RPC worker {host}:{port}"
@@ -354,7 +376,7 @@ def query_worker(host: str, port: int, *, timeout_s: float = DEFAULT_TIMEOUT_S) 
             sock.sendall(device_memory_request(device))
             free, total = struct.unpack("<QQ", _reply(sock, 16, "GET_DEVICE_MEMORY", where))
             rtts.append(time.perf_counter() - start)
-            devices.append(DeviceMemory(free_bytes=free, total_bytes=total))
+            devices.append(_device_memory(free, total, device, where))
     notes = []
     if version[1] > PROTOCOL_VERSION[1]:
         notes.append(

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from quantpick.errors import ExitCode, RpcWorkerError, UsageError
 from quantpick.machine import rpc
 from quantpick.machine.rpc import parse_endpoint, query_worker
+from quantpick.machine.spec import MAX_MEMORY_BYTES
 
 GiB = 1024**3
 
@@ -59,13 +60,37 @@ def test_query_reads_version_devices_and_memory_then_hangs_up() -> None:
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     st.lists(
-        st.tuples(st.integers(0, 2**64 - 1), st.integers(0, 2**64 - 1)), min_size=1, max_size=5
+        st.integers(0, MAX_MEMORY_BYTES).flatmap(
+            lambda total: st.tuples(st.integers(0, total), st.just(total))
+        ),
+        min_size=1,
+        max_size=5,
     )
 )
-def test_any_memory_figures_come_back_unchanged(devices: list[tuple[int, int]]) -> None:
+def test_any_possible_memory_figures_come_back_unchanged(devices: list[tuple[int, int]]) -> None:
     with FakeWorker(devices) as fake:
         report = query_worker("127.0.0.1", fake.port, timeout_s=2)
     assert [(d.free_bytes, d.total_bytes) for d in report.devices] == devices
+
+
+@pytest.mark.parametrize(
+    ("free", "total", "message"),
+    [
+        (int(34.65 * GiB), GiB, "34.65 GiB free of 1.00 GiB total"),  # issue 21
+        (0, 2**63, f"{2**63:,} bytes"),
+        (2**64 - 1, 2**64 - 1, "more than any device has"),
+    ],
+)
+def test_memory_figures_that_cannot_be_true_are_exit_6(free: int, total: int, message: str) -> None:
+    """Free above total or a u64 no device has: a broken worker, never planned on."""
+    with (
+        FakeWorker([(8 * GiB, 16 * GiB), (free, total)]) as fake,
+        pytest.raises(RpcWorkerError) as err,
+    ):
+        query_worker("127.0.0.1", fake.port, timeout_s=2)
+    assert err.value.exit_code == 6
+    assert "device 1" in err.value.message and message in err.value.message
+    assert err.value.hint is not None and "--rpc-device" in err.value.hint
 
 
 def test_another_major_version_is_refused_naming_both() -> None:
