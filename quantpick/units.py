@@ -41,6 +41,8 @@ _DECIMAL_LOOKING = {"kb": "KiB", "mb": "MiB", "gb": "GiB", "tb": "TiB"}
 _SIZE_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*$")
 SIZE_HINT = "write e.g. 24G, 24GiB or 900MiB (a bare number is GiB; bytes need a B: 1024B)"
 SIZE_READING = "memory sizes are binary: a 24 GB card holds 24 GiB"
+# The reading, stated in every --json machine summary.
+SIZE_UNITS = f"binary: K/KB/KiB = 1024 B, G/GB/GiB = 2^30 B, no unit = GiB ({SIZE_READING})"
 
 
 def is_bare_number(text: str | int | float) -> bool:

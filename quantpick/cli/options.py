@@ -420,13 +420,18 @@ def overheads_from_cli(
     from dataclasses import replace
 
     from quantpick.cli import output
-    from quantpick.machine.describe import bare_number_notes
+    from quantpick.machine.describe import size_notes
     from quantpick.plan.memory import Overheads
     from quantpick.units import parse_size
 
     o = Overheads()
-    for flag, value in (("--gpu-overhead", gpu_overhead), ("--margin", margin)):
-        for line in bare_number_notes(f"{flag} {value}", value, "GiB") if value else []:
+    for flag, value in (
+        ("--gpu-overhead", gpu_overhead),
+        ("--margin", margin),
+        ("--ram-reserve", ram_reserve),
+        ("--gpu-reserve", gpu_reserve),
+    ):
+        for line in size_notes(f"{flag} {value}", value) if value else []:
             output.note(f"Note: {line}")
     if gpu_overhead:
         o = replace(o, gpu_context_bytes=parse_size(gpu_overhead))
