@@ -1,5 +1,5 @@
 """Byte sizes: parsing user input ("24G", "16GiB", "24GB", "64" = 64 GiB) and formatting for
-people. Pure.
+people; context lengths ("128K" = 131072 tokens). Pure.
 
 Every size quantpick reads is a memory size (VRAM, RAM, overheads, reserves), and memory is sold
 in binary units under decimal names, so GB, MB, KB and TB are read as GiB, MiB, KiB and TiB, as G
@@ -114,3 +114,33 @@ def human(n_bytes: int | float) -> str:
         if value >= size:
             return f"{sign}{value / size:.2f} {unit}"
     return f"{sign}{int(value)} B"
+
+
+# ---- context lengths (tokens) -------------------------------------------------------------------
+
+# `-c 128K` is how llama.cpp users write a context (model cards say "128K context" for 131072):
+# K = 1024 tokens, M = 1024 K.
+_CONTEXT_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([kKmM]?)\s*$")
+_CONTEXT_UNITS = {"": 1, "k": 1024, "m": 1024**2}
+# llama_context_params.n_ctx is a uint32_t (include/llama.h).
+MAX_CONTEXT = 2**32 - 1
+CONTEXT_HINT = "write e.g. 131072, 128K or 1M (K = 1024 tokens); 0 is the model's own context"
+
+
+def parse_context(text: str | int) -> int:
+    """A context length in tokens: 131072, "131072", "128K", "128k", "1M", "0.5M"."""
+    if isinstance(text, int) and not isinstance(text, bool):
+        value: float = text
+    else:
+        match = _CONTEXT_RE.match(str(text))
+        if match is None:
+            raise UsageError(f"cannot read {str(text)!r} as a context length", hint=CONTEXT_HINT)
+        value = float(match.group(1)) * _CONTEXT_UNITS[match.group(2).lower()]
+        if value != int(value):
+            raise UsageError(f"{text!r} is not a whole number of tokens", hint=CONTEXT_HINT)
+    if not 0 <= value <= MAX_CONTEXT:
+        raise UsageError(
+            f"{text!r}: a context is 0 to {MAX_CONTEXT} tokens (llama.cpp's n_ctx is 32-bit)",
+            hint=CONTEXT_HINT,
+        )
+    return int(value)
