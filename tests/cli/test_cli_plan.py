@@ -292,6 +292,22 @@ def test_command_for_a_local_gguf(q4km_gguf: Path, tmp_path: Path) -> None:
     assert doc["plan"]["quant"] == "Q4_K_M"
 
 
+def test_a_model_directory_name_that_is_not_utf8_reaches_the_script_as_its_bytes(
+    q4km_gguf: Path, tmp_path: Path
+) -> None:
+    """Issue 21: `--script` with a Latin-1 directory name ended in UnicodeEncodeError."""
+    directory = tmp_path / os.fsdecode(b"mod\xe8les")
+    directory.mkdir()
+    gguf = directory / q4km_gguf.name
+    os.link(q4km_gguf, gguf)
+    script = tmp_path / "serve.sh"
+    result = runner.invoke(
+        app, ["command", "--gguf", str(gguf), "-c", "8192", *BOX, "--script", str(script)]
+    )
+    assert result.exit_code == 0, result.stderr
+    assert os.fsencode(gguf) in script.read_bytes()
+
+
 def test_command_needs_the_file(tmp_path: Path) -> None:
     result = runner.invoke(
         app, ["command", MODEL, "--quant", "Q4_K_M", "--dir", str(tmp_path), *BOX]

@@ -367,3 +367,79 @@ def test_give_a_model_offers_gguf_only_where_it_exists(command: str, offers_gguf
     assert result.exit_code == 2
     assert result.stderr.startswith("Error: give a MODEL")
     assert ("--gguf" in result.stderr) is offers_gguf
+
+
+# ---- a path the user gave that is plainly wrong: exit 2, as README's table says (issue 21) ----
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["estimate", "--gguf", "/no/such/model.gguf", "-c", "8192", "--gpu", "3090"],
+        ["command", "--gguf", "/no/such/model.gguf", "-c", "8192", "--gpu", "3090"],
+        ["confirm", "--gguf", "/no/such/model.gguf", "-c", "8192"],
+        ["pick", MODEL, "-c", "8192", "--hardware", "/no/such/box.toml"],
+        ["probe", "--hardware", "/no/such/box.json"],
+    ],
+    ids=lambda a: f"{a[0]} {a[1] if a[1].startswith('-') else a[-2]}",
+)
+def test_a_missing_file_given_on_the_command_line_is_exit_2(args: list[str]) -> None:
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2, result.stderr
+    assert result.stderr.splitlines()[-1].startswith("Error: ")
+
+
+def test_a_read_only_dir_is_exit_2(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """`get --dir /read-only` exited 1: the directory error did not say which path it was."""
+    from quantpick.fetch import transfer
+
+    target = tmp_path / "ro"
+    target.mkdir()
+    real_access = os.access
+    with monkeypatch.context() as patch, pytest.raises(transfer.LocalFileError) as info:
+        # root writes anywhere: play a read-only mount (os.access says no, statvfs says ro)
+        patch.setattr(transfer, "_read_only", lambda directory: True)
+        patch.setattr(transfer.os, "access", lambda p, m: Path(p) != target and real_access(p, m))
+        transfer.make_dir(target)
+    assert info.value.path == str(target) and info.value.os_errno == errno.EROFS
+
+    monkeypatch.setattr(
+        "quantpick.model.registry.find_manifest", _raise(info.value)
+    )  # the same error, raised where download meets it first
+    result = runner.invoke(app, ["download", MODEL, "--quant", "Q4_K_M", "--dir", str(target)])
+    assert result.exit_code == 2, result.stderr
+    assert "Read-only file system" in result.stderr
+    # The same error about a path the user did not give stays exit 1.
+    elsewhere = runner.invoke(app, ["download", MODEL, "--quant", "Q4_K_M"])
+    assert elsewhere.exit_code == 1
+
+
+def test_a_config_nested_5000_deep_or_with_a_nul_path_is_one_line(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    config = tmp_path / "config.toml"
+    monkeypatch.setenv("QUANTPICK_CONFIG", str(config))
+    for text, problem in (
+        ("a = " + "[" * 5000 + "]" * 5000, "nested deeper than 64 levels"),
+        ('[stores]\nollama = "/srv/a\\u0000b"\n', "cannot contain a NUL byte"),
+    ):
+        config.write_text(text)
+        result = runner.invoke(app, ["download", MODEL, "--quant", "Q4_K_M", "--dry-run"])
+        assert result.exit_code == 1, result.stderr
+        (line, *_) = result.stderr.splitlines()
+        assert line.startswith(f"Error: {config}") and problem in line
+        assert "Traceback" not in result.stderr
+
+
+def test_a_string_bandwidth_in_a_probe_json_file_is_one_line(tmp_path: Path) -> None:
+    box = tmp_path / "box.json"
+    probed = runner.invoke(app, ["probe", "--gpu", "3090", "--ram", "64G", "--json"])
+    doc = json.loads(probed.stdout)
+    doc["machine"]["gpus"][0]["bandwidth_bytes_per_s"] = "936GB/s"
+    box.write_text(json.dumps(doc))
+    result = runner.invoke(app, ["pick", MODEL, "-c", "8192", "--hardware", str(box)])
+    assert result.exit_code == 1
+    assert result.stderr.splitlines() == [
+        f"Error: hardware file {box}: gpus[0].bandwidth_bytes_per_s is '936GB/s': a bandwidth "
+        "is a whole number of bytes/s, more than 0 and at most 1e+14 (100 TB/s)"
+    ]
