@@ -120,7 +120,7 @@ def human(n_bytes: int | float) -> str:
 
 # `-c 128K` is how llama.cpp users write a context (model cards say "128K context" for 131072):
 # K = 1024 tokens, M = 1024 K.
-_CONTEXT_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([kKmM]?)\s*$")
+_CONTEXT_RE = re.compile(r"^\s*(-?[0-9]+(?:\.[0-9]+)?)\s*([kKmM]?)\s*$")
 _CONTEXT_UNITS = {"": 1, "k": 1024, "m": 1024**2}
 # llama_context_params.n_ctx is a uint32_t (include/llama.h).
 MAX_CONTEXT = 2**32 - 1
@@ -128,7 +128,8 @@ CONTEXT_HINT = "write e.g. 131072, 128K or 1M (K = 1024 tokens); 0 is the model'
 
 
 def parse_context(text: str | int) -> int:
-    """A context length in tokens: 131072, "131072", "128K", "128k", "1M", "0.5M"."""
+    """A context length in tokens: 131072, "131072", "128K", "128k", "1M", "0.5M". A negative
+    one is returned as it is, for the command's own bounds check (options.check_run_options)."""
     if isinstance(text, int) and not isinstance(text, bool):
         value: float = text
     else:
@@ -138,7 +139,7 @@ def parse_context(text: str | int) -> int:
         value = float(match.group(1)) * _CONTEXT_UNITS[match.group(2).lower()]
         if value != int(value):
             raise UsageError(f"{text!r} is not a whole number of tokens", hint=CONTEXT_HINT)
-    if not 0 <= value <= MAX_CONTEXT:
+    if value > MAX_CONTEXT:
         raise UsageError(
             f"{text!r}: a context is 0 to {MAX_CONTEXT} tokens (llama.cpp's n_ctx is 32-bit)",
             hint=CONTEXT_HINT,

@@ -43,7 +43,11 @@ try:  # recent typer carries its own copy of click: its exceptions are the ones 
     from typer._click.exceptions import UsageError as ClickUsageError
     from typer._click.globals import get_current_context
 except ImportError:  # pragma: no cover - older typer on the real click
-    from click import ClickException, Context, get_current_context  # type: ignore[assignment]
+    from click import (  # type: ignore[assignment,no-redef]
+        ClickException,
+        Context,
+        get_current_context,
+    )
     from click.exceptions import NoArgsIsHelpError  # type: ignore[assignment,no-redef]
     from click.exceptions import UsageError as ClickUsageError  # type: ignore[assignment]
 
@@ -268,13 +272,22 @@ class QuantpickGroup(TyperGroup):
             sys.stdout, sys.stderr = saved
 
 
+class HintedBadParameter(typer.BadParameter):
+    """A value parser's error (options.context_value) with the hint of its UsageError."""
+
+    def __init__(self, message: str, hint: str | None) -> None:
+        super().__init__(message)
+        self.hint = hint
+
+
 def click_usage_line(exc: Any) -> tuple[str, str]:
     """click's usage error as one line and a hint (click prints usage, a blank line, the error
     and "Try ... for help": four lines)."""
     message = " ".join(exc.format_message().split())
+    if isinstance(exc, HintedBadParameter) and exc.hint:
+        return message, exc.hint
     path = exc.ctx.command_path if getattr(exc, "ctx", None) is not None else "quantpick"
-    # A value parser of ours (options.context_value) attaches the hint its UsageError had.
-    return message, getattr(exc, "quantpick_hint", None) or f"see `{path} --help`"
+    return message, f"see `{path} --help`"
 
 
 app = QuantpickTyper(

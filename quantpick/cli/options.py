@@ -193,15 +193,14 @@ GgufOpt = Annotated[
 def context_value(text: Any) -> int:
     """typer parser for a context length: units.parse_context ("128K" = 131072), its problem as
     click's one-line usage error (with the hint the CLI boundary prints)."""
+    from quantpick.cli.core import HintedBadParameter
     from quantpick.errors import UsageError
     from quantpick.units import parse_context
 
     try:
         return parse_context(text)
     except UsageError as exc:
-        error = typer.BadParameter(exc.message)
-        error.quantpick_hint = exc.hint  # type: ignore[attr-defined]
-        raise error from None
+        raise HintedBadParameter(exc.message, exc.hint) from None
 
 
 CtxOpt = Annotated[

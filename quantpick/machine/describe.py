@@ -133,13 +133,16 @@ def size_notes(what: str, text: str | int | float) -> list[str]:
     return [note] if note is not None else []
 
 
-def _gpu_spec_notes(spec: str, flag: str = "--gpu") -> list[str]:
+def _gpu_spec_notes(spec: str, label: str | None = None) -> list[str]:
+    """How NAME:VRAM:BANDWIDTH's numbers are read; `label` is what the user wrote (default
+    `--gpu SPEC`)."""
+    label = label or f"--gpu {spec}"
     parts = spec.split(":")
     notes: list[str] = []
     if len(parts) > 1 and parts[1].strip():
-        notes += size_notes(f"{flag} {spec}: VRAM {parts[1].strip()}", parts[1])
+        notes += size_notes(f"{label}: VRAM {parts[1].strip()}", parts[1])
     if len(parts) > 2 and parts[2].strip():
-        notes += bare_number_notes(f"{flag} {spec}: bandwidth {parts[2]}", parts[2], "GB/s")
+        notes += bare_number_notes(f"{label}: bandwidth {parts[2]}", parts[2], "GB/s")
     return notes
 
 
@@ -469,7 +472,8 @@ def _toml_workers(data: dict[str, Any], notes: list[str]) -> tuple[RpcWorker, ..
         if devices:
             worker = RpcWorker(host=host, port=port, devices=devices)
         else:
-            worker, _ = hardware.probe_rpc_worker(host, port)
+            worker, worker_notes = hardware.probe_rpc_worker(host, port)
+            notes.extend(worker_notes)
         net = worker.network
         bandwidth = _toml_bandwidth(table, "bandwidth", where, notes)
         if bandwidth is not None:
@@ -633,6 +637,8 @@ def resolve_machine(
     notes: list[str] = size_notes(f"--ram {ram}", ram) if ram else []
     for spec in gpus or ():
         notes += _gpu_spec_notes(spec)
+    for spec in rpc_devices or ():
+        notes += _gpu_spec_notes(spec.partition("=")[2], f"--rpc-device {spec}")
 
     if hardware_file is not None:
         machine = load_hardware_file(hardware_file, default_host=hardware.probe_host)

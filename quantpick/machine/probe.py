@@ -26,7 +26,9 @@ from quantpick.machine.catalog import (
 )
 from quantpick.machine.llamacpp import find_llama_server, inspect_llama_server
 from quantpick.machine.spec import (
+    MAX_BUS_WIDTH_BITS,
     MAX_MEMORY_BYTES,
+    MAX_MEMORY_CLOCK_MHZ,
     MAX_PCIE_GENERATION,
     MAX_PCIE_WIDTH,
     Gpu,
@@ -92,8 +94,10 @@ def _probe_one(nv: Any, index: int) -> Gpu:
         # Figures that cannot be true: the GPU is listed, with why, and not planned on.
         why = f"NVML reports {free:,} B free of {total:,} B total, which cannot be"
         return Gpu(index=index, name=name, total_bytes=0, free_bytes=0, uuid=uuid, error=why)
-    bus = _positive(_optional(nv.nvmlDeviceGetMemoryBusWidth, handle), 65536)
-    clock = _positive(_optional(nv.nvmlDeviceGetMaxClockInfo, handle, nv.NVML_CLOCK_MEM), 10**6)
+    bus = _positive(_optional(nv.nvmlDeviceGetMemoryBusWidth, handle), MAX_BUS_WIDTH_BITS)
+    clock = _positive(
+        _optional(nv.nvmlDeviceGetMaxClockInfo, handle, nv.NVML_CLOCK_MEM), MAX_MEMORY_CLOCK_MHZ
+    )
     # Max link, not current: the current link drops to gen 1 when the GPU idles.
     pcie_gen = _positive(
         _optional(nv.nvmlDeviceGetMaxPcieLinkGeneration, handle), MAX_PCIE_GENERATION

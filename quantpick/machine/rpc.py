@@ -255,24 +255,29 @@ def _reply(sock: socket.socket, size: int, what: str, where: str) -> bytes:
         ) from None
 
 
-def _device_memory(free: int, total: int, device: int, where: str) -> DeviceMemory:
-    """A GET_DEVICE_MEMORY reply that can be true, or exit 6: free above total (which no ggml
-    backend reports: CUDA's cudaMemGetInfo, the CPU's sysinfo and Vulkan's heap budget all keep
-    free <= total) or a size no device has (a u64 read as 2^63 or more) is a broken worker, and
-    planning on it would put a model on memory that does not exist."""
-    hint = f"describe the device instead: --rpc-device {where.removeprefix('RPC worker ')}=GPU"
+def _device_memory(
+    free: int, total: int, device: int, host: str, port: int, notes: list[str]
+) -> DeviceMemory:
+    """A GET_DEVICE_MEMORY reply as planned on. A size no device has (a u64 of 2^63 or more, past
+    spec.MAX_MEMORY_BYTES) is a broken worker: exit 6. Free above total is clamped to the total,
+    with a note: llama.cpp's CUDA backend reports the host's MemAvailable as a device's free
+    memory on unified-memory systems, and on any GPU when GGML_CUDA_ENABLE_UNIFIED_MEMORY is set
+    (ggml-cuda.cu ggml_backend_cuda_device_get_memory), so a real worker can say 34 GiB free of
+    a 1 GiB card; the card still holds 1 GiB at GPU speed, and more only by paging to its host."""
+    where = f"RPC worker {host}:{port}"
     if total > MAX_MEMORY_BYTES:
         raise RpcWorkerError(
             f"{where}: device {device} reports {total:,} bytes of memory, more than any device "
             "has: not a reply to plan on",
-            hint=hint,
+            hint=f"describe the device instead: --rpc-device {host}:{port}=GPU",
         )
     if free > total:
-        raise RpcWorkerError(
+        notes.append(
             f"{where}: device {device} reports {free / 1024**3:.2f} GiB free of "
-            f"{total / 1024**3:.2f} GiB total: free memory cannot exceed the total",
-            hint=hint,
+            f"{total / 1024**3:.2f} GiB total (unified memory counts the host's RAM as free): "
+            f"planned with its total, {total / 1024**3:.2f} GiB"
         )
+        free = total
     return DeviceMemory(free_bytes=free, total_bytes=total)
 
 
@@ -371,13 +376,13 @@ def query_worker(host: str, port: int, *, timeout_s: float = DEFAULT_TIMEOUT_S) 
         if count > MAX_DEVICES:
             raise RpcWorkerError(f"{where} claims {count} devices: not a ggml-rpc-server")
         devices = []
+        notes: list[str] = []
         for device in range(count):
             start = time.perf_counter()
             sock.sendall(device_memory_request(device))
             free, total = struct.unpack("<QQ", _reply(sock, 16, "GET_DEVICE_MEMORY", where))
             rtts.append(time.perf_counter() - start)
-            devices.append(_device_memory(free, total, device, where))
-    notes = []
+            devices.append(_device_memory(free, total, device, host, port, notes))
     if version[1] > PROTOCOL_VERSION[1]:
         notes.append(
             f"{where} speaks RPC protocol {'.'.join(map(str, version))}: a llama-server of an "

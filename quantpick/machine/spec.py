@@ -42,6 +42,10 @@ MAX_BANDWIDTH_BYTES_PER_S = 100 * 10**12
 MAX_FP16_TFLOPS = 100_000.0
 # CPU cores and threads: Linux's largest NR_CPUS (8192, x86-64 with MAXSMP, arch/x86/Kconfig).
 MAX_CPUS = 8192
+# Memory bus: 8x the widest there is (H200/B200: HBM stacks of 1024 bits, 6144-8192 bits in all);
+# memory clock as NVML reports it: 7x GDDR7's (RTX 5090: 14001 MHz for 28 Gbps).
+MAX_BUS_WIDTH_BITS = 65536
+MAX_MEMORY_CLOCK_MHZ = 100_000
 # PCIe: generation 7 is the newest specification (PCI-SIG, 2025); x32 the widest link it defines.
 MAX_PCIE_GENERATION = 7
 MAX_PCIE_WIDTH = 32
@@ -265,8 +269,10 @@ def _check_gpu(gpu: Gpu, where: str) -> None:
             f"({_gib(gpu.total_bytes)})"
         )
     _bandwidth(gpu.bandwidth_bytes_per_s, f"{where}.bandwidth_bytes_per_s")
-    _optional_whole(gpu.memory_bus_width_bits, f"{where}.memory_bus_width_bits", 1, 65536)
-    _optional_whole(gpu.memory_clock_mhz, f"{where}.memory_clock_mhz", 1, 10**6)
+    _optional_whole(
+        gpu.memory_bus_width_bits, f"{where}.memory_bus_width_bits", 1, MAX_BUS_WIDTH_BITS
+    )
+    _optional_whole(gpu.memory_clock_mhz, f"{where}.memory_clock_mhz", 1, MAX_MEMORY_CLOCK_MHZ)
     _optional_whole(gpu.pcie_generation, f"{where}.pcie_generation", 1, MAX_PCIE_GENERATION)
     _optional_whole(gpu.pcie_width, f"{where}.pcie_width", 1, MAX_PCIE_WIDTH)
     tflops = gpu.fp16_tflops

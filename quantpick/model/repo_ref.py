@@ -101,8 +101,8 @@ def _modelscope(segments: list[str], query: dict[str, list[str]], text: str) -> 
     url = text.strip()
     if segments[:3] == ["api", "v1", "models"] and segments[5:] == ["repo"]:
         repo = _repo_id(segments[3:5], text)
-        revision = (query.get("Revision") or [None])[0]
-        path = (query.get("FilePath") or [None])[0]
+        revision = next(iter(query.get("Revision", [])), None)
+        path = next(iter(query.get("FilePath", [])), None)
         return RepoRef(repo, "modelscope", revision=revision, path=path, url=url)
     if segments[:1] != ["models"]:
         raise UsageError(f"{text!r} is not a ModelScope model page", hint=_HINT)

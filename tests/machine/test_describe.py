@@ -743,3 +743,11 @@ def test_gb_in_a_toml_file_is_gib_with_a_note(tmp_path: Path) -> None:
     machine = load_hardware_file(path)
     assert machine.gpus[0].total_bytes == 24 * GiB and machine.host.ram_total_bytes == 64 * GiB
     assert any("[host].ram = 64GB is read as 64 GiB" in n for n in machine.notes)
+
+
+def test_rpc_device_sizes_say_how_they_are_read(fake_host: Host) -> None:
+    machine = resolve_machine(gpus=["3090"], rpc_devices=["10.0.0.2:50052=mycard:16GB:300"])
+    assert machine.rpc_workers[0].devices[0].total_bytes == 16 * GiB
+    notes = "\n".join(machine.notes)
+    assert "--rpc-device 10.0.0.2:50052=mycard:16GB:300: VRAM 16GB is read as 16 GiB" in notes
+    assert "bandwidth 300 is read as 300 GB/s" in notes

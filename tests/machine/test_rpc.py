@@ -73,24 +73,28 @@ def test_any_possible_memory_figures_come_back_unchanged(devices: list[tuple[int
     assert [(d.free_bytes, d.total_bytes) for d in report.devices] == devices
 
 
-@pytest.mark.parametrize(
-    ("free", "total", "message"),
-    [
-        (int(34.65 * GiB), GiB, "34.65 GiB free of 1.00 GiB total"),  # issue 21
-        (0, 2**63, f"{2**63:,} bytes"),
-        (2**64 - 1, 2**64 - 1, "more than any device has"),
-    ],
-)
-def test_memory_figures_that_cannot_be_true_are_exit_6(free: int, total: int, message: str) -> None:
-    """Free above total or a u64 no device has: a broken worker, never planned on."""
+@pytest.mark.parametrize("total", [2**63, 2**64 - 1, MAX_MEMORY_BYTES + 1])
+def test_memory_no_device_has_is_exit_6(total: int) -> None:
+    """A u64 of 2^63 or more is a broken worker, never planned on."""
     with (
-        FakeWorker([(8 * GiB, 16 * GiB), (free, total)]) as fake,
+        FakeWorker([(8 * GiB, 16 * GiB), (0, total)]) as fake,
         pytest.raises(RpcWorkerError) as err,
     ):
         query_worker("127.0.0.1", fake.port, timeout_s=2)
     assert err.value.exit_code == 6
-    assert "device 1" in err.value.message and message in err.value.message
-    assert err.value.hint is not None and "--rpc-device" in err.value.hint
+    assert f"device 1 reports {total:,} bytes" in err.value.message
+    assert err.value.hint is not None and "--rpc-device 127.0.0.1:" in err.value.hint
+
+
+def test_free_above_total_is_planned_as_the_total_with_a_note() -> None:
+    """Issue 21: 34.65 GiB was planned onto a "1 GiB" device. llama.cpp's CUDA backend reports
+    the host's available RAM as free with unified memory, so the reply is clamped, and said."""
+    with FakeWorker([(int(34.65 * GiB), GiB)]) as fake:
+        report = query_worker("127.0.0.1", fake.port, timeout_s=2)
+    assert (report.devices[0].free_bytes, report.devices[0].total_bytes) == (GiB, GiB)
+    (note,) = report.notes
+    assert "device 0 reports 34.65 GiB free of 1.00 GiB total" in note
+    assert "planned with its total, 1.00 GiB" in note
 
 
 def test_another_major_version_is_refused_naming_both() -> None:
