@@ -131,29 +131,102 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
 # The config file
 
 
+# ---------------------------------------------------------------------------------------------
+# Bounded reading of small text files (the config file, hardware files)
+
+# Config and hardware files are a few KB; a bigger one (or /dev/zero) is not one of them.
+MAX_CONFIG_FILE_BYTES = 1024**2
+# tomllib and json recurse once per nesting level: 5000 nested arrays end in RecursionError (a
+# traceback) deep inside the parser. No file quantpick reads nests deeper than a few levels.
+MAX_NESTING = 64
+
+
+def read_bounded_text(path: Path, limit: int) -> str:
+    """The UTF-8 text of `path`: a regular file only, refused (an OSError) past `limit` bytes
+    without reading on: a FIFO or /dev/zero given as a file ends here, not in a hang or a
+    MemoryError (local_files.read_small)."""
+    from quantpick.local_files import read_small
+
+    return read_small(path, limit).decode("utf-8")
+
+
+def _nesting_depth(text: str) -> int:
+    """The deepest bracket nesting of `text`, outside strings (an upper bound is enough: brackets
+    inside TOML strings count too, which only makes the check stricter)."""
+    depth = deepest = 0
+    for char in text:
+        if char in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif char in "]}":
+            depth = max(0, depth - 1)
+    return deepest
+
+
+def _check_nesting(text: str, what: str) -> None:
+    # Cheap when shallow: count only if the text has enough brackets to be deep at all.
+    if text.count("[") + text.count("{") > MAX_NESTING and _nesting_depth(text) > MAX_NESTING:
+        raise ValueError(f"not valid {what}: nested deeper than {MAX_NESTING} levels")
+
+
+def load_toml_text(text: str) -> dict[str, Any]:
+    """tomllib.loads, bounded: ValueError("not valid TOML (...)") for any malformed text,
+    including nesting that would exhaust the parser's recursion."""
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib
+    _check_nesting(text, "TOML")
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ValueError(f"not valid TOML ({exc})") from None
+    except RecursionError:
+        raise ValueError("not valid TOML: nested too deep") from None
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"not valid JSON: {name} is not a JSON number")
+
+
+def load_json_text(text: str) -> Any:
+    """json.loads, bounded and strict: ValueError("not valid JSON (...)") for malformed text,
+    NaN/Infinity (which JSON does not have) and nesting deeper than MAX_NESTING."""
+    import json
+
+    _check_nesting(text, "JSON")
+    try:
+        return json.loads(text, parse_constant=_no_constant)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"not valid JSON (line {exc.lineno}: {exc.msg})") from None
+    except RecursionError:
+        raise ValueError("not valid JSON: nested too deep") from None
+
+
 def read_config_file(path: Path) -> dict[str, Any]:
     """The validated settings of one config file ({} when it does not exist).
 
     Unknown keys and bad values are errors naming the file (a typo must not silently turn a
     setting off). "_read" is set when the file existed.
     """
-    from quantpick.local_files import read_small
-
+    hint = "the format is in docs/download.md (Reusing files other tools downloaded)"
     try:
-        raw = read_small(path, CONFIG_MAX_BYTES)  # a FIFO or /dev/zero here must not hang a run
+        # a FIFO or /dev/zero here must not hang a run, a huge file not fill memory
+        text = read_bounded_text(path, MAX_CONFIG_FILE_BYTES)
     except FileNotFoundError:
         return {}
     except OSError as exc:
-        raise QuantpickError(f"cannot read the config file {path}: {exc.strerror}") from None
-    try:
-        import tomllib
-    except ModuleNotFoundError:  # Python 3.10
-        import tomli as tomllib
-    hint = "the format is in docs/download.md (Reusing files other tools downloaded)"
-    try:
-        data = tomllib.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise QuantpickError(
+            f"cannot read the config file {path}: {exc.strerror}",
+            path=str(path),
+            os_errno=exc.errno,
+        ) from None
+    except UnicodeDecodeError as exc:
         raise QuantpickError(f"{path} is not valid TOML: {exc}", hint=hint) from None
+    try:
+        data = load_toml_text(text)
+    except ValueError as exc:
+        raise QuantpickError(f"{path}: {exc}", hint=hint) from None
     unknown = sorted(set(data) - set(CONFIG_KEYS))
     if unknown:
         raise QuantpickError(
@@ -200,6 +273,9 @@ def _store_paths_value(value: Any, path: Path) -> dict[str, tuple[Path, ...]]:
         items = [paths] if isinstance(paths, str) else paths
         if not isinstance(items, list) or not all(isinstance(p, str) and p for p in items):
             raise QuantpickError(f"{path}: [stores] {store} must be a path or a list of paths")
+        if any("\0" in p for p in items):
+            # TOML can spell a NUL ("\u0000"); no file system path holds one.
+            raise QuantpickError(f"{path}: [stores] {store}: a path cannot contain a NUL byte")
         # Relative paths are relative to the config file, so a config can travel with its data.
         out[store] = tuple((path.parent / Path(p).expanduser()).resolve() for p in items)
     return out

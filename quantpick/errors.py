@@ -17,14 +17,29 @@ class ExitCode(IntEnum):
 
 
 class QuantpickError(Exception):
-    """An expected failure: one line for the user, no traceback."""
+    """An expected failure: one line for the user, no traceback.
+
+    `path` and `os_errno`: the file the failure is about and the OS error met on it, when there
+    is one. The CLI boundary then exits 2 (usage), as for a bare OSError, when that path is one
+    the user gave on the command line and the error says it is plainly wrong (missing,
+    read-only, ...): `--gguf missing.gguf`, `--dir /read-only`.
+    """
 
     exit_code: ExitCode = ExitCode.ERROR
 
-    def __init__(self, message: str, *, hint: str | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        hint: str | None = None,
+        path: str | None = None,
+        os_errno: int | None = None,
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.hint = hint
+        self.path = path
+        self.os_errno = os_errno
 
 
 class UsageError(QuantpickError):

@@ -35,6 +35,7 @@ from quantpick.cli.options import (
     PreferOpt,
     QuantOpt,
     RamBandwidthOpt,
+    context_value,
     machine_from_cli,
     overheads_from_cli,
     plan_request,
@@ -131,7 +132,9 @@ def bench_cmd(
         typer.Option(
             "--depth",
             help=f"Filled context for the second decode figure (default: min(-c, {DEFAULT_DEPTH})"
-            "; 0 = none).",
+            "; 0 = none; 16K = 16384).",
+            parser=context_value,
+            metavar="N",
         ),
     ] = None,
     reps: Annotated[int, typer.Option("--reps", help="Repetitions (llama-bench -r).")] = 2,

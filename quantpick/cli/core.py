@@ -3,7 +3,12 @@
 The boundary (QuantpickGroup.invoke) turns every expected failure into one `Error: ...` line on
 stderr (plus `Hint: ...`) and the documented exit code, never a traceback:
 
-- QuantpickError: its message, hint and exit code.
+- QuantpickError: its message, hint and exit code; exit 2 instead of 1 when it carries the path
+  and OS error it is about (`path`, `os_errno`) and that is a path the user gave that is plainly
+  wrong, as for an OSError. A hint that names an option the running command does not have is
+  replaced by "see `quantpick CMD --help`" (the hint was written for another command).
+- click's own usage errors (an unknown option, `-np x`): the same one line and a hint, exit 2,
+  never click's four lines of usage.
 - OSError (a path that cannot be read or written): `Error: <strerror>: <path>`, exit 2 when the
   path is one the user gave on the command line and the error says it is plainly wrong
   (missing, not a directory, read-only, too long, ...), else exit 1.
@@ -22,6 +27,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import sys
 import traceback
 from typing import Any
@@ -33,8 +39,17 @@ from quantpick.errors import ExitCode, QuantpickError
 
 try:  # recent typer carries its own copy of click: its exceptions are the ones raised here
     from typer._click import ClickException, Context
+    from typer._click.exceptions import NoArgsIsHelpError
+    from typer._click.exceptions import UsageError as ClickUsageError
+    from typer._click.globals import get_current_context
 except ImportError:  # pragma: no cover - older typer on the real click
-    from click import ClickException, Context  # type: ignore[assignment]
+    from click import (  # type: ignore[assignment,no-redef]
+        ClickException,
+        Context,
+        get_current_context,
+    )
+    from click.exceptions import NoArgsIsHelpError  # type: ignore[assignment,no-redef]
+    from click.exceptions import UsageError as ClickUsageError  # type: ignore[assignment]
 
 # OSErrors that say a path given by the user is wrong (exit 2) rather than that something failed
 # on the way (exit 1: ENOSPC, EIO, ...).
@@ -84,6 +99,44 @@ def _given_by_user(path: str, args: list[str]) -> bool:
     return False
 
 
+# A long option named in prose: `--gguf PATH`, "(--dir)", `--rpc-device H:P=GPU`.
+_FLAG_RE = re.compile(r"(?<![\w-])(--[a-z][a-z0-9-]*)")
+
+
+def flags_named(text: str | None) -> list[str]:
+    """The long options a message or hint names, in order."""
+    return _FLAG_RE.findall(text or "")
+
+
+def command_options(command: Any) -> set[str]:
+    """Every option spelling of a click command (--gguf, -c, --no-reuse, ..., --help)."""
+    names: set[str] = {"-h", "--help"}  # the app's help_option_names, on every command
+    for param in getattr(command, "params", ()):
+        names.update(getattr(param, "opts", ()))
+        names.update(getattr(param, "secondary_opts", ()))
+    return names
+
+
+def command_has_option(flag: str) -> bool:
+    """Whether the command running now takes `flag` (True outside a command: a library call),
+    for errors that offer an option only some commands have (`or --gguf PATH`)."""
+    ctx = get_current_context(silent=True)
+    if ctx is None:
+        return True
+    return flag in command_options(ctx.command)
+
+
+# ctx.meta key (click shares meta with every nested context) of the command that is running.
+_INVOKED = "quantpick.invoked"
+
+
+def _invoked(ctx: Any) -> tuple[Any, str]:
+    """The command that ran under the root `ctx` and its path ("quantpick pick"); the root
+    itself when no command got as far as parsing its arguments."""
+    inner = ctx.meta.get(_INVOKED, ctx)
+    return inner.command, inner.command_path
+
+
 def os_error_line(exc: OSError) -> tuple[str, str | None]:
     """`<strerror>: <path>` (and the second path of a rename) for an OSError."""
     what = exc.strerror or (os.strerror(exc.errno) if exc.errno else str(exc))
@@ -99,6 +152,10 @@ def os_error_line(exc: OSError) -> tuple[str, str | None]:
 class QuantpickCommand(TyperCommand):
     """Usage lines in the usual UPPERCASE spelling (`quantpick show [OPTIONS] MODEL`), where typer
     writes `{model}` for a required argument and `[model]` for an optional one."""
+
+    def parse_args(self, ctx: Context, args: list[str]) -> list[str]:
+        ctx.meta[_INVOKED] = ctx  # the boundary checks its hints against this command
+        return super().parse_args(ctx, args)
 
     def collect_usage_pieces(self, ctx: Context) -> list[str]:
         pieces = [self.options_metavar] if self.options_metavar else []
@@ -123,6 +180,23 @@ class QuantpickGroup(TyperGroup):
     Done inside click's invoke so that CliRunner tests see the real exit codes.
     """
 
+    def make_context(
+        self, info_name: Any, args: list[str], parent: Any = None, **extra: Any
+    ) -> Any:
+        """The root's own parse (`quantpick --bogus`, `quantpick pikc`): one line, exit 2."""
+        try:
+            return super().make_context(info_name, args, parent=parent, **extra)
+        except NoArgsIsHelpError:
+            raise
+        except ClickUsageError as exc:
+            from quantpick.cli import output
+
+            message, hint = click_usage_line(exc)
+            output.error(message, hint)
+            if _wants_json(args):
+                output.print_error_json(message, hint, exc.exit_code, type(exc).__name__)
+            raise typer.Exit(exc.exit_code) from None
+
     def invoke(self, ctx: Any) -> Any:
         from quantpick.cli import output
 
@@ -135,6 +209,9 @@ class QuantpickGroup(TyperGroup):
         def fail(message: str, hint: str | None, code: int, kind: str) -> typer.Exit:
             if _debug():
                 traceback.print_exc()
+            command, path = _invoked(ctx)
+            if any(flag not in command_options(command) for flag in flags_named(hint)):
+                hint = f"see `{path} --help`"
             output.error(message, hint)
             if json_wanted:
                 try:
@@ -148,9 +225,22 @@ class QuantpickGroup(TyperGroup):
             sys.stdout.flush()  # a full disk shows here, inside the boundary, not at exit
             return result
         except QuantpickError as exc:
-            raise fail(exc.message, exc.hint, int(exc.exit_code), type(exc).__name__) from None
+            code = int(exc.exit_code)
+            if (
+                code == ExitCode.ERROR
+                and exc.path is not None
+                and exc.os_errno in _USAGE_ERRNOS
+                and _given_by_user(exc.path, args)
+            ):
+                code = int(ExitCode.USAGE)
+            raise fail(exc.message, exc.hint, code, type(exc).__name__) from None
         except (typer.Exit, typer.Abort):
             raise
+        except NoArgsIsHelpError:
+            raise
+        except ClickUsageError as exc:
+            message, hint = click_usage_line(exc)
+            raise fail(message, hint, exc.exit_code, type(exc).__name__) from None
         except ClickException as exc:
             # click prints its own message and usage; --json callers get the document as well
             if json_wanted:
@@ -180,6 +270,24 @@ class QuantpickGroup(TyperGroup):
             except OSError:
                 pass
             sys.stdout, sys.stderr = saved
+
+
+class HintedBadParameter(typer.BadParameter):
+    """A value parser's error (options.context_value) with the hint of its UsageError."""
+
+    def __init__(self, message: str, hint: str | None) -> None:
+        super().__init__(message)
+        self.hint = hint
+
+
+def click_usage_line(exc: Any) -> tuple[str, str]:
+    """click's usage error as one line and a hint (click prints usage, a blank line, the error
+    and "Try ... for help": four lines)."""
+    message = " ".join(exc.format_message().split())
+    if isinstance(exc, HintedBadParameter) and exc.hint:
+        return message, exc.hint
+    path = exc.ctx.command_path if getattr(exc, "ctx", None) is not None else "quantpick"
+    return message, f"see `{path} --help`"
 
 
 app = QuantpickTyper(

@@ -29,7 +29,11 @@ manifest_app = QuantpickTyper(
 app.add_typer(manifest_app, name="manifest")
 
 RepoArg = Annotated[
-    str, typer.Argument(help="owner/name of a GGUF repository.", show_default=False)
+    str,
+    typer.Argument(
+        help="owner/name of a GGUF repository, or its URL (huggingface.co, modelscope.cn).",
+        show_default=False,
+    ),
 ]
 
 
@@ -60,8 +64,23 @@ def add_command(
     """Write a manifest for any GGUF repository (listing + one remote header read)."""
     from quantpick.cli import output
     from quantpick.config import load_settings
+    from quantpick.errors import UsageError
     from quantpick.model.from_repo import build_manifest, write_manifest
+    from quantpick.model.repo_ref import parse_repo_ref
 
+    # A pasted URL says where the repository lives and may name a revision: both are used.
+    ref = parse_repo_ref(repo)
+    if ref.kind is not None and ref.kind != source:
+        if source != "hf":  # --source given, and another hub's URL
+            raise UsageError(f"--source {source} but {repo} is on {ref.kind}")
+        source = ref.kind
+    if ref.revision is not None:
+        if revision is not None and revision != ref.revision:
+            raise UsageError(f"--revision {revision} but {repo} names {ref.revision}")
+        revision = ref.revision
+    if ref.path is not None:
+        output.note(f"Note: {repo} names one file; the manifest describes all of {ref.repo}")
+    repo = ref.repo
     settings = load_settings()
     new = build_manifest(
         repo, kind=source, revision=revision, manifest_id=manifest_id, settings=settings

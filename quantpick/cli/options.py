@@ -188,13 +188,30 @@ GgufOpt = Annotated[
         "--gguf", help="Plan for a local GGUF file (its header is the exact basis).", dir_okay=False
     ),
 ]
+
+
+def context_value(text: Any) -> int:
+    """typer parser for a context length: units.parse_context ("128K" = 131072), its problem as
+    click's one-line usage error (with the hint the CLI boundary prints)."""
+    from quantpick.cli.core import HintedBadParameter
+    from quantpick.errors import UsageError
+    from quantpick.units import parse_context
+
+    try:
+        return parse_context(text)
+    except UsageError as exc:
+        raise HintedBadParameter(exc.message, exc.hint) from None
+
+
 CtxOpt = Annotated[
     int,
     typer.Option(
         "-c",
         "--ctx-size",
         help="Context length in tokens: 0 (the model's) or at least 256 "
-        "(llama.cpp pads it to a multiple of 256).",
+        "(llama.cpp pads it to a multiple of 256); 128K = 131072.",
+        parser=context_value,
+        metavar="N",
     ),
 ]
 NpOpt = Annotated[int, typer.Option("-np", "--parallel", help="Slots (sequences) served at once.")]
@@ -420,13 +437,18 @@ def overheads_from_cli(
     from dataclasses import replace
 
     from quantpick.cli import output
-    from quantpick.machine.describe import bare_number_notes
+    from quantpick.machine.describe import size_notes
     from quantpick.plan.memory import Overheads
     from quantpick.units import parse_size
 
     o = Overheads()
-    for flag, value in (("--gpu-overhead", gpu_overhead), ("--margin", margin)):
-        for line in bare_number_notes(f"{flag} {value}", value, "GiB") if value else []:
+    for flag, value in (
+        ("--gpu-overhead", gpu_overhead),
+        ("--margin", margin),
+        ("--ram-reserve", ram_reserve),
+        ("--gpu-reserve", gpu_reserve),
+    ):
+        for line in size_notes(f"{flag} {value}", value) if value else []:
             output.note(f"Note: {line}")
     if gpu_overhead:
         o = replace(o, gpu_context_bytes=parse_size(gpu_overhead))
@@ -485,7 +507,11 @@ def load_manifest(model: str | None) -> Manifest:
     from quantpick.model.registry import find_manifest
 
     if not model:
-        raise UsageError("give a MODEL (see `quantpick models`) or --gguf PATH")
+        from quantpick.cli.core import command_has_option
+
+        # pick and max-context plan a MODEL only; estimate, command, confirm also take --gguf.
+        local = " or --gguf PATH" if command_has_option("--gguf") else ""
+        raise UsageError(f"give a MODEL (see `quantpick models`){local}")
     return find_manifest(model)
 
 

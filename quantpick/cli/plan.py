@@ -276,9 +276,11 @@ def max_context_cmd(
                         "max_context": lim.max_context,
                         "cache_type": lim.cache_type,
                         "placement": lim.placement,
-                        "tokens_per_s_target": round(lim.tokens_per_s_target, 2)
-                        if lim.tokens_per_s_target
-                        else None,
+                        # as `pick --json`: expected decode at max_context, and the bound
+                        "expected_decode_tps_target": _rounded(lim.expected_tps_target),
+                        "bound_decode_tps_target": _rounded(lim.tokens_per_s_target),
+                        # deprecated (README, JSON): the bound, under the old name
+                        "tokens_per_s_target": _rounded(lim.tokens_per_s_target),
                     }
                     for lim in limits
                 ],
@@ -288,7 +290,8 @@ def max_context_cmd(
     from rich.table import Table
 
     table = Table(title=f"{manifest.id}: largest context per quant", title_justify="left")
-    for col in ("quant", "max context", "KV", "placement", "tok/s at max"):
+    # The figure pick shows (expected decode at that context), then the bandwidth bound.
+    for col in ("quant", "max context", "KV", "placement", "expected tok/s at max", "bound"):
         table.add_column(col)
     for lim in limits:
         table.add_row(
@@ -296,8 +299,13 @@ def max_context_cmd(
             str(lim.max_context) if lim.max_context else "does not fit",
             lim.cache_type or "-",
             lim.placement or "-",
-            f"{lim.tokens_per_s_target:.1f}" if lim.tokens_per_s_target else "-",
+            f"~{lim.expected_tps_target:.1f}" if lim.expected_tps_target else "-",
+            f"{lim.tokens_per_s_target:.0f}" if lim.tokens_per_s_target else "-",
         )
     output.stdout().print(table)
     for line in tuning_lines(tuning.rule, tuning.calibration):
         output.stdout().print(line)
+
+
+def _rounded(tps: float | None) -> float | None:
+    return round(tps, 2) if tps else None

@@ -109,7 +109,7 @@ def _estimate_dict(est: Estimate) -> dict[str, Any]:
 def machine_label(machine: Machine) -> str:
     """'described machine: --gpu 3090 --ram 64G' or 'this machine' (the source says how)."""
     if not machine.described:
-        return "this machine"
+        return "this machine, GPUs hidden (--cpu-only)" if machine.gpus_hidden else "this machine"
     return "described machine: " + machine.source.removeprefix("described: ")
 
 
@@ -146,9 +146,15 @@ def tuning_lines(rule: Any, calibration: Any) -> list[str]:
 
 
 def _machine_summary(machine: Machine) -> dict[str, Any]:
+    from quantpick.units import SIZE_UNITS
+
     return {
         "described": machine.described,
+        "gpus_hidden": machine.gpus_hidden,
         "source": machine.source,
+        # How sizes given to quantpick were read (units.py): GB is GiB on a memory size.
+        "size_units": SIZE_UNITS,
+        "notes": list(machine.notes),
         "gpus": [g.name for g in machine.usable_gpus],
         "rpc_workers": [
             {"endpoint": w.endpoint, "devices": [g.name for g in w.devices], "probed": w.probed}

@@ -42,7 +42,9 @@ def os_error(
         )
     if exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM) and hint is None:
         hint = "choose a directory you can write to (--dir)"
-    return LocalFileError(f"{what}: {path}: {reason}", hint=hint)
+    return LocalFileError(
+        f"{what}: {path}: {reason}", hint=hint, path=str(path), os_errno=exc.errno
+    )
 
 
 def fsync_dir(directory: Path) -> None:

@@ -20,6 +20,7 @@ Guarantees:
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import http.client
 import json
@@ -200,10 +201,13 @@ def make_dir(directory: Path) -> None:
     with _os_step("cannot create the download directory", directory):
         directory.mkdir(parents=True, exist_ok=True)
     if not os.access(directory, os.W_OK | os.X_OK):
+        read_only = _read_only(directory)
         raise LocalFileError(
             f"cannot write in the download directory: {directory}: "
-            + ("Read-only file system" if _read_only(directory) else "Permission denied"),
+            + ("Read-only file system" if read_only else "Permission denied"),
             hint="choose a directory you can write to (--dir)",
+            path=str(directory),
+            os_errno=errno.EROFS if read_only else errno.EACCES,
         )
 
 

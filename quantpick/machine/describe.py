@@ -45,23 +45,35 @@ described for what its devices are (by position).
 from __future__ import annotations
 
 import dataclasses
-import json
 import re
 import shlex
-import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from quantpick.errors import HardwareError, QuantpickError, RpcWorkerError, UsageError
 from quantpick.machine.catalog import gpu_assumption_notes, lookup_gpu, with_catalog_figures
-from quantpick.machine.spec import Gpu, Host, Machine, RpcWorker, machine_from_dict
-from quantpick.units import parse_size
+from quantpick.machine.spec import (
+    MAX_BANDWIDTH_BYTES_PER_S,
+    MAX_CPUS,
+    MAX_DEVICES,
+    Gpu,
+    Host,
+    Machine,
+    RpcWorker,
+    TooManyDevices,
+    check_machine,
+    machine_from_dict,
+    too_many_devices,
+)
+from quantpick.units import gib, parse_size, size_note
 
 # The reference box the planner is tuned on: `--gpu 3090 --gpu t4`.
 REFERENCE_GPUS: tuple[str, ...] = ("3090", "t4")
 
 HARDWARE_SCHEMA_VERSION = 1
+# A `probe --json` file of 15 GPUs and workers is ~15 KB; a hand-written TOML a few hundred bytes.
+MAX_HARDWARE_FILE_BYTES = 1024**2
 
 _BANDWIDTH_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*(?:/\s*s)?\s*$")
 # A bandwidth with no unit is in GB/s, as data sheets state it ("936" = 936 GB/s), the way a bare
@@ -93,8 +105,17 @@ def parse_bandwidth(text: str) -> int:
                 "is not a memory bus",
                 hint=f"for bytes/s write {match.group(1)}B/s; or a unit, e.g. 936GB/s",
             )
-        return int(value * BARE_BANDWIDTH_UNIT)
-    return int(value * _BANDWIDTH_UNITS[unit])
+        result = int(value * BARE_BANDWIDTH_UNIT)
+    else:
+        result = int(value * _BANDWIDTH_UNITS[unit])
+    # 0 is no bandwidth, not "the catalogue's figure": a device that moves nothing is a typo.
+    if result <= 0:
+        raise UsageError(f"bandwidth {text!r}: a bandwidth must be more than 0", hint=hint)
+    if result > MAX_BANDWIDTH_BYTES_PER_S:
+        raise UsageError(
+            f"bandwidth {text!r} is more than 100 TB/s, 20x the fastest GPU's memory", hint=hint
+        )
+    return result
 
 
 def bare_number_notes(what: str, text: str, unit: str) -> list[str]:
@@ -106,13 +127,22 @@ def bare_number_notes(what: str, text: str, unit: str) -> list[str]:
     return [f"{what} is read as {str(text).strip()} {unit} (no unit: sizes GiB, bandwidths GB/s)"]
 
 
-def _gpu_spec_notes(spec: str) -> list[str]:
+def size_notes(what: str, text: str | int | float) -> list[str]:
+    """The note for a size that could be read two ways (units.size_note): bare or "GB"."""
+    note = size_note(what, text)
+    return [note] if note is not None else []
+
+
+def _gpu_spec_notes(spec: str, label: str | None = None) -> list[str]:
+    """How NAME:VRAM:BANDWIDTH's numbers are read; `label` is what the user wrote (default
+    `--gpu SPEC`)."""
+    label = label or f"--gpu {spec}"
     parts = spec.split(":")
     notes: list[str] = []
     if len(parts) > 1 and parts[1].strip():
-        notes += bare_number_notes(f"--gpu {spec}: VRAM {parts[1].strip()}", parts[1], "GiB")
+        notes += size_notes(f"{label}: VRAM {parts[1].strip()}", parts[1])
     if len(parts) > 2 and parts[2].strip():
-        notes += bare_number_notes(f"--gpu {spec}: bandwidth {parts[2]}", parts[2], "GB/s")
+        notes += bare_number_notes(f"{label}: bandwidth {parts[2]}", parts[2], "GB/s")
     return notes
 
 
@@ -289,39 +319,17 @@ def with_network(
 # --- Hardware files ---------------------------------------------------------------------------
 
 
-def _check_types(machine: Machine) -> None:
-    """machine_from_dict trusts its input; a hand-edited JSON file deserves a clear message."""
-    for gpu in machine.gpus:
-        for field in ("index", "total_bytes", "free_bytes"):
-            value = getattr(gpu, field)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-                raise ValueError(f"gpus[{gpu.index}].{field} must be a whole number of bytes")
-        if not isinstance(gpu.name, str):
-            raise ValueError("every GPU needs a name")
-    for field in ("ram_total_bytes", "ram_available_bytes", "cpu_cores"):
-        value = getattr(machine.host, field)
-        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-            raise ValueError(f"host.{field} must be a whole number")
+def _check_endpoints(machine: Machine) -> None:
     for i, worker in enumerate(machine.rpc_workers):
-        where = f"rpc_workers[{i}]"
         if not isinstance(worker.host, str) or not isinstance(worker.port, int):
-            raise ValueError(f"{where} needs host and port")
+            raise ValueError(f"rpc_workers[{i}] needs host and port")
         parse_endpoint(worker.endpoint)
-        if not worker.devices:
-            raise ValueError(f"{where} has no devices")
-        for gpu in worker.devices:
-            for field in ("index", "total_bytes", "free_bytes"):
-                value = getattr(gpu, field)
-                if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-                    raise ValueError(f"{where}.devices[{gpu.index}].{field} must be whole bytes")
-        net = worker.network
-        if not isinstance(net.bandwidth_bytes_per_s, int) or net.bandwidth_bytes_per_s <= 0:
-            raise ValueError(f"{where}.network.bandwidth_bytes_per_s must be a positive number")
-        if not isinstance(net.rtt_s, (int, float)) or net.rtt_s < 0:
-            raise ValueError(f"{where}.network.rtt_s must be a number of seconds")
 
 
-def _machine_from_json(data: Any) -> Machine:
+_DEVICES_HINT = "describe the devices one llama-server is to use"
+
+
+def _machine_from_json(data: Any, path: Path) -> Machine:
     if not isinstance(data, dict):
         raise ValueError("expected a JSON object")
     version = data.get("schema_version", HARDWARE_SCHEMA_VERSION)
@@ -333,12 +341,30 @@ def _machine_from_json(data: Any) -> Machine:
             raise ValueError("'machine' must be an object")
     if "host" not in data:
         raise ValueError("no 'host' (is this a `quantpick probe --json` file?)")
+    # Counted before anything is built: a file of a million GPUs fails here, at once.
+    gpus, workers = data.get("gpus") or [], data.get("rpc_workers") or []
+    if isinstance(gpus, list) and isinstance(workers, list):
+        count = len(gpus) + sum(
+            len(w.get("devices") or []) for w in workers if isinstance(w, dict)
+            and isinstance(w.get("devices") or [], list)
+        )  # fmt: skip
+        if count > MAX_DEVICES:
+            raise ValueError(too_many_devices(count))
     try:
         machine = machine_from_dict(data)
     except (TypeError, AttributeError) as exc:
         raise ValueError(f"unexpected value ({exc})") from exc
-    _check_types(machine)
-    return machine
+    check_machine(machine)
+    _check_endpoints(machine)
+    # The notes its probe wrote are about the machine it was written on, as it was then: say so.
+    return dataclasses.replace(
+        machine, notes=tuple(_from_file(path, note) for note in machine.notes)
+    )
+
+
+def _from_file(path: Path, note: str) -> str:
+    prefix = "hardware file "
+    return note if note.startswith(prefix) else f"{prefix}{path.name} records: {note}"
 
 
 def _toml_amount(
@@ -358,8 +384,12 @@ def _toml_amount(
         value = repr(value)
     if isinstance(value, str):
         if notes is not None:
-            unit = "GiB" if parse is parse_size else "GB/s"
-            notes.extend(bare_number_notes(f"{where}.{key} = {value}", value, unit))
+            what = f"{where}.{key} = {value}"
+            notes.extend(
+                size_notes(what, value)
+                if parse is parse_size
+                else bare_number_notes(what, value, "GB/s")
+            )
         return parse(value)
     raise ValueError(f"{where}.{key} must be like {example!r}")
 
@@ -399,6 +429,8 @@ def _toml_gpus(data: dict[str, Any], notes: list[str], prefix: str = "") -> tupl
     tables = data.get("gpu", [])
     if not isinstance(tables, list):
         raise ValueError(f"[[{prefix}gpu]] must be an array of tables")
+    if len(names) + len(tables) > MAX_DEVICES:
+        raise ValueError(too_many_devices(len(names) + len(tables)))
     for i, table in enumerate(tables):
         where = f"[[{prefix}gpu]] #{i + 1}"
         table = _only(table, {"name", "vram", "bandwidth", "free"}, where)
@@ -411,7 +443,11 @@ def _toml_gpus(data: dict[str, Any], notes: list[str], prefix: str = "") -> tupl
         )
         free = _toml_size(table, "free", where, notes)
         if free is not None:
-            gpu = dataclasses.replace(gpu, free_bytes=min(free, gpu.total_bytes))
+            if free > gpu.total_bytes:
+                raise ValueError(
+                    f"{where}: free ({gib(free)}) is more than the card's {gib(gpu.total_bytes)}"
+                )
+            gpu = dataclasses.replace(gpu, free_bytes=free)
         specs.append(gpu)
     return tuple(dataclasses.replace(g, index=i) for i, g in enumerate(specs))
 
@@ -423,6 +459,8 @@ def _toml_workers(data: dict[str, Any], notes: list[str]) -> tuple[RpcWorker, ..
     tables = data.get("rpc", [])
     if not isinstance(tables, list):
         raise ValueError("[[rpc]] must be an array of tables")
+    if len(tables) > MAX_DEVICES:  # before any worker is contacted
+        raise ValueError(too_many_devices(len(tables)))
     workers = []
     for i, table in enumerate(tables):
         where = f"[[rpc]] #{i + 1}"
@@ -434,7 +472,8 @@ def _toml_workers(data: dict[str, Any], notes: list[str]) -> tuple[RpcWorker, ..
         if devices:
             worker = RpcWorker(host=host, port=port, devices=devices)
         else:
-            worker, _ = hardware.probe_rpc_worker(host, port)
+            worker, worker_notes = hardware.probe_rpc_worker(host, port)
+            notes.extend(worker_notes)
         net = worker.network
         bandwidth = _toml_bandwidth(table, "bandwidth", where, notes)
         if bandwidth is not None:
@@ -463,17 +502,26 @@ def _machine_from_toml(data: dict[str, Any], default_host: Callable[[], Host] | 
         )
         ram = _toml_size(host_t, "ram", "[host]", notes)
         cores = host_t.get("cores")
-        if ram is None or not isinstance(cores, int) or cores < 1:
+        if ram is None or not isinstance(cores, int) or isinstance(cores, bool):
             raise ValueError('[host] needs ram = "64G" and cores = N')
         if ram <= 0:
             raise ValueError("[host].ram must be more than 0")
-        available = _toml_size(host_t, "ram_available", "[host]", notes)
         threads = host_t.get("threads")
-        if threads is not None and not isinstance(threads, int):
-            raise ValueError("[host].threads must be a number")
+        for key, count in (("cores", cores), ("threads", threads)):
+            if count is not None and (
+                not isinstance(count, int) or isinstance(count, bool) or not 1 <= count <= MAX_CPUS
+            ):
+                raise ValueError(
+                    f"[host].{key} = {count!r}: a CPU count is a whole number from 1 to {MAX_CPUS}"
+                )
+        available = _toml_size(host_t, "ram_available", "[host]", notes)
+        if available is not None and available > ram:
+            raise ValueError(
+                f"[host].ram_available ({gib(available)}) is more than [host].ram ({gib(ram)})"
+            )
         host = Host(
             ram_total_bytes=ram,
-            ram_available_bytes=min(available, ram) if available is not None else ram,
+            ram_available_bytes=available if available is not None else ram,
             cpu_cores=cores,
             cpu_threads=threads,
             ram_bandwidth_bytes_per_s=_toml_bandwidth(host_t, "ram_bandwidth", "[host]", notes),
@@ -482,13 +530,19 @@ def _machine_from_toml(data: dict[str, Any], default_host: Callable[[], Host] | 
         host = default_host()
     else:
         raise ValueError('no [host] table (add [host] ram = "64G" cores = 16)')
-    return Machine(
+    workers = _toml_workers(data, notes)
+    count = len(gpus) + sum(len(w.devices) for w in workers)
+    if count > MAX_DEVICES:
+        raise ValueError(too_many_devices(count))
+    machine = Machine(
         gpus=gpus,
         host=host,
         disk_free_bytes=_toml_size(data, "disk_free", "the file", notes),
-        rpc_workers=_toml_workers(data, notes),
+        rpc_workers=workers,
         notes=tuple(notes),
     )
+    check_machine(machine)
+    return machine
 
 
 def load_hardware_file(path: Path, *, default_host: Callable[[], Host] | None = None) -> Machine:
@@ -497,10 +551,16 @@ def load_hardware_file(path: Path, *, default_host: Callable[[], Host] | None = 
     default_host supplies the host when a TOML file has no [host] table.
     The result keeps the file's fields; resolve_machine marks it described.
     """
+    from quantpick.config import read_bounded_text
+
     try:
-        text = path.read_text(encoding="utf-8")
+        text = read_bounded_text(path, MAX_HARDWARE_FILE_BYTES)
     except OSError as exc:
-        raise HardwareError(f"cannot read hardware file {path}: {exc.strerror or exc}") from None
+        raise HardwareError(
+            f"cannot read hardware file {path}: {exc.strerror or exc}",
+            path=str(path),
+            os_errno=exc.errno,
+        ) from None
     except UnicodeDecodeError:
         raise HardwareError(f"hardware file {path} is not text (expected JSON or TOML)") from None
     as_json = path.suffix.lower() == ".json" or (
@@ -508,21 +568,12 @@ def load_hardware_file(path: Path, *, default_host: Callable[[], Host] | None = 
     )
     try:
         if as_json:
-            try:
-                data = json.loads(text)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"not valid JSON (line {exc.lineno}: {exc.msg})") from None
-            return _machine_from_json(data)
-        # Imported here: only hand-written TOML files need it, and it costs ~2 ms at startup.
-        if sys.version_info >= (3, 11):
-            import tomllib
-        else:  # pragma: no cover
-            import tomli as tomllib
-        try:
-            data = tomllib.loads(text)
-        except tomllib.TOMLDecodeError as exc:
-            raise ValueError(f"not valid TOML ({exc})") from None
-        return _machine_from_toml(data, default_host)
+            from quantpick.config import load_json_text
+
+            return _machine_from_json(load_json_text(text), path)
+        from quantpick.config import load_toml_text
+
+        return _machine_from_toml(load_toml_text(text), default_host)
     except RpcWorkerError:
         raise  # a worker the file names is unreachable or busy: exit 6, as with --rpc
     except (ValueError, KeyError, QuantpickError) as exc:
@@ -570,6 +621,9 @@ def resolve_machine(
     ram_bytes = parse_size(ram) if ram is not None else None  # bad input fails before probing
     if ram_bytes is not None and ram_bytes <= 0:
         raise UsageError(f"--ram {ram}: RAM must be more than 0", hint="e.g. --ram 64G")
+    n_described = len(gpus or ()) + len(rpc_devices or ())
+    if n_described > MAX_DEVICES:  # counted before any is parsed, probed or planned for
+        raise UsageError(too_many_devices(n_described), hint=_DEVICES_HINT)
     described_gpus = tuple(parse_gpu_spec(spec, index=i) for i, spec in enumerate(gpus or ()))
     for spec in rpc or ():
         parse_endpoint(spec)
@@ -579,10 +633,12 @@ def resolve_machine(
     if cpu_only and (rpc or rpc_devices):
         raise UsageError("--cpu-only plans without any device: drop it to use RPC workers")
     how: list[str] = []
-    # Unit-less sizes are GiB: say so, so that `--ram 64` is never a silent guess.
-    notes: list[str] = bare_number_notes(f"--ram {ram}", ram, "GiB") if ram else []
+    # How a size was read (a bare number is GiB, a "GB" is GiB): never a silent guess.
+    notes: list[str] = size_notes(f"--ram {ram}", ram) if ram else []
     for spec in gpus or ():
         notes += _gpu_spec_notes(spec)
+    for spec in rpc_devices or ():
+        notes += _gpu_spec_notes(spec.partition("=")[2], f"--rpc-device {spec}")
 
     if hardware_file is not None:
         machine = load_hardware_file(hardware_file, default_host=hardware.probe_host)
@@ -623,7 +679,7 @@ def resolve_machine(
         machine = dataclasses.replace(machine, host=_with_ram(machine.host, ram_bytes))
         how.append(f"--ram {ram}")
     if cpu_only:
-        machine = dataclasses.replace(machine, gpus=(), rpc_workers=())
+        machine = dataclasses.replace(machine, gpus=(), rpc_workers=(), gpus_hidden=True)
         how.append("--cpu-only")
         # A "no NVML" note is moot once the user asked for CPU only.
         notes = [n for n in notes if "planning for CPU only" not in n]
@@ -649,9 +705,22 @@ def resolve_machine(
         if rpc_latency is not None:
             how.append(f"--rpc-latency {shlex.quote(rpc_latency)}")
 
-    if how == ["probe"]:
-        # probe() completed its GPUs and wrote its own notes; the workers' ones are added here
-        return dataclasses.replace(machine, notes=tuple(dict.fromkeys(notes)))
+    if how in (["probe"], ["probe", "--cpu-only"]):
+        # This machine as probed (its GPUs hidden with --cpu-only: still this box, which
+        # llama.cpp can confirm a plan on). probe() completed its GPUs and wrote its own notes;
+        # the workers' ones are added here.
+        usable = len(machine.usable_gpus) + sum(len(w.devices) for w in machine.rpc_workers)
+        if machine.rpc_workers and usable > MAX_DEVICES:
+            raise UsageError(too_many_devices(usable), hint=_DEVICES_HINT)
+        if usable > MAX_DEVICES:
+            notes.append(too_many_devices(usable) + ": plan for some with --gpu")
+        machine = dataclasses.replace(
+            machine,
+            source=" ".join(how),
+            notes=tuple(dict.fromkeys(notes)),
+        )
+        _check_resolved(machine, count_devices=False)
+        return machine
     machine = dataclasses.replace(
         machine,
         gpus=tuple(with_catalog_figures(g) for g in machine.gpus),
@@ -661,12 +730,25 @@ def resolve_machine(
         ),
     )
     notes.extend(gpu_assumption_notes(machine.gpus))
-    return dataclasses.replace(
+    machine = dataclasses.replace(
         machine,
         described=True,
+        gpus_hidden=False,
         source="described: " + " ".join(how),
         notes=tuple(dict.fromkeys(notes)),
     )
+    _check_resolved(machine)
+    return machine
+
+
+def _check_resolved(machine: Machine, *, count_devices: bool = True) -> None:
+    """spec.check_machine on the machine the flags made: a value that cannot be true is a usage
+    error naming the field (files are checked as they are read, naming the file)."""
+    try:
+        check_machine(machine, count_devices=count_devices)
+    except ValueError as exc:
+        hint = _DEVICES_HINT if isinstance(exc, TooManyDevices) else None
+        raise UsageError(f"the machine to plan for: {exc}", hint=hint) from None
 
 
 def machine_from_options(

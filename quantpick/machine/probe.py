@@ -25,7 +25,19 @@ from quantpick.machine.catalog import (
     with_catalog_figures,
 )
 from quantpick.machine.llamacpp import find_llama_server, inspect_llama_server
-from quantpick.machine.spec import Gpu, Host, LlamaServer, Machine, Network, RpcWorker
+from quantpick.machine.spec import (
+    MAX_BUS_WIDTH_BITS,
+    MAX_MEMORY_BYTES,
+    MAX_MEMORY_CLOCK_MHZ,
+    MAX_PCIE_GENERATION,
+    MAX_PCIE_WIDTH,
+    Gpu,
+    Host,
+    LlamaServer,
+    Machine,
+    Network,
+    RpcWorker,
+)
 
 MEMINFO = Path("/proc/meminfo")
 CPUINFO = Path("/proc/cpuinfo")
@@ -58,9 +70,10 @@ def _text(value: Any) -> str | None:
     return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
 
 
-def _positive(value: Any) -> int | None:
-    # vGPUs and some boards answer 0 rather than NotSupported; 0 is as unknown as None.
-    return int(value) if isinstance(value, int) and value > 0 else None
+def _positive(value: Any, high: int) -> int | None:
+    # vGPUs and some boards answer 0 rather than NotSupported; 0 is as unknown as None, and so is
+    # a figure past what any board has (spec.check_machine's ceilings).
+    return int(value) if isinstance(value, int) and 0 < value <= high else None
 
 
 def _probe_one(nv: Any, index: int) -> Gpu:
@@ -77,11 +90,19 @@ def _probe_one(nv: Any, index: int) -> Gpu:
     except Exception as exc:
         return Gpu(index=index, name=name, total_bytes=0, free_bytes=0, uuid=uuid,
                    error=f"memory info: {exc}")  # fmt: skip
-    bus = _positive(_optional(nv.nvmlDeviceGetMemoryBusWidth, handle))
-    clock = _positive(_optional(nv.nvmlDeviceGetMaxClockInfo, handle, nv.NVML_CLOCK_MEM))
+    if not 0 <= free <= total <= MAX_MEMORY_BYTES or used < 0:
+        # Figures that cannot be true: the GPU is listed, with why, and not planned on.
+        why = f"NVML reports {free:,} B free of {total:,} B total, which cannot be"
+        return Gpu(index=index, name=name, total_bytes=0, free_bytes=0, uuid=uuid, error=why)
+    bus = _positive(_optional(nv.nvmlDeviceGetMemoryBusWidth, handle), MAX_BUS_WIDTH_BITS)
+    clock = _positive(
+        _optional(nv.nvmlDeviceGetMaxClockInfo, handle, nv.NVML_CLOCK_MEM), MAX_MEMORY_CLOCK_MHZ
+    )
     # Max link, not current: the current link drops to gen 1 when the GPU idles.
-    pcie_gen = _positive(_optional(nv.nvmlDeviceGetMaxPcieLinkGeneration, handle))
-    pcie_width = _positive(_optional(nv.nvmlDeviceGetMaxPcieLinkWidth, handle))
+    pcie_gen = _positive(
+        _optional(nv.nvmlDeviceGetMaxPcieLinkGeneration, handle), MAX_PCIE_GENERATION
+    )
+    pcie_width = _positive(_optional(nv.nvmlDeviceGetMaxPcieLinkWidth, handle), MAX_PCIE_WIDTH)
     cc = _optional(nv.nvmlDeviceGetCudaComputeCapability, handle)
     # NVML has no compute-throughput query: the catalogue fills it (and a bandwidth NVML lacked).
     return with_catalog_figures(Gpu(

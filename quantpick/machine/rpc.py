@@ -49,6 +49,7 @@ import time
 from dataclasses import dataclass
 
 from quantpick.errors import RpcWorkerError, UsageError
+from quantpick.machine.spec import MAX_MEMORY_BYTES
 
 # ggml/include/ggml-rpc.h: RPC_PROTO_MAJOR/MINOR/PATCH_VERSION at b11312.
 PROTOCOL_VERSION = (7, 0, 0)
@@ -254,6 +255,32 @@ def _reply(sock: socket.socket, size: int, what: str, where: str) -> bytes:
         ) from None
 
 
+def _device_memory(
+    free: int, total: int, device: int, host: str, port: int, notes: list[str]
+) -> DeviceMemory:
+    """A GET_DEVICE_MEMORY reply as planned on. A size no device has (a u64 of 2^63 or more, past
+    spec.MAX_MEMORY_BYTES) is a broken worker: exit 6. Free above total is clamped to the total,
+    with a note: llama.cpp's CUDA backend reports the host's MemAvailable as a device's free
+    memory on unified-memory systems, and on any GPU when GGML_CUDA_ENABLE_UNIFIED_MEMORY is set
+    (ggml-cuda.cu ggml_backend_cuda_device_get_memory), so a real worker can say 34 GiB free of
+    a 1 GiB card; the card still holds 1 GiB at GPU speed, and more only by paging to its host."""
+    where = f"RPC worker {host}:{port}"
+    if total > MAX_MEMORY_BYTES:
+        raise RpcWorkerError(
+            f"{where}: device {device} reports {total:,} bytes of memory, more than any device "
+            "has: not a reply to plan on",
+            hint=f"describe the device instead: --rpc-device {host}:{port}=GPU",
+        )
+    if free > total:
+        notes.append(
+            f"{where}: device {device} reports {free / 1024**3:.2f} GiB free of "
+            f"{total / 1024**3:.2f} GiB total (unified memory counts the host's RAM as free): "
+            f"planned with its total, {total / 1024**3:.2f} GiB"
+        )
+        free = total
+    return DeviceMemory(free_bytes=free, total_bytes=total)
+
+
 def _knock(host: str, port: int, timeout_s: float) -> None:
     """Is the worker free? It hangs up on the knock at once if so (module docstring)."""
     where = f"RPC worker {host}:{port}"
@@ -349,13 +376,13 @@ def query_worker(host: str, port: int, *, timeout_s: float = DEFAULT_TIMEOUT_S) 
         if count > MAX_DEVICES:
             raise RpcWorkerError(f"{where} claims {count} devices: not a ggml-rpc-server")
         devices = []
+        notes: list[str] = []
         for device in range(count):
             start = time.perf_counter()
             sock.sendall(device_memory_request(device))
             free, total = struct.unpack("<QQ", _reply(sock, 16, "GET_DEVICE_MEMORY", where))
             rtts.append(time.perf_counter() - start)
-            devices.append(DeviceMemory(free_bytes=free, total_bytes=total))
-    notes = []
+            devices.append(_device_memory(free, total, device, host, port, notes))
     if version[1] > PROTOCOL_VERSION[1]:
         notes.append(
             f"{where} speaks RPC protocol {'.'.join(map(str, version))}: a llama-server of an "

@@ -8,6 +8,7 @@ planner reads them. `to_dict`/`machine_from_dict` make `probe --json` round-trip
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
@@ -23,6 +24,33 @@ ASSUMED_GPU_FP16_TFLOPS = 25.0
 ASSUMED_PCIE = (3, 16)
 # Dual-channel DDR4-3200 (51.2 GB/s) when the host's bandwidth is neither probed nor described.
 ASSUMED_HOST_BANDWIDTH_BYTES_PER_S = 50 * 10**9
+
+# How many GPUs and RPC devices one llama-server drives. llama.cpp b11312's scheduler takes at most
+# 16 backends, the last of them the CPU (GGML_SCHED_MAX_BACKENDS 16, ggml/src/ggml-backend.cpp:764,
+# asserted at :1872-1873), and `-ts` takes fewer values than llama_max_devices() = 16
+# (src/llama.cpp:86-88; common/arg.cpp:2840 throws at `>=`). So 15, locally and over RPC together.
+# (ggml/include/ggml-rpc.h:17's GGML_RPC_MAX_SERVERS 16 is defined but not enforced in this build.)
+MAX_DEVICES = 15
+
+# Ceilings on figures no real machine reaches; beyond one, a value is a typo or a broken source.
+# Memory: 1 PiB per device or host (units.MAX_BARE_SIZE GiB); the largest single-system-image
+# servers hold tens of TiB (HPE Superdome Flex: up to 48 TB), the largest GPUs 141-288 GB.
+MAX_MEMORY_BYTES = 1024**5
+# Bandwidth: 100 TB/s, 20x the fastest card in the catalogue (H200: 4.8 TB/s HBM3e).
+MAX_BANDWIDTH_BYTES_PER_S = 100 * 10**12
+# Dense FP16 tensor TFLOPS: 100x the catalogue's fastest (H100 SXM: 989).
+MAX_FP16_TFLOPS = 100_000.0
+# CPU cores and threads: Linux's largest NR_CPUS (8192, x86-64 with MAXSMP, arch/x86/Kconfig).
+MAX_CPUS = 8192
+# Memory bus: 8x the widest there is (H200/B200: HBM stacks of 1024 bits, 6144-8192 bits in all);
+# memory clock as NVML reports it: 7x GDDR7's (RTX 5090: 14001 MHz for 28 Gbps).
+MAX_BUS_WIDTH_BITS = 65536
+MAX_MEMORY_CLOCK_MHZ = 100_000
+# PCIe: generation 7 is the newest specification (PCI-SIG, 2025); x32 the widest link it defines.
+MAX_PCIE_GENERATION = 7
+MAX_PCIE_WIDTH = 32
+# A request/response round trip: a geostationary satellite hop is ~0.6 s; 10 s is no working link.
+MAX_RTT_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -129,6 +157,9 @@ class Machine:
     llama_server: LlamaServer | None = None
     notes: tuple[str, ...] = field(default_factory=tuple)
     rpc_workers: tuple[RpcWorker, ...] = ()  # in llama-server --rpc order
+    # True: this machine as probed, with its GPUs left out (--cpu-only). Still this machine
+    # (described=False): llama.cpp can confirm a plan here, with the GPUs hidden (--device none).
+    gpus_hidden: bool = False
 
     @property
     def usable_gpus(self) -> tuple[Gpu, ...]:
@@ -181,3 +212,141 @@ def worker_from_dict(data: dict[str, Any]) -> RpcWorker:
     network = data.get("network")
     rest["network"] = Network(**_only_known(Network, network)) if network else Network()
     return RpcWorker(**rest)
+
+
+# --- Values that cannot be true ---------------------------------------------------------------
+
+
+class TooManyDevices(ValueError):
+    """More GPUs and RPC devices than one llama-server drives (MAX_DEVICES)."""
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _whole(value: Any, where: str, low: int, high: int, unit: str = "") -> None:
+    if not _is_int(value) or not low <= value <= high:
+        shown = f"{value!r}" if not _is_int(value) else f"{value:,}{unit}"
+        raise ValueError(f"{where} is {shown}: it must be a whole number from {low:,} to {high:,}")
+
+
+def _optional_whole(value: Any, where: str, low: int, high: int) -> None:
+    if value is not None:
+        _whole(value, where, low, high)
+
+
+def _optional_text(value: Any, where: str) -> None:
+    if value is not None and not isinstance(value, str):
+        raise ValueError(f"{where} must be text, not {value!r}")
+
+
+def _bandwidth(value: Any, where: str) -> None:
+    """None (not known) or 1 B/s .. MAX_BANDWIDTH_BYTES_PER_S; 0 is not "unknown" here."""
+    if value is None:
+        return
+    if not _is_int(value) or not 0 < value <= MAX_BANDWIDTH_BYTES_PER_S:
+        raise ValueError(
+            f"{where} is {value!r}: a bandwidth is a whole number of bytes/s, more than 0 and at "
+            f"most {MAX_BANDWIDTH_BYTES_PER_S:.0e} (100 TB/s)"
+        )
+
+
+def _gib(n: int) -> str:
+    return f"{n / 1024**3:.2f} GiB"
+
+
+def _check_gpu(gpu: Gpu, where: str) -> None:
+    _whole(gpu.index, f"{where}.index", 0, 2**31 - 1)
+    if not isinstance(gpu.name, str) or not gpu.name.strip():
+        raise ValueError(f"{where}.name must be the GPU's name")
+    _optional_text(gpu.error, f"{where}.error")
+    _optional_text(gpu.uuid, f"{where}.uuid")
+    _optional_text(gpu.compute_capability, f"{where}.compute_capability")
+    _whole(gpu.total_bytes, f"{where}.total_bytes", 0, MAX_MEMORY_BYTES, " B")
+    _whole(gpu.free_bytes, f"{where}.free_bytes", 0, MAX_MEMORY_BYTES, " B")
+    _optional_whole(gpu.used_bytes, f"{where}.used_bytes", 0, MAX_MEMORY_BYTES)
+    if gpu.free_bytes > gpu.total_bytes:
+        raise ValueError(
+            f"{where}.free_bytes ({_gib(gpu.free_bytes)}) is more than its total_bytes "
+            f"({_gib(gpu.total_bytes)})"
+        )
+    _bandwidth(gpu.bandwidth_bytes_per_s, f"{where}.bandwidth_bytes_per_s")
+    _optional_whole(
+        gpu.memory_bus_width_bits, f"{where}.memory_bus_width_bits", 1, MAX_BUS_WIDTH_BITS
+    )
+    _optional_whole(gpu.memory_clock_mhz, f"{where}.memory_clock_mhz", 1, MAX_MEMORY_CLOCK_MHZ)
+    _optional_whole(gpu.pcie_generation, f"{where}.pcie_generation", 1, MAX_PCIE_GENERATION)
+    _optional_whole(gpu.pcie_width, f"{where}.pcie_width", 1, MAX_PCIE_WIDTH)
+    tflops = gpu.fp16_tflops
+    if tflops is not None and (
+        isinstance(tflops, bool)
+        or not isinstance(tflops, (int, float))
+        or not math.isfinite(tflops)
+        or not 0 < tflops <= MAX_FP16_TFLOPS
+    ):
+        raise ValueError(
+            f"{where}.fp16_tflops is {tflops!r}: it must be more than 0 and at most "
+            f"{MAX_FP16_TFLOPS:g}"
+        )
+
+
+def too_many_devices(count: int) -> str:
+    return (
+        f"{count} GPUs and RPC devices: one llama-server drives at most {MAX_DEVICES} "
+        "(llama.cpp's scheduler takes 16 backends, one of them the CPU: GGML_SCHED_MAX_BACKENDS)"
+    )
+
+
+def check_machine(machine: Machine, *, count_devices: bool = True) -> None:
+    """Refuse a machine with a value that cannot be true: a ValueError naming the field as
+    `probe --json` spells it (free memory above total, a negative, NaN or absurd bandwidth,
+    -5 threads, 10^21 cores, a 2^63-byte device), or more devices than llama-server drives
+    (MAX_DEVICES; unless count_devices is False). machine_from_dict checks nothing; this does."""
+    n_devices = len(machine.gpus) + sum(len(w.devices) for w in machine.rpc_workers)
+    if count_devices and n_devices > MAX_DEVICES:
+        raise TooManyDevices(too_many_devices(n_devices))
+    indices = set()
+    for i, gpu in enumerate(machine.gpus):
+        _check_gpu(gpu, f"gpus[{i}]")
+        if gpu.index in indices:
+            raise ValueError(f"gpus[{i}].index {gpu.index} is given twice")
+        indices.add(gpu.index)
+    host = machine.host
+    _whole(host.ram_total_bytes, "host.ram_total_bytes", 0, MAX_MEMORY_BYTES, " B")
+    _whole(host.ram_available_bytes, "host.ram_available_bytes", 0, MAX_MEMORY_BYTES, " B")
+    if host.ram_available_bytes > host.ram_total_bytes:
+        raise ValueError(
+            f"host.ram_available_bytes ({_gib(host.ram_available_bytes)}) is more than "
+            f"host.ram_total_bytes ({_gib(host.ram_total_bytes)})"
+        )
+    _whole(host.cpu_cores, "host.cpu_cores", 1, MAX_CPUS)
+    _optional_whole(host.cpu_threads, "host.cpu_threads", 1, MAX_CPUS)
+    _optional_whole(host.cgroup_limit_bytes, "host.cgroup_limit_bytes", 0, 2**64)
+    _bandwidth(host.ram_bandwidth_bytes_per_s, "host.ram_bandwidth_bytes_per_s")
+    _optional_whole(machine.disk_free_bytes, "disk_free_bytes", 0, 2**64)
+    if not isinstance(machine.notes, tuple) or not all(isinstance(n, str) for n in machine.notes):
+        raise ValueError("notes must be a list of text lines")
+    for i, worker in enumerate(machine.rpc_workers):
+        where = f"rpc_workers[{i}]"
+        if not isinstance(worker.host, str) or not worker.host:
+            raise ValueError(f"{where}.host must be a host name or IPv4 address")
+        _whole(worker.port, f"{where}.port", 1, 65535)
+        if not worker.devices:
+            raise ValueError(f"{where} has no devices")
+        for j, gpu in enumerate(worker.devices):
+            _check_gpu(gpu, f"{where}.devices[{j}]")
+        net = worker.network
+        if net.bandwidth_bytes_per_s is None:
+            raise ValueError(f"{where}.network.bandwidth_bytes_per_s is missing")
+        _bandwidth(net.bandwidth_bytes_per_s, f"{where}.network.bandwidth_bytes_per_s")
+        rtt = net.rtt_s
+        if (
+            isinstance(rtt, bool)
+            or not isinstance(rtt, (int, float))
+            or not math.isfinite(rtt)
+            or not 0 <= rtt <= MAX_RTT_S
+        ):
+            raise ValueError(
+                f"{where}.network.rtt_s is {rtt!r}: a round trip is 0 to {MAX_RTT_S:g} seconds"
+            )

@@ -24,6 +24,7 @@ and about a second at worst (benchmarks/hostile_headers.py), where a naive reade
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import re
 import struct
@@ -492,7 +493,8 @@ def read_gguf_file(
     """
     path = Path(path)
     if not path.is_file():
-        raise GGUFError(f"{path}: no such file")
+        # path/os_errno: a missing --gguf is a usage error (exit 2) at the CLI boundary
+        raise GGUFError(f"{path}: no such file", path=str(path), os_errno=errno.ENOENT)
     try:
         size = path.stat().st_size
         with path.open("rb") as fh:

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from quantpick.errors import ManifestError, UnknownModelError
+from quantpick.errors import ManifestError, UnknownModelError, UsageError
 from quantpick.model.manifest import (
     _HINT,
     ORIGIN_BUNDLED,
@@ -26,6 +26,7 @@ else:  # pragma: no cover - exercised on 3.10 only
 
 if TYPE_CHECKING:
     from quantpick.config import Settings
+    from quantpick.model.repo_ref import RepoRef
 
 
 def load_manifest_file(path: Path, *, origin: str | None = None) -> Manifest:
@@ -121,19 +122,34 @@ def list_manifests(
     return sorted(found.values(), key=lambda m: m.id)
 
 
-def _normalise_name(name: str) -> str:
-    name = name.strip().lower()
-    for prefix in ("https://", "http://"):
-        name = name.removeprefix(prefix)
-    for host in ("huggingface.co/", "hf.co/", "www.modelscope.cn/models/", "modelscope.cn/models/"):
-        name = name.removeprefix(host)
-    return name.strip("/")
+def _check_url_fits(ref: RepoRef, manifest: Manifest) -> None:
+    """A pasted URL that names a revision other than the manifest's, or one file of it, is one
+    line saying what to write instead (the MODEL argument names a repository, the quant
+    comes from --quant)."""
+    pinned = {s.revision for s in manifest.sources if s.repo and s.repo.lower() == ref.repo.lower()}
+    if ref.revision is not None and ref.revision not in {*pinned, "main", "master"}:
+        raise UsageError(
+            f"{ref.url} names revision {ref.revision}; manifest {manifest.id} pins "
+            f"{', '.join(sorted(r for r in pinned if r)) or 'its own'}",
+            hint=f"`quantpick manifest add {ref.url}` describes that revision",
+        )
+    if ref.path is not None:
+        quants = sorted({f.quant for f in manifest.files if f.name == ref.path})
+        quant = f" --quant {quants[0]}" if quants else " --quant Q"
+        raise UsageError(
+            f"{ref.url} names one file ({ref.path}) of {manifest.id}",
+            hint=f"give the model and the quant: {manifest.id}{quant}",
+        )
 
 
 def find_manifest(model: str, settings: Settings | None = None) -> Manifest:
-    """A manifest by id (case-insensitive), alias, or the repo id of an hf/modelscope source."""
+    """A manifest by id (case-insensitive), alias, or the repo id of an hf/modelscope source,
+    also pasted as the repository's URL (model.repo_ref: /tree/main, a ModelScope page, ...)."""
+    from quantpick.model.repo_ref import looks_like_url, parse_repo_ref
+
     manifests = list_manifests(settings)
-    want = _normalise_name(model)
+    ref = parse_repo_ref(model) if looks_like_url(model) else None
+    want = ref.repo.lower() if ref is not None else model.strip().lower().strip("/")
     for m in manifests:
         if m.id == want:
             return m
@@ -144,6 +160,8 @@ def find_manifest(model: str, settings: Settings | None = None) -> Manifest:
         or want in {s.repo.lower() for s in m.sources if s.repo is not None}
     ]
     if len(matches) == 1:
+        if ref is not None:
+            _check_url_fits(ref, matches[0])
         return matches[0]
     if len(matches) > 1:
         raise ManifestError(
@@ -156,7 +174,7 @@ def find_manifest(model: str, settings: Settings | None = None) -> Manifest:
     close = difflib.get_close_matches(want, [m.id for m in manifests], n=1)
     suggestion = f"did you mean {close[0]}? " if close else ""
     add = ""
-    if re.fullmatch(r"[A-Za-z0-9][\w.-]*/[\w.-]+", model.strip()):
+    if ref is not None or re.fullmatch(r"[A-Za-z0-9][\w.-]*/[\w.-]+", model.strip()):
         # An owner/name repo id: any GGUF repository of a modelled architecture can be added.
         add = f"`quantpick manifest add {model.strip()}` describes that repository; "
     raise UnknownModelError(

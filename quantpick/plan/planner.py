@@ -1187,7 +1187,8 @@ class ContextLimit:
     max_context: int  # 0: does not fit even at MIN_CONTEXT
     cache_type: str | None
     placement: Placement | None
-    tokens_per_s_target: float | None
+    tokens_per_s_target: float | None  # the bandwidth bound at max_context (not what to expect)
+    expected_tps_target: float | None = None  # expected decode at max_context (what pick shows)
 
 
 def max_context(
@@ -1251,4 +1252,5 @@ def _limit(quant: str, rank: int, ctx: int, c: Candidate) -> ContextLimit:
         c.cache_type,
         c.placement,
         c.speed.tokens_per_s_target if c.speed else None,
+        c.speed.expected.decode_tps_target if c.speed and c.speed.expected else None,
     )

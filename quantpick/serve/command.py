@@ -940,9 +940,13 @@ def write_script(path: Path, text: str) -> None:
         raise QuantpickError(
             f"cannot write the launch script: {path}: {exc.strerror or exc}",
             hint="choose a --script path in a directory you can write to",
+            path=str(path),
+            os_errno=exc.errno,
         ) from None
     try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
+        # surrogateescape: a path that is not UTF-8 (a model directory named in Latin-1) reaches
+        # the script as the bytes it is on disk, which bash then opens as they are.
+        with os.fdopen(fd, "w", encoding="utf-8", errors="surrogateescape", newline="\n") as f:
             f.write(text)
             f.flush()
             os.fsync(f.fileno())
@@ -956,7 +960,9 @@ def write_script(path: Path, text: str) -> None:
             pass
         if isinstance(exc, OSError):
             raise QuantpickError(
-                f"cannot write the launch script: {path}: {exc.strerror or exc}"
+                f"cannot write the launch script: {path}: {exc.strerror or exc}",
+                path=str(path),
+                os_errno=exc.errno,
             ) from None
         raise
 

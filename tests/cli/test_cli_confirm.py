@@ -55,6 +55,25 @@ def test_get_confirms_with_the_downloaded_file(tiny: str, tools: Path, tmp_path:
     assert doc["command"]["argv"][doc["command"]["argv"].index("-c") + 1] == "4096"
 
 
+def test_cpu_only_on_this_machine_is_still_confirmed(
+    tiny: str, tools: Path, tmp_path: Path
+) -> None:
+    """Issue 21: --cpu-only skipped the confirmation ("planned for a described machine"); it is
+    this machine with its GPUs hidden, which llama.cpp projects with --device none."""
+    dest = tmp_path / "models"
+    result = runner.invoke(
+        app,
+        ["get", tiny, "-c", "4096", "--dir", str(dest), "--llama-bin", str(tools), "--cpu-only",
+         "--json"],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.stderr
+    doc = json.loads(result.stdout)
+    assert doc["confirmation"]["status"] == "confirmed"
+    assert "described machine" not in result.stderr
+    (argv,) = calls(tools)
+    assert argv[argv.index("--device") + 1] == "none"
+
+
 def test_get_no_confirm_and_dry_run_do_not_ask(tiny: str, tools: Path, tmp_path: Path) -> None:
     for extra in (["--no-confirm"], ["--dry-run"]):
         result = runner.invoke(

@@ -208,3 +208,67 @@ def test_check_takes_an_unmodelled_architecture_with_a_note(tmp_path: Path) -> N
     result = runner.invoke(app, ["manifest", "check", str(other)])
     assert result.exit_code == 0, result.stderr
     assert "generic, not checked for this architecture" in result.stderr
+
+
+# ---- a pasted hub URL (issue 21: HFValidationError, exit 5) ------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("url", "kind"),
+    [
+        ("https://huggingface.co/org/Tiny-GGUF", "hf"),
+        ("https://huggingface.co/org/Tiny-GGUF/tree/main", "hf"),
+        ("https://huggingface.co/org/Tiny-GGUF/blob/main/Tiny-Q8_0.gguf", "hf"),
+        ("https://www.modelscope.cn/models/org/Tiny-GGUF/files", "modelscope"),
+    ],
+)
+def test_add_accepts_the_repositorys_url(
+    fake_hub: FakeHub, repo_files: dict[str, Path], url: str, kind: str
+) -> None:
+    fake_hub.add_repo("org/Tiny-GGUF", dict(repo_files))
+    result = _add(url, "--json")
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert (doc["repo"], doc["source"]) == ("org/Tiny-GGUF", kind)
+    source = load_manifest_file(Path(doc["path"])).sources[0]
+    assert (source.kind, source.repo) == (kind, "org/Tiny-GGUF")
+    if "/blob/" in url:
+        assert "names one file" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "problem"),
+    [
+        (["a b/c"], "cannot read 'a b/c' as a repository"),
+        (["https://example.com/org/x"], "not a Hugging Face or ModelScope address"),
+        (["https://huggingface.co/datasets/org/x"], "a Hugging Face dataset"),
+        (["https://huggingface.co/org/x", "--source", "modelscope"], "--source modelscope but"),
+        (["https://huggingface.co/org/x/tree/v2", "--revision", "v1"], "--revision v1 but"),
+    ],
+)
+def test_add_refuses_what_is_not_a_repository_in_one_line(args: list[str], problem: str) -> None:
+    result = _add(*args)
+    assert result.exit_code == 2, result.output
+    (line, *_) = result.stderr.splitlines()
+    assert line.startswith("Error: ") and problem in line
+
+
+def test_planning_commands_accept_the_repositorys_url() -> None:
+    repo = "https://huggingface.co/empero-ai/Qwen3.8-35B-A3B-Distill-GGUF"
+    for url in (repo, f"{repo}/tree/main", f"{repo}/tree/b1f9d1dcc3de8aa867669b0ab919384aeeb9b8d5"):
+        shown = runner.invoke(app, ["show", url, "--json"])
+        assert shown.exit_code == 0, shown.output
+        assert json.loads(shown.stdout)["id"] == "qwen3.8-35b-a3b-distill"
+    file_url = f"{repo}/resolve/main/Qwen3.8-35B-A3B-Q4_K_M.gguf"
+    picked = runner.invoke(app, ["pick", file_url, "--gpu", "3090"])
+    assert picked.exit_code == 2
+    assert picked.stderr.splitlines() == [
+        f"Error: {file_url} names one file (Qwen3.8-35B-A3B-Q4_K_M.gguf) of "
+        "qwen3.8-35b-a3b-distill",
+        "Hint: give the model and the quant: qwen3.8-35b-a3b-distill --quant Q4_K_M",
+    ]
+    # `show` has no --quant: the same error, with a hint it can follow
+    shown = runner.invoke(app, ["show", file_url])
+    assert shown.exit_code == 2 and shown.stderr.endswith("Hint: see `quantpick show --help`\n")
+    other = runner.invoke(app, ["show", f"{repo}/tree/deadbeef"])
+    assert other.exit_code == 2 and "names revision deadbeef" in other.stderr

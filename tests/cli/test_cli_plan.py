@@ -230,6 +230,40 @@ def test_max_context_json() -> None:
     assert doc["machine"]["described"] is True
 
 
+def test_max_context_shows_what_pick_expects_and_labels_the_bound() -> None:
+    """Issue 21: max-context printed the bandwidth bound (79) under "tok/s at max" where pick
+    expected ~23 for the same plan."""
+    box = ["--gpu", "4090", "--ram", "8G", "--quant", "Q4_K_M"]
+    (limit,) = run_json(["max-context", MODEL, *box])["limits"]
+    ctx = limit["max_context"]
+    speed = run_json(["pick", MODEL, *box, "-c", str(ctx)])["speed"]
+    assert limit["expected_decode_tps_target"] == speed["expected"]["decode_tps_target"]
+    assert limit["bound_decode_tps_target"] == speed["bound"]["decode_tps_target"]
+    assert limit["expected_decode_tps_target"] < limit["bound_decode_tps_target"]
+    result = runner.invoke(app, ["max-context", MODEL, *box])
+    assert result.exit_code == 0, result.stderr
+    assert "expected tok/s at max" in result.stdout and "bound" in result.stdout
+    row = next(line for line in result.stdout.splitlines() if "Q4_K_M" in line)
+    cells = [c.strip() for c in row.split("│") if c.strip()]
+    assert abs(float(cells[4].lstrip("~")) - limit["expected_decode_tps_target"]) < 0.06
+    assert abs(float(cells[5]) - limit["bound_decode_tps_target"]) < 0.6
+
+
+def test_gb_means_gib_and_says_so_on_stderr_and_in_json() -> None:
+    """Issue 21: `--gpu 3090:24GB --ram 64GB` planned a 22.35 GiB card and 59.6 GiB of RAM,
+    without a note (and changed the pick); a bare number had one."""
+    args = ["pick", MODEL, "-c", "65536", "--json"]
+    result = runner.invoke(app, [*args, "--gpu", "3090:24GB", "--ram", "64GB"])
+    assert result.exit_code == 0, result.stderr
+    assert "Note: --ram 64GB is read as 64 GiB (memory sizes are binary" in result.stderr
+    assert "Note: --gpu 3090:24GB: VRAM 24GB is read as 24 GiB" in result.stderr
+    doc = json.loads(result.stdout)
+    assert "G/GB/GiB = 2^30 B" in doc["machine"]["size_units"]
+    assert any("--ram 64GB is read as 64 GiB" in n for n in doc["machine"]["notes"])
+    plain = run_json(["pick", MODEL, "-c", "65536", "--gpu", "3090", "--ram", "64G"])
+    assert doc["devices"] == plain["devices"] and doc["config"] == plain["config"]
+
+
 def test_pick_max_context_flag_is_the_same_command() -> None:
     a = run_json(["max-context", MODEL, "--gpu", "4090", "--ram", "8G", "--quant", "Q4_K_M"])
     b = run_json(
@@ -256,6 +290,22 @@ def test_command_for_a_local_gguf(q4km_gguf: Path, tmp_path: Path) -> None:
     argv = doc["command"]["argv"]
     assert argv[argv.index("-m") + 1] == str(q4km_gguf)
     assert doc["plan"]["quant"] == "Q4_K_M"
+
+
+def test_a_model_directory_name_that_is_not_utf8_reaches_the_script_as_its_bytes(
+    q4km_gguf: Path, tmp_path: Path
+) -> None:
+    """Issue 21: `--script` with a Latin-1 directory name ended in UnicodeEncodeError."""
+    directory = tmp_path / os.fsdecode(b"mod\xe8les")
+    directory.mkdir()
+    gguf = directory / q4km_gguf.name
+    os.link(q4km_gguf, gguf)
+    script = tmp_path / "serve.sh"
+    result = runner.invoke(
+        app, ["command", "--gguf", str(gguf), "-c", "8192", *BOX, "--script", str(script)]
+    )
+    assert result.exit_code == 0, result.stderr
+    assert os.fsencode(gguf) in script.read_bytes()
 
 
 def test_command_needs_the_file(tmp_path: Path) -> None:

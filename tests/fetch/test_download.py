@@ -268,7 +268,7 @@ def test_a_read_only_dir_through_the_cli_is_one_error_line(
     monkeypatch.setenv("QUANTPICK_MANIFESTS", str(manifests))
     target = read_only_dir / "models"
     result = runner.invoke(app, ["download", "m", "--quant", "Q4_K_M", "--dir", str(target)])
-    assert result.exit_code == 1
+    assert result.exit_code == 2  # a path the user gave that is read-only (README's exit codes)
     errors = [line for line in result.stderr.splitlines() if line.startswith("Error:")]
     assert len(errors) == 1 and str(target) in errors[0], result.stderr
     assert "Traceback" not in result.stderr

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from fake_nvml import FakeNvml, rtx_3090, tesla_t4
@@ -210,10 +212,15 @@ def test_plain_probe_is_not_described(nvml: FakeNvml, tmp_path: Path) -> None:
     assert len(machine.gpus) == 2
 
 
-def test_probe_with_cpu_only_is_described(nvml: FakeNvml) -> None:
+def test_probe_with_cpu_only_is_still_this_machine(nvml: FakeNvml) -> None:
+    """--cpu-only hides this box's GPUs; it does not describe another machine (so llama.cpp can
+    still confirm the plan here, with --device none)."""
     machine = machine_from_options(None, None, None, True, None)
-    assert machine.described and machine.gpus == ()
-    assert machine.source == "described: probe --cpu-only"
+    assert not machine.described and machine.gpus == () and machine.gpus_hidden
+    assert machine.source == "probe --cpu-only"
+    # Anything else described on top makes it a described machine again.
+    other = machine_from_options(None, None, "16G", True, None)
+    assert other.described and not other.gpus_hidden
 
 
 def test_bad_ram_is_a_usage_error(fake_host: Host) -> None:
@@ -230,10 +237,17 @@ def test_probe_json_round_trips(nvml: FakeNvml, tmp_path: Path) -> None:
     path = tmp_path / "box.json"
     path.write_text(json.dumps(doc))
     loaded = load_hardware_file(path)
-    assert loaded == probed
+    # The probe's own notes were about the machine it ran on: read back, they say where from.
+    assert probed.notes and loaded.notes == tuple(
+        f"hardware file box.json records: {n}" for n in probed.notes
+    )
+    assert dataclasses.replace(loaded, notes=()) == dataclasses.replace(probed, notes=())
     # A bare machine dict is accepted too.
     path.write_text(json.dumps(probed.to_dict()))
-    assert load_hardware_file(path) == probed
+    assert load_hardware_file(path) == loaded
+    # Written out and read again, a note is not prefixed twice.
+    path.write_text(json.dumps(loaded.to_dict()))
+    assert load_hardware_file(path).notes == loaded.notes
     # Through resolve_machine it is the same machine, marked described.
     described = resolve_machine(hardware_file=path)
     assert described.gpus == probed.gpus and described.host == probed.host
@@ -516,7 +530,7 @@ def test_bad_rpc_workers_in_json(tmp_path: Path) -> None:
     machine = {"gpus": [], "host": {"ram_total_bytes": 1, "ram_available_bytes": 1,
                                     "cpu_cores": 1}, "rpc_workers": [worker]}  # fmt: skip
     path.write_text(json.dumps(machine))
-    with pytest.raises(HardwareError, match="whole bytes"):
+    with pytest.raises(HardwareError, match=r"rpc_workers\[0\]\.devices\[0\]\.total_bytes is -1"):
         load_hardware_file(path)
 
 
@@ -560,3 +574,180 @@ def test_toml_bare_numbers_follow_the_same_rule(tmp_path: Path) -> None:
     with pytest.raises(HardwareError) as info:
         load_hardware_file(path)
     assert info.value.hint is not None and "68719476736B" in info.value.hint
+
+
+# --- values that cannot be true (issue 21) -------------------------------------------------------
+
+
+def _probe_file(tmp_path: Path, **changes: object) -> Path:
+    """A `probe --json` file of a described RTX 3090 box, with `changes` applied by dotted path
+    ("gpus.0.free_bytes")."""
+    machine = resolve_machine(gpus=["3090"], ram="64G").to_dict()
+    for dotted, value in changes.items():
+        *parents, last = dotted.split(".")
+        target: Any = machine
+        for key in parents:
+            target = target[int(key)] if key.isdigit() else target[key]
+        target[last] = value
+    path = tmp_path / "box.json"
+    path.write_text(json.dumps({"schema_version": 1, "machine": machine}))
+    return path
+
+
+@pytest.mark.parametrize(
+    ("changes", "problem"),
+    [
+        ({"gpus.0.total_bytes": GiB, "gpus.0.free_bytes": int(34.65 * GiB)},
+         "gpus[0].free_bytes (34.65 GiB) is more than its total_bytes (1.00 GiB)"),
+        ({"gpus.0.bandwidth_bytes_per_s": -444 * 10**9}, "gpus[0].bandwidth_bytes_per_s is "),
+        ({"gpus.0.bandwidth_bytes_per_s": 0}, "gpus[0].bandwidth_bytes_per_s is 0"),
+        ({"gpus.0.bandwidth_bytes_per_s": "936GB/s"}, "gpus[0].bandwidth_bytes_per_s is '936"),
+        ({"gpus.0.fp16_tflops": -71.0}, "gpus[0].fp16_tflops is -71.0"),
+        ({"gpus.0.total_bytes": 2**63, "gpus.0.free_bytes": 2**63}, "gpus[0].total_bytes is"),
+        ({"host.cpu_threads": -5}, "host.cpu_threads is -5"),
+        ({"host.cpu_cores": 10**21}, "host.cpu_cores is 1,000,000,000,000,000,000,000"),
+        ({"host.ram_available_bytes": 2**40}, "host.ram_available_bytes (1024.00 GiB) is more"),
+        ({"host.ram_bandwidth_bytes_per_s": 10**18}, "host.ram_bandwidth_bytes_per_s is"),
+        ({"gpus.0.pcie_width": -16}, "gpus[0].pcie_width is -16"),
+    ],
+)  # fmt: skip
+def test_probe_json_values_that_cannot_be_true_are_refused_naming_the_field(
+    tmp_path: Path, changes: dict[str, object], problem: str
+) -> None:
+    path = _probe_file(tmp_path, **changes)
+    with pytest.raises(HardwareError) as info:
+        load_hardware_file(path)
+    assert problem in info.value.message and "\n" not in info.value.message
+    assert info.value.exit_code == 1
+
+
+def test_nan_in_a_probe_json_file_is_not_json(tmp_path: Path) -> None:
+    path = _probe_file(tmp_path)
+    path.write_text(path.read_text().replace('"fp16_tflops": 142.3', '"fp16_tflops": NaN'))
+    with pytest.raises(HardwareError, match="NaN is not a JSON number"):
+        load_hardware_file(path)
+
+
+@pytest.mark.parametrize(
+    ("host", "problem"),
+    [
+        ('ram = "64G"\ncores = 8\nthreads = -5', "[host].threads = -5"),
+        ('ram = "64G"\ncores = 1000000000000000000000', "[host].cores = 10000"),
+        ('ram = "64G"\ncores = 0', "[host].cores = 0"),
+        ('ram = "64G"\nram_available = "80G"\ncores = 8', "[host].ram_available (80.00 GiB)"),
+        ('ram = "64G"\ncores = 8\nram_bandwidth = "0GB/s"', "more than 0"),
+    ],
+)
+def test_toml_values_that_cannot_be_true(tmp_path: Path, host: str, problem: str) -> None:
+    path = tmp_path / "box.toml"
+    path.write_text(f"[host]\n{host}\n")
+    with pytest.raises(HardwareError) as info:
+        load_hardware_file(path)
+    assert problem in info.value.message
+
+
+def test_toml_free_above_the_card_is_refused_not_clamped(tmp_path: Path) -> None:
+    path = tmp_path / "box.toml"
+    path.write_text('[[gpu]]\nname = "3090"\nfree = "30G"\n[host]\nram = "64G"\ncores = 8\n')
+    with pytest.raises(HardwareError, match=r"free \(30.00 GiB\) is more than the card's 24.00"):
+        load_hardware_file(path)
+
+
+@pytest.mark.parametrize("spec", ["3090:24G:0GB/s", "3090:24G:0", "mycard:8G:200TB/s"])
+def test_gpu_bandwidth_zero_or_absurd_is_refused(spec: str) -> None:
+    """`0GB/s` used to mean "the catalogue's figure" without a word."""
+    with pytest.raises(UsageError, match="bandwidth"):
+        parse_gpu_spec(spec)
+
+
+def test_absurd_flag_values_are_usage_errors_naming_the_field(fake_host: Host) -> None:
+    with pytest.raises(UsageError, match=r"host.ram_total_bytes is"):
+        resolve_machine(gpus=["3090"], ram="2048T")
+    with pytest.raises(UsageError, match=r"gpus\[0\].total_bytes is"):
+        resolve_machine(gpus=["mycard:2048T"])
+
+
+# --- the device count is capped before anything is built (issue 21) ------------------------------
+
+
+def test_more_devices_than_llama_server_drives_is_one_error_at_once(tmp_path: Path) -> None:
+    """100 GPUs took 27 s to plan and 1000 never ended; llama.cpp drives 15 (+ the CPU)."""
+    import time
+
+    toml = tmp_path / "many.toml"
+    toml.write_text("gpus = [" + ",".join(['"3090"'] * 1000) + ']\n[host]\nram="64G"\ncores=8\n')
+    started = time.perf_counter()
+    with pytest.raises(HardwareError, match="1000 GPUs and RPC devices: .* at most 15"):
+        load_hardware_file(toml)
+    probe_json = _probe_file(tmp_path)
+    data = json.loads(probe_json.read_text())
+    data["machine"]["gpus"] = data["machine"]["gpus"] * 1000
+    probe_json.write_text(json.dumps(data))
+    with pytest.raises(HardwareError, match="1000 GPUs"):
+        load_hardware_file(probe_json)
+    assert time.perf_counter() - started < 10  # generous: both fail before building anything
+    with pytest.raises(UsageError, match="16 GPUs and RPC devices"):
+        resolve_machine(gpus=["3090"] * 12, rpc_devices=["10.0.0.1:50052=t4"] * 4)
+    # 15 is fine.
+    assert len(resolve_machine(gpus=["t4"] * 15, ram="64G").gpus) == 15
+
+
+def test_a_file_of_more_rpc_workers_than_devices_is_refused_before_any_is_contacted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def never(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a worker was contacted")
+
+    monkeypatch.setattr(hardware, "probe_rpc_worker", never)
+    path = tmp_path / "rpc.toml"
+    workers = "".join(f'[[rpc]]\nendpoint = "10.0.0.{i}:50052"\n' for i in range(1, 20))
+    path.write_text('[host]\nram = "64G"\ncores = 8\n' + workers)
+    with pytest.raises(HardwareError, match="19 GPUs and RPC devices"):
+        load_hardware_file(path)
+
+
+def test_deeply_nested_hardware_files_are_one_line(tmp_path: Path) -> None:
+    for name, text in (
+        ("deep.json", "[" * 5000 + "]" * 5000),
+        ("deep.toml", "a = " + "[" * 5000 + "]" * 5000),
+    ):
+        path = tmp_path / name
+        path.write_text(text)
+        with pytest.raises(HardwareError, match="nested deeper than 64"):
+            load_hardware_file(path)
+
+
+def test_a_hardware_file_is_read_bounded(tmp_path: Path) -> None:
+    path = tmp_path / "huge.toml"
+    path.write_text("# " + "x" * (2 * 1024**2))
+    with pytest.raises(HardwareError, match="larger than 1048576 bytes"):
+        load_hardware_file(path)
+
+
+# --- GB on a memory size is GiB, and said every time (issue 21) ----------------------------------
+
+
+def test_gb_on_vram_and_ram_is_gib_with_a_note() -> None:
+    """`--gpu 3090:24GB --ram 64GB` planned 22.35 GiB and 59.6 GiB without a word."""
+    machine = resolve_machine(gpus=["3090:24GB"], ram="64GB")
+    assert machine.gpus[0].total_bytes == 24 * GiB == lookup_gpu("3090").total_bytes
+    assert machine.host.ram_total_bytes == 64 * GiB
+    notes = "\n".join(machine.notes)
+    assert "--ram 64GB is read as 64 GiB (memory sizes are binary" in notes
+    assert "--gpu 3090:24GB: VRAM 24GB is read as 24 GiB" in notes
+
+
+def test_gb_in_a_toml_file_is_gib_with_a_note(tmp_path: Path) -> None:
+    path = tmp_path / "box.toml"
+    path.write_text('[[gpu]]\nname = "x"\nvram = "24GB"\n[host]\nram = "64GB"\ncores = 8\n')
+    machine = load_hardware_file(path)
+    assert machine.gpus[0].total_bytes == 24 * GiB and machine.host.ram_total_bytes == 64 * GiB
+    assert any("[host].ram = 64GB is read as 64 GiB" in n for n in machine.notes)
+
+
+def test_rpc_device_sizes_say_how_they_are_read(fake_host: Host) -> None:
+    machine = resolve_machine(gpus=["3090"], rpc_devices=["10.0.0.2:50052=mycard:16GB:300"])
+    assert machine.rpc_workers[0].devices[0].total_bytes == 16 * GiB
+    notes = "\n".join(machine.notes)
+    assert "--rpc-device 10.0.0.2:50052=mycard:16GB:300: VRAM 16GB is read as 16 GiB" in notes
+    assert "bandwidth 300 is read as 300 GB/s" in notes

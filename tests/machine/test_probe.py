@@ -365,3 +365,15 @@ def test_worker_from_report_names_devices_by_endpoint() -> None:
     ]
     assert worker.network.rtt_s == 0.00025 and "3 request/response" in worker.network.rtt_source
     assert (worker.address, worker.head_address) == ("192.168.1.20", "192.168.1.10")
+
+
+def test_nvml_memory_that_cannot_be_true_is_not_planned_on(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """free above total (or a size no board has) lists the GPU with why, and leaves it out."""
+    install(monkeypatch, FakeNvml([rtx_3090(free=40 * GiB), tesla_t4(pcie_gen=99)]))
+    (bad, t4), _, notes = hardware.probe_gpus()
+    assert not bad.usable and bad.error is not None and "cannot be" in bad.error
+    assert any("GPU 0" in n and "cannot be" in n for n in notes)
+    # An optional figure past any board's (PCIe gen 99) is as unknown as NotSupported.
+    assert t4.usable and t4.pcie_generation is None

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from quantpick.errors import ExitCode, RpcWorkerError, UsageError
 from quantpick.machine import rpc
 from quantpick.machine.rpc import parse_endpoint, query_worker
+from quantpick.machine.spec import MAX_MEMORY_BYTES
 
 GiB = 1024**3
 
@@ -59,13 +60,41 @@ def test_query_reads_version_devices_and_memory_then_hangs_up() -> None:
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     st.lists(
-        st.tuples(st.integers(0, 2**64 - 1), st.integers(0, 2**64 - 1)), min_size=1, max_size=5
+        st.integers(0, MAX_MEMORY_BYTES).flatmap(
+            lambda total: st.tuples(st.integers(0, total), st.just(total))
+        ),
+        min_size=1,
+        max_size=5,
     )
 )
-def test_any_memory_figures_come_back_unchanged(devices: list[tuple[int, int]]) -> None:
+def test_any_possible_memory_figures_come_back_unchanged(devices: list[tuple[int, int]]) -> None:
     with FakeWorker(devices) as fake:
         report = query_worker("127.0.0.1", fake.port, timeout_s=2)
     assert [(d.free_bytes, d.total_bytes) for d in report.devices] == devices
+
+
+@pytest.mark.parametrize("total", [2**63, 2**64 - 1, MAX_MEMORY_BYTES + 1])
+def test_memory_no_device_has_is_exit_6(total: int) -> None:
+    """A u64 of 2^63 or more is a broken worker, never planned on."""
+    with (
+        FakeWorker([(8 * GiB, 16 * GiB), (0, total)]) as fake,
+        pytest.raises(RpcWorkerError) as err,
+    ):
+        query_worker("127.0.0.1", fake.port, timeout_s=2)
+    assert err.value.exit_code == 6
+    assert f"device 1 reports {total:,} bytes" in err.value.message
+    assert err.value.hint is not None and "--rpc-device 127.0.0.1:" in err.value.hint
+
+
+def test_free_above_total_is_planned_as_the_total_with_a_note() -> None:
+    """Issue 21: 34.65 GiB was planned onto a "1 GiB" device. llama.cpp's CUDA backend reports
+    the host's available RAM as free with unified memory, so the reply is clamped, and said."""
+    with FakeWorker([(int(34.65 * GiB), GiB)]) as fake:
+        report = query_worker("127.0.0.1", fake.port, timeout_s=2)
+    assert (report.devices[0].free_bytes, report.devices[0].total_bytes) == (GiB, GiB)
+    (note,) = report.notes
+    assert "device 0 reports 34.65 GiB free of 1.00 GiB total" in note
+    assert "planned with its total, 1.00 GiB" in note
 
 
 def test_another_major_version_is_refused_naming_both() -> None:
