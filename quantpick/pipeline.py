@@ -324,7 +324,10 @@ def confirm_plan(
     """Run llama-fit-params with the plan's flags and compare; on a projected overflow re-plan with
     llama.cpp's figures (`replan(overheads with corrections)`, which raises NoFitError when nothing
     fits) and confirm again. Raises NoFitError when llama.cpp still projects an overflow after
-    `max_rounds`: a command llama.cpp says will not fit is never returned."""
+    `max_rounds` (also when it printed the overflow and then exited non-zero), and
+    ModelRejectedError when llama.cpp cannot load the file: a command llama.cpp refuses is never
+    returned. A projection that cannot be read, or one printed by a run that then failed, is
+    "failed" (not confirmed), never "confirmed"."""
     from quantpick.errors import NoFitError
     from quantpick.plan.confirm import compare
     from quantpick.serve.fitparams import (
@@ -348,6 +351,8 @@ def confirm_plan(
             tool, current.config, model_path, block_count, extra_args=options.extra_args
         )
         try:
+            # ModelRejectedError (llama.cpp cannot load the file) is not caught: it ends the
+            # command with llama.cpp's reason, and nothing is written.
             run = run_fit_params(argv, env, timeout_s=options.timeout_s)
         except FitParamsError as exc:
             return ConfirmReport(
@@ -373,6 +378,15 @@ def confirm_plan(
                 current,
                 tuple(rounds),
                 f"could not confirm with llama.cpp: {confirmation.problem}",
+                _changes(p, current),
+            )
+        if confirmation.fits and run.failure is not None:
+            # It printed a projection that fits, then failed: not a confirmation.
+            return ConfirmReport(
+                "failed",
+                current,
+                tuple(rounds),
+                f"could not confirm with llama.cpp: {run.failure} (after printing a projection)",
                 _changes(p, current),
             )
         if confirmation.fits:

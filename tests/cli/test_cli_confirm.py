@@ -81,6 +81,34 @@ def test_no_tool_is_one_line(tiny: str, tmp_path: Path, monkeypatch: pytest.Monk
     ]
 
 
+def test_get_on_a_file_llama_cpp_cannot_load_writes_nothing(tiny: str, tmp_path: Path) -> None:
+    """Before: "could not confirm: llama-fit-params failed (exit -6)", the script written, exit 0,
+    llama.cpp's reason dropped. Now: llama.cpp's line, exit 7, no script."""
+    stderr = tmp_path / "stderr.txt"
+    stderr.write_text(
+        "llama_model_load: error loading model: check_tensor_dims: tensor 'output_norm.weight' "
+        "has wrong shape; expected   256, got   512\n"
+        "llama_model_load_from_file_impl: failed to load model\n"
+        "terminate called after throwing an instance of 'std::runtime_error'\n"
+        "  what():  failed to load model\n"
+    )
+    bin_dir = tmp_path / "llama-bin"
+    fake_tool(bin_dir, "llama-fit-params", stderr_file=stderr, exit_code=-6)
+    script = tmp_path / "serve.sh"
+    dest = tmp_path / "models"
+    result = runner.invoke(
+        app,
+        ["get", tiny, "-c", "4096", "--dir", str(dest), "--llama-bin", str(bin_dir), "--script",
+         str(script)],
+    )  # fmt: skip
+    assert result.exit_code == 7, result.stderr
+    assert (
+        f"Error: llama.cpp cannot load {dest / 'Tiny-Q8_0.gguf'}: check_tensor_dims: tensor "
+        "'output_norm.weight' has wrong shape; expected 256, got 512"
+    ) in result.stderr
+    assert not script.exists() and result.stdout == ""
+
+
 def test_command_human_output_shows_the_comparison(tiny: str, tools: Path, tmp_path: Path) -> None:
     dest = tmp_path / "m"
     got = runner.invoke(app, ["get", tiny, "-c", "4096", "--dir", str(dest), "--no-confirm"])
