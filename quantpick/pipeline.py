@@ -225,11 +225,18 @@ class Tuning:
 
 
 def local_tuning(
-    machine: Machine, llama_server: Path | None, *, settings: Settings | None = None
+    machine: Machine,
+    llama_server: Path | None,
+    *,
+    settings: Settings | None = None,
+    sizes: tuple[int, ...] = (),
+    use_calibration: bool = True,
 ) -> Tuning:
     """The compute rule of the llama-server that will run the plan and this machine's calibration
     profile for that build, if any. The build comes from `--llama-server`, else from a hardware
-    file that recorded one (`probe --json`), else from llama-server on PATH; none: conservative."""
+    file that recorded one (`probe --json`), else from llama-server on PATH; none: conservative.
+    `sizes`: the planned model's file sizes (a profile applies to a model of its size class);
+    `use_calibration=False`: --no-calibration."""
     from quantpick.machine.llamacpp import find_llama_server, inspect_llama_server
     from quantpick.plan.build_class import CONSERVATIVE, compute_rule
     from quantpick.plan.calibration import build_id
@@ -252,7 +259,9 @@ def local_tuning(
         build = build_id(server.build, server.commit, server.version)
     if machine.described:
         return Tuning(rule, notes=tuple(notes))
-    calibration, why = load_calibration(machine, build, settings=settings)
+    if not use_calibration:
+        return Tuning(rule, notes=(*notes, "calibration off (--no-calibration): uncalibrated"))
+    calibration, why = load_calibration(machine, build, sizes=sizes, settings=settings)
     if calibration is not None:
         return Tuning(rule, calibration, (*notes, calibration.label))
     if why:
@@ -579,6 +588,7 @@ def bench_plan(
     from quantpick.plan.calibration import (
         build_id,
         driver_overhead,
+        plan_devices,
         predicted_figures,
         speed_ratios,
     )
@@ -742,5 +752,10 @@ def bench_plan(
             for g in gpus
         ],
         "host_peak_rss_bytes": measurement.host_peak_rss_bytes,
+        # the scope and the evidence plan/calibration.py checks before the entry is stored
+        "model_bytes": sum(f.size_bytes for f in manifest.quant_files(p.quant))
+        or measurement.model_bytes,
+        "devices": list(plan_devices(machine, p.estimate.devices)),
+        "samples": {k: list(v) for k, v in measurement.samples.items()},
     }
     return BenchReport(p, measurement, predicted, ratios, gpus, bid, label, entry, tuple(notes))

@@ -30,16 +30,19 @@ from quantpick.cli.options import (
     MmprojOpt,
     ModelArg,
     ModelDirOpt,
+    NoCalibrationOpt,
     NoOffloadOpt,
     NpOpt,
     PreferOpt,
     QuantOpt,
     RamBandwidthOpt,
+    TimeoutOpt,
     VisionOpt,
     apply_local_tuning,
     machine_from_cli,
     overheads_from_cli,
     plan_request,
+    tool_timeout,
 )
 
 if TYPE_CHECKING:
@@ -214,6 +217,8 @@ def confirm_cmd(
     gpu_overhead: GpuOverheadOpt = None,
     margin: MarginOpt = None,
     ram_bandwidth: RamBandwidthOpt = None,
+    no_calibration: NoCalibrationOpt = False,
+    timeout: TimeoutOpt = None,
     json_: JsonOpt = False,
 ) -> None:
     """Ask llama.cpp (llama-fit-params) whether the plan for a file on disk fits this machine."""
@@ -237,6 +242,8 @@ def confirm_cmd(
         machine,
         llama_server,
         gpu_overhead=gpu_overhead,
+        manifest=local.manifest,
+        calibration=not no_calibration,
     )
     p = plan(local.manifest, machine, lambda _q: local.layout, request, overheads=overheads)
     if llama_bin is not None and not llama_bin.is_dir():
@@ -250,7 +257,9 @@ def confirm_cmd(
         machine,
         request,
         overheads,
-        ConfirmOptions(llama_bin=llama_bin, llama_server=llama_server),
+        ConfirmOptions(
+            llama_bin=llama_bin, llama_server=llama_server, timeout_s=tool_timeout(timeout)
+        ),
     )
     if report.status in ("skipped", "failed"):
         raise QuantpickError(report.message, hint="pass --llama-bin DIR (llama.cpp's build/bin)")

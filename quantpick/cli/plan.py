@@ -31,6 +31,7 @@ from quantpick.cli.options import (
     MarginOpt,
     MinTpsOpt,
     ModelArg,
+    NoCalibrationOpt,
     NoNetworkOpt,
     NoOffloadOpt,
     NpOpt,
@@ -102,6 +103,7 @@ def pick_cmd(
     rpc_latency: RpcLatencyOpt = None,
     exact: ExactOpt = False,
     no_network: NoNetworkOpt = False,
+    no_calibration: NoCalibrationOpt = False,
     json_: JsonOpt = False,
 ) -> None:
     """Pick the best quant, KV cache type and placement for a target context."""
@@ -133,6 +135,7 @@ def pick_cmd(
             rpc_latency=rpc_latency,
             exact=exact,
             no_network=no_network,
+            no_calibration=no_calibration,
             json_=json_,
         )
         return
@@ -177,6 +180,8 @@ def pick_cmd(
         machine,
         llama_server,
         gpu_overhead=gpu_overhead,
+        manifest=manifest,
+        calibration=not no_calibration,
     )
     p = plan_exact(manifest, machine, layouts, request, overheads)
     n_slots = manifest.architecture.block_count + 1
@@ -224,6 +229,7 @@ def max_context_cmd(
     rpc_latency: RpcLatencyOpt = None,
     exact: ExactOpt = False,
     no_network: NoNetworkOpt = False,
+    no_calibration: NoCalibrationOpt = False,
     json_: JsonOpt = False,
 ) -> None:
     """The largest context each quant (or --quant) supports on this machine."""
@@ -267,6 +273,8 @@ def max_context_cmd(
         machine,
         llama_server,
         gpu_overhead=gpu_overhead,
+        manifest=manifest,
+        calibration=not no_calibration,
     )
     limits = max_context(manifest, machine, layout_of, request, overheads=overheads)
     if json_:

@@ -42,6 +42,7 @@ from quantpick.cli.options import (
     MmprojOpt,
     ModelArg,
     ModelDirOpt,
+    NoCalibrationOpt,
     NoConfirmOpt,
     NoNetworkOpt,
     NoOffloadOpt,
@@ -57,6 +58,7 @@ from quantpick.cli.options import (
     RpcDeviceOpt,
     RpcLatencyOpt,
     RpcOpt,
+    TimeoutOpt,
     VisionOpt,
     apply_local_tuning,
     complete_source,
@@ -65,6 +67,7 @@ from quantpick.cli.options import (
     machine_from_cli,
     overheads_from_cli,
     plan_request,
+    tool_timeout,
 )
 
 if TYPE_CHECKING:
@@ -129,8 +132,11 @@ def _server_options(
     return ServerOptions(host=host, port=port, alias=alias, api_key_env=api_key_env)
 
 
-def _capabilities(machine: Machine, llama_server: Path | None) -> ServerCapabilities | None:
-    """The installed llama-server's flags (PATH or --llama-server), or None: target current."""
+def _capabilities(
+    machine: Machine, llama_server: Path | None, timeout_s: float | None = None
+) -> ServerCapabilities | None:
+    """The installed llama-server's flags (PATH or --llama-server), or None: target current.
+    `timeout_s`: how long its --help may take (--timeout)."""
     from quantpick.errors import UsageError
     from quantpick.machine.llamacpp import find_llama_server
     from quantpick.serve.flags import capabilities_for
@@ -140,7 +146,9 @@ def _capabilities(machine: Machine, llama_server: Path | None) -> ServerCapabili
         if llama_server is not None:
             raise UsageError(f"--llama-server {llama_server}: not an executable")
         return None
-    return capabilities_for(path)
+    if timeout_s is None:
+        return capabilities_for(path)
+    return capabilities_for(path, timeout_s=timeout_s)
 
 
 def _worker_commands(
@@ -300,6 +308,7 @@ def _plan_comment(p: Plan, machine: Machine) -> str:
         f"-c {p.config.ctx_size}, {p.placement} on {gpus} ({where}); expected decode "
         f"~{e.decode_tps_empty:.0f} tok/s empty, ~{e.decode_tps_target:.0f} at "
         f"{p.speed.target_context} tokens (bound {p.speed.tokens_per_s_empty:.0f}); {p.why}"
+        + (f"; speeds {p.calibration.label}" if p.calibration is not None else "")
     )
 
 
@@ -334,6 +343,8 @@ def command_cmd(
     llama_server: LlamaServerOpt = None,
     llama_bin: LlamaBinOpt = None,
     no_confirm: NoConfirmOpt = False,
+    no_calibration: NoCalibrationOpt = False,
+    timeout: TimeoutOpt = None,
     gpu_overhead: GpuOverheadOpt = None,
     margin: MarginOpt = None,
     ram_reserve: RamReserveOpt = None,
@@ -393,7 +404,8 @@ def command_cmd(
         overheads = overheads_from_cli(gpu_overhead, margin, ram_reserve, gpu_reserve)
         p = _plan_from_hub(manifest, machine, request, overheads, exact, no_network)
         _emit_hf(p, manifest, machine, llama_server, (host, port, alias, api_key_env),
-                 fmt=fmt, script=script, json_doc={} if json_ else None)  # fmt: skip
+                 fmt=fmt, script=script, json_doc={} if json_ else None,
+                 timeout_s=tool_timeout(timeout))  # fmt: skip
         return
     local = resolve_local(model, quant, gguf, mmproj, dir_, vision)
     manifest, q, model_path = local.manifest, local.quant, local.model_path
@@ -419,10 +431,12 @@ def command_cmd(
         machine,
         llama_server,
         gpu_overhead=gpu_overhead,
+        manifest=manifest,
+        calibration=not no_calibration,
     )
     p = plan(manifest, machine, lambda _q: local.layout, request, overheads=overheads)
     confirmation = None
-    options = confirm_options(no_confirm, llama_bin, llama_server, machine)
+    options = confirm_options(no_confirm, llama_bin, llama_server, machine, timeout)
     if options is not None:
         from quantpick.pipeline import confirm_local_plan
 
@@ -431,7 +445,7 @@ def command_cmd(
         )
         p = confirmation.plan
     report_confirmation(confirmation, machine, no_confirm, quiet=json_)
-    caps = _capabilities(machine, llama_server)
+    caps = _capabilities(machine, llama_server, tool_timeout(timeout))
     cmd = build_command(
         p.config,
         model_path=model_path,
@@ -491,6 +505,7 @@ def _emit_hf(
     fmt: str,
     script: Path | None,
     json_doc: dict[str, Any] | None,
+    timeout_s: float | None = None,
 ) -> None:
     """The command for `-hf REPO:QUANT`: llama-server downloads the file into its HF cache."""
     from quantpick.cli.render import plan_to_dict
@@ -504,7 +519,7 @@ def _emit_hf(
         manifest=manifest,
         block_count=manifest.architecture.block_count,
         server=_server_options(host, port, alias, api_key_env),
-        capabilities=_capabilities(machine, llama_server),
+        capabilities=_capabilities(machine, llama_server, timeout_s),
         hf=hf_model(manifest, p.quant),
     )
     doc = None
@@ -570,6 +585,8 @@ def get_cmd(
     llama_server: LlamaServerOpt = None,
     llama_bin: LlamaBinOpt = None,
     no_confirm: NoConfirmOpt = False,
+    no_calibration: NoCalibrationOpt = False,
+    timeout: TimeoutOpt = None,
     gpu_overhead: GpuOverheadOpt = None,
     margin: MarginOpt = None,
     ram_reserve: RamReserveOpt = None,
@@ -653,6 +670,7 @@ def get_cmd(
             fmt=fmt,
             script=None if dry_run else script,
             json_doc={"dry_run": dry_run, "fetch": None, "files": None} if json_ else None,
+            timeout_s=tool_timeout(timeout),
         )
         return  # fmt: skip
     request, overheads, _ = apply_local_tuning(
@@ -661,6 +679,8 @@ def get_cmd(
         machine,
         llama_server,
         gpu_overhead=gpu_overhead,
+        manifest=manifest,
+        calibration=not no_calibration,
     )
 
     def announce(p: Plan) -> None:
@@ -684,7 +704,7 @@ def get_cmd(
             source=source,
             allow_unverified=allow_unverified,
             dry_run=dry_run,
-            confirm=confirm_options(no_confirm, llama_bin, llama_server, machine),
+            confirm=confirm_options(no_confirm, llama_bin, llama_server, machine, timeout),
         ),
         settings=settings,
         progress=progress,
@@ -697,7 +717,7 @@ def get_cmd(
         report_confirmation(result.confirmation, machine, no_confirm, quiet=quiet or json_)
     p, report, files = result.plan, result.report, result.files
     model_path, mmproj_path = result.model_path, result.mmproj_path
-    caps = _capabilities(machine, llama_server)
+    caps = _capabilities(machine, llama_server, tool_timeout(timeout))
     cmd = build_command(
         p.config,
         model_path=model_path,

@@ -246,7 +246,7 @@ _LOAD_ERROR = re.compile(r"error loading model:\s*(?P<why>.+)")
 _LOAD_FAILED = "failed to load model"
 
 
-def _reason(lines: list[str]) -> str:
+def failure_reason(lines: list[str]) -> str:
     """The line that says why a run failed: llama.cpp's own error, not the abort after it."""
     for line in reversed(lines):
         match = _LOAD_ERROR.search(line)
@@ -261,6 +261,21 @@ def _reason(lines: list[str]) -> str:
     if specific:
         return specific[-1]
     return shown[-1] if shown else "no output"
+
+
+def refused_model(lines: list[str]) -> bool:
+    """Whether a tool's output says llama.cpp could not load the model."""
+    return any(_LOAD_FAILED in ln or _LOAD_ERROR.search(ln) for ln in lines)
+
+
+def model_rejected(model: str, lines: list[str]) -> ModelRejectedError:
+    """The error for a model llama.cpp cannot load, with llama.cpp's own reason."""
+    return ModelRejectedError(
+        f"llama.cpp cannot load {model}: {failure_reason(lines)[:300]}",
+        hint="nothing was written. The file is damaged (`quantpick verify "
+        f"{shlex.quote(str(Path(model).parent))}` checks it against its SHA256SUMS) or of "
+        "a kind this llama.cpp build does not load (a newer build may)",
+    )
 
 
 def exit_text(code: int) -> str:
@@ -296,16 +311,12 @@ def run_fit_params(
     if bound:
         raise FitParamsError(f"llama-fit-params {bound}")
     lines = result.last_lines()
-    if any(_LOAD_FAILED in ln or _LOAD_ERROR.search(ln) for ln in lines):
+    if refused_model(lines):
         model = argv[argv.index("-m") + 1] if "-m" in argv[:-1] else "the model"
-        raise ModelRejectedError(
-            f"llama.cpp cannot load {model}: {_reason(lines)[:300]}",
-            hint="nothing was written. The file is damaged (`quantpick verify "
-            f"{shlex.quote(str(Path(model).parent))}` checks it against its SHA256SUMS) or of "
-            "a kind this llama.cpp build does not load (a newer build may)",
-        )
+        raise model_rejected(model, lines)
     if result.returncode != 0:
-        why = f"llama-fit-params failed ({exit_text(result.returncode)}): {_reason(lines)[:300]}"
+        how = exit_text(result.returncode)
+        why = f"llama-fit-params failed ({how}): {failure_reason(lines)[:300]}"
         try:
             projection = parse_output(result.stdout)
         except FitParamsError:
