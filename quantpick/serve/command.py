@@ -644,8 +644,10 @@ def render_env(cmd: ServerCommand) -> str:
 # ---- systemd -----------------------------------------------------------------------------------
 # systemd.service(5) "COMMAND LINES" and systemd.syntax(7) "QUOTING": a word may be wrapped in
 # double quotes, inside which C-style escapes apply; "%" starts a specifier everywhere (written
-# "%%"), "$" starts a variable in Exec lines everywhere (written "$$"); a lone unquoted ";"
-# separates commands; lines ending in "\" continue. Not the shell's rules, hence this quoting.
+# "%%"); "$" starts a variable in the arguments (written "$$") but not in the executable path,
+# which systemd takes as written after specifiers, without undoing "$$" (systemd-analyze verify:
+# "Command /opt/a$$b/llama-server is not executable"); a lone unquoted ";" separates commands;
+# lines ending in "\" continue. Not the shell's rules, hence this quoting.
 
 _SYSTEMD_SAFE = re.compile(r"^[A-Za-z0-9_@+=:,./-]+$")
 _SYSTEMD_ESCAPES = {
@@ -658,8 +660,9 @@ SYSTEMD_UNIT_DIR = "~/.config/systemd/user"
 def systemd_quote(word: str, *, exec_line: bool = True) -> str:
     """One word for a unit file, read back by systemd as exactly `word`.
 
-    `exec_line`: in ExecStart= a "$" expands variables, so it is doubled; in Environment= it is
-    plain text. "%" is doubled in both (specifiers).
+    `exec_line`: in ExecStart='s arguments a "$" expands variables, so it is doubled; in
+    Environment= and in the executable path it is plain text. "%" is doubled everywhere
+    (specifiers).
     """
     text = word.replace("%", "%%")
     if exec_line:
@@ -677,6 +680,16 @@ def systemd_quote(word: str, *, exec_line: bool = True) -> str:
         else:
             out.append(ch)  # UTF-8 is accepted as is (systemd.syntax(7))
     return '"' + "".join(out) + '"'
+
+
+def _systemd_executable(program: str) -> str:
+    """The executable of ExecStart=: its path is not variable-expanded, argv[0] (the same word)
+    is. With a "$" in the path, the "@" prefix gives both: the path as written, then argv[0] as
+    an argument word (systemd.service(5): "@" passes the second word as argv[0])."""
+    if "$" not in program:
+        return systemd_quote(program, exec_line=False)
+    # the prefix inside the quotes: systemd unquotes the word, then reads its prefixes
+    return f"{systemd_quote('@' + program, exec_line=False)} {systemd_quote(program)}"
 
 
 def systemd_unit_name(name: str) -> str:
@@ -743,7 +756,7 @@ def render_systemd(cmd: ServerCommand, plan_comment: str, name: str) -> str:
     if cmd.env_from:
         # Without "-": a missing key file stops the start, rather than serving without a key.
         lines.append(f"EnvironmentFile={env_file}")
-    body = [systemd_quote(program)] + [
+    body = [_systemd_executable(program)] + [
         " ".join(systemd_quote(t) for t in g) for g in _groups(cmd.argv)
     ]
     lines.append("ExecStart=" + " \\\n  ".join(body))

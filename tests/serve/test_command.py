@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import shutil
 import stat
 import subprocess
@@ -598,20 +599,50 @@ def _expand(word: str, env: dict[str, str]) -> str:
     return "".join(out)
 
 
+def _specifiers(word: str) -> str:
+    """The executable path: specifiers only ("%%" is "%"); "$" is not special there."""
+    if re.search(r"%[^%]", word.replace("%%", "")):
+        raise ValueError(f"specifier in {word!r}")
+    return word.replace("%%", "%")
+
+
 def systemd_exec(value: str, env: dict[str, str] | None = None) -> list[list[str]]:
-    """The command lines of one ExecStart= value: lone ";" separates, "\\;" is a literal ";",
-    "%%" and "$$" are literal, ${NAME} is one word and a lone $NAME splits at whitespace."""
+    """The command lines of one ExecStart= value, each as [executable path, argv[1:]...] with
+    the executable's argv[0] checked against it: lone ";" separates, "\\;" is a literal ";",
+    "%%" and "$$" are literal, ${NAME} is one word and a lone $NAME splits at whitespace. The
+    executable path (the first word, without an "@" prefix) gets specifiers but no variable
+    expansion, so "$$" stays "$$" there (systemd.service(5), "COMMAND LINES"); with "@" the
+    next word is argv[0], an ordinary (expanded) word."""
     env = env or {}
-    commands: list[list[str]] = [[]]
+    commands: list[list[str]] = []
+    pending: list[tuple[str, str]] = []
+
+    def flush() -> None:
+        if not pending:
+            return
+        (_, word0), rest = pending[0], pending[1:]
+        at = word0.startswith("@")  # a prefix, read after unquoting
+        path = _specifiers(word0[1:] if at else word0)
+        argv: list[str] = []
+        for raw, word in rest:
+            if raw == "\\;":
+                argv.append(";")
+            elif raw[:1] == "$" and raw[1:2] not in ("$", "{") and raw[1:].isidentifier():
+                argv.extend(env.get(raw[1:], "").split())
+            else:
+                argv.append(_expand(word, env))
+        if at:
+            assert argv and argv[0] == path, "argv[0] differs from the executable"
+            argv = argv[1:]
+        commands.append([path, *argv])
+        pending.clear()
+
     for raw, word in systemd_words(value):
         if raw == ";":
-            commands.append([])
-        elif raw == "\\;":
-            commands[-1].append(";")
-        elif raw.startswith("$") and not raw.startswith(("$$", "${")) and raw[1:].isidentifier():
-            commands[-1].extend(env.get(raw[1:], "").split())
+            flush()
         else:
-            commands[-1].append(_expand(word, env))
+            pending.append((raw, word))
+    flush()
     return commands
 
 
@@ -689,6 +720,15 @@ def test_systemd_unit_shape(manifest: Manifest) -> None:
     assert "systemctl --user daemon-reload && systemctl --user enable --now" in unit
 
 
+@pytest.mark.parametrize(
+    "program", ["/opt/a$b/llama-server", "/opt/${X}/llama-server", "/opt/100% $$x/llama-server"]
+)
+def test_systemd_executable_path_is_not_variable_expanded(program: str) -> None:
+    # Before: "$" doubled in the path too, which systemd does not undo there: not executable.
+    cmd = ServerCommand(argv=(program, "-c", "1"), env={}, warnings=(), target="t")
+    assert _exec_start(cmd) == [program, "-c", "1"]
+
+
 @pytest.mark.parametrize("program", ["-llama-server", "@x", '/opt/"q"/llama-server'])
 def test_systemd_refuses_programs_it_would_misread(program: str) -> None:
     cmd = ServerCommand(argv=(program, "-c", "1"), env={}, warnings=(), target="t")
@@ -702,6 +742,33 @@ def test_systemd_analyze_verify_accepts_the_unit(manifest: Manifest, tmp_path: P
     cmd = build(RunConfig(devices=(0, 1), tensor_split=(1.0, 1.0)), manifest,
                 server=ServerOptions(api_key_env="K", extra_args=tuple(UNIT_ARGS)))  # fmt: skip
     cmd = dataclasses.replace(cmd, argv=("/bin/echo", *cmd.argv[1:]))
+    unit = tmp_path / "llama-server-test.service"
+    unit.write_text(render_systemd(cmd, "plan", "test"))
+    (tmp_path / "xdg").mkdir(mode=0o700)
+    env = {**os.environ, "XDG_RUNTIME_DIR": str(tmp_path / "xdg"), "HOME": str(tmp_path)}
+    out = subprocess.run(["systemd-analyze", "--user", "verify", str(unit)], env=env,
+                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    problems = [
+        line for line in (out.stdout + out.stderr).splitlines()
+        if line.strip() and "RestartSteps" not in line and "RestartMaxDelaySec" not in line
+    ]  # fmt: skip
+    if out.returncode != 0 and any("initialize manager" in p for p in problems):
+        pytest.skip("systemd-analyze cannot start a user manager here")
+    assert out.returncode == 0 and problems == [], problems
+
+
+@pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="needs systemd-analyze")
+@pytest.mark.parametrize("directory", ["a$b", "${HOME}x", "100% sure", "plain"])
+def test_systemd_analyze_finds_an_executable_with_dollars_in_its_path(
+    tmp_path: Path, directory: str
+) -> None:
+    """Before: `systemd-analyze verify` said "Command .../a$$b/llama-server is not executable"."""
+    program = tmp_path / directory / "llama-server"
+    program.parent.mkdir()
+    program.write_text("#!/bin/sh\nexit 0\n")
+    program.chmod(0o755)
+    cmd = ServerCommand(argv=(str(program), "-c", "4096", "--alias", "a $b"), env={},
+                        warnings=(), target="t")  # fmt: skip
     unit = tmp_path / "llama-server-test.service"
     unit.write_text(render_systemd(cmd, "plan", "test"))
     (tmp_path / "xdg").mkdir(mode=0o700)
