@@ -105,6 +105,14 @@ ScriptOpt = Annotated[
         dir_okay=False,
     ),
 ]
+ForceOpt = Annotated[
+    bool,
+    typer.Option(
+        "--force",
+        help="Let --script replace a file quantpick did not write (never a device, FIFO or "
+        "directory).",
+    ),
+]
 HostOpt = Annotated[str, typer.Option("--host", help="llama-server --host.")]
 PortOpt = Annotated[int, typer.Option("--port", help="llama-server --port.")]
 AliasOpt = Annotated[
@@ -176,9 +184,10 @@ def _worker_commands(
     return build_worker_commands(tuple(workers), bind=bind, cache=cache, weights_bytes=weights)
 
 
-def check_script_destination(script: Path | None) -> None:
-    """--script's directory must exist and be writable: checked before any download, so a typo
-    costs nothing (the script itself is written atomically at the end)."""
+def check_script_destination(script: Path | None, force: bool = False) -> None:
+    """--script's directory must exist and be writable, and the path must be one quantpick may
+    write (serve.command.check_script_target): checked before any download, so a typo costs
+    nothing (the script itself is written atomically at the end)."""
     import os
     import shlex
 
@@ -187,7 +196,7 @@ def check_script_destination(script: Path | None) -> None:
     if script is None:
         return
     parent = script.parent
-    if script.is_dir():
+    if script.is_dir() and not script.is_symlink():
         raise UsageError(f"--script {script}: is a directory", hint="give a file name")
     if not parent.is_dir():
         if parent.exists():
@@ -198,6 +207,9 @@ def check_script_destination(script: Path | None) -> None:
         )
     if not os.access(parent, os.W_OK | os.X_OK):
         raise UsageError(f"--script {script}: cannot write in {parent}")
+    from quantpick.serve.command import check_script_target
+
+    check_script_target(script, force=force)
 
 
 def _check_format(fmt: str, model_source: str = "local") -> None:
@@ -219,6 +231,7 @@ def _emit_command(
     name: str,
     machine_gpus: tuple[int, ...] = (),
     workers: tuple[WorkerCommand, ...] = (),
+    force: bool = False,
 ) -> None:
     from quantpick.cli import output
     from quantpick.serve.command import (
@@ -250,7 +263,7 @@ def _emit_command(
         )
     worker_docs = [render_worker_json(w) for w in workers]
     if script is not None:
-        write_script(script, render_script(cmd, comment, workers))
+        write_script(script, render_script(cmd, comment, workers), force=force)
         output.note(f"Wrote {script}")
     text: str | None = None
     if fmt == "script":
@@ -365,6 +378,7 @@ def command_cmd(
     exact: ExactOpt = False,
     no_network: NoNetworkOpt = False,
     script: ScriptOpt = None,
+    force: ForceOpt = False,
     json_: JsonOpt = False,
 ) -> None:
     """Plan for a GGUF already on disk (or, with --model-source hf, one llama-server fetches
@@ -378,7 +392,7 @@ def command_cmd(
     from quantpick.serve.command import build_command
 
     _check_format(fmt, model_source)
-    check_script_destination(script)
+    check_script_destination(script, force)
     machine = machine_from_cli(
         hardware,
         gpu,
@@ -405,7 +419,7 @@ def command_cmd(
         p = _plan_from_hub(manifest, machine, request, overheads, exact, no_network)
         _emit_hf(p, manifest, machine, llama_server, (host, port, alias, api_key_env),
                  fmt=fmt, script=script, json_doc={} if json_ else None,
-                 timeout_s=tool_timeout(timeout))  # fmt: skip
+                 timeout_s=tool_timeout(timeout), force=force)  # fmt: skip
         return
     local = resolve_local(model, quant, gguf, mmproj, dir_, vision)
     manifest, q, model_path = local.manifest, local.quant, local.model_path
@@ -470,6 +484,7 @@ def command_cmd(
         workers=_worker_commands(p, machine, rpc_bind, rpc_cache),
         name=alias or manifest.id,
         machine_gpus=tuple(g.index for g in machine.usable_gpus),
+        force=force,
     )
 
 
@@ -506,6 +521,7 @@ def _emit_hf(
     script: Path | None,
     json_doc: dict[str, Any] | None,
     timeout_s: float | None = None,
+    force: bool = False,
 ) -> None:
     """The command for `-hf REPO:QUANT`: llama-server downloads the file into its HF cache."""
     from quantpick.cli.render import plan_to_dict
@@ -527,7 +543,7 @@ def _emit_hf(
         doc = {**json_doc, "plan": plan_to_dict(p, machine, manifest.architecture.block_count),
                "model_source": "hf"}  # fmt: skip
     _emit_command(cmd, fmt=fmt, script=script, comment=_plan_comment(p, machine), json_doc=doc,
-                  name=alias or manifest.id,
+                  name=alias or manifest.id, force=force,
                   machine_gpus=tuple(g.index for g in machine.usable_gpus))  # fmt: skip
 
 
@@ -607,6 +623,7 @@ def get_cmd(
     fmt: FormatOpt = "line",
     model_source: ModelSourceOpt = "local",
     script: ScriptOpt = None,
+    force: ForceOpt = False,
     json_: JsonOpt = False,
 ) -> None:
     """Pick, download + verify, and print (or --script) the llama-server command: the whole job."""
@@ -620,7 +637,7 @@ def get_cmd(
     from quantpick.serve.command import build_command
 
     _check_format(fmt, model_source)
-    check_script_destination(script)
+    check_script_destination(script, force)
     settings = with_fetch_flags(
         load_settings(), reuse=reuse, reuse_from=reuse_from, hf_cache=hf_cache
     )
@@ -671,6 +688,7 @@ def get_cmd(
             script=None if dry_run else script,
             json_doc={"dry_run": dry_run, "fetch": None, "files": None} if json_ else None,
             timeout_s=tool_timeout(timeout),
+            force=force,
         )
         return  # fmt: skip
     request, overheads, _ = apply_local_tuning(
@@ -767,4 +785,5 @@ def get_cmd(
         workers=_worker_commands(p, machine, rpc_bind, rpc_cache),
         name=alias or manifest.id,
         machine_gpus=tuple(g.index for g in machine.usable_gpus),
+        force=force,
     )

@@ -278,7 +278,7 @@ def test_write_script_is_atomic_and_executable(tmp_path: Path) -> None:
     old_umask = os.umask(0o077)  # a strict umask must not make the script unreadable/unrunnable
     try:
         path = tmp_path / "serve.sh"
-        path.write_text("old")
+        path.write_text("#!/bin/sh\n# Written by quantpick. Plan: old\n")
         write_script(path, "#!/bin/sh\necho new\n")
     finally:
         os.umask(old_umask)
@@ -286,6 +286,51 @@ def test_write_script_is_atomic_and_executable(tmp_path: Path) -> None:
     assert path.read_text() == "#!/bin/sh\necho new\n"
     assert [p.name for p in tmp_path.iterdir()] == ["serve.sh"]  # no temp file left behind
     assert subprocess.run([str(path)], capture_output=True, text=True).stdout == "new\n"
+
+
+def test_write_script_replaces_only_what_quantpick_wrote(tmp_path: Path) -> None:
+    # Before: any file at the path was replaced and made executable (notes.txt included).
+    notes = tmp_path / "notes.txt"
+    notes.write_text("my notes\n")
+    notes.chmod(0o644)
+    with pytest.raises(UsageError, match="exists and was not written by quantpick") as info:
+        write_script(notes, "#!/bin/sh\n")
+    assert "--force" in (info.value.hint or "")
+    assert notes.read_text() == "my notes\n" and stat.S_IMODE(notes.stat().st_mode) == 0o644
+    write_script(notes, "#!/bin/sh\n", force=True)
+    assert notes.read_text() == "#!/bin/sh\n"
+    # every rendering carries the marker, so quantpick can write over its own files again
+    cmd = ServerCommand(argv=("/usr/bin/llama-server", "-c", "1"), env={}, warnings=(), target="t")
+    for text in (render_script(cmd, "p"), render_systemd(cmd, "p", "m"), render_compose(cmd, "p")):
+        path = tmp_path / "out"
+        path.write_text(text)
+        write_script(path, render_script(cmd, "again"))
+        assert "again" in path.read_text()
+
+
+def test_write_script_never_writes_over_a_special_file(tmp_path: Path) -> None:
+    # Before: os.replace turned a FIFO (and, as root, /dev/null) into a regular file.
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    for path, kind in ((fifo, "FIFO"), (Path("/dev/null"), "character device"),
+                       (tmp_path, "directory")):  # fmt: skip
+        for force in (False, True):
+            with pytest.raises(UsageError, match=f"is a {kind}, not a regular file"):
+                write_script(path, "#!/bin/sh\n", force=force)
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
+    assert stat.S_ISCHR(os.lstat("/dev/null").st_mode)
+
+
+def test_write_script_replaces_a_link_only_with_force(tmp_path: Path) -> None:
+    target = tmp_path / "real.sh"
+    target.write_text("#!/bin/sh\n# Written by quantpick. Plan: x\n")
+    link = tmp_path / "link.sh"
+    link.symlink_to(target)
+    with pytest.raises(UsageError, match="is a symbolic link"):
+        write_script(link, "#!/bin/sh\necho new\n")
+    write_script(link, "#!/bin/sh\necho new\n", force=True)
+    assert not link.is_symlink() and link.read_text() == "#!/bin/sh\necho new\n"
+    assert target.read_text() == "#!/bin/sh\n# Written by quantpick. Plan: x\n"
 
 
 def test_write_script_into_a_read_only_directory_is_one_line(tmp_path: Path) -> None:
