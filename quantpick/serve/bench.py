@@ -31,7 +31,13 @@ from quantpick.errors import QuantpickError
 from quantpick.plan.memory import RunConfig
 from quantpick.process import ToolProcess, printable, run_tool
 from quantpick.serve.command import FFN_EXPS_REGEX, ServerOptions, build_command
-from quantpick.serve.fitparams import exit_text, failure_reason, model_rejected, refused_model
+from quantpick.serve.fitparams import (
+    exit_text,
+    failure_reason,
+    model_rejected,
+    refused_model,
+    tool_lines,
+)
 
 BENCH = "llama-bench"
 SERVER = "llama-server"
@@ -285,7 +291,7 @@ def run_llama_bench(
         )
     if child.overflowed:
         raise BenchError(f"llama-bench {child.bound_exceeded(settings.timeout_s)}")
-    lines = child.last_lines()
+    lines = tool_lines(child)
     if refused_model(lines):
         raise model_rejected(str(model_path), lines)
     if child.returncode != 0:
@@ -426,7 +432,7 @@ def run_llama_server(
 
         def exited(when: str) -> BenchError:
             result = server.finish()
-            lines = result.last_lines()
+            lines = tool_lines(result)
             if refused_model(lines):
                 return model_rejected(str(model_path), lines)
             return BenchError(

@@ -246,6 +246,33 @@ _LOAD_ERROR = re.compile(r"error loading model:\s*(?P<why>.+)")
 _LOAD_FAILED = "failed to load model"
 
 
+# llama.cpp's log prefix on stderr (common/log.cpp with timestamps): "0.00.030.939 E ".
+_LOG_PREFIX = re.compile(r"^\d+\.\d+\.\d+\.\d+ [A-Z] ")
+
+
+def tool_lines(result: ToolResult) -> list[str]:
+    """What a tool said, printable, one entry per line: stderr, then the messages of its JSON log
+    records on stdout (`--log-jsonl`: {"type": "log", "level": ..., "msg": ...}), then the rest
+    of stdout; llama.cpp's timestamp prefix removed."""
+    out = []
+    for raw in result.stderr.splitlines():
+        out.append(raw)
+    for raw in result.stdout.splitlines():
+        stripped = raw.strip()
+        if stripped.startswith('{"type":"log"') or stripped.startswith('{"type": "log"'):
+            try:
+                doc = json.loads(stripped)
+            except ValueError:
+                continue
+            msg = doc.get("msg") if isinstance(doc, dict) else None
+            if isinstance(msg, str):
+                out.extend(msg.splitlines())
+            continue
+        out.append(raw)
+    lines = [_LOG_PREFIX.sub("", printable(ln).strip()) for ln in out]
+    return [ln for ln in lines if ln][-40:]
+
+
 def failure_reason(lines: list[str]) -> str:
     """The line that says why a run failed: llama.cpp's own error, not the abort after it."""
     for line in reversed(lines):
@@ -310,8 +337,14 @@ def run_fit_params(
         raise FitParamsError(f"llama-fit-params did not answer in {timeout_s:g} s (stopped)")
     if bound:
         raise FitParamsError(f"llama-fit-params {bound}")
-    lines = result.last_lines()
+    lines = tool_lines(result)
     if refused_model(lines):
+        if "--log-jsonl" in argv and not any(_LOAD_ERROR.search(ln) for ln in lines):
+            # With --log-jsonl llama.cpp logs to stdout, buffered, and the abort loses the
+            # buffer with the reason in it (b11312: only "what(): failed to load model" is
+            # left). Asked again without it, the reason comes on stderr (~0.03 s).
+            again = _run([a for a in argv if a != "--log-jsonl"], env, timeout_s)
+            lines = tool_lines(again) or lines
         model = argv[argv.index("-m") + 1] if "-m" in argv[:-1] else "the model"
         raise model_rejected(model, lines)
     if result.returncode != 0:
