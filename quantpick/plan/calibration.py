@@ -161,6 +161,11 @@ def _number(value: object) -> float | None:
     return float(value)
 
 
+def _shown(value: object) -> str:
+    number = _number(value)
+    return f"{number:.3g}" if number is not None else repr(value)[:40]
+
+
 def plausibility_problems(entry: dict[str, Any]) -> list[str]:
     """Why a bench entry (docs/calibration.md) cannot calibrate anything; [] when it can."""
     problems: list[str] = []
@@ -173,7 +178,7 @@ def plausibility_problems(entry: dict[str, Any]) -> list[str]:
                 continue
             number = _number(value)
             if number is None or not math.isfinite(number) or number <= 0:
-                problems.append(f"{where} {key} is {value!r}, not a speed")
+                problems.append(f"{where} {key} is {_shown(value)}, not a speed")
     lo, hi = RATIO_BAND
     usable = 0
     for key, value in ratios.items():
@@ -182,8 +187,8 @@ def plausibility_problems(entry: dict[str, Any]) -> list[str]:
         number = _number(value)
         if number is None or not math.isfinite(number) or not lo <= number <= hi:
             problems.append(
-                f"{key} measured / predicted is {value!r}: outside {lo:g}-{hi:g}, the band the "
-                "speed model's own worst error allows"
+                f"{key} measured / predicted is {_shown(value)}: outside {lo:g}-{hi:g}, the "
+                "band the speed model's own worst error allows"
             )
         elif key.startswith("decode"):
             usable += 1

@@ -270,8 +270,8 @@ def test_a_good_entry_is_plausible() -> None:
     ("overrides", "why"),
     [
         ({"measured": {"decode_tps_empty": float("nan")}}, "measured decode_tps_empty is nan"),
-        ({"measured": {"decode_tps_empty": -565.0}}, "measured decode_tps_empty is -565.0"),
-        ({"predicted": {"decode_tps_empty": 0.0}}, "predicted decode_tps_empty is 0.0"),
+        ({"measured": {"decode_tps_empty": -565.0}}, "measured decode_tps_empty is -565,"),
+        ({"predicted": {"decode_tps_empty": 0.0}}, "predicted decode_tps_empty is 0,"),
         ({"ratios": {"decode_empty": 1e303, "decode_depth": None}}, "is 1e+303: outside"),
         ({"ratios": {"decode_empty": None, "decode_depth": None, "prefill": 1.0}},
          "no decode figure"),
