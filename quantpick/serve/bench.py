@@ -430,7 +430,7 @@ def run_llama_server(
         except OSError as exc:
             raise BenchError(f"cannot run {binary}: {exc.strerror or exc}") from exc
 
-        def exited(when: str) -> BenchError:
+        def exited(when: str) -> QuantpickError:
             result = server.finish()
             lines = tool_lines(result)
             if refused_model(lines):
