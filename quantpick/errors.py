@@ -13,6 +13,7 @@ class ExitCode(IntEnum):
     VERIFY_FAILED = 4  # a checksum or size mismatch
     DOWNLOAD_FAILED = 5  # network / hub failure after retries
     RPC_WORKER = 6  # an llama.cpp RPC worker is unreachable, busy or speaks another protocol
+    MODEL_REJECTED = 7  # llama.cpp itself cannot load the model file (its own reason is shown)
     INTERRUPTED = 130  # 128 + SIGINT
 
 
@@ -89,3 +90,10 @@ class RpcWorkerError(QuantpickError):
     with another client, or speaking another protocol version."""
 
     exit_code = ExitCode.RPC_WORKER
+
+
+class ModelRejectedError(QuantpickError):
+    """llama.cpp cannot load the model file (exit 7): its own reason, e.g. a tensor of the wrong
+    shape or an architecture the build does not know. Nothing is written for such a file."""
+
+    exit_code = ExitCode.MODEL_REJECTED

@@ -95,6 +95,7 @@ class PlanInputs:
     network: bool = True  # False: --offline / --no-network
     local: ModelLayout | None = None  # a file on disk: plan its quant on its own header
     local_dir: Path | None = None  # where the files would be: a header read there needs no hub
+    calibration: bool = True  # False: --no-calibration
 
 
 @dataclass(frozen=True)
@@ -118,7 +119,12 @@ class PlanResult:
 
 def tuned(inputs: PlanInputs, *, settings: Settings | None = None) -> tuple[PlanInputs, Tuning]:
     """`inputs` with the build's compute rule and this machine's calibration applied."""
-    tuning = local_tuning(inputs.machine, inputs.llama_server, settings=settings)
+    from quantpick.plan.calibration import model_sizes
+
+    tuning = local_tuning(
+        inputs.machine, inputs.llama_server, settings=settings,
+        sizes=model_sizes(inputs.manifest), use_calibration=inputs.calibration,
+    )  # fmt: skip
     request, overheads = tune(inputs.request, inputs.overheads, tuning)
     if inputs.gpu_overhead_given:
         overheads = replace(
@@ -190,6 +196,7 @@ class GetRequest:
     confirm: ConfirmOptions | None = None  # None: --no-confirm
     llama_server: Path | None = None  # the build whose compute rule and calibration apply
     gpu_overhead_given: bool = False  # --gpu-overhead wins over a measured driver overhead
+    calibration: bool = True  # False: --no-calibration
 
 
 @dataclass(frozen=True)
@@ -243,6 +250,7 @@ def get(
             manifest, req.machine, req.plan_request, req.overheads,
             llama_server=req.llama_server, gpu_overhead_given=req.gpu_overhead_given,
             exact=req.exact, network=req.network, local_dir=None if in_cache else dest,
+            calibration=req.calibration,
         ),
         settings=settings,
     )  # fmt: skip
@@ -357,11 +365,18 @@ class Tuning:
 
 
 def local_tuning(
-    machine: Machine, llama_server: Path | None, *, settings: Settings | None = None
+    machine: Machine,
+    llama_server: Path | None,
+    *,
+    settings: Settings | None = None,
+    sizes: tuple[int, ...] = (),
+    use_calibration: bool = True,
 ) -> Tuning:
     """The compute rule of the llama-server that will run the plan and this machine's calibration
     profile for that build, if any. The build comes from `--llama-server`, else from a hardware
-    file that recorded one (`probe --json`), else from llama-server on PATH; none: conservative."""
+    file that recorded one (`probe --json`), else from llama-server on PATH; none: conservative.
+    `sizes`: the planned model's file sizes (a profile applies to a model of its size class);
+    `use_calibration=False`: --no-calibration."""
     from quantpick.machine.llamacpp import find_llama_server, inspect_llama_server
     from quantpick.plan.build_class import CONSERVATIVE, compute_rule
     from quantpick.plan.calibration import build_id
@@ -384,7 +399,9 @@ def local_tuning(
         build = build_id(server.build, server.commit, server.version)
     if machine.described:
         return Tuning(rule, notes=tuple(notes))
-    calibration, why = load_calibration(machine, build, settings=settings)
+    if not use_calibration:
+        return Tuning(rule, notes=(*notes, "calibration off (--no-calibration): uncalibrated"))
+    calibration, why = load_calibration(machine, build, sizes=sizes, settings=settings)
     if calibration is not None:
         return Tuning(rule, calibration, (*notes, calibration.label))
     if why:
@@ -456,7 +473,10 @@ def confirm_plan(
     """Run llama-fit-params with the plan's flags and compare; on a projected overflow re-plan with
     llama.cpp's figures (`replan(overheads with corrections)`, which raises NoFitError when nothing
     fits) and confirm again. Raises NoFitError when llama.cpp still projects an overflow after
-    `max_rounds`: a command llama.cpp says will not fit is never returned."""
+    `max_rounds` (also when it printed the overflow and then exited non-zero), and
+    ModelRejectedError when llama.cpp cannot load the file: a command llama.cpp refuses is never
+    returned. A projection that cannot be read, or one printed by a run that then failed, is
+    "failed" (not confirmed), never "confirmed"."""
     from quantpick.errors import NoFitError
     from quantpick.plan.confirm import compare
     from quantpick.serve.fitparams import (
@@ -480,6 +500,8 @@ def confirm_plan(
             tool, current.config, model_path, block_count, extra_args=options.extra_args
         )
         try:
+            # ModelRejectedError (llama.cpp cannot load the file) is not caught: it ends the
+            # command with llama.cpp's reason, and nothing is written.
             run = run_fit_params(argv, env, timeout_s=options.timeout_s)
         except FitParamsError as exc:
             return ConfirmReport(
@@ -505,6 +527,15 @@ def confirm_plan(
                 current,
                 tuple(rounds),
                 f"could not confirm with llama.cpp: {confirmation.problem}",
+                _changes(p, current),
+            )
+        if confirmation.fits and run.failure is not None:
+            # It printed a projection that fits, then failed: not a confirmation.
+            return ConfirmReport(
+                "failed",
+                current,
+                tuple(rounds),
+                f"could not confirm with llama.cpp: {run.failure} (after printing a projection)",
                 _changes(p, current),
             )
         if confirmation.fits:
@@ -696,6 +727,7 @@ def bench_plan(
     from quantpick.plan.calibration import (
         build_id,
         driver_overhead,
+        plan_devices,
         predicted_figures,
         speed_ratios,
     )
@@ -859,5 +891,10 @@ def bench_plan(
             for g in gpus
         ],
         "host_peak_rss_bytes": measurement.host_peak_rss_bytes,
+        # the scope and the evidence plan/calibration.py checks before the entry is stored
+        "model_bytes": sum(f.size_bytes for f in manifest.quant_files(p.quant))
+        or measurement.model_bytes,
+        "devices": list(plan_devices(machine, p.estimate.devices)),
+        "samples": {k: list(v) for k, v in measurement.samples.items()},
     }
     return BenchReport(p, measurement, predicted, ratios, gpus, bid, label, entry, tuple(notes))

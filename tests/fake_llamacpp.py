@@ -23,10 +23,23 @@ import json, os, signal, sys, time
 argv = sys.argv[1:]
 with open({log!r}, "a") as f:
     f.write(json.dumps(argv) + "\\n")
+if {grandchild!r}:
+    # a helper that inherits stdout/stderr and outlives the tool (writes its pid first)
+    import subprocess
+    helper = subprocess.Popen(["sleep", "300"])
+    with open({grandchild!r}, "w") as f:
+        f.write(str(helper.pid))
+if {flood!r}:
+    while True:
+        sys.stdout.write("Host 1 2 3\\n" * 4096)
 time.sleep({sleep!r})
 if {reject_jsonl!r} and "--log-jsonl" in argv:
     sys.stderr.write("error: invalid argument: --log-jsonl\\n")
     sys.exit(1)
+if {stdout_file!r}:
+    with open({stdout_file!r}) as f:
+        sys.stdout.write("".join(l for l in f if not l.startswith("#")))
+    sys.stdout.flush()
 if {stderr_file!r}:
     with open({stderr_file!r}) as f:
         sys.stderr.write("".join(l for l in f if not l.startswith("#")))
@@ -56,6 +69,9 @@ def fake_tool(
     exit_code: int = 0,
     reject_jsonl: bool = False,
     version_text: str = "",
+    stdout_file: Path | None = None,  # printed before stderr_file and its exit code
+    flood: bool = False,  # print on stdout without end
+    grandchild: Path | None = None,  # start a helper holding stdout; its pid is written here
 ) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / name
@@ -66,6 +82,9 @@ def fake_tool(
             sleep=sleep,
             reject_jsonl=reject_jsonl,
             stderr_file=str(stderr_file) if stderr_file else "",
+            stdout_file=str(stdout_file) if stdout_file else "",
+            flood=flood,
+            grandchild=str(grandchild) if grandchild else "",
             exit_code=exit_code,
             version_text=version_text,
             routes=[(list(w), str(p)) for w, p in routes],

@@ -12,6 +12,7 @@ exact messages the client sent.
     FakeWorker(behaviour="v3")          # protocol 3.x: payload-less HELLO, 3-byte reply
     FakeWorker(version=(8, 0, 0))       # another major version
     FakeWorker(behaviour="cut-count")   # closes in the middle of the DEVICE_COUNT reply
+    FakeWorker(behaviour="trickle")     # every reply one byte at a time, `trickle_s` apart
 """
 
 from __future__ import annotations
@@ -39,8 +40,16 @@ def _read_exact(conn: socket.socket, n: int, log: bytearray) -> bytes | None:
     return bytes(data)
 
 
-def _send(conn: socket.socket, payload: bytes) -> None:
-    conn.sendall(struct.pack("<Q", len(payload)) + payload)
+def _send(conn: socket.socket, payload: bytes, trickle_s: float = 0.0) -> None:
+    data = struct.pack("<Q", len(payload)) + payload
+    if not trickle_s:
+        conn.sendall(data)
+        return
+    import time
+
+    for i in range(len(data)):  # one byte at a time: each read waits less than any timeout
+        conn.sendall(data[i : i + 1])
+        time.sleep(trickle_s)
 
 
 class FakeWorker:
@@ -50,10 +59,12 @@ class FakeWorker:
         *,
         version: tuple[int, int, int] = (7, 0, 0),
         behaviour: str = "ok",
+        trickle_s: float = 1.0,
     ) -> None:
         self.devices = devices if devices is not None else [(20 * 1024**3, 24 * 1024**3)]
         self.version = version
         self.behaviour = behaviour
+        self.trickle_s = trickle_s if behaviour == "trickle" else 0.0
         self.received: list[bytes] = []  # one entry per finished connection
         self.connections = 0
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -113,13 +124,18 @@ class FakeWorker:
             if self.behaviour == "mute":
                 self._held.append(conn)  # accepted, never read: as a worker stuck elsewhere
                 continue
-            log = bytearray()
-            conn.settimeout(5)
-            try:
-                self._client(conn, log)
-            finally:
-                conn.close()
-                self.received.append(bytes(log))
+            self._one_client(conn)  # one client at a time, as ggml-rpc-server
+
+    def _one_client(self, conn: socket.socket) -> None:
+        log = bytearray()
+        conn.settimeout(5)
+        try:
+            self._client(conn, log)
+        except OSError:
+            pass  # the client left (a trickling reply it gave up on)
+        finally:
+            conn.close()
+            self.received.append(bytes(log))
 
     def _client(self, conn: socket.socket, log: bytearray) -> None:
         if self.behaviour == "banner":
@@ -143,7 +159,7 @@ class FakeWorker:
             return  # the knock, or a client of another protocol: hang up without a word
         if self.behaviour == "hangup-hello":
             return
-        _send(conn, bytes(self.version) + b"\0" + bytes(CAPS))
+        _send(conn, bytes(self.version) + b"\0" + bytes(CAPS), self.trickle_s)
         while True:
             head = _read_exact(conn, 9, log)
             if head is None:
@@ -159,7 +175,7 @@ class FakeWorker:
                 if self.behaviour == "bad-count-size":
                     _send(conn, struct.pack("<Q", len(self.devices)))  # 8 bytes, not 4
                     continue
-                _send(conn, struct.pack("<I", len(self.devices)))
+                _send(conn, struct.pack("<I", len(self.devices)), self.trickle_s)
             elif cmd == GET_DEVICE_MEMORY:
                 (device,) = struct.unpack("<I", payload)
                 if device >= len(self.devices):
@@ -169,6 +185,6 @@ class FakeWorker:
                 if self.behaviour == "cut-memory":
                     conn.sendall(struct.pack("<Q", 16) + reply[:5])
                     return
-                _send(conn, reply)
+                _send(conn, reply, self.trickle_s)
             else:
                 return

@@ -59,3 +59,10 @@ def test_json_error_example_is_the_cli_document() -> None:
     error = doc["error"]
     assert doc == error_document(error["message"], error["hint"], error["exit_code"],
                                  error["type"])  # fmt: skip
+
+
+def test_the_exit_code_table_lists_every_exit_code() -> None:
+    from quantpick.errors import ExitCode
+
+    table = {int(m) for m in re.findall(r"^\| (\d+) \|", section("Exit codes"), flags=re.M)}
+    assert table == {int(c) for c in ExitCode}

@@ -42,8 +42,11 @@ def _bytes_to_unicode() -> dict[int, str]:
     return dict(zip(bs, (chr(c) for c in cs), strict=True))
 
 
-def write_tiny_model(path: Path, *, seed: int = 0) -> int:
-    """Write the model to `path`; returns its size in bytes."""
+def write_tiny_model(
+    path: Path, *, seed: int = 0, reshape: dict[str, tuple[int, ...]] | None = None
+) -> int:
+    """Write the model to `path`; returns its size in bytes. `reshape`: tensors written with
+    another shape (ne order), a file whose header parses but which llama.cpp refuses."""
     h = TINY
     w = gguf.GGUFWriter(str(path), ARCH)
     w.add_name("quantpick-tiny-qwen35moe")
@@ -71,6 +74,7 @@ def write_tiny_model(path: Path, *, seed: int = 0) -> int:
 
     entries: list[tuple[str, T, int]] = []
     for name, ne in tensor_list(h, mtp=False):
+        ne = (reshape or {}).get(name, ne)
         qt = _qtype(name, ne)
         block, type_size = gguf.GGML_QUANT_SIZES[qt]
         n = int(np.prod(ne))

@@ -25,6 +25,7 @@ MODULES = (
     "run",
     "confirm",
     "bench",
+    "calibration",
     "manifests",
 )
 COMMAND_MODULE = {
@@ -40,6 +41,7 @@ COMMAND_MODULE = {
     "get": "run",
     "confirm": "confirm",
     "bench": "bench",
+    "calibration": "calibration",
     "manifest": "manifests",
 }
 

@@ -39,11 +39,15 @@ from quantpick.cli.options import (
     machine_from_cli,
     overheads_from_cli,
     plan_request,
+    tool_timeout,
 )
 
 if TYPE_CHECKING:
     from quantpick.pipeline import BenchReport
 
+# How long the whole bench may run (llama-bench, or llama-server's load and requests): a 35B model
+# with experts on the CPU and an 8K depth takes minutes; an hour means something is stuck.
+BENCH_TIMEOUT_S = 3600.0
 # The filled context of the second decode figure when --depth is not given: deep enough that KV
 # reads show, short enough to prefill in seconds on a GPU (minutes with experts on the CPU).
 DEFAULT_DEPTH = 8192
@@ -54,7 +58,9 @@ def _fmt(value: float | None, digits: int = 1) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
 
-def render_bench(report: BenchReport, *, compare: bool, saved: Path | None) -> None:
+def render_bench(
+    report: BenchReport, *, compare: bool, saved: Path | None, refused: list[str] | None = None
+) -> None:
     from rich.table import Table
 
     from quantpick.cli import output
@@ -108,7 +114,22 @@ def render_bench(report: BenchReport, *, compare: bool, saved: Path | None) -> N
     for note in report.notes:
         con.print(f"Note: {note}")
     if saved is not None:
-        con.print(f"Calibration saved: {saved} (build {report.build_label})")
+        con.print(f"Calibration saved: {saved} (build {report.build_label}; applies to models of "
+                  f"{_scope_text(report)})")  # fmt: skip
+    if refused:
+        output.warn("calibration not saved: this run cannot calibrate later answers:")
+        for problem in refused:
+            output.note(f"  - {problem}")
+
+
+def _scope_text(report: BenchReport) -> str:
+    from quantpick.plan.calibration import SIZE_MATCH_FACTOR
+    from quantpick.units import human
+
+    size = int(report.entry.get("model_bytes") or 0)
+    devices = report.entry.get("devices") or []
+    where = ", ".join(d.device for d in report.plan.estimate.gpus) if devices else "the host only"
+    return f"{human(size / SIZE_MATCH_FACTOR)}-{human(size * SIZE_MATCH_FACTOR)} on {where}"
 
 
 @app.command("bench")
@@ -155,6 +176,15 @@ def bench_cmd(
     gpu_overhead: GpuOverheadOpt = None,
     margin: MarginOpt = None,
     ram_bandwidth: RamBandwidthOpt = None,
+    timeout: Annotated[
+        Optional[float],  # noqa: UP045
+        typer.Option(
+            "--timeout",
+            metavar="SECONDS",
+            help=f"How long the whole measurement may run (default {BENCH_TIMEOUT_S:g}) before "
+            "the tool is stopped with everything it started.",
+        ),
+    ] = None,
     json_: JsonOpt = False,
 ) -> None:
     """Measure the planned configuration on this machine and store its calibration profile."""
@@ -165,6 +195,7 @@ def bench_cmd(
     from quantpick.cli.render import plan_to_dict
     from quantpick.errors import UsageError
     from quantpick.pipeline import bench_plan
+    from quantpick.plan.calibration import plausibility_problems
     from quantpick.serve.bench import BenchSettings
     from quantpick.serve.calibration import save_profile
 
@@ -192,7 +223,8 @@ def bench_cmd(
     p, overheads = result.plan, result.inputs.overheads
     if depth is None:
         depth = min(p.config.ctx_size - n_gen - n_prompt, DEFAULT_DEPTH)
-    settings = BenchSettings(n_prompt=n_prompt, n_gen=n_gen, depth=max(0, depth), reps=reps)
+    settings = BenchSettings(n_prompt=n_prompt, n_gen=n_gen, depth=max(0, depth), reps=reps,
+                             timeout_s=tool_timeout(timeout, BENCH_TIMEOUT_S))  # fmt: skip
 
     def progress(line: str) -> None:
         if line.startswith(("llama-bench:", "starting", "prefill", "decode")):
@@ -211,14 +243,21 @@ def bench_cmd(
         date=datetime.date.today().isoformat(),
         progress=progress,
     )
-    saved = None if no_save else save_profile(machine, report.entry)
+    # Only a run that can be true is stored (plan/calibration.py): the README's own bench of a
+    # 16 MiB test model once turned the next CPU pick into "nothing reaches 5 tok/s".
+    refused = plausibility_problems(report.entry)
+    saved = None if no_save or refused else save_profile(machine, report.entry)
     if json_:
         doc: dict[str, Any] = {
             "plan": plan_to_dict(p, machine, p.n_slots - 1),
             "bench": report.entry,
             "notes": list(report.notes),
             "profile_path": str(saved) if saved else None,
+            "saved": saved is not None,
+            "not_saved_because": refused,
         }
         output.print_json(doc)
+        if refused and not no_save:
+            output.warn("calibration not saved: " + "; ".join(refused))
         return
-    render_bench(report, compare=compare, saved=saved)
+    render_bench(report, compare=compare, saved=saved, refused=None if no_save else refused)

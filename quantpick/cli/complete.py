@@ -124,10 +124,10 @@ def completion_args(shell: str) -> tuple[list[str], str]:
 
 def _command(args: list[str]) -> str | None:
     first = next((a for a in args if not a.startswith("-")), None)
-    if first == "manifest":
-        rest = args[args.index("manifest") + 1 :]
+    if first in ("manifest", "calibration"):
+        rest = args[args.index(first) + 1 :]
         sub = next((a for a in rest if not a.startswith("-")), None)
-        return f"manifest {sub}" if sub else None
+        return f"{first} {sub}" if sub else None
     return first
 
 
@@ -146,8 +146,9 @@ def model_items(incomplete: str) -> list[Item]:
 
 # In `quantpick --help` order (cli.MODULES / COMMAND_MODULE; a test compares with typer's list).
 COMMANDS = ("probe", "models", "show", "estimate", "pick", "max-context", "download", "verify",
-            "command", "get", "confirm", "bench", "manifest")  # fmt: skip
+            "command", "get", "confirm", "bench", "calibration", "manifest")  # fmt: skip
 MANIFEST_COMMANDS = ("add", "check")
+CALIBRATION_COMMANDS = ("list", "show", "reset")
 
 
 def command_items(args: list[str], incomplete: str) -> list[Item] | None:
@@ -158,6 +159,8 @@ def command_items(args: list[str], incomplete: str) -> list[Item] | None:
         return [(c, None) for c in COMMANDS if c.startswith(incomplete)]
     if args == ["manifest"]:
         return [(c, None) for c in MANIFEST_COMMANDS if c.startswith(incomplete)]
+    if args == ["calibration"]:
+        return [(c, None) for c in CALIBRATION_COMMANDS if c.startswith(incomplete)]
     return None
 
 

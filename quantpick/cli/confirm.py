@@ -30,15 +30,18 @@ from quantpick.cli.options import (
     MmprojOpt,
     ModelArg,
     ModelDirOpt,
+    NoCalibrationOpt,
     NoOffloadOpt,
     NpOpt,
     PreferOpt,
     QuantOpt,
     RamBandwidthOpt,
+    TimeoutOpt,
     VisionOpt,
     machine_from_cli,
     overheads_from_cli,
     plan_request,
+    tool_timeout,
 )
 
 if TYPE_CHECKING:
@@ -213,6 +216,8 @@ def confirm_cmd(
     gpu_overhead: GpuOverheadOpt = None,
     margin: MarginOpt = None,
     ram_bandwidth: RamBandwidthOpt = None,
+    no_calibration: NoCalibrationOpt = False,
+    timeout: TimeoutOpt = None,
     json_: JsonOpt = False,
 ) -> None:
     """Ask llama.cpp (llama-fit-params) whether the plan for a file on disk fits this machine."""
@@ -235,6 +240,7 @@ def confirm_cmd(
         PlanInputs(
             local.manifest, machine, request, overheads_from_cli(gpu_overhead, margin),
             llama_server=llama_server, gpu_overhead_given=gpu_overhead is not None,
+            calibration=not no_calibration,
             local=local.layout,
         )
     )  # fmt: skip
@@ -252,7 +258,9 @@ def confirm_cmd(
         machine,
         request,
         overheads,
-        ConfirmOptions(llama_bin=llama_bin, llama_server=llama_server),
+        ConfirmOptions(
+            llama_bin=llama_bin, llama_server=llama_server, timeout_s=tool_timeout(timeout)
+        ),
     )
     if report.status in ("skipped", "failed"):
         raise QuantpickError(report.message, hint="pass --llama-bin DIR (llama.cpp's build/bin)")

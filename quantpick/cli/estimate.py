@@ -29,6 +29,7 @@ from quantpick.cli.options import (
     LlamaServerOpt,
     MarginOpt,
     ModelArg,
+    NoCalibrationOpt,
     NoNetworkOpt,
     NpOpt,
     QuantOpt,
@@ -136,6 +137,7 @@ def estimate_cmd(
     rpc_latency: RpcLatencyOpt = None,
     exact: ExactOpt = False,
     no_network: NoNetworkOpt = False,
+    no_calibration: NoCalibrationOpt = False,
     json_: JsonOpt = False,
 ) -> None:
     """Itemize what llama.cpp will allocate on each device for one configuration."""
@@ -206,9 +208,13 @@ def estimate_cmd(
         projector_bytes = manifest.projector.size_bytes
     from quantpick.pipeline import local_tuning
     from quantpick.plan.build_class import apply_rule
-    from quantpick.plan.calibration import apply_overheads, calibrate_speed
+    from quantpick.plan.calibration import apply_overheads, calibrate_speed, model_sizes
 
-    tuning = local_tuning(machine, llama_server)
+    # the one file this configuration runs (a calibration applies to a model of its size)
+    sizes = (layout.file_bytes,) if layout.file_bytes else ()
+    if not sizes and manifest is not None:
+        sizes = model_sizes(manifest)
+    tuning = local_tuning(machine, llama_server, sizes=sizes, use_calibration=not no_calibration)
     for line in tuning.notes:
         output.note(f"Note: {line}")
     config = apply_rule(config, tuning.rule)

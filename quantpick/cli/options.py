@@ -167,6 +167,37 @@ NoConfirmOpt = Annotated[
         help="Do not ask llama.cpp (llama-fit-params) to confirm the plan on this machine.",
     ),
 ]
+NoCalibrationOpt = Annotated[
+    bool,
+    typer.Option(
+        "--no-calibration",
+        help="Ignore this machine's stored calibration (quantpick bench): uncalibrated figures.",
+    ),
+]
+TimeoutOpt = Annotated[
+    Optional[float],  # noqa: UP045
+    typer.Option(
+        "--timeout",
+        metavar="SECONDS",
+        help="How long each llama.cpp tool may run (llama-fit-params, llama-server --help; "
+        "default 10) before it is stopped with everything it started.",
+    ),
+]
+# llama-fit-params projects a full-size header in 0.3 s; CUDA initialisation adds 1-3 s.
+TOOL_TIMEOUT_S = 10.0
+
+
+def tool_timeout(value: float | None, default: float = TOOL_TIMEOUT_S) -> float:
+    """--timeout SECONDS as a number of seconds above 0 (default when not given)."""
+    import math
+
+    from quantpick.errors import UsageError
+
+    if value is None:
+        return default
+    if not (math.isfinite(value) and value > 0):
+        raise UsageError(f"--timeout {value:g}: give a number of seconds above 0")
+    return value
 
 
 # ---- planning options ------------------------------------------------------------------------
@@ -468,17 +499,22 @@ def apply_local_tuning(
     llama_server: Path | None,
     *,
     gpu_overhead: str | None = None,
+    manifest: Manifest | None = None,
+    calibration: bool = True,
 ) -> tuple[Any, Overheads, Any]:
     """The request and overheads with the installed llama.cpp build's compute rule and this
-    machine's calibration (pipeline.local_tuning). Its notes (a calibration applied, or why one
-    was not) always go to stderr: a profile is never ignored silently. An explicit
-    --gpu-overhead wins over the measured one."""
+    machine's calibration (pipeline.local_tuning) for a model of `manifest`'s sizes. Its notes (a
+    calibration applied, or why one was not) always go to stderr: a profile is never ignored
+    silently. An explicit --gpu-overhead wins over the measured one; `calibration=False` is
+    --no-calibration."""
     from dataclasses import replace
 
     from quantpick.cli import output
     from quantpick.pipeline import local_tuning, tune
+    from quantpick.plan.calibration import model_sizes
 
-    tuning = local_tuning(machine, llama_server)
+    sizes = model_sizes(manifest) if manifest is not None else ()
+    tuning = local_tuning(machine, llama_server, sizes=sizes, use_calibration=calibration)
     for line in tuning.notes:
         output.note(f"Note: {line}")
     request, tuned = tune(request, overheads, tuning)
@@ -488,7 +524,11 @@ def apply_local_tuning(
 
 
 def confirm_options(
-    no_confirm: bool, llama_bin: Path | None, llama_server: Path | None, machine: Machine
+    no_confirm: bool,
+    llama_bin: Path | None,
+    llama_server: Path | None,
+    machine: Machine,
+    timeout_s: float | None = None,
 ) -> Any:
     """pipeline.ConfirmOptions, or None when confirming is off or the machine is not this one."""
     from quantpick.errors import UsageError
@@ -499,7 +539,9 @@ def confirm_options(
     if no_confirm or machine.described:
         # llama.cpp projects on the devices it sees: a described machine is not this one.
         return None
-    return ConfirmOptions(llama_bin=llama_bin, llama_server=llama_server)
+    return ConfirmOptions(
+        llama_bin=llama_bin, llama_server=llama_server, timeout_s=tool_timeout(timeout_s)
+    )
 
 
 def load_manifest(model: str | None) -> Manifest:

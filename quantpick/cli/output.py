@@ -134,10 +134,32 @@ def guarded_stdout() -> GuardedStream | None:
 
 
 def print_json(document: dict[str, Any]) -> None:
-    """Exactly one JSON document on stdout, with schema_version first."""
+    """Exactly one JSON document on stdout, with schema_version first. Strict JSON: a NaN or an
+    infinity (which json.dumps would write bare, and no JSON parser reads) becomes null, with a
+    warning naming where it was."""
     doc = {"schema_version": SCHEMA_VERSION, **document}
-    sys.stdout.write(json.dumps(doc, indent=2, default=_default) + "\n")
+    try:
+        text = json.dumps(doc, indent=2, default=_default, allow_nan=False)
+    except ValueError:
+        where: list[str] = []
+        text = json.dumps(_finite(doc, "", where), indent=2, default=_default, allow_nan=False)
+        warn(f"not a number in the output, written as null: {', '.join(where[:5])}")
+    sys.stdout.write(text + "\n")
     sys.stdout.flush()
+
+
+def _finite(obj: Any, path: str, where: list[str]) -> Any:
+    """`obj` with every NaN and infinity replaced by None (their paths appended to `where`)."""
+    import math
+
+    if isinstance(obj, float) and not math.isfinite(obj):
+        where.append(path or "(top)")
+        return None
+    if isinstance(obj, dict):
+        return {k: _finite(v, f"{path}.{k}" if path else str(k), where) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite(v, f"{path}[{i}]", where) for i, v in enumerate(obj)]
+    return obj
 
 
 def _default(obj: Any) -> Any:

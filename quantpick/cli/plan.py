@@ -31,6 +31,7 @@ from quantpick.cli.options import (
     MarginOpt,
     MinTpsOpt,
     ModelArg,
+    NoCalibrationOpt,
     NoNetworkOpt,
     NoOffloadOpt,
     NpOpt,
@@ -101,6 +102,7 @@ def pick_cmd(
     rpc_latency: RpcLatencyOpt = None,
     exact: ExactOpt = False,
     no_network: NoNetworkOpt = False,
+    no_calibration: NoCalibrationOpt = False,
     json_: JsonOpt = False,
 ) -> None:
     """Pick the best quant, KV cache type and placement for a target context."""
@@ -132,6 +134,7 @@ def pick_cmd(
             rpc_latency=rpc_latency,
             exact=exact,
             no_network=no_network,
+            no_calibration=no_calibration,
             json_=json_,
         )
         return
@@ -172,6 +175,7 @@ def pick_cmd(
             manifest, machine, request,
             overheads_from_cli(gpu_overhead, margin, ram_reserve, gpu_reserve),
             llama_server=llama_server, gpu_overhead_given=gpu_overhead is not None,
+            calibration=not no_calibration,
             exact=exact, network=not no_network,
         )
     )  # fmt: skip
@@ -217,6 +221,7 @@ def max_context_cmd(
     rpc_latency: RpcLatencyOpt = None,
     exact: ExactOpt = False,
     no_network: NoNetworkOpt = False,
+    no_calibration: NoCalibrationOpt = False,
     json_: JsonOpt = False,
 ) -> None:
     """The largest context each quant (or --quant) supports on this machine."""
@@ -257,6 +262,7 @@ def max_context_cmd(
             manifest, machine, request,
             overheads_from_cli(gpu_overhead, margin, ram_reserve, gpu_reserve),
             llama_server=llama_server, gpu_overhead_given=gpu_overhead is not None,
+            calibration=not no_calibration,
             exact=exact, network=not no_network,
         )
     )  # fmt: skip

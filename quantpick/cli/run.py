@@ -42,6 +42,7 @@ from quantpick.cli.options import (
     MmprojOpt,
     ModelArg,
     ModelDirOpt,
+    NoCalibrationOpt,
     NoConfirmOpt,
     NoNetworkOpt,
     NoOffloadOpt,
@@ -57,6 +58,7 @@ from quantpick.cli.options import (
     RpcDeviceOpt,
     RpcLatencyOpt,
     RpcOpt,
+    TimeoutOpt,
     VisionOpt,
     complete_source,
     confirm_options,
@@ -64,6 +66,7 @@ from quantpick.cli.options import (
     machine_from_cli,
     overheads_from_cli,
     plan_request,
+    tool_timeout,
 )
 
 if TYPE_CHECKING:
@@ -101,6 +104,14 @@ ScriptOpt = Annotated[
         dir_okay=False,
     ),
 ]
+ForceOpt = Annotated[
+    bool,
+    typer.Option(
+        "--force",
+        help="Let --script replace a file quantpick did not write (never a device, FIFO or "
+        "directory).",
+    ),
+]
 HostOpt = Annotated[str, typer.Option("--host", help="llama-server --host.")]
 PortOpt = Annotated[int, typer.Option("--port", help="llama-server --port.")]
 AliasOpt = Annotated[
@@ -128,8 +139,11 @@ def _server_options(
     return ServerOptions(host=host, port=port, alias=alias, api_key_env=api_key_env)
 
 
-def _capabilities(machine: Machine, llama_server: Path | None) -> ServerCapabilities | None:
-    """The installed llama-server's flags (PATH or --llama-server), or None: target current."""
+def _capabilities(
+    machine: Machine, llama_server: Path | None, timeout_s: float | None = None
+) -> ServerCapabilities | None:
+    """The installed llama-server's flags (PATH or --llama-server), or None: target current.
+    `timeout_s`: how long its --help may take (--timeout)."""
     from quantpick.errors import UsageError
     from quantpick.machine.llamacpp import find_llama_server
     from quantpick.serve.flags import capabilities_for
@@ -139,7 +153,9 @@ def _capabilities(machine: Machine, llama_server: Path | None) -> ServerCapabili
         if llama_server is not None:
             raise UsageError(f"--llama-server {llama_server}: not an executable")
         return None
-    return capabilities_for(path)
+    if timeout_s is None:
+        return capabilities_for(path)
+    return capabilities_for(path, timeout_s=timeout_s)
 
 
 def _worker_commands(
@@ -167,9 +183,10 @@ def _worker_commands(
     return build_worker_commands(tuple(workers), bind=bind, cache=cache, weights_bytes=weights)
 
 
-def check_script_destination(script: Path | None) -> None:
-    """--script's directory must exist and be writable: checked before any download, so a typo
-    costs nothing (the script itself is written atomically at the end)."""
+def check_script_destination(script: Path | None, force: bool = False) -> None:
+    """--script's directory must exist and be writable, and the path must be one quantpick may
+    write (serve.command.check_script_target): checked before any download, so a typo costs
+    nothing (the script itself is written atomically at the end)."""
     import os
     import shlex
 
@@ -178,7 +195,7 @@ def check_script_destination(script: Path | None) -> None:
     if script is None:
         return
     parent = script.parent
-    if script.is_dir():
+    if script.is_dir() and not script.is_symlink():
         raise UsageError(f"--script {script}: is a directory", hint="give a file name")
     if not parent.is_dir():
         if parent.exists():
@@ -189,6 +206,9 @@ def check_script_destination(script: Path | None) -> None:
         )
     if not os.access(parent, os.W_OK | os.X_OK):
         raise UsageError(f"--script {script}: cannot write in {parent}")
+    from quantpick.serve.command import check_script_target
+
+    check_script_target(script, force=force)
 
 
 def _check_format(fmt: str, model_source: str = "local") -> None:
@@ -210,6 +230,7 @@ def _emit_command(
     name: str,
     machine_gpus: tuple[int, ...] = (),
     workers: tuple[WorkerCommand, ...] = (),
+    force: bool = False,
 ) -> None:
     from quantpick.cli import output
     from quantpick.serve.command import (
@@ -241,7 +262,7 @@ def _emit_command(
         )
     worker_docs = [render_worker_json(w) for w in workers]
     if script is not None:
-        write_script(script, render_script(cmd, comment, workers))
+        write_script(script, render_script(cmd, comment, workers), force=force)
         output.note(f"Wrote {script}")
     text: str | None = None
     if fmt == "script":
@@ -299,6 +320,7 @@ def _plan_comment(p: Plan, machine: Machine) -> str:
         f"-c {p.config.ctx_size}, {p.placement} on {gpus} ({where}); expected decode "
         f"~{e.decode_tps_empty:.0f} tok/s empty, ~{e.decode_tps_target:.0f} at "
         f"{p.speed.target_context} tokens (bound {p.speed.tokens_per_s_empty:.0f}); {p.why}"
+        + (f"; speeds {p.calibration.label}" if p.calibration is not None else "")
     )
 
 
@@ -333,6 +355,8 @@ def command_cmd(
     llama_server: LlamaServerOpt = None,
     llama_bin: LlamaBinOpt = None,
     no_confirm: NoConfirmOpt = False,
+    no_calibration: NoCalibrationOpt = False,
+    timeout: TimeoutOpt = None,
     gpu_overhead: GpuOverheadOpt = None,
     margin: MarginOpt = None,
     ram_reserve: RamReserveOpt = None,
@@ -353,6 +377,7 @@ def command_cmd(
     exact: ExactOpt = False,
     no_network: NoNetworkOpt = False,
     script: ScriptOpt = None,
+    force: ForceOpt = False,
     json_: JsonOpt = False,
 ) -> None:
     """Plan for a GGUF already on disk (or, with --model-source hf, one llama-server fetches
@@ -366,7 +391,7 @@ def command_cmd(
     from quantpick.serve.command import build_command
 
     _check_format(fmt, model_source)
-    check_script_destination(script)
+    check_script_destination(script, force)
     machine = machine_from_cli(
         hardware,
         gpu,
@@ -391,9 +416,11 @@ def command_cmd(
                                allow_q4_kv, kv, 512, 2048, "on", no_offload)  # fmt: skip
         overheads = overheads_from_cli(gpu_overhead, margin, ram_reserve, gpu_reserve)
         p = _plan_from_hub(manifest, machine, request, overheads, exact, no_network,
-                           llama_server, gpu_overhead is not None)  # fmt: skip
+                           llama_server, gpu_overhead is not None,
+                           calibration=not no_calibration)  # fmt: skip
         _emit_hf(p, manifest, machine, llama_server, (host, port, alias, api_key_env),
-                 fmt=fmt, script=script, json_doc={} if json_ else None)  # fmt: skip
+                 fmt=fmt, script=script, json_doc={} if json_ else None,
+                 timeout_s=tool_timeout(timeout), force=force)  # fmt: skip
         return
     local = resolve_local(model, quant, gguf, mmproj, dir_, vision)
     manifest, q, model_path = local.manifest, local.quant, local.model_path
@@ -420,6 +447,7 @@ def command_cmd(
             manifest, machine, request,
             overheads_from_cli(gpu_overhead, margin, ram_reserve, gpu_reserve),
             llama_server=llama_server, gpu_overhead_given=gpu_overhead is not None,
+            calibration=not no_calibration,
             local=local.layout,
         )
     )  # fmt: skip
@@ -427,7 +455,7 @@ def command_cmd(
         output.note(f"Note: {line}")
     p, request, overheads = planned.plan, planned.inputs.request, planned.inputs.overheads
     confirmation = None
-    options = confirm_options(no_confirm, llama_bin, llama_server, machine)
+    options = confirm_options(no_confirm, llama_bin, llama_server, machine, timeout)
     if options is not None:
         from quantpick.pipeline import confirm_local_plan
 
@@ -436,7 +464,7 @@ def command_cmd(
         )
         p = confirmation.plan
     report_confirmation(confirmation, machine, no_confirm, quiet=json_)
-    caps = _capabilities(machine, llama_server)
+    caps = _capabilities(machine, llama_server, tool_timeout(timeout))
     cmd = build_command(
         p.config,
         model_path=model_path,
@@ -461,6 +489,7 @@ def command_cmd(
         workers=_worker_commands(p, machine, rpc_bind, rpc_cache),
         name=alias or manifest.id,
         machine_gpus=tuple(g.index for g in machine.usable_gpus),
+        force=force,
     )
 
 
@@ -473,6 +502,8 @@ def _plan_from_hub(
     no_network: bool,
     llama_server: Path | None,
     gpu_overhead_given: bool,
+    *,
+    calibration: bool = True,
 ) -> Plan:
     """The plan for a file that stays on the hub: on its exact header when it can be read (cache
     or a few range requests), else on the manifest, through the recipe `pick` uses."""
@@ -483,6 +514,7 @@ def _plan_from_hub(
         PlanInputs(
             manifest, machine, request, overheads, llama_server=llama_server,
             gpu_overhead_given=gpu_overhead_given, exact=exact, network=not no_network,
+            calibration=calibration,
         )
     )  # fmt: skip
     for line in result.notes:
@@ -500,6 +532,8 @@ def _emit_hf(
     fmt: str,
     script: Path | None,
     json_doc: dict[str, Any] | None,
+    timeout_s: float | None = None,
+    force: bool = False,
 ) -> None:
     """The command for `-hf REPO:QUANT`: llama-server downloads the file into its HF cache."""
     from quantpick.cli.render import plan_to_dict
@@ -513,7 +547,7 @@ def _emit_hf(
         manifest=manifest,
         block_count=manifest.architecture.block_count,
         server=_server_options(host, port, alias, api_key_env),
-        capabilities=_capabilities(machine, llama_server),
+        capabilities=_capabilities(machine, llama_server, timeout_s),
         hf=hf_model(manifest, p.quant),
     )
     doc = None
@@ -521,7 +555,7 @@ def _emit_hf(
         doc = {**json_doc, "plan": plan_to_dict(p, machine, manifest.architecture.block_count),
                "model_source": "hf"}  # fmt: skip
     _emit_command(cmd, fmt=fmt, script=script, comment=_plan_comment(p, machine), json_doc=doc,
-                  name=alias or manifest.id,
+                  name=alias or manifest.id, force=force,
                   machine_gpus=tuple(g.index for g in machine.usable_gpus))  # fmt: skip
 
 
@@ -579,6 +613,8 @@ def get_cmd(
     llama_server: LlamaServerOpt = None,
     llama_bin: LlamaBinOpt = None,
     no_confirm: NoConfirmOpt = False,
+    no_calibration: NoCalibrationOpt = False,
+    timeout: TimeoutOpt = None,
     gpu_overhead: GpuOverheadOpt = None,
     margin: MarginOpt = None,
     ram_reserve: RamReserveOpt = None,
@@ -599,6 +635,7 @@ def get_cmd(
     fmt: FormatOpt = "line",
     model_source: ModelSourceOpt = "local",
     script: ScriptOpt = None,
+    force: ForceOpt = False,
     json_: JsonOpt = False,
 ) -> None:
     """Pick, download + verify, and print (or --script) the llama-server command: the whole job."""
@@ -612,7 +649,7 @@ def get_cmd(
     from quantpick.serve.command import build_command
 
     _check_format(fmt, model_source)
-    check_script_destination(script)
+    check_script_destination(script, force)
     settings = with_fetch_flags(
         load_settings(), reuse=reuse, reuse_from=reuse_from, hf_cache=hf_cache
     )
@@ -648,7 +685,8 @@ def get_cmd(
         # llama-server fetches the file itself: plan (on the hub's header), nothing to download.
         overheads = overheads_from_cli(gpu_overhead, margin, ram_reserve, gpu_reserve)
         p = _plan_from_hub(manifest, machine, request, overheads, exact, no_network,
-                           llama_server, gpu_overhead is not None)  # fmt: skip
+                           llama_server, gpu_overhead is not None,
+                           calibration=not no_calibration)  # fmt: skip
         if not (json_ or quiet):
             output.note(
                 f"Plan: {p.model} {p.quant} (KV {p.config.cache_type_k}, {p.placement}) for "
@@ -663,6 +701,8 @@ def get_cmd(
             fmt=fmt,
             script=None if dry_run else script,
             json_doc={"dry_run": dry_run, "fetch": None, "files": None} if json_ else None,
+            timeout_s=tool_timeout(timeout),
+            force=force,
         )
         return  # fmt: skip
     overheads = overheads_from_cli(gpu_overhead, margin, ram_reserve, gpu_reserve)
@@ -688,9 +728,10 @@ def get_cmd(
             source=source,
             allow_unverified=allow_unverified,
             dry_run=dry_run,
-            confirm=confirm_options(no_confirm, llama_bin, llama_server, machine),
+            confirm=confirm_options(no_confirm, llama_bin, llama_server, machine, timeout),
             llama_server=llama_server,
             gpu_overhead_given=gpu_overhead is not None,
+            calibration=not no_calibration,
         ),
         settings=settings,
         progress=progress,
@@ -705,7 +746,7 @@ def get_cmd(
         report_confirmation(result.confirmation, machine, no_confirm, quiet=quiet or json_)
     p, report, files = result.plan, result.report, result.files
     model_path, mmproj_path = result.model_path, result.mmproj_path
-    caps = _capabilities(machine, llama_server)
+    caps = _capabilities(machine, llama_server, tool_timeout(timeout))
     cmd = build_command(
         p.config,
         model_path=model_path,
@@ -755,4 +796,5 @@ def get_cmd(
         workers=_worker_commands(p, machine, rpc_bind, rpc_cache),
         name=alias or manifest.id,
         machine_gpus=tuple(g.index for g in machine.usable_gpus),
+        force=force,
     )

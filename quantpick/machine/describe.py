@@ -260,6 +260,7 @@ def resolve_rpc_workers(
     Every spec is parsed before any worker is contacted, so bad input fails fast.
     """
     from quantpick.machine import probe as hardware
+    from quantpick.machine.rpc import resolve_ipv4
 
     probed = [parse_endpoint(e) for e in rpc]
     described: dict[tuple[str, int], list[Gpu]] = {}
@@ -271,10 +272,23 @@ def resolve_rpc_workers(
     if len(set(probed)) != len(probed):
         twice = next(e for e in probed if probed.count(e) > 1)
         raise UsageError(f"--rpc {twice[0]}:{twice[1]} is given twice")
+    # "localhost:50052" and "127.0.0.1:50052" are one worker: refused before either is read
+    # (both read at once, the second would wait behind the first).
+    by_address: dict[tuple[str, int], str] = {}
+    for host, port in probed:
+        address = resolve_ipv4(host)
+        if address is None:
+            continue
+        if (address, port) in by_address:
+            raise UsageError(f"--rpc {by_address[(address, port)]} and {host}:{port} are the "
+                             "same worker")  # fmt: skip
+        by_address[(address, port)] = f"{host}:{port}"
+    # Every probed worker at once: the whole probe is bounded by one exchange's deadline.
+    read = dict(zip(probed, hardware.probe_rpc_workers(probed, timeout_s=timeout_s), strict=True))
     workers: list[RpcWorker] = []
     for host, port in order:
         if (host, port) in probed:
-            worker, worker_notes = hardware.probe_rpc_worker(host, port, timeout_s=timeout_s)
+            worker, worker_notes = read[(host, port)]
             if notes is not None:
                 notes.extend(worker_notes)
             if (host, port) in described:

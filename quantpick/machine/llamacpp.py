@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import re
 import shutil
-import subprocess
 from pathlib import Path
 
 from quantpick.machine.spec import LlamaServer
 
 VERSION_TIMEOUT_S = 5.0
+# `--version` prints two lines (~150 bytes) and, on GPU builds, one line per device found.
+VERSION_CAP = 64 * 1024
 
 # qwen35moe landed in PR #19468 (commit fc0fe4004, 2026-02-10); first release tag ~ b7988.
 QWEN35MOE_MIN_BUILD = 7988
@@ -70,30 +71,29 @@ def find_llama_server(path: Path | None = None) -> Path | None:
 
 
 def inspect_llama_server(path: Path, *, timeout_s: float = VERSION_TIMEOUT_S) -> LlamaServer:
-    """Run `path --version` and read its build; any failure is reported in `error`, not raised."""
+    """Run `path --version` and read its build; any failure is reported in `error`, not raised.
+    Bounded (quantpick.process): its own process group, capped output, killed at the deadline."""
+    from quantpick.process import printable, run_tool
+
     try:
-        proc = subprocess.run(
-            [str(path), "--version"],
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            text=True,
-            errors="replace",
-            timeout=timeout_s,
-            check=False,
-        )
+        proc = run_tool([str(path), "--version"], timeout_s=timeout_s, stdout_cap=VERSION_CAP)
     except FileNotFoundError:
         return LlamaServer(path=str(path), error="not found")
     except PermissionError:
         return LlamaServer(path=str(path), error="not executable")
-    except subprocess.TimeoutExpired:
-        return LlamaServer(path=str(path), error=f"--version did not finish in {timeout_s:g} s")
     except OSError as exc:
         return LlamaServer(path=str(path), error=f"cannot run: {exc.strerror or exc}")
+    if proc.timed_out:
+        return LlamaServer(path=str(path), error=f"--version did not finish in {timeout_s:g} s")
     # New builds print to stderr, the combined `llama` app to stdout: read both.
     text = f"{proc.stdout}\n{proc.stderr}"
     version, build, commit = parse_version_output(text)
     if build is None:
         first = next((line.strip() for line in text.splitlines() if line.strip()), "")
         what = f"exit {proc.returncode}" if proc.returncode else "no version line"
-        return LlamaServer(path=str(path), error=f"cannot read --version ({what}): {first[:120]!r}")
+        if proc.overflowed:
+            what = "more than 64 KiB of output"
+        return LlamaServer(
+            path=str(path), error=f"cannot read --version ({what}): {printable(first)[:120]!r}"
+        )
     return LlamaServer(path=str(path), version=version, build=build, commit=commit)

@@ -362,6 +362,25 @@ def probe_rpc_worker(
     return worker_from_report(report), report.notes
 
 
+def probe_rpc_workers(
+    endpoints: list[tuple[str, int]], *, timeout_s: float | None = None
+) -> list[tuple[RpcWorker, tuple[str, ...]]]:
+    """Several workers read at once (machine.rpc.query_workers: the probe takes one exchange's
+    deadline, not one per worker). Raises the first failing worker's RpcWorkerError, in the
+    order given."""
+    from quantpick.machine import rpc
+
+    results = rpc.query_workers(
+        endpoints, timeout_s=rpc.DEFAULT_TIMEOUT_S if timeout_s is None else timeout_s
+    )
+    out = []
+    for result in results:
+        if isinstance(result, Exception):
+            raise result
+        out.append((worker_from_report(result), result.notes))
+    return out
+
+
 # --- Everything -------------------------------------------------------------------------------
 
 

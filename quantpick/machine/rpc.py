@@ -56,9 +56,14 @@ PROTOCOL_VERSION = (7, 0, 0)
 PROTOCOL_MAJOR = PROTOCOL_VERSION[0]
 # tools/rpc/rpc-server.cpp:87 rpc_server_params.port
 DEFAULT_PORT = 50052
-# Connect and each reply. A worker answers these messages in well under a millisecond on a LAN
-# (0.17 ms measured on loopback); seconds of silence mean busy, firewalled or down.
+# One deadline for the whole exchange with a worker (knock, connect, HELLO, DEVICE_COUNT, every
+# GET_DEVICE_MEMORY): a worker answers each message in well under a millisecond on a LAN (0.17 ms
+# measured on loopback), so the exchange takes milliseconds; seconds of silence, or of a reply
+# trickling in, mean busy, firewalled, down or not a worker. Several workers are read at once
+# (query_workers), so the whole probe is bounded by one such deadline.
 DEFAULT_TIMEOUT_S = 3.0
+# Workers read at the same time (each is one TCP exchange of a few hundred bytes).
+MAX_PARALLEL_QUERIES = 64
 
 CMD_GET_DEVICE_MEMORY = 11
 CMD_HELLO = 14
@@ -183,8 +188,27 @@ class _Closed(Exception):
         self.got = got
 
 
-def _connect(host: str, port: int, timeout_s: float) -> socket.socket:
+class _Deadline:
+    """The one deadline of an exchange: every connect, send and receive gets what is left."""
+
+    def __init__(self, timeout_s: float) -> None:
+        self.timeout_s = timeout_s
+        self.at = time.monotonic() + timeout_s
+
+    def left(self) -> float:
+        return self.at - time.monotonic()
+
+    def arm(self, sock: socket.socket) -> None:
+        """Give `sock` what is left of the deadline; _Silent when nothing is."""
+        left = self.left()
+        if left <= 0:
+            raise _Silent(0)
+        sock.settimeout(left)
+
+
+def _connect(host: str, port: int, deadline: _Deadline) -> socket.socket:
     where = f"RPC worker {host}:{port}"
+    timeout_s = deadline.timeout_s
     try:
         infos = socket.getaddrinfo(host, port, socket.AF_INET, socket.SOCK_STREAM)
     except (socket.gaierror, UnicodeError):
@@ -192,7 +216,7 @@ def _connect(host: str, port: int, timeout_s: float) -> socket.socket:
             f"{where}: cannot resolve {host!r}", hint="use the worker's IPv4 address"
         ) from None
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.settimeout(timeout_s)
+    sock.settimeout(max(0.001, deadline.left()))
     # As llama.cpp's own client (transport.cpp set_no_delay): small messages go out at once.
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     try:
@@ -216,9 +240,13 @@ def _connect(host: str, port: int, timeout_s: float) -> socket.socket:
     return sock
 
 
-def _recv_exact(sock: socket.socket, n: int) -> bytes:
+def _recv_exact(sock: socket.socket, n: int, deadline: _Deadline) -> bytes:
     data = bytearray()
     while len(data) < n:
+        try:
+            deadline.arm(sock)
+        except _Silent:
+            raise _Silent(len(data)) from None
         try:
             chunk = sock.recv(n - len(data))
         except TimeoutError:
@@ -231,21 +259,21 @@ def _recv_exact(sock: socket.socket, n: int) -> bytes:
     return bytes(data)
 
 
-def _reply(sock: socket.socket, size: int, what: str, where: str) -> bytes:
-    """One framed reply whose payload must be `size` bytes."""
+def _reply(sock: socket.socket, size: int, what: str, where: str, deadline: _Deadline) -> bytes:
+    """One framed reply whose payload must be `size` bytes, within the exchange's deadline."""
     try:
-        header = _recv_exact(sock, 8)
+        header = _recv_exact(sock, 8, deadline)
         (got_size,) = struct.unpack("<Q", header)
         if got_size != size:
             raise RpcWorkerError(
                 f"{where}: its {what} reply is {got_size} bytes, protocol "
                 f"{PROTOCOL_MAJOR}.x sends {size}: not a ggml-rpc-server of that protocol"
             )
-        return _recv_exact(sock, size)
+        return _recv_exact(sock, size, deadline)
     except _Silent as exc:
         raise RpcWorkerError(
-            f"{where}: no {what} reply within {sock.gettimeout():g} s"
-            + (f" (stopped after {exc.got} bytes)" if exc.got else "")
+            f"{where}: no {what} reply within the {deadline.timeout_s:g} s the whole exchange "
+            "may take" + (f" (stopped after {exc.got} bytes)" if exc.got else "")
         ) from None
     except _Closed as exc:
         raise RpcWorkerError(
@@ -281,18 +309,21 @@ def _device_memory(
     return DeviceMemory(free_bytes=free, total_bytes=total)
 
 
-def _knock(host: str, port: int, timeout_s: float) -> None:
+def _knock(host: str, port: int, deadline: _Deadline) -> None:
     """Is the worker free? It hangs up on the knock at once if so (module docstring)."""
     where = f"RPC worker {host}:{port}"
-    with _connect(host, port, timeout_s) as sock:
+    timeout_s = deadline.timeout_s
+    with _connect(host, port, deadline) as sock:
         try:
+            deadline.arm(sock)
             sock.sendall(KNOCK)
             sock.shutdown(socket.SHUT_WR)
-        except OSError:
+        except (OSError, _Silent):
             pass  # it hung up before the knock was complete: what it said (if anything) tells
         try:
+            deadline.arm(sock)
             answer = sock.recv(64)
-        except TimeoutError:
+        except (TimeoutError, _Silent):
             raise RpcWorkerError(
                 f"{where} is busy: it accepted the connection but did not read it within "
                 f"{timeout_s:g} s. ggml-rpc-server serves one client at a time: is a "
@@ -310,18 +341,35 @@ def _knock(host: str, port: int, timeout_s: float) -> None:
             )
 
 
-def _legacy_version(host: str, port: int, timeout_s: float) -> tuple[int, int, int] | None:
+def _legacy_version(host: str, port: int, deadline: _Deadline) -> tuple[int, int, int] | None:
     """The version of a worker older than protocol 4 (payload-less HELLO), or None."""
     try:
-        with _connect(host, port, timeout_s) as sock:
+        with _connect(host, port, deadline) as sock:
+            deadline.arm(sock)
             sock.sendall(LEGACY_HELLO)
-            header = _recv_exact(sock, 8)
+            header = _recv_exact(sock, 8, deadline)
             if struct.unpack("<Q", header)[0] != LEGACY_HELLO_REPLY_SIZE:
                 return None
-            major, minor, patch = _recv_exact(sock, LEGACY_HELLO_REPLY_SIZE)
+            major, minor, patch = _recv_exact(sock, LEGACY_HELLO_REPLY_SIZE, deadline)
             return major, minor, patch
     except (RpcWorkerError, _Silent, _Closed, OSError):
         return None
+
+
+def _send(sock: socket.socket, data: bytes, what: str, where: str, deadline: _Deadline) -> None:
+    """One request, within the exchange's deadline."""
+    try:
+        deadline.arm(sock)
+        sock.sendall(data)
+    except (_Silent, TimeoutError):
+        raise RpcWorkerError(
+            f"{where}: {what} could not be sent within the {deadline.timeout_s:g} s the whole "
+            "exchange may take"
+        ) from None
+    except OSError as exc:
+        raise RpcWorkerError(
+            f"{where}: the connection broke while sending {what} ({exc.strerror or exc})"
+        ) from None
 
 
 def _version_error(where: str, version: tuple[int, int, int]) -> RpcWorkerError:
@@ -336,25 +384,29 @@ def _version_error(where: str, version: tuple[int, int, int]) -> RpcWorkerError:
 
 
 def query_worker(host: str, port: int, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> WorkerReport:
-    """Knock, say HELLO, count the devices, read each one's memory, hang up.
+    """Knock, say HELLO, count the devices, read each one's memory, hang up: all of it within
+    `timeout_s` (one deadline for the exchange, however slowly the worker trickles its replies
+    and however many devices it claims).
 
     Raises RpcWorkerError (exit 6) with one line saying what is wrong: unresolvable, refused,
-    no answer, busy, another program on the port, another protocol version, a reply cut short.
+    no answer, busy, another program on the port, another protocol version, a reply cut short,
+    too slow.
     """
     where = f"RPC worker {host}:{port}"
-    _knock(host, port, timeout_s)
+    deadline = _Deadline(timeout_s)
+    _knock(host, port, deadline)
     rtts: list[float] = []
-    with _connect(host, port, timeout_s) as sock:
+    with _connect(host, port, deadline) as sock:
         address, head_address = sock.getpeername()[0], sock.getsockname()[0]
-        sock.sendall(HELLO)
+        _send(sock, HELLO, "HELLO", where, deadline)
         try:
-            hello = _reply(sock, HELLO_REPLY_SIZE, "HELLO", where)
+            hello = _reply(sock, HELLO_REPLY_SIZE, "HELLO", where, deadline)
         except RpcWorkerError as exc:
             if "instead of answering" not in exc.message:
                 raise
             sock.close()
             # It hung up on a well-formed HELLO: a worker of protocol < 4 does that.
-            legacy = _legacy_version(host, port, timeout_s)
+            legacy = _legacy_version(host, port, deadline)
             if legacy is not None:
                 raise _version_error(where, legacy) from None
             raise RpcWorkerError(
@@ -368,8 +420,8 @@ def query_worker(host: str, port: int, *, timeout_s: float = DEFAULT_TIMEOUT_S) 
             raise _version_error(where, version)
 
         start = time.perf_counter()
-        sock.sendall(DEVICE_COUNT)
-        (count,) = struct.unpack("<I", _reply(sock, 4, "DEVICE_COUNT", where))
+        _send(sock, DEVICE_COUNT, "DEVICE_COUNT", where, deadline)
+        (count,) = struct.unpack("<I", _reply(sock, 4, "DEVICE_COUNT", where, deadline))
         rtts.append(time.perf_counter() - start)
         if count == 0:
             raise RpcWorkerError(f"{where} serves no device", hint="check its -d list")
@@ -379,8 +431,9 @@ def query_worker(host: str, port: int, *, timeout_s: float = DEFAULT_TIMEOUT_S) 
         notes: list[str] = []
         for device in range(count):
             start = time.perf_counter()
-            sock.sendall(device_memory_request(device))
-            free, total = struct.unpack("<QQ", _reply(sock, 16, "GET_DEVICE_MEMORY", where))
+            _send(sock, device_memory_request(device), "GET_DEVICE_MEMORY", where, deadline)
+            reply = _reply(sock, 16, "GET_DEVICE_MEMORY", where, deadline)
+            free, total = struct.unpack("<QQ", reply)
             rtts.append(time.perf_counter() - start)
             devices.append(_device_memory(free, total, device, host, port, notes))
     if version[1] > PROTOCOL_VERSION[1]:
@@ -399,3 +452,23 @@ def query_worker(host: str, port: int, *, timeout_s: float = DEFAULT_TIMEOUT_S) 
         rtt_s=min(rtts),
         notes=tuple(notes),
     )
+
+
+def query_workers(
+    endpoints: list[tuple[str, int]], *, timeout_s: float = DEFAULT_TIMEOUT_S
+) -> list[WorkerReport | RpcWorkerError]:
+    """`query_worker` for every endpoint at once (up to MAX_PARALLEL_QUERIES in flight): the
+    whole probe takes about one exchange's deadline, not one per worker. One result per
+    endpoint, in order: its report, or the error that worker gave."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def one(endpoint: tuple[str, int]) -> WorkerReport | RpcWorkerError:
+        try:
+            return query_worker(endpoint[0], endpoint[1], timeout_s=timeout_s)
+        except RpcWorkerError as exc:
+            return exc
+
+    if len(endpoints) <= 1:
+        return [one(e) for e in endpoints]
+    with ThreadPoolExecutor(max_workers=min(MAX_PARALLEL_QUERIES, len(endpoints))) as pool:
+        return list(pool.map(one, endpoints))

@@ -6,6 +6,11 @@ buffers. Ratios keep it independent of the speed model's internals: whichever mo
 figures are scaled by what this machine measured against the same model. `predicted_figures` and
 `calibrate_speed` are the only places that know the speed model's field names (the adapter).
 
+A profile is stored only from a run that can be true (`plausibility_problems`: finite positive
+figures, ratios inside the band the speed model's own worst error allows, a model in the size
+range it was fitted on, repetitions that agree) and applies only to what it measured
+(`CalibrationScope`: the llama.cpp build, the devices the run used, a model of that size class).
+
 Storage (JSON under the config dir) is `serve/calibration.py`; the format is in docs/calibration.md.
 """
 
@@ -13,15 +18,42 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import math
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from quantpick.machine.spec import Machine
+from quantpick.model.manifest import Manifest
 from quantpick.plan.memory import Overheads
+from quantpick.units import GiB, human
 
 PROFILE_KIND = "quantpick-calibration"
-PROFILE_SCHEMA = 1
+# 2: entries carry their scope (devices, model size) and a list replaces the per-build map;
+# schema 1 files (no scope, no plausibility check) are never applied.
+PROFILE_SCHEMA = 2
+
+# ---- what a run must be to calibrate anything -------------------------------------------------
+# The model files of the runs the speed model was fitted on
+# (benchmarks/data/speed-measurements.json: 9.6 GB to 26.55 GiB, Qwen3.x 35B-A3B quants). A
+# calibration is a correction to that model; on a much smaller or larger file its terms weigh
+# differently (a 16 MiB test model is all fixed costs), so a run is used only within a factor 2
+# of those files.
+FITTED_MODEL_BYTES = (9_600_000_000, math.ceil(26.55 * GiB))
+MODEL_BYTES_RANGE = (FITTED_MODEL_BYTES[0] // 2, FITTED_MODEL_BYTES[1] * 2)
+# measured / predicted outside this band is not this machine: the speed model's worst error on a
+# source it never saw is 1.67x decode and 1.61x prefill (benchmarks/speed_accuracy.py, leave one
+# source out); 1.5 times that worst case either way, rounded, is [0.4, 2.5].
+RATIO_BAND = (0.4, 2.5)
+# Repetitions of one figure may spread by this much (max / min - 1): three times the speed
+# model's median error (5-6%); a noisier run would add noise, not knowledge.
+REPEAT_SPREAD_MAX = 0.15
+# Decode at a filled context reads the KV cache on top of the weights: it is never faster than
+# with an empty one. 5% slack for timing noise.
+DEPTH_SLACK = 1.05
+# A profile applies to a model one of whose files is within this factor of the measured file.
+SIZE_MATCH_FACTOR = 2.0
 
 # Figure -> attribute names on the speed model's result: today's SpeedEstimate (bandwidth bound)
 # and the coming ExpectedSpeed. The first name present wins.
@@ -50,10 +82,172 @@ class Calibration:
     build: str  # "b11312 (0c1e57098)"
     speed: SpeedFactors
     gpu_overhead_bytes: tuple[tuple[str, int], ...] = ()  # device ("CUDA0") -> bytes
+    measured_on: str = ""  # what the bench ran: "Q4_K_M, 19.7 GiB, on CUDA0"
 
     @property
     def label(self) -> str:
-        return f"calibrated on this machine, {self.date}, build {self.build}"
+        base = f"calibrated on this machine, {self.date}, build {self.build}"
+        return f"{base} (bench of {self.measured_on})" if self.measured_on else base
+
+
+@dataclass(frozen=True)
+class CalibrationScope:
+    """What a bench measured, and so what its profile may be applied to."""
+
+    build: str  # build_id(...) of the llama.cpp that ran
+    devices: tuple[str, ...]  # device_identity of each device the run used; () = the host only
+    model_bytes: int  # the model file(s) it ran
+
+    @property
+    def size_class(self) -> str:
+        return size_class(self.model_bytes)
+
+
+def device_identity(gpu_uuid: str | None, name: str, total_bytes: int) -> str:
+    return gpu_uuid or f"{name}:{total_bytes}"
+
+
+def machine_devices(machine: Machine) -> tuple[str, ...]:
+    """Every device a plan on `machine` may use: its usable GPUs and its RPC workers' devices."""
+    out = [device_identity(g.uuid, g.name, g.total_bytes) for g in machine.usable_gpus]
+    for w in machine.rpc_workers:
+        out += [f"rpc:{w.endpoint}/{d.index}" for d in w.devices]
+    return tuple(out)
+
+
+def plan_devices(machine: Machine, estimate_devices: Sequence[Any]) -> tuple[str, ...]:
+    """The devices a plan's estimate used (GPU rows with layers or buffers), by identity."""
+    by_index = {g.index: g for g in machine.gpus}
+    out: list[str] = []
+    for d in estimate_devices:
+        if getattr(d, "kind", "") != "gpu":
+            continue
+        if d.endpoint is not None:
+            out.append(f"rpc:{d.endpoint}/{d.gpu_index if d.gpu_index is not None else 0}")
+        elif d.gpu_index in by_index:
+            g = by_index[d.gpu_index]
+            out.append(device_identity(g.uuid, g.name, g.total_bytes))
+    return tuple(out)
+
+
+def model_sizes(manifest: Manifest) -> tuple[int, ...]:
+    """The size of each quant of a model (all its shards), as a calibration's scope reads it."""
+    return tuple(sum(f.size_bytes for f in manifest.quant_files(q)) for q in manifest.quants)
+
+
+def size_class(model_bytes: int) -> str:
+    """Power-of-two GiB buckets: "16-32 GiB" (below 1 GiB: "<1 GiB")."""
+    gib = model_bytes / GiB
+    if gib < 1:
+        return "<1 GiB"
+    lo = 2 ** math.floor(math.log2(gib))
+    return f"{lo}-{lo * 2} GiB"
+
+
+def size_matches(measured_bytes: int, sizes: Sequence[int]) -> bool:
+    return any(
+        measured_bytes / SIZE_MATCH_FACTOR <= s <= measured_bytes * SIZE_MATCH_FACTOR
+        for s in sizes
+        if s > 0
+    )
+
+
+# ---- is a run plausible -----------------------------------------------------------------------
+
+
+def _number(value: object) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value)
+
+
+def _shown(value: object) -> str:
+    number = _number(value)
+    return f"{number:.3g}" if number is not None else repr(value)[:40]
+
+
+def plausibility_problems(entry: dict[str, Any]) -> list[str]:
+    """Why a bench entry (docs/calibration.md) cannot calibrate anything; [] when it can."""
+    problems: list[str] = []
+    measured = entry.get("measured") or {}
+    predicted = entry.get("predicted") or {}
+    ratios = entry.get("ratios") or {}
+    for where, figures in (("measured", measured), ("predicted", predicted)):
+        for key, value in figures.items():
+            if key == "model" or value is None:
+                continue
+            number = _number(value)
+            if number is None or not math.isfinite(number) or number <= 0:
+                problems.append(f"{where} {key} is {_shown(value)}, not a speed")
+    lo, hi = RATIO_BAND
+    usable = 0
+    for key, value in ratios.items():
+        if value is None:
+            continue
+        number = _number(value)
+        if number is None or not math.isfinite(number) or not lo <= number <= hi:
+            problems.append(
+                f"{key} measured / predicted is {_shown(value)}: outside {lo:g}-{hi:g}, the "
+                "band the speed model's own worst error allows"
+            )
+        elif key.startswith("decode"):
+            usable += 1
+    if usable == 0 and not any(p.startswith("decode") for p in problems):
+        problems.append("no decode figure to compare with the prediction")
+    empty = _number(measured.get("decode_tps_empty"))
+    deep = _number(measured.get("decode_tps_depth"))
+    if empty and deep and math.isfinite(empty) and math.isfinite(deep) and empty > 0:
+        if deep > empty * DEPTH_SLACK:
+            problems.append(
+                f"decode at {entry.get('depth_tokens')} tokens ({deep:.1f} tok/s) is faster than "
+                f"with an empty context ({empty:.1f}): the filled context cannot speed it up"
+            )
+    size = _number(entry.get("model_bytes"))
+    if size is None or size <= 0:
+        problems.append("the model's size is not recorded")
+    elif not MODEL_BYTES_RANGE[0] <= size <= MODEL_BYTES_RANGE[1]:
+        problems.append(
+            f"the model ({human(size)}) is outside {human(MODEL_BYTES_RANGE[0])}-"
+            f"{human(MODEL_BYTES_RANGE[1])}, the file sizes the speed model was fitted on "
+            "(within a factor 2)"
+        )
+    samples = entry.get("samples") or {}
+    repeated = False
+    for key, values in samples.items():
+        numbers = [_number(v) for v in values] if isinstance(values, list) else [None]
+        if any(n is None or not math.isfinite(n) or n <= 0 for n in numbers):
+            problems.append(f"a {key} repetition is not a speed")
+            continue
+        if len(numbers) < 2:
+            continue
+        repeated = True
+        spread = max(numbers) / min(numbers) - 1  # type: ignore[type-var, operator]
+        if spread > REPEAT_SPREAD_MAX:
+            problems.append(
+                f"the {key} repetitions disagree by {spread:.0%} (more than "
+                f"{REPEAT_SPREAD_MAX:.0%}): the machine was not steady"
+            )
+    if not repeated:
+        problems.append("one repetition cannot show the figures repeat (run with --reps 2 or more)")
+    if not isinstance(entry.get("devices"), list):
+        problems.append("the devices it ran on are not recorded")
+    return problems
+
+
+def entry_scope(entry: dict[str, Any]) -> CalibrationScope:
+    devices = entry.get("devices")
+    size = _number(entry.get("model_bytes"))
+    return CalibrationScope(
+        build=str(entry.get("build_id", "unknown")),
+        devices=tuple(str(d) for d in devices) if isinstance(devices, list) else (),
+        model_bytes=int(size) if size and math.isfinite(size) else 0,
+    )
+
+
+def same_scope(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """Two entries a new bench replaces one with the other: same build, devices and size class."""
+    sa, sb = entry_scope(a), entry_scope(b)
+    return (sa.build, sa.devices, sa.size_class) == (sb.build, sb.devices, sb.size_class)
 
 
 # ---- the adapter to the speed model -----------------------------------------------------------
@@ -109,7 +303,10 @@ def speed_ratios(
 
     def ratio(key: str) -> float | None:
         m, p = measured.get(key), predicted.get(key)
-        return m / p if m and p else None
+        if m is None or p is None or not (math.isfinite(m) and math.isfinite(p)) or p <= 0:
+            return None
+        r = m / p
+        return r if math.isfinite(r) else None
 
     return SpeedFactors(
         ratio("decode_empty"), ratio("decode_depth"), depth_tokens, ratio("prefill")
@@ -159,27 +356,68 @@ def build_id(build: int | None, commit: str | None, version: str | None) -> str:
 
 
 def calibration_from_profile(
-    stored: dict[str, Any], machine: Machine, build: str
+    stored: dict[str, Any], machine: Machine, build: str, sizes: Sequence[int] = ()
 ) -> tuple[Calibration | None, str | None]:
-    """(the calibration for this machine and build, or None with the reason it is not applied).
+    """(the calibration for this machine, build and model, or None with the reason it is not
+    applied).
 
     `stored` is a profile file's JSON (docs/calibration.md); `build` is `build_id(...)` of the
-    installed llama.cpp.
+    installed llama.cpp; `sizes` are the planned model's file sizes (`model_sizes`): a profile
+    applies only to a model of the size it measured, run on the devices it measured, with the
+    build it measured, and only when its figures are plausible (re-checked here: a file from an
+    older quantpick, or edited by hand, is never taken on trust).
     """
-    if stored.get("kind") != PROFILE_KIND or stored.get("schema_version") != PROFILE_SCHEMA:
+    if stored.get("kind") != PROFILE_KIND:
         return None, "the calibration file has an unknown format; re-run quantpick bench"
+    if stored.get("schema_version") != PROFILE_SCHEMA:
+        return None, (
+            "the calibration file was written by another quantpick version, without the scope "
+            "and checks this one needs; re-run quantpick bench (`quantpick calibration reset` "
+            "removes it)"
+        )
     want = [(g["name"], g.get("uuid"), g["total_bytes"]) for g in gpu_identity(machine)]
-    have = [(g["name"], g.get("uuid"), g["total_bytes"]) for g in stored.get("gpus", [])]
+    try:
+        have = [(g["name"], g.get("uuid"), g["total_bytes"]) for g in stored.get("gpus", [])]
+    except (TypeError, KeyError):
+        return None, "the calibration file is damaged; `quantpick calibration reset` removes it"
     if want != have:
-        names = ", ".join(n for n, _, _ in have) or "no GPU"
+        names = ", ".join(str(n) for n, _, _ in have) or "no GPU"
         return None, f"the calibration was measured on other GPUs ({names}); re-run quantpick bench"
-    profiles: dict[str, Any] = stored.get("profiles", {})
-    entry = profiles.get(build)
-    if entry is None:
-        others = ", ".join(sorted(profiles)) or "none"
+    profiles = stored.get("profiles")
+    entries = [e for e in profiles if isinstance(e, dict)] if isinstance(profiles, list) else []
+    of_build = [e for e in entries if e.get("build_id") == build]
+    if not of_build:
+        others = ", ".join(sorted({str(e.get("build_id")) for e in entries})) or "none"
         return None, (
             f"the calibration is for another llama.cpp build ({others}; installed: {build}); "
             "re-run quantpick bench"
+        )
+    devices = machine_devices(machine)
+    on_devices = [e for e in of_build if entry_scope(e).devices == devices]
+    if not on_devices:
+        ran = "; ".join(_devices_text(entry_scope(e).devices) for e in of_build)
+        return None, (
+            f"the calibration was measured on {ran}, not on every device this machine plans "
+            f"on ({_devices_text(devices)}); re-run quantpick bench with the same devices"
+        )
+    of_size = [e for e in on_devices if size_matches(entry_scope(e).model_bytes, sizes)]
+    if not of_size:
+        measured = ", ".join(_measured_on(e) for e in on_devices)
+        planned = f"{human(min(sizes))}-{human(max(sizes))}" if sizes else "of unknown size"
+        return None, (
+            f"the calibration measured another size of model ({measured}); this model's files "
+            f"are {planned}: bench a file of this model to calibrate it"
+        )
+    target = sorted(sizes)[len(sizes) // 2] if sizes else 0
+    entry = min(
+        of_size,
+        key=lambda e: abs(math.log(max(1, entry_scope(e).model_bytes) / max(1, target))),
+    )
+    problems = plausibility_problems(entry)
+    if problems:
+        return None, (
+            f"the stored calibration cannot be true ({problems[0]}); `quantpick calibration "
+            "reset` removes it"
         )
     ratios = entry.get("ratios", {})
     factors = SpeedFactors(
@@ -189,9 +427,30 @@ def calibration_from_profile(
         prefill=ratios.get("prefill"),
     )
     overhead = tuple(
-        (g["device"], int(g["driver_overhead_bytes"]))
+        (str(g["device"]), int(g["driver_overhead_bytes"]))
         for g in entry.get("gpus", [])
-        if g.get("driver_overhead_bytes") is not None
+        if isinstance(g, dict)
+        and isinstance(g.get("driver_overhead_bytes"), int)
+        and 0 <= g["driver_overhead_bytes"] <= MAX_DRIVER_OVERHEAD_BYTES
     )
     label = entry.get("build_label") or build
-    return Calibration(str(entry.get("date", "?")), label, factors, overhead), None
+    return Calibration(str(entry.get("date", "?")), str(label), factors, overhead,
+                       _measured_on(entry)), None  # fmt: skip
+
+
+# A driver's own share of a GPU beyond llama.cpp's buffers is a few hundred MiB (CUDA context,
+# cuBLAS workspaces: 384 MiB default, plan/memory.py); a stored figure above 8 GiB is not one.
+MAX_DRIVER_OVERHEAD_BYTES = 8 * GiB
+
+
+def _devices_text(devices: tuple[str, ...]) -> str:
+    return ", ".join(devices) if devices else "the host only (no GPU)"
+
+
+def _measured_on(entry: dict[str, Any]) -> str:
+    scope = entry_scope(entry)
+    what = " ".join(str(x) for x in (entry.get("model"), entry.get("quant")) if x)
+    size = human(scope.model_bytes) if scope.model_bytes else "size unknown"
+    n = len(scope.devices)
+    where = f"{n} device{'s' if n != 1 else ''}" if n else "the host only"
+    return f"{what + ', ' if what else ''}{size}, on {where}"

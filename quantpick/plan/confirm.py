@@ -30,7 +30,7 @@ from dataclasses import dataclass, field, replace
 
 from quantpick.machine.spec import Machine
 from quantpick.model.layout import ModelLayout
-from quantpick.plan.memory import DeviceEstimate, Overheads, RunConfig, estimate
+from quantpick.plan.memory import DeviceEstimate, Estimate, Overheads, RunConfig, estimate
 
 MiB = 1024**2
 # Bytes per saved logits row that stay live beside the logits in llama-fit-params' reservation
@@ -161,6 +161,31 @@ def _component(ours: int, mib: int) -> int:
     return ours if ours // MiB == mib else (mib + 1) * MiB - 1
 
 
+# How far llama.cpp's total of model weights may be from the file's own before the projection is
+# taken to be of something else (another file, a garbled output): weights are exact against
+# llama.cpp (tests/plan/test_memory.py's conformance grid: equal to the MiB), so a quarter is
+# far beyond any rounding, and 64 MiB covers the per-row flooring of a tiny model.
+WEIGHTS_TOLERANCE = 0.25
+WEIGHTS_TOLERANCE_MIB = 64
+
+
+def _implausible(
+    checks: list[DeviceCheck], fp_est: Estimate, projection: Projection, other_host: int
+) -> str | None:
+    """Why llama.cpp's projection cannot be a projection of this plan, or None."""
+    theirs = sum(d.model_mib for d in projection.devices) + other_host
+    ours = sum(d.weights_bytes for d in fp_est.devices) // MiB
+    if abs(theirs - ours) > max(ours * WEIGHTS_TOLERANCE, WEIGHTS_TOLERANCE_MIB):
+        return (
+            f"llama.cpp projects {theirs} MiB of model weights, the file holds {ours} MiB: the "
+            "projection is not of this plan"
+        )
+    negative = [c.device for c in checks if c.projected_bytes < 0]
+    if negative:
+        return f"llama.cpp's projection is negative on {', '.join(negative)}: not a measurement"
+    return None
+
+
 def compare(
     layout: ModelLayout,
     machine: Machine,
@@ -288,6 +313,9 @@ def compare(
                 correction_bytes=correction,
             )
         )
+    problem = _implausible(checks, fp_est, projection, other_host)
+    if problem is not None:
+        return Confirmation((), (), problem)
     notes = []
     if other_host:
         names = ", ".join(n for n, _ in projection.other_host_mib)

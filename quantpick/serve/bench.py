@@ -11,31 +11,39 @@ Two ways, the first that is installed:
 
 While it runs, a thread samples NVML's used memory of the planned GPUs (pynvml) every 50 ms; the
 peak less the baseline before the start is what the run took. Host peak RSS comes from the child's
-rusage (os.wait4).
+rusage (os.wait4). Both run through quantpick.process: one deadline (`--timeout`, default 3600 s)
+for the whole run, the tool's process group killed at it, its output capped.
 """
 
 from __future__ import annotations
 
 import json
-import os
+import math
 import socket
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from quantpick.errors import QuantpickError
 from quantpick.plan.memory import RunConfig
+from quantpick.process import ToolProcess, printable, run_tool
 from quantpick.serve.command import FFN_EXPS_REGEX, ServerOptions, build_command
+from quantpick.serve.fitparams import (
+    exit_text,
+    failure_reason,
+    model_rejected,
+    refused_model,
+    tool_lines,
+)
 
 BENCH = "llama-bench"
 SERVER = "llama-server"
 SAMPLE_INTERVAL_S = 0.05
 HEALTH_TIMEOUT_S = 600.0  # a 20+ GB model loading from a slow disk
+EXIT_GRACE_S = 2.0  # after a failed request: how long to wait to see whether the server died
 
 Progress = Callable[[str], None]
 
@@ -76,6 +84,10 @@ class BenchMeasurement:
     gpus: tuple[GpuPeak, ...]
     host_peak_rss_bytes: int | None
     seconds: float
+    # tok/s of each repetition, per figure ("decode_empty": (52.1, 51.8)): their spread says
+    # whether the run can calibrate anything (plan/calibration.py)
+    samples: dict[str, tuple[float, ...]] = field(default_factory=dict)
+    model_bytes: int | None = None  # the tool's own figure for the model's size (llama-bench)
 
 
 # ---- GPU memory sampling ---------------------------------------------------------------------
@@ -150,79 +162,6 @@ class GpuSampler:
         )
 
 
-# ---- running a child with its rusage ---------------------------------------------------------
-
-
-@dataclass
-class _Child:
-    returncode: int
-    stdout: str
-    stderr_tail: list[str]
-    max_rss_bytes: int | None
-
-
-def _max_rss_bytes(ru_maxrss: int) -> int:
-    # Linux reports KiB, macOS bytes (getrusage(2)).
-    return ru_maxrss if sys.platform == "darwin" else ru_maxrss * 1024
-
-
-def _wait_with_rusage(proc: subprocess.Popen, timeout_s: float) -> tuple[int, int | None]:
-    """Wait for `proc` (killing it after timeout_s); (exit code, peak RSS in bytes)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
-        if pid == proc.pid:
-            code = os.waitstatus_to_exitcode(status)
-            proc.returncode = code
-            return code, _max_rss_bytes(usage.ru_maxrss)
-        if time.monotonic() > deadline:
-            proc.kill()
-            _, status, usage = os.wait4(proc.pid, 0)
-            proc.returncode = os.waitstatus_to_exitcode(status)
-            raise BenchError(f"{Path(str(proc.args[0])).name} did not finish in {timeout_s:g} s")
-        time.sleep(0.05)
-
-
-def _run_child(
-    argv: list[str], env: dict[str, str], timeout_s: float, progress: Progress | None
-) -> _Child:
-    try:
-        proc = subprocess.Popen(
-            argv,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            errors="replace",
-            env={**os.environ, **env},
-        )
-    except OSError as exc:
-        raise BenchError(f"cannot run {argv[0]}: {exc.strerror or exc}") from exc
-    out: list[str] = []
-    tail: list[str] = []
-
-    def read_out() -> None:
-        assert proc.stdout is not None
-        out.append(proc.stdout.read())
-
-    def read_err() -> None:
-        assert proc.stderr is not None
-        for line in proc.stderr:
-            line = line.rstrip()
-            tail.append(line)
-            del tail[:-40]
-            if progress is not None and line:
-                progress(line)
-
-    readers = [threading.Thread(target=read_out), threading.Thread(target=read_err)]
-    for t in readers:
-        t.start()
-    code, rss = _wait_with_rusage(proc, timeout_s)
-    for t in readers:
-        t.join()
-    return _Child(code, "".join(out), tail, rss)
-
-
 # ---- llama-bench -----------------------------------------------------------------------------
 
 
@@ -260,29 +199,71 @@ def bench_argv(
     return argv, {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
 
 
+def tool_speed(value: object, what: str, tool: str) -> float:
+    """A tokens/s figure a tool reported: a finite number above zero, or BenchError."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        shown = printable(repr(value))[:60]
+        raise BenchError(f"{tool} reported {shown} as the {what}: not a number")
+    speed = float(value)
+    if not math.isfinite(speed) or speed <= 0:
+        raise BenchError(f"{tool} reported {speed:g} tok/s as the {what}: not a speed")
+    return speed
+
+
 def parse_bench_json(text: str, depth: int) -> dict[str, float | None]:
-    """Speeds from `llama-bench -o json`: one record per test (n_prompt, n_gen, n_depth, avg_ts)."""
+    """Speeds from `llama-bench -o json`: one record per test (n_prompt, n_gen, n_depth, avg_ts).
+    Raises BenchError for anything else (a record without numbers, a speed that is not one)."""
+    return parse_bench_records(text, depth)[0]
+
+
+def parse_bench_records(
+    text: str, depth: int
+) -> tuple[dict[str, float | None], dict[str, tuple[float, ...]], int | None]:
+    """(speeds, per-repetition samples of each speed, llama-bench's model_size in bytes)."""
     try:
         records = json.loads(text)
     except ValueError as exc:
         raise BenchError("llama-bench printed no JSON results") from exc
+    if not isinstance(records, list):
+        raise BenchError("llama-bench's JSON is not a list of results")
     out: dict[str, float | None] = {
         "prefill": None,
         "prefill_depth": None,
         "decode_empty": None,
         "decode_depth": None,
     }
-    for r in records if isinstance(records, list) else []:
-        at_depth = int(r.get("n_depth", 0)) > 0
-        if int(r.get("n_gen", 0)) > 0:
-            out["decode_depth" if at_depth else "decode_empty"] = float(r["avg_ts"])
-        elif int(r.get("n_prompt", 0)) > 0:
-            out["prefill_depth" if at_depth else "prefill"] = float(r["avg_ts"])
+    samples: dict[str, tuple[float, ...]] = {}
+    model_size: int | None = None
+    for r in records:
+        if not isinstance(r, dict):
+            raise BenchError("llama-bench's JSON has a result that is not an object")
+        counts = {}
+        for key in ("n_depth", "n_gen", "n_prompt"):
+            value = r.get(key, 0)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise BenchError(f"llama-bench's JSON has {key} = {printable(repr(value))[:40]}")
+            counts[key] = value
+        at_depth = counts["n_depth"] > 0
+        if counts["n_gen"] > 0:
+            key, what = ("decode_depth" if at_depth else "decode_empty"), f"tg{counts['n_gen']}"
+        elif counts["n_prompt"] > 0:
+            key, what = ("prefill_depth" if at_depth else "prefill"), f"pp{counts['n_prompt']}"
+        else:
+            continue
+        out[key] = tool_speed(r.get("avg_ts"), f"{what} speed (avg_ts)", BENCH)
+        raw = r.get("samples_ts")
+        if isinstance(raw, list) and raw:
+            samples[key] = tuple(tool_speed(v, f"{what} sample", BENCH) for v in raw)
+        size = r.get("model_size")
+        if isinstance(size, int) and not isinstance(size, bool) and size > 0:
+            model_size = size
     if out["decode_empty"] is None and out["prefill"] is None:
         raise BenchError("llama-bench's JSON has no prefill or decode result")
     if depth <= 0:
         out["decode_depth"] = out["prefill_depth"] = None
-    return out
+        samples.pop("decode_depth", None)
+        samples.pop("prefill_depth", None)
+    return out, samples, model_size
 
 
 def run_llama_bench(
@@ -298,11 +279,26 @@ def run_llama_bench(
     argv, env = bench_argv(binary, config, model_path, block_count, settings)
     started = time.monotonic()
     with GpuSampler(gpu_indices) as sampler:
-        child = _run_child(argv, env, settings.timeout_s, progress)
+        try:
+            child = run_tool(argv, env=env, timeout_s=settings.timeout_s, on_stderr_line=progress)
+        except OSError as exc:
+            raise BenchError(f"cannot run {argv[0]}: {exc.strerror or exc}") from exc
+    if child.timed_out:
+        raise BenchError(
+            f"llama-bench did not finish in {settings.timeout_s:g} s (stopped, with everything "
+            "it started)",
+            hint="give it longer with --timeout SECONDS, or bench less (--depth, --reps)",
+        )
+    if child.overflowed:
+        raise BenchError(f"llama-bench {child.bound_exceeded(settings.timeout_s)}")
+    lines = tool_lines(child)
+    if refused_model(lines):
+        raise model_rejected(str(model_path), lines)
     if child.returncode != 0:
-        why = next((ln for ln in reversed(child.stderr_tail) if ln.strip()), "no output")
-        raise BenchError(f"llama-bench failed (exit {child.returncode}): {why[:200]}")
-    speeds = parse_bench_json(child.stdout, settings.depth)
+        raise BenchError(
+            f"llama-bench failed ({exit_text(child.returncode)}): {failure_reason(lines)[:200]}"
+        )
+    speeds, samples, model_size = parse_bench_records(child.stdout, settings.depth)
     return BenchMeasurement(
         tool=BENCH,
         argv=tuple(argv),
@@ -317,6 +313,8 @@ def run_llama_bench(
         gpus=sampler.peaks(),
         host_peak_rss_bytes=child.max_rss_bytes,
         seconds=time.monotonic() - started,
+        samples=samples,
+        model_bytes=model_size,
     )
 
 
@@ -348,14 +346,39 @@ def prompt_tokens(n: int, vocab_size: int) -> list[int]:
     return [lo + (i * 7919) % (hi - lo) for i in range(n)]
 
 
+# A /completion answer: a JSON object of a few KB (content, timings, settings).
+RESPONSE_CAP_BYTES = 16 * 1024**2
+
+
 def _post(url: str, body: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+    """One request to llama-server; BenchError for anything but a JSON object back."""
+    import urllib.error
     import urllib.request
 
     req = urllib.request.Request(
         url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
     )
-    with urllib.request.urlopen(req, timeout=timeout_s) as r:
-        return dict(json.load(r))
+    try:
+        with urllib.request.urlopen(req, timeout=max(0.1, timeout_s)) as r:
+            raw = r.read(RESPONSE_CAP_BYTES + 1)
+            kind = r.headers.get("Content-Type", "?")
+    except urllib.error.HTTPError as exc:
+        raise BenchError(f"llama-server answered /completion with HTTP {exc.code}") from None
+    except (urllib.error.URLError, OSError) as exc:
+        why = printable(str(getattr(exc, "reason", None) or exc))[:120]
+        raise BenchError(f"llama-server's /completion failed: {why}") from None
+    if len(raw) > RESPONSE_CAP_BYTES:
+        raise BenchError("llama-server's /completion answer is over 16 MiB: not a completion")
+    try:
+        doc = json.loads(raw)
+    except ValueError:
+        raise BenchError(
+            f"llama-server's /completion answer is not JSON ({printable(kind)[:40]}): "
+            f"{printable(raw[:60].decode('utf-8', 'replace'))!r}"
+        ) from None
+    if not isinstance(doc, dict):
+        raise BenchError("llama-server's /completion answer is not a JSON object")
+    return doc
 
 
 def _healthy(url: str) -> bool:
@@ -398,27 +421,38 @@ def run_llama_server(
     depth = min(max(0, settings.depth), max(0, slot_ctx - settings.n_gen - 16))
     base = f"http://127.0.0.1:{port}"
     started = time.monotonic()
+    deadline = started + settings.timeout_s
     figures: dict[str, float | None] = {}
+    samples: dict[str, list[float]] = {}
     with GpuSampler(gpu_indices) as sampler:
         try:
-            proc = subprocess.Popen(
-                list(cmd.argv),
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-                env={**os.environ, **cmd.env},
-            )
+            server = ToolProcess(cmd.argv, env=cmd.env, capture_stdout=False)
         except OSError as exc:
             raise BenchError(f"cannot run {binary}: {exc.strerror or exc}") from exc
+
+        def exited(when: str) -> QuantpickError:
+            result = server.finish()
+            lines = tool_lines(result)
+            if refused_model(lines):
+                return model_rejected(str(model_path), lines)
+            return BenchError(
+                f"llama-server exited ({exit_text(result.returncode)}) {when}: "
+                f"{failure_reason(lines)[:200]}"
+            )
+
+        rss = None
         try:
             if progress:
                 progress(f"starting llama-server on port {port} (loading the model)")
-            deadline = time.monotonic() + HEALTH_TIMEOUT_S
+            ready_by = min(deadline, time.monotonic() + HEALTH_TIMEOUT_S)
             while not _healthy(base + "/health"):
-                if proc.poll() is not None:
-                    raise BenchError(f"llama-server exited {proc.returncode} while loading")
-                if time.monotonic() > deadline:
-                    raise BenchError(f"llama-server not ready after {HEALTH_TIMEOUT_S:g} s")
+                if server.poll() is not None:
+                    raise exited("while loading")
+                if time.monotonic() > ready_by:
+                    raise BenchError(
+                        f"llama-server not ready after {ready_by - started:.0f} s",
+                        hint="give it longer with --timeout SECONDS",
+                    )
                 time.sleep(0.25)
 
             def complete(n_prompt: int, what: str) -> dict[str, Any]:
@@ -431,25 +465,37 @@ def run_llama_server(
                     "ignore_eos": True,
                     "temperature": 0.0,
                 }
-                timings = _post(base + "/completion", body, settings.timeout_s).get("timings")
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise BenchError(f"the benchmark did not finish in {settings.timeout_s:g} s",
+                                     hint="give it longer with --timeout SECONDS")  # fmt: skip
+                try:
+                    timings = _post(base + "/completion", body, remaining).get("timings")
+                except BenchError:
+                    # a dying server closes its sockets a moment before it can be reaped
+                    if server.wait(EXIT_GRACE_S) is not None:
+                        raise exited(f"during the benchmark ({what})") from None
+                    raise
                 if not isinstance(timings, dict):
                     raise BenchError("llama-server's /completion response has no timings")
                 return timings
 
-            first = complete(settings.n_prompt, "prefill")
-            figures["prefill"] = float(first["prompt_per_second"])
-            figures["decode_empty"] = float(complete(8, "decode, empty context")[
-                "predicted_per_second"])  # fmt: skip
-            if depth > 0:
-                deep = complete(depth, f"decode at {depth} tokens")
-                figures["decode_depth"] = float(deep["predicted_per_second"])
-                figures["prefill_depth"] = float(deep["prompt_per_second"])
+            def measure(key: str, timings: dict[str, Any], field: str, what: str) -> None:
+                speed = tool_speed(timings.get(field), f"{what} speed ({field})", SERVER)
+                samples.setdefault(key, []).append(speed)
+
+            for _ in range(max(1, settings.reps)):
+                first = complete(settings.n_prompt, "prefill")
+                measure("prefill", first, "prompt_per_second", "prefill")
+                empty = complete(8, "decode, empty context")
+                measure("decode_empty", empty, "predicted_per_second", "decode")
+                if depth > 0:
+                    deep = complete(depth, f"decode at {depth} tokens")
+                    measure("decode_depth", deep, "predicted_per_second", "decode at depth")
+                    measure("prefill_depth", deep, "prompt_per_second", "prefill at depth")
+            figures = {k: sum(v) / len(v) for k, v in samples.items()}
         finally:
-            proc.terminate()
-            try:
-                _, rss = _wait_with_rusage(proc, 30.0)
-            except BenchError:
-                rss = None
+            rss = server.stop(grace_s=30.0).max_rss_bytes
     return BenchMeasurement(
         tool=SERVER,
         argv=tuple(cmd.argv),
@@ -464,4 +510,5 @@ def run_llama_server(
         gpus=sampler.peaks(),
         host_peak_rss_bytes=rss,
         seconds=time.monotonic() - started,
+        samples={k: tuple(v) for k, v in samples.items()},
     )

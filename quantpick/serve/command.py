@@ -561,7 +561,7 @@ def render_script(
 ) -> str:
     """A bash script that execs the server; the plan, warnings and the RPC workers' own lines
     (to run on those machines first) are comments."""
-    lines = ["#!/usr/bin/env bash", "# Written by quantpick. Plan:"]
+    lines = ["#!/usr/bin/env bash", f"{WRITTEN_BY} Plan:"]
     lines += _comment(plan_comment)
     lines += _comment(f"Target: {cmd.target}")
     for warning in cmd.warnings:
@@ -644,8 +644,10 @@ def render_env(cmd: ServerCommand) -> str:
 # ---- systemd -----------------------------------------------------------------------------------
 # systemd.service(5) "COMMAND LINES" and systemd.syntax(7) "QUOTING": a word may be wrapped in
 # double quotes, inside which C-style escapes apply; "%" starts a specifier everywhere (written
-# "%%"), "$" starts a variable in Exec lines everywhere (written "$$"); a lone unquoted ";"
-# separates commands; lines ending in "\" continue. Not the shell's rules, hence this quoting.
+# "%%"); "$" starts a variable in the arguments (written "$$") but not in the executable path,
+# which systemd takes as written after specifiers, without undoing "$$" (systemd-analyze verify:
+# "Command /opt/a$$b/llama-server is not executable"); a lone unquoted ";" separates commands;
+# lines ending in "\" continue. Not the shell's rules, hence this quoting.
 
 _SYSTEMD_SAFE = re.compile(r"^[A-Za-z0-9_@+=:,./-]+$")
 _SYSTEMD_ESCAPES = {
@@ -658,8 +660,9 @@ SYSTEMD_UNIT_DIR = "~/.config/systemd/user"
 def systemd_quote(word: str, *, exec_line: bool = True) -> str:
     """One word for a unit file, read back by systemd as exactly `word`.
 
-    `exec_line`: in ExecStart= a "$" expands variables, so it is doubled; in Environment= it is
-    plain text. "%" is doubled in both (specifiers).
+    `exec_line`: in ExecStart='s arguments a "$" expands variables, so it is doubled; in
+    Environment= and in the executable path it is plain text. "%" is doubled everywhere
+    (specifiers).
     """
     text = word.replace("%", "%%")
     if exec_line:
@@ -677,6 +680,16 @@ def systemd_quote(word: str, *, exec_line: bool = True) -> str:
         else:
             out.append(ch)  # UTF-8 is accepted as is (systemd.syntax(7))
     return '"' + "".join(out) + '"'
+
+
+def _systemd_executable(program: str) -> str:
+    """The executable of ExecStart=: its path is not variable-expanded, argv[0] (the same word)
+    is. With a "$" in the path, the "@" prefix gives both: the path as written, then argv[0] as
+    an argument word (systemd.service(5): "@" passes the second word as argv[0])."""
+    if "$" not in program:
+        return systemd_quote(program, exec_line=False)
+    # the prefix inside the quotes: systemd unquotes the word, then reads its prefixes
+    return f"{systemd_quote('@' + program, exec_line=False)} {systemd_quote(program)}"
 
 
 def systemd_unit_name(name: str) -> str:
@@ -697,7 +710,7 @@ def render_systemd(cmd: ServerCommand, plan_comment: str, name: str) -> str:
         )
     unit = systemd_unit_name(name)
     env_file = f"%h/.config/quantpick/{unit}.env"
-    lines = ["# Written by quantpick. Plan:"]
+    lines = [f"{WRITTEN_BY} Plan:"]
     lines += _comment(plan_comment)
     lines += _comment(f"Target: {cmd.target}")
     for warning in cmd.warnings:
@@ -743,7 +756,7 @@ def render_systemd(cmd: ServerCommand, plan_comment: str, name: str) -> str:
     if cmd.env_from:
         # Without "-": a missing key file stops the start, rather than serving without a key.
         lines.append(f"EnvironmentFile={env_file}")
-    body = [systemd_quote(program)] + [
+    body = [_systemd_executable(program)] + [
         " ".join(systemd_quote(t) for t in g) for g in _groups(cmd.argv)
     ]
     lines.append("ExecStart=" + " \\\n  ".join(body))
@@ -859,7 +872,7 @@ def render_compose(
         i += 1
 
     env = {k: v for k, v in cmd.env.items() if k != "CUDA_VISIBLE_DEVICES"}
-    lines = ["# Written by quantpick. Plan:"]
+    lines = [f"{WRITTEN_BY} Plan:"]
     lines += _comment(plan_comment)
     lines += _comment(
         f"Flags checked against: {cmd.target}; the image runs its own llama.cpp build "
@@ -929,9 +942,85 @@ def render_compose(
     return "\n".join(lines) + "\n"
 
 
-def write_script(path: Path, text: str) -> None:
-    """Write `text` to `path` atomically with mode 0755 (temp file in the same dir + os.replace)."""
+# The marker line of every file quantpick renders (script, systemd unit, compose file): a file
+# holding it in its first bytes is one quantpick wrote, and may replace.
+WRITTEN_BY = "# Written by quantpick."
+_MARKER_SCAN_BYTES = 4096
+
+
+def _file_kind(mode: int) -> str:
+    import stat
+
+    for test, kind in ((stat.S_ISDIR, "directory"), (stat.S_ISCHR, "character device"),
+                       (stat.S_ISBLK, "block device"), (stat.S_ISFIFO, "FIFO"),
+                       (stat.S_ISSOCK, "socket")):  # fmt: skip
+        if test(mode):
+            return kind
+    return "special file"
+
+
+def written_by_quantpick(path: Path) -> bool:
+    """Whether `path` is a regular file whose first bytes hold quantpick's marker line (opened
+    without following a link and without blocking, so a FIFO cannot hang the check)."""
+    import stat
+
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
+    except OSError:
+        return False
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return False
+        return WRITTEN_BY.encode() in os.read(fd, _MARKER_SCAN_BYTES)
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+
+
+def check_script_target(path: Path, *, force: bool = False) -> None:
+    """Raise UsageError unless `path` may be written: absent, a regular file quantpick wrote (its
+    marker line), or, with `force`, any regular file or a symbolic link (the link is replaced,
+    never its target). A device, FIFO, socket or directory is never written over, even with
+    `force` (as root, writing over /dev/null would turn it into a regular file)."""
+    import stat
+
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise QuantpickError(
+            f"cannot write the launch script: {path}: {exc.strerror or exc}"
+        ) from None
+    if stat.S_ISLNK(info.st_mode):
+        if force:
+            return
+        raise UsageError(
+            f"--script {path}: is a symbolic link; quantpick writes a regular file there only "
+            "with --force (the link is replaced, its target left alone)",
+            hint="pass --force, or give the path of the file itself",
+        )
+    if not stat.S_ISREG(info.st_mode):
+        raise UsageError(
+            f"--script {path}: is a {_file_kind(info.st_mode)}, not a regular file: quantpick "
+            "never writes over it",
+            hint="give a file name for the script",
+        )
+    if not force and not written_by_quantpick(path):
+        raise UsageError(
+            f"--script {path}: exists and was not written by quantpick (no {WRITTEN_BY!r} line "
+            "at its start); it is left as it is",
+            hint="pass --force to replace it, or choose another path",
+        )
+
+
+def write_script(path: Path, text: str, *, force: bool = False) -> None:
+    """Write `text` to `path` atomically with mode 0755 (temp file in the same dir + os.replace),
+    only where `check_script_target` allows (checked again here, just before the write)."""
     import tempfile  # only when writing: `pick` imports this module for its flags
+
+    check_script_target(path, force=force)
 
     directory = path.parent if str(path.parent) else Path(".")
     try:

@@ -27,15 +27,18 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shlex
 import shutil
-import subprocess
+import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from quantpick.errors import QuantpickError
+from quantpick.errors import ModelRejectedError, QuantpickError
 from quantpick.plan.confirm import LlamaDevice, Projection, fit_params_config
 from quantpick.plan.memory import RunConfig
+from quantpick.process import ToolResult, printable, run_tool
 from quantpick.serve.command import ServerOptions, build_command
 
 FIT_PARAMS = "llama-fit-params"
@@ -62,6 +65,8 @@ class FitParamsRun:
     seconds: float
     projection: Projection
     stdout: str
+    exit_code: int = 0  # non-zero: it printed a projection, then failed (`failure` says how)
+    failure: str | None = None
 
 
 def find_tool(
@@ -129,9 +134,17 @@ def fit_params_argv(
     return argv, env
 
 
+# A figure no device can hold: 16 TiB in MiB (the largest GPUs hold 288 GB, the largest hosts a
+# few TiB). Beyond it, or below zero, the projection is not a measurement of anything.
+MAX_PLAUSIBLE_MIB = 16 * 1024**2
+# `Name model context compute`, ASCII digits only (str.isdigit accepts "²").
+_TABLE_ROW = re.compile(r"^(\S+) ([0-9]{1,12}) ([0-9]{1,12}) ([0-9]{1,12})$")
+
+
 def parse_output(text: str) -> Projection:
     """The projection from llama-fit-params' stdout: the JSON record when present (it has free
-    memory), else the plain table. Raises FitParamsError when neither is there."""
+    memory), else the plain table. Raises FitParamsError when neither is there, when either is
+    malformed or absurd, or when the two disagree (both come from one measurement)."""
     record = None
     table: list[LlamaDevice] = []
     for line in text.splitlines():
@@ -144,37 +157,61 @@ def parse_output(text: str) -> Projection:
             if isinstance(doc, dict) and doc.get("type") == "fit_memory_breakdown":
                 record = doc.get("data")
             continue
-        parts = stripped.split()
-        if len(parts) == 4 and all(p.isdigit() for p in parts[1:]):
-            table.append(LlamaDevice(parts[0], int(parts[1]), int(parts[2]), int(parts[3])))
-    if isinstance(record, dict) and record.get("unit") == "MiB":
-        return _from_record(record, table)
+        match = _TABLE_ROW.match(stripped)
+        if match:
+            name, *mib = match.groups()
+            table.append(LlamaDevice(name, *(_mib(int(v), f"{name}'s table row") for v in mib)))
+    if record is not None:
+        if not isinstance(record, dict) or record.get("unit") != "MiB":
+            raise FitParamsError("llama-fit-params' memory record is malformed (no MiB unit)")
+        projection = _from_record(record, table)
+        if table:
+            _check_agreement(projection, table)
+        return projection
     if table and table[-1].is_host:
         return Projection(devices=tuple(table))
     raise FitParamsError("llama-fit-params printed no memory projection")
+
+
+def _mib(value: object, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise FitParamsError(f"llama-fit-params' memory record is malformed: {where} is {value!r}")
+    if not 0 <= value <= MAX_PLAUSIBLE_MIB:
+        raise FitParamsError(
+            f"llama-fit-params projects {value} MiB for {where}: not a size any device has"
+        )
+    return value
 
 
 def _from_record(record: dict, table: list[LlamaDevice]) -> Projection:
     devices: list[LlamaDevice] = []
     host: LlamaDevice | None = None
     other: list[tuple[str, int]] = []
-    for row in record.get("rows", []):
-        kind, name = row.get("kind"), str(row.get("name"))
+    rows = record.get("rows", [])
+    if not isinstance(rows, list):
+        raise FitParamsError("llama-fit-params' memory record is malformed: rows is not a list")
+    for row in rows:
+        if not isinstance(row, dict):
+            raise FitParamsError("llama-fit-params' memory record is malformed: a row is not "
+                                 "an object")  # fmt: skip
+        kind, name = row.get("kind"), printable(str(row.get("name")))[:64]
+        where = f"{name}"
+
+        def field(key: str, default: object = None, row: dict = row, where: str = where) -> int:
+            return _mib(row.get(key, default), f"{where} {key}")
+
         if kind == "device":
-            devices.append(
-                LlamaDevice(
-                    name,
-                    int(row["model"]),
-                    int(row["context"]),
-                    int(row["compute"]),
-                    free_mib=int(row["free"]),
-                    total_mib=int(row["total"]),
+            free, total = field("free"), field("total")
+            if free > total:
+                raise FitParamsError(
+                    f"llama-fit-params reports {free} MiB free of {total} MiB on {name}"
                 )
-            )
+            devices.append(LlamaDevice(name, field("model"), field("context"), field("compute"),
+                                       free_mib=free, total_mib=total))  # fmt: skip
         elif kind == "host":
-            host = LlamaDevice("Host", int(row["model"]), int(row["context"]), int(row["compute"]))
-        elif kind == "buffer_type" and int(row.get("self", 0)):
-            other.append((name, int(row.get("model", 0)) + int(row.get("context", 0))))
+            host = LlamaDevice("Host", field("model"), field("context"), field("compute"))
+        elif kind == "buffer_type" and field("self", 0):
+            other.append((name, field("model", 0) + field("context", 0)))
     if host is None:
         host = next((d for d in table if d.is_host), None)
     if host is None:
@@ -182,40 +219,148 @@ def _from_record(record: dict, table: list[LlamaDevice]) -> Projection:
     return Projection(devices=(*devices, host), other_host_mib=tuple(other))
 
 
+def _check_agreement(projection: Projection, table: list[LlamaDevice]) -> None:
+    """The record and the table print one measurement: any difference means the output is not
+    what llama-fit-params printed (or not llama-fit-params)."""
+
+    def rows(devices: tuple[LlamaDevice, ...] | list[LlamaDevice]) -> list[tuple]:
+        return [(d.name, d.model_mib, d.context_mib, d.compute_mib) for d in devices]
+
+    ours, theirs = rows(projection.devices), rows(table)
+    if ours != theirs:
+        pairs = zip(ours, theirs, strict=False)  # a shorter list is reported below
+        diff = next(
+            (f"{a[0]}: {a[1:]} vs {b[0]}: {b[1:]}" for a, b in pairs if a != b),
+            f"{len(ours)} rows vs {len(theirs)}",
+        )
+        raise FitParamsError(
+            "llama-fit-params' JSON record and its table disagree (model, context, compute MiB "
+            f"{diff})"
+        )
+
+
+# How llama.cpp says it cannot load a model (src/llama.cpp llama_model_load: "error loading
+# model: <reason>"; common/fit.cpp common_get_device_memory_data_impl throws "failed to load
+# model" after it, and llama-fit-params aborts on the uncaught exception: SIGABRT, exit -6).
+_LOAD_ERROR = re.compile(r"error loading model:\s*(?P<why>.+)")
+_LOAD_FAILED = "failed to load model"
+
+
+# llama.cpp's log prefix on stderr (common/log.cpp with timestamps): "0.00.030.939 E ".
+_LOG_PREFIX = re.compile(r"^\d+\.\d+\.\d+\.\d+ [A-Z] ")
+
+
+def tool_lines(result: ToolResult) -> list[str]:
+    """What a tool said, printable, one entry per line: stderr, then the messages of its JSON log
+    records on stdout (`--log-jsonl`: {"type": "log", "level": ..., "msg": ...}), then the rest
+    of stdout; llama.cpp's timestamp prefix removed."""
+    out = []
+    for raw in result.stderr.splitlines():
+        out.append(raw)
+    for raw in result.stdout.splitlines():
+        stripped = raw.strip()
+        if stripped.startswith('{"type":"log"') or stripped.startswith('{"type": "log"'):
+            try:
+                doc = json.loads(stripped)
+            except ValueError:
+                continue
+            msg = doc.get("msg") if isinstance(doc, dict) else None
+            if isinstance(msg, str):
+                out.extend(msg.splitlines())
+            continue
+        out.append(raw)
+    lines = [_LOG_PREFIX.sub("", printable(ln).strip()) for ln in out]
+    return [ln for ln in lines if ln][-40:]
+
+
+def failure_reason(lines: list[str]) -> str:
+    """The line that says why a run failed: llama.cpp's own error, not the abort after it."""
+    for line in reversed(lines):
+        match = _LOAD_ERROR.search(line)
+        if match:
+            return " ".join(match["why"].split())
+    # "terminate called after throwing ..." / "what():  <message>": the message is the reason.
+    shown = [
+        " ".join(ln.removeprefix("what():").split()) for ln in lines
+        if not ln.startswith("terminate called")
+    ]  # fmt: skip
+    specific = [ln for ln in shown if "error" in ln.lower() or "failed" in ln.lower()]
+    if specific:
+        return specific[-1]
+    return shown[-1] if shown else "no output"
+
+
+def refused_model(lines: list[str]) -> bool:
+    """Whether a tool's output says llama.cpp could not load the model."""
+    return any(_LOAD_FAILED in ln or _LOAD_ERROR.search(ln) for ln in lines)
+
+
+def model_rejected(model: str, lines: list[str]) -> ModelRejectedError:
+    """The error for a model llama.cpp cannot load, with llama.cpp's own reason."""
+    return ModelRejectedError(
+        f"llama.cpp cannot load {model}: {failure_reason(lines)[:300]}",
+        hint="nothing was written. The file is damaged (`quantpick verify "
+        f"{shlex.quote(str(Path(model).parent))}` checks it against its SHA256SUMS) or of "
+        "a kind this llama.cpp build does not load (a newer build may)",
+    )
+
+
+def exit_text(code: int) -> str:
+    """`exit 1`, or the signal that ended the tool (`SIGABRT`)."""
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit {code}"
+
+
 def run_fit_params(
     argv: list[str], env: dict[str, str], *, timeout_s: float = DEFAULT_TIMEOUT_S
 ) -> FitParamsRun:
-    """Run it and parse the projection. Raises FitParamsError (with llama.cpp's reason)."""
+    """Run it and parse the projection.
+
+    Raises ModelRejectedError (exit 7) when llama.cpp cannot load the model, with its own reason;
+    FitParamsError when there is no projection to read (failing, hung, flooding, garbled). A run
+    that printed a projection and then exited non-zero returns it with `exit_code` set: what it
+    projects still counts (an overflow is an overflow), but it is not a confirmation.
+    """
     started = time.monotonic()
-    proc = _run(argv, env, timeout_s)
-    if proc.returncode != 0 and "--log-jsonl" in argv and "log-jsonl" in proc.stderr:
+    result = _run(argv, env, timeout_s)
+    if result.returncode != 0 and "--log-jsonl" in argv and "log-jsonl" in result.stderr:
         # A build from before --log-jsonl: the table alone (no free memory figures).
         argv = [a for a in argv if a != "--log-jsonl"]
-        proc = _run(argv, env, timeout_s)
+        result = _run(argv, env, timeout_s)
     seconds = time.monotonic() - started
-    if proc.returncode != 0:
-        lines = [ln.strip() for ln in (proc.stderr + proc.stdout).splitlines() if ln.strip()]
-        why = next(
-            (ln for ln in reversed(lines) if "error" in ln.lower() or "failed" in ln.lower()),
-            lines[-1] if lines else "no output",
-        )
-        raise FitParamsError(f"llama-fit-params failed (exit {proc.returncode}): {why[:200]}")
-    return FitParamsRun(tuple(argv), env, seconds, parse_output(proc.stdout), proc.stdout)
+    bound = result.bound_exceeded(timeout_s)
+    if result.timed_out:
+        raise FitParamsError(f"llama-fit-params did not answer in {timeout_s:g} s (stopped)")
+    if bound:
+        raise FitParamsError(f"llama-fit-params {bound}")
+    lines = tool_lines(result)
+    if refused_model(lines):
+        if "--log-jsonl" in argv and not any(_LOAD_ERROR.search(ln) for ln in lines):
+            # With --log-jsonl llama.cpp logs to stdout, buffered, and the abort loses the
+            # buffer with the reason in it (b11312: only "what(): failed to load model" is
+            # left). Asked again without it, the reason comes on stderr (~0.03 s).
+            again = _run([a for a in argv if a != "--log-jsonl"], env, timeout_s)
+            lines = tool_lines(again) or lines
+        model = argv[argv.index("-m") + 1] if "-m" in argv[:-1] else "the model"
+        raise model_rejected(model, lines)
+    if result.returncode != 0:
+        how = exit_text(result.returncode)
+        why = f"llama-fit-params failed ({how}): {failure_reason(lines)[:300]}"
+        try:
+            projection = parse_output(result.stdout)
+        except FitParamsError:
+            raise FitParamsError(why) from None
+        return FitParamsRun(tuple(argv), env, seconds, projection, result.stdout,
+                            exit_code=result.returncode, failure=why)  # fmt: skip
+    return FitParamsRun(tuple(argv), env, seconds, parse_output(result.stdout), result.stdout)
 
 
-def _run(argv: list[str], env: dict[str, str], timeout_s: float) -> subprocess.CompletedProcess:
+def _run(argv: list[str], env: dict[str, str], timeout_s: float) -> ToolResult:
     try:
-        return subprocess.run(
-            argv,
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            text=True,
-            errors="replace",
-            timeout=timeout_s,
-            env={**os.environ, **env},
-            check=False,
-        )
-    except subprocess.TimeoutExpired as exc:
-        raise FitParamsError(f"llama-fit-params did not answer in {timeout_s:g} s") from exc
+        return run_tool(argv, env=env, timeout_s=timeout_s)
     except OSError as exc:
         raise FitParamsError(f"cannot run {argv[0]}: {exc.strerror or exc}") from exc

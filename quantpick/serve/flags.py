@@ -14,7 +14,6 @@ Usage:
 from __future__ import annotations
 
 import re
-import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -23,6 +22,8 @@ from quantpick.errors import QuantpickError
 from quantpick.machine.llamacpp import inspect_llama_server, parse_version_output
 
 HELP_TIMEOUT_S = 10.0
+# llama-server --help is 43 KB at b11312 (tests/data/llama-server-help-current.txt): 24x that.
+HELP_CAP = 1024**2
 
 # common_arg::to_string: n_leading_spaces = 40; a flag field over 37 characters moves the help
 # text to the next line.
@@ -184,36 +185,34 @@ def with_version(caps: ServerCapabilities, version_text: str) -> ServerCapabilit
 def capabilities_for(path: Path, *, timeout_s: float = HELP_TIMEOUT_S) -> ServerCapabilities:
     """Run `path --help` (and `--version`) and parse them. Nothing is cached.
 
-    Raises QuantpickError when the binary cannot be run or its --help lists no options.
+    Raises QuantpickError when the binary cannot be run, does not answer within `timeout_s`,
+    floods its output, or its --help lists no options.
     """
+    from quantpick.process import run_tool
+
+    hint = "check that it is llama-server, or pass --llama-server PATH"
     try:
-        proc = subprocess.run(
-            [str(path), "--help"],
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            text=True,
-            errors="replace",
-            timeout=timeout_s,
-            check=False,
-        )
-    except subprocess.TimeoutExpired as exc:
-        raise QuantpickError(
-            f"{path} --help did not finish in {timeout_s:g} s",
-            hint="check that it is llama-server, or pass --llama-server PATH",
-        ) from exc
+        proc = run_tool([str(path), "--help"], timeout_s=timeout_s, stdout_cap=HELP_CAP)
     except OSError as exc:
         raise QuantpickError(
             f"cannot run {path}: {exc.strerror or exc}",
             hint="check the path and that the file is executable",
         ) from exc
+    if proc.timed_out:
+        raise QuantpickError(f"{path} --help did not finish in {timeout_s:g} s", hint=hint)
+    if proc.overflowed:
+        raise QuantpickError(
+            f"{path} --help printed more than {HELP_CAP // 1024**2} MiB: not llama-server's help",
+            hint=hint,
+        )
     # The help goes to stdout; backend load messages (and some builds' help) to stderr.
     caps = parse_help(f"{proc.stdout}\n{proc.stderr}")
     if not caps.flags:
         raise QuantpickError(
             f"{path} --help lists no options (exit {proc.returncode})",
-            hint="check that it is llama-server, or pass --llama-server PATH",
+            hint=hint,
         )
-    server = inspect_llama_server(path)
+    server = inspect_llama_server(path, timeout_s=timeout_s)
     return ServerCapabilities(
         flags=caps.flags,
         path=str(path),

@@ -100,6 +100,34 @@ def test_no_tool_is_one_line(tiny: str, tmp_path: Path, monkeypatch: pytest.Monk
     ]
 
 
+def test_get_on_a_file_llama_cpp_cannot_load_writes_nothing(tiny: str, tmp_path: Path) -> None:
+    """Before: "could not confirm: llama-fit-params failed (exit -6)", the script written, exit 0,
+    llama.cpp's reason dropped. Now: llama.cpp's line, exit 7, no script."""
+    stderr = tmp_path / "stderr.txt"
+    stderr.write_text(
+        "llama_model_load: error loading model: check_tensor_dims: tensor 'output_norm.weight' "
+        "has wrong shape; expected   256, got   512\n"
+        "llama_model_load_from_file_impl: failed to load model\n"
+        "terminate called after throwing an instance of 'std::runtime_error'\n"
+        "  what():  failed to load model\n"
+    )
+    bin_dir = tmp_path / "llama-bin"
+    fake_tool(bin_dir, "llama-fit-params", stderr_file=stderr, exit_code=-6)
+    script = tmp_path / "serve.sh"
+    dest = tmp_path / "models"
+    result = runner.invoke(
+        app,
+        ["get", tiny, "-c", "4096", "--dir", str(dest), "--llama-bin", str(bin_dir), "--script",
+         str(script)],
+    )  # fmt: skip
+    assert result.exit_code == 7, result.stderr
+    assert (
+        f"Error: llama.cpp cannot load {dest / 'Tiny-Q8_0.gguf'}: check_tensor_dims: tensor "
+        "'output_norm.weight' has wrong shape; expected 256, got 512"
+    ) in result.stderr
+    assert not script.exists() and result.stdout == ""
+
+
 def test_command_human_output_shows_the_comparison(tiny: str, tools: Path, tmp_path: Path) -> None:
     dest = tmp_path / "m"
     got = runner.invoke(app, ["get", tiny, "-c", "4096", "--dir", str(dest), "--no-confirm"])
@@ -137,12 +165,13 @@ def test_a_profile_changes_the_next_answer_unless_overridden(
     from fake_nvml import FakeNvml, rtx_3090
 
     from quantpick.machine.probe import probe
+    from quantpick.plan.calibration import machine_devices
     from quantpick.serve.calibration import save_profile
 
     monkeypatch.setitem(sys.modules, "pynvml", FakeNvml([rtx_3090()]))
     server = fake_tool(tmp_path / "srv", "llama-server", version_text=CURRENT_VERSION)
     model = tmp_path / "q4km.gguf"
-    write_conformance_gguf(model)
+    size = write_conformance_gguf(model)
     args = ["estimate", "--gguf", str(model), "-c", "8192", "--cpu-moe", "--llama-server",
             str(server), "--json"]  # fmt: skip
     before = runner.invoke(app, args)
@@ -154,13 +183,23 @@ def test_a_profile_changes_the_next_answer_unless_overridden(
             "build_label": "b11312 (0c1e57098)",
             "date": "2026-11-30",
             "depth_tokens": 8192,
+            "measured": {"decode_tps_empty": 50.0, "decode_tps_depth": 40.0},
+            "predicted": {"decode_tps_empty": 100.0, "decode_tps_depth": 100.0},
             "ratios": {"decode_empty": 0.5, "decode_depth": 0.4, "prefill": None},
             "gpus": [{"device": "CUDA0", "driver_overhead_bytes": 600 * 2**20}],
+            "model_bytes": size,
+            "devices": list(machine_devices(probe())),
+            "samples": {"decode_empty": [50.0, 50.5]},
         },
     )
     after = runner.invoke(app, args)
     assert after.exit_code == 0, after.stderr
     assert "Note: calibrated on this machine, 2026-11-30, build b11312 (0c1e57098)" in after.stderr
+    # --no-calibration: the figures of before, and the answer says why
+    off = runner.invoke(app, [*args, "--no-calibration"])
+    assert off.exit_code == 0, off.stderr
+    assert "Note: calibration off (--no-calibration): uncalibrated" in off.stderr
+    assert json.loads(off.stdout)["calibration"] is None
     b, a = json.loads(before.stdout), json.loads(after.stdout)
     assert b["calibration"] is None and a["calibration"]["build"] == "b11312 (0c1e57098)"
     assert a["devices"][0]["overhead_bytes"] == 600 * 2**20

@@ -308,6 +308,26 @@ def test_a_model_directory_name_that_is_not_utf8_reaches_the_script_as_its_bytes
     assert os.fsencode(gguf) in script.read_bytes()
 
 
+def test_script_writes_only_over_its_own_files(q4km_gguf: Path, tmp_path: Path) -> None:
+    """Before: --script replaced whatever was there (notes.txt, a FIFO; as root /dev/null)."""
+    base = ["command", "--gguf", str(q4km_gguf), "-c", "65536", *BOX]
+    notes = tmp_path / "notes.txt"
+    notes.write_text("mine\n")
+    result = runner.invoke(app, [*base, "--script", str(notes)])
+    assert result.exit_code == 2
+    assert f"Error: --script {notes}: exists and was not written by quantpick" in result.stderr
+    assert result.stdout == "" and notes.read_text() == "mine\n"
+    assert runner.invoke(app, [*base, "--script", str(notes), "--force"]).exit_code == 0
+    assert "exec " in notes.read_text()
+    assert runner.invoke(app, [*base, "--script", str(notes)]).exit_code == 0  # its own now
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    for target in (fifo, Path("/dev/null")):
+        result = runner.invoke(app, [*base, "--script", str(target), "--force"])
+        assert result.exit_code == 2 and "not a regular file" in result.stderr
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode) and stat.S_ISCHR(os.lstat("/dev/null").st_mode)
+
+
 def test_command_needs_the_file(tmp_path: Path) -> None:
     result = runner.invoke(
         app, ["command", MODEL, "--quant", "Q4_K_M", "--dir", str(tmp_path), *BOX]

@@ -318,6 +318,21 @@ def test_script_into_a_missing_directory_fails_before_any_transfer(
     assert "Traceback" not in result.output
 
 
+def test_script_over_a_file_quantpick_did_not_write_fails_before_any_transfer(
+    tiny: str, fake_hub: FakeHub, tmp_path: Path
+) -> None:
+    notes = tmp_path / "notes.txt"
+    notes.write_text("mine\n")
+    result = runner.invoke(
+        app, ["get", tiny, "-c", "8192", *BOX, "--dir", str(tmp_path / "m"), "--script",
+              str(notes)],
+    )  # fmt: skip
+    assert result.exit_code == 2
+    assert "exists and was not written by quantpick" in result.stderr
+    assert byte_gets(fake_hub) == [] and not (tmp_path / "m").exists()
+    assert notes.read_text() == "mine\n"
+
+
 def test_get_model_source_hf_downloads_nothing(
     tiny: str, fake_hub: FakeHub, tmp_path: Path
 ) -> None:

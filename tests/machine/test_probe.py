@@ -320,6 +320,15 @@ def test_inspect_failures_are_reported_not_raised(tmp_path: Path) -> None:
     assert inspect_llama_server(not_exec).error == "not executable"
 
 
+@pytest.mark.skipif(sys.platform == "win32", reason="shell scripts")
+def test_inspect_is_bounded_and_shows_no_escapes(tmp_path: Path) -> None:
+    # Before: read whole (a flood ran into MemoryError); a tool's escapes reached the terminal.
+    flood = _script(tmp_path, "exec yes")
+    assert "more than 64 KiB" in (inspect_llama_server(flood, timeout_s=30).error or "")
+    ansi = _script(tmp_path, "printf '\\033]0;owned\\007\\033[31mboom\\033[0m\\n' >&2; exit 2")
+    assert inspect_llama_server(ansi).error == "cannot read --version (exit 2): 'boom'"
+
+
 def test_probe_reports_missing_llama_server(
     monkeypatch: pytest.MonkeyPatch, host_files: dict[str, Path], tmp_path: Path
 ) -> None:

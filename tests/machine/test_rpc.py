@@ -245,3 +245,45 @@ def test_real_worker_is_read_and_survives_a_busy_probe(llamacpp_bin: Path, tmp_p
         again = query_worker(host, port)
         assert again.version == rpc.PROTOCOL_VERSION
         assert [d.total_bytes for d in again.devices] == [device.total_bytes]
+
+
+def test_a_trickling_worker_gets_one_deadline_for_the_whole_exchange() -> None:
+    """Before: 3 s per read, so a worker sending one byte a second was followed for 71 s and
+    its figures taken. Now one deadline covers knock, HELLO, count and every memory query."""
+    with FakeWorker(behaviour="trickle", trickle_s=0.2) as fake:
+        start = time.monotonic()
+        with pytest.raises(RpcWorkerError, match="within the 1 s the whole exchange may take"):
+            query_worker("127.0.0.1", fake.port, timeout_s=1)
+        assert time.monotonic() - start < 2
+
+
+def test_many_workers_are_read_at_once() -> None:
+    """Several slow workers cost one deadline together, not one each."""
+    from quantpick.machine.rpc import query_workers
+
+    fakes = [FakeWorker(behaviour="trickle", trickle_s=0.3) for _ in range(6)]
+    good = FakeWorker()
+    with good:
+        for f in fakes:
+            f.__enter__()
+        try:
+            start = time.monotonic()
+            results = query_workers([("127.0.0.1", f.port) for f in [*fakes, good]], timeout_s=1.5)
+            elapsed = time.monotonic() - start
+        finally:
+            for f in fakes:
+                f.__exit__(None, None, None)
+    assert elapsed < 4  # sequential: 6 x 1.5 s
+    assert all(isinstance(r, RpcWorkerError) for r in results[:-1])
+    assert not isinstance(results[-1], RpcWorkerError) and results[-1].port == good.port
+
+
+def test_resolve_rpc_workers_refuses_one_worker_named_twice_before_reading_it() -> None:
+    from quantpick.errors import UsageError
+    from quantpick.machine.describe import resolve_rpc_workers
+
+    with FakeWorker(behaviour="mute") as fake:  # reading it would take the whole timeout
+        start = time.monotonic()
+        with pytest.raises(UsageError, match="are the same worker"):
+            resolve_rpc_workers([f"localhost:{fake.port}", f"127.0.0.1:{fake.port}"])
+        assert time.monotonic() - start < 1

@@ -13,6 +13,7 @@ from conformance_model import rpc_machine, write_conformance_gguf
 from fake_llamacpp import CURRENT_VERSION, DATA, calls, fake_tool, fixture
 from fake_nvml import FakeGpu, FakeNvml, Memory
 
+from quantpick.errors import ModelRejectedError
 from quantpick.model.gguf import layout_from_header, read_gguf_file
 from quantpick.model.local import manifest_for_gguf
 from quantpick.pipeline import bench_plan
@@ -27,6 +28,7 @@ from quantpick.serve.bench import (
     bench_argv,
     bench_config,
     parse_bench_json,
+    parse_bench_records,
     prompt_tokens,
     run_llama_bench,
     run_llama_server,
@@ -146,7 +148,7 @@ def test_llama_bench_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Non
     assert m.host_peak_rss_bytes is not None and m.host_peak_rss_bytes > 1 * MiB  # a Python child
     failing = fake_tool(tmp_path / "f", "llama-bench", stderr_file=fixture("missing-model"),
                         exit_code=-6)  # fmt: skip
-    with pytest.raises(BenchError, match="failed.*failed to load model"):
+    with pytest.raises(ModelRejectedError, match="cannot load /m: failed to load model"):
         run_llama_bench(failing, RunConfig(), Path("/m"), 8, BenchSettings(), gpu_indices=[])
 
 
@@ -188,8 +190,10 @@ def test_llama_server_fallback(tmp_path: Path) -> None:
     log = [json.loads(line) for line in (tmp_path / "log.jsonl").read_text().splitlines()]
     argv, requests = log[0], log[1:]
     assert argv[argv.index("-c") + 1] == "8192" and argv[argv.index("-np") + 1] == "2"
-    # the depth is clamped to one slot's context (8192 / 2) less the generated tokens
-    assert [r["n_prompt"] for r in requests] == [512, 8, 4096 - 16 - 16]
+    # the depth is clamped to one slot's context (8192 / 2) less the generated tokens; each
+    # figure is measured once per repetition (--reps, default 2)
+    assert [r["n_prompt"] for r in requests] == [512, 8, 4096 - 16 - 16] * 2
+    assert m.samples["decode_empty"] == pytest.approx((50 - 0.008, 50 - 0.008))
     assert all(r["cache_prompt"] is False and r["ignore_eos"] is True for r in requests)
     assert m.tool == "llama-server" and m.depth_tokens == 4064
     assert m.prefill_tps == pytest.approx(1000 - 5.12)
@@ -254,3 +258,132 @@ def test_bench_plan_builds_the_profile_entry(
         g.driver_overhead_bytes for g in report.gpus
     ]
     json.dumps(e)  # storable as is
+
+
+# ---- what a tool says that is not a measurement: one line, never a traceback ------------------
+
+
+def _bench_json(**overrides: object) -> str:
+    record = {"n_prompt": 0, "n_gen": 8, "n_depth": 0, "avg_ts": 52.3, "samples_ts": [52.3]}
+    return json.dumps([{**record, **overrides}])
+
+
+@pytest.mark.parametrize(
+    ("text", "match"),
+    [
+        (_bench_json(avg_ts="fast"), "reported 'fast' as the tg8 speed"),
+        (_bench_json(avg_ts=None), "reported None as the tg8 speed"),
+        (_bench_json(avg_ts=-565.0), "reported -565 tok/s"),
+        ('[{"n_gen": 8, "avg_ts": NaN}]', "reported nan tok/s"),
+        ('[{"n_gen": 8, "avg_ts": Infinity}]', "reported inf tok/s"),
+        (_bench_json(samples_ts=[52.3, "x"]), "reported 'x' as the tg8 sample"),
+        (_bench_json(n_gen="8"), "n_gen = '8'"),
+        ("[7]", "not an object"),
+        ('{"n_gen": 8}', "not a list"),
+        ("<html>nope</html>", "no JSON results"),
+    ],
+)
+def test_llama_bench_json_that_is_not_a_measurement(text: str, match: str) -> None:
+    # Before: float("fast") and int("8") tracebacks; NaN and negatives stored as measurements.
+    with pytest.raises(BenchError, match=match):
+        parse_bench_json(text, 0)
+
+
+def test_llama_bench_samples_and_model_size_are_kept() -> None:
+    speeds, samples, size = parse_bench_records(RECORDED, 64)
+    assert samples["decode_empty"] == (52.3433,) and samples["decode_depth"] == (123.147,)
+    assert size == 17224320 and speeds["prefill"] == 131.356546
+
+
+def test_llama_bench_flooding_stdout_is_stopped(tmp_path: Path) -> None:
+    tool = fake_tool(tmp_path, "llama-bench", flood=True)
+    with pytest.raises(BenchError, match="printed more than 4 MiB on stdout"):
+        run_llama_bench(tool, RunConfig(), Path("/m"), 8, BenchSettings(), gpu_indices=[])
+
+
+def test_llama_bench_past_its_deadline_is_stopped_with_its_children(tmp_path: Path) -> None:
+    pidfile = tmp_path / "helper.pid"
+    tool = fake_tool(tmp_path, "llama-bench", sleep=60, grandchild=pidfile)
+    with pytest.raises(BenchError, match="did not finish in 1 s"):
+        run_llama_bench(tool, RunConfig(), Path("/m"), 8, BenchSettings(timeout_s=1),
+                        gpu_indices=[])  # fmt: skip
+    assert _gone(int(pidfile.read_text()))
+
+
+def test_a_grandchild_holding_llama_benchs_stdout_does_not_hold_bench(tmp_path: Path) -> None:
+    # Before: the reader waited for the end of stdout, which the helper held: no deadline.
+    import time
+
+    pidfile = tmp_path / "helper.pid"
+    tool = fake_tool(tmp_path, "llama-bench", grandchild=pidfile,
+                     routes=[(["-o", "json"], DATA / "llama-bench-tiny.txt")])  # fmt: skip
+    started = time.monotonic()
+    m = run_llama_bench(tool, RunConfig(), Path("/m"), 8, BenchSettings(timeout_s=600),
+                        gpu_indices=[])  # fmt: skip
+    assert time.monotonic() - started < 5
+    assert m.decode_tps_empty == 52.343257
+    assert _gone(int(pidfile.read_text()))
+
+
+def _gone(pid: int) -> bool:
+    import os
+    import time
+
+    for _ in range(150):
+        try:
+            os.kill(pid, 0)
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().split(")")[-1].split()[0] == "Z":
+                    return True
+        except (ProcessLookupError, FileNotFoundError):
+            return True
+        time.sleep(0.02)
+    return False
+
+
+ODD_SERVER = """\
+#!{python}
+import sys, time
+from http.server import BaseHTTPRequestHandler, HTTPServer
+argv = sys.argv[1:]
+port = int(argv[argv.index("--port") + 1])
+if {mode!r} == "dies":
+    sys.stderr.write("\\x1b[31mllama_model_load: error loading model: tensor 'x' has wrong shape"
+                     "\\x1b[0m\\nmain: exiting due to model loading error\\n")
+    sys.exit(1)
+class H(BaseHTTPRequestHandler):
+    def log_message(self, *a): pass
+    def do_GET(self):
+        self.send_response(200); self.end_headers(); self.wfile.write(b"{{}}")
+    def do_POST(self):
+        self.rfile.read(int(self.headers["Content-Length"]))
+        if {mode!r} == "crashes":
+            sys.stderr.write("GGML_ASSERT(ok) failed\\n"); sys.stderr.flush()
+            import os; os._exit(134)
+        out = b"<html><body>502 Bad Gateway</body></html>"
+        self.send_response(200); self.send_header("Content-Type", "text/html")
+        self.send_header("Content-Length", str(len(out))); self.end_headers(); self.wfile.write(out)
+HTTPServer(("127.0.0.1", port), H).serve_forever()
+"""
+
+
+@pytest.mark.parametrize(
+    ("mode", "error", "match"),
+    [
+        # Before: a traceback (json.load on HTML)
+        ("html", BenchError, r"answer is not JSON \(text/html\): '<html><body>502"),
+        # Before: "Error: No child processes" (Popen.poll reaped it, then os.wait4)
+        ("dies", ModelRejectedError, r"cannot load /m.gguf: tensor 'x' has wrong shape$"),
+        ("crashes", BenchError, r"exited \(exit 134\) during the benchmark \(prefill\): GGML_ASS"),
+    ],
+)
+def test_llama_server_misbehaving_is_one_line(
+    tmp_path: Path, mode: str, error: type, match: str
+) -> None:
+    server = tmp_path / "llama-server"
+    server.write_text(ODD_SERVER.format(python=sys.executable, mode=mode))
+    server.chmod(0o755)
+    with pytest.raises(error, match=match):
+        run_llama_server(server, RunConfig(ctx_size=4096, devices=()), Path("/m.gguf"), 8,
+                         BenchSettings(n_prompt=32, n_gen=8, depth=0, timeout_s=60),
+                         vocab_size=1000, gpu_indices=[])  # fmt: skip

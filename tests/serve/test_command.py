@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import shutil
 import stat
 import subprocess
@@ -277,7 +278,7 @@ def test_write_script_is_atomic_and_executable(tmp_path: Path) -> None:
     old_umask = os.umask(0o077)  # a strict umask must not make the script unreadable/unrunnable
     try:
         path = tmp_path / "serve.sh"
-        path.write_text("old")
+        path.write_text("#!/bin/sh\n# Written by quantpick. Plan: old\n")
         write_script(path, "#!/bin/sh\necho new\n")
     finally:
         os.umask(old_umask)
@@ -285,6 +286,51 @@ def test_write_script_is_atomic_and_executable(tmp_path: Path) -> None:
     assert path.read_text() == "#!/bin/sh\necho new\n"
     assert [p.name for p in tmp_path.iterdir()] == ["serve.sh"]  # no temp file left behind
     assert subprocess.run([str(path)], capture_output=True, text=True).stdout == "new\n"
+
+
+def test_write_script_replaces_only_what_quantpick_wrote(tmp_path: Path) -> None:
+    # Before: any file at the path was replaced and made executable (notes.txt included).
+    notes = tmp_path / "notes.txt"
+    notes.write_text("my notes\n")
+    notes.chmod(0o644)
+    with pytest.raises(UsageError, match="exists and was not written by quantpick") as info:
+        write_script(notes, "#!/bin/sh\n")
+    assert "--force" in (info.value.hint or "")
+    assert notes.read_text() == "my notes\n" and stat.S_IMODE(notes.stat().st_mode) == 0o644
+    write_script(notes, "#!/bin/sh\n", force=True)
+    assert notes.read_text() == "#!/bin/sh\n"
+    # every rendering carries the marker, so quantpick can write over its own files again
+    cmd = ServerCommand(argv=("/usr/bin/llama-server", "-c", "1"), env={}, warnings=(), target="t")
+    for text in (render_script(cmd, "p"), render_systemd(cmd, "p", "m"), render_compose(cmd, "p")):
+        path = tmp_path / "out"
+        path.write_text(text)
+        write_script(path, render_script(cmd, "again"))
+        assert "again" in path.read_text()
+
+
+def test_write_script_never_writes_over_a_special_file(tmp_path: Path) -> None:
+    # Before: os.replace turned a FIFO (and, as root, /dev/null) into a regular file.
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    for path, kind in ((fifo, "FIFO"), (Path("/dev/null"), "character device"),
+                       (tmp_path, "directory")):  # fmt: skip
+        for force in (False, True):
+            with pytest.raises(UsageError, match=f"is a {kind}, not a regular file"):
+                write_script(path, "#!/bin/sh\n", force=force)
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
+    assert stat.S_ISCHR(os.lstat("/dev/null").st_mode)
+
+
+def test_write_script_replaces_a_link_only_with_force(tmp_path: Path) -> None:
+    target = tmp_path / "real.sh"
+    target.write_text("#!/bin/sh\n# Written by quantpick. Plan: x\n")
+    link = tmp_path / "link.sh"
+    link.symlink_to(target)
+    with pytest.raises(UsageError, match="is a symbolic link"):
+        write_script(link, "#!/bin/sh\necho new\n")
+    write_script(link, "#!/bin/sh\necho new\n", force=True)
+    assert not link.is_symlink() and link.read_text() == "#!/bin/sh\necho new\n"
+    assert target.read_text() == "#!/bin/sh\n# Written by quantpick. Plan: x\n"
 
 
 def test_write_script_into_a_read_only_directory_is_one_line(tmp_path: Path) -> None:
@@ -598,20 +644,50 @@ def _expand(word: str, env: dict[str, str]) -> str:
     return "".join(out)
 
 
+def _specifiers(word: str) -> str:
+    """The executable path: specifiers only ("%%" is "%"); "$" is not special there."""
+    if re.search(r"%[^%]", word.replace("%%", "")):
+        raise ValueError(f"specifier in {word!r}")
+    return word.replace("%%", "%")
+
+
 def systemd_exec(value: str, env: dict[str, str] | None = None) -> list[list[str]]:
-    """The command lines of one ExecStart= value: lone ";" separates, "\\;" is a literal ";",
-    "%%" and "$$" are literal, ${NAME} is one word and a lone $NAME splits at whitespace."""
+    """The command lines of one ExecStart= value, each as [executable path, argv[1:]...] with
+    the executable's argv[0] checked against it: lone ";" separates, "\\;" is a literal ";",
+    "%%" and "$$" are literal, ${NAME} is one word and a lone $NAME splits at whitespace. The
+    executable path (the first word, without an "@" prefix) gets specifiers but no variable
+    expansion, so "$$" stays "$$" there (systemd.service(5), "COMMAND LINES"); with "@" the
+    next word is argv[0], an ordinary (expanded) word."""
     env = env or {}
-    commands: list[list[str]] = [[]]
+    commands: list[list[str]] = []
+    pending: list[tuple[str, str]] = []
+
+    def flush() -> None:
+        if not pending:
+            return
+        (_, word0), rest = pending[0], pending[1:]
+        at = word0.startswith("@")  # a prefix, read after unquoting
+        path = _specifiers(word0[1:] if at else word0)
+        argv: list[str] = []
+        for raw, word in rest:
+            if raw == "\\;":
+                argv.append(";")
+            elif raw[:1] == "$" and raw[1:2] not in ("$", "{") and raw[1:].isidentifier():
+                argv.extend(env.get(raw[1:], "").split())
+            else:
+                argv.append(_expand(word, env))
+        if at:
+            assert argv and argv[0] == path, "argv[0] differs from the executable"
+            argv = argv[1:]
+        commands.append([path, *argv])
+        pending.clear()
+
     for raw, word in systemd_words(value):
         if raw == ";":
-            commands.append([])
-        elif raw == "\\;":
-            commands[-1].append(";")
-        elif raw.startswith("$") and not raw.startswith(("$$", "${")) and raw[1:].isidentifier():
-            commands[-1].extend(env.get(raw[1:], "").split())
+            flush()
         else:
-            commands[-1].append(_expand(word, env))
+            pending.append((raw, word))
+    flush()
     return commands
 
 
@@ -689,6 +765,15 @@ def test_systemd_unit_shape(manifest: Manifest) -> None:
     assert "systemctl --user daemon-reload && systemctl --user enable --now" in unit
 
 
+@pytest.mark.parametrize(
+    "program", ["/opt/a$b/llama-server", "/opt/${X}/llama-server", "/opt/100% $$x/llama-server"]
+)
+def test_systemd_executable_path_is_not_variable_expanded(program: str) -> None:
+    # Before: "$" doubled in the path too, which systemd does not undo there: not executable.
+    cmd = ServerCommand(argv=(program, "-c", "1"), env={}, warnings=(), target="t")
+    assert _exec_start(cmd) == [program, "-c", "1"]
+
+
 @pytest.mark.parametrize("program", ["-llama-server", "@x", '/opt/"q"/llama-server'])
 def test_systemd_refuses_programs_it_would_misread(program: str) -> None:
     cmd = ServerCommand(argv=(program, "-c", "1"), env={}, warnings=(), target="t")
@@ -702,6 +787,33 @@ def test_systemd_analyze_verify_accepts_the_unit(manifest: Manifest, tmp_path: P
     cmd = build(RunConfig(devices=(0, 1), tensor_split=(1.0, 1.0)), manifest,
                 server=ServerOptions(api_key_env="K", extra_args=tuple(UNIT_ARGS)))  # fmt: skip
     cmd = dataclasses.replace(cmd, argv=("/bin/echo", *cmd.argv[1:]))
+    unit = tmp_path / "llama-server-test.service"
+    unit.write_text(render_systemd(cmd, "plan", "test"))
+    (tmp_path / "xdg").mkdir(mode=0o700)
+    env = {**os.environ, "XDG_RUNTIME_DIR": str(tmp_path / "xdg"), "HOME": str(tmp_path)}
+    out = subprocess.run(["systemd-analyze", "--user", "verify", str(unit)], env=env,
+                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    problems = [
+        line for line in (out.stdout + out.stderr).splitlines()
+        if line.strip() and "RestartSteps" not in line and "RestartMaxDelaySec" not in line
+    ]  # fmt: skip
+    if out.returncode != 0 and any("initialize manager" in p for p in problems):
+        pytest.skip("systemd-analyze cannot start a user manager here")
+    assert out.returncode == 0 and problems == [], problems
+
+
+@pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="needs systemd-analyze")
+@pytest.mark.parametrize("directory", ["a$b", "${HOME}x", "100% sure", "plain"])
+def test_systemd_analyze_finds_an_executable_with_dollars_in_its_path(
+    tmp_path: Path, directory: str
+) -> None:
+    """Before: `systemd-analyze verify` said "Command .../a$$b/llama-server is not executable"."""
+    program = tmp_path / directory / "llama-server"
+    program.parent.mkdir()
+    program.write_text("#!/bin/sh\nexit 0\n")
+    program.chmod(0o755)
+    cmd = ServerCommand(argv=(str(program), "-c", "4096", "--alias", "a $b"), env={},
+                        warnings=(), target="t")  # fmt: skip
     unit = tmp_path / "llama-server-test.service"
     unit.write_text(render_systemd(cmd, "plan", "test"))
     (tmp_path / "xdg").mkdir(mode=0o700)

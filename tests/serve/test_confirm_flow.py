@@ -10,7 +10,7 @@ import pytest
 from conformance_model import rpc_machine, write_conformance_gguf
 from fake_llamacpp import calls, fake_tool, fixture
 
-from quantpick.errors import NoFitError
+from quantpick.errors import ModelRejectedError, NoFitError
 from quantpick.machine.spec import Machine
 from quantpick.model.gguf import layout_from_header, read_gguf_file
 from quantpick.model.layout import ModelLayout
@@ -141,10 +141,74 @@ def test_no_tool_is_a_one_line_skip(q4km, tmp_path: Path, monkeypatch) -> None: 
 
 
 def test_a_failing_tool_leaves_the_plan_and_says_why(q4km, tmp_path: Path) -> None:  # noqa: ANN001
-    fake_tool(tmp_path, "llama-fit-params", stderr_file=fixture("missing-model"), exit_code=-6)
+    stderr = tmp_path / "stderr.txt"
+    stderr.write_text("ggml_backend_cuda_init: failed to initialize CUDA: unknown error\n")
+    fake_tool(tmp_path, "llama-fit-params", stderr_file=stderr, exit_code=-6)
     report = run(q4km, FITS, never, tmp_path)
     assert report.status == "failed" and report.plan.config == FITS
-    assert "failed to load model" in report.message
+    assert "killed by SIGABRT): ggml_backend_cuda_init: failed to initialize CUDA" in report.message
+
+
+def test_a_model_llama_cpp_cannot_load_ends_the_command(q4km, tmp_path: Path) -> None:  # noqa: ANN001
+    # Before: "could not confirm" and the plan came back (get wrote the script, exit 0).
+    fake_tool(tmp_path, "llama-fit-params", stderr_file=fixture("missing-model"), exit_code=-6)
+    with pytest.raises(ModelRejectedError, match="cannot load .*q4km.gguf: failed to load model"):
+        run(q4km, FITS, never, tmp_path)
+
+
+def test_an_overflow_printed_before_a_failure_is_an_overflow(q4km, tmp_path: Path) -> None:  # noqa: ANN001
+    # Before: the non-zero exit hid the projection: "could not confirm", plan returned.
+    stderr = tmp_path / "stderr.txt"
+    stderr.write_text("llama_fit_params: error: out of memory\n")
+    fake_tool(tmp_path, "llama-fit-params", stdout_file=fixture("q4km-rpc-41-1"),
+              stderr_file=stderr, exit_code=1)  # fmt: skip
+
+    def nothing(_: Overheads) -> Plan:
+        raise NoFitError("nothing of q4km fits at -c 262144")
+
+    with pytest.raises(NoFitError, match=r"will not fit \(CUDA0 by \d+ MiB\)"):
+        run(q4km, OVERFLOWS, nothing, tmp_path)
+
+
+def test_a_fitting_projection_then_a_failure_is_not_confirmed(q4km, tmp_path: Path) -> None:  # noqa: ANN001
+    stderr = tmp_path / "stderr.txt"
+    stderr.write_text("llama_fit_params: error: something after the table\n")
+    fake_tool(tmp_path, "llama-fit-params", stdout_file=fixture("q4km-rpc-30-12"),
+              stderr_file=stderr, exit_code=1)  # fmt: skip
+    report = run(q4km, FITS, never, tmp_path)
+    assert report.status == "failed" and report.plan.config == FITS
+    assert "exit 1): llama_fit_params: error: something after the table" in report.message
+    assert "after printing a projection" in report.message
+
+
+@pytest.mark.parametrize(
+    ("stdout", "why"),
+    [
+        # the record says one thing, the table another
+        (
+            '{"type":"fit_memory_breakdown","data":{"unit":"MiB","rows":[{"kind":"device",'
+            '"name":"RPC0","free":24105,"total":24105,"model":14495,"context":1,"compute":1},'
+            '{"kind":"device","name":"RPC1","free":24105,"total":24105,"model":5407,'
+            '"context":1,"compute":1},{"kind":"host","name":"Host","model":272,"context":0,'
+            '"compute":1}]}}\nRPC0 1 1 1\nRPC1 5407 1 1\nHost 272 0 1\n',
+            "record and its table disagree",
+        ),
+        # weights that are not this file's
+        ("RPC0 10 1 1\nRPC1 10 1 1\nHost 1 0 1\n", "MiB of model weights, the file holds"),
+    ],
+)
+def test_a_projection_that_cannot_be_this_plans_is_not_confirmed(
+    q4km,
+    tmp_path: Path,
+    stdout: str,
+    why: str,  # noqa: ANN001
+) -> None:
+    out = tmp_path / "out.txt"
+    out.write_text(stdout)
+    fake_tool(tmp_path, "llama-fit-params", routes=[([], out)])
+    report = run(q4km, FITS, never, tmp_path)
+    assert report.status == "failed", report.message
+    assert why in report.message
 
 
 def test_a_hung_tool_is_cut_off(q4km, tmp_path: Path) -> None:  # noqa: ANN001

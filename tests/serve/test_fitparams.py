@@ -11,6 +11,7 @@ from fake_llamacpp import DATA, calls, fake_tool, fixture
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from quantpick.errors import ModelRejectedError
 from quantpick.plan.memory import RunConfig
 from quantpick.serve.fitparams import (
     FitParamsError,
@@ -175,13 +176,54 @@ def test_a_hung_tool_times_out(tmp_path: Path) -> None:
         run_fit_params([str(tool)], {}, timeout_s=0.5)
 
 
-def test_a_failing_tool_says_why(tmp_path: Path) -> None:
-    """The recorded failure: a model that does not load aborts (SIGABRT) with llama.cpp's reason."""
+def test_a_model_llama_cpp_cannot_load_is_refused(tmp_path: Path) -> None:
+    """The recorded failure: a model that does not load aborts (SIGABRT); that is llama.cpp
+    refusing the file (exit 7), not a tool that could not confirm."""
     tool = fake_tool(
         tmp_path, "llama-fit-params", stderr_file=fixture("missing-model"), exit_code=-6
     )
-    with pytest.raises(FitParamsError, match="exit -6.*failed to load model"):
+    with pytest.raises(ModelRejectedError, match="cannot load /gone.gguf: failed to load model"):
         run_fit_params([str(tool), "-m", "/gone.gguf"], {})
+
+
+def test_llama_cpps_own_reason_is_kept(tmp_path: Path) -> None:
+    """Before: "llama-fit-params failed (exit -6): what(): failed to load model", the reason
+    ("tensor ... has wrong shape") dropped. Output as src/llama.cpp llama_model_load logs it."""
+    stderr = tmp_path / "stderr.txt"
+    stderr.write_text(
+        "llama_model_load: error loading model: check_tensor_dims: tensor 'output_norm.weight' "
+        "has wrong shape; expected   256, got   512\n"
+        "llama_model_load_from_file_impl: failed to load model\n"
+        "terminate called after throwing an instance of 'std::runtime_error'\n"
+        "  what():  failed to load model\n"
+    )
+    tool = fake_tool(tmp_path, "llama-fit-params", stderr_file=stderr, exit_code=-6)
+    with pytest.raises(ModelRejectedError) as exc:
+        run_fit_params([str(tool), "-m", "/m/x.gguf"], {})
+    assert exc.value.message == (
+        "llama.cpp cannot load /m/x.gguf: check_tensor_dims: tensor 'output_norm.weight' has "
+        "wrong shape; expected 256, got 512"
+    )
+    assert exc.value.exit_code == 7 and "quantpick verify /m" in (exc.value.hint or "")
+
+
+def test_a_failing_tool_says_why(tmp_path: Path) -> None:
+    stderr = tmp_path / "stderr.txt"
+    stderr.write_text("ggml_cuda_init: failed to initialize CUDA: unknown error\nbye\n")
+    tool = fake_tool(tmp_path, "llama-fit-params", stderr_file=stderr, exit_code=-6)
+    with pytest.raises(
+        FitParamsError, match=r"failed \(killed by SIGABRT\): ggml_cuda_init: failed to init"
+    ):
+        run_fit_params([str(tool), "-m", "/m.gguf"], {})
+
+
+def test_escapes_in_the_tools_stderr_do_not_reach_the_message(tmp_path: Path) -> None:
+    stderr = tmp_path / "stderr.txt"
+    stderr.write_text("\x1b]0;owned\x07\x1b[31merror: bad \x1b[2Jthing\x1b[0m\n")
+    tool = fake_tool(tmp_path, "llama-fit-params", stderr_file=stderr, exit_code=1)
+    with pytest.raises(FitParamsError) as exc:
+        run_fit_params([str(tool)], {})
+    assert exc.value.message == "llama-fit-params failed (exit 1): error: bad thing"
 
 
 def test_a_build_without_log_jsonl_is_asked_again_without_it(tmp_path: Path) -> None:
@@ -196,3 +238,139 @@ def test_a_build_without_log_jsonl_is_asked_again_without_it(tmp_path: Path) -> 
 def test_a_missing_binary(tmp_path: Path) -> None:
     with pytest.raises(FitParamsError, match="cannot run"):
         run_fit_params([str(tmp_path / "nope")], {})
+
+
+# ---- output that is not a projection: one clear line, never a traceback ------------------------
+
+
+def _record(rows: object) -> str:
+    import json
+
+    doc = {"type": "fit_memory_breakdown", "data": {"unit": "MiB", "rows": rows}}
+    return json.dumps(doc) + "\n"
+
+
+HOST_ROW = {"kind": "host", "name": "Host", "self": 31, "model": 16, "context": 4, "compute": 11}
+
+
+@pytest.mark.parametrize(
+    ("text", "match"),
+    [
+        (_record([{**HOST_ROW, "model": "16"}]), "Host model is '16'"),
+        (_record([{**HOST_ROW, "model": None}]), "Host model is None"),
+        (_record([{"kind": "host", "name": "Host"}]), "Host model is None"),
+        (_record([{**HOST_ROW, "model": True}]), "Host model is True"),
+        (_record([{**HOST_ROW, "model": 1.5}]), "Host model is 1.5"),
+        (_record("rows"), "rows is not a list"),
+        (_record([7]), "a row is not an object"),
+        (_record([{**HOST_ROW, "context": -5}]), "projects -5 MiB for Host context"),
+        (_record([{**HOST_ROW, "compute": 10**303}]), "not a size any device has"),
+        (
+            _record(
+                [
+                    {
+                        "kind": "device",
+                        "name": "CUDA0",
+                        "free": 9000,
+                        "total": 100,
+                        "model": 1,
+                        "context": 1,
+                        "compute": 1,
+                    },
+                    HOST_ROW,
+                ]
+            ),  # fmt: skip
+            "9000 MiB free of 100 MiB on CUDA0",
+        ),
+        ('{"type":"fit_memory_breakdown","data":[1]}\n', "malformed"),
+        (_record([HOST_ROW]) + "Host 16 4 12\n", "record and its table disagree"),
+        (_record([HOST_ROW]) + "CUDA0 1 1 1\nHost 16 4 11\n", "record and its table disagree"),
+        ("Host 16 4 1²\n", "no memory projection"),
+        ("Host ² ² ²\n", "no memory projection"),
+    ],
+)
+def test_a_malformed_or_absurd_projection_is_an_error(text: str, match: str) -> None:
+    # Before: KeyError / ValueError / TypeError tracebacks ("²".isdigit() is True), or figures
+    # nobody checked taken as llama.cpp's word.
+    with pytest.raises(FitParamsError, match=match):
+        parse_output(text)
+
+
+@given(
+    st.recursive(
+        st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
+        lambda children: (
+            st.lists(children, max_size=4)
+            | st.dictionaries(
+                st.sampled_from(
+                    [
+                        "kind",
+                        "name",
+                        "model",
+                        "context",
+                        "compute",
+                        "free",
+                        "total",
+                        "self",
+                        "rows",
+                        "unit",
+                    ]
+                ),  # fmt: skip
+                children,
+                max_size=6,
+            )
+        ),
+        max_leaves=20,
+    )
+)
+@settings(max_examples=300)
+def test_the_record_parser_never_crashes(rows: object) -> None:
+    import json
+
+    for data in (rows, {"unit": "MiB", "rows": rows}):
+        text = json.dumps({"type": "fit_memory_breakdown", "data": data}) + "\nHost 1 2 3\n"
+        try:
+            parse_output(text)
+        except FitParamsError:
+            pass
+
+
+def test_a_flood_on_stdout_is_stopped(tmp_path: Path) -> None:
+    # Before: read whole, until MemoryError.
+    tool = fake_tool(tmp_path, "llama-fit-params", flood=True)
+    with pytest.raises(FitParamsError, match="printed more than 4 MiB on stdout"):
+        run_fit_params([str(tool)], {}, timeout_s=30)
+
+
+def test_a_timed_out_tools_children_are_killed(tmp_path: Path) -> None:
+    pidfile = tmp_path / "helper.pid"
+    tool = fake_tool(tmp_path, "llama-fit-params", sleep=30, grandchild=pidfile)
+    with pytest.raises(FitParamsError, match="did not answer in 1 s"):
+        run_fit_params([str(tool)], {}, timeout_s=1)
+    pid = int(pidfile.read_text())
+    import time
+
+    for _ in range(100):
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            break
+        with open(f"/proc/{pid}/stat") as f:
+            if f.read().split(")")[-1].split()[0] == "Z":
+                break
+        time.sleep(0.02)
+    else:
+        raise AssertionError("the tool's helper is still running")
+
+
+def test_a_projection_then_a_failure_is_returned_with_the_failure(tmp_path: Path) -> None:
+    stderr = tmp_path / "stderr.txt"
+    stderr.write_text("common_fit_print: error: something went wrong afterwards\n")
+    tool = fake_tool(tmp_path, "llama-fit-params", stdout_file=fixture("q4km-rpc-41-1"),
+                     stderr_file=stderr, exit_code=1)  # fmt: skip
+    run = run_fit_params([str(tool)], {})
+    assert run.exit_code == 1
+    assert run.failure == (
+        "llama-fit-params failed (exit 1): common_fit_print: error: something went wrong afterwards"
+    )
+    assert [d.name for d in run.projection.devices] == ["RPC0", "RPC1", "Host"]

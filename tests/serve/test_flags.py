@@ -264,3 +264,28 @@ def test_capabilities_for_times_out(tmp_path: Path) -> None:
 def test_capabilities_for_rejects_non_help_output(tmp_path: Path) -> None:
     with pytest.raises(QuantpickError, match="lists no options"):
         capabilities_for(_fake_server(tmp_path, "echo hello\n"))
+
+
+def test_capabilities_for_stops_a_help_that_floods(tmp_path: Path) -> None:
+    # Before: `--help` read whole, a flood ended in MemoryError.
+    fake = _fake_server(tmp_path, "exec yes -- '--flag N    some help text'\n")
+    with pytest.raises(QuantpickError, match="--help printed more than 1 MiB"):
+        capabilities_for(fake, timeout_s=30)
+
+
+def test_capabilities_for_kills_what_a_hung_help_started(tmp_path: Path) -> None:
+    pidfile = tmp_path / "helper.pid"
+    fake = _fake_server(tmp_path, f"sleep 300 & echo $! > {pidfile}\nwait\n")
+    with pytest.raises(QuantpickError, match="did not finish in 0.5 s"):
+        capabilities_for(fake, timeout_s=0.5)
+    import os
+    import time
+
+    pid = int(pidfile.read_text())
+    for _ in range(150):
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.02)
+    raise AssertionError("the help's child is still running")

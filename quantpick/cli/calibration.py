@@ -1,0 +1,172 @@
+"""`quantpick calibration list|show|reset`: the calibration profiles `bench` stored.
+
+Usage:
+    quantpick calibration list              # every stored entry, and whether it applies here
+    quantpick calibration show --json       # this machine's profile file as stored
+    quantpick calibration reset             # remove this machine's profile (--all: every one)
+
+`pick`, `estimate`, `max-context`, `get`, `command` and `confirm` take `--no-calibration` to
+plan without it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+from quantpick.cli.core import QuantpickTyper, app
+from quantpick.cli.options import JsonOpt
+
+if TYPE_CHECKING:
+    from quantpick.machine.spec import Machine
+
+calibration_app = QuantpickTyper(
+    help="Show or remove the calibration profiles `quantpick bench` stored.",
+    no_args_is_help=True,
+    rich_markup_mode=None,
+)
+app.add_typer(calibration_app, name="calibration")
+
+
+def _this_machine() -> Machine:
+    from quantpick.machine.probe import probe
+
+    return probe(inspect_server=False)
+
+
+def _entry_rows(path: Path, doc: dict[str, Any] | None, here: str) -> list[dict[str, Any]]:
+    """One row per stored entry (or one for an unreadable file), with why it cannot be used."""
+    from quantpick.plan.calibration import (
+        PROFILE_KIND,
+        PROFILE_SCHEMA,
+        entry_scope,
+        plausibility_problems,
+    )
+
+    key = path.stem
+    base = {"machine_key": key, "this_machine": key == here, "path": str(path)}
+    if doc is None or doc.get("kind") != PROFILE_KIND:
+        return [{**base, "entry": None, "problem": "not a readable calibration file"}]
+    if doc.get("schema_version") != PROFILE_SCHEMA:
+        problem = "written by another quantpick version (no scope, never applied)"
+        return [{**base, "entry": None, "problem": problem}]
+    rows = []
+    profiles = doc.get("profiles")
+    for entry in profiles if isinstance(profiles, list) else []:
+        if not isinstance(entry, dict):
+            continue
+        scope = entry_scope(entry)
+        problems = plausibility_problems(entry)
+        rows.append(
+            {
+                **base,
+                "entry": {
+                    "build": entry.get("build_label") or scope.build,
+                    "build_id": scope.build,
+                    "date": entry.get("date"),
+                    "tool": entry.get("tool"),
+                    "model": entry.get("model"),
+                    "quant": entry.get("quant"),
+                    "model_bytes": scope.model_bytes,
+                    "size_class": scope.size_class,
+                    "devices": list(scope.devices),
+                    "ratios": entry.get("ratios"),
+                },
+                "problem": problems[0] if problems else None,
+            }
+        )
+    return rows
+
+
+@calibration_app.command("list")
+def list_cmd(json_: JsonOpt = False) -> None:
+    """Every stored calibration entry: machine, build, model, devices, ratios."""
+    from rich.table import Table
+
+    from quantpick.cli import output
+    from quantpick.plan.calibration import machine_key
+    from quantpick.serve.calibration import calibration_dir, list_profiles
+    from quantpick.units import human
+
+    here = machine_key(_this_machine())
+    rows = [row for path, doc in list_profiles() for row in _entry_rows(path, doc, here)]
+    if json_:
+        output.print_json({"directory": str(calibration_dir()), "entries": rows})
+        return
+    if not rows:
+        output.note(f"No calibration stored ({calibration_dir()}); `quantpick bench` makes one.")
+        return
+    table = Table(title=f"Calibration profiles in {calibration_dir()}", title_justify="left",
+                  pad_edge=False)  # fmt: skip
+    for col in ("machine", "build", "date", "model", "devices", "decode x", "prefill x", "state"):
+        table.add_column(col)
+    for row in rows:
+        machine = row["machine_key"] + (" (this one)" if row["this_machine"] else "")
+        e = row["entry"]
+        state = row["problem"] or ("stored" if row["this_machine"] else "another machine")
+        if e is None:
+            table.add_row(machine, "-", "-", "-", "-", "-", "-", state)
+            continue
+        ratios = e["ratios"] if isinstance(e["ratios"], dict) else {}
+        decode = "/".join(_ratio(ratios.get(k)) for k in ("decode_empty", "decode_depth"))
+        model = " ".join(str(x) for x in (e["model"], e["quant"]) if x)
+        model += f" ({human(e['model_bytes'])})" if e["model_bytes"] else ""
+        devices = f"{len(e['devices'])} device(s)" if e["devices"] else "host only"
+        table.add_row(machine, str(e["build"]), str(e["date"]), model, devices, decode,
+                      _ratio(ratios.get("prefill")), state)  # fmt: skip
+    output.stdout().print(table)
+
+
+def _ratio(value: object) -> str:
+    return f"{value:.3g}" if isinstance(value, (int, float)) else "-"
+
+
+@calibration_app.command("show")
+def show_cmd(json_: JsonOpt = False) -> None:
+    """This machine's profile file, as stored (JSON)."""
+    import json
+
+    from quantpick.cli import output
+    from quantpick.errors import QuantpickError
+    from quantpick.serve.calibration import profile_path, read_profile
+
+    path = profile_path(_this_machine())
+    doc = read_profile(path)
+    if doc is None:
+        what = "is not a readable calibration file" if path.exists() else "does not exist"
+        raise QuantpickError(
+            f"no calibration for this machine: {path} {what}",
+            hint="`quantpick bench` measures and stores one; `quantpick calibration list` "
+            "shows every stored one",
+        )
+    if json_:
+        output.print_json({"path": str(path), "profile": doc})
+        return
+    output.note(f"{path}:")
+    import sys
+
+    sys.stdout.write(json.dumps(doc, indent=1, default=str) + "\n")
+
+
+@calibration_app.command("reset")
+def reset_cmd(
+    all_: Annotated[
+        bool, typer.Option("--all", help="Remove every machine's profile, not only this one's.")
+    ] = False,
+    json_: JsonOpt = False,
+) -> None:
+    """Remove this machine's calibration (later answers are uncalibrated until the next bench)."""
+    from quantpick.cli import output
+    from quantpick.serve.calibration import list_profiles, profile_path, remove_profiles
+
+    paths = [p for p, _ in list_profiles()] if all_ else [profile_path(_this_machine())]
+    removed = remove_profiles(paths)
+    if json_:
+        output.print_json({"removed": [str(p) for p in removed]})
+        return
+    if not removed:
+        output.note("No calibration to remove.")
+    for path in removed:
+        output.note(f"Removed {path}")
