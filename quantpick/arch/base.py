@@ -196,6 +196,12 @@ class ModelView:
     # global tensors this architecture loads on the output layer beyond the shared table
     # (model/layout.py OUTPUT_TENSORS), by name without .weight/.bias
     output_tensors: frozenset[str] = frozenset()
+    # head sizes of the trunk layers (n_embd_head_k/v(il)): a quantized cache type must divide
+    # each (src/llama-context.cpp:3851-3871)
+    head_k_sizes: frozenset[int] = frozenset()
+    head_v_sizes: frozenset[int] = frozenset()
+    mla: bool = False  # K-only cache: -ctk must equal -ctv (src/llama-context.cpp:3835)
+    flash_attn: bool = True  # False: llama.cpp forces flash attention off (grok)
     notes: tuple[str, ...] = ()  # what a generic or partial rule could not check
 
     @property
@@ -296,6 +302,7 @@ class HParams:
     index_k_width: int = 0
     index_v_width: int = 0
     output_tensors: set[str] = field(default_factory=set)
+    flash_attn: bool = True  # llama_init_from_model forces it off for some architectures
     notes: list[str] = field(default_factory=list)
 
     def n_layer(self) -> int:
@@ -550,5 +557,9 @@ def build_view(hp: HParams, *, family: str, known: bool) -> ModelView:
         tied_embeddings=not hp.arch.has_output_tensor,
         mtp_kv_layers=mtp,
         output_tensors=frozenset(hp.output_tensors),
+        head_k_sizes=frozenset(hp.n_embd_head_k(il) for il in range(n_trunk)),
+        head_v_sizes=frozenset(hp.n_embd_head_v(il) for il in range(n_trunk)),
+        mla=mla,
+        flash_attn=hp.flash_attn,
         notes=tuple(hp.notes),
     )

@@ -95,6 +95,9 @@ def configure(hp: HParams) -> None:
         # src/models/exaone4.cpp:2-12: only the 32B (64 layers) slides, 4096 unless the key says
         apply_swa(hp, SwaRule(4, SwaOn.ALWAYS, default_window=4096))
     # phi3 (src/models/phi3.cpp:11-21) reads a window and then turns SWA off: nothing to do.
+    if name == "grok":
+        # "flash_attn is not compatible with Grok - forcing off" (src/llama-context.cpp:3816)
+        hp.flash_attn = False
 
 
 # Architectures with llama.cpp's shared rule and at most the sliding window above: each one's

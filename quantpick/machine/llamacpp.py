@@ -18,9 +18,6 @@ VERSION_TIMEOUT_S = 5.0
 # `--version` prints two lines (~150 bytes) and, on GPU builds, one line per device found.
 VERSION_CAP = 64 * 1024
 
-# qwen35moe landed in PR #19468 (commit fc0fe4004, 2026-02-10); first release tag ~ b7988.
-QWEN35MOE_MIN_BUILD = 7988
-
 _NEW_FORM = re.compile(
     r"version:\s*(?P<version>[^\s(]+)\s*\(\s*build\s+(?P<build>\d+)\s*,\s*commit\s+(?P<commit>[0-9a-fA-F]+)\s*\)"
 )
@@ -42,21 +39,6 @@ def parse_version_output(text: str) -> tuple[str | None, int | None, str | None]
         if match:
             return None, int(match["build"]), match["commit"].lower()
     return None, None, None
-
-
-def supports_qwen35moe(server: LlamaServer) -> bool | None:
-    """Whether this build can load qwen35moe GGUFs; None when the build is unknown.
-
-    A semver version implies a build from after the semver tags started (~b10621, Aug 2026),
-    long after qwen35moe landed; its build number may be a shallow clone's 1, so it is not used.
-    """
-    if server.error is not None:
-        return None
-    if server.version:
-        return True
-    if server.build is not None:
-        return server.build >= QWEN35MOE_MIN_BUILD
-    return None
 
 
 def find_llama_server(path: Path | None = None) -> Path | None:

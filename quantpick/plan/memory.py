@@ -18,7 +18,9 @@ from quantpick.model.ggml import (
     BUFFER_RULES,
     CPU_BUFFER,
     CUDA_BUFFER,
+    GGML_TYPES,
     KV_CACHE_TYPES,
+    UNQUANTIZED,
     BufferRule,
     row_size,
 )
@@ -245,6 +247,28 @@ def activation_bytes_per_token(view: ModelView) -> int:
     return ACTIVATION_BYTES_PER_EMBD * max(view.n_embd, 1)
 
 
+def kv_type_problem(view: ModelView, type_k: str, type_v: str, flash_attn: str) -> str | None:
+    """Why llama.cpp refuses these cache types for this model (None: it takes them), as
+    llama_init_from_model checks (src/llama-context.cpp:3816-3871)."""
+    fa = flash_attn != "off" and view.flash_attn
+    if view.mla and type_k != type_v:
+        return f"-ctk {type_k} -ctv {type_v}: this model's cache (MLA) needs -ctk equal to -ctv"
+    for flag, kind, sizes in (("-ctk", type_k, view.head_k_sizes),
+                              ("-ctv", type_v, view.head_v_sizes)):  # fmt: skip
+        block = GGML_TYPES[kind.upper()][1]
+        if block > 1 and fa:
+            bad = sorted(n for n in sizes if n % block)
+            if bad:
+                return (
+                    f"{flag} {kind}: its {block}-value blocks do not divide this model's head "
+                    f"size {bad[0]}"
+                )
+    if not view.flash_attn and type_v.upper() not in UNQUANTIZED:
+        return f"-ctv {type_v}: llama.cpp runs {view.arch} without flash attention, which a "\
+            "quantized V cache needs"
+    return None
+
+
 def validate_config(config: RunConfig, layout: ModelLayout) -> None:
     for flag, value in (("-ctk", config.cache_type_k), ("-ctv", config.cache_type_v)):
         if value not in KV_CACHE_TYPES:
@@ -260,6 +284,11 @@ def validate_config(config: RunConfig, layout: ModelLayout) -> None:
             f"-ctv {config.cache_type_v} needs flash attention, and -fa is off",
             hint="use -fa on (or auto), or an unquantized V cache",
         )
+    problem = kv_type_problem(
+        layout.view, config.cache_type_k, config.cache_type_v, config.flash_attn
+    )
+    if problem is not None:
+        raise UsageError(problem, hint="use f16 (or another cache type that divides it)")
     if config.ctx_size < 0 or config.n_parallel < 1 or config.ubatch < 1 or config.batch < 1:
         raise UsageError("-c must be >= 0, -np, -ub and -b >= 1")
     if config.n_gpu_layers is not None and config.n_gpu_layers < 0:
@@ -531,7 +560,7 @@ def estimate(
         config.ctx_size, arch.context_length, config.n_parallel, config.kv_unified
     )
     ub = min(config.ubatch, config.batch, n_ctx)
-    fa = config.flash_attn != "off"
+    fa = config.flash_attn != "off" and view.flash_attn
     window_cells = swa_cells(
         view, kv_size, config.n_parallel, config.kv_unified, ub, config.swa_full
     )

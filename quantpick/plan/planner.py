@@ -37,6 +37,7 @@ from quantpick.plan.memory import (
     Overheads,
     RunConfig,
     estimate,
+    kv_type_problem,
     llama_devices,
     rpc_devices,
 )
@@ -761,6 +762,15 @@ def _plan_once(
         )
         full_gpu_kv: str | None = None  # the first KV type that ran fully on the GPUs
         for kv in request.kv_types:
+            refused = kv_type_problem(search.layout.view, kv, kv, request.flash_attn)
+            if refused is not None:
+                # llama.cpp would refuse the context (a quantized cache that does not divide the
+                # head size, or one that needs flash attention where it is off)
+                candidates.append(
+                    Candidate(quant, ranks[quant], kv, Placement.NOT_SEARCHED, False, False,
+                              refused, quality=q)
+                )  # fmt: skip
+                continue
             if full_gpu_kv is not None and request.prefer != "speed":
                 # The KV types are listed best first, and on CUDA a quantized cache is never
                 # faster at depth (plan/speed.py): once one runs fully on the GPUs, the others

@@ -38,7 +38,6 @@ from pathlib import Path
 from typing import Any
 
 from quantpick.errors import QuantpickError, UsageError
-from quantpick.machine.llamacpp import QWEN35MOE_MIN_BUILD
 from quantpick.machine.spec import RpcWorker
 from quantpick.model.manifest import Manifest
 from quantpick.plan.memory import RunConfig
@@ -59,7 +58,6 @@ CURRENT_TARGET = (
     "current llama.cpp (flags of tree 0c1e570, 2026-10-01; not checked against a binary)"
 )
 # Architectures whose support landed late, with the first build that loads them.
-MIN_BUILD_FOR_ARCH = {"qwen35moe": QWEN35MOE_MIN_BUILD}
 
 # common/common.h LLM_FFN_EXPS_REGEX: the routed-expert tensors --cpu-moe / --n-cpu-moe move.
 FFN_EXPS_REGEX = r"\.ffn_(up|down|gate|gate_up)_(ch|)exps"
@@ -196,7 +194,9 @@ def _check_env_name(name: str, what: str) -> str:
 
 
 def _version_warnings(caps: ServerCapabilities, arch: str | None) -> list[str]:
-    need = MIN_BUILD_FOR_ARCH.get(arch or "")
+    from quantpick.arch.registry import min_build
+
+    need = min_build(arch or "")  # the architecture's family knows its first build
     if need is None:
         return []
     if caps.version:
@@ -213,7 +213,7 @@ def _version_warnings(caps: ServerCapabilities, arch: str | None) -> list[str]:
         return [f"could not read the llama-server build{why}; {arch} needs b{need} or newer"]
     if caps.build < need:
         return [
-            f"{caps.describe()} is older than {arch} support (PR #19468, first release ~b{need}): "
+            f"{caps.describe()} is older than {arch} support (first release ~b{need}): "
             f"it will fail to load this model with 'unknown model architecture: {arch}'. "
             f"Upgrade llama.cpp to b{need} or newer"
         ]

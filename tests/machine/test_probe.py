@@ -22,7 +22,6 @@ from quantpick.machine.catalog import theoretical_bandwidth
 from quantpick.machine.llamacpp import (
     inspect_llama_server,
     parse_version_output,
-    supports_qwen35moe,
 )
 from quantpick.machine.spec import LlamaServer
 
@@ -284,13 +283,6 @@ def test_disk_free_walks_up_to_an_existing_parent(tmp_path: Path) -> None:
 )  # fmt: skip
 def test_parse_version_output(text: str, expected: tuple[object, ...]) -> None:
     assert parse_version_output(text) == expected
-
-
-def test_qwen35moe_support_by_build() -> None:
-    assert supports_qwen35moe(LlamaServer("x", version="0.5.0-dev", build=1)) is True
-    assert supports_qwen35moe(LlamaServer("x", build=7988)) is True
-    assert supports_qwen35moe(LlamaServer("x", build=7000)) is False
-    assert supports_qwen35moe(LlamaServer("x", error="not found")) is None
 
 
 def _script(tmp_path: Path, body: str) -> Path:
