@@ -56,7 +56,7 @@ class Table:
 
     def experts(self, p: str, n_embd: int, n_ff_exp: int, n_expert: int) -> None:
         """Routed experts, gate and up separate (create_tensor_gate_up_exps,
-        src/llama-model.cpp:3375-3393: the merged gate_up is the optional first try)."""
+        src/llama-model.cpp:3379-3393: the merged gate_up is the optional first try)."""
         self.add(p + "ffn_gate_exps.weight", n_embd, n_ff_exp, n_expert)
         self.add(p + "ffn_down_exps.weight", n_ff_exp, n_embd, n_expert)
         self.add(p + "ffn_up_exps.weight", n_embd, n_ff_exp, n_expert)
@@ -98,7 +98,7 @@ def head_dims(arch: Architecture) -> tuple[int, int]:
 
 
 def head_count_kv(arch: Architecture) -> list[int]:
-    """n_head_kv(il): `attention.head_count_kv`, default head_count (src/llama-model.cpp:1400)."""
+    """n_head_kv(il): `attention.head_count_kv`, default head_count (src/llama-model.cpp:1401-1404)."""
     if arch.get("attention.head_count_kv") is None:
         return per_layer(arch, "attention.head_count")
     return per_layer(arch, "attention.head_count_kv")
