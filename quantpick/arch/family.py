@@ -30,7 +30,9 @@ class Family:
     # Architectures whose rules are proven against llama-fit-params (tests/arch); the others of
     # `architectures` are handled by the family's rules but listed as not yet checked.
     checked: frozenset[str] = frozenset()
-    tensor_shapes: Callable[[Architecture], TensorShapes] | None = None
+    # None from the call: no table for that architecture of the family (a layout then needs the
+    # GGUF header)
+    tensor_shapes: Callable[[Architecture], TensorShapes | None] | None = None
     # The first llama.cpp build that loads each architecture (None: older than the builds
     # quantpick knows: every build it can meet loads it).
     min_build: Mapping[str, int] = field(default_factory=dict)

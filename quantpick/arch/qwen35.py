@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from quantpick.arch.base import Architecture, HParams, MemoryClass
 from quantpick.arch.family import Family, TensorShapes
+from quantpick.arch.tensors import Table, head_count_kv, head_dims, per_layer
 
 FULL_ATTENTION_INTERVAL = 4  # llama.cpp's default when the key is absent (qwen35moe.cpp:17)
 
@@ -39,81 +40,69 @@ def configure(hp: HParams) -> None:
     hp.recr_filter = lambda il: il < n and hp.is_recr[il]
 
 
-def tensor_shapes(arch: Architecture) -> TensorShapes:
-    """(name, ne) for every tensor llama.cpp's qwen35moe loader expects, MTP block included
-    (src/models/qwen35moe.cpp: load_arch_tensors)."""
-    n_embd, n_vocab = arch.embedding_length, arch.vocab_size
-    head_dim = arch.int_("attention.key_length")
-    value_len = arch.int_("attention.value_length", head_dim)
-    n_head, n_head_kv = arch.head_count, arch.int_("attention.head_count_kv", arch.head_count)
-    d_state, n_group = arch.int_("ssm.state_size"), arch.int_("ssm.group_count")
-    value_dim = arch.int_("ssm.inner_size")
-    key_dim = d_state * n_group
-    conv_dim = key_dim * 2 + value_dim
-    n_v_heads = arch.int_("ssm.time_step_rank")
-    n_expert = arch.expert_count
-    ff_exp = arch.int_("expert_feed_forward_length")
-    ff_sh = arch.int_("expert_shared_feed_forward_length")
+def recurrent_blocks(arch: Architecture) -> list[bool]:
+    """is_recr per block as the loaders set it (qwen35.cpp:17-23, qwen35moe.cpp, qwen3next.cpp):
+    `attention.recurrent_layers`, else every trunk block but each full_attention_interval-th."""
+    listed = arch.get("attention.recurrent_layers")
+    n_all = arch.block_count
+    if isinstance(listed, tuple):
+        return ([bool(v) for v in listed] + [False] * n_all)[:n_all]
     interval = arch.int_("full_attention_interval", FULL_ATTENTION_INTERVAL) or 1
-    n_layer = arch.n_layer
-    shapes: list[tuple[str, tuple[int, ...]]] = [
-        ("token_embd.weight", (n_embd, n_vocab)),
-        ("output_norm.weight", (n_embd,)),
-    ]
-    if arch.has_output_tensor:
-        shapes.append(("output.weight", (n_embd, n_vocab)))
+    return [il < arch.n_layer and (il + 1) % interval != 0 for il in range(n_all)]
+
+
+def tensor_shapes(arch: Architecture) -> TensorShapes:
+    """(name, ne) for every tensor llama.cpp's qwen35 (src/models/qwen35.cpp:33-124), qwen35moe
+    (src/models/qwen35moe.cpp:36-147) and qwen3next (src/models/qwen3next.cpp:31-129) loaders
+    expect, MTP block included: gated attention (Q carries its output gate: 2 x head_k x n_head)
+    or a gated delta net per trunk block, a dense FFN (qwen35) or routed experts with a gated
+    shared expert, and the MTP block(s) as full-attention blocks plus the NextN tensors."""
+    t = Table()
+    t.head(arch)
+    n_embd = arch.embedding_length
+    hk, hv = head_dims(arch)
+    n_head, n_kv = per_layer(arch, "attention.head_count")[0], head_count_kv(arch)[0]
+    d_state, n_group = arch.int_("ssm.state_size"), arch.int_("ssm.group_count")
+    n_v_heads, d_conv = arch.int_("ssm.time_step_rank"), arch.int_("ssm.conv_kernel")
+    key_dim, value_dim = d_state * n_group, d_state * n_v_heads  # head_k_dim = head_v_dim = d_state
+    conv_dim = key_dim * 2 + value_dim
+    n_ff = per_layer(arch, "feed_forward_length")[0]
+    n_expert = arch.expert_count
+    n_ff_exp = arch.int_("expert_feed_forward_length") or n_ff // max(arch.expert_used_count, 1)
+    n_ff_sh = arch.int_("expert_shared_feed_forward_length") or n_ff
+    recurrent = recurrent_blocks(arch)
     for il in range(arch.block_count):
         p = f"blk.{il}."
-        nextn = il >= n_layer
-        shapes += [
-            (p + "attn_norm.weight", (n_embd,)),
-            (p + "post_attention_norm.weight", (n_embd,)),
-        ]
-        if not nextn and (il + 1) % interval != 0:
-            shapes += [
-                (p + "attn_qkv.weight", (n_embd, conv_dim)),
-                (p + "attn_gate.weight", (n_embd, value_dim)),
-                (p + "ssm_conv1d.weight", (arch.int_("ssm.conv_kernel"), conv_dim)),
-                (p + "ssm_dt.bias", (n_v_heads,)),
-                (p + "ssm_a", (n_v_heads,)),
-                (p + "ssm_beta.weight", (n_embd, n_v_heads)),
-                (p + "ssm_alpha.weight", (n_embd, n_v_heads)),
-                (p + "ssm_norm.weight", (d_state,)),
-                (p + "ssm_out.weight", (value_dim, n_embd)),
-            ]
+        t.add(p + "attn_norm.weight", n_embd)
+        t.add(p + "post_attention_norm.weight", n_embd)
+        if recurrent[il]:
+            t.add(p + "attn_qkv.weight", n_embd, conv_dim)
+            t.add(p + "attn_gate.weight", n_embd, value_dim)
+            t.add(p + "ssm_conv1d.weight", d_conv, conv_dim)
+            t.add(p + "ssm_dt.bias", n_v_heads)
+            t.add(p + "ssm_a", n_v_heads)
+            if arch.name == "qwen3next":  # one fused beta/alpha projection (qwen3next.cpp:92)
+                t.add(p + "ssm_ba.weight", n_embd, 2 * n_v_heads)
+            else:
+                t.add(p + "ssm_beta.weight", n_embd, n_v_heads)
+                t.add(p + "ssm_alpha.weight", n_embd, n_v_heads)
+            t.add(p + "ssm_norm.weight", d_state)
+            t.add(p + "ssm_out.weight", value_dim, n_embd)
         else:
-            shapes += [
-                (p + "attn_q.weight", (n_embd, head_dim * n_head * 2)),
-                (p + "attn_k.weight", (n_embd, head_dim * n_head_kv)),
-                (p + "attn_v.weight", (n_embd, value_len * n_head_kv)),
-                (p + "attn_output.weight", (head_dim * n_head, n_embd)),
-                (p + "attn_q_norm.weight", (head_dim,)),
-                (p + "attn_k_norm.weight", (head_dim,)),
-            ]
-        shapes += [
-            (p + "ffn_gate_inp.weight", (n_embd, n_expert)),
-            (p + "ffn_down_exps.weight", (ff_exp, n_embd, n_expert)),
-            (p + "ffn_gate_exps.weight", (n_embd, ff_exp, n_expert)),
-            (p + "ffn_up_exps.weight", (n_embd, ff_exp, n_expert)),
-            (p + "ffn_gate_inp_shexp.weight", (n_embd,)),
-            (p + "ffn_gate_shexp.weight", (n_embd, ff_sh)),
-            (p + "ffn_up_shexp.weight", (n_embd, ff_sh)),
-            (p + "ffn_down_shexp.weight", (ff_sh, n_embd)),
-        ]
-        if nextn:
-            shapes += [
-                (p + "nextn.eh_proj.weight", (2 * n_embd, n_embd)),
-                (p + "nextn.enorm.weight", (n_embd,)),
-                (p + "nextn.hnorm.weight", (n_embd,)),
-                (p + "nextn.shared_head_norm.weight", (n_embd,)),
-            ]
-    return tuple(shapes)
-
-
-def _shapes(arch: Architecture) -> TensorShapes:
-    if arch.name != "qwen35moe":
-        raise ValueError(f"no tensor table for {arch.name} yet (qwen35moe only)")
-    return tensor_shapes(arch)
+            t.qkv(p, n_embd, hk * n_head * 2, hk * n_kv, hv * n_kv)
+            t.add(p + "attn_output.weight", hk * n_head, n_embd)
+            t.add(p + "attn_q_norm.weight", hk)
+            t.add(p + "attn_k_norm.weight", hk)
+        if n_expert:
+            t.add(p + "ffn_gate_inp.weight", n_embd, n_expert)
+            t.experts(p, n_embd, n_ff_exp, n_expert)
+            t.add(p + "ffn_gate_inp_shexp.weight", n_embd)
+            t.shared_expert(p, n_embd, n_ff_sh)
+        else:
+            t.swiglu(p, n_embd, n_ff)
+        if il >= arch.n_layer:
+            t.nextn(p, n_embd)  # Qwen ships no embed_tokens / shared_head_head
+    return t.shapes()
 
 
 FAMILY = Family(
@@ -129,7 +118,7 @@ FAMILY = Family(
         "state F32 per sequence: n_embd_r + n_embd_s (src/llama-hparams.cpp:218-270)",
     ),
     checked=frozenset({"qwen35moe"}),
-    tensor_shapes=_shapes,
+    tensor_shapes=tensor_shapes,
     # src/models/qwen35moe.cpp arrived with PR #19468 (b7988, notes llamacpp-memory.md §9)
     min_build={"qwen35moe": 7988, "qwen35": 7988},
     # src/models/qwen35moe.cpp load_arch_hparams: ml.get_key(LLM_KV_SSM_*) without `false`

@@ -15,8 +15,9 @@ Rules (llama.cpp b11312):
 
 from __future__ import annotations
 
-from quantpick.arch.base import HParams, MemoryClass
-from quantpick.arch.family import Family
+from quantpick.arch.base import Architecture, HParams, MemoryClass
+from quantpick.arch.family import Family, TensorShapes
+from quantpick.arch.tensors import Table, head_count_kv, head_dims, per_layer
 
 RECURRENT = frozenset({"mamba", "mamba2"})
 
@@ -48,6 +49,47 @@ def configure(hp: HParams) -> None:
         hp.is_recr = [il < n and hp.n_head_kv[il] == 0 for il in range(hp.n_layer_all)]
 
 
+def _nemotron_h(arch: Architecture) -> TensorShapes:
+    """src/models/nemotron-h.cpp:49-182 (dense nemotron_h): per block one of a Mamba2 mixer
+    (head_count_kv and feed_forward_length both 0; the conv bias that Nemotron-H's
+    `use_conv_bias` ships), attention without biases (feed_forward_length 0), or a non-gated
+    ReLU^2 MLP (up/down only)."""
+    t = Table()
+    t.head(arch)
+    n_embd = arch.embedding_length
+    hk, hv = head_dims(arch)
+    n_head, n_kv = per_layer(arch, "attention.head_count"), head_count_kv(arch)
+    n_ff = per_layer(arch, "feed_forward_length")
+    d_conv, d_inner = arch.int_("ssm.conv_kernel"), arch.int_("ssm.inner_size")
+    d_state, n_group = arch.int_("ssm.state_size"), arch.int_("ssm.group_count")
+    n_ssm_head = arch.int_("ssm.time_step_rank")
+    d_in_proj = 2 * d_inner + 2 * n_group * d_state + n_ssm_head  # nemotron-h.cpp:63
+    conv_ch = d_inner + 2 * n_group * d_state
+    for il in range(arch.n_layer):
+        p = f"blk.{il}."
+        t.add(p + "attn_norm.weight", n_embd)
+        if n_kv[il] == 0 and n_ff[il] == 0:
+            t.add(p + "ssm_in.weight", n_embd, d_in_proj)
+            t.add(p + "ssm_conv1d.weight", d_conv, conv_ch)
+            t.add(p + "ssm_conv1d.bias", conv_ch)
+            t.add(p + "ssm_dt.bias", n_ssm_head)
+            t.add(p + "ssm_a", 1, n_ssm_head)
+            t.add(p + "ssm_d", 1, n_ssm_head)
+            t.add(p + "ssm_norm.weight", d_inner // n_group, n_group)
+            t.add(p + "ssm_out.weight", d_inner, n_embd)
+        elif n_ff[il] == 0:
+            t.qkv(p, n_embd, hk * n_head[il], hk * n_kv[il], hv * n_kv[il])
+            t.add(p + "attn_output.weight", hk * n_head[il], n_embd)
+        else:
+            t.add(p + "ffn_down.weight", n_ff[il], n_embd)
+            t.add(p + "ffn_up.weight", n_embd, n_ff[il])
+    return t.shapes()
+
+
+def tensor_shapes(arch: Architecture) -> TensorShapes | None:
+    return _nemotron_h(arch) if arch.name == "nemotron_h" else None
+
+
 FAMILY = Family(
     name="ssm",
     architectures=(
@@ -63,4 +105,5 @@ FAMILY = Family(
     ),
     recurrent=RECURRENT,
     checked=frozenset(),
+    tensor_shapes=tensor_shapes,
 )

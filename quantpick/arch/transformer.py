@@ -15,8 +15,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
-from quantpick.arch.base import HParams, SwaType
-from quantpick.arch.family import Family
+from quantpick.arch.base import Architecture, HParams, SwaType
+from quantpick.arch.family import Family, TensorShapes
+from quantpick.arch.tensors import Table, head_count_kv, head_dims, per_layer
 
 
 class SwaOn(Enum):
@@ -115,6 +116,173 @@ PLAIN = (
     "hrm_text",
 )  # fmt: skip
 
+# ----------------------------------------------------------------------------------------------
+# Tensor tables (src/models/<arch>.cpp load_arch_tensors at b11312), for the architectures whose
+# real GGUFs tests/data/arch-real records.
+
+# Meta's `rope_type: llama3` (Llama 3.1 and later: the Llama 3 vocabulary with more than the 8192
+# original context) makes the converter write rope_freqs (conversion/llama.py:298-326); the GGUF
+# carries no key saying so, so the table infers it from those two facts.
+LLAMA3_VOCAB = 128256
+LLAMA3_ORIGINAL_CONTEXT = 8192
+
+
+def _llama(arch: Architecture) -> TensorShapes:
+    """llama and mistral3 (src/models/llama.cpp:34-92, src/models/mistral3.cpp:29-87: the same
+    tensors): dense SwiGLU or MoE with an optional shared expert."""
+    t = Table()
+    t.head(arch)
+    n_embd, (hk, hv) = arch.embedding_length, head_dims(arch)
+    n_head, n_kv = per_layer(arch, "attention.head_count")[0], head_count_kv(arch)[0]
+    n_ff = per_layer(arch, "feed_forward_length")[0]
+    if arch.vocab_size == LLAMA3_VOCAB and arch.context_length > LLAMA3_ORIGINAL_CONTEXT:
+        n_rot = arch.int_("rope.dimension_count", hk)
+        t.add("rope_freqs.weight", n_rot // 2)  # llama.cpp:66 (i != 0: TENSOR_DUPLICATED)
+    n_expert, n_ff_sh = arch.expert_count, arch.int_("expert_shared_feed_forward_length")
+    for il in range(arch.n_layer):
+        p = f"blk.{il}."
+        t.add(p + "attn_norm.weight", n_embd)
+        t.qkv(p, n_embd, hk * n_head, hk * n_kv, hv * n_kv)
+        t.add(p + "attn_output.weight", hk * n_head, n_embd)
+        t.add(p + "ffn_norm.weight", n_embd)
+        if n_expert == 0:
+            t.swiglu(p, n_embd, n_ff)
+        else:
+            t.add(p + "ffn_gate_inp.weight", n_embd, n_expert)
+            t.experts(p, n_embd, n_ff, n_expert)
+            if n_ff_sh > 0:
+                t.shared_expert(p, n_embd, n_ff_sh)
+    return t.shapes()
+
+
+def _qwen2(arch: Architecture) -> TensorShapes:
+    """src/models/qwen2.cpp:19-47; Qwen2 attention always has Q/K/V biases
+    (conversion/qwen.py Qwen2Model maps them; create_tensor_qkv loads them)."""
+    t = Table()
+    t.head(arch)
+    n_embd, (hk, hv) = arch.embedding_length, head_dims(arch)
+    n_kv, n_ff = head_count_kv(arch)[0], per_layer(arch, "feed_forward_length")[0]
+    for il in range(arch.n_layer):
+        p = f"blk.{il}."
+        t.add(p + "attn_norm.weight", n_embd)
+        t.qkv(p, n_embd, n_embd, hk * n_kv, hv * n_kv, bias=True)
+        t.add(p + "attn_output.weight", n_embd, n_embd)
+        t.add(p + "ffn_norm.weight", n_embd)
+        t.swiglu(p, n_embd, n_ff)
+    return t.shapes()
+
+
+def _qwen3(arch: Architecture) -> TensorShapes:
+    """qwen3 (src/models/qwen3.cpp:15-47) and qwen3moe (src/models/qwen3moe.cpp:14-56): Q/K
+    norms, a dense FFN or routed experts of expert_feed_forward_length (default
+    n_ff / n_expert_used, qwen3moe.cpp:50)."""
+    t = Table()
+    t.head(arch)
+    n_embd, (hk, hv) = arch.embedding_length, head_dims(arch)
+    n_head, n_kv = per_layer(arch, "attention.head_count")[0], head_count_kv(arch)[0]
+    n_ff, n_expert = per_layer(arch, "feed_forward_length")[0], arch.expert_count
+    n_ff_exp = arch.int_("expert_feed_forward_length") or n_ff // max(arch.expert_used_count, 1)
+    for il in range(arch.n_layer):
+        p = f"blk.{il}."
+        t.add(p + "attn_norm.weight", n_embd)
+        t.qkv(p, n_embd, hk * n_head, hk * n_kv, hv * n_kv)
+        t.add(p + "attn_output.weight", hk * n_head, n_embd)
+        t.add(p + "attn_k_norm.weight", hk)
+        t.add(p + "attn_q_norm.weight", hk)
+        t.add(p + "ffn_norm.weight", n_embd)
+        if arch.name == "qwen3moe":
+            t.add(p + "ffn_gate_inp.weight", n_embd, n_expert)
+            t.experts(p, n_embd, n_ff_exp, n_expert)
+        else:
+            t.swiglu(p, n_embd, n_ff)
+    return t.shapes()
+
+
+# GLM-4.5/4.6/4.7 (92 layers) set `use_qk_norm`, GLM-4.5-Air (46) does not; the GGUF has no key
+# for it, and glm4-moe.cpp:67-70 loads the norms only when present.
+GLM4MOE_QK_NORM_LAYERS = frozenset({92})
+
+
+def _glm4moe(arch: Architecture) -> TensorShapes:
+    """src/models/glm4-moe.cpp:28-123: biased Q/K/V, `leading_dense_block_count` dense blocks,
+    routed experts with a selection bias and shared experts, and the NextN block(s) with
+    embed_tokens / shared_head_head (GLM's MTP layer ships both, conversion/glm.py maps them)."""
+    t = Table()
+    t.head(arch)
+    n_embd, (hk, hv), n_vocab = arch.embedding_length, head_dims(arch), arch.vocab_size
+    n_head, n_kv = per_layer(arch, "attention.head_count")[0], head_count_kv(arch)[0]
+    n_ff, n_expert = per_layer(arch, "feed_forward_length")[0], arch.expert_count
+    n_ff_exp = arch.int_("expert_feed_forward_length") or n_ff // max(arch.expert_used_count, 1)
+    n_shared, dense_lead = arch.int_("expert_shared_count"), arch.int_("leading_dense_block_count")
+    qk_norm = arch.n_layer in GLM4MOE_QK_NORM_LAYERS
+    for il in range(arch.block_count):
+        p = f"blk.{il}."
+        t.add(p + "attn_norm.weight", n_embd)
+        t.qkv(p, n_embd, hk * n_head, hk * n_kv, hv * n_kv, bias=True)
+        t.add(p + "attn_output.weight", hk * n_head, n_embd)
+        if qk_norm:
+            t.add(p + "attn_q_norm.weight", hk)
+            t.add(p + "attn_k_norm.weight", hk)
+        t.add(p + "post_attention_norm.weight", n_embd)
+        if il >= dense_lead:
+            t.add(p + "ffn_gate_inp.weight", n_embd, n_expert)
+            t.add(p + "exp_probs_b.bias", n_expert)
+            t.experts(p, n_embd, n_ff_exp, n_expert)
+            if n_shared > 0:
+                t.shared_expert(p, n_embd, n_ff_exp * n_shared)
+        else:
+            t.swiglu(p, n_embd, n_ff)
+        if il >= arch.n_layer:
+            t.nextn(p, n_embd, shared_head_norm=False)
+            t.add(p + "nextn.embed_tokens.weight", n_embd, n_vocab)
+            t.add(p + "nextn.shared_head_head.weight", n_embd, n_vocab)
+            t.add(p + "nextn.shared_head_norm.weight", n_embd)
+    return t.shapes()
+
+
+def _gpt_oss(arch: Architecture) -> TensorShapes:
+    """src/models/openai-moe.cpp:22-56: an untied output, post-attention norms, biased Q/K/V
+    and output (gpt-oss `attention_bias`), attention sinks, a biased router and experts with
+    biases (conversion/gpt_oss.py splits gate_up and its bias)."""
+    t = Table()
+    t.head(arch)
+    n_embd, (hk, _) = arch.embedding_length, head_dims(arch)
+    n_rot = arch.int_("rope.dimension_count", hk)
+    n_head, n_kv = per_layer(arch, "attention.head_count")[0], head_count_kv(arch)[0]
+    n_expert, n_ff_exp = arch.expert_count, arch.int_("expert_feed_forward_length")
+    for il in range(arch.n_layer):
+        p = f"blk.{il}."
+        t.add(p + "attn_norm.weight", n_embd)
+        t.add(p + "post_attention_norm.weight", n_embd)
+        t.qkv(p, n_embd, n_head * n_rot, n_kv * n_rot, n_kv * n_rot, bias=True)
+        t.add(p + "attn_output.weight", n_head * n_rot, n_embd)
+        t.add(p + "attn_sinks.weight", n_head)
+        t.add(p + "ffn_gate_inp.weight", n_embd, n_expert)
+        t.experts(p, n_embd, n_ff_exp, n_expert)
+        t.add(p + "attn_output.bias", n_embd)
+        t.add(p + "ffn_gate_inp.bias", n_expert)
+        t.add(p + "ffn_gate_exps.bias", n_ff_exp, n_expert)
+        t.add(p + "ffn_down_exps.bias", n_embd, n_expert)
+        t.add(p + "ffn_up_exps.bias", n_ff_exp, n_expert)
+    return t.shapes()
+
+
+TABLES = {
+    "llama": _llama,
+    "mistral3": _llama,
+    "qwen2": _qwen2,
+    "qwen3": _qwen3,
+    "qwen3moe": _qwen3,
+    "glm4moe": _glm4moe,
+    "gpt-oss": _gpt_oss,
+}
+
+
+def tensor_shapes(arch: Architecture) -> TensorShapes | None:
+    table = TABLES.get(arch.name)
+    return None if table is None else table(arch)
+
+
 FAMILY = Family(
     name="transformer",
     architectures=PLAIN + tuple(SWA_RULES),
@@ -129,4 +297,5 @@ FAMILY = Family(
         "NextN blocks: no trunk KV (src/llama-model.cpp ~2772)",
     ),
     checked=frozenset(),  # filled in from the conformance sweep (tests/arch)
+    tensor_shapes=tensor_shapes,
 )
