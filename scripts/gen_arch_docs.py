@@ -30,9 +30,9 @@ quantpick reads any GGUF. What llama.cpp will allocate for it comes from two thi
   (32-byte alignment on the CPU, 128 and a padded last row of quantized matrices on CUDA);
 - a **per-layer view** of the architecture (`quantpick/arch/`): for every layer its attention kind
   (full, sliding window, none), KV heads and K/V widths, whether it reads another layer's KV, its
-  recurrent state, an indexer cache, whether it is an MTP/NextN block. One module per family builds
-  it from the GGUF keys, as the model's `load_arch_hparams` and llama.cpp's `create_memory` do; memory,
-  speed and the planner read only the view.
+  recurrent state, an indexer cache, whether it is an MTP/NextN block. One module per family
+  builds it from the GGUF keys, as the model's `load_arch_hparams` and llama.cpp's
+  `create_memory` do; memory, speed and the planner read only the view.
 
 An architecture no family covers is planned with the generic rule (llama.cpp's shared
 hyperparameters, KV on every layer), its basis shown as "generic, not checked for this
@@ -66,6 +66,8 @@ def status_rows() -> list[tuple[str, str, str, str]]:
     import json
 
     from arch.test_conformance import DATA, NOT_EXACT, mismatches
+    from arch_real import DATA as REAL
+    from arch_real import load, rows
     from llamacpp_archs import case_from_dict
 
     from quantpick.arch.registry import families, support
@@ -83,23 +85,35 @@ def status_rows() -> list[tuple[str, str, str, str]]:
         got = results.setdefault(arch, [0, 0])
         got[0] += len(cases) - len({p.split(":")[0] for p in bad})
         got[1] += len(cases)
-    rows = []
+    real: dict[str, list[str]] = {}
+    for path in sorted(REAL.glob("*.json")):
+        doc_real, _layout = load(path)
+        got_rows = rows(path)
+        ok = all(r.exact for r in got_rows)
+        real.setdefault(doc_real["arch"], []).append(
+            f"{doc_real['config']} {'exact' if ok else 'NOT exact'}"
+        )
+    table = []
     covered = set()
     for fam in families():
         for arch in sorted(fam.architectures):
             covered.add(arch)
+            parts = []
             if arch in results:
                 ok, total = results[arch]
-                status = f"exact ({ok}/{total} cases)" if ok == total else f"{ok}/{total} exact"
-            else:
-                status = "rules from llama.cpp's source; no test model"
-            rows.append((fam.name, arch, status, fam.summary))
+                parts.append(
+                    f"exact ({ok}/{total} cases)" if ok == total else f"{ok}/{total} exact"
+                )
+            if arch in real:
+                parts.append("full size: " + ", ".join(real[arch]))
+            status = "; ".join(parts) or "rules from llama.cpp's source; no test model"
+            table.append((fam.name, arch, status, fam.summary))
     for arch in sorted(set(results) - covered):
         ok, total = results[arch]
         why = NOT_EXACT.get(arch, "")
         status = f"generic rule: {ok}/{total} cases exact" + (f" ({why})" if why else "")
-        rows.append((support(arch).family, arch, status, ""))
-    return rows
+        table.append((support(arch).family, arch, status, ""))
+    return table
 
 
 def render() -> str:

@@ -202,6 +202,9 @@ class ModelView:
     head_v_sizes: frozenset[int] = frozenset()
     mla: bool = False  # K-only cache: -ctk must equal -ctv (src/llama-context.cpp:3835)
     flash_attn: bool = True  # False: llama.cpp forces flash attention off (grok)
+    # The tied output is created before token_embd, so the duplicate is never merged: two
+    # copies even when the output stays in host memory (gemma3n, gemma4)
+    tied_copy_always: bool = False
     notes: tuple[str, ...] = ()  # what a generic or partial rule could not check
 
     @property
@@ -303,6 +306,7 @@ class HParams:
     index_v_width: int = 0
     output_tensors: set[str] = field(default_factory=set)
     flash_attn: bool = True  # llama_init_from_model forces it off for some architectures
+    tied_copy_always: bool = False
     notes: list[str] = field(default_factory=list)
 
     def n_layer(self) -> int:
@@ -561,5 +565,6 @@ def build_view(hp: HParams, *, family: str, known: bool) -> ModelView:
         head_v_sizes=frozenset(hp.n_embd_head_v(il) for il in range(n_trunk)),
         mla=mla,
         flash_attn=hp.flash_attn,
+        tied_copy_always=hp.tied_copy_always,
         notes=tuple(hp.notes),
     )

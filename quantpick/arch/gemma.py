@@ -49,6 +49,10 @@ def configure(hp: HParams) -> None:
         hp.n_layer_kv_from_start = hp.n_layer_all - hp.int_key("attention.shared_kv_layers")
         hp.n_swa = int(window) if has_window else 0  # type: ignore[arg-type]
     if name in ("gemma3n", "gemma4"):
+        # output (the tied duplicate) is created before tok_embd (gemma4.cpp:50-56,
+        # gemma3n.cpp:28-34): the loader merges a duplicate only into an existing tensor
+        # (src/llama-model-loader.cpp:1371-1376), so both copies are allocated, on the host too
+        hp.tied_copy_always = True
         start = hp.n_layer_kv_from_start
 
         def reuse(il: int) -> int:
@@ -162,6 +166,7 @@ FAMILY = Family(
         "has_kv; gemma3n.cpp:5, gemma4.cpp:6-9)",
         "V padded to the widest layer without flash attention (src/llama-kv-cache.cpp:210)",
     ),
-    checked=frozenset(),
+    # gemma3n: no llama.cpp test model or full-size recording: rules from the source only
+    checked=frozenset({"gemma", "gemma2", "gemma3", "gemma4"}),
     tensor_shapes=tensor_shapes,
 )

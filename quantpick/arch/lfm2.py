@@ -65,6 +65,7 @@ FAMILY = Family(
     configure=configure,
     summary="short-convolution layers (head_count_kv 0) beside attention layers",
     rules=("conv state n_embd x (l_cache - 1) F32 per sequence (src/llama-hparams.cpp)",),
-    checked=frozenset(),
+    # both proven by tests/arch
+    checked=frozenset({"lfm2", "lfm2moe"}),
     tensor_shapes=tensor_shapes,
 )

@@ -117,7 +117,8 @@ FAMILY = Family(
         "KV on trunk attention layers only, NextN blocks excluded (src/llama-model.cpp ~2700)",
         "state F32 per sequence: n_embd_r + n_embd_s (src/llama-hparams.cpp:218-270)",
     ),
-    checked=frozenset({"qwen35moe"}),
+    # all three proven by tests/arch
+    checked=frozenset({"qwen35moe", "qwen35", "qwen3next"}),
     tensor_shapes=tensor_shapes,
     # src/models/qwen35moe.cpp arrived with PR #19468 (b7988, notes llamacpp-memory.md §9)
     min_build={"qwen35moe": 7988, "qwen35": 7988},

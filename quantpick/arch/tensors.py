@@ -98,7 +98,8 @@ def head_dims(arch: Architecture) -> tuple[int, int]:
 
 
 def head_count_kv(arch: Architecture) -> list[int]:
-    """n_head_kv(il): `attention.head_count_kv`, default head_count (src/llama-model.cpp:1401-1404)."""
+    """n_head_kv(il): `attention.head_count_kv`, default head_count
+    (src/llama-model.cpp:1401-1404)."""
     if arch.get("attention.head_count_kv") is None:
         return per_layer(arch, "attention.head_count")
     return per_layer(arch, "attention.head_count_kv")

@@ -537,7 +537,7 @@ def estimate(
     # A tied output head: token_embd loaded again on the output layer's device when that is not
     # the host (the same buffer type keeps one copy: src/llama-model-loader.cpp:1371-1376).
     output_dev = slot_device[layout.output_slot]
-    if layout.tied_output_bytes and output_dev != host_pos:
+    if layout.tied_output_bytes and (output_dev != host_pos or view.tied_copy_always):
         embd = next(t for t in layout.tensors if t.name == "token_embd.weight")
         acc[output_dev].weights += layout.tensor_alloc(embd, rules[output_dev])
     for slot in range(n_slots):

@@ -135,3 +135,36 @@ def test_live_llamacpp_agrees_on_every_architecture(
                     cases.append((case, got.devices))
             problems += [f"{name}: {p}" for p in mismatches(layout, cases)]
     assert problems == []
+
+
+# ---- full-size real configs (tests/data/arch-real, scripts/record_arch_real.py) ----------------
+
+
+def _real() -> list[Path]:
+    from arch_real import DATA as REAL
+
+    return sorted(REAL.glob("*.json"))
+
+
+@pytest.mark.parametrize("path", _real(), ids=lambda p: p.stem)
+def test_real_configs_match_llamacpp_to_the_byte(path: Path) -> None:
+    """Llama 3.1, Mistral Small, Qwen2.5/3/3.5/3.6, Qwen3-30B-A3B, Qwen3-Next, Gemma 3/4, gpt-oss,
+    DeepSeek-V3, GLM-4.5-Air, Ministral 3, Nemotron-H, LFM2 at their real sizes, header-only."""
+    from arch_real import rows
+
+    got = rows(path)
+    assert got
+    assert [r for r in got if not r.exact] == []
+
+
+def test_every_family_checked_set_is_what_the_recordings_prove() -> None:
+    """A family's `checked` architectures are those a recording proves exact: none claimed
+    without evidence, none proven left out."""
+    from quantpick.arch.registry import families
+
+    proven = {m.rsplit("-", 1)[0] for m in recorded()["models"]} - set(NOT_EXACT)
+    for path in _real():
+        proven.add(json.loads(path.read_text())["arch"])
+    for fam in families():
+        assert fam.checked <= proven, fam.name
+        assert set(fam.architectures) & proven <= fam.checked, fam.name
