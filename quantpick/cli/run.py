@@ -130,15 +130,22 @@ def _server_options(
 
 
 def _capabilities(machine: Machine, llama_server: Path | None) -> ServerCapabilities | None:
-    """The installed llama-server's flags (PATH or --llama-server), or None: target current."""
+    """The installed llama-server's flags (--llama-server, PATH, or quantpick's own build
+    cache), or None: the command targets current llama.cpp, and a warning says plainly that no
+    llama-server was found."""
+    from quantpick.cli import output
     from quantpick.errors import UsageError
-    from quantpick.machine.llamacpp import find_llama_server
+    from quantpick.machine.llamacpp import find_llama_server, not_found_message
     from quantpick.serve.flags import capabilities_for
 
     path = find_llama_server(llama_server)
     if path is None:
         if llama_server is not None:
             raise UsageError(f"--llama-server {llama_server}: not an executable")
+        output.warn(
+            f"{not_found_message()}: the command runs `llama-server` from PATH when it starts; "
+            "install llama.cpp, run scripts/build-llamacpp.sh, or give --llama-server PATH"
+        )
         return None
     return capabilities_for(path)
 

@@ -575,6 +575,19 @@ def render_script(
             for rule in w.firewall:
                 lines += _comment(f"    firewall: {rule}")
     lines.append("set -euo pipefail")
+    program = cmd.argv[0]
+    if "/" not in program:
+        # No binary was found when this was written: say so plainly instead of bash's
+        # "exec: llama-server: not found".
+        lines.append(
+            f"command -v {shlex.quote(program)} >/dev/null 2>&1 || {{ printf '%s\\n' "
+            + shlex.quote(
+                f"{program} is not on PATH: install llama.cpp (or run quantpick's "
+                "scripts/build-llamacpp.sh) and put it on PATH, or write this script again "
+                "with quantpick get --llama-server PATH"
+            )
+            + " >&2; exit 127; }"
+        )
     for _, src in cmd.env_from:
         # Fail with a clear message instead of starting a server without its key.
         lines.append(f': "${{{src}:?set {src} to the API key before running this script}}"')
