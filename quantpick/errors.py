@@ -13,7 +13,9 @@ class ExitCode(IntEnum):
     VERIFY_FAILED = 4  # a checksum or size mismatch
     DOWNLOAD_FAILED = 5  # network / hub failure after retries
     RPC_WORKER = 6  # an llama.cpp RPC worker is unreachable, busy or speaks another protocol
+    SERVER = 7  # llama-server missing, too old for the model, failed to load it or to answer
     INTERRUPTED = 130  # 128 + SIGINT
+    TERMINATED = 143  # 128 + SIGTERM
 
 
 class QuantpickError(Exception):
@@ -74,3 +76,17 @@ class RpcWorkerError(QuantpickError):
     with another client, or speaking another protocol version."""
 
     exit_code = ExitCode.RPC_WORKER
+
+
+class ServerError(QuantpickError):
+    """llama-server could not serve the model (exit 7): none found, a build too old for the
+    architecture, a load that failed (its own log lines are in `log_lines`), or no answer on
+    /health in time."""
+
+    exit_code = ExitCode.SERVER
+
+    def __init__(
+        self, message: str, *, hint: str | None = None, log_lines: tuple[str, ...] = ()
+    ) -> None:
+        super().__init__(message, hint=hint)
+        self.log_lines = log_lines

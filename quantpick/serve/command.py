@@ -220,6 +220,21 @@ def _version_warnings(caps: ServerCapabilities, arch: str | None) -> list[str]:
     return []
 
 
+def build_too_old(caps: ServerCapabilities, arch: str | None) -> str | None:
+    """Why this llama-server cannot load `arch` at all (its build predates the architecture),
+    or None: unknown and shallow-clone builds are let through (build_command warns about them).
+    The table is MIN_BUILD_FOR_ARCH."""
+    need = MIN_BUILD_FOR_ARCH.get(arch or "")
+    if need is None or caps.version or caps.build is None or caps.build == 1:
+        return None
+    if caps.build < need:
+        return (
+            f"{caps.describe()} is too old for {arch}: that architecture needs llama.cpp "
+            f"b{need} or newer (it would stop with 'unknown model architecture: {arch}')"
+        )
+    return None
+
+
 def build_command(
     config: RunConfig,
     *,

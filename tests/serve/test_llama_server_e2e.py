@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -199,3 +200,70 @@ def test_head_and_worker_lines_run_across_two_rpc_workers(
     finally:
         for proc in procs:
             stop(proc)
+
+
+def _tiny_repo(tmp_path: Path, fake_hub: object) -> str:
+    """The tiny model as a hub repository (with its SHA256SUMS) and its manifest: `tiny`."""
+    import hashlib
+
+    from typer.testing import CliRunner
+
+    from quantpick.cli import app
+
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    model = repo / "Tiny-Q8_0.gguf"
+    write_tiny_model(model)
+    digest = hashlib.sha256(model.read_bytes()).hexdigest()
+    (repo / "SHA256SUMS").write_text(f"{digest}  {model.name}\n")
+    fake_hub.add_repo("org/Tiny-GGUF", {p.name: p for p in repo.iterdir()})  # type: ignore[attr-defined]
+    added = CliRunner().invoke(app, ["manifest", "add", "org/Tiny-GGUF", "--id", "tiny"])
+    assert added.exit_code == 0, added.stderr
+    return "tiny"
+
+
+def _pid_gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    stat = Path(f"/proc/{pid}/stat")
+    return stat.exists() and stat.read_text().rsplit(")", 1)[-1].split()[0] == "Z"
+
+
+def test_quantpick_serve_answers_a_chat_and_ctrl_c_leaves_no_process(
+    tmp_path: Path, llamacpp_bin: Path, fake_hub: object
+) -> None:
+    """`quantpick serve tiny`: plan, download + verify from the hub, confirm with the real
+    llama-fit-params, start the real llama-server; /v1/chat/completions answers under the model's
+    alias; SIGINT to quantpick (a terminal's Ctrl-C) stops it and leaves no llama-server."""
+    name = _tiny_repo(tmp_path, fake_hub)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "quantpick", "serve", name, "-c", "2048", "--port", "0",
+         "--llama-bin", str(llamacpp_bin), "--dir", str(tmp_path / "models")],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+    )  # fmt: skip
+    assert proc.stdout is not None and proc.stderr is not None
+    try:
+        first = proc.stdout.readline()
+        assert first.startswith("Serving tiny (Q8_0"), first + proc.stderr.read()
+        base = proc.stdout.readline().split("OpenAI base URL:", 1)[1].strip()
+        message = {"role": "user", "content": "hello"}
+        body = json.dumps({"model": name, "max_tokens": 4, "messages": [message]}).encode()
+        req = urllib.request.Request(f"{base}/chat/completions", data=body,
+                                     headers={"Content-Type": "application/json"})  # fmt: skip
+        with urllib.request.urlopen(req, timeout=60) as r:
+            answer = json.load(r)
+        assert answer["model"] == name
+        assert answer["choices"][0]["message"]["role"] == "assistant"
+        assert answer["usage"]["completion_tokens"] >= 1
+        found = subprocess.run(["pgrep", "-f", f"{llamacpp_bin}/llama-server -m"],
+                               capture_output=True, text=True).stdout.split()  # fmt: skip
+        [server_pid] = [int(p) for p in found]
+    finally:
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "Confirmed by llama.cpp" in err and f"Stopped llama-server (pid {server_pid})." in err
+    assert _pid_gone(server_pid)
