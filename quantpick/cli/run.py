@@ -14,6 +14,7 @@ Usage:
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Optional
 
@@ -22,6 +23,13 @@ import typer
 from quantpick.cli.complete import FORMATS, MODEL_SOURCES
 from quantpick.cli.core import app
 from quantpick.cli.download import HfCacheOpt, ReuseFromOpt, ReuseOpt
+from quantpick.cli.ecosystem import (
+    ECOSYSTEM_FORMATS,
+    ModelfileOpt,
+    PresetOpt,
+    SwapConfigOpt,
+    TtlOpt,
+)
 from quantpick.cli.options import (
     DEFAULT_MIN_TPS,
     AllowQ4Opt,
@@ -68,11 +76,13 @@ from quantpick.cli.options import (
 )
 
 if TYPE_CHECKING:
+    from quantpick.cli.ecosystem import EcosystemOptions
     from quantpick.machine.spec import Machine
     from quantpick.model.manifest import Manifest
     from quantpick.plan.memory import Overheads
     from quantpick.plan.planner import Plan
     from quantpick.serve.command import ServerCommand, ServerOptions, WorkerCommand
+    from quantpick.serve.ecosystem import Target
     from quantpick.serve.flags import ServerCapabilities
 
 
@@ -80,8 +90,10 @@ FormatOpt = Annotated[
     str,
     typer.Option(
         "--format",
-        help="line (default), script, json, env (LLAMA_ARG_*), systemd (a user unit) or "
-        "compose (docker compose, official llama.cpp image).",
+        help="line (default), script, json, env (LLAMA_ARG_*), systemd (a user unit), "
+        "compose (docker compose, official llama.cpp image), preset (a llama.cpp router INI "
+        "section, --preset FILE), llama-swap (a models entry), ollama (a Modelfile) or "
+        "lmstudio (links the file into LM Studio's models folder).",
         autocompletion=lambda: list(FORMATS),
     ),
 ]
@@ -218,6 +230,7 @@ def _emit_command(
     name: str,
     machine_gpus: tuple[int, ...] = (),
     workers: tuple[WorkerCommand, ...] = (),
+    ecosystem: tuple[Callable[[ServerCommand], Target], EcosystemOptions] | None = None,
 ) -> None:
     from quantpick.cli import output
     from quantpick.serve.command import (
@@ -252,6 +265,16 @@ def _emit_command(
         write_script(script, render_script(cmd, comment, workers))
         output.note(f"Wrote {script}")
     text: str | None = None
+    if ecosystem is not None and fmt in ECOSYSTEM_FORMATS:
+        from quantpick.cli.ecosystem import emit_ecosystem
+
+        make_target, eco = ecosystem
+        part = emit_ecosystem(fmt, cmd, make_target(cmd), eco, json_doc=json_doc)
+        if json_doc is not None:
+            output.print_json({**json_doc, "command": render_json(cmd), "workers": worker_docs,
+                               "script": str(script) if script else None,
+                               "rendered": {"format": fmt, **part}})  # fmt: skip
+        return
     if fmt == "script":
         text = render_script(cmd, comment, workers)
     elif fmt == "env":
@@ -361,6 +384,10 @@ def command_cmd(
     exact: ExactOpt = False,
     no_network: NoNetworkOpt = False,
     script: ScriptOpt = None,
+    preset: PresetOpt = None,
+    swap_config: SwapConfigOpt = None,
+    modelfile: ModelfileOpt = None,
+    ttl: TtlOpt = 900,
     json_: JsonOpt = False,
 ) -> None:
     """Plan for a GGUF already on disk (or, with --model-source hf, one llama-server fetches
@@ -375,6 +402,7 @@ def command_cmd(
 
     _check_format(fmt, model_source)
     check_script_destination(script)
+    eco = _ecosystem_options(fmt, preset, swap_config, modelfile, ttl, host, port, False)
     machine = machine_from_cli(
         hardware,
         gpu,
@@ -400,7 +428,7 @@ def command_cmd(
         overheads = overheads_from_cli(gpu_overhead, margin, ram_reserve, gpu_reserve)
         p = _plan_from_hub(manifest, machine, request, overheads, exact, no_network)
         _emit_hf(p, manifest, machine, llama_server, (host, port, alias, api_key_env),
-                 fmt=fmt, script=script, json_doc={} if json_ else None)  # fmt: skip
+                 fmt=fmt, script=script, json_doc={} if json_ else None, eco=eco)  # fmt: skip
         return
     local = resolve_local(model, quant, gguf, mmproj, dir_, vision)
     manifest, q, model_path = local.manifest, local.quant, local.model_path
@@ -463,7 +491,49 @@ def command_cmd(
         workers=_worker_commands(p, machine, rpc_bind, rpc_cache),
         name=alias or manifest.id,
         machine_gpus=tuple(g.index for g in machine.usable_gpus),
+        ecosystem=_ecosystem(fmt, eco, p, machine, manifest, model_path, projector, alias),
     )
+
+
+def _ecosystem_options(
+    fmt: str,
+    preset: Path | None,
+    swap_config: Path | None,
+    modelfile: Path | None,
+    ttl: int,
+    host: str,
+    port: int,
+    dry_run: bool,
+) -> EcosystemOptions:
+    """The ecosystem formats' options, checked before any planning or transfer."""
+    from quantpick.cli.ecosystem import EcosystemOptions, check_ecosystem_options
+
+    eco = EcosystemOptions(preset, swap_config, modelfile, ttl, dry_run, host, port)
+    check_ecosystem_options(fmt, eco)
+    return eco
+
+
+def _ecosystem(
+    fmt: str,
+    eco: EcosystemOptions,
+    p: Plan,
+    machine: Machine,
+    manifest: Manifest,
+    model_path: Path | None,
+    mmproj_path: Path | None,
+    alias: str | None,
+) -> tuple[Callable[[ServerCommand], Target], EcosystemOptions] | None:
+    """What `_emit_command` needs for --format preset / llama-swap / ollama / lmstudio."""
+    if fmt not in ECOSYSTEM_FORMATS:
+        return None
+    from quantpick.cli.ecosystem import ecosystem_target
+
+    def make(cmd: ServerCommand) -> Target:
+        return ecosystem_target(p, machine, manifest, model_path, mmproj_path,
+                                alias or manifest.id, _plan_comment(p, machine), cmd,
+                                with_template=fmt == "ollama")  # fmt: skip
+
+    return make, eco
 
 
 def _plan_from_hub(
@@ -498,6 +568,7 @@ def _emit_hf(
     fmt: str,
     script: Path | None,
     json_doc: dict[str, Any] | None,
+    eco: EcosystemOptions | None = None,
 ) -> None:
     """The command for `-hf REPO:QUANT`: llama-server downloads the file into its HF cache."""
     from quantpick.cli.render import plan_to_dict
@@ -518,9 +589,16 @@ def _emit_hf(
     if json_doc is not None:
         doc = {**json_doc, "plan": plan_to_dict(p, machine, manifest.architecture.block_count),
                "model_source": "hf"}  # fmt: skip
+    if fmt in ("ollama", "lmstudio"):
+        from quantpick.errors import UsageError
+
+        raise UsageError(f"--format {fmt} needs the file on disk, not --model-source hf",
+                         hint="drop --model-source hf: `quantpick get` downloads it")  # fmt: skip
     _emit_command(cmd, fmt=fmt, script=script, comment=_plan_comment(p, machine), json_doc=doc,
                   name=alias or manifest.id,
-                  machine_gpus=tuple(g.index for g in machine.usable_gpus))  # fmt: skip
+                  machine_gpus=tuple(g.index for g in machine.usable_gpus),
+                  ecosystem=_ecosystem(fmt, eco, p, machine, manifest, None, None, alias)
+                  if eco is not None else None)  # fmt: skip
 
 
 def _files_in_place(
@@ -597,6 +675,10 @@ def get_cmd(
     fmt: FormatOpt = "line",
     model_source: ModelSourceOpt = "local",
     script: ScriptOpt = None,
+    preset: PresetOpt = None,
+    swap_config: SwapConfigOpt = None,
+    modelfile: ModelfileOpt = None,
+    ttl: TtlOpt = 900,
     json_: JsonOpt = False,
 ) -> None:
     """Pick, download + verify, and print (or --script) the llama-server command: the whole job."""
@@ -611,6 +693,7 @@ def get_cmd(
 
     _check_format(fmt, model_source)
     check_script_destination(script)
+    eco = _ecosystem_options(fmt, preset, swap_config, modelfile, ttl, host, port, dry_run)
     settings = with_fetch_flags(
         load_settings(), reuse=reuse, reuse_from=reuse_from, hf_cache=hf_cache
     )
@@ -660,6 +743,7 @@ def get_cmd(
             fmt=fmt,
             script=None if dry_run else script,
             json_doc={"dry_run": dry_run, "fetch": None, "files": None} if json_ else None,
+            eco=eco,
         )
         return  # fmt: skip
     request, overheads, _ = apply_local_tuning(
@@ -754,4 +838,5 @@ def get_cmd(
         workers=_worker_commands(p, machine, rpc_bind, rpc_cache),
         name=alias or manifest.id,
         machine_gpus=tuple(g.index for g in machine.usable_gpus),
+        ecosystem=_ecosystem(fmt, eco, p, machine, manifest, model_path, mmproj_path, alias),
     )

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import socket
 import subprocess
@@ -267,3 +268,56 @@ def test_quantpick_serve_answers_a_chat_and_ctrl_c_leaves_no_process(
     assert proc.returncode == 130, err
     assert "Confirmed by llama.cpp" in err and f"Stopped llama-server (pid {server_pid})." in err
     assert _pid_gone(server_pid)
+
+
+def test_router_loads_the_model_from_the_written_preset(tmp_path: Path, llamacpp_bin: Path) -> None:
+    """`command --format preset` writes a section the real router accepts: it lists the model,
+    loads it on the first request and answers under its name, with the plan's flags."""
+    from typer.testing import CliRunner
+
+    from quantpick.cli import app
+
+    model = tmp_path / "Tiny-Q8_0.gguf"
+    write_tiny_model(model)
+    preset = tmp_path / "models.ini"
+    preset.write_text("version = 1\n\n[*]\nthreads = 2\n")
+    result = CliRunner().invoke(app, ["command", "--gguf", str(model), "-c", "2048",
+                                      "--llama-bin", str(llamacpp_bin), "--llama-server",
+                                      str(llamacpp_bin / "llama-server"), "--format", "preset",
+                                      "--preset", str(preset)])  # fmt: skip
+    assert result.exit_code == 0, result.stderr
+    argv = shlex.split(result.stdout.strip())
+    port = _free_port()
+    argv[argv.index("--port") + 1] = str(port)
+    log = tmp_path / "router.log"
+    with log.open("wb") as out:
+        router = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out,
+                                  stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+        try:
+            _wait_healthy(router, port, log)
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/models", timeout=10) as r:
+                [listed] = json.load(r)["data"]
+            assert listed["id"] == "Tiny-Q8_0"
+            message = {"role": "user", "content": "hello"}
+            body = json.dumps({"model": "Tiny-Q8_0", "max_tokens": 4, "messages": [message]})
+            req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/chat/completions",
+                                         data=body.encode(),
+                                         headers={"Content-Type": "application/json"})  # fmt: skip
+            with urllib.request.urlopen(req, timeout=120) as r:
+                answer = json.load(r)
+            assert answer["model"] == "Tiny-Q8_0" and answer["usage"]["completion_tokens"] >= 1
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/models", timeout=10) as r:
+                [loaded] = json.load(r)["data"]
+            assert loaded["status"]["value"] == "loaded"
+            child = loaded["status"]["args"]
+            assert child[child.index("--ctx-size") + 1] == "2048"
+            assert child[child.index("--model") + 1] == str(model)
+            assert child[child.index("--fit") + 1] == "off"
+            assert child[child.index("--threads") + 1] == "2"  # the [*] section still applies
+        finally:
+            router.terminate()
+            try:
+                router.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(router.pid, signal.SIGKILL)
+                router.wait()
