@@ -252,6 +252,23 @@ RamBandwidthOpt = Annotated[
         help="Host memory bandwidth for the speed model (e.g. 80GB/s; default 50GB/s).",
     ),
 ]
+CoresOpt = Annotated[
+    Optional[int],  # noqa: UP045
+    typer.Option(
+        "--cores",
+        help="Describe the host's physical CPU cores (a described machine otherwise assumes 6, "
+        "the most common desktop; a probed one has its own).",
+        show_default=False,
+    ),
+]
+ThreadsOpt = Annotated[
+    Optional[int],  # noqa: UP045
+    typer.Option(
+        "--threads",
+        help="Describe the host's CPU threads (default: two per core when described).",
+        show_default=False,
+    ),
+]
 ExactOpt = Annotated[
     bool, typer.Option("--exact", help="Require the exact tensor table from the GGUF header.")
 ]
@@ -378,11 +395,11 @@ def machine_from_cli(
     rpc_device: list[str] | None = None,
     rpc_bandwidth: str | None = None,
     rpc_latency: str | None = None,
+    cores: int | None = None,
+    threads: int | None = None,
 ) -> Machine:
-    from dataclasses import replace
-
     from quantpick.cli import output
-    from quantpick.machine.describe import bare_number_notes, machine_from_options, parse_bandwidth
+    from quantpick.machine.describe import machine_from_options
 
     # llama-server is not run here: planning does not need it, and `get`/`command` inspect the
     # binary they target when they build the command (server_flags.capabilities_for).
@@ -398,16 +415,12 @@ def machine_from_cli(
         rpc_device=rpc_device,
         rpc_bandwidth=rpc_bandwidth,
         rpc_latency=rpc_latency,
+        cores=cores,
+        threads=threads,
+        ram_bandwidth=ram_bandwidth,
     )
     for line in machine.notes:
         output.note(f"Note: {line}")
-    if ram_bandwidth:
-        for line in bare_number_notes(f"--ram-bandwidth {ram_bandwidth}", ram_bandwidth, "GB/s"):
-            output.note(f"Note: {line}")
-        machine = replace(
-            machine,
-            host=replace(machine.host, ram_bandwidth_bytes_per_s=parse_bandwidth(ram_bandwidth)),
-        )
     return machine
 
 

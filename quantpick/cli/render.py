@@ -145,10 +145,29 @@ def tuning_lines(rule: Any, calibration: Any) -> list[str]:
     return lines
 
 
+def host_dict(machine: Machine) -> dict[str, Any]:
+    """The host the plan assumed: cores, threads, RAM, bandwidth, and which of them were
+    assumptions (Host.assumed: a typical desktop for a described machine, the planner's default
+    bandwidth when none was given)."""
+    from quantpick.machine.spec import ASSUMED_HOST_BANDWIDTH_BYTES_PER_S
+
+    h = machine.host
+    return {
+        "cores": h.cpu_cores,
+        "threads": h.cpu_threads,
+        "ram_total_bytes": h.ram_total_bytes,
+        "ram_available_bytes": h.ram_available_bytes,
+        "ram_bandwidth_bytes_per_s": h.ram_bandwidth_bytes_per_s
+        or ASSUMED_HOST_BANDWIDTH_BYTES_PER_S,
+        "assumed": list(h.assumed),
+    }
+
+
 def _machine_summary(machine: Machine) -> dict[str, Any]:
     return {
         "described": machine.described,
         "source": machine.source,
+        "host": host_dict(machine),
         "gpus": [g.name for g in machine.usable_gpus],
         "rpc_workers": [
             {"endpoint": w.endpoint, "devices": [g.name for g in w.devices], "probed": w.probed}

@@ -33,6 +33,7 @@ from quantpick.cli.ecosystem import (
 from quantpick.cli.options import (
     DEFAULT_MIN_TPS,
     AllowQ4Opt,
+    CoresOpt,
     CpuOnlyOpt,
     CtxOpt,
     ExactOpt,
@@ -65,6 +66,7 @@ from quantpick.cli.options import (
     RpcDeviceOpt,
     RpcLatencyOpt,
     RpcOpt,
+    ThreadsOpt,
     VisionOpt,
     apply_local_tuning,
     complete_source,
@@ -369,6 +371,8 @@ def command_cmd(
     ram_reserve: RamReserveOpt = None,
     gpu_reserve: GpuReserveOpt = None,
     ram_bandwidth: RamBandwidthOpt = None,
+    cores: CoresOpt = None,
+    threads: ThreadsOpt = None,
     rpc: RpcOpt = None,
     rpc_device: RpcDeviceOpt = None,
     rpc_bandwidth: RpcBandwidthOpt = None,
@@ -414,6 +418,8 @@ def command_cmd(
         rpc_device=rpc_device,
         rpc_bandwidth=rpc_bandwidth,
         rpc_latency=rpc_latency,
+        cores=cores,
+        threads=threads,
     )
     if model_source == "hf":
         if gguf is not None:
@@ -660,6 +666,8 @@ def get_cmd(
     ram_reserve: RamReserveOpt = None,
     gpu_reserve: GpuReserveOpt = None,
     ram_bandwidth: RamBandwidthOpt = None,
+    cores: CoresOpt = None,
+    threads: ThreadsOpt = None,
     rpc: RpcOpt = None,
     rpc_device: RpcDeviceOpt = None,
     rpc_bandwidth: RpcBandwidthOpt = None,
@@ -709,6 +717,8 @@ def get_cmd(
         rpc_device=rpc_device,
         rpc_bandwidth=rpc_bandwidth,
         rpc_latency=rpc_latency,
+        cores=cores,
+        threads=threads,
     )
     request = plan_request(
         ctx_size,

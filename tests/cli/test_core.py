@@ -189,6 +189,7 @@ FAILING = {
     "manifest": ["manifest", "check", "/no/such/manifest.toml"],
     "confirm": ["confirm", "--gguf", "/no/such/model.gguf", "-c", "8192"],
     "bench": ["bench", "--gguf", "/no/such/model.gguf", "-c", "8192"],
+    "serve": ["serve", "--gguf", "/no/such/model.gguf", "-c", "8192"],
 }
 
 
