@@ -219,8 +219,8 @@ def _preset(cmd: ServerCommand, target: Target, opts: EcosystemOptions) -> dict[
             "are not counted: their memory is unknown"
         )
     output.note(
-        f'Start the router: {line}\n  then ask for the model by name ("model": '
-        f'"{target.name}"); after editing the file: GET /models?reload=1 or restart it'
+        f'Start the router with the line on stdout, then ask for the model by name ("model": '
+        f'"{target.name}"); after the file changes: GET /models?reload=1, or restart it'
     )
     return {
         "preset": {

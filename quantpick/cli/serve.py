@@ -342,7 +342,7 @@ def serve_cmd(
             result = _start(
                 settings, model, gguf, quant, mmproj, ctx_size, parallel, kv_unified, prefer,
                 vision, min_tps, allow_q4_kv, kv, no_offload, dir_, source, allow_unverified,
-                (quiet or json_, quiet), cpu_only, rpc, llama_server, llama_bin, no_confirm,
+                quiet or json_, cpu_only, rpc, llama_server, llama_bin, no_confirm,
                 (gpu_overhead, margin, ram_reserve), exact, no_network, server, detach, timeout,
                 progress_line,
             )  # fmt: skip
@@ -406,7 +406,7 @@ def _start(
     dir_: Path | None,
     source: str,
     allow_unverified: bool,
-    quietness: tuple[bool, bool],
+    quiet: bool,
     cpu_only: bool,
     rpc: list[str] | None,
     llama_server: Path | None,
@@ -420,13 +420,11 @@ def _start(
     timeout: float,
     progress_line: _ProgressLine,
 ) -> ServeResult:
-    """Build the requests and run pipeline.serve. `quietness`: (no progress and plan lines,
-    not even the port's note: --quiet)."""
+    """Build the requests and run pipeline.serve."""
     from quantpick.cli import output
     from quantpick.cli.download import _progress
     from quantpick.pipeline import GetRequest, ServeRequest, serve
 
-    quiet, silent = quietness
     # Always this machine (probed; --cpu-only leaves its GPUs out; --rpc workers are read now).
     machine = machine_from_cli(None, None, None, cpu_only, llama_server, None, rpc=rpc)
     local = None
@@ -459,12 +457,13 @@ def _start(
         report_confirmation(confirmation, machine, no_confirm, quiet=quiet)
 
     def started(port: int, log_path: Path, found: Any, note: str | None) -> None:
-        if note and not silent:
+        if note:  # not progress: where the server is; shown even with --quiet
             output.note(f"Note: {note}")
         if quiet:
             return
         output.note(
-            f"Starting {found.path} ({found.origin}) on {server.host}:{port}; its log: {log_path}"
+            f"Starting {found.path} (found: {found.origin}) on {server.host}:{port}; "
+            f"its log: {log_path}"
         )
 
     progress, live = _progress(quiet)

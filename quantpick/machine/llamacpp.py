@@ -72,7 +72,7 @@ SERVER = "llama-server"
 # .cache}/quantpick/llama.cpp}, bin="$dir/bin", and `touch "$bin.new/.complete"` before the rename.
 BUILD_CACHE_ENV = "QUANTPICK_LLAMACPP_CACHE"
 BUILD_COMPLETE_MARKER = ".complete"
-BUILD_CACHE_ORIGIN = "quantpick's build cache (scripts/build-llamacpp.sh)"
+BUILD_CACHE_ORIGIN = "quantpick's build cache, scripts/build-llamacpp.sh"
 _BUILD_KEY = re.compile(r"-b(\d+)-")  # "0.3.36-b11312-7fa9b96e2626"
 
 
@@ -136,7 +136,8 @@ def locate_llama_server(
     for tool in beside:
         candidate = tool.parent / SERVER
         if _executable(candidate):
-            return FoundServer(candidate, f"beside {tool.name}")
+            cached = tool.parent in cached_builds(env)
+            return FoundServer(candidate, BUILD_CACHE_ORIGIN if cached else f"beside {tool.name}")
     on_path = shutil.which(SERVER)
     if on_path:
         return FoundServer(Path(on_path), "PATH")

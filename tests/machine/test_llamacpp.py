@@ -99,3 +99,10 @@ def test_find_llama_server_falls_back_to_the_build_cache(
     cached = _build(build_cache_root(), "0.3.36-b11312-7fa9b96e2626") / "llama-server"
     assert find_llama_server() == cached
     assert os.access(cached, os.X_OK)
+
+
+def test_beside_a_tool_of_the_build_cache_names_the_cache(tmp_path: Path) -> None:
+    bin_dir = _build(tmp_path, "0.3.36-b11312-7fa9b96e2626")
+    fit = _tool(bin_dir, "llama-fit-params")
+    found = locate_llama_server(beside=[fit], env={"QUANTPICK_LLAMACPP_CACHE": str(tmp_path)})
+    assert found is not None and found.origin == BUILD_CACHE_ORIGIN
