@@ -135,6 +135,7 @@ def ecosystem_target(
         n_parallel=c.n_parallel,
         n_gpu_layers=ngl,
         model_files=files,
+        model_bytes=sum(f.size_bytes for f in p.files),
         mmproj_path=mmproj_path.absolute() if mmproj_path is not None else None,
         devices=tuple(
             DeviceUse(d.device, d.total_bytes, d.budget_bytes) for d in p.estimate.devices
@@ -283,7 +284,7 @@ def _ollama(cmd: ServerCommand, target: Target, opts: EcosystemOptions) -> dict[
     if where is not None and not opts.dry_run:
         _say_written("the Modelfile", write_with_backup(where, text))
         stdout = ""
-    size = sum(f.stat().st_size for f in target.model_files if f.is_file())
+    size = target.model_bytes or sum(f.stat().st_size for f in target.model_files if f.is_file())
     create = f"ollama create {name} -f {where if where is not None else 'Modelfile'}"
     output.note(
         f"Then: {create}  (Ollama copies the {human(size)} file into its own store, so it "

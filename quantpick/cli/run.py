@@ -156,8 +156,11 @@ def _capabilities(machine: Machine, llama_server: Path | None) -> ServerCapabili
     if path is None:
         if llama_server is not None:
             raise UsageError(f"--llama-server {llama_server}: not an executable")
+        # (build_command's own "no llama-server was checked" warning says less: _emit_command
+        # leaves it out after this one)
         output.warn(
-            f"{not_found_message()}: the command runs `llama-server` from PATH when it starts; "
+            f"{not_found_message()}: the command targets current llama.cpp and runs "
+            "`llama-server` from PATH when it starts; "
             "install llama.cpp, run scripts/build-llamacpp.sh, or give --llama-server PATH"
         )
         return None
@@ -236,7 +239,9 @@ def _emit_command(
 ) -> None:
     from quantpick.cli import output
     from quantpick.serve.command import (
+        CURRENT_TARGET,
         SYSTEMD_UNIT_DIR,
+        UNCHECKED_WARNING,
         render_compose,
         render_env,
         render_json,
@@ -251,6 +256,8 @@ def _emit_command(
 
     _check_format(fmt)
     for warning in cmd.warnings:
+        if cmd.target == CURRENT_TARGET and warning.startswith(UNCHECKED_WARNING):
+            continue  # _capabilities said plainly that no llama-server was found
         output.warn(warning)
     for w in workers:
         for warning in w.warnings:

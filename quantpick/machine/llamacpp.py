@@ -154,7 +154,7 @@ def not_found_message(explicit: Path | None = None, llama_bin: Path | None = Non
         return f"no {SERVER} in --llama-bin {llama_bin}"
     return (
         f"no {SERVER} found (not given with --llama-server or --llama-bin, not on PATH, not in "
-        f"{BUILD_CACHE_ORIGIN} at {build_cache_root()})"
+        f"quantpick's build cache {build_cache_root()}, which scripts/build-llamacpp.sh fills)"
     )
 
 

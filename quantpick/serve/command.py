@@ -58,6 +58,7 @@ DEFAULT_BATCH = 2048
 CURRENT_TARGET = (
     "current llama.cpp (flags of tree 0c1e570, 2026-10-01; not checked against a binary)"
 )
+UNCHECKED_WARNING = "no llama-server was checked"
 # Architectures whose support landed late, with the first build that loads them.
 MIN_BUILD_FOR_ARCH = {"qwen35moe": QWEN35MOE_MIN_BUILD}
 
@@ -451,7 +452,7 @@ def build_command(
     else:
         target = CURRENT_TARGET
         warnings.append(
-            "no llama-server was checked: the command targets current llama.cpp; "
+            f"{UNCHECKED_WARNING}: the command targets current llama.cpp; "
             "give quantpick a llama-server to check it against that build"
         )
 

@@ -65,6 +65,7 @@ class Target:
     n_parallel: int
     n_gpu_layers: int
     model_files: tuple[Path, ...] = ()  # every file of the quant (shards), first one first
+    model_bytes: int = 0  # their size (known before they are downloaded)
     mmproj_path: Path | None = None
     devices: tuple[DeviceUse, ...] = ()
     machine_key: str = ""  # the machine the plan was made for (router sizing)
@@ -678,11 +679,17 @@ def link_into_lmstudio(target: Target, models_dir: Path, *, dry_run: bool = Fals
     return out
 
 
+def _existing(path: Path) -> Path:
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
 def _same_device(source: Path, dest: Path) -> bool:
-    probe = dest.parent
-    while not probe.exists() and probe != probe.parent:
-        probe = probe.parent
+    """Whether a hard link from `source` to `dest` could be made (a dry run: either may not exist
+    yet, so their nearest existing directories are compared)."""
     try:
-        return os.stat(probe).st_dev == os.stat(os.path.realpath(source)).st_dev
+        real = _existing(Path(os.path.realpath(source)))
+        return os.stat(_existing(dest.parent)).st_dev == os.stat(real).st_dev
     except OSError:
         return False
