@@ -107,3 +107,20 @@ def test_lmstudio_links_into_its_models_folder(model: Path) -> None:
     dest = Path(os.environ["HOME"]) / ".lmstudio/models/quantpick/Tiny-Q8_0/Tiny-Q8_0.gguf"
     assert out.strip() == str(dest) and os.path.samefile(dest, model) and model.is_file()
     assert "context length 8192" in err
+
+
+def test_models_max_counts_the_sections_planned_for_this_machine(
+    model: Path, tmp_path: Path
+) -> None:
+    preset = tmp_path / "models.ini"
+    for alias in ("tiny-a", "tiny-b", "tiny-c"):
+        code, out, err = command(model, "--alias", alias, "--format", "preset", "--preset",
+                                 str(preset))  # fmt: skip
+        assert code == 0, err
+    # three 130 MiB plans fit this machine's RAM together
+    assert "--models-max 3" in out and "all 3 models planned for this machine fit at once" in err
+    # planned for another machine (described): not counted with these
+    code, out, err = command(model, "--alias", "elsewhere", "--gpu", "3090", "--ram", "8G",
+                             "--format", "preset", "--preset", str(preset))  # fmt: skip
+    assert code == 0, err
+    assert "--models-max 1" in out and "one model planned for this machine" in err
