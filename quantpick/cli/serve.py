@@ -340,11 +340,29 @@ def serve_cmd(
     with stop_signals():
         try:
             result = _start(
-                settings, model, gguf, quant, mmproj, ctx_size, parallel, kv_unified, prefer,
-                vision, min_tps, allow_q4_kv, kv, no_offload, dir_, source, allow_unverified,
-                quiet or json_, cpu_only, rpc, llama_server, llama_bin, no_confirm,
-                (gpu_overhead, margin, ram_reserve), exact, no_network, server, detach, timeout,
-                progress_line,
+                settings,
+                model=model,
+                gguf=gguf,
+                quant=quant,
+                mmproj=mmproj,
+                request=plan_request(ctx_size, parallel, kv_unified, prefer, quant, vision,
+                                     min_tps, allow_q4_kv, kv, 512, 2048, "on", no_offload),
+                dir_=dir_,
+                source=source,
+                allow_unverified=allow_unverified,
+                quiet=quiet or json_,
+                cpu_only=cpu_only,
+                rpc=rpc,
+                llama_server=llama_server,
+                llama_bin=llama_bin,
+                no_confirm=no_confirm,
+                overhead_flags=(gpu_overhead, margin, ram_reserve),
+                exact=exact,
+                no_network=no_network,
+                server=server,
+                detach=detach,
+                timeout=timeout,
+                progress_line=progress_line,
             )  # fmt: skip
         except ServerError as exc:
             progress_line.clear()
@@ -390,19 +408,12 @@ def serve_cmd(
 
 def _start(
     settings: Settings,
+    *,
     model: str | None,
     gguf: Path | None,
     quant: str | None,
     mmproj: Path | None,
-    ctx_size: int,
-    parallel: int,
-    kv_unified: bool,
-    prefer: str,
-    vision: bool,
-    min_tps: float,
-    allow_q4_kv: bool,
-    kv: list[str] | None,
-    no_offload: bool,
+    request: Any,  # PlanRequest; its quant is canonicalised for --gguf below
     dir_: Path | None,
     source: str,
     allow_unverified: bool,
@@ -421,6 +432,8 @@ def _start(
     progress_line: _ProgressLine,
 ) -> ServeResult:
     """Build the requests and run pipeline.serve."""
+    from dataclasses import replace
+
     from quantpick.cli import output
     from quantpick.cli.download import _progress
     from quantpick.pipeline import GetRequest, ServeRequest, serve
@@ -431,13 +444,11 @@ def _start(
     if gguf is not None:
         from quantpick.cli.local import resolve_local
 
-        local = resolve_local(model, quant, gguf, mmproj, dir_, vision)
+        local = resolve_local(model, quant, gguf, mmproj, dir_, request.vision)
         manifest = local.manifest
-        quant = local.quant
+        request = replace(request, quant=local.quant)
     else:
         manifest = load_manifest(model)
-    request = plan_request(ctx_size, parallel, kv_unified, prefer, quant, vision, min_tps,
-                           allow_q4_kv, kv, 512, 2048, "on", no_offload)  # fmt: skip
     request, overheads, _ = apply_local_tuning(
         request, overheads_from_cli(*overhead_flags), machine, llama_server,
         gpu_overhead=overhead_flags[0],
