@@ -65,10 +65,18 @@ class Settings:
     store_paths: Mapping[str, tuple[Path, ...]] = field(default_factory=dict)
     hf_cache: bool = False  # write downloads into the Hugging Face cache layout
     config_file: Path | None = None  # the config file that was read, if any
+    # Run-time state that outlives a command (the pid files and logs of `serve --detach`):
+    # platformdirs' user state dir (~/.local/state/quantpick), or QUANTPICK_HOME/state.
+    state_dir: Path | None = None
 
     @property
     def user_manifest_dir(self) -> Path:
         return self.config_dir / "manifests"
+
+    @property
+    def servers_dir(self) -> Path:
+        """Where `quantpick serve` keeps each server's record (pid file) and log."""
+        return (self.state_dir or self.cache_dir) / "servers"
 
 
 def load_settings(env: Mapping[str, str] | None = None) -> Settings:
@@ -76,12 +84,14 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
     home = Path(env["QUANTPICK_HOME"]).expanduser() if env.get("QUANTPICK_HOME") else None
     if home is not None:
         config_dir, cache_dir, data_dir = home / "config", home / "cache", home / "data"
+        state_dir = home / "state"
     else:
         import platformdirs
 
         config_dir = Path(platformdirs.user_config_dir(APP_NAME, appauthor=False))
         cache_dir = Path(platformdirs.user_cache_dir(APP_NAME, appauthor=False))
         data_dir = Path(platformdirs.user_data_dir(APP_NAME, appauthor=False))
+        state_dir = Path(platformdirs.user_state_dir(APP_NAME, appauthor=False))
     models_dir = (
         Path(env["QUANTPICK_MODELS_DIR"]).expanduser()
         if env.get("QUANTPICK_MODELS_DIR")
@@ -124,6 +134,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         store_paths=file_settings.get("stores", {}),
         hf_cache=hf_cache,
         config_file=config_file,
+        state_dir=state_dir,
     )
 
 

@@ -14,7 +14,9 @@ class ExitCode(IntEnum):
     DOWNLOAD_FAILED = 5  # network / hub failure after retries
     RPC_WORKER = 6  # an llama.cpp RPC worker is unreachable, busy or speaks another protocol
     MODEL_REJECTED = 7  # llama.cpp itself cannot load the model file (its own reason is shown)
+    SERVER = 8  # llama-server missing, too old for the model, failed to load it or to answer
     INTERRUPTED = 130  # 128 + SIGINT
+    TERMINATED = 143  # 128 + SIGTERM
 
 
 class QuantpickError(Exception):
@@ -97,3 +99,17 @@ class ModelRejectedError(QuantpickError):
     shape or an architecture the build does not know. Nothing is written for such a file."""
 
     exit_code = ExitCode.MODEL_REJECTED
+
+
+class ServerError(QuantpickError):
+    """llama-server could not serve the model (exit 8): none found, a build too old for the
+    architecture, a load that failed (its own log lines are in `log_lines`), or no answer on
+    /health in time."""
+
+    exit_code = ExitCode.SERVER
+
+    def __init__(
+        self, message: str, *, hint: str | None = None, log_lines: tuple[str, ...] = ()
+    ) -> None:
+        super().__init__(message, hint=hint)
+        self.log_lines = log_lines

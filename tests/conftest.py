@@ -29,6 +29,7 @@ def _isolate(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
         "QUANTPICK_REUSE",
         "QUANTPICK_HF_CACHE",
         "QUANTPICK_CONFIG",
+        "QUANTPICK_LLAMACPP_CACHE",  # quantpick's own llama.cpp build cache (machine.llamacpp)
     ):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("HF_HOME", str(userhome / ".cache" / "huggingface"))

@@ -25,10 +25,13 @@ PREFER_CHOICES = ("balanced", "quality", "speed")
 FLASH_ATTN_CHOICES = ("on", "off", "auto")
 SOURCE_CHOICES = ("auto", "hf", "modelscope", "mirror")
 MANIFEST_SOURCE_CHOICES = ("hf", "modelscope")
-FORMATS = ("line", "script", "json", "env", "systemd", "compose")
+FORMATS = (
+    "line", "script", "json", "env", "systemd", "compose",
+    "preset", "llama-swap", "ollama", "lmstudio",
+)  # fmt: skip
 MODEL_SOURCES = ("local", "hf")
 
-PLANNING = ("pick", "max-context", "command", "get", "confirm", "bench")
+PLANNING = ("pick", "max-context", "command", "get", "confirm", "bench", "serve")
 
 
 def kv_types() -> tuple[str, ...]:
@@ -91,7 +94,7 @@ OPTION_VALUES: dict[str, tuple[tuple[tuple[str, ...], Callable[..., list[Item]]]
     "--format": ((("command", "get"), _fixed(FORMATS)),),
     "--model-source": ((("command", "get"), _fixed(MODEL_SOURCES)),),
     "--source": (
-        (("download", "get"), _fixed(SOURCE_CHOICES)),
+        (("download", "get", "serve"), _fixed(SOURCE_CHOICES)),
         (("manifest add",), _fixed(MANIFEST_SOURCE_CHOICES)),
     ),
     "--gpu": (
@@ -133,7 +136,8 @@ def _command(args: list[str]) -> str | None:
 
 # Commands whose first argument is MODEL (a manifest id).
 MODEL_COMMANDS = (
-    "show", "estimate", "pick", "max-context", "download", "command", "get", "confirm", "bench",
+    "show", "estimate", "pick", "max-context", "download", "command", "get", "serve", "confirm",
+    "bench",
 )  # fmt: skip
 
 
@@ -146,7 +150,7 @@ def model_items(incomplete: str) -> list[Item]:
 
 # In `quantpick --help` order (cli.MODULES / COMMAND_MODULE; a test compares with typer's list).
 COMMANDS = ("probe", "models", "show", "estimate", "pick", "max-context", "download", "verify",
-            "command", "get", "confirm", "bench", "calibration", "manifest")  # fmt: skip
+            "command", "get", "serve", "confirm", "bench", "calibration", "manifest")  # fmt: skip
 MANIFEST_COMMANDS = ("add", "check")
 CALIBRATION_COMMANDS = ("list", "show", "reset")
 

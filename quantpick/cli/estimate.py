@@ -15,6 +15,7 @@ import typer
 from quantpick.cli.core import app
 from quantpick.cli.options import (
     BOpt,
+    CoresOpt,
     CpuOnlyOpt,
     CtxOpt,
     ExactOpt,
@@ -40,6 +41,7 @@ from quantpick.cli.options import (
     RpcDeviceOpt,
     RpcLatencyOpt,
     RpcOpt,
+    ThreadsOpt,
     UbOpt,
     VisionOpt,
     check_run_options,
@@ -131,6 +133,8 @@ def estimate_cmd(
     ram_reserve: RamReserveOpt = None,
     gpu_reserve: GpuReserveOpt = None,
     ram_bandwidth: RamBandwidthOpt = None,
+    cores: CoresOpt = None,
+    threads: ThreadsOpt = None,
     rpc: RpcOpt = None,
     rpc_device: RpcDeviceOpt = None,
     rpc_bandwidth: RpcBandwidthOpt = None,
@@ -166,6 +170,8 @@ def estimate_cmd(
         rpc_device=rpc_device,
         rpc_bandwidth=rpc_bandwidth,
         rpc_latency=rpc_latency,
+        cores=cores,
+        threads=threads,
     )
     layout, manifest, label = _resolve_layout(
         model, quant, gguf, exact=exact, network=not no_network

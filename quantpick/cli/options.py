@@ -300,6 +300,23 @@ RamBandwidthOpt = Annotated[
         help="Host memory bandwidth for the speed model (e.g. 80GB/s; default 50GB/s).",
     ),
 ]
+CoresOpt = Annotated[
+    Optional[int],  # noqa: UP045
+    typer.Option(
+        "--cores",
+        help="Describe the host's physical CPU cores (a described machine otherwise assumes 6, "
+        "the most common desktop; a probed one has its own).",
+        show_default=False,
+    ),
+]
+ThreadsOpt = Annotated[
+    Optional[int],  # noqa: UP045
+    typer.Option(
+        "--threads",
+        help="Describe the host's CPU threads (default: two per core when described).",
+        show_default=False,
+    ),
+]
 ExactOpt = Annotated[
     bool, typer.Option("--exact", help="Require the exact tensor table from the GGUF header.")
 ]
@@ -426,11 +443,11 @@ def machine_from_cli(
     rpc_device: list[str] | None = None,
     rpc_bandwidth: str | None = None,
     rpc_latency: str | None = None,
+    cores: int | None = None,
+    threads: int | None = None,
 ) -> Machine:
-    from dataclasses import replace
-
     from quantpick.cli import output
-    from quantpick.machine.describe import bare_number_notes, machine_from_options, parse_bandwidth
+    from quantpick.machine.describe import machine_from_options
 
     # llama-server is not run here: planning does not need it, and `get`/`command` inspect the
     # binary they target when they build the command (server_flags.capabilities_for).
@@ -446,16 +463,12 @@ def machine_from_cli(
         rpc_device=rpc_device,
         rpc_bandwidth=rpc_bandwidth,
         rpc_latency=rpc_latency,
+        cores=cores,
+        threads=threads,
+        ram_bandwidth=ram_bandwidth,
     )
     for line in machine.notes:
         output.note(f"Note: {line}")
-    if ram_bandwidth:
-        for line in bare_number_notes(f"--ram-bandwidth {ram_bandwidth}", ram_bandwidth, "GB/s"):
-            output.note(f"Note: {line}")
-        machine = replace(
-            machine,
-            host=replace(machine.host, ram_bandwidth_bytes_per_s=parse_bandwidth(ram_bandwidth)),
-        )
     return machine
 
 
@@ -490,37 +503,6 @@ def overheads_from_cli(
     if gpu_reserve:
         o = replace(o, gpu_desktop_bytes=parse_size(gpu_reserve))
     return o
-
-
-def apply_local_tuning(
-    request: Any,
-    overheads: Overheads,
-    machine: Machine,
-    llama_server: Path | None,
-    *,
-    gpu_overhead: str | None = None,
-    manifest: Manifest | None = None,
-    calibration: bool = True,
-) -> tuple[Any, Overheads, Any]:
-    """The request and overheads with the installed llama.cpp build's compute rule and this
-    machine's calibration (pipeline.local_tuning) for a model of `manifest`'s sizes. Its notes (a
-    calibration applied, or why one was not) always go to stderr: a profile is never ignored
-    silently. An explicit --gpu-overhead wins over the measured one; `calibration=False` is
-    --no-calibration."""
-    from dataclasses import replace
-
-    from quantpick.cli import output
-    from quantpick.pipeline import local_tuning, tune
-    from quantpick.plan.calibration import model_sizes
-
-    sizes = model_sizes(manifest) if manifest is not None else ()
-    tuning = local_tuning(machine, llama_server, sizes=sizes, use_calibration=calibration)
-    for line in tuning.notes:
-        output.note(f"Note: {line}")
-    request, tuned = tune(request, overheads, tuning)
-    if gpu_overhead is not None:
-        tuned = replace(tuned, gpu_context_by_device=overheads.gpu_context_by_device)
-    return request, tuned, tuning
 
 
 def confirm_options(

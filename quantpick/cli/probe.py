@@ -16,16 +16,19 @@ import typer
 
 from quantpick.cli.core import app
 from quantpick.cli.options import (
+    CoresOpt,
     CpuOnlyOpt,
     GpuOpt,
     HardwareOpt,
     JsonOpt,
     LlamaServerOpt,
+    RamBandwidthOpt,
     RamOpt,
     RpcBandwidthOpt,
     RpcDeviceOpt,
     RpcLatencyOpt,
     RpcOpt,
+    ThreadsOpt,
 )
 
 if TYPE_CHECKING:
@@ -66,6 +69,9 @@ def probe(
     rpc_device: RpcDeviceOpt = None,
     rpc_bandwidth: RpcBandwidthOpt = None,
     rpc_latency: RpcLatencyOpt = None,
+    cores: CoresOpt = None,
+    threads: ThreadsOpt = None,
+    ram_bandwidth: RamBandwidthOpt = None,
 ) -> None:
     """Show the GPUs, RAM, CPU, disk, llama-server and RPC workers that planning will use."""
     from quantpick.cli import output
@@ -84,6 +90,9 @@ def probe(
         rpc_device=rpc_device,
         rpc_bandwidth=rpc_bandwidth,
         rpc_latency=rpc_latency,
+        cores=cores,
+        threads=threads,
+        ram_bandwidth=ram_bandwidth,
     )
     for line in machine.notes:
         output.note(f"Note: {line}")
@@ -163,9 +172,18 @@ def render_machine(machine: Machine) -> None:
         ram += f" (cgroup limit {human(host.cgroup_limit_bytes)})"
     if host.ram_bandwidth_bytes_per_s:
         ram += f", {host.ram_bandwidth_bytes_per_s / 1e9:.0f} GB/s"
+    if "ram" in host.assumed:
+        ram += " (assumed)"
     console.print(ram)
     threads = f" / {host.cpu_threads} threads" if host.cpu_threads else ""
-    console.print(f"CPU: {host.cpu_cores} cores{threads}")
+    assumed = (
+        " (assumed)"
+        if "cores" in host.assumed
+        else " (threads assumed)"
+        if "threads" in host.assumed
+        else ""
+    )
+    console.print(f"CPU: {host.cpu_cores} cores{threads}{assumed}")
     if machine.disk_free_bytes is not None:
         console.print(f"Disk: {human(machine.disk_free_bytes)} free at {machine.disk_path}")
     if machine.rpc_workers:

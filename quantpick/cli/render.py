@@ -145,6 +145,24 @@ def tuning_lines(rule: Any, calibration: Any) -> list[str]:
     return lines
 
 
+def host_dict(machine: Machine) -> dict[str, Any]:
+    """The host the plan assumed: cores, threads, RAM, bandwidth, and which of them were
+    assumptions (Host.assumed: a typical desktop for a described machine, the planner's default
+    bandwidth when none was given)."""
+    from quantpick.machine.spec import ASSUMED_HOST_BANDWIDTH_BYTES_PER_S
+
+    h = machine.host
+    return {
+        "cores": h.cpu_cores,
+        "threads": h.cpu_threads,
+        "ram_total_bytes": h.ram_total_bytes,
+        "ram_available_bytes": h.ram_available_bytes,
+        "ram_bandwidth_bytes_per_s": h.ram_bandwidth_bytes_per_s
+        or ASSUMED_HOST_BANDWIDTH_BYTES_PER_S,
+        "assumed": list(h.assumed),
+    }
+
+
 def _machine_summary(machine: Machine) -> dict[str, Any]:
     from quantpick.units import SIZE_UNITS
 
@@ -152,6 +170,7 @@ def _machine_summary(machine: Machine) -> dict[str, Any]:
         "described": machine.described,
         "gpus_hidden": machine.gpus_hidden,
         "source": machine.source,
+        "host": host_dict(machine),
         # How sizes given to quantpick were read (units.py): GB is GiB on a memory size.
         "size_units": SIZE_UNITS,
         "notes": list(machine.notes),

@@ -14,6 +14,7 @@ Usage:
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Optional
 
@@ -22,9 +23,17 @@ import typer
 from quantpick.cli.complete import FORMATS, MODEL_SOURCES
 from quantpick.cli.core import app
 from quantpick.cli.download import HfCacheOpt, ReuseFromOpt, ReuseOpt
+from quantpick.cli.ecosystem import (
+    ECOSYSTEM_FORMATS,
+    ModelfileOpt,
+    PresetOpt,
+    SwapConfigOpt,
+    TtlOpt,
+)
 from quantpick.cli.options import (
     DEFAULT_MIN_TPS,
     AllowQ4Opt,
+    CoresOpt,
     CpuOnlyOpt,
     CtxOpt,
     ExactOpt,
@@ -58,6 +67,7 @@ from quantpick.cli.options import (
     RpcDeviceOpt,
     RpcLatencyOpt,
     RpcOpt,
+    ThreadsOpt,
     TimeoutOpt,
     VisionOpt,
     complete_source,
@@ -70,11 +80,13 @@ from quantpick.cli.options import (
 )
 
 if TYPE_CHECKING:
+    from quantpick.cli.ecosystem import EcosystemOptions
     from quantpick.machine.spec import Machine
     from quantpick.model.manifest import Manifest
     from quantpick.plan.memory import Overheads
     from quantpick.plan.planner import Plan
     from quantpick.serve.command import ServerCommand, ServerOptions, WorkerCommand
+    from quantpick.serve.ecosystem import Target
     from quantpick.serve.flags import ServerCapabilities
 
 
@@ -82,8 +94,10 @@ FormatOpt = Annotated[
     str,
     typer.Option(
         "--format",
-        help="line (default), script, json, env (LLAMA_ARG_*), systemd (a user unit) or "
-        "compose (docker compose, official llama.cpp image).",
+        help="line (default), script, json, env (LLAMA_ARG_*), systemd (a user unit), "
+        "compose (docker compose, official llama.cpp image), preset (a llama.cpp router INI "
+        "section, --preset FILE), llama-swap (a models entry), ollama (a Modelfile) or "
+        "lmstudio (links the file into LM Studio's models folder).",
         autocompletion=lambda: list(FORMATS),
     ),
 ]
@@ -142,16 +156,25 @@ def _server_options(
 def _capabilities(
     machine: Machine, llama_server: Path | None, timeout_s: float | None = None
 ) -> ServerCapabilities | None:
-    """The installed llama-server's flags (PATH or --llama-server), or None: target current.
-    `timeout_s`: how long its --help may take (--timeout)."""
+    """The installed llama-server's flags (--llama-server, PATH, or quantpick's own build
+    cache), or None: the command targets current llama.cpp, and a warning says plainly that no
+    llama-server was found. `timeout_s`: how long its --help may take (--timeout)."""
+    from quantpick.cli import output
     from quantpick.errors import UsageError
-    from quantpick.machine.llamacpp import find_llama_server
+    from quantpick.machine.llamacpp import find_llama_server, not_found_message
     from quantpick.serve.flags import capabilities_for
 
     path = find_llama_server(llama_server)
     if path is None:
         if llama_server is not None:
             raise UsageError(f"--llama-server {llama_server}: not an executable")
+        # (build_command's own "no llama-server was checked" warning says less: _emit_command
+        # leaves it out after this one)
+        output.warn(
+            f"{not_found_message()}: the command targets current llama.cpp and runs "
+            "`llama-server` from PATH when it starts; "
+            "install llama.cpp, run scripts/build-llamacpp.sh, or give --llama-server PATH"
+        )
         return None
     if timeout_s is None:
         return capabilities_for(path)
@@ -231,10 +254,13 @@ def _emit_command(
     machine_gpus: tuple[int, ...] = (),
     workers: tuple[WorkerCommand, ...] = (),
     force: bool = False,
+    ecosystem: tuple[Callable[[ServerCommand], Target], EcosystemOptions] | None = None,
 ) -> None:
     from quantpick.cli import output
     from quantpick.serve.command import (
+        CURRENT_TARGET,
         SYSTEMD_UNIT_DIR,
+        UNCHECKED_WARNING,
         render_compose,
         render_env,
         render_json,
@@ -249,6 +275,8 @@ def _emit_command(
 
     _check_format(fmt)
     for warning in cmd.warnings:
+        if cmd.target == CURRENT_TARGET and warning.startswith(UNCHECKED_WARNING):
+            continue  # _capabilities said plainly that no llama-server was found
         output.warn(warning)
     for w in workers:
         for warning in w.warnings:
@@ -265,6 +293,16 @@ def _emit_command(
         write_script(script, render_script(cmd, comment, workers), force=force)
         output.note(f"Wrote {script}")
     text: str | None = None
+    if ecosystem is not None and fmt in ECOSYSTEM_FORMATS:
+        from quantpick.cli.ecosystem import emit_ecosystem
+
+        make_target, eco = ecosystem
+        part = emit_ecosystem(fmt, cmd, make_target(cmd), eco, json_doc=json_doc)
+        if json_doc is not None:
+            output.print_json({**json_doc, "command": render_json(cmd), "workers": worker_docs,
+                               "script": str(script) if script else None,
+                               "rendered": {"format": fmt, **part}})  # fmt: skip
+        return
     if fmt == "script":
         text = render_script(cmd, comment, workers)
     elif fmt == "env":
@@ -362,6 +400,8 @@ def command_cmd(
     ram_reserve: RamReserveOpt = None,
     gpu_reserve: GpuReserveOpt = None,
     ram_bandwidth: RamBandwidthOpt = None,
+    cores: CoresOpt = None,
+    threads: ThreadsOpt = None,
     rpc: RpcOpt = None,
     rpc_device: RpcDeviceOpt = None,
     rpc_bandwidth: RpcBandwidthOpt = None,
@@ -378,6 +418,10 @@ def command_cmd(
     no_network: NoNetworkOpt = False,
     script: ScriptOpt = None,
     force: ForceOpt = False,
+    preset: PresetOpt = None,
+    swap_config: SwapConfigOpt = None,
+    modelfile: ModelfileOpt = None,
+    ttl: TtlOpt = 900,
     json_: JsonOpt = False,
 ) -> None:
     """Plan for a GGUF already on disk (or, with --model-source hf, one llama-server fetches
@@ -392,6 +436,7 @@ def command_cmd(
 
     _check_format(fmt, model_source)
     check_script_destination(script, force)
+    eco = _ecosystem_options(fmt, preset, swap_config, modelfile, ttl, host, port, False)
     machine = machine_from_cli(
         hardware,
         gpu,
@@ -403,6 +448,8 @@ def command_cmd(
         rpc_device=rpc_device,
         rpc_bandwidth=rpc_bandwidth,
         rpc_latency=rpc_latency,
+        cores=cores,
+        threads=threads,
     )
     if model_source == "hf":
         if gguf is not None:
@@ -420,7 +467,7 @@ def command_cmd(
                            calibration=not no_calibration)  # fmt: skip
         _emit_hf(p, manifest, machine, llama_server, (host, port, alias, api_key_env),
                  fmt=fmt, script=script, json_doc={} if json_ else None,
-                 timeout_s=tool_timeout(timeout), force=force)  # fmt: skip
+                 timeout_s=tool_timeout(timeout), force=force, eco=eco)  # fmt: skip
         return
     local = resolve_local(model, quant, gguf, mmproj, dir_, vision)
     manifest, q, model_path = local.manifest, local.quant, local.model_path
@@ -490,7 +537,49 @@ def command_cmd(
         name=alias or manifest.id,
         machine_gpus=tuple(g.index for g in machine.usable_gpus),
         force=force,
+        ecosystem=_ecosystem(fmt, eco, p, machine, manifest, model_path, projector, alias),
     )
+
+
+def _ecosystem_options(
+    fmt: str,
+    preset: Path | None,
+    swap_config: Path | None,
+    modelfile: Path | None,
+    ttl: int,
+    host: str,
+    port: int,
+    dry_run: bool,
+) -> EcosystemOptions:
+    """The ecosystem formats' options, checked before any planning or transfer."""
+    from quantpick.cli.ecosystem import EcosystemOptions, check_ecosystem_options
+
+    eco = EcosystemOptions(preset, swap_config, modelfile, ttl, dry_run, host, port)
+    check_ecosystem_options(fmt, eco)
+    return eco
+
+
+def _ecosystem(
+    fmt: str,
+    eco: EcosystemOptions,
+    p: Plan,
+    machine: Machine,
+    manifest: Manifest,
+    model_path: Path | None,
+    mmproj_path: Path | None,
+    alias: str | None,
+) -> tuple[Callable[[ServerCommand], Target], EcosystemOptions] | None:
+    """What `_emit_command` needs for --format preset / llama-swap / ollama / lmstudio."""
+    if fmt not in ECOSYSTEM_FORMATS:
+        return None
+    from quantpick.cli.ecosystem import ecosystem_target
+
+    def make(cmd: ServerCommand) -> Target:
+        return ecosystem_target(p, machine, manifest, model_path, mmproj_path,
+                                alias or manifest.id, _plan_comment(p, machine), cmd,
+                                with_template=fmt == "ollama")  # fmt: skip
+
+    return make, eco
 
 
 def _plan_from_hub(
@@ -534,6 +623,7 @@ def _emit_hf(
     json_doc: dict[str, Any] | None,
     timeout_s: float | None = None,
     force: bool = False,
+    eco: EcosystemOptions | None = None,
 ) -> None:
     """The command for `-hf REPO:QUANT`: llama-server downloads the file into its HF cache."""
     from quantpick.cli.render import plan_to_dict
@@ -554,9 +644,16 @@ def _emit_hf(
     if json_doc is not None:
         doc = {**json_doc, "plan": plan_to_dict(p, machine, manifest.architecture.block_count),
                "model_source": "hf"}  # fmt: skip
+    if fmt in ("ollama", "lmstudio"):
+        from quantpick.errors import UsageError
+
+        raise UsageError(f"--format {fmt} needs the file on disk, not --model-source hf",
+                         hint="drop --model-source hf: `quantpick get` downloads it")  # fmt: skip
     _emit_command(cmd, fmt=fmt, script=script, comment=_plan_comment(p, machine), json_doc=doc,
                   name=alias or manifest.id, force=force,
-                  machine_gpus=tuple(g.index for g in machine.usable_gpus))  # fmt: skip
+                  machine_gpus=tuple(g.index for g in machine.usable_gpus),
+                  ecosystem=_ecosystem(fmt, eco, p, machine, manifest, None, None, alias)
+                  if eco is not None else None)  # fmt: skip
 
 
 def _files_in_place(
@@ -620,6 +717,8 @@ def get_cmd(
     ram_reserve: RamReserveOpt = None,
     gpu_reserve: GpuReserveOpt = None,
     ram_bandwidth: RamBandwidthOpt = None,
+    cores: CoresOpt = None,
+    threads: ThreadsOpt = None,
     rpc: RpcOpt = None,
     rpc_device: RpcDeviceOpt = None,
     rpc_bandwidth: RpcBandwidthOpt = None,
@@ -636,6 +735,10 @@ def get_cmd(
     model_source: ModelSourceOpt = "local",
     script: ScriptOpt = None,
     force: ForceOpt = False,
+    preset: PresetOpt = None,
+    swap_config: SwapConfigOpt = None,
+    modelfile: ModelfileOpt = None,
+    ttl: TtlOpt = 900,
     json_: JsonOpt = False,
 ) -> None:
     """Pick, download + verify, and print (or --script) the llama-server command: the whole job."""
@@ -650,6 +753,7 @@ def get_cmd(
 
     _check_format(fmt, model_source)
     check_script_destination(script, force)
+    eco = _ecosystem_options(fmt, preset, swap_config, modelfile, ttl, host, port, dry_run)
     settings = with_fetch_flags(
         load_settings(), reuse=reuse, reuse_from=reuse_from, hf_cache=hf_cache
     )
@@ -665,6 +769,8 @@ def get_cmd(
         rpc_device=rpc_device,
         rpc_bandwidth=rpc_bandwidth,
         rpc_latency=rpc_latency,
+        cores=cores,
+        threads=threads,
     )
     request = plan_request(
         ctx_size,
@@ -703,6 +809,7 @@ def get_cmd(
             json_doc={"dry_run": dry_run, "fetch": None, "files": None} if json_ else None,
             timeout_s=tool_timeout(timeout),
             force=force,
+            eco=eco,
         )
         return  # fmt: skip
     overheads = overheads_from_cli(gpu_overhead, margin, ram_reserve, gpu_reserve)
@@ -797,4 +904,5 @@ def get_cmd(
         name=alias or manifest.id,
         machine_gpus=tuple(g.index for g in machine.usable_gpus),
         force=force,
+        ecosystem=_ecosystem(fmt, eco, p, machine, manifest, model_path, mmproj_path, alias),
     )

@@ -54,6 +54,11 @@ from typing import Any
 from quantpick.errors import HardwareError, QuantpickError, RpcWorkerError, UsageError
 from quantpick.machine.catalog import gpu_assumption_notes, lookup_gpu, with_catalog_figures
 from quantpick.machine.spec import (
+    ASSUMED_HOST_BANDWIDTH_BYTES_PER_S,
+    ASSUMED_HOST_CORES,
+    ASSUMED_HOST_RAM_BYTES,
+    ASSUMED_HOST_SOURCE,
+    ASSUMED_HOST_THREADS,
     MAX_BANDWIDTH_BYTES_PER_S,
     MAX_CPUS,
     MAX_DEVICES,
@@ -537,8 +542,9 @@ def _machine_from_toml(data: dict[str, Any], default_host: Callable[[], Host] | 
             ram_total_bytes=ram,
             ram_available_bytes=available if available is not None else ram,
             cpu_cores=cores,
-            cpu_threads=threads,
+            cpu_threads=threads if threads is not None else 2 * cores,
             ram_bandwidth_bytes_per_s=_toml_bandwidth(host_t, "ram_bandwidth", "[host]", notes),
+            assumed=("threads",) if threads is None else (),
         )
     elif default_host is not None:
         host = default_host()
@@ -603,7 +609,84 @@ def load_hardware_file(path: Path, *, default_host: Callable[[], Host] | None = 
 
 def _with_ram(host: Host, ram_bytes: int) -> Host:
     return dataclasses.replace(
-        host, ram_total_bytes=ram_bytes, ram_available_bytes=ram_bytes, cgroup_limit_bytes=None
+        host,
+        ram_total_bytes=ram_bytes,
+        ram_available_bytes=ram_bytes,
+        cgroup_limit_bytes=None,
+        assumed=tuple(a for a in host.assumed if a != "ram"),
+    )
+
+
+def typical_host() -> Host:
+    """A described machine's host when nothing describes it: the most common desktop
+    (machine.spec ASSUMED_HOST_*), never the box quantpick runs on."""
+    return Host(
+        ram_total_bytes=ASSUMED_HOST_RAM_BYTES,
+        ram_available_bytes=ASSUMED_HOST_RAM_BYTES,
+        cpu_cores=ASSUMED_HOST_CORES,
+        cpu_threads=ASSUMED_HOST_THREADS,
+        assumed=("cores", "threads", "ram"),
+    )
+
+
+def check_cpu(cores: int | None, threads: int | None) -> None:
+    if cores is not None and cores < 1:
+        raise UsageError(f"--cores {cores}: at least 1")
+    if threads is not None and threads < 1:
+        raise UsageError(f"--threads {threads}: at least 1")
+    if cores is not None and threads is not None and threads < cores:
+        raise UsageError(f"--threads {threads} is fewer than --cores {cores}")
+
+
+def with_cpu(host: Host, *, cores: int | None, threads: int | None, bandwidth: int | None) -> Host:
+    """`host` with --cores / --threads / --ram-bandwidth applied, and `assumed` saying which
+    figures are still assumptions (a bandwidth nobody gave is the planner's default)."""
+    assumed = set(host.assumed)
+    changes: dict[str, Any] = {}
+    if cores is not None:
+        changes["cpu_cores"] = cores
+        assumed.discard("cores")
+        if threads is None and ("threads" in assumed or (host.cpu_threads or 0) < cores):
+            # two threads per core, as on the usual desktop CPU, until told otherwise
+            changes["cpu_threads"] = 2 * cores
+            assumed.add("threads")
+    if threads is not None:
+        changes["cpu_threads"] = threads
+        assumed.discard("threads")
+        if cores is None and threads < host.cpu_cores:
+            raise UsageError(f"--threads {threads} is fewer than the {host.cpu_cores} cores")
+    if bandwidth is not None:
+        changes["ram_bandwidth_bytes_per_s"] = bandwidth
+    if (bandwidth or host.ram_bandwidth_bytes_per_s) is None:
+        assumed.add("ram_bandwidth")
+    else:
+        assumed.discard("ram_bandwidth")
+    order = ("cores", "threads", "ram", "ram_bandwidth")
+    changes["assumed"] = tuple(a for a in order if a in assumed)
+    return dataclasses.replace(host, **changes)
+
+
+def assumed_host_note(host: Host) -> str | None:
+    """The note naming a described host's assumed figures (None when nothing is assumed but
+    the bandwidth, whose assumption the speed basis names)."""
+    parts = []
+    if "cores" in host.assumed:
+        parts.append(f"{host.cpu_cores} CPU cores (--cores)")
+    if "threads" in host.assumed:
+        parts.append(f"{host.cpu_threads} threads (--threads)")
+    if "ram" in host.assumed:
+        parts.append(f"{host.ram_total_bytes / 1024**3:g} GiB RAM (--ram)")
+    if not parts:
+        return None
+    if "ram_bandwidth" in host.assumed:
+        parts.append(
+            f"{ASSUMED_HOST_BANDWIDTH_BYTES_PER_S / 1e9:g} GB/s RAM bandwidth (--ram-bandwidth; "
+            "dual-channel DDR4-3200)"
+        )
+    why = ASSUMED_HOST_SOURCE if {"cores", "ram"} & set(host.assumed) else "two per core"
+    return (
+        "described machine: assumed " + ", ".join(parts) + f": {why}, not this box's; "
+        "give the options in parentheses to describe it"
     )
 
 
@@ -621,8 +704,15 @@ def resolve_machine(
     rpc_bandwidth: str | None = None,
     rpc_latency: str | None = None,
     rpc_timeout_s: float | None = None,
+    cores: int | None = None,
+    threads: int | None = None,
+    ram_bandwidth: str | None = None,
 ) -> Machine:
     """The machine to plan for, from the options every planning command shares (see module doc).
+
+    The host of a described machine (`--gpu`, a TOML file without [host]) is the most common
+    desktop (typical_host), not this box, unless --ram / --cores / --threads say otherwise; what
+    is still assumed is listed in Host.assumed and named in a note.
 
     inspect_server=False leaves llama-server alone (no `--version` run): only `probe` reports it.
 
@@ -638,6 +728,8 @@ def resolve_machine(
     n_described = len(gpus or ()) + len(rpc_devices or ())
     if n_described > MAX_DEVICES:  # counted before any is parsed, probed or planned for
         raise UsageError(too_many_devices(n_described), hint=_DEVICES_HINT)
+    check_cpu(cores, threads)
+    bandwidth = parse_bandwidth(ram_bandwidth) if ram_bandwidth is not None else None
     described_gpus = tuple(parse_gpu_spec(spec, index=i) for i, spec in enumerate(gpus or ()))
     for spec in rpc or ():
         parse_endpoint(spec)
@@ -649,13 +741,15 @@ def resolve_machine(
     how: list[str] = []
     # How a size was read (a bare number is GiB, a "GB" is GiB): never a silent guess.
     notes: list[str] = size_notes(f"--ram {ram}", ram) if ram else []
+    if ram_bandwidth:
+        notes += bare_number_notes(f"--ram-bandwidth {ram_bandwidth}", ram_bandwidth, "GB/s")
     for spec in gpus or ():
         notes += _gpu_spec_notes(spec)
     for spec in rpc_devices or ():
         notes += _gpu_spec_notes(spec.partition("=")[2], f"--rpc-device {spec}")
 
     if hardware_file is not None:
-        machine = load_hardware_file(hardware_file, default_host=hardware.probe_host)
+        machine = load_hardware_file(hardware_file, default_host=typical_host)
         how.append(f"--hardware {hardware_file}")
         notes.extend(machine.notes)
         if llama_server is not None and inspect_server:
@@ -668,8 +762,10 @@ def resolve_machine(
                 machine, disk_path=str(disk_path), disk_free_bytes=disk[1] if disk else None
             )
     elif described_gpus:
-        # Only the GPUs are described: the rest is this machine, without the (slow) NVML init.
-        host = hardware.probe_host(notes=notes)
+        # Only the GPUs are described: the machine is elsewhere, so its host is a typical
+        # desktop (not this box's, which says nothing about it); disk and llama-server are
+        # this machine's, where the files go. No NVML init.
+        host = typical_host()
         target = disk_path if disk_path is not None else hardware.default_disk_path()
         disk = hardware.disk_free(target)
         machine = Machine(
@@ -719,6 +815,9 @@ def resolve_machine(
         if rpc_latency is not None:
             how.append(f"--rpc-latency {shlex.quote(rpc_latency)}")
 
+    machine = dataclasses.replace(
+        machine, host=with_cpu(machine.host, cores=cores, threads=threads, bandwidth=bandwidth)
+    )
     if how in (["probe"], ["probe", "--cpu-only"]):
         # This machine as probed (its GPUs hidden with --cpu-only: still this box, which
         # llama.cpp can confirm a plan on). probe() completed its GPUs and wrote its own notes;
@@ -735,6 +834,9 @@ def resolve_machine(
         )
         _check_resolved(machine, count_devices=False)
         return machine
+    note = assumed_host_note(machine.host)
+    if note is not None:
+        notes.append(note)
     machine = dataclasses.replace(
         machine,
         gpus=tuple(with_catalog_figures(g) for g in machine.gpus),
@@ -778,9 +880,15 @@ def machine_from_options(
     rpc_device: Sequence[str] | None = None,
     rpc_bandwidth: str | None = None,
     rpc_latency: str | None = None,
+    cores: int | None = None,
+    threads: int | None = None,
+    ram_bandwidth: str | None = None,
 ) -> Machine:
     """resolve_machine with the CLI's option names, for pick/estimate/get/probe."""
     return resolve_machine(
+        cores=cores,
+        threads=threads,
+        ram_bandwidth=ram_bandwidth,
         inspect_server=inspect_server,
         hardware_file=hardware,
         gpus=gpu,

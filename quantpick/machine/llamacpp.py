@@ -1,5 +1,11 @@
 """The llama-server binary: where it is and which build it is (`--version` parsing is pure).
 
+Where: `--llama-server PATH`, else `--llama-bin DIR`, else beside the other llama.cpp tools a plan
+used (llama-fit-params), else PATH, else quantpick's own build cache: `scripts/build-llamacpp.sh`
+builds into `$QUANTPICK_LLAMACPP_CACHE` (default `${XDG_CACHE_HOME:-~/.cache}/quantpick/llama.cpp`),
+one directory per build key `<sdist version>-b<build>-<hash>`, binaries in its `bin/`, which holds
+`.complete` once the build finished (the script's `cached_ok`).
+
 `llama-server --version` prints, on stderr (llama.cpp `common/build-info.cpp.in`):
     version: 0.5.0-dev (build 1, commit 0c1e570)      # semver-era builds
     version: 7988 (7f5f5119b)                          # older builds: b-number and hash
@@ -8,8 +14,11 @@ followed by a "built with ..." line.
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from quantpick.machine.spec import LlamaServer
@@ -41,15 +50,110 @@ def parse_version_output(text: str) -> tuple[str | None, int | None, str | None]
     return None, None, None
 
 
+SERVER = "llama-server"
+# scripts/build-llamacpp.sh: cache_root is ${QUANTPICK_LLAMACPP_CACHE:-${XDG_CACHE_HOME:-$HOME/
+# .cache}/quantpick/llama.cpp}, bin="$dir/bin", and `touch "$bin.new/.complete"` before the rename.
+BUILD_CACHE_ENV = "QUANTPICK_LLAMACPP_CACHE"
+BUILD_COMPLETE_MARKER = ".complete"
+BUILD_CACHE_ORIGIN = "quantpick's build cache, scripts/build-llamacpp.sh"
+_BUILD_KEY = re.compile(r"-b(\d+)-")  # "0.3.36-b11312-7fa9b96e2626"
+
+
+def build_cache_root(env: Mapping[str, str] | None = None) -> Path:
+    """Where scripts/build-llamacpp.sh keeps its builds (the same rule as the script)."""
+    env = os.environ if env is None else env
+    if env.get(BUILD_CACHE_ENV):
+        return Path(env[BUILD_CACHE_ENV]).expanduser()
+    xdg = env.get("XDG_CACHE_HOME")
+    base = Path(xdg).expanduser() if xdg else Path(env.get("HOME") or Path.home()) / ".cache"
+    return base / "quantpick" / "llama.cpp"
+
+
+def cached_builds(env: Mapping[str, str] | None = None) -> list[Path]:
+    """The finished builds' bin directories, the highest build number first (then the newest)."""
+    root = build_cache_root(env)
+    try:
+        entries = list(root.iterdir())
+    except OSError:
+        return []
+    found: list[tuple[int, float, Path]] = []
+    for entry in entries:
+        bin_dir = entry / "bin"
+        server = bin_dir / SERVER
+        try:
+            complete = (bin_dir / BUILD_COMPLETE_MARKER).is_file()
+            mtime = (bin_dir / BUILD_COMPLETE_MARKER).stat().st_mtime if complete else 0.0
+        except OSError:
+            continue
+        if complete and server.is_file() and os.access(server, os.X_OK):
+            match = _BUILD_KEY.search(entry.name)
+            found.append((int(match[1]) if match else 0, mtime, bin_dir))
+    return [bin_dir for _, _, bin_dir in sorted(found, reverse=True)]
+
+
+@dataclass(frozen=True)
+class FoundServer:
+    path: Path
+    origin: str  # "--llama-server", "--llama-bin", "beside llama-fit-params", "PATH", the cache
+
+
+def _executable(path: Path) -> bool:
+    return path.is_file() and os.access(path, os.X_OK)
+
+
+def locate_llama_server(
+    explicit: Path | None = None,
+    *,
+    llama_bin: Path | None = None,
+    beside: Sequence[Path] = (),
+    env: Mapping[str, str] | None = None,
+) -> FoundServer | None:
+    """The llama-server to run, and where it was found (module doc for the order). An explicit
+    path that is not there is not replaced by another: None."""
+    if explicit is not None:
+        found = find_llama_server(explicit)
+        return FoundServer(found, "--llama-server") if found is not None else None
+    if llama_bin is not None:
+        candidate = llama_bin / SERVER
+        return FoundServer(candidate, "--llama-bin") if _executable(candidate) else None
+    for tool in beside:
+        candidate = tool.parent / SERVER
+        if _executable(candidate):
+            cached = tool.parent in cached_builds(env)
+            return FoundServer(candidate, BUILD_CACHE_ORIGIN if cached else f"beside {tool.name}")
+    on_path = shutil.which(SERVER)
+    if on_path:
+        return FoundServer(Path(on_path), "PATH")
+    for bin_dir in cached_builds(env):
+        return FoundServer(bin_dir / SERVER, BUILD_CACHE_ORIGIN)
+    return None
+
+
+def not_found_message(explicit: Path | None = None, llama_bin: Path | None = None) -> str:
+    """One line saying plainly where no llama-server was found."""
+    if explicit is not None:
+        return f"--llama-server {explicit}: no such executable"
+    if llama_bin is not None:
+        return f"no {SERVER} in --llama-bin {llama_bin}"
+    return (
+        f"no {SERVER} found (not given with --llama-server or --llama-bin, not on PATH, not in "
+        f"quantpick's build cache {build_cache_root()}, which scripts/build-llamacpp.sh fills)"
+    )
+
+
 def find_llama_server(path: Path | None = None) -> Path | None:
-    """The given path if it exists (or names a program on PATH), else `llama-server` on PATH."""
+    """The given path if it exists (or names a program on PATH), else `llama-server` on PATH,
+    else the newest build in quantpick's own build cache."""
     if path is not None:
         if path.exists():
             return path
         found = shutil.which(str(path))
         return Path(found) if found else None
-    found = shutil.which("llama-server")
-    return Path(found) if found else None
+    found = shutil.which(SERVER)
+    if found:
+        return Path(found)
+    builds = cached_builds()
+    return builds[0] / SERVER if builds else None
 
 
 def inspect_llama_server(path: Path, *, timeout_s: float = VERSION_TIMEOUT_S) -> LlamaServer:

@@ -24,6 +24,19 @@ ASSUMED_GPU_FP16_TFLOPS = 25.0
 ASSUMED_PCIE = (3, 16)
 # Dual-channel DDR4-3200 (51.2 GB/s) when the host's bandwidth is neither probed nor described.
 ASSUMED_HOST_BANDWIDTH_BYTES_PER_S = 50 * 10**9
+# A described machine's CPU and RAM when not given: the most common desktop, not the box quantpick
+# runs on. Steam Hardware & Software Survey, February 2025: six physical cores is the largest group
+# (35.5% of PCs; eight cores 20.5%), 32 GB the most common RAM (46.9%; 16 GB 36.7%). Both six-core
+# lines of that survey's era (Ryzen 5, Core i5) run two threads per core.
+ASSUMED_HOST_CORES = 6
+ASSUMED_HOST_THREADS = 12
+ASSUMED_HOST_RAM_BYTES = 32 * 1024**3
+ASSUMED_HOST_SOURCE = (
+    "the most common desktop in Steam's hardware survey (Feb 2025: 35.5% six-core CPUs, "
+    "46.9% with 32 GB)"
+)
+# Host fields a description can leave to an assumption (Host.assumed names them).
+HOST_FIELDS = ("cores", "threads", "ram", "ram_bandwidth")
 
 # How many GPUs and RPC devices one llama-server drives. llama.cpp b11312's scheduler takes at most
 # 16 backends, the last of them the CPU (GGML_SCHED_MAX_BACKENDS 16, ggml/src/ggml-backend.cpp:764,
@@ -88,6 +101,8 @@ class Host:
     cpu_threads: int | None = None
     cgroup_limit_bytes: int | None = None  # already applied to the two RAM figures
     ram_bandwidth_bytes_per_s: int | None = None  # None: the planner uses its default
+    # Which of HOST_FIELDS are assumptions rather than probed or described values.
+    assumed: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -188,7 +203,9 @@ def _only_known(cls: type, data: dict[str, Any]) -> dict[str, Any]:
 def machine_from_dict(data: dict[str, Any]) -> Machine:
     """Inverse of Machine.to_dict (unknown keys ignored; bad types raise TypeError/KeyError)."""
     gpus = tuple(Gpu(**_only_known(Gpu, g)) for g in data.get("gpus", []))
-    host = Host(**_only_known(Host, data["host"]))
+    host_data = _only_known(Host, data["host"])
+    host_data["assumed"] = tuple(host_data.get("assumed") or ())
+    host = Host(**host_data)
     llama = data.get("llama_server")
     rest = _only_known(Machine, data)
     rest.pop("gpus", None)

@@ -57,6 +57,7 @@ DEFAULT_BATCH = 2048
 CURRENT_TARGET = (
     "current llama.cpp (flags of tree 0c1e570, 2026-10-01; not checked against a binary)"
 )
+UNCHECKED_WARNING = "no llama-server was checked"
 # Architectures whose support landed late, with the first build that loads them.
 
 # common/common.h LLM_FFN_EXPS_REGEX: the routed-expert tensors --cpu-moe / --n-cpu-moe move.
@@ -218,6 +219,23 @@ def _version_warnings(caps: ServerCapabilities, arch: str | None) -> list[str]:
             f"Upgrade llama.cpp to b{need} or newer"
         ]
     return []
+
+
+def build_too_old(caps: ServerCapabilities, arch: str | None) -> str | None:
+    """Why this llama-server cannot load `arch` at all (its build predates the architecture),
+    or None: unknown and shallow-clone builds are let through (build_command warns about them).
+    The first build of each architecture is its family's (arch.registry.min_build)."""
+    from quantpick.arch.registry import min_build
+
+    need = min_build(arch or "")
+    if need is None or caps.version or caps.build is None or caps.build == 1:
+        return None
+    if caps.build < need:
+        return (
+            f"{caps.describe()} is too old for {arch}: that architecture needs llama.cpp "
+            f"b{need} or newer (it would stop with 'unknown model architecture: {arch}')"
+        )
+    return None
 
 
 def build_command(
@@ -436,7 +454,7 @@ def build_command(
     else:
         target = CURRENT_TARGET
         warnings.append(
-            "no llama-server was checked: the command targets current llama.cpp; "
+            f"{UNCHECKED_WARNING}: the command targets current llama.cpp; "
             "give quantpick a llama-server to check it against that build"
         )
 
@@ -575,6 +593,19 @@ def render_script(
             for rule in w.firewall:
                 lines += _comment(f"    firewall: {rule}")
     lines.append("set -euo pipefail")
+    program = cmd.argv[0]
+    if "/" not in program:
+        # No binary was found when this was written: say so plainly instead of bash's
+        # "exec: llama-server: not found".
+        lines.append(
+            f"command -v {shlex.quote(program)} >/dev/null 2>&1 || {{ printf '%s\\n' "
+            + shlex.quote(
+                f"{program} is not on PATH: install llama.cpp (or run quantpick's "
+                "scripts/build-llamacpp.sh) and put it on PATH, or write this script again "
+                "with quantpick get --llama-server PATH"
+            )
+            + " >&2; exit 127; }"
+        )
     for _, src in cmd.env_from:
         # Fail with a clear message instead of starting a server without its key.
         lines.append(f': "${{{src}:?set {src} to the API key before running this script}}"')

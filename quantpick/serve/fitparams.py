@@ -72,7 +72,8 @@ class FitParamsRun:
 def find_tool(
     name: str, *, llama_bin: Path | None = None, llama_server: Path | None = None
 ) -> Path | None:
-    """A llama.cpp tool: in --llama-bin DIR, else beside llama-server, else on PATH."""
+    """A llama.cpp tool: in --llama-bin DIR, else beside llama-server, else on PATH, else in
+    quantpick's own build cache (machine.llamacpp.cached_builds)."""
     if llama_bin is not None:
         path = llama_bin / name
         return path if path.is_file() and os.access(path, os.X_OK) else None
@@ -88,7 +89,15 @@ def find_tool(
         if beside.is_file() and os.access(beside, os.X_OK):
             return beside
     found = shutil.which(name)
-    return Path(found) if found else None
+    if found:
+        return Path(found)
+    if llama_server is None:
+        from quantpick.machine.llamacpp import cached_builds
+
+        for bin_dir in cached_builds():
+            if (bin_dir / name).is_file() and os.access(bin_dir / name, os.X_OK):
+                return bin_dir / name
+    return None
 
 
 def fit_params_argv(

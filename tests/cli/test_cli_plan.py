@@ -15,7 +15,8 @@ from quantpick.cli import app
 
 runner = CliRunner()
 MODEL = "qwen3.8-35b-a3b-distill"
-BOX = ["--gpu", "3090", "--gpu", "t4", "--ram", "64G"]
+# The reference box, host included (a described host's CPU is otherwise assumed, and said so)
+BOX = ["--gpu", "3090", "--gpu", "t4", "--ram", "64G", "--cores", "16", "--threads", "32"]
 MiB = 1024**2
 DEVICE_KEYS = {
     "name",
@@ -120,9 +121,15 @@ def test_pick_nothing_fits_exit_3() -> None:
     result = runner.invoke(app, ["pick", MODEL, "-c", "262144", "--gpu", "tiny:4G", "--ram", "6G"])
     assert result.exit_code == 3
     assert result.stdout == ""
-    notes, *lines = result.stderr.strip().splitlines()
+    lines = result.stderr.strip().splitlines()
+    notes = [line for line in lines if line.startswith("Note:")]
+    lines = lines[len(notes) :]
     # a card the catalogue does not know: the assumed speed figures are said, not silent
-    assert notes.startswith("Note: GPU 0 (tiny) is not in the catalogue") and "300 GB/s" in notes
+    [gpu] = [n for n in notes if n.startswith("Note: GPU 0 (tiny) is not in the catalogue")]
+    assert "300 GB/s" in gpu
+    # and so are the host's: 6 cores, not this box's (the RAM was given)
+    [host] = [n for n in notes if n.startswith("Note: described machine: assumed 6 CPU cores")]
+    assert "RAM (--ram)" not in host
     assert lines[0].startswith("Error: nothing of") and lines[1].startswith("Hint:")
 
 
@@ -584,3 +591,23 @@ def test_gpu_reserve_is_taken_from_the_first_described_gpu_only() -> None:
     assert none["CUDA0"] - two["CUDA0"] == 2048 * MiB
     assert none["CUDA1"] == default["CUDA1"] == two["CUDA1"]
     assert none["CPU"] == default["CPU"] == two["CPU"]
+
+
+def test_a_described_host_is_a_typical_desktop_and_every_json_says_so() -> None:
+    """`--gpu 3060 --ram 32G` used to take this box's cores (2 here: Q5_K_M ~17 tok/s); the
+    described host is now the common 6-core desktop unless --cores says otherwise, a note names
+    the assumption, and the JSON carries the host with what was assumed."""
+    machine = ["--gpu", "3060", "--ram", "32G", "--offline"]
+    result = runner.invoke(app, ["pick", MODEL, "-c", "32768", *machine, "--json"])
+    assert result.exit_code == 0, result.stderr
+    host = json.loads(result.stdout)["machine"]["host"]
+    assert (host["cores"], host["threads"], host["ram_total_bytes"]) == (6, 12, 32 * 1024**3)
+    assert host["assumed"] == ["cores", "threads", "ram_bandwidth"]
+    assert host["ram_bandwidth_bytes_per_s"] == 50 * 10**9
+    assert "assumed 6 CPU cores (--cores), 12 threads (--threads)" in result.stderr
+    full = ["--cores", "8", "--threads", "16", "--ram-bandwidth", "60GB/s"]
+    described = run_json(["pick", MODEL, "-c", "32768", *machine, *full])
+    assert described["machine"]["host"]["assumed"] == []
+    assert described["machine"]["host"]["cores"] == 8
+    estimate = run_json(["estimate", MODEL, "-q", "Q4_K_M", "-c", "8192", "--cpu-moe", *machine])
+    assert estimate["machine"]["host"]["cores"] == 6

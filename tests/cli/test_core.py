@@ -190,6 +190,7 @@ FAILING = {
     "confirm": ["confirm", "--gguf", "/no/such/model.gguf", "-c", "8192"],
     "bench": ["bench", "--gguf", "/no/such/model.gguf", "-c", "8192"],
     "calibration": ["calibration", "show"],  # nothing stored in the test home
+    "serve": ["serve", "--gguf", "/no/such/model.gguf", "-c", "8192"],
 }
 
 
@@ -366,7 +367,8 @@ def test_give_a_model_offers_gguf_only_where_it_exists(command: str, offers_gguf
     """`pick` said "give a MODEL ... or --gguf PATH"; pick has no --gguf."""
     result = runner.invoke(app, [command, "--gpu", "3090"])
     assert result.exit_code == 2
-    assert result.stderr.startswith("Error: give a MODEL")
+    error = next(line for line in result.stderr.splitlines() if line.startswith("Error:"))
+    assert error.startswith("Error: give a MODEL")
     assert ("--gguf" in result.stderr) is offers_gguf
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import signal
 import stat
 import subprocess
@@ -342,3 +343,37 @@ def test_get_model_source_hf_downloads_nothing(
     assert f"-hf {REPO}:" in result.stdout and " -m " not in result.stdout
     assert byte_gets(fake_hub) == []
     assert "llama-server downloads it on first start" in result.stderr
+
+
+def test_get_says_plainly_when_no_llama_server_is_found(
+    tiny: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No llama-server anywhere: a warning says where quantpick looked, and the script says so
+    itself when run, instead of bash's `exec: llama-server: not found`."""
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")  # no llama-server here (checked below)
+    assert shutil.which("llama-server") is None
+    script = tmp_path / "serve-tiny"
+    result = runner.invoke(app, ["get", tiny, "-c", "8192", *BOX, "--dir", str(tmp_path / "m"),
+                                 "--script", str(script), "--quiet"])  # fmt: skip
+    assert result.exit_code == 0, result.stderr
+    assert "no llama-server found" in result.stderr and "build cache" in result.stderr
+    clean = {"PATH": "/usr/bin:/bin"}
+    run = subprocess.run([str(script)], capture_output=True, text=True, env=clean)
+    assert run.returncode == 127
+    assert "llama-server is not on PATH" in run.stderr and "exec:" not in run.stderr
+
+
+def test_get_uses_llama_server_from_quantpicks_build_cache(
+    tiny: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from fake_llama_server import fake_llama_server
+
+    from quantpick.machine.llamacpp import build_cache_root
+
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    bin_dir = build_cache_root() / "0.3.36-b11312-7fa9b96e2626" / "bin"
+    server = fake_llama_server(bin_dir)
+    (bin_dir / ".complete").touch()
+    doc = get_json([tiny, "-c", "8192", *BOX, "--dir", str(tmp_path / "m")])
+    assert doc["command"]["argv"][0] == str(server)
+    assert "build 11312" in doc["command"]["target"]

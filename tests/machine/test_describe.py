@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -188,7 +189,15 @@ def test_reference_box(fake_host: Host, tmp_path: Path) -> None:
     assert [(g.index, g.name) for g in machine.gpus] == [
         (0, "NVIDIA GeForce RTX 3090"), (1, "Tesla T4"),
     ]  # fmt: skip
-    assert machine.host == fake_host
+    # The GPUs are elsewhere: the host is a typical desktop, never this box's (fake_host).
+    assert machine.host == Host(
+        ram_total_bytes=32 * GiB, ram_available_bytes=32 * GiB, cpu_cores=6, cpu_threads=12,
+        assumed=("cores", "threads", "ram", "ram_bandwidth"),
+    )  # fmt: skip
+    assert machine.host != fake_host
+    [note] = [n for n in machine.notes if n.startswith("described machine: assumed")]
+    assert "6 CPU cores (--cores), 12 threads (--threads), 32 GiB RAM (--ram)" in note
+    assert "Steam's hardware survey" in note and "not this box's" in note
     assert machine.driver_version is None and machine.disk_free_bytes
 
 
@@ -202,8 +211,28 @@ def test_ram_and_cpu_only_override(fake_host: Host) -> None:
     machine = resolve_machine(gpus=["3090"], ram="64G", cpu_only=True)
     assert machine.gpus == ()
     assert machine.host.ram_total_bytes == machine.host.ram_available_bytes == 64 * GiB
-    assert machine.host.cpu_cores == 8  # the rest of the probed host stays
+    assert machine.host.cpu_cores == 6  # a typical desktop's, not this box's 8
+    assert machine.host.assumed == ("cores", "threads", "ram_bandwidth")
     assert machine.source == "described: --gpu 3090 --ram 64G --cpu-only"
+
+
+def test_cores_threads_and_bandwidth_describe_the_host(fake_host: Host) -> None:
+    machine = resolve_machine(gpus=["3060"], ram="32G", cores=8, threads=16,
+                              ram_bandwidth="80GB/s")  # fmt: skip
+    assert (machine.host.cpu_cores, machine.host.cpu_threads) == (8, 16)
+    assert machine.host.ram_bandwidth_bytes_per_s == 80 * 10**9 and machine.host.assumed == ()
+    assert not any("assumed" in n for n in machine.notes)
+    only_cores = resolve_machine(gpus=["3060"], ram="32G", cores=8)
+    assert only_cores.host.cpu_threads == 16 and only_cores.host.assumed == (
+        "threads", "ram_bandwidth",
+    )  # fmt: skip
+    # on this box (probed) --cores replaces what the probe read; nothing else is assumed
+    here = resolve_machine(cores=4)
+    assert here.host.cpu_cores == 4 and "cores" not in here.host.assumed
+    with pytest.raises(UsageError, match="fewer than --cores"):
+        resolve_machine(gpus=["3060"], cores=8, threads=4)
+    with pytest.raises(UsageError, match="at least 1"):
+        resolve_machine(gpus=["3060"], cores=0)
 
 
 def test_plain_probe_is_not_described(nvml: FakeNvml, tmp_path: Path) -> None:
@@ -250,7 +279,9 @@ def test_probe_json_round_trips(nvml: FakeNvml, tmp_path: Path) -> None:
     assert load_hardware_file(path).notes == loaded.notes
     # Through resolve_machine it is the same machine, marked described.
     described = resolve_machine(hardware_file=path)
-    assert described.gpus == probed.gpus and described.host == probed.host
+    assert described.gpus == probed.gpus
+    # the file's host as probed; its bandwidth was never measured, which `assumed` now says
+    assert described.host == replace(probed.host, assumed=("ram_bandwidth",))
     assert described.described and described.source == f"described: --hardware {path}"
 
 
@@ -288,8 +319,8 @@ ram_bandwidth = "80GB/s"
     assert machine.gpus[1].total_bytes == 20 * GiB
     assert machine.gpus[1].bandwidth_bytes_per_s == 500 * 10**9
     assert machine.host == Host(
-        ram_total_bytes=64 * GiB, ram_available_bytes=64 * GiB, cpu_cores=16,
-        ram_bandwidth_bytes_per_s=80 * 10**9,
+        ram_total_bytes=64 * GiB, ram_available_bytes=64 * GiB, cpu_cores=16, cpu_threads=32,
+        ram_bandwidth_bytes_per_s=80 * 10**9, assumed=("threads",),
     )  # fmt: skip
 
 

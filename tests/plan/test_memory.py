@@ -21,7 +21,7 @@ from quantpick.errors import UsageError
 from quantpick.machine.spec import Gpu, Host, Machine
 from quantpick.model.gguf import layout_from_header, read_gguf_file
 from quantpick.model.layout import ModelLayout, synthesize_layout
-from quantpick.plan.memory import RunConfig, context_cells, estimate
+from quantpick.plan.memory import PROJECTOR_COMPUTE_BYTES, RunConfig, context_cells, estimate
 
 MiB = 1024**2
 GiB = 1024**3
@@ -329,6 +329,25 @@ def test_projector_goes_to_the_first_local_gpu(q4km: ModelLayout) -> None:
     assert [d.projector_bytes > 0 for d in est.gpus] == [False, False, False, True]
     first = estimate(q4km, _cluster(), replace(cfg, devices=("RPC1", 0)), projector_bytes=MiB)
     assert [d.projector_bytes > 0 for d in first.gpus] == [True, False]
+
+
+def test_projector_is_counted_where_llama_server_loads_it(q4km: ModelLayout) -> None:
+    """llama-server's clip context takes --mmproj-device, else --device's first device (common/
+    arg.cpp: mmproj_device), else the first GPU (tools/mtmd/clip.cpp); `--device none` leaves
+    it on the CPU. With --fit on, llama-server adds that device's share to the device's fit
+    margin (server-context.cpp: fit_params_target[i] += size); quantpick writes --fit off and
+    counts weights + compute on the same device, on top of the model."""
+    cpu = estimate(q4km, _cluster(), RunConfig(ctx_size=4096, devices=(), vision=True),
+                   projector_bytes=100 * MiB)  # fmt: skip
+    assert cpu.host.projector_bytes == 100 * MiB + PROJECTOR_COMPUTE_BYTES
+    local = estimate(q4km, _cluster(), RunConfig(ctx_size=4096, vision=True),
+                     projector_bytes=100 * MiB)  # fmt: skip
+    [gpu] = local.gpus
+    assert gpu.projector_bytes == 100 * MiB + PROJECTOR_COMPUTE_BYTES
+    assert local.host.projector_bytes == 0
+    assert gpu.total_bytes - estimate(q4km, _cluster(), RunConfig(ctx_size=4096)).gpus[
+        0
+    ].total_bytes == gpu.projector_bytes  # fmt: skip
 
 
 # ---- conformance with two real workers: llama-fit-params --rpc -------------------------------

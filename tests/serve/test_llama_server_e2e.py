@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
+import signal
 import socket
 import subprocess
 import sys
@@ -199,3 +201,123 @@ def test_head_and_worker_lines_run_across_two_rpc_workers(
     finally:
         for proc in procs:
             stop(proc)
+
+
+def _tiny_repo(tmp_path: Path, fake_hub: object) -> str:
+    """The tiny model as a hub repository (with its SHA256SUMS) and its manifest: `tiny`."""
+    import hashlib
+
+    from typer.testing import CliRunner
+
+    from quantpick.cli import app
+
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    model = repo / "Tiny-Q8_0.gguf"
+    write_tiny_model(model)
+    digest = hashlib.sha256(model.read_bytes()).hexdigest()
+    (repo / "SHA256SUMS").write_text(f"{digest}  {model.name}\n")
+    fake_hub.add_repo("org/Tiny-GGUF", {p.name: p for p in repo.iterdir()})  # type: ignore[attr-defined]
+    added = CliRunner().invoke(app, ["manifest", "add", "org/Tiny-GGUF", "--id", "tiny"])
+    assert added.exit_code == 0, added.stderr
+    return "tiny"
+
+
+def _pid_gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    stat = Path(f"/proc/{pid}/stat")
+    return stat.exists() and stat.read_text().rsplit(")", 1)[-1].split()[0] == "Z"
+
+
+def test_quantpick_serve_answers_a_chat_and_ctrl_c_leaves_no_process(
+    tmp_path: Path, llamacpp_bin: Path, fake_hub: object
+) -> None:
+    """`quantpick serve tiny`: plan, download + verify from the hub, confirm with the real
+    llama-fit-params, start the real llama-server; /v1/chat/completions answers under the model's
+    alias; SIGINT to quantpick (a terminal's Ctrl-C) stops it and leaves no llama-server."""
+    name = _tiny_repo(tmp_path, fake_hub)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "quantpick", "serve", name, "-c", "2048", "--port", "0",
+         "--llama-bin", str(llamacpp_bin), "--dir", str(tmp_path / "models")],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+    )  # fmt: skip
+    assert proc.stdout is not None and proc.stderr is not None
+    try:
+        first = proc.stdout.readline()
+        assert first.startswith("Serving tiny (Q8_0"), first + proc.stderr.read()
+        base = proc.stdout.readline().split("OpenAI base URL:", 1)[1].strip()
+        message = {"role": "user", "content": "hello"}
+        body = json.dumps({"model": name, "max_tokens": 4, "messages": [message]}).encode()
+        req = urllib.request.Request(f"{base}/chat/completions", data=body,
+                                     headers={"Content-Type": "application/json"})  # fmt: skip
+        with urllib.request.urlopen(req, timeout=60) as r:
+            answer = json.load(r)
+        assert answer["model"] == name
+        assert answer["choices"][0]["message"]["role"] == "assistant"
+        assert answer["usage"]["completion_tokens"] >= 1
+        found = subprocess.run(["pgrep", "-f", f"{llamacpp_bin}/llama-server -m"],
+                               capture_output=True, text=True).stdout.split()  # fmt: skip
+        [server_pid] = [int(p) for p in found]
+    finally:
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "Confirmed by llama.cpp" in err and f"Stopped llama-server (pid {server_pid})." in err
+    assert _pid_gone(server_pid)
+
+
+def test_router_loads_the_model_from_the_written_preset(tmp_path: Path, llamacpp_bin: Path) -> None:
+    """`command --format preset` writes a section the real router accepts: it lists the model,
+    loads it on the first request and answers under its name, with the plan's flags."""
+    from typer.testing import CliRunner
+
+    from quantpick.cli import app
+
+    model = tmp_path / "Tiny-Q8_0.gguf"
+    write_tiny_model(model)
+    preset = tmp_path / "models.ini"
+    preset.write_text("version = 1\n\n[*]\nthreads = 2\n")
+    result = CliRunner().invoke(app, ["command", "--gguf", str(model), "-c", "2048",
+                                      "--llama-bin", str(llamacpp_bin), "--llama-server",
+                                      str(llamacpp_bin / "llama-server"), "--format", "preset",
+                                      "--preset", str(preset)])  # fmt: skip
+    assert result.exit_code == 0, result.stderr
+    argv = shlex.split(result.stdout.strip())
+    port = _free_port()
+    argv[argv.index("--port") + 1] = str(port)
+    log = tmp_path / "router.log"
+    with log.open("wb") as out:
+        router = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out,
+                                  stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+        try:
+            _wait_healthy(router, port, log)
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/models", timeout=10) as r:
+                [listed] = json.load(r)["data"]
+            assert listed["id"] == "Tiny-Q8_0"
+            message = {"role": "user", "content": "hello"}
+            body = json.dumps({"model": "Tiny-Q8_0", "max_tokens": 4, "messages": [message]})
+            req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/chat/completions",
+                                         data=body.encode(),
+                                         headers={"Content-Type": "application/json"})  # fmt: skip
+            with urllib.request.urlopen(req, timeout=120) as r:
+                answer = json.load(r)
+            assert answer["model"] == "Tiny-Q8_0" and answer["usage"]["completion_tokens"] >= 1
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/models", timeout=10) as r:
+                [loaded] = json.load(r)["data"]
+            assert loaded["status"]["value"] == "loaded"
+            child = loaded["status"]["args"]
+            assert child[child.index("--ctx-size") + 1] == "2048"
+            assert child[child.index("--model") + 1] == str(model)
+            assert child[child.index("--fit") + 1] == "off"
+            assert child[child.index("--threads") + 1] == "2"  # the [*] section still applies
+        finally:
+            router.terminate()
+            try:
+                router.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(router.pid, signal.SIGKILL)
+                router.wait()

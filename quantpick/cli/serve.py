@@ -1,0 +1,517 @@
+"""`quantpick serve`: from nothing to a running llama-server (plan, fetch or reuse, confirm,
+start, wait for /health), in the foreground until Ctrl-C, or detached; and `--status` / `--stop`
+for the servers it started.
+
+Usage:
+    quantpick serve qwen3.8-35b-a3b-distill -c 65536
+    quantpick serve --gguf ./Tiny-Q8_0.gguf -c 8192 --port 0
+    quantpick serve qwen3.8-35b-a3b-distill -c 65536 --detach
+    quantpick serve --status
+    quantpick serve --stop qwen3.8-35b-a3b-distill
+
+`--stop` and `--status` are flags of the one command, with MODEL naming the server's alias, rather
+than subcommands: a typer command that takes a MODEL argument cannot also have subcommands (the
+group would read a model id as a subcommand's name), and `serve --stop NAME` keeps everything
+about serving in one place and in one --help.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, Optional
+
+import typer
+
+from quantpick.cli.core import app
+from quantpick.cli.download import HfCacheOpt, ReuseFromOpt, ReuseOpt
+from quantpick.cli.options import (
+    DEFAULT_MIN_TPS,
+    AllowQ4Opt,
+    CpuOnlyOpt,
+    CtxOpt,
+    ExactOpt,
+    GpuOverheadOpt,
+    JsonOpt,
+    KvOpt,
+    KvuOpt,
+    LlamaBinOpt,
+    LlamaServerOpt,
+    MarginOpt,
+    MinTpsOpt,
+    MmprojOpt,
+    ModelArg,
+    ModelDirOpt,
+    NoConfirmOpt,
+    NoNetworkOpt,
+    NoOffloadOpt,
+    NpOpt,
+    PreferOpt,
+    QuantOpt,
+    RamReserveOpt,
+    RpcOpt,
+    VisionOpt,
+    complete_source,
+    confirm_options,
+    load_manifest,
+    machine_from_cli,
+    overheads_from_cli,
+    plan_request,
+)
+
+if TYPE_CHECKING:
+    from quantpick.config import Settings
+    from quantpick.pipeline import ServeResult
+    from quantpick.serve.server import ServerRecord
+
+DEFAULT_PORT = 8080  # llama-server's own default (common/common.h)
+
+PortOpt = Annotated[
+    Optional[int],  # noqa: UP045
+    typer.Option(
+        "--port",
+        help="Port to listen on (default 8080). 0, or a port in use: a free one, said so. "
+        "With --stop: the server on this port.",
+        show_default=False,
+    ),
+]
+
+
+def _server_options(host: str, port: int, alias: str | None, api_key_env: str | None) -> Any:
+    from quantpick.errors import UsageError
+    from quantpick.serve.command import ServerOptions
+
+    if not 0 <= port <= 65535:
+        raise UsageError(f"--port {port}: use 1-65535, or 0 for any free port")
+    return ServerOptions(host=host, port=port, alias=alias, api_key_env=api_key_env)
+
+
+class _ProgressLine:
+    """One line on a terminal, rewritten in place while llama-server loads; nothing otherwise
+    (its log has it all)."""
+
+    def __init__(self, label: str) -> None:
+        self.label = label
+        self.tty = sys.stderr.isatty()
+        self.shown = False
+
+    def update(self, elapsed: float, last_line: str | None) -> None:
+        if not self.tty:
+            return
+        import shutil
+
+        width = shutil.get_terminal_size((100, 20)).columns
+        text = f"Loading {self.label} ({elapsed:.0f} s)"
+        if last_line:
+            text += f": {last_line.strip()}"
+        sys.stderr.write("\r\x1b[2K" + text[: max(20, width - 1)])
+        sys.stderr.flush()
+        self.shown = True
+
+    def clear(self) -> None:
+        if self.shown:
+            sys.stderr.write("\r\x1b[2K")
+            sys.stderr.flush()
+            self.shown = False
+
+
+def _endpoint_doc(result: ServeResult) -> dict[str, Any]:
+    record = result.running.record
+    return {
+        "base_url": record.base_url,
+        "openai_base_url": f"{record.base_url}/v1",
+        "model": record.alias,
+        "ctx_size": result.plan.config.ctx_size,
+        "n_parallel": result.plan.config.n_parallel,
+        "host": record.host,
+        "port": record.port,
+        "pid": record.pid,
+        "log": record.log,
+        "record": str(result.running.record_path) if result.running.record_path else None,
+        "detached": record.detached,
+        "llama_server": {"path": str(result.found.path), "found": result.found.origin},
+        "notes": list(result.notes),
+        "argv": list(record.argv),
+        "ready_seconds": round(result.running.ready_s, 2),
+    }
+
+
+def _print_endpoint(result: ServeResult) -> None:
+    from quantpick.cli import output
+
+    record, p = result.running.record, result.plan
+    lines = [
+        f"Serving {record.alias} ({p.quant}, KV {p.config.cache_type_k}, {p.placement}) "
+        f"at {record.base_url}",
+        f"  OpenAI base URL: {record.base_url}/v1",
+        f"  model:           {record.alias}",
+        f"  context:         {p.config.ctx_size} tokens, {p.config.n_parallel} slot"
+        + ("s" if p.config.n_parallel != 1 else ""),
+        f"  pid:             {record.pid}",
+        f"  log:             {record.log}",
+    ]
+    if record.host in ("0.0.0.0", "::", "[::]"):
+        lines.append(f"  (listening on every interface of this machine, {record.host})")
+    sys.stdout.write("\n".join(lines) + "\n")
+    sys.stdout.flush()
+    if record.detached:
+        output.note(
+            f"Detached: it keeps running. `quantpick serve --status` lists it; "
+            f"`quantpick serve --stop {record.alias}` stops it."
+        )
+    else:
+        output.note("Ctrl-C stops it.")
+
+
+def _status(settings: Settings, alias: str | None, port: int | None, json_: bool) -> None:
+    from quantpick.cli import output
+    from quantpick.serve.server import list_records, select_records
+
+    records = select_records(list_records(settings.servers_dir), alias, port)
+    if json_:
+        output.print_json({"servers": [_record_doc(r) for r in records]})
+        return
+    if not records:
+        output.note("No server started by quantpick is running.")
+        return
+    now = time.time()
+    for r in records:
+        mode = "detached" if r.detached else f"foreground (quantpick pid {r.quantpick_pid})"
+        sys.stdout.write(
+            f"{r.alias}: {r.base_url}/v1  pid {r.pid}, {r.quant or '?'} -c {r.ctx_size}, "
+            f"up {_duration(now - r.started)}, {mode}\n  log: {r.log}\n"
+        )
+
+
+def _record_doc(r: ServerRecord) -> dict[str, Any]:
+    return {**r.to_dict(), "base_url": r.base_url, "openai_base_url": f"{r.base_url}/v1"}
+
+
+def _duration(seconds: float) -> str:
+    seconds = max(0, int(seconds))
+    if seconds < 120:
+        return f"{seconds} s"
+    if seconds < 7200:
+        return f"{seconds // 60} min"
+    return f"{seconds // 3600} h {seconds % 3600 // 60} min"
+
+
+def _stop(settings: Settings, alias: str | None, port: int | None, json_: bool) -> None:
+    from quantpick.cli import output
+    from quantpick.errors import QuantpickError, UsageError
+    from quantpick.serve.server import list_records, select_records, stop_record
+
+    running = list_records(settings.servers_dir)
+    chosen = select_records(running, alias, port)
+    if not chosen:
+        what = " ".join(x for x in (alias, f"on port {port}" if port else None) if x)
+        raise QuantpickError(
+            f"no running server {what}".rstrip()
+            if what
+            else "no server started by quantpick is running",
+            hint="`quantpick serve --status` lists them" if running else None,
+        )
+    if alias is None and port is None and len(chosen) > 1:
+        names = ", ".join(f"{r.alias} (port {r.port})" for r in chosen)
+        raise UsageError(
+            f"{len(chosen)} servers are running: {names}",
+            hint="name one: quantpick serve --stop ALIAS (or --port N)",
+        )
+    stopped = []
+    for r in chosen:
+        how = stop_record(r, settings.servers_dir)
+        stopped.append({"alias": r.alias, "pid": r.pid, "port": r.port, "how": how})
+        if not json_:
+            forced = " with SIGKILL after the grace period" if how == "killed" else ""
+            output.note(f"Stopped {r.alias} (pid {r.pid}, port {r.port}){forced}.")
+    if json_:
+        output.print_json({"stopped": stopped})
+
+
+@app.command("serve")
+def serve_cmd(
+    model: ModelArg = None,
+    ctx_size: CtxOpt = 0,
+    quant: QuantOpt = None,
+    gguf: Annotated[
+        Optional[Path],  # noqa: UP045
+        typer.Option(
+            "--gguf",
+            help="Serve a GGUF on disk (planned on its own header; nothing is downloaded).",
+            dir_okay=False,
+        ),
+    ] = None,
+    mmproj: MmprojOpt = None,
+    parallel: NpOpt = 1,
+    kv_unified: KvuOpt = False,
+    prefer: PreferOpt = "balanced",
+    vision: VisionOpt = False,
+    min_tps: MinTpsOpt = DEFAULT_MIN_TPS,
+    allow_q4_kv: AllowQ4Opt = False,
+    kv: KvOpt = None,
+    no_offload: NoOffloadOpt = False,
+    dir_: ModelDirOpt = None,
+    source: Annotated[
+        str,
+        typer.Option(
+            "--source", help="auto, hf, modelscope or mirror.", autocompletion=complete_source
+        ),
+    ] = "auto",
+    allow_unverified: Annotated[
+        bool, typer.Option("--allow-unverified", help="Download files no sha256 vouches for.")
+    ] = False,
+    reuse: ReuseOpt = None,
+    reuse_from: ReuseFromOpt = None,
+    hf_cache: HfCacheOpt = None,
+    quiet: Annotated[bool, typer.Option("--quiet", "-Q", help="No progress on stderr.")] = False,
+    cpu_only: CpuOnlyOpt = False,
+    rpc: RpcOpt = None,
+    llama_server: LlamaServerOpt = None,
+    llama_bin: LlamaBinOpt = None,
+    no_confirm: NoConfirmOpt = False,
+    gpu_overhead: GpuOverheadOpt = None,
+    margin: MarginOpt = None,
+    ram_reserve: RamReserveOpt = None,
+    exact: ExactOpt = False,
+    no_network: NoNetworkOpt = False,
+    host: Annotated[str, typer.Option("--host", help="Address to listen on.")] = "127.0.0.1",
+    port: PortOpt = None,
+    alias: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Option("--alias", help="Model name the server answers to (default: the model id)."),
+    ] = None,
+    api_key_env: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Option(
+            "--api-key-env",
+            help="NAME of an environment variable holding the API key (never written anywhere).",
+        ),
+    ] = None,
+    detach: Annotated[
+        bool,
+        typer.Option("--detach", "-d", help="Leave it running in the background (a pid file)."),
+    ] = False,
+    timeout: Annotated[
+        float,
+        typer.Option("--timeout", help="Seconds to wait for llama-server to load and answer."),
+    ] = 600.0,
+    status: Annotated[
+        bool, typer.Option("--status", help="List the servers quantpick started that still run.")
+    ] = False,
+    stop: Annotated[
+        bool,
+        typer.Option(
+            "--stop", help="Stop a server quantpick started: MODEL names its alias (--port N)."
+        ),
+    ] = False,
+    json_: JsonOpt = False,
+) -> None:
+    """Plan, fetch (or reuse) and verify, confirm with llama.cpp, then run llama-server with the
+    plan's flags and wait until it answers; print the endpoint (OpenAI base URL, model, context).
+    Stays in the foreground until Ctrl-C (exit 130) or SIGTERM (143), unless --detach."""
+    from quantpick.cli import output
+    from quantpick.config import load_settings, with_fetch_flags
+    from quantpick.errors import ServerError, UsageError
+    from quantpick.serve.server import (
+        Ended,
+        StopRequested,
+        exit_code_for,
+        remove_record,
+        run_until_stopped,
+        stop_process,
+        stop_signals,
+    )
+
+    settings = with_fetch_flags(
+        load_settings(), reuse=reuse, reuse_from=reuse_from, hf_cache=hf_cache
+    )
+    if status and stop:
+        raise UsageError("--status and --stop: give one")
+    if status or stop:
+        (_status if status else _stop)(settings, model, port, json_)
+        return
+    if not 1 <= timeout <= 86400:
+        raise UsageError(f"--timeout {timeout:g}: give 1 to 86400 seconds")
+    server = _server_options(host, DEFAULT_PORT if port is None else port, alias, api_key_env)
+    label = alias or model or (gguf.name if gguf else "the model")
+    progress_line = _ProgressLine(label)
+    with stop_signals():
+        try:
+            result = _start(
+                settings,
+                model=model,
+                gguf=gguf,
+                quant=quant,
+                mmproj=mmproj,
+                request=plan_request(ctx_size, parallel, kv_unified, prefer, quant, vision,
+                                     min_tps, allow_q4_kv, kv, 512, 2048, "on", no_offload),
+                dir_=dir_,
+                source=source,
+                allow_unverified=allow_unverified,
+                quiet=quiet or json_,
+                cpu_only=cpu_only,
+                rpc=rpc,
+                llama_server=llama_server,
+                llama_bin=llama_bin,
+                no_confirm=no_confirm,
+                overhead_flags=(gpu_overhead, margin, ram_reserve),
+                exact=exact,
+                no_network=no_network,
+                server=server,
+                detach=detach,
+                timeout=timeout,
+                progress_line=progress_line,
+            )  # fmt: skip
+        except ServerError as exc:
+            progress_line.clear()
+            if exc.log_lines:
+                output.note("llama-server's own lines (the last that say what went wrong):")
+                for line in exc.log_lines:
+                    output.note(f"  {line}")
+            raise
+        except (KeyboardInterrupt, StopRequested) as stopped:
+            progress_line.clear()
+            output.note("Stopped before llama-server was ready (no process left running).")
+            raise typer.Exit(exit_code_for(stopped)) from None
+        progress_line.clear()
+        running = result.running
+        try:
+            if json_:
+                from quantpick.cli.render import plan_to_dict
+
+                output.print_json(
+                    {
+                        "endpoint": _endpoint_doc(result),
+                        "plan": plan_to_dict(result.plan, result.machine,
+                                             result.manifest.architecture.block_count),
+                    }
+                )  # fmt: skip
+            else:
+                _print_endpoint(result)
+            if detach:
+                return
+            ended = run_until_stopped(running, settings.servers_dir)
+        except (KeyboardInterrupt, StopRequested) as stopped:
+            # between "ready" and the foreground wait (run_until_stopped handles its own)
+            how = stop_process(running.process.pid, process=running.process)
+            remove_record(settings.servers_dir, running.record)
+            ended = Ended(exit_code_for(stopped), how, running.process.returncode)
+    if ended.how == "exited":
+        output.note(f"llama-server ended (exit {ended.returncode}); it was stopped elsewhere.")
+        return
+    suffix = " (SIGKILL after the grace period)" if ended.how == "killed" else ""
+    output.note(f"Stopped llama-server (pid {result.running.record.pid}){suffix}.")
+    raise typer.Exit(ended.exit_code)
+
+
+def _start(
+    settings: Settings,
+    *,
+    model: str | None,
+    gguf: Path | None,
+    quant: str | None,
+    mmproj: Path | None,
+    request: Any,  # PlanRequest; its quant is canonicalised for --gguf below
+    dir_: Path | None,
+    source: str,
+    allow_unverified: bool,
+    quiet: bool,
+    cpu_only: bool,
+    rpc: list[str] | None,
+    llama_server: Path | None,
+    llama_bin: Path | None,
+    no_confirm: bool,
+    overhead_flags: tuple[str | None, str | None, str | None],
+    exact: bool,
+    no_network: bool,
+    server: Any,
+    detach: bool,
+    timeout: float,
+    progress_line: _ProgressLine,
+) -> ServeResult:
+    """Build the requests and run pipeline.serve."""
+    from dataclasses import replace
+
+    from quantpick.cli import output
+    from quantpick.cli.download import _progress
+    from quantpick.pipeline import GetRequest, ServeRequest, serve
+
+    # Always this machine (probed; --cpu-only leaves its GPUs out; --rpc workers are read now).
+    machine = machine_from_cli(None, None, None, cpu_only, llama_server, None, rpc=rpc)
+    local = None
+    if gguf is not None:
+        from quantpick.cli.local import resolve_local
+
+        local = resolve_local(model, quant, gguf, mmproj, dir_, request.vision)
+        manifest = local.manifest
+        request = replace(request, quant=local.quant)
+    else:
+        manifest = load_manifest(model)
+    # the build's compute rule and this machine's calibration: applied by the plan recipe
+    # (pipeline.plan_for, through get)
+    overheads = overheads_from_cli(*overhead_flags)
+
+    def announce(p: Any) -> None:
+        if not quiet:
+            output.note(
+                f"Plan: {p.model} {p.quant} (KV {p.config.cache_type_k}, {p.placement}) for "
+                f"-c {p.config.ctx_size}; expected ~{p.speed.expected.decode_tps_target:.0f} "
+                f"tok/s decode at that context. Why: {p.why}"
+            )
+
+    def confirmed(confirmation: Any) -> None:
+        from quantpick.cli.confirm import report_confirmation
+
+        report_confirmation(confirmation, machine, no_confirm, quiet=quiet)
+
+    def started(port: int, log_path: Path, found: Any, note: str | None) -> None:
+        if note:  # not progress: where the server is; shown even with --quiet
+            output.note(f"Note: {note}")
+        if quiet:
+            return
+        output.note(
+            f"Starting {found.path} (found: {found.origin}) on {server.host}:{port}; "
+            f"its log: {log_path}"
+        )
+
+    progress, live = _progress(quiet)
+    req = ServeRequest(
+        get=GetRequest(
+            manifest=manifest,
+            machine=machine,
+            plan_request=request,
+            overheads=overheads,
+            dest_dir=dir_,
+            exact=exact,
+            network=not no_network,
+            source=source,
+            allow_unverified=allow_unverified,
+            confirm=confirm_options(no_confirm, llama_bin, llama_server, machine),
+            llama_server=llama_server,
+            gpu_overhead_given=overhead_flags[0] is not None,
+        ),
+        server=server,
+        local_file=local.model_path if local else None,
+        local_quant=local.quant if local else None,
+        mmproj_path=local.projector if local else None,
+        llama_server=llama_server,
+        llama_bin=llama_bin,
+        detach=detach,
+        timeout_s=timeout,
+    )
+    result = serve(
+        req,
+        settings=settings,
+        progress=progress,
+        on_plan=announce,
+        live=live,
+        on_confirmed=confirmed,
+        on_start=started,
+        on_wait=None if quiet else progress_line.update,
+    )
+    progress_line.clear()
+    if not quiet:
+        for warning in result.command.warnings:
+            output.warn(warning)
+    return result

@@ -1,0 +1,108 @@
+"""Finding llama-server: --llama-server, --llama-bin, beside the plan's tools, PATH, and
+quantpick's own build cache (scripts/build-llamacpp.sh's layout)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from quantpick.machine.llamacpp import (
+    BUILD_CACHE_ORIGIN,
+    build_cache_root,
+    cached_builds,
+    find_llama_server,
+    locate_llama_server,
+    not_found_message,
+)
+
+
+def _tool(directory: Path, name: str = "llama-server") -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / name
+    path.write_text("#!/bin/sh\nexit 0\n")
+    path.chmod(0o755)
+    return path
+
+
+def _build(root: Path, key: str, *, complete: bool = True) -> Path:
+    """One build the way scripts/build-llamacpp.sh leaves it: <root>/<key>/bin/{tools,.complete}."""
+    bin_dir = root / key / "bin"
+    _tool(bin_dir)
+    if complete:
+        (bin_dir / ".complete").touch()
+    return bin_dir
+
+
+def test_cache_root_follows_the_build_script(tmp_path: Path) -> None:
+    home = tmp_path / "h"
+    assert build_cache_root({"HOME": str(home)}) == home / ".cache/quantpick/llama.cpp"
+    assert build_cache_root({"HOME": str(home), "XDG_CACHE_HOME": str(tmp_path / "x")}) == (
+        tmp_path / "x/quantpick/llama.cpp"
+    )
+    explicit = {"HOME": str(home), "QUANTPICK_LLAMACPP_CACHE": str(tmp_path / "c")}
+    assert build_cache_root(explicit) == tmp_path / "c"
+
+
+def test_only_finished_builds_count_newest_build_first(tmp_path: Path) -> None:
+    env = {"QUANTPICK_LLAMACPP_CACHE": str(tmp_path)}
+    old = _build(tmp_path, "0.3.20-b9000-aaaaaaaaaaaa")
+    new = _build(tmp_path, "0.3.36-b11312-7fa9b96e2626")
+    _build(tmp_path, "0.3.40-b12000-bbbbbbbbbbbb", complete=False)  # still building
+    (tmp_path / "stray-file").write_text("x")
+    assert cached_builds(env) == [new, old]
+
+
+def test_locate_order(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cache = tmp_path / "cache"
+    cached = _build(cache, "0.3.36-b11312-7fa9b96e2626") / "llama-server"
+    env = {"QUANTPICK_LLAMACPP_CACHE": str(cache)}
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    found = locate_llama_server(env=env)
+    assert found is not None and (found.path, found.origin) == (cached, BUILD_CACHE_ORIGIN)
+
+    on_path = _tool(tmp_path / "path")
+    monkeypatch.setenv("PATH", str(on_path.parent))
+    found = locate_llama_server(env=env)
+    assert found is not None and (found.path, found.origin) == (on_path, "PATH")
+
+    fit = _tool(tmp_path / "tools", "llama-fit-params")
+    beside = _tool(tmp_path / "tools")
+    found = locate_llama_server(beside=[fit], env=env)
+    assert found is not None and (found.path, found.origin) == (beside, "beside llama-fit-params")
+
+    in_bin = _tool(tmp_path / "bin")
+    found = locate_llama_server(llama_bin=in_bin.parent, beside=[fit], env=env)
+    assert found is not None and (found.path, found.origin) == (in_bin, "--llama-bin")
+    explicit = _tool(tmp_path / "mine")
+    found = locate_llama_server(explicit, llama_bin=in_bin.parent, env=env)
+    assert found is not None and (found.path, found.origin) == (explicit, "--llama-server")
+
+
+def test_a_named_binary_that_is_missing_is_not_replaced(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _tool(tmp_path / "path")
+    monkeypatch.setenv("PATH", str(tmp_path / "path"))
+    assert locate_llama_server(tmp_path / "nope") is None
+    assert locate_llama_server(llama_bin=tmp_path / "empty") is None
+    assert "--llama-bin" in not_found_message(None, tmp_path / "empty")
+
+
+def test_find_llama_server_falls_back_to_the_build_cache(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    assert find_llama_server() is None
+    assert "not on PATH" in not_found_message() and str(build_cache_root()) in not_found_message()
+    cached = _build(build_cache_root(), "0.3.36-b11312-7fa9b96e2626") / "llama-server"
+    assert find_llama_server() == cached
+    assert os.access(cached, os.X_OK)
+
+
+def test_beside_a_tool_of_the_build_cache_names_the_cache(tmp_path: Path) -> None:
+    bin_dir = _build(tmp_path, "0.3.36-b11312-7fa9b96e2626")
+    fit = _tool(bin_dir, "llama-fit-params")
+    found = locate_llama_server(beside=[fit], env={"QUANTPICK_LLAMACPP_CACHE": str(tmp_path)})
+    assert found is not None and found.origin == BUILD_CACHE_ORIGIN
