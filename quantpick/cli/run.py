@@ -21,7 +21,7 @@ import typer
 
 from quantpick.cli.complete import FORMATS, MODEL_SOURCES
 from quantpick.cli.core import app
-from quantpick.cli.download import HfCacheOpt, ReuseFromOpt, ReuseOpt
+from quantpick.cli.download import ConnectionsOpt, HfCacheOpt, ReuseFromOpt, ReuseOpt
 from quantpick.cli.options import (
     DEFAULT_MIN_TPS,
     AllowQ4Opt,
@@ -562,6 +562,7 @@ def get_cmd(
     reuse: ReuseOpt = None,
     reuse_from: ReuseFromOpt = None,
     hf_cache: HfCacheOpt = None,
+    connections: ConnectionsOpt = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-Q", help="No progress on stderr.")] = False,
     hardware: HardwareOpt = None,
     gpu: GpuOpt = None,
@@ -605,7 +606,11 @@ def get_cmd(
     _check_format(fmt, model_source)
     check_script_destination(script)
     settings = with_fetch_flags(
-        load_settings(), reuse=reuse, reuse_from=reuse_from, hf_cache=hf_cache
+        load_settings(),
+        reuse=reuse,
+        reuse_from=reuse_from,
+        hf_cache=hf_cache,
+        connections=connections,
     )
     manifest = load_manifest(model)
     machine = machine_from_cli(
