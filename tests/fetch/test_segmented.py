@@ -364,12 +364,14 @@ def test_enospc_keeps_what_was_written_and_the_rerun_resumes(
 ) -> None:
     budget = [int(1.5 * MiB)]  # the disk takes 1.5 MiB, then it is full
     real = segmented._pwrite
+    lock = threading.Lock()  # the connections write at once: one disk
 
     def full_disk(fd: int, data: memoryview, offset: int) -> None:
-        fits = min(len(data), budget[0])
+        with lock:
+            fits = min(len(data), budget[0])
+            budget[0] -= fits
         if fits:
             real(fd, data[:fits], offset)
-            budget[0] -= fits
         if fits < len(data):
             raise OSError(errno.ENOSPC, "No space left on device")
 
