@@ -323,3 +323,13 @@ def test_get_model_source_hf_downloads_nothing(
     assert f"-hf {REPO}:" in result.stdout and " -m " not in result.stdout
     assert byte_gets(fake_hub) == []
     assert "llama-server downloads it on first start" in result.stderr
+
+
+def test_get_takes_connections_and_reports_them(tiny: str, tmp_path: Path) -> None:
+    dest = tmp_path / "models"
+    refused = runner.invoke(app, ["get", tiny, "-c", "32768", *BOX, "--connections", "99"])
+    assert refused.exit_code == 2
+    assert refused.stderr.splitlines()[0].startswith("Error: --connections must be a whole")
+    doc = get_json([tiny, "-c", "32768", *BOX, "--dir", str(dest), "--connections", "1"])
+    assert {f["connections"] for f in doc["files"]} == {1}
+    assert all(f["rate_bytes_per_s"] > 0 for f in doc["files"])
