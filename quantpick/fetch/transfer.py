@@ -658,9 +658,11 @@ class FileTransfer:
             if offset:
                 self._hash_prefix(hasher, offset)
         state = _State(
-            offset=offset, hasher=_HashPipe(hasher), fetched=fetched, resumed_from=offset
+            offset=offset,
+            hasher=_HashPipe(hasher),
+            fetched=fetched,
+            resumed_from=min(offset, self.resumed_from),
         )
-        state.resumed_from = min(offset, self.resumed_from)
         self.connections = max(self.connections, 1)
         try:
             if not announced:
