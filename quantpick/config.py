@@ -3,13 +3,15 @@ Settings.
 
 Precedence everywhere: command-line flag > environment variable > config file > default. The CLI
 applies its flags on top of `load_settings()` with `with_fetch_flags` (the only flags that have a
-config-file counterpart are the fetch ones: which stores to reuse from, and --hf-cache).
+config-file counterpart are the fetch ones: which stores to reuse from, --hf-cache and
+--connections).
 
 The config file is `<config dir>/config.toml` (`QUANTPICK_CONFIG=PATH` names another one, `""`
 none). Every key is optional:
 
     reuse = ["hf", "llama", "lmstudio", "ollama"]  # stores looked in before downloading; [] = none
     hf_cache = false                                 # write downloads into the HF cache layout
+    connections = 16                                 # most connections per file; 1 = one stream
 
     [stores]                 # where a store is, when not where the tool's own settings put it
     lmstudio = "/mnt/big/lmstudio-models"
@@ -33,10 +35,13 @@ CONFIG_FILE_NAME = "config.toml"
 # where each one is and how its files are named). All of them by default: a look costs a few
 # stat() calls, and a candidate is only used after its sha256 matches the pinned one.
 STORE_NAMES = ("hf", "llama", "lmstudio", "ollama")
-CONFIG_KEYS = ("reuse", "hf_cache", "stores")
-# The config file holds three keys and a few paths (a few hundred bytes): 1 MiB is a cap that no
+CONFIG_KEYS = ("reuse", "hf_cache", "stores", "connections")
+# The config file holds a few keys and a few paths (a few hundred bytes): 1 MiB is a cap that no
 # real file reaches and that keeps a hostile one (a link to /dev/zero) from filling memory.
 CONFIG_MAX_BYTES = 1024 * 1024
+# --connections N: 1 (one stream) to 64 (hf_xet's own upper bound in its normal mode, see
+# /work/shared/notes/serving-ecosystem.md; beyond it concurrency has collapsed downloads).
+MAX_CONNECTIONS = 64
 
 
 def _is_true(value: str | None) -> bool:
@@ -64,6 +69,9 @@ class Settings:
     # Per-store locations replacing the tool's own (config file [stores]); absent = the tool's.
     store_paths: Mapping[str, tuple[Path, ...]] = field(default_factory=dict)
     hf_cache: bool = False  # write downloads into the Hugging Face cache layout
+    # Most connections per file (None: the default SegmentPolicy, adaptive up to 16; 1: one
+    # stream). --connections, QUANTPICK_CONNECTIONS, config file `connections`.
+    connections: int | None = None
     config_file: Path | None = None  # the config file that was read, if any
     # Run-time state that outlives a command (the pid files and logs of `serve --detach`):
     # platformdirs' user state dir (~/.local/state/quantpick), or QUANTPICK_HOME/state.
@@ -121,6 +129,9 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         hf_cache = True
     elif _is_false(env.get("QUANTPICK_HF_CACHE")):
         hf_cache = False
+    connections = file_settings.get("connections")
+    if env.get("QUANTPICK_CONNECTIONS", "").strip():
+        connections = parse_connections(env["QUANTPICK_CONNECTIONS"], what="QUANTPICK_CONNECTIONS")
     return Settings(
         home=home,
         config_dir=config_dir,
@@ -133,9 +144,24 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         reuse_origin=origin,
         store_paths=file_settings.get("stores", {}),
         hf_cache=hf_cache,
+        connections=connections,
         config_file=config_file,
         state_dir=state_dir,
     )
+
+
+def parse_connections(value: Any, *, what: str) -> int:
+    """A connection count, 1..MAX_CONNECTIONS (a usage error otherwise)."""
+    try:
+        n = int(str(value).strip()) if not isinstance(value, bool) else 0
+    except ValueError:
+        n = 0
+    if not 1 <= n <= MAX_CONNECTIONS:
+        raise UsageError(
+            f"{what} must be a whole number from 1 to {MAX_CONNECTIONS}, not {value!r}",
+            hint="1 downloads each file over one connection",
+        )
+    return n
 
 
 # ---------------------------------------------------------------------------------------------
@@ -254,6 +280,15 @@ def read_config_file(path: Path) -> dict[str, Any]:
         out["hf_cache"] = data["hf_cache"]
     if "stores" in data:
         out["stores"] = _store_paths_value(data["stores"], path)
+    if "connections" in data:
+        if type(data["connections"]) is not int:
+            raise QuantpickError(f"{where}: connections must be a whole number", hint=hint)
+        try:
+            out["connections"] = parse_connections(
+                data["connections"], what=f"{where}: connections"
+            )
+        except UsageError as exc:
+            raise QuantpickError(exc.message, hint=hint) from None
     return out
 
 
@@ -318,9 +353,10 @@ def with_fetch_flags(
     reuse: bool | None = None,
     reuse_from: Sequence[str] | None = None,
     hf_cache: bool | None = None,
+    connections: int | None = None,
 ) -> Settings:
-    """Apply `--reuse/--no-reuse`, `--reuse-from STORE[,STORE]` and `--hf-cache/--no-hf-cache`
-    (None: not given) over the environment and config file.
+    """Apply `--reuse/--no-reuse`, `--reuse-from STORE[,STORE]`, `--hf-cache/--no-hf-cache` and
+    `--connections N` (None: not given) over the environment and config file.
 
     `--no-reuse` wins over everything; `--reuse-from` limits reuse to the stores it names;
     `--reuse` alone turns every store back on (over QUANTPICK_REUSE=none or the config file).
@@ -337,4 +373,6 @@ def with_fetch_flags(
         changes.update(reuse_stores=STORE_NAMES, reuse_origin="--reuse")
     if hf_cache is not None:
         changes["hf_cache"] = hf_cache
+    if connections is not None:
+        changes["connections"] = parse_connections(connections, what="--connections")
     return replace(settings, **changes) if changes else settings

@@ -19,7 +19,11 @@ Fault knobs, per file and per number of uses (`times=None`: every request):
     hub.faults.add("m.gguf", "wrong_range", delta=4096)     # Content-Range start shifted
     hub.faults.add("m.gguf", "ignore_range")                # 200 + full body for a Range GET
     hub.faults.add("m.gguf", "throttle", rate=2_000_000, times=None)  # bytes per second
+    hub.faults.add("m.gguf", "busy", limit=2, status=503, times=None)  # 503 past 2 at once
+    hub.faults.add("m.gguf", "ignore_range", skip=3)        # the first 3 requests unaffected
     hub.lie_sha("org/repo", "m.gguf")                       # listings advertise a wrong sha256
+    hub.expire_cdn_urls(status=410)                         # CDN URLs handed out so far expire
+    hub.per_connection_rate = 20e6                          # token bucket on each CDN connection
 """
 
 from __future__ import annotations
@@ -91,6 +95,7 @@ class Fault:
     kind: str
     times: int | None
     params: dict[str, Any]
+    skip: int = 0  # requests that pass unaffected before it starts firing
 
 
 class Faults:
@@ -100,9 +105,11 @@ class Faults:
         self._lock = threading.Lock()
         self._by_name: dict[str, list[Fault]] = {}
 
-    def add(self, name: str, kind: str, *, times: int | None = 1, **params: Any) -> None:
+    def add(
+        self, name: str, kind: str, *, times: int | None = 1, skip: int = 0, **params: Any
+    ) -> None:
         with self._lock:
-            self._by_name.setdefault(name, []).append(Fault(kind, times, params))
+            self._by_name.setdefault(name, []).append(Fault(kind, times, params, skip))
 
     def clear(self) -> None:
         with self._lock:
@@ -113,6 +120,9 @@ class Faults:
         with self._lock:
             active: dict[str, Fault] = {}
             for fault in self._by_name.get(name, []):
+                if fault.skip > 0:
+                    fault.skip -= 1
+                    continue
                 if fault.times is None or fault.times > 0:
                     active.setdefault(fault.kind, fault)
             for fault in active.values():
@@ -153,6 +163,15 @@ class FakeHub:
         self.faults = Faults()
         self.requests: list[dict[str, Any]] = []
         self.ms_range_status = 200  # ModelScope answers a Range with 200 + Content-Range
+        # CDN URLs carry a generation (a stand-in for a signed URL's expiry); older ones are
+        # refused with `expired_status` (a signed S3/CloudFront URL past its time: 403).
+        self.cdn_generation = 0
+        self.expired_status = 403
+        # Bytes/s on each CDN connection (a token bucket per connection, as a CDN edge caps
+        # one TCP stream); None: as fast as sendfile goes.
+        self.per_connection_rate: float | None = None
+        self.active: dict[str, int] = {}  # file name -> bodies being sent right now
+        self.most_active: dict[str, int] = {}  # file name -> the most at once
         self._log_lock = threading.Lock()
         self._servers: list[ThreadingHTTPServer] = []
         self.hub_url = ""
@@ -241,6 +260,12 @@ class FakeHub:
         self.repos[repo_id].advertised[name] = fake
         return fake
 
+    def expire_cdn_urls(self, status: int = 403) -> None:
+        """Every CDN URL handed out so far is refused from now on (with `status`); the hub's
+        next redirect names a fresh one."""
+        self.expired_status = status
+        self.cdn_generation += 1
+
     def log(self, **entry: Any) -> dict[str, Any]:
         with self._log_lock:
             self.requests.append(entry)
@@ -282,6 +307,7 @@ class _Handler(BaseHTTPRequestHandler):
             cookie=self.headers.get("Cookie") is not None,
             file=file,
             sent=sent,
+            port=self.client_address[1],  # the client's port: one per TCP connection
             **extra,
         )
         return self.hub.log(**entry)
@@ -452,7 +478,8 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_response(302)
             self.send_header(
                 "Location",
-                f"{self.hub.cdn_url}/lfs/{f.sha256}?name={quote(name)}&repo={quote(repo_id)}",
+                f"{self.hub.cdn_url}/lfs/{f.sha256}?name={quote(name)}&repo={quote(repo_id)}"
+                f"&sig={self.hub.cdn_generation}",
             )
             self.send_header("X-Linked-Etag", f'"{sha}"')
             self.send_header("X-Linked-Size", str(f.size))
@@ -460,8 +487,8 @@ class _Handler(BaseHTTPRequestHandler):
             for key, value in common.items():
                 self.send_header(key, value)
             self.send_header("Content-Length", "0")
+            self._entry(302, file=name)  # logged before the client can follow it
             self.end_headers()
-            self._entry(302, file=name)
             return
         self._send_file(repo, f, {**common, "ETag": f'"{f.git_oid}"'})
 
@@ -521,6 +548,8 @@ class _Handler(BaseHTTPRequestHandler):
             f = repo.files.get(query.get("name", "")) if repo else None
             if repo is None or f is None or f.sha256 != path[len("/lfs/") :]:
                 return self._error(404, None, "no such object")
+            if "sig" in query and query["sig"] != str(self.hub.cdn_generation):
+                return self._error(self.hub.expired_status, None, "expired", file=f.name)
             return self._send_file(
                 repo, f, {"Content-Disposition": f'inline; filename="{f.name.rsplit("/", 1)[-1]}";'}
             )
@@ -537,6 +566,30 @@ class _Handler(BaseHTTPRequestHandler):
         self, repo: HubRepo, f: HubFile, headers: dict[str, str], ms_style: bool = False
     ) -> None:
         faults = self.hub.faults.take(f.name) if self.command == "GET" else {}
+        with self.hub._log_lock:  # one request at a time counts itself in (or is turned away)
+            busy = faults["busy"].params if "busy" in faults else None
+            now = self.hub.active.get(f.name, 0)
+            if busy is None or now < int(busy["limit"]):
+                now = self.hub.active[f.name] = now + 1
+                self.hub.most_active[f.name] = max(self.hub.most_active.get(f.name, 0), now)
+                busy = None
+        if busy is not None:
+            extra = {"Retry-After": str(busy.get("retry_after", 1))}
+            return self._error(int(busy.get("status", 503)), None, "busy", extra, f.name)
+        try:
+            self._send_counted(f, headers, faults, ms_style, now)
+        finally:
+            with self.hub._log_lock:
+                self.hub.active[f.name] -= 1
+
+    def _send_counted(
+        self,
+        f: HubFile,
+        headers: dict[str, str],
+        faults: dict[str, Fault],
+        ms_style: bool,
+        now: int,
+    ) -> None:
         for kind in ("status", "429"):
             if kind in faults:
                 status = int(faults[kind].params.get("status", 429))
@@ -584,11 +637,27 @@ class _Handler(BaseHTTPRequestHandler):
             self._entry(status, file=f.name)
             return
         # Logged before the body, so tests see a transfer in progress; `sent`/`cut` filled after.
-        entry = self._entry(status, file=f.name, cut=False, faults=sorted(faults))
+        entry = self._entry(status, file=f.name, cut=False, faults=sorted(faults), active=now)
         sent, cut = self._body(f, start, length, faults, entry)
         entry["cut"] = cut
         if cut or "wrong_length" in faults:
             self.close_connection = True
+
+    def _tokens(self, want: int, rate: float) -> int:
+        """Wait until this connection's token bucket holds `want` bytes, take them. The bucket
+        lives on the handler, which serves one connection (all its keep-alive requests); it holds
+        at most 4 chunks of burst (13 ms at 20 MB/s). An oversleep is credited, a short sleep
+        leaves a debt: over time the connection gets exactly `rate`."""
+        capacity = 4 * SEND_CHUNK
+        now = time.monotonic()
+        level = getattr(self, "_bucket_level", float(capacity))
+        level = min(capacity, level + (now - getattr(self, "_bucket_stamp", now)) * rate)
+        if level < want:
+            time.sleep((want - level) / rate)
+            later = time.monotonic()
+            level, now = min(capacity, level + (later - now) * rate), later
+        self._bucket_level, self._bucket_stamp = level - want, now
+        return want
 
     def _body(
         self, f: HubFile, start: int, length: int, faults: dict[str, Fault], entry: dict[str, Any]
@@ -603,11 +672,15 @@ class _Handler(BaseHTTPRequestHandler):
         flip_at = int(faults["flip"].params.get("at", 0)) if "flip" in faults else None
         rate = float(faults["throttle"].params["rate"]) if "throttle" in faults else None
         sent = 0
+        bucket = self.server.role == "cdn" and self.hub.per_connection_rate
         with open(f.path, "rb") as handle:
             if flip_at is None and rate is None:
                 # Fast path (benchmarks): the kernel copies, like the prototype's sendfile.
                 while sent < stop_at:
-                    n = os.sendfile(sock.fileno(), handle.fileno(), start + sent, stop_at - sent)
+                    step = stop_at - sent
+                    if bucket:
+                        step = self._tokens(min(step, SEND_CHUNK), float(bucket))
+                    n = os.sendfile(sock.fileno(), handle.fileno(), start + sent, step)
                     if n == 0:
                         break
                     sent += n

@@ -125,3 +125,24 @@ def test_a_config_file_that_is_a_fifo_or_huge_is_one_clear_error(tmp_path: Path)
     config.write_text("# padding\n" * (1024 * 1024 // 10 + 1))  # valid TOML, over the cap
     with pytest.raises(QuantpickError, match="larger than 1048576 bytes"):
         load_settings(env)
+
+
+def test_connections_config_then_env_then_flag(tmp_path: Path) -> None:
+    assert load_settings(env_with(tmp_path)).connections is None  # the default policy
+    s = load_settings(env_with(tmp_path, "connections = 8\n"))
+    assert s.connections == 8
+    s = load_settings(env_with(tmp_path, "connections = 8\n", QUANTPICK_CONNECTIONS="2"))
+    assert s.connections == 2
+    assert with_fetch_flags(s, connections=1).connections == 1
+    assert with_fetch_flags(s).connections == 2
+
+
+@pytest.mark.parametrize("bad", ["0", "65", "four", "-1"])
+def test_bad_connection_counts_are_refused(tmp_path: Path, bad: str) -> None:
+    with pytest.raises(UsageError, match="QUANTPICK_CONNECTIONS must be a whole number from 1"):
+        load_settings(env_with(tmp_path, QUANTPICK_CONNECTIONS=bad))
+    number = int(bad) if bad.lstrip("-").isdigit() else 0
+    with pytest.raises(UsageError, match="--connections"):
+        with_fetch_flags(load_settings(env_with(tmp_path)), connections=number)
+    with pytest.raises(QuantpickError, match="connections must be a whole number"):
+        load_settings(env_with(tmp_path, "connections = true\n"))

@@ -54,6 +54,15 @@ HfCacheOpt = Annotated[
         show_default=False,
     ),
 ]
+ConnectionsOpt = Annotated[
+    Optional[int],  # noqa: UP045
+    typer.Option(
+        "--connections",
+        help="Most connections per file (default 16, adaptive from 4 while the rate grows; "
+        "1: one stream; QUANTPICK_CONNECTIONS, config.toml `connections`).",
+        show_default=False,
+    ),
+]
 
 DOWNLOAD_EXAMPLES = [
     "quantpick download qwen3.8-35b-a3b-distill --quant Q4_K_M",
@@ -113,7 +122,8 @@ class LineProgress:
 
 
 class RichProgress(LineProgress):
-    """TTY stderr: a bar per file and one for the total (bytes, speed, ETA)."""
+    """TTY stderr: a bar per file and one for the total (bytes, speed, ETA), and the number of
+    connections a segmented file is coming over (the speed is theirs together)."""
 
     def __init__(self) -> None:
         from rich.progress import (
@@ -160,10 +170,17 @@ class RichProgress(LineProgress):
         if self._total is not None:
             self._progress.advance(self._total, n_bytes)
 
+    def connections(self, name: str, n: int) -> None:
+        task = self._tasks.get(name)
+        if task is not None:
+            label = f"{name} ({n} connections)" if n > 1 else name
+            self._progress.update(task, description=label)
+
     def file_finished(self, name: str, result: DownloadResult) -> None:
         task = self._tasks.get(name)
         if task is not None:
             self._progress.update(task, completed=result.size, total=result.size)
+            self._progress.update(task, description=name)
 
     def hash_started(self, label: str, total: int) -> None:
         self._tasks[f"hash:{label}"] = self._progress.add_task(f"sha256 {label}", total=total)
@@ -412,6 +429,7 @@ def download(
     reuse: ReuseOpt = None,
     reuse_from: ReuseFromOpt = None,
     hf_cache: HfCacheOpt = None,
+    connections: ConnectionsOpt = None,
     json_: JsonOpt = False,
 ) -> None:
     """Download one quant of MODEL (all shards, + projector with --vision), verified by sha256.
@@ -428,7 +446,11 @@ def download(
     if source not in SOURCE_CHOICES:
         raise UsageError(f"--source must be one of {', '.join(SOURCE_CHOICES)}, not {source!r}")
     settings = with_fetch_flags(
-        load_settings(), reuse=reuse, reuse_from=reuse_from, hf_cache=hf_cache
+        load_settings(),
+        reuse=reuse,
+        reuse_from=reuse_from,
+        hf_cache=hf_cache,
+        connections=connections,
     )
     manifest = find_manifest(model, settings)
     sink, context = _progress(quiet)

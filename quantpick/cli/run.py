@@ -22,7 +22,7 @@ import typer
 
 from quantpick.cli.complete import FORMATS, MODEL_SOURCES
 from quantpick.cli.core import app
-from quantpick.cli.download import HfCacheOpt, ReuseFromOpt, ReuseOpt
+from quantpick.cli.download import ConnectionsOpt, HfCacheOpt, ReuseFromOpt, ReuseOpt
 from quantpick.cli.ecosystem import (
     ECOSYSTEM_FORMATS,
     ModelfileOpt,
@@ -702,6 +702,7 @@ def get_cmd(
     reuse: ReuseOpt = None,
     reuse_from: ReuseFromOpt = None,
     hf_cache: HfCacheOpt = None,
+    connections: ConnectionsOpt = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-Q", help="No progress on stderr.")] = False,
     hardware: HardwareOpt = None,
     gpu: GpuOpt = None,
@@ -755,7 +756,11 @@ def get_cmd(
     check_script_destination(script, force)
     eco = _ecosystem_options(fmt, preset, swap_config, modelfile, ttl, host, port, dry_run)
     settings = with_fetch_flags(
-        load_settings(), reuse=reuse, reuse_from=reuse_from, hf_cache=hf_cache
+        load_settings(),
+        reuse=reuse,
+        reuse_from=reuse_from,
+        hf_cache=hf_cache,
+        connections=connections,
     )
     manifest = load_manifest(model)
     machine = machine_from_cli(

@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, Any
 from quantpick.errors import DownloadError, QuantpickError, UsageError, VerificationError
 from quantpick.fetch.atomic import os_error, write_atomic
 from quantpick.fetch.http import BodyTooLarge, RetryPolicy, UnreachableError, default_policy
+from quantpick.fetch.partfile import part_bytes
+from quantpick.fetch.segments import policy_for
 from quantpick.fetch.sources import RemoteFile, RepoSource, open_source
 from quantpick.fetch.transfer import (
     DEFAULT_LOCK_TIMEOUT,
@@ -346,7 +348,7 @@ def plan_fetch(
                 else:
                     state = "oversized"
             elif part.exists():
-                state, local = "partial", part.stat().st_size
+                state, local = "partial", part_bytes(path)  # a segmented .part has holes
             else:
                 state, local = "absent", 0
         except OSError as exc:
@@ -612,6 +614,7 @@ def fetch_model(
                         disk_usage=disk_usage,
                         lock_timeout=lock_timeout,
                         owner=planned.owner,
+                        segments=policy_for(settings.connections),
                     )
                 )
             results = _after_transfer(plan, results, done, cache)

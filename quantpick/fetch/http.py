@@ -15,6 +15,7 @@ import ssl
 import time
 import urllib.request
 from collections.abc import Callable
+from contextlib import suppress
 from dataclasses import dataclass
 from email.utils import parsedate_to_datetime
 from typing import Any
@@ -279,6 +280,96 @@ def open_url(
             continue
         return conn, response, url
     raise DownloadError(f"too many redirects from {url_label(url)}")
+
+
+class KeepAlive:
+    """One persistent HTTP/1.1 connection for a series of requests (a segment worker's pieces):
+    reused while the origin is the same and the previous answer was read to its end, so a piece
+    costs one round trip, not a TCP (and TLS) handshake. Redirects are followed as open_url does.
+    """
+
+    def __init__(self, policy: RetryPolicy) -> None:
+        self.policy = policy
+        self.conn: http.client.HTTPConnection | None = None
+        self._origin: tuple[str, str, int] | None = None
+
+    def close(self) -> None:
+        if self.conn is not None:
+            self.conn.close()
+        self.conn, self._origin = None, None
+
+    def abort(self) -> None:
+        """From another thread: make a blocked read on this connection return now."""
+        conn = self.conn
+        sock = conn.sock if conn is not None else None
+        if sock is not None:
+            with suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+
+    def get(
+        self,
+        url: str,
+        headers_for: HeadersFor,
+        extra_headers: dict[str, str],
+        *,
+        credentials_for: str | None = None,
+        max_redirects: int = 10,
+    ) -> tuple[http.client.HTTPResponse, str]:
+        """GET `url`; returns (response, final URL). Network errors raise TransientError.
+
+        Credentials (Authorization, Cookie) go only to the origin of `credentials_for` (default:
+        `url`'s), and never again once a redirect has left it, whatever headers_for returns."""
+        previous_origin = origin(credentials_for or url)
+        dropped = False
+        for _hop in range(max_redirects + 1):
+            headers = dict(headers_for(url))
+            headers.update(extra_headers)
+            if dropped or origin(url) != previous_origin:
+                dropped = True
+                headers = {k: v for k, v in headers.items() if k.lower() not in _CREDENTIAL_HEADERS}
+            response = self._send(url, headers)
+            location = response.getheader("Location")
+            if response.status in _REDIRECTS and location:
+                response.read()
+                previous_origin = origin(url)
+                url = urljoin(url, location)
+                continue
+            return response, url
+        raise DownloadError(f"too many redirects from {url_label(url)}")
+
+    def _send(self, url: str, headers: dict[str, str]) -> http.client.HTTPResponse:
+        # sock is None once the server said "Connection: close" (http.client dropped it)
+        reused = (
+            self.conn is not None and self.conn.sock is not None and self._origin == origin(url)
+        )
+        if not reused:
+            self.close()
+        for attempt in (1, 2):
+            try:
+                if self.conn is None:
+                    self.conn, target = _connect(url, self.policy)
+                    self._origin = origin(url)
+                else:
+                    target = _target(url, proxied=_proxy_for(url) is not None)
+                self.conn.request("GET", target, headers=headers)
+                return self.conn.getresponse()
+            except (OSError, http.client.HTTPException) as exc:
+                self.close()
+                if name_unresolved(exc):
+                    raise UnreachableError(urlsplit(url).hostname or url_label(url)) from None
+                if reused and attempt == 1:
+                    continue  # the server closed an idle keep-alive connection: one new one
+                raise TransientError(f"{type(exc).__name__}: {exc} ({url_label(url)})") from None
+        raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _target(url: str, *, proxied: bool) -> str:
+    """The request target of `url` on a connection already open (absolute for a plain proxy)."""
+    parts = urlsplit(url)
+    if proxied and parts.scheme == "http":
+        return url
+    target = parts.path or "/"
+    return target + ("?" + parts.query if parts.query else "")
 
 
 def url_label(url: str) -> str:

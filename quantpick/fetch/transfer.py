@@ -1,19 +1,27 @@
 """The transfer engine: one file, resumable and verified, over quantpick.fetch.http.
 
 Guarantees:
-* `<name>.part` + `<name>.part.json` (url, size, sha256, commit). A restart resumes with `Range`
-  only when the sidecar matches; the offset is the .part size (never a number written earlier), and
-  the .part is written unbuffered, so a SIGKILL loses no byte that reached the kernel.
-* sha256 computed while downloading; after a resume the prefix on disk is hashed first.
+* `<name>.part` + `<name>.part.json` (url, size, sha256, commit, and how the .part is laid out).
+  A restart resumes only when the sidecar matches. The sidecar carries a checksum of itself and
+  is replaced atomically, so a torn or edited one means "start again", never "trust it".
+* Single stream (small files, `--connections 1`, servers that ignore Range): the resume offset
+  is the .part size (never a number written earlier), and the .part is written unbuffered, so a
+  SIGKILL loses no byte that reached the kernel.
+* Segmented (quantpick.fetch.segmented): several connections write pieces into a .part of the
+  final size, and the sidecar lists the byte ranges written, recorded only after an fdatasync
+  of the data; on resume each range is checked against the file (within its size, no hole).
+* sha256 computed while downloading, over the bytes in order; after a resume the prefix on disk
+  is hashed first.
 * Only a file whose size and sha256 match reaches its final name (os.replace). A mismatch moves
   the bytes to `<name>.bad-<sha12>` and raises VerificationError (exit 4).
 * Retries with exponential backoff + jitter on connection errors, stalls (idle timeout), 5xx and
   429 (Retry-After honoured). No total time cap: a slow but moving transfer is never killed.
 * One process per file, across users and machines sharing the directory: the lock is
   `<name>.lock` beside the data (flock through `filelock`). A second process waits as long as the
-  first makes progress (its .part grows), and gives up only when the first is stuck.
-* Before truncating or renaming the .part, the path is checked to still be the file this process
-  holds open (st_dev/st_ino), so a stray writer can never damage a file at its final name.
+  first makes progress (its .part changes), and gives up only when the first is stuck.
+* Before writing into, truncating or renaming the .part, the path is checked to still be the
+  file this process holds open (st_dev/st_ino), so a stray writer can never damage a file at its
+  final name.
 * Durable: the data is fsync'ed before the final rename and the directory after it; the sidecar
   is written atomically and durably too (quantpick.fetch.atomic).
 """
@@ -23,15 +31,14 @@ from __future__ import annotations
 import errno
 import hashlib
 import http.client
-import json
 import os
 import queue
 import shutil
 import stat
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager, suppress
+from collections.abc import Callable
+from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -43,7 +50,6 @@ from quantpick.fetch.atomic import (
     LocalFileError,
     fsync_dir,
     os_error,
-    write_atomic,
 )
 from quantpick.fetch.http import (
     HeadersFor,
@@ -57,10 +63,23 @@ from quantpick.fetch.http import (
     status_error,
     url_label,
 )
+from quantpick.fetch.partfile import (
+    CHUNK,
+    Content,
+    PartLayout,
+    check_still_ours,
+    os_step,
+    part_paths,
+    read_sidecar,
+    write_sidecar,
+    written_ranges,
+)
+from quantpick.fetch.segmented import FallBack, SegmentedJob, fetch_segmented
+from quantpick.fetch.segmented import available as segmented_available
+from quantpick.fetch.segments import RangeSet, SegmentPolicy
 from quantpick.fetch.sources import RemoteFile
 from quantpick.fetch.verify import hash_open_file
 
-CHUNK = 1024 * 1024  # 1 MiB reads: the fastest read size measured for http.client + hashlib
 SPACE_MARGIN = 128 * 1024 * 1024  # keep this much free beyond the bytes still to fetch
 # How long a second process waits while the lock holder makes no visible progress (its .part
 # neither grows nor changes, no final file appears) before it gives up. A live holder can be quiet
@@ -68,9 +87,8 @@ SPACE_MARGIN = 128 * 1024 * 1024  # keep this much free beyond the bytes still t
 # backoff, or hashing a 20 GB file on a 150 MB/s disk (~130 s). 600 s covers both.
 DEFAULT_LOCK_TIMEOUT = 600.0
 LOCK_POLL_SECONDS = 1.0  # how often a waiter retries the lock and looks at the holder's progress
-SIDECAR_VERSION = 1
-
-__all__ = ["DiskSpaceError", "LocalFileError"]  # re-exported: callers import them from here
+# re-exported: callers import them from here
+__all__ = ["CHUNK", "DiskSpaceError", "LocalFileError", "part_paths"]
 
 
 class ProgressSink(Protocol):
@@ -79,6 +97,9 @@ class ProgressSink(Protocol):
     def file_started(self, name: str, total: int | None, done: int) -> None: ...
     def advance(self, name: str, n_bytes: int) -> None: ...
     def file_finished(self, name: str, result: DownloadResult) -> None: ...
+
+    # Optional (looked up with getattr): `connections(name, n)`, the connection count of a
+    # segmented transfer when it changes (quantpick.cli.download's terminal bars show it).
 
 
 class NullProgress:
@@ -106,12 +127,22 @@ class DownloadResult:
     sha256: str
     verified: bool  # the sha256 matched a known hash (False only with --allow-unverified)
     bytes_fetched: int  # bytes transferred by this run (0 when the file was already there)
-    resumed_from: int  # offset of the first request (0: started from scratch)
+    resumed_from: int  # bytes of an earlier run kept (0: started from scratch)
     source: str  # label of the source used, e.g. "hf:org/name@1a2b3c4d5e6f"
     reused: bool  # the final file was already present and verified
+    connections: int = 0  # most connections used at once (0: nothing transferred)
+    seconds: float = 0.0  # wall time of the transfer, verification and fsync included
+
+    @property
+    def rate(self) -> float | None:
+        """Bytes per second of this run's transfer (None when nothing was transferred)."""
+        if not self.bytes_fetched or self.seconds <= 0:
+            return None
+        return self.bytes_fetched / self.seconds
 
     def as_dict(self) -> dict[str, Any]:
         """The JSON form (`--json` of download and get)."""
+        rate = self.rate
         return {
             "name": self.name,
             "path": str(self.path),
@@ -122,43 +153,14 @@ class DownloadResult:
             "resumed_from": self.resumed_from,
             "reused": self.reused,
             "source": self.source,
+            "connections": self.connections,
+            "seconds": round(self.seconds, 3),
+            "rate_bytes_per_s": round(rate) if rate is not None else None,
         }
 
 
 # ---------------------------------------------------------------------------------------------
-# One file
-
-
-def part_paths(dest: Path) -> tuple[Path, Path]:
-    return dest.with_name(dest.name + ".part"), dest.with_name(dest.name + ".part.json")
-
-
-def _sidecar(url: str, size: int | None, sha256: str | None, commit: str | None) -> dict[str, Any]:
-    return {
-        "version": SIDECAR_VERSION,
-        "url": url,
-        "size": size,
-        "sha256": sha256,
-        "commit": commit,
-    }
-
-
-def _sidecar_matches(path: Path, wanted: dict[str, Any]) -> bool:
-    try:
-        found = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return False
-    if not isinstance(found, dict) or found.get("version") != SIDECAR_VERSION:
-        return False
-    if wanted["sha256"]:
-        # Bytes identified by their hash: a resume may switch source (hub -> mirror) safely.
-        return found.get("sha256") == wanted["sha256"] and found.get("size") == wanted["size"]
-    return all(found.get(k) == wanted[k] for k in ("url", "size", "commit"))
-
-
-def _write_json_atomic(path: Path, document: dict[str, Any], durable: bool = True) -> None:
-    with _os_step("cannot write the download sidecar", path):
-        write_atomic(path, json.dumps(document).encode(), durable=durable)
+# Locks, directories, free space
 
 
 def lock_path(dest: Path) -> Path:
@@ -187,18 +189,9 @@ def shared_mode(directory: Path) -> int:
     return mode
 
 
-@contextmanager
-def _os_step(what: str, path: Path | str, hint: str | None = None) -> Iterator[None]:
-    """Turn an OSError inside the block into one line: `<what>: <path>: <reason>`."""
-    try:
-        yield
-    except OSError as exc:
-        raise os_error(what, path, exc, hint=hint) from None
-
-
 def make_dir(directory: Path) -> None:
     """Create `directory` (and parents), or say precisely why it cannot be."""
-    with _os_step("cannot create the download directory", directory):
+    with os_step("cannot create the download directory", directory):
         directory.mkdir(parents=True, exist_ok=True)
     if not os.access(directory, os.W_OK | os.X_OK):
         read_only = _read_only(directory)
@@ -293,7 +286,7 @@ def existing_parent(where: Path) -> Path:
 
 def free_bytes(where: Path, disk_usage: Callable[[str], Any]) -> int:
     probe = existing_parent(where)
-    with _os_step("cannot read the free space of", probe):
+    with os_step("cannot read the free space of", probe):
         return int(disk_usage(str(probe)).free)
 
 
@@ -320,7 +313,7 @@ def _hash_named_file(path: Path) -> str | None:
 
 def _move_aside(path: Path, digest: str) -> Path:
     bad = path.with_name(f"{path.name.removesuffix('.part')}.bad-{digest[:12]}")
-    with _os_step("cannot move a mismatching file aside", path):
+    with os_step("cannot move a mismatching file aside", path):
         os.replace(path, bad)
     return bad
 
@@ -330,26 +323,8 @@ def _open_part(path: Path) -> Any:
     return open(path, "r+b", buffering=0)  # noqa: SIM115 - the caller's with-block closes it
 
 
-def _identity(st: os.stat_result) -> tuple[int, int]:
-    return st.st_dev, st.st_ino
-
-
-def _check_still_ours(handle: Any, part: Path, doing: str) -> None:
-    """Refuse to go on when `part` is no longer the file this process has open: another process
-    renamed it (to its final name, or aside) or replaced it. Writing, truncating or renaming
-    through a stale handle is how a verified file at its final name gets damaged. Checked before
-    every chunk written (a stat: ~2 us per MiB), every truncation and the final rename."""
-    ours = _identity(os.fstat(handle.fileno()))
-    try:
-        theirs: tuple[int, int] | None = _identity(os.stat(part))
-    except FileNotFoundError:
-        theirs = None
-    if theirs != ours:
-        raise DownloadError(
-            f"{part} was renamed or replaced by another process while this one was writing it; "
-            f"stopped before {doing}, nothing was touched",
-            hint="another program writes into this directory: let it finish, then run again",
-        )
+# ---------------------------------------------------------------------------------------------
+# The single stream's helpers
 
 
 class _HashPipe:
@@ -457,6 +432,10 @@ class _State:
     next_flush: int = FLUSH_EVERY
 
 
+# ---------------------------------------------------------------------------------------------
+# One file
+
+
 def download_file(
     remote: RemoteFile,
     dest: Path,
@@ -471,6 +450,7 @@ def download_file(
     disk_usage: Callable[[str], Any] = shutil.disk_usage,
     lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
     durable: bool = True,
+    segments: SegmentPolicy | None = None,
     owner: str | None = None,
 ) -> DownloadResult:
     """Fetch `remote` to `dest`, resuming a matching .part, verifying before the final rename.
@@ -478,128 +458,290 @@ def download_file(
     expected_sha256/size default to the RemoteFile's. With no sha256 at all the file is still
     written (the caller decided to allow it) and the result says verified=False. `lock_timeout`:
     seconds to wait on another process that holds this file's lock and makes no progress.
-    `durable=False` skips the fsyncs (benchmarks/download.py measures their cost). `owner`
-    names the other tool whose folder holds `dest` (quantpick.fetch.stores.owning_store): a
-    file already at that name is then only verified, never resumed into or moved aside.
+    `durable=False` skips the fsyncs (benchmarks/download.py measures their cost). `segments`:
+    how a large file is split over connections (default SegmentPolicy(); SINGLE_STREAM for one).
+    `owner` names the other tool whose folder holds `dest` (quantpick.fetch.stores.owning_store):
+    a file already at that name is then only verified, never resumed into or moved aside.
     """
-    policy = policy or default_policy()
-    progress = progress or NullProgress()
     sha = (expected_sha256 or remote.sha256 or "").lower() or None
-    size = expected_size if expected_size is not None else remote.size
+    transfer = FileTransfer(
+        remote,
+        dest,
+        headers_for=headers_for,
+        sha256=sha,
+        size=expected_size if expected_size is not None else remote.size,
+        expected_from=expected_from,
+        source_label=source_label or remote.source_kind,
+        policy=policy or default_policy(),
+        progress=progress or NullProgress(),
+        disk_usage=disk_usage,
+        durable=durable,
+        segments=segments or SegmentPolicy(),
+        owner=owner,
+    )
     make_dir(dest.parent)
-    lock = acquire_file_lock(dest, stall_timeout=lock_timeout, progress=progress)
+    lock = acquire_file_lock(dest, stall_timeout=lock_timeout, progress=transfer.progress)
     try:
-        return _download_locked(
-            remote,
-            dest,
-            headers_for,
-            sha,
-            size,
-            expected_from,
-            source_label or remote.source_kind,
-            policy,
-            progress,
-            disk_usage,
-            durable,
-            owner,
-        )
+        return transfer.run()
     finally:
         lock.release()
 
 
-def _download_locked(
-    remote: RemoteFile,
-    dest: Path,
-    headers_for: HeadersFor,
-    sha: str | None,
-    size: int | None,
-    expected_from: str,
-    source_label: str,
-    policy: RetryPolicy,
-    progress: ProgressSink,
-    disk_usage: Callable[[str], Any],
-    durable: bool,
-    owner: str | None = None,
-) -> DownloadResult:
-    part, sidecar = part_paths(dest)
-    wanted = _sidecar(remote.url, size, sha, remote.revision)
-    if sidecar.exists() and not part.exists():
-        # Left by a run killed between its final rename and this cleanup: it describes nothing.
-        with _os_step("cannot remove a stale sidecar", sidecar):
-            sidecar.unlink(missing_ok=True)
+class FileTransfer:
+    """One file's download, run under its lock: use or resume what is on disk, fetch the rest
+    (one stream, or segments over several connections), verify, rename."""
 
-    if dest.exists():
-        with _os_step("cannot read", dest):
+    def __init__(
+        self,
+        remote: RemoteFile,
+        dest: Path,
+        *,
+        headers_for: HeadersFor,
+        sha256: str | None,
+        size: int | None,
+        expected_from: str,
+        source_label: str,
+        policy: RetryPolicy,
+        progress: ProgressSink,
+        disk_usage: Callable[[str], Any],
+        durable: bool,
+        segments: SegmentPolicy,
+        owner: str | None = None,
+    ) -> None:
+        self.remote = remote
+        self.dest = dest
+        self.headers_for = headers_for
+        self.sha = sha256
+        self.size = size
+        self.expected_from = expected_from
+        self.source_label = source_label
+        self.policy = policy
+        self.progress = progress
+        self.disk_usage = disk_usage
+        self.durable = durable
+        self.segments = segments
+        self.owner = owner  # another tool's folder holds dest: never resume into or move it
+        self.part, self.sidecar = part_paths(dest)
+        self.content = Content(remote.url, size, sha256, remote.revision)
+        self.started = time.monotonic()
+        self.resumed_from = 0  # bytes of an earlier run this one keeps
+        self.connections = 0  # most connections used at once
+
+    def run(self) -> DownloadResult:
+        self.started = time.monotonic()
+        if self.sidecar.exists() and not self.part.exists():
+            # Left by a run killed between its final rename and this cleanup: it describes nothing.
+            with os_step("cannot remove a stale sidecar", self.sidecar):
+                self.sidecar.unlink(missing_ok=True)
+        present = self._final_file()
+        if present is not None:
+            return present
+        done, layout = self._resume_point()
+        self.resumed_from = done.total
+        self._check_space(done.total)
+        if self.segments.segmented_for(self.size) and segmented_available():
+            return self._segmented(done, layout)
+        return self._stream(self._stream_part(done, layout))
+
+    # -- what is on disk already -------------------------------------------------------------
+
+    def _final_file(self) -> DownloadResult | None:
+        """A file at the final name: reused when verified, resumed when shorter, else aside."""
+        dest, sha, size = self.dest, self.sha, self.size
+        if not dest.exists():
+            return None
+        with os_step("cannot read", dest):
             present = dest.stat().st_size
-        if sha is not None and size is not None and present < size and owner is None:
+        if sha is not None and size is not None and present < size and self.owner is None:
             # Truncated final file: it is a prefix as good as a .part; the hash check decides.
-            progress.message(f"{dest.name}: {present} of {size} bytes present, resuming")
-            _write_json_atomic(sidecar, wanted, durable)
-            with _os_step("cannot rename", dest):
-                os.replace(dest, part)
-        else:
-            progress.message(f"{dest.name}: already present, verifying")
-            with _os_step("cannot read", dest):
-                digest = _hash_named_file(dest)
-            if digest is not None and (
-                sha is None or (digest == sha and (size is None or present == size))
-            ):
-                return DownloadResult(
-                    remote.name, dest, present, digest, sha is not None, 0, 0, source_label, True
-                )
-            if owner is not None:
-                got = f"sha256 {digest}" if digest is not None else "changed while hashed"
-                raise VerificationError(
-                    f"{dest} is in the folder of {owner} and is not {remote.name} "
-                    f"({present} bytes, {got}); quantpick never renames, moves or deletes "
-                    "another tool's files",
-                    hint="remove or fix it with the tool that owns it (the Hugging Face "
-                    "cache: `hf cache rm`), or choose a --dir outside its folder",
-                )
-            if digest is None:
-                raise DownloadError(
-                    f"{dest} changed while it was being verified; nothing was touched",
-                    hint="another program writes into this directory: let it finish, then "
-                    "run again",
-                )
-            bad = _move_aside(dest, digest)
-            progress.message(
-                f"{dest.name}: present but its sha256 is {digest}, not {sha}: moved to "
-                f"{bad.name}, fetching again"
+            self.progress.message(f"{dest.name}: {present} of {size} bytes present, resuming")
+            write_sidecar(self.sidecar, self.content, PartLayout.STREAM, durable=self.durable)
+            with os_step("cannot rename", dest):
+                os.replace(dest, self.part)
+            return None
+        self.progress.message(f"{dest.name}: already present, verifying")
+        with os_step("cannot read", dest):
+            digest = _hash_named_file(dest)
+        if digest is not None and (
+            sha is None or (digest == sha and (size is None or present == size))
+        ):
+            return DownloadResult(
+                self.remote.name, dest, present, digest, sha is not None, 0, 0,
+                self.source_label, True,
+            )  # fmt: skip
+        if self.owner is not None:
+            got = f"sha256 {digest}" if digest is not None else "changed while hashed"
+            raise VerificationError(
+                f"{dest} is in the folder of {self.owner} and is not {self.remote.name} "
+                f"({present} bytes, {got}); quantpick never renames, moves or deletes "
+                "another tool's files",
+                hint="remove or fix it with the tool that owns it (the Hugging Face "
+                "cache: `hf cache rm`), or choose a --dir outside its folder",
             )
+        if digest is None:
+            raise DownloadError(
+                f"{dest} changed while it was being verified; nothing was touched",
+                hint="another program writes into this directory: let it finish, then "
+                "run again",
+            )
+        bad = _move_aside(dest, digest)
+        self.progress.message(
+            f"{dest.name}: present but its sha256 is {digest}, not {sha}: moved to "
+            f"{bad.name}, fetching again"
+        )
+        return None
 
-    if part.exists() and not os.access(part, os.W_OK):
-        # Another user's .part that this one may not write: start a fresh one of its own.
-        progress.message(f"{part.name} is not writable by this user; starting it again")
-        with _os_step("cannot replace another user's partial download", part):
-            part.unlink()
-    if part.exists() and _sidecar_matches(sidecar, wanted):
-        offset = part.stat().st_size
-        if size is not None and offset > size:
-            offset = 0
-    else:
-        offset = 0
-    if offset == 0:
-        _write_json_atomic(sidecar, wanted, durable)
-        with _os_step("cannot create the partial download", part):
-            with open(part, "wb"):
-                pass
+    def _resume_point(self) -> tuple[RangeSet, PartLayout | None]:
+        """What a matching .part holds, checked against the disk (layout None: no usable .part)."""
+        part = self.part
+        if part.exists() and not os.access(part, os.W_OK):
+            # Another user's .part that this one may not write: start a fresh one of its own.
+            self.progress.message(f"{part.name} is not writable by this user; starting it again")
+            with os_step("cannot replace another user's partial download", part):
+                part.unlink()
+        if not part.exists():
+            return RangeSet(), None
+        found = read_sidecar(self.sidecar)
+        if found is None or not self.content.same_as(found.content):
+            return RangeSet(), None
+        if found.layout is PartLayout.STREAM:
+            with os_step("cannot read the partial download", part):
+                offset = part.stat().st_size
+            if self.size is not None and offset > self.size:
+                return RangeSet(), None
+            return RangeSet([(0, offset)]), PartLayout.STREAM
+        if self.size is None:
+            return RangeSet(), None
+        return written_ranges(part, self.size, found.done), PartLayout.SEGMENTS
 
-    if size is not None:
-        need = size - offset + SPACE_MARGIN
-        free = free_bytes(dest.parent, disk_usage)
+    def _check_space(self, kept: int) -> None:
+        if self.size is None:
+            return
+        need = self.size - kept + SPACE_MARGIN
+        free = free_bytes(self.dest.parent, self.disk_usage)
         if free < need:
             raise DiskSpaceError(
-                f"not enough free space in {dest.parent} for {dest.name}: "
+                f"not enough free space in {self.dest.parent} for {self.dest.name}: "
                 f"{free} bytes free, {need} needed (including a {SPACE_MARGIN} byte margin)",
                 hint="free some space or choose another directory with --dir",
             )
 
-    hasher = hashlib.sha256()
-    if offset:
-        progress.message(f"{dest.name}: resuming at byte {offset}, checking the part on disk")
-        with _os_step("cannot read the partial download", part):
-            with open(part, "rb", buffering=0) as handle:
+    # -- segmented ---------------------------------------------------------------------------
+
+    def _segmented(self, done: RangeSet, layout: PartLayout | None) -> DownloadResult:
+        assert self.size is not None  # segmented_for() said so
+        # The sidecar first: were this run killed between the two steps, the sidecar would
+        # describe a .part shorter than the file, whose listed ranges are then cut to its size.
+        write_sidecar(self.sidecar, self.content, PartLayout.SEGMENTS, done, durable=self.durable)
+        with os_step("cannot open the partial download", self.part):
+            fd = os.open(self.part, os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            with os_step("cannot size the partial download", self.part):
+                if layout is None:
+                    os.ftruncate(fd, 0)  # a stray .part without a matching sidecar
+                if os.fstat(fd).st_size != self.size:
+                    check_still_ours(fd, self.part, "giving it its final size")
+                    os.ftruncate(fd, self.size)  # sparse: unwritten ranges stay holes
+            self.progress.file_started(self.dest.name, self.size, done.total)
+            job = SegmentedJob(
+                name=self.dest.name,
+                url=self.remote.url,
+                size=self.size,
+                part=self.part,
+                sidecar=self.sidecar,
+                content=self.content,
+                headers_for=self.headers_for,
+                policy=self.policy,
+                segments=self.segments,
+                progress=self.progress,
+                durable=self.durable,
+            )
+            outcome = fetch_segmented(job, fd, done)
+            self.connections = outcome.connections
+            if not isinstance(outcome, FallBack):
+                return self._finish(fd, outcome.digest, self.size, outcome.fetched)
+            self.progress.message(
+                f"{self.dest.name}: {outcome.reason}; going on as one stream from byte "
+                f"{outcome.offset}"
+            )
+            # The bars counted what is dropped now (written past the contiguous prefix).
+            self.progress.advance(self.dest.name, outcome.offset - outcome.written)
+            with os_step("cannot truncate the partial download", self.part):
+                check_still_ours(fd, self.part, "truncating it")
+                os.ftruncate(fd, outcome.offset)
+            write_sidecar(self.sidecar, self.content, PartLayout.STREAM, durable=self.durable)
+        finally:
+            os.close(fd)
+        self.resumed_from = min(self.resumed_from, outcome.offset)
+        return self._stream(
+            outcome.offset, hasher=outcome.hasher, fetched=outcome.fetched, announced=True
+        )
+
+    # -- one stream --------------------------------------------------------------------------
+
+    def _stream_part(self, done: RangeSet, layout: PartLayout | None) -> int:
+        """Make the .part a STREAM one; returns where the stream resumes."""
+        offset = done.prefix_end()
+        if layout is PartLayout.STREAM:
+            return offset
+        if layout is PartLayout.SEGMENTS:
+            # Pieces past the contiguous prefix are dropped: a stream only appends.
+            with os_step("cannot truncate the partial download", self.part):
+                with open(self.part, "r+b") as handle:
+                    check_still_ours(handle.fileno(), self.part, "truncating it")
+                    handle.truncate(offset)
+            write_sidecar(self.sidecar, self.content, PartLayout.STREAM, durable=self.durable)
+            return offset
+        write_sidecar(self.sidecar, self.content, PartLayout.STREAM, durable=self.durable)
+        with os_step("cannot create the partial download", self.part):
+            with open(self.part, "wb"):
+                pass
+        return 0
+
+    def _stream(
+        self, offset: int, *, hasher: Any = None, fetched: int = 0, announced: bool = False
+    ) -> DownloadResult:
+        if hasher is None:
+            hasher = hashlib.sha256()
+            if offset:
+                self._hash_prefix(hasher, offset)
+        state = _State(
+            offset=offset,
+            hasher=_HashPipe(hasher),
+            fetched=fetched,
+            resumed_from=min(offset, self.resumed_from),
+        )
+        self.connections = max(self.connections, 1)
+        try:
+            if not announced:
+                self.progress.file_started(self.dest.name, self.size, state.offset)
+            with os_step("cannot open the partial download", self.part):
+                handle = _open_part(self.part)
+            if self.durable:
+                state.flusher = _Flusher(handle.fileno())
+                state.next_flush = state.offset + FLUSH_EVERY
+            try:
+                self._fetch_into(handle, state)
+                return self._finish(
+                    handle.fileno(),
+                    state.hasher.hexdigest(),
+                    state.offset,
+                    state.fetched,
+                    resumed_from=state.resumed_from,
+                )
+            finally:
+                if state.flusher is not None:
+                    state.flusher.close()
+                handle.close()
+        finally:
+            state.hasher.close()
+
+    def _hash_prefix(self, hasher: Any, offset: int) -> None:
+        self.progress.message(
+            f"{self.dest.name}: resuming at byte {offset}, checking the part on disk"
+        )
+        with os_step("cannot read the partial download", self.part):
+            with open(self.part, "rb", buffering=0) as handle:
                 buffer = bytearray(CHUNK)
                 left = offset
                 while left:
@@ -608,234 +750,120 @@ def _download_locked(
                         break
                     hasher.update(memoryview(buffer)[:n])
                     left -= n
-    state = _State(offset=offset, hasher=_HashPipe(hasher), resumed_from=offset)
-    try:
-        return _transfer_and_finish(
-            remote,
-            dest,
-            part,
-            sidecar,
-            state,
-            headers_for,
-            sha,
-            size,
-            expected_from,
-            source_label,
-            policy,
-            progress,
-            durable,
-        )
-    finally:
-        state.hasher.close()
 
+    def _restart_from_zero(self, handle: Any, state: _State) -> None:
+        check_still_ours(handle.fileno(), self.part, "truncating it")
+        handle.seek(0)
+        handle.truncate(0)
+        state.offset = 0
+        state.resumed_from = 0
+        state.hasher.reset()
 
-def _restart_from_zero(handle: Any, part: Path, state: _State) -> None:
-    _check_still_ours(handle, part, "truncating it")
-    handle.seek(0)
-    handle.truncate(0)
-    state.offset = 0
-    state.resumed_from = 0
-    state.hasher.reset()
+    def _fetch_into(self, handle: Any, state: _State) -> None:
+        """Requests until the .part holds the whole file (or the size is unknown and EOF came)."""
+        failures = 0
+        last_error = ""
+        size, name = self.size, self.dest.name
+        handle.seek(state.offset)
+        while size is None or state.offset < size:
+            before = state.offset
+            try:
+                check_still_ours(handle.fileno(), self.part, "writing more into it")
+                if self._transfer_once(handle, state):
+                    return
+                continue
+            except RestartTransfer as exc:
+                last_error = str(exc)
+                self.progress.message(f"{name}: {exc}; restarting from byte 0")
+                self._restart_from_zero(handle, state)
+                failures += 1
+                retry_after = None
+            except TransientError as exc:
+                last_error = str(exc)
+                failures = 1 if state.offset > before else failures + 1
+                retry_after = exc.retry_after
+            if failures >= self.policy.attempts:
+                raise DownloadError(
+                    f"{name}: {last_error} (gave up after {failures} attempts)",
+                    hint=f"run the command again to resume; {state.offset} bytes are kept in "
+                    f"{self.part.name}",
+                )
+            delay = self.policy.backoff(failures)
+            if retry_after is not None:
+                delay = max(delay, min(retry_after, self.policy.max_retry_after))
+            self.progress.message(f"{name}: {last_error}; retrying in {delay:.1f} s")
+            self.policy.sleep(delay)
 
-
-def _transfer_and_finish(
-    remote: RemoteFile,
-    dest: Path,
-    part: Path,
-    sidecar: Path,
-    state: _State,
-    headers_for: HeadersFor,
-    sha: str | None,
-    size: int | None,
-    expected_from: str,
-    source_label: str,
-    policy: RetryPolicy,
-    progress: ProgressSink,
-    durable: bool,
-) -> DownloadResult:
-    progress.file_started(dest.name, size, state.offset)
-    with _os_step("cannot open the partial download", part):
-        handle = _open_part(part)
-    if durable:
-        state.flusher = _Flusher(handle.fileno())
-        state.next_flush = state.offset + FLUSH_EVERY
-    try:
-        return _fetch_into(
-            remote,
-            dest,
-            part,
-            sidecar,
-            handle,
-            state,
-            headers_for,
-            sha,
-            size,
-            expected_from,
-            source_label,
-            policy,
-            progress,
-            durable,
-        )
-    finally:
-        if state.flusher is not None:
-            state.flusher.close()
-        handle.close()
-
-
-def _fetch_into(
-    remote: RemoteFile,
-    dest: Path,
-    part: Path,
-    sidecar: Path,
-    handle: Any,
-    state: _State,
-    headers_for: HeadersFor,
-    sha: str | None,
-    size: int | None,
-    expected_from: str,
-    source_label: str,
-    policy: RetryPolicy,
-    progress: ProgressSink,
-    durable: bool,
-) -> DownloadResult:
-    failures = 0
-    last_error = ""
-    handle.seek(state.offset)
-    while size is None or state.offset < size:
-        before = state.offset
-        try:
-            _check_still_ours(handle, part, "writing more into it")
-            finished = _transfer_once(
-                remote, handle, part, state, size, headers_for, policy, progress, dest.name
-            )
-            if finished:
-                break
-            continue
-        except RestartTransfer as exc:
-            last_error = str(exc)
-            progress.message(f"{dest.name}: {exc}; restarting from byte 0")
-            _restart_from_zero(handle, part, state)
-            failures += 1
-            retry_after = None
-        except TransientError as exc:
-            last_error = str(exc)
-            failures = 1 if state.offset > before else failures + 1
-            retry_after = exc.retry_after
-        if failures >= policy.attempts:
-            raise DownloadError(
-                f"{dest.name}: {last_error} (gave up after {failures} attempts)",
-                hint=f"run the command again to resume; {state.offset} bytes are kept in "
-                f"{part.name}",
-            )
-        delay = policy.backoff(failures)
-        if retry_after is not None:
-            delay = max(delay, min(retry_after, policy.max_retry_after))
-        progress.message(f"{dest.name}: {last_error}; retrying in {delay:.1f} s")
-        policy.sleep(delay)
-
-    digest = state.hasher.hexdigest()
-    got_size = state.offset
-    on_disk = os.fstat(handle.fileno()).st_size
-    if on_disk != got_size:  # the hash covers the stream; make sure the file is that stream
-        raise DownloadError(f"{part} holds {on_disk} bytes, {got_size} were written")
-    if (sha is not None and digest != sha) or (size is not None and got_size != size):
-        _check_still_ours(handle, part, "moving it aside")
-        sidecar.unlink(missing_ok=True)
-        bad = _move_aside(part, digest)
-        raise VerificationError(
-            f"{remote.name}: downloaded sha256 {digest} ({got_size} bytes) does not match "
-            f"{sha} ({size} bytes) expected from {expected_from}",
-            hint=f"the bytes were kept as {bad} and not used; the source or the expected hash "
-            "is wrong: report it, or try another --source",
-        )
-    with _os_step("cannot finish", dest):
-        if durable:
-            os.fsync(handle.fileno())  # the bytes are on disk before the name says so
-        _check_still_ours(handle, part, "renaming it to its final name")
-        os.replace(part, dest)
-        if durable:
-            fsync_dir(dest.parent)  # and the new name is on disk too
-    with suppress(OSError):  # a sidecar left here is removed by the next run
-        sidecar.unlink(missing_ok=True)
-    result = DownloadResult(
-        remote.name,
-        dest,
-        got_size,
-        digest,
-        sha is not None,
-        state.fetched,
-        state.resumed_from,
-        source_label,
-        False,
-    )
-    progress.file_finished(dest.name, result)
-    return result
-
-
-def _write_all(handle: Any, data: memoryview) -> None:
-    """Write every byte: a raw write may take fewer than asked (a disk filling up, a signal)."""
-    while data:
-        written = handle.write(data)
-        if written is None:  # pragma: no cover - only non-blocking files answer None
-            continue
-        data = data[written:]
-
-
-def _transfer_once(
-    remote: RemoteFile,
-    handle: Any,
-    part: Path,
-    state: _State,
-    size: int | None,
-    headers_for: HeadersFor,
-    policy: RetryPolicy,
-    progress: ProgressSink,
-    label: str,
-) -> bool:
-    """One request; appends to the part. True when the file is complete (size known or EOF)."""
-    extra = {"Accept-Encoding": "identity"}
-    if state.offset:
-        extra["Range"] = f"bytes={state.offset}-"
-    conn, response, final = open_url(remote.url, headers_for, extra_headers=extra, policy=policy)
-    try:
-        status = response.status
-        if status == 429 or status >= 500:
-            raise TransientError(
-                f"HTTP {status} from {url_label(final)}",
-                retry_after_seconds(response.getheader("Retry-After")),
-            )
-        if status == 416:
-            raise RestartTransfer(f"the server refused the range bytes={state.offset}- (HTTP 416)")
-        if status not in (200, 206):
-            raise status_error(status, final, remote.name, response)
-        content_range = response.getheader("Content-Range")
+    def _transfer_once(self, handle: Any, state: _State) -> bool:
+        """One request; appends to the part. True when the file is complete (size known or EOF)."""
+        size, label = self.size, self.dest.name
+        extra = {"Accept-Encoding": "identity"}
         if state.offset:
-            if status == 206 or content_range:
-                # 206, or ModelScope's 200 + Content-Range: must be exactly the rest of the file.
-                parsed = parse_content_range(content_range)
-                if (
-                    parsed is None
-                    or parsed[0] != state.offset
-                    or (size is not None and (parsed[2] != size or parsed[1] != size - 1))
-                ):
-                    raise RestartTransfer(
-                        f"the server answered bytes={state.offset}- with HTTP {status} "
-                        f"Content-Range {content_range!r}"
+            extra["Range"] = f"bytes={state.offset}-"
+        conn, response, final = open_url(
+            self.remote.url, self.headers_for, extra_headers=extra, policy=self.policy
+        )
+        try:
+            status = response.status
+            if status == 429 or status >= 500:
+                raise TransientError(
+                    f"HTTP {status} from {url_label(final)}",
+                    retry_after_seconds(response.getheader("Retry-After")),
+                )
+            if status == 416:
+                raise RestartTransfer(
+                    f"the server refused the range bytes={state.offset}- (HTTP 416)"
+                )
+            if status not in (200, 206):
+                raise status_error(status, final, self.remote.name, response)
+            content_range = response.getheader("Content-Range")
+            if state.offset:
+                if status == 206 or content_range:
+                    # 206, or ModelScope's 200 + Content-Range: must be exactly the rest.
+                    parsed = parse_content_range(content_range)
+                    if (
+                        parsed is None
+                        or parsed[0] != state.offset
+                        or (size is not None and (parsed[2] != size or parsed[1] != size - 1))
+                    ):
+                        raise RestartTransfer(
+                            f"the server answered bytes={state.offset}- with HTTP {status} "
+                            f"Content-Range {content_range!r}"
+                        )
+                else:
+                    # A plain 200: the server ignored Range and sends the whole file. Use it.
+                    self.progress.message(
+                        f"{label}: the server ignored Range; restarting from byte 0"
                     )
-            else:
-                # A plain 200: the server ignored Range and sends the whole file. Use it.
-                progress.message(f"{label}: the server ignored Range; restarting from byte 0")
-                _restart_from_zero(handle, part, state)
-        elif status == 206:
-            raise TransientError(f"unrequested partial answer from {url_label(final)}")
-        length = response.length  # Content-Length, None when chunked / absent
-        if size is not None and length is not None and length != size - state.offset:
-            raise TransientError(
-                f"Content-Length {length} from {url_label(final)}, "
-                f"{size - state.offset} bytes expected"
-            )
-        if size is None and length is not None:
-            size = state.offset + length
+                    self._restart_from_zero(handle, state)
+            elif status == 206:
+                raise TransientError(f"unrequested partial answer from {url_label(final)}")
+            length = response.length  # Content-Length, None when chunked / absent
+            if size is not None and length is not None and length != size - state.offset:
+                raise TransientError(
+                    f"Content-Length {length} from {url_label(final)}, "
+                    f"{size - state.offset} bytes expected"
+                )
+            if size is None and length is not None:
+                size = state.offset + length
+            self._read_body(handle, state, response, size, final)
+            if size is None:
+                return True  # no size known anywhere: EOF is the end
+            if state.offset < size:
+                raise TransientError(f"connection closed after {state.offset} of {size} bytes")
+            return True
+        finally:
+            conn.close()
+
+    def _read_body(
+        self,
+        handle: Any,
+        state: _State,
+        response: http.client.HTTPResponse,
+        size: int | None,
+        final: str,
+    ) -> None:
+        part, label = self.part, self.dest.name
         while True:
             buffer = state.hasher.buffer()
             view = memoryview(buffer)
@@ -848,11 +876,11 @@ def _transfer_once(
                 ) from None
             if not n:
                 state.hasher.give_back(buffer)
-                break
+                return
             if size is not None and state.offset + n > size:
                 n = size - state.offset  # never write past the expected end
             try:
-                _check_still_ours(handle, part, "writing more into it")
+                check_still_ours(handle.fileno(), part, "writing more into it")
             except DownloadError:
                 state.hasher.give_back(buffer)
                 raise
@@ -878,13 +906,60 @@ def _transfer_once(
             if state.flusher is not None and state.offset >= state.next_flush:
                 state.flusher.poke()
                 state.next_flush = state.offset + FLUSH_EVERY
-            progress.advance(label, n)
+            self.progress.advance(label, n)
             if size is not None and state.offset >= size:
-                break
-        if size is None:
-            return True  # no size known anywhere: EOF is the end
-        if state.offset < size:
-            raise TransientError(f"connection closed after {state.offset} of {size} bytes")
-        return True
-    finally:
-        conn.close()
+                return
+
+    # -- the end -----------------------------------------------------------------------------
+
+    def _finish(
+        self, fd: int, digest: str, got_size: int, fetched: int, *, resumed_from: int | None = None
+    ) -> DownloadResult:
+        """Verify, make durable, rename to the final name (or move the bytes aside)."""
+        part, dest, sha, size = self.part, self.dest, self.sha, self.size
+        on_disk = os.fstat(fd).st_size
+        if on_disk != got_size:  # the hash covers the stream; make sure the file is that stream
+            raise DownloadError(f"{part} holds {on_disk} bytes, {got_size} were written")
+        if (sha is not None and digest != sha) or (size is not None and got_size != size):
+            check_still_ours(fd, part, "moving it aside")
+            self.sidecar.unlink(missing_ok=True)
+            bad = _move_aside(part, digest)
+            raise VerificationError(
+                f"{self.remote.name}: downloaded sha256 {digest} ({got_size} bytes) does not "
+                f"match {sha} ({size} bytes) expected from {self.expected_from}",
+                hint=f"the bytes were kept as {bad} and not used; the source or the expected "
+                "hash is wrong: report it, or try another --source",
+            )
+        with os_step("cannot finish", dest):
+            if self.durable:
+                os.fsync(fd)  # the bytes are on disk before the name says so
+            check_still_ours(fd, part, "renaming it to its final name")
+            os.replace(part, dest)
+            if self.durable:
+                fsync_dir(dest.parent)  # and the new name is on disk too
+        with suppress(OSError):  # a sidecar left here is removed by the next run
+            self.sidecar.unlink(missing_ok=True)
+        result = DownloadResult(
+            self.remote.name,
+            dest,
+            got_size,
+            digest,
+            sha is not None,
+            fetched,
+            self.resumed_from if resumed_from is None else resumed_from,
+            self.source_label,
+            False,
+            connections=self.connections if fetched else 0,
+            seconds=time.monotonic() - self.started,
+        )
+        self.progress.file_finished(dest.name, result)
+        return result
+
+
+def _write_all(handle: Any, data: memoryview) -> None:
+    """Write every byte: a raw write may take fewer than asked (a disk filling up, a signal)."""
+    while data:
+        written = handle.write(data)
+        if written is None:  # pragma: no cover - only non-blocking files answer None
+            continue
+        data = data[written:]

@@ -397,3 +397,44 @@ def test_hashing_a_candidate_shows_progress(monkeypatch: pytest.MonkeyPatch) -> 
     sink, shown = drive(io.StringIO())
     assert type(sink) is LineProgress
     assert shown.splitlines() == ["Verifying m.gguf in ollama: hashing 4.00 MiB"]
+
+
+def test_connections_is_checked_and_the_json_says_how_it_went(
+    tiny: FakeHub, tmp_path: Path
+) -> None:
+    code, _, err = run("download", "tiny-test", "--quant", "Q4_K_M", "--connections", "0")
+    assert code == 2
+    assert err.splitlines()[0] == (
+        "Error: --connections must be a whole number from 1 to 64, not 0"
+    )
+    code, out, err = run(
+        "download", "tiny-test", "--quant", "Q4_K_M", "--dir", str(tmp_path / "d"),
+        "--connections", "8", "--json",
+    )  # fmt: skip
+    assert code == 0, err
+    (entry,) = json.loads(out)["files"]
+    # 400 kB is below the segmented threshold: one connection, and its rate
+    assert entry["connections"] == 1 and entry["bytes_fetched"] == len(DATA)
+    assert entry["seconds"] > 0 and entry["rate_bytes_per_s"] > 0
+
+
+def test_connection_count_on_a_terminal_nothing_on_a_pipe(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    import io
+
+    from quantpick.cli.download import LineProgress, _progress
+
+    class Tty(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    monkeypatch.setattr(sys, "stderr", Tty())
+    sink, live = _progress(False)
+    with live:
+        sink.file_started("m.gguf", 8 << 20, 0)
+        sink.connections("m.gguf", 4)  # type: ignore[attr-defined]
+        sink.advance("m.gguf", 4 << 20)
+    assert "m.gguf (4 connections)" in sys.stderr.getvalue()
+    # On a pipe the sink has no connection count to show: the engine finds no method to call.
+    assert not hasattr(LineProgress(), "connections")

@@ -377,3 +377,13 @@ def test_get_uses_llama_server_from_quantpicks_build_cache(
     doc = get_json([tiny, "-c", "8192", *BOX, "--dir", str(tmp_path / "m")])
     assert doc["command"]["argv"][0] == str(server)
     assert "build 11312" in doc["command"]["target"]
+
+
+def test_get_takes_connections_and_reports_them(tiny: str, tmp_path: Path) -> None:
+    dest = tmp_path / "models"
+    refused = runner.invoke(app, ["get", tiny, "-c", "32768", *BOX, "--connections", "99"])
+    assert refused.exit_code == 2
+    assert refused.stderr.splitlines()[0].startswith("Error: --connections must be a whole")
+    doc = get_json([tiny, "-c", "32768", *BOX, "--dir", str(dest), "--connections", "1"])
+    assert {f["connections"] for f in doc["files"]} == {1}
+    assert all(f["rate_bytes_per_s"] > 0 for f in doc["files"])

@@ -105,6 +105,26 @@ def test_a_dry_run_counts_what_a_final_file_still_needs(
         assert result.bytes_fetched == to_fetch and (tmp_path / NAME).read_bytes() == DATA
 
 
+def test_a_dry_run_counts_a_segmented_part_by_its_written_ranges(
+    hub: FakeHub, tmp_path: Path
+) -> None:
+    from quantpick.fetch.partfile import Content, PartLayout, part_paths, write_sidecar
+    from quantpick.fetch.segments import RangeSet
+
+    part, sidecar = part_paths(tmp_path / NAME)
+    with open(part, "wb") as handle:  # the final size, sparse, 100 kB written
+        handle.truncate(SIZE)
+        handle.write(DATA[:100_000])
+    content = Content("http://elsewhere/x", SIZE, SHA, None)
+    write_sidecar(sidecar, content, PartLayout.SEGMENTS, RangeSet([(0, 100_000)]))
+    (planned,) = get(tmp_path, dry_run=True).plan.files
+    assert (planned.state, planned.local_bytes, planned.bytes_to_fetch) == (
+        "partial",
+        100_000,
+        SIZE - 100_000,
+    )
+
+
 def test_paths_are_absolute_so_quiet_output_never_starts_with_a_dash(
     hub: FakeHub, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
