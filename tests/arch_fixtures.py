@@ -109,6 +109,11 @@ def write_header_only(
     w = gguf.GGUFWriter(str(path), arch.name)
     w.add_name(name or f"header-only {arch.name}")
     w.add_tokenizer_model("none")
+    from quantpick.model.from_repo import FILE_TYPES
+
+    ftype = {name: value for value, name in FILE_TYPES.items()}.get(quant.upper())
+    if ftype is not None:  # general.file_type, as llama-quantize writes it
+        w.add_file_type(ftype)
     w.add_uint32(f"{arch.name}.vocab_size", arch.vocab_size)
     for key, value in arch.hparams:
         if key != "vocab_size":

@@ -441,8 +441,6 @@ def download(
     from quantpick.config import load_settings, with_fetch_flags
     from quantpick.fetch.download import fetch_model
     from quantpick.fetch.http import RetryPolicy
-    from quantpick.model.registry import find_manifest
-
     if source not in SOURCE_CHOICES:
         raise UsageError(f"--source must be one of {', '.join(SOURCE_CHOICES)}, not {source!r}")
     settings = with_fetch_flags(
@@ -452,7 +450,9 @@ def download(
         hf_cache=hf_cache,
         connections=connections,
     )
-    manifest = find_manifest(model, settings)
+    from quantpick.cli.options import load_manifest
+
+    manifest = load_manifest(model)
     sink, context = _progress(quiet)
     with context:
         report = fetch_model(

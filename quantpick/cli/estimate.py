@@ -299,7 +299,7 @@ def _resolve_layout(
         if model:
             manifest = load_manifest(model)
         return layout, manifest, str(gguf)
-    manifest = load_manifest(model)
+    manifest = load_manifest(model, network=network)
     if not quant:
         raise UsageError("give --quant (see `quantpick show " + manifest.id + "`) or --gguf PATH")
     from quantpick.model.headers import LayoutSource

@@ -78,7 +78,13 @@ def models_command(json_: JsonOpt = False) -> None:
     # A broken manifest must not hide the others here: list what loads, report the rest on stderr
     # (and under "errors" in JSON). Commands that need one model (show, plan, ...) stay strict.
     errors: list[ManifestError] = []
+    from quantpick.config import load_settings
+    from quantpick.model.repos import cached_repos
+
     manifests = list_manifests(errors=errors)
+    known = {m.id for m in manifests}
+    # repositories described by `pick OWNER/REPO` (no manifest written: the cache keeps them)
+    manifests += [m for m in cached_repos(load_settings()) if m.id not in known]
     for exc in errors:
         output.warn(f"skipped {exc.message}")
     if json_:
@@ -120,14 +126,14 @@ def models_command(json_: JsonOpt = False) -> None:
 def show_command(model: ModelArg, json_: JsonOpt = False) -> None:
     """Show one model: its files (sizes, quants, hashes), architecture, sources and sampling."""
     from quantpick.cli import output
+    from quantpick.cli.options import load_manifest
     from quantpick.cli.render import quality_dict
     from quantpick.model.manifest import manifest_to_dict
-    from quantpick.model.registry import find_manifest
     from quantpick.plan.planner import quality_for
     from quantpick.plan.quality import TIER_BOUNDS, TIER_WORDS
     from quantpick.units import GB, GiB
 
-    manifest = find_manifest(model)
+    manifest = load_manifest(model)
     quality = {q: quality_for(manifest, q) for q in manifest.quants}
     if json_:
         doc = manifest_to_dict(manifest)

@@ -526,8 +526,11 @@ def confirm_options(
     )
 
 
-def load_manifest(model: str | None) -> Manifest:
-    from quantpick.errors import UsageError
+def load_manifest(model: str | None, *, network: bool = True) -> Manifest:
+    """MODEL as a manifest: a bundled or added one by id, alias or repository, else any hub
+    repository named by owner/name or URL (model/repos.py: listed, every quant's header read and
+    cached; `network=False`: from the cache only)."""
+    from quantpick.errors import UnknownModelError, UsageError
     from quantpick.model.registry import find_manifest
 
     if not model:
@@ -536,7 +539,34 @@ def load_manifest(model: str | None) -> Manifest:
         # pick and max-context plan a MODEL only; estimate, command, confirm also take --gguf.
         local = " or --gguf PATH" if command_has_option("--gguf") else ""
         raise UsageError(f"give a MODEL (see `quantpick models`){local}")
-    return find_manifest(model)
+    try:
+        return find_manifest(model)
+    except UnknownModelError:
+        from quantpick.model.repos import is_repo_name, repo_manifest
+
+        if not is_repo_name(model):
+            raise
+    from quantpick.config import load_settings
+
+    return repo_manifest(
+        model, settings=load_settings(), network=network, progress=_header_progress()
+    )
+
+
+def _header_progress() -> Any:
+    """A one-line count of the header reads on a terminal; nothing on a pipe."""
+    import sys
+
+    if not sys.stderr.isatty():
+        return None
+
+    def show(done: int, total: int) -> None:
+        sys.stderr.write(f"\rreading GGUF headers {done}/{total}")
+        if done >= total:
+            sys.stderr.write("\r\033[K")
+        sys.stderr.flush()
+
+    return show
 
 
 def plan_request(

@@ -146,7 +146,7 @@ def pick_cmd(
         return
     from quantpick.cli import output
 
-    manifest = load_manifest(model)
+    manifest = load_manifest(model, network=not no_network)
     machine = machine_from_cli(
         hardware,
         gpu,
@@ -237,7 +237,7 @@ def max_context_cmd(
     """The largest context each quant (or --quant) supports on this machine."""
     from quantpick.cli import output
 
-    manifest = load_manifest(model)
+    manifest = load_manifest(model, network=not no_network)
     machine = machine_from_cli(
         hardware,
         gpu,

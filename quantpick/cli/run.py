@@ -454,7 +454,7 @@ def command_cmd(
     if model_source == "hf":
         if gguf is not None:
             raise UsageError("--model-source hf plans a repository file, not --gguf")
-        manifest = load_manifest(model)
+        manifest = load_manifest(model, network=not no_network)
         if not quant:
             raise UsageError("give --quant Q", hint=f"`quantpick get {manifest.id} -c N "
                              "--model-source hf` picks one")  # fmt: skip
@@ -762,7 +762,7 @@ def get_cmd(
         hf_cache=hf_cache,
         connections=connections,
     )
-    manifest = load_manifest(model)
+    manifest = load_manifest(model, network=not no_network)
     machine = machine_from_cli(
         hardware,
         gpu,

@@ -447,7 +447,7 @@ def _start(
         manifest = local.manifest
         request = replace(request, quant=local.quant)
     else:
-        manifest = load_manifest(model)
+        manifest = load_manifest(model, network=not no_network)
     # the build's compute rule and this machine's calibration: applied by the plan recipe
     # (pipeline.plan_for, through get)
     overheads = overheads_from_cli(*overhead_flags)

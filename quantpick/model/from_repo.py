@@ -128,6 +128,22 @@ def _checksums(
     return None, {}
 
 
+# general.file_type -> the quant name llama.cpp gives it (include/llama.h enum llama_ftype at
+# b11312): names a file whose name carries no quant tag.
+FILE_TYPES = {
+    0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 7: "Q8_0", 8: "Q5_0", 9: "Q5_1", 10: "Q2_K",
+    11: "Q3_K_S", 12: "Q3_K_M", 13: "Q3_K_L", 14: "Q4_K_S", 15: "Q4_K_M", 16: "Q5_K_S",
+    17: "Q5_K_M", 18: "Q6_K", 19: "IQ2_XXS", 20: "IQ2_XS", 21: "Q2_K_S", 22: "IQ3_XS",
+    23: "IQ3_XXS", 24: "IQ1_S", 25: "IQ4_NL", 26: "IQ3_S", 27: "IQ3_M", 28: "IQ2_S", 29: "IQ2_M",
+    30: "IQ4_XS", 31: "IQ1_M", 32: "BF16", 36: "TQ1_0", 37: "TQ2_0", 38: "MXFP4_MOE",
+    39: "NVFP4", 40: "Q1_0", 41: "Q2_0",
+}  # fmt: skip
+# Header reads at once when every quant of a repository is read (`pick OWNER/REPO`): enough to
+# hide round trips, few enough not to look like a crawler to the hub (each read is 1-4 ranged
+# requests of at most 16 MiB).
+HEADER_READERS = 4
+
+
 def build_manifest(
     repo: str,
     *,
@@ -135,14 +151,19 @@ def build_manifest(
     revision: str | None,
     manifest_id: str | None,
     settings: Settings,
+    all_headers: bool = False,
+    on_header: Any = None,
 ) -> NewManifest:
-    """List `repo`, read one header, and return a validated manifest (not yet written)."""
+    """List `repo`, read one header, and return a validated manifest (not yet written).
+
+    `all_headers`: read (and cache) every model quant's header too, HEADER_READERS at a time,
+    and name the GGUF files whose names carry no quant tag by their header's general.file_type
+    (`pick OWNER/REPO`); `on_header(done, total)` follows the reads."""
     from quantpick.fetch.sources import open_source
     from quantpick.model.gguf import layout_from_header, n_parameters
     from quantpick.model.gguf_names import group_gguf_files
     from quantpick.model.headers import (
         pinned_revision,
-        read_remote_header,
         sha256_key,
         source_key,
         store_cached_header,
@@ -172,11 +193,24 @@ def build_manifest(
     def total(group: Any) -> int:
         return sum(by_name[m.name].size or 0 for m in group.files)
 
-    # One header: the smallest quant's (the header is the same size for all; fewer shards).
-    probe = min(models, key=lambda g: (len(g.files), total(g)))
+    # One header: the smallest quant's (the header is the same size for all; fewer shards); a
+    # file whose header cannot be used is left out, and the next one read.
     header: GGUFHeader
-    header, url = read_remote_header(source, [m.name for m in probe.files])
-    layout = layout_from_header(header, basis=f"gguf-remote:{url}")
+    for probe in sorted(models, key=lambda g: (len(g.files), total(g))):
+        try:
+            header, url = cached_or_remote_header(
+                source, kind, repo, [m.name for m in probe.files], by_name, settings
+            )
+            layout = layout_from_header(header, basis=f"gguf-remote:{url}")
+            break
+        except QuantpickError as exc:
+            if len(models) == 1 or not all_headers:
+                raise
+            warnings.append(f"{probe.files[0].name}: not planned: {exc.message}")
+            skipped.append((probe.files[0].name, f"its header cannot be used: {exc.message}"))
+            models = [g for g in models if g is not probe]
+    else:  # pragma: no cover - the loop breaks or raises on the last one
+        raise ManifestError(f"{source.label}: no GGUF header can be read")
     params = n_parameters(header)
     if params <= 0:
         raise ManifestError(f"{probe.files[0].name}: the header lists no tensors")
@@ -190,6 +224,14 @@ def build_manifest(
     if first.sha256:
         keys.insert(0, sha256_key(first.sha256))
     store_cached_header(settings, keys, header)
+    if all_headers:
+        named, unreadable = _read_all_headers(
+            source, kind, repo, models, skipped, by_name, settings, on_header, warnings
+        )
+        skipped += [(g.files[0].name, unreadable[g.quant]) for g in models if g.quant in unreadable]
+        models = [g for g in models if g.quant not in unreadable] + named
+        now_named = {m.name for g in named for m in g.files}
+        skipped = [(n, why) for n, why in skipped if n not in now_named]
 
     def sha_of(name: str) -> str | None:
         listed = by_name[name].sha256
@@ -301,6 +343,94 @@ def build_manifest(
         checksums_file=sums_name,
         warnings=warnings,
     )
+
+
+def _read_all_headers(
+    source: Any,
+    kind: str,
+    repo: str,
+    models: list[Any],
+    skipped: list[tuple[str, str]],
+    by_name: dict[str, Any],
+    settings: Settings,
+    on_header: Any,
+    warnings: list[str],
+) -> tuple[list[Any], dict[str, str]]:
+    """Read and cache every model quant's header (cache hits cost nothing); returns the groups
+    named by their header's file type for GGUF files the names did not tag, and the quants
+    whose header cannot be read (each with why: left out of the plan, the others still are)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from quantpick.model.gguf_names import GGUFName, QuantGroup
+
+    untagged = [n for n, why in skipped if why == "no quant tag in the file name"]
+    jobs: list[tuple[str, list[str]]] = [(g.quant, [m.name for m in g.files]) for g in models]
+    jobs += [(f"?{name}", [name]) for name in untagged]
+    total = len(jobs)
+    done = 0
+
+    def read(job: tuple[str, list[str]]) -> tuple[str, list[str], Any]:
+        _quant, names = job
+        try:
+            header, _url = cached_or_remote_header(source, kind, repo, names, by_name, settings)
+        except QuantpickError as exc:
+            return (*job, exc)
+        return (*job, header)
+
+    named: list[Any] = []
+    unreadable: dict[str, str] = {}
+    taken = {g.quant.upper() for g in models}
+    with ThreadPoolExecutor(max_workers=HEADER_READERS) as pool:
+        for quant, names, header in pool.map(read, jobs):
+            done += 1
+            if on_header is not None:
+                on_header(done, total)
+            if isinstance(header, QuantpickError):
+                warnings.append(f"{names[0]}: not planned: {header.message}")
+                if not quant.startswith("?"):
+                    unreadable[quant] = f"its header cannot be used: {header.message}"
+                continue
+            if not quant.startswith("?"):
+                continue
+            ftype = header.metadata.get("general.file_type")
+            tag = FILE_TYPES.get(ftype) if isinstance(ftype, int) else None
+            if tag is None or tag.upper() in taken:
+                why = "already a quant of this repository" if tag else "no known file type"
+                warnings.append(f"{names[0]}: not planned: its header names {tag or ftype} ({why})")
+                continue
+            taken.add(tag.upper())
+            named.append(QuantGroup(tag, "model", (GGUFName(names[0], tag, "model"),)))
+    return named, unreadable
+
+
+def cached_or_remote_header(
+    source: Any,
+    kind: str,
+    repo: str,
+    names: list[str],
+    by_name: dict[str, Any],
+    settings: Settings,
+) -> tuple[GGUFHeader, str]:
+    """The header of one quant (all its shards): from the header cache when a key for this
+    commit or sha256 holds it, else read by range requests, checked usable, and cached."""
+    from quantpick.model.gguf import layout_from_header
+    from quantpick.model.headers import (
+        cache_keys_for,
+        load_cached_header,
+        read_remote_header,
+        store_cached_header,
+    )
+
+    first = by_name[names[0]]
+    keys = cache_keys_for(kind, repo, source.revision, names[0], first.sha256)
+    for key in keys:
+        cached = load_cached_header(settings, key)
+        if cached is not None:
+            return cached, f"gguf-cache:{key}"
+    header, url = read_remote_header(source, names)
+    layout_from_header(header, basis=url)  # a header the planner can use, or an error now
+    store_cached_header(settings, keys, header)
+    return header, url
 
 
 def write_manifest(new: NewManifest, settings: Settings, *, force: bool) -> Path:

@@ -52,6 +52,17 @@ def source_key(kind: str, repo: str, revision: str, name: str) -> str:
     return f"{kind}-{digest}"
 
 
+def cache_keys_for(
+    kind: str, repo: str, revision: str | None, name: str, sha256: str | None
+) -> list[str]:
+    """Keys for one file of a hub repository (most specific first): its sha256, and the
+    revision when it is pinned (a commit)."""
+    keys = [sha256_key(sha256)] if sha256 else []
+    if revision and pinned_revision(kind, revision):
+        keys.append(source_key(kind, repo, revision, name))
+    return keys
+
+
 def cache_keys(manifest: Manifest, files: tuple[ModelFile, ...]) -> list[str]:
     """Keys that may hold this quant's header, most specific first."""
     first = files[0]

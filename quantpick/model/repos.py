@@ -1,0 +1,157 @@
+"""Any GGUF repository as a model, with no manifest written: `quantpick pick OWNER/REPO`.
+
+The repository is listed at a revision pinned to its commit, its GGUF files grouped into quants
+(split parts together, `mmproj-*` set aside for --vision, files without a quant tag named by
+their header's general.file_type), and every quant's header read by range requests
+(from_repo.HEADER_READERS at a time) and cached by commit and file; the result is the same
+Manifest `manifest add` would write, kept in the cache (settings.cache_dir / "repos") instead of
+the user's manifest directory. Planning then finds every quant's exact header in the header
+cache: the plan rests on the files themselves, and `get` downloads what was planned (the
+manifest pins the commit).
+
+Offline (--offline, QUANTPICK_OFFLINE, HF_HUB_OFFLINE): a repository described before is used
+from the cache; one never seen is a one-line error. Online, a revision that is a commit is used
+from the cache as it is (immutable); a branch is listed again (it may have moved), and headers
+already read for its commit cost nothing. Edge module (network, disk).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from quantpick.errors import ManifestError, UnknownModelError
+
+if TYPE_CHECKING:
+    from quantpick.config import Settings
+    from quantpick.model.manifest import Manifest
+    from quantpick.model.repo_ref import RepoRef
+
+ORIGIN_CACHED = "cached repository"
+_COMMIT = re.compile(r"^[0-9a-f]{40}$")
+# `ms:owner/name` or `modelscope:owner/name` names a ModelScope repository (a bare owner/name is
+# Hugging Face's, as llama.cpp's -hf reads it).
+_PREFIXES = {"hf:": "hf", "ms:": "modelscope", "modelscope:": "modelscope"}
+
+Progress = Callable[[int, int], None]
+
+
+def repo_cache_dir(settings: Settings) -> Path:
+    return settings.cache_dir / "repos"
+
+
+def split_kind(model: str) -> tuple[str | None, str]:
+    """("modelscope", "owner/name") for "ms:owner/name"; (None, model) without a prefix."""
+    for prefix, kind in _PREFIXES.items():
+        if model.lower().startswith(prefix):
+            return kind, model[len(prefix) :]
+    return None, model
+
+
+def is_repo_name(model: str) -> bool:
+    """Whether `model` could name a hub repository (owner/name, a prefix, or a hub URL)."""
+    from quantpick.model.repo_ref import looks_like_url
+
+    _kind, rest = split_kind(model.strip())
+    return looks_like_url(rest) or re.fullmatch(r"[A-Za-z0-9][\w.-]*/[\w.-]+", rest) is not None
+
+
+def _cache_path(settings: Settings, kind: str, repo: str, revision: str | None) -> Path:
+    digest = hashlib.sha256(f"{kind}:{repo.lower()}@{revision or ''}".encode()).hexdigest()[:32]
+    return repo_cache_dir(settings) / f"{kind}-{digest}.toml"
+
+
+def _load(path: Path) -> Manifest | None:
+    from quantpick.model.registry import load_manifest_file
+
+    if not path.is_file():
+        return None
+    try:
+        return load_manifest_file(path, origin=ORIGIN_CACHED)
+    except ManifestError:
+        return None  # damaged: described again
+
+
+def _store(path: Path, text: str) -> None:
+    """Atomic, best effort: a cache that cannot be written costs the next run a listing."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=".tmp")
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        os.replace(tmp, path)
+    except OSError:
+        return
+
+
+def repo_manifest(
+    model: str,
+    *,
+    settings: Settings,
+    network: bool,
+    progress: Progress | None = None,
+) -> Manifest:
+    """The Manifest of the repository `model` names (see the module docstring). Raises
+    UnknownModelError when offline and never described, and the hub's errors (exit 5) when it
+    cannot be listed."""
+    from quantpick.model.from_repo import build_manifest
+    from quantpick.model.repo_ref import looks_like_url, parse_repo_ref
+
+    kind_prefix, rest = split_kind(model.strip())
+    ref: RepoRef = parse_repo_ref(rest)
+    if looks_like_url(rest) and ref.path is not None:
+        from quantpick.errors import UsageError
+
+        raise UsageError(
+            f"{model} names one file ({ref.path}) of {ref.repo}",
+            hint=f"give the repository and the quant: {ref.repo} --quant Q",
+        )
+    kind = kind_prefix or ref.kind or "hf"
+    revision = ref.revision
+    path = _cache_path(settings, kind, ref.repo, revision)
+    cached = _load(path)
+    offline = not network or settings.offline
+    if cached is not None and (offline or (revision is not None and _COMMIT.match(revision))):
+        return cached
+    if offline:
+        raise UnknownModelError(
+            f"{ref.repo} is not described here and planning is offline: its listing and headers "
+            "are not cached",
+            hint=f"run once with the network (quantpick pick {model} ...), or "
+            f"`quantpick manifest add {model}`",
+        )
+    new = build_manifest(
+        ref.repo, kind=kind, revision=revision, manifest_id=None, settings=settings,
+        all_headers=True, on_header=progress,
+    )  # fmt: skip
+    _store(path, new.toml)
+    loaded = _load(path)
+    if loaded is not None:
+        return loaded
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib
+
+    from quantpick.model.manifest import parse_manifest
+
+    return parse_manifest(tomllib.loads(new.toml), f"<{ref.repo}>")
+
+
+def cached_repos(settings: Settings) -> list[Manifest]:
+    """Every repository described before (`quantpick models` lists them)."""
+    out = []
+    try:
+        paths = sorted(repo_cache_dir(settings).glob("*.toml"))
+    except OSError:
+        return []
+    for path in paths:
+        manifest = _load(path)
+        if manifest is not None:
+            out.append(manifest)
+    return out

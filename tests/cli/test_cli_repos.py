@@ -1,0 +1,140 @@
+"""`quantpick pick OWNER/REPO` with no manifest: the repository listed, its quants named, every
+header read (and cached), the plan made on them; offline from the cache only."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from arch_fixtures import write_header_only
+from fakehub import FakeHub
+from gguf_fixtures import TINY, write_gguf, write_split
+from typer.testing import CliRunner
+
+from quantpick.arch.registry import architecture
+from quantpick.cli import app
+
+runner = CliRunner()
+BOX = ["--gpu", "3090", "--ram", "64G", "--cores", "8"]
+
+# A small dense Llama (2,048 wide, 8 layers): llama.cpp's own loader shapes, a few MB per quant.
+SMALL_LLAMA = architecture(
+    "llama", block_count=8, context_length=32768, embedding_length=2048,
+    feed_forward_length=5632, head_count=16, head_count_kv=4, vocab_size=32000,
+    rope__dimension_count=128, attention__layer_norm_rms_epsilon=1e-5,
+)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def repos(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Path]]:
+    root = tmp_path_factory.mktemp("repos")
+    dense = {}
+    for quant in ("Q4_K_M", "Q8_0"):
+        path = root / f"Small-Llama-{quant}.gguf"
+        write_header_only(path, SMALL_LLAMA, quant)
+        dense[path.name] = path
+    untagged = root / "small-llama.gguf"  # no tag in the name: named by its general.file_type
+    write_header_only(untagged, SMALL_LLAMA, "BF16")
+    dense[untagged.name] = untagged
+    split_dir = root / "split"
+    split_dir.mkdir()
+    split = {f"Q8_0/{p.name}": p for p in write_split(split_dir, "Tiny-Q8_0", 3, TINY)}
+    moe = root / "Tiny-Q4_K_M.gguf"
+    write_gguf(moe, TINY, big="Q8_0")
+    split[moe.name] = moe
+    broken = root / "Tiny-Q2_K.gguf"  # a header the planner refuses: left out, not fatal
+    write_gguf(broken, TINY, big="Q4_K")
+    split[broken.name] = broken
+    mmproj = root / "mmproj-Tiny-F16.gguf"
+    mmproj.write_bytes(b"GGUF" + bytes(1000))
+    split[mmproj.name] = mmproj
+    unknown = root / "Newarch-Q8_0.gguf"
+    write_gguf(unknown, TINY, arch="newarch")
+    return {"org/Small-Llama-GGUF": dense, "org/Tiny-GGUF": split,
+            "org/Newarch-GGUF": {unknown.name: unknown}}  # fmt: skip
+
+
+@pytest.fixture
+def hub(fake_hub: FakeHub, repos: dict[str, dict[str, Path]]) -> FakeHub:
+    for repo, files in repos.items():
+        fake_hub.add_repo(repo, dict(files))
+    return fake_hub
+
+
+def pick(*args: str) -> tuple[int, dict, str]:
+    result = runner.invoke(app, ["pick", *args, "--json"])
+    doc = json.loads(result.stdout) if result.stdout.strip() else {}
+    return result.exit_code, doc, result.stderr
+
+
+def test_a_dense_repository_is_planned_without_a_manifest(hub: FakeHub) -> None:
+    code, doc, err = pick("org/Small-Llama-GGUF", "-c", "8192", *BOX)
+    assert code == 0, err
+    assert doc["quant"] in ("Q4_K_M", "Q8_0", "BF16")
+    assert doc["layout_basis"].startswith(("gguf-cache:", "gguf-remote:"))  # its own header
+    quants = {c["quant"] for c in doc["candidates"]}
+    assert quants == {"Q4_K_M", "Q8_0", "BF16"}  # the untagged file, named by its file type
+
+
+def test_a_moe_and_a_split_repository(hub: FakeHub) -> None:
+    code, doc, err = pick("org/Tiny-GGUF", "-c", "8192", *BOX)
+    assert code == 0, err
+    assert {c["quant"] for c in doc["candidates"]} == {"Q8_0", "Q4_K_M"}
+    code, doc, err = pick("org/Tiny-GGUF", "-c", "8192", "--quant", "Q8_0", *BOX)
+    assert code == 0, err
+    assert [f["name"] for f in doc["files"]] == [
+        f"Q8_0/Tiny-Q8_0-0000{i}-of-00003.gguf" for i in (1, 2, 3)
+    ]
+    with_vision = pick("org/Tiny-GGUF", "-c", "8192", "--vision", *BOX)
+    assert with_vision[0] == 0 and with_vision[1]["projector"]["name"] == "mmproj-Tiny-F16.gguf"
+
+
+def test_an_architecture_quantpick_does_not_model_is_planned_and_says_so(hub: FakeHub) -> None:
+    code, doc, err = pick("org/Newarch-GGUF", "-c", "8192", *BOX)
+    assert code == 0, err
+    assert any("generic, not checked for this architecture" in n for n in doc["notes"])
+
+
+def test_offline_uses_the_cache_and_says_what_is_missing(hub: FakeHub) -> None:
+    code, _, err = pick("org/Small-Llama-GGUF", "-c", "8192", *BOX, "--offline")
+    assert code != 0
+    (error,) = [line for line in err.splitlines() if line.startswith("Error:")]
+    assert "not described here and planning is offline" in error
+    assert pick("org/Small-Llama-GGUF", "-c", "8192", *BOX)[0] == 0
+    n_requests = len(hub.requests)
+    code, doc, err = pick("org/Small-Llama-GGUF", "-c", "8192", *BOX, "--offline")
+    assert code == 0, err
+    assert len(hub.requests) == n_requests  # the cache: no hub
+    assert doc["layout_basis"].startswith("gguf-cache:")
+
+
+def test_the_plan_pins_the_commit_and_models_lists_the_repository(hub: FakeHub) -> None:
+    code, doc, err = pick("org/Small-Llama-GGUF", "-c", "8192", *BOX)
+    assert code == 0, err
+    commit = hub.repos["org/Small-Llama-GGUF"].commit
+    shown = runner.invoke(app, ["show", "org/Small-Llama-GGUF", "--json", "--offline"]
+                          if False else ["show", "org/Small-Llama-GGUF", "--json"])  # fmt: skip
+    assert shown.exit_code == 0, shown.stderr
+    assert json.loads(shown.stdout)["sources"][0]["revision"] == commit
+    listed = runner.invoke(app, ["models", "--json"])
+    assert "small-llama-org" in listed.stdout
+
+
+def test_many_quants_are_read_in_bounded_time_and_each_once(
+    fake_hub: FakeHub, tmp_path: Path
+) -> None:
+    files = {}
+    for i, quant in enumerate(("Q2_K", "Q3_K_M", "Q4_K_M", "Q5_K_M", "Q6_K", "Q8_0")):
+        path = tmp_path / f"M-{quant}.gguf"
+        write_gguf(path, dict(TINY, ctx=4096 + 256 * i), big="Q8_0")
+        files[path.name] = path
+    fake_hub.add_repo("org/Many-GGUF", files)
+    assert pick("org/Many-GGUF", "-c", "4096", *BOX)[0] == 0
+    reads = [r for r in fake_hub.requests if str(r.get("path", "")).endswith(".gguf")]
+    assert 0 < len({r["path"] for r in reads}) <= len(files) * 2  # hub + CDN path per file
+    before = len(fake_hub.requests)
+    assert pick("org/Many-GGUF", "-c", "4096", *BOX)[0] == 0
+    # a branch is listed again, but no header is read twice
+    again = [r for r in fake_hub.requests[before:] if str(r.get("path", "")).endswith(".gguf")]
+    assert again == []
