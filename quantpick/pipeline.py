@@ -6,6 +6,7 @@ I/O); the CLI parses options, calls one of these and renders what comes back.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -23,7 +24,7 @@ if TYPE_CHECKING:
     from quantpick.plan.build_class import ComputeRule
     from quantpick.plan.calibration import Calibration, SpeedFactors
     from quantpick.plan.confirm import Confirmation
-    from quantpick.plan.memory import Overheads
+    from quantpick.plan.memory import Overheads, RunConfig
     from quantpick.plan.planner import ContextLimit, Plan, PlanRequest
     from quantpick.serve.bench import BenchMeasurement, BenchSettings
     from quantpick.serve.command import ServerCommand, ServerOptions
@@ -43,8 +44,10 @@ def plan_exact(
     from quantpick.errors import NoFitError
     from quantpick.plan.planner import plan
 
-    wanted = None if request.quant is None else tuple(
-        q for q in manifest.quants if q.upper() == request.quant.upper()
+    wanted = (
+        None
+        if request.quant is None
+        else tuple(q for q in manifest.quants if q.upper() == request.quant.upper())
     )
     resolved = layouts.layouts(wanted or None)
     if not resolved and layouts.problems:
@@ -130,9 +133,7 @@ def tuned(inputs: PlanInputs, *, settings: Settings | None = None) -> tuple[Plan
     )  # fmt: skip
     request, overheads = tune(inputs.request, inputs.overheads, tuning)
     if inputs.gpu_overhead_given:
-        overheads = replace(
-            overheads, gpu_context_by_device=inputs.overheads.gpu_context_by_device
-        )
+        overheads = replace(overheads, gpu_context_by_device=inputs.overheads.gpu_context_by_device)
     return replace(inputs, request=request, overheads=overheads), tuning
 
 
@@ -439,7 +440,7 @@ class ConfirmOptions:
 
 @dataclass(frozen=True)
 class ConfirmRound:
-    plan: Plan
+    plan: Plan | None  # None: a fixed configuration (`estimate`'s dry run), not a plan
     confirmation: Confirmation
     argv: tuple[str, ...]
     seconds: float
@@ -472,8 +473,10 @@ def confirm_plan(
     replan: Replan,
     options: ConfirmOptions,
     projector_bytes: int = 0,
+    runner: Any = None,
 ) -> ConfirmReport:
-    """Run llama-fit-params with the plan's flags and compare; on a projected overflow re-plan with
+    """Run llama-fit-params with the plan's flags and compare (`runner`: run_fit_params's
+    signature, e.g. a cached one for the dry run); on a projected overflow re-plan with
     llama.cpp's figures (`replan(overheads with corrections)`, which raises NoFitError when nothing
     fits) and confirm again. Raises NoFitError when llama.cpp still projects an overflow after
     `max_rounds` (also when it printed the overflow and then exited non-zero), and
@@ -505,7 +508,7 @@ def confirm_plan(
         try:
             # ModelRejectedError (llama.cpp cannot load the file) is not caught: it ends the
             # command with llama.cpp's reason, and nothing is written.
-            run = run_fit_params(argv, env, timeout_s=options.timeout_s)
+            run = (runner or run_fit_params)(argv, env, timeout_s=options.timeout_s)
         except FitParamsError as exc:
             return ConfirmReport(
                 "failed",
@@ -621,6 +624,8 @@ def confirm_local_plan(
     request: PlanRequest,
     overheads: Overheads,
     options: ConfirmOptions,
+    *,
+    runner: Any = None,
 ) -> ConfirmReport:
     """`confirm_plan` for a plan made on a file on disk (`get`, `command`, `confirm`)."""
     from quantpick.model.local import local_layout
@@ -637,7 +642,198 @@ def confirm_local_plan(
         replan=replan_for_file(manifest, p.quant, layout, machine, request),
         options=options,
         projector_bytes=projector,
+        runner=runner,
     )
+
+
+DRY_RUN_BASIS = "llama.cpp dry run, before download"
+
+
+def dry_run(
+    result: PlanResult, options: ConfirmOptions, *, settings: Settings
+) -> ConfirmReport | None:
+    """llama.cpp's own projection of a plan whose file is still on the hub: its real header
+    bytes as a sparse stand-in (serve/standin.py), llama-fit-params run on it with the plan's
+    flags, re-planned on its figures when a device overflows, as `get` does on the downloaded
+    file. None when there is nothing to run it on: a described machine (llama.cpp projects on
+    this one's devices), a plan already on a file on disk, or no llama-fit-params; a report
+    "skipped" with the reason when the header bytes or a sparse file cannot be had."""
+    from quantpick.errors import GGUFError
+    from quantpick.serve.fitparams import FIT_PARAMS, find_tool
+    from quantpick.serve.standin import NoSparseFiles, standins
+
+    inputs, p = result.inputs, result.plan
+    if inputs.machine.described or inputs.local is not None:
+        return None
+    found = find_tool(FIT_PARAMS, llama_bin=options.llama_bin, llama_server=options.llama_server)
+    if found is None:
+        return None
+    try:
+        shards = raw_headers_for(
+            inputs.manifest, p.quant, settings=settings, network=inputs.network
+        )
+    except GGUFError as exc:
+        return ConfirmReport("skipped", p, message=f"no {DRY_RUN_BASIS}: {exc.message}")
+    runner = _dry_run_cache(settings, shards, inputs.machine)
+    try:
+        with standins(shards, parent=settings.cache_dir / "standins") as path:
+            runner.standin = str(path)
+            report = confirm_local_plan(
+                p, inputs.manifest, path, inputs.machine, inputs.request, inputs.overheads,
+                options, runner=runner,
+            )  # fmt: skip
+    except NoSparseFiles as exc:
+        return ConfirmReport("skipped", p, message=f"no {DRY_RUN_BASIS}: {exc.message}")
+    cached = " (its projection read back from the cache)" if runner.hits else ""
+    return replace(report, message=f"{report.message} ({DRY_RUN_BASIS}){cached}")
+
+
+@dataclass(frozen=True)
+class ConfigCheck:
+    """llama.cpp's dry run of one fixed configuration (`estimate`): compared, never re-planned."""
+
+    status: str  # "fits" | "overflows" | "skipped" | "failed"
+    message: str
+    rounds: tuple[ConfirmRound, ...] = ()
+    changes: tuple[str, ...] = ()
+
+    @property
+    def seconds(self) -> float:
+        return sum(r.seconds for r in self.rounds)
+
+
+def dry_run_config(
+    manifest: Manifest,
+    layout: ModelLayout,
+    machine: Machine,
+    config: RunConfig,
+    *,
+    overheads: Overheads,
+    capped: bool,
+    projector_bytes: int,
+    options: ConfirmOptions,
+    settings: Settings,
+    network: bool,
+) -> ConfigCheck | None:
+    """`dry_run` for `estimate`'s one configuration of a remote quant: llama-fit-params on the
+    stand-in with exactly these flags, compared device by device. None as for `dry_run`."""
+    from quantpick.errors import GGUFError
+    from quantpick.plan.confirm import compare
+    from quantpick.serve.fitparams import FIT_PARAMS, FitParamsError, find_tool, fit_params_argv
+    from quantpick.serve.standin import NoSparseFiles, standins
+
+    if machine.described or layout.quant is None:
+        return None
+    tool = find_tool(FIT_PARAMS, llama_bin=options.llama_bin, llama_server=options.llama_server)
+    if tool is None:
+        return None
+    try:
+        shards = raw_headers_for(manifest, layout.quant, settings=settings, network=network)
+    except GGUFError as exc:
+        return ConfigCheck("skipped", f"no {DRY_RUN_BASIS}: {exc.message}")
+    runner = _dry_run_cache(settings, shards, machine)
+    try:
+        with standins(shards, parent=settings.cache_dir / "standins") as path:
+            runner.standin = str(path)
+            argv, env = fit_params_argv(
+                tool, config, path, layout.n_slots - 1, extra_args=options.extra_args
+            )
+            try:
+                run = runner(argv, env, timeout_s=options.timeout_s)
+            except FitParamsError as exc:
+                return ConfigCheck("failed", f"no {DRY_RUN_BASIS}: {exc.message}")
+    except NoSparseFiles as exc:
+        return ConfigCheck("skipped", f"no {DRY_RUN_BASIS}: {exc.message}")
+    c = compare(
+        layout, machine, config, run.projection, capped=capped, overheads=overheads,
+        projector_bytes=projector_bytes if config.vision else 0,
+    )  # fmt: skip
+    rounds = (ConfirmRound(None, c, run.argv, run.seconds),)
+    cached = " (its projection read back from the cache)" if runner.hits else ""
+    if c.problem is not None:
+        return ConfigCheck("failed", f"could not read llama.cpp's projection: {c.problem}", rounds)
+    if c.fits:
+        tightest = min(c.checks, key=lambda d: d.headroom_bytes)
+        verdict = (
+            f"fits by llama.cpp's own figures: {tightest.headroom_bytes / 2**20:.0f} MiB to spare "
+            f"on {tightest.device}"
+        )
+        return ConfigCheck("fits", f"{verdict} ({DRY_RUN_BASIS}){cached}", rounds)
+    over = ", ".join(
+        f"{d.device} by {(d.projected_bytes - d.budget_bytes) / 2**20:.0f} MiB"
+        for d in c.overflowing
+    )
+    return ConfigCheck("overflows", f"llama.cpp projects it will not fit: over budget on {over} "
+                       f"({DRY_RUN_BASIS}){cached}", rounds)  # fmt: skip
+
+
+def raw_headers_for(
+    manifest: Manifest, quant: str, *, settings: Settings, network: bool
+) -> list[tuple[str, bytes, int]]:
+    from quantpick.model.headers import raw_headers
+
+    return raw_headers(manifest, quant, settings=settings, network=network)
+
+
+def _dry_run_cache(
+    settings: Settings, shards: list[tuple[str, bytes, int]], machine: Machine
+) -> DryRunCache:
+    file_key = hashlib.sha256(b"".join(data for _, data, _ in shards)).hexdigest()
+    devices = [(g.name, g.total_bytes, g.backend) for g in machine.gpus]
+    workers = [w.endpoint for w in machine.rpc_workers]
+    return DryRunCache(settings.cache_dir / "dry-runs", file_key, repr((devices, workers)))
+
+
+@dataclass
+class DryRunCache:
+    """run_fit_params, remembered (settings.cache_dir/dry-runs): the same tool build, flags,
+    header bytes and devices give the same model/context/compute projection. The free memory it
+    also prints is of that moment, so a projection read back has none: the comparison then uses
+    this probe's free memory and the device's own overhead, as for a build that prints none."""
+
+    directory: Path
+    file_key: str  # sha256 of the stand-in's header bytes
+    devices: str  # the machine's GPUs (name, total, backend)
+    standin: str = ""
+    hits: int = 0
+
+    def __call__(self, argv: list[str], env: dict[str, str], *, timeout_s: float) -> Any:
+        import json
+
+        from quantpick.errors import QuantpickError
+        from quantpick.plan.confirm import Projection
+        from quantpick.serve.fitparams import FitParamsRun, parse_output, run_fit_params
+
+        try:
+            st = Path(argv[0]).stat()
+        except OSError:
+            return run_fit_params(argv, env, timeout_s=timeout_s)
+        tool = f"{Path(argv[0]).resolve()}:{st.st_size}:{st.st_mtime_ns}"
+        words = [self.file_key if a == self.standin else a for a in argv[1:]]
+        shown = {k: v for k, v in sorted(env.items()) if k.startswith(("CUDA_", "GGML_", "HIP_"))}
+        digest = hashlib.sha256(json.dumps([tool, words, shown, self.devices]).encode())
+        path = self.directory / f"{digest.hexdigest()[:40]}.txt"
+        try:
+            stdout = path.read_text(encoding="utf-8")
+            projection = parse_output(stdout)
+        except (OSError, ValueError, QuantpickError):
+            pass
+        else:
+            self.hits += 1
+            devices = tuple(replace(d, free_mib=None, total_mib=None) for d in projection.devices)
+            return FitParamsRun(
+                tuple(argv), env, 0.0, Projection(devices, projection.other_host_mib), stdout
+            )
+        got = run_fit_params(argv, env, timeout_s=timeout_s)
+        if got.exit_code == 0:
+            try:
+                self.directory.mkdir(parents=True, exist_ok=True)
+                tmp = path.with_suffix(".tmp")
+                tmp.write_text(got.stdout, encoding="utf-8")
+                tmp.replace(path)
+            except OSError:
+                pass  # a read-only cache only costs the next dry run its run
+        return got
 
 
 def _show(value: object) -> str:

@@ -48,14 +48,17 @@ def reference(entry: dict[str, Any]) -> tuple[str, dict[str, dict[str, int]]]:
         out: dict[str, dict[str, int]] = {}
         for buft in got["buffer_types"]:
             dev = buft["device"] if buft["device"] not in ("", "CPU") else "Host"
-            acc = out.setdefault(dev, {"model": 0, "context": 0})
+            acc = out.setdefault(dev, {"model": 0, "context": 0, "compute": 0})
             acc["model"] += buft["model"]
             acc["context"] += buft["context"]
+            acc["compute"] += buft.get("compute", 0)
         return "bytes", out
     out = {}
     for row in entry["mib"]:
         if row["kind"] in ("device", "host"):
-            out[row["name"]] = {"model": row["model"], "context": row["context"]}
+            out[row["name"]] = {
+                "model": row["model"], "context": row["context"], "compute": row["compute"]
+            }
     return "MiB", out
 
 
@@ -67,6 +70,9 @@ class Row:
     unit: str
     weights: tuple[int, int]  # (quantpick, llama.cpp)
     context: tuple[int, int]
+    # compute buffers (quantpick's estimate, llama.cpp's reservation): not part of `exact`, the
+    # graph's scheduler sizes them; the benchmark reports how far the estimate is
+    compute: tuple[int, int] = (0, 0)
 
     @property
     def exact(self) -> bool:
@@ -91,10 +97,11 @@ def rows(path: Path) -> list[Row]:
         names = [f"RPC{i}" for i in range(n_gpu)] + ["Host"]
         label = " ".join(f"{k}={v}" for k, v in entry["config"].items())
         for dev, name in zip(est.devices, names, strict=True):
-            want = ref.get(name, {"model": 0, "context": 0})
+            want = ref.get(name, {"model": 0, "context": 0, "compute": 0})
             got_w, got_kv = dev.weights_bytes, dev.kv_bytes + dev.recurrent_bytes
+            got_c = dev.compute_bytes
             if unit == "MiB":
-                got_w, got_kv = got_w // MiB, got_kv // MiB
+                got_w, got_kv, got_c = got_w // MiB, got_kv // MiB, got_c // MiB
             out.append(Row(doc["config"], label, name, unit, (got_w, want["model"]),
-                           (got_kv, want["context"])))  # fmt: skip
+                           (got_kv, want["context"]), (got_c, want["compute"])))  # fmt: skip
     return out

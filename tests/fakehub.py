@@ -231,8 +231,11 @@ class FakeHub:
         private: bool = False,
         token: str | None = None,
         lfs_suffixes: tuple[str, ...] = (".gguf", ".bin"),
+        unhashed: bool = False,
     ) -> HubRepo:
-        """Serve `files` as `repo_id` on HF, ModelScope and the mirror (bytes written to disk)."""
+        """Serve `files` as `repo_id` on HF, ModelScope and the mirror (bytes written to disk).
+        `unhashed`: advertise a stand-in sha256 instead of hashing each file (a benchmark's
+        full-size sparse files would take ~30 s each); a download of them would fail its check."""
         # A fresh 40-hex "commit" per repo (S324: sha1 is git's object id, not security).
         commit = revision or hashlib.sha1(repo_id.encode() + os.urandom(8)).hexdigest()
         entries: dict[str, HubFile] = {}
@@ -248,9 +251,12 @@ class FakeHub:
                 path.parent.mkdir(parents=True, exist_ok=True)
                 path.write_bytes(content)
             size = path.stat().st_size
-            entries[name] = HubFile(
-                name, path, size, _sha256(path), _git_oid(size, path), name.endswith(lfs_suffixes)
-            )
+            if unhashed:
+                sha = hashlib.sha256(f"unhashed {repo_id} {name} {size}".encode()).hexdigest()
+                oid = sha[:40]
+            else:
+                sha, oid = _sha256(path), _git_oid(size, path)
+            entries[name] = HubFile(name, path, size, sha, oid, name.endswith(lfs_suffixes))
         repo = HubRepo(repo_id, commit, entries, gated=gated, private=private, token=token)
         self.repos[repo_id] = repo
         return repo
@@ -827,7 +833,8 @@ def make_manifest(
     from quantpick.arch.registry import architecture
     from quantpick.model.manifest import Manifest, ModelFile
 
-    arch = architecture("qwen35moe",
+    arch = architecture(
+        "qwen35moe",
         block_count=4,
         nextn_predict_layers=0,
         context_length=4096,

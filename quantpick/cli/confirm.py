@@ -46,12 +46,13 @@ from quantpick.cli.options import (
 
 if TYPE_CHECKING:
     from quantpick.machine.spec import Machine
-    from quantpick.pipeline import ConfirmReport
+    from quantpick.pipeline import ConfigCheck, ConfirmReport
+    from quantpick.plan.confirm import DeviceCheck
 
 MiB = 1024**2
 
 
-def confirmation_to_dict(report: ConfirmReport | None) -> dict[str, Any] | None:
+def confirmation_to_dict(report: ConfirmReport | ConfigCheck | None) -> dict[str, Any] | None:
     """The confirmation as JSON (sizes in bytes; llama.cpp's own figures in MiB as it prints)."""
     if report is None:
         return None
@@ -112,13 +113,15 @@ def confirmation_to_dict(report: ConfirmReport | None) -> dict[str, Any] | None:
     }
 
 
-def confirmation_table(report: ConfirmReport) -> Any:
+def confirmation_table(report: ConfirmReport | ConfigCheck) -> Any:
     """The last round as a rich table: quantpick's estimate beside llama.cpp's, per device."""
     from rich.table import Table
 
     last = report.rounds[-1]
     table = Table(
-        title=f"llama.cpp's projection ({Path(last.argv[0]).name}, {last.seconds:.2f} s) beside "
+        title=f"llama.cpp's projection ({Path(last.argv[0]).name}, "
+        + (f"{last.seconds:.2f} s" if last.seconds else "from the cache")
+        + ") beside "
         "quantpick's estimate  (MiB)",
         title_justify="left",
         pad_edge=False,
@@ -126,18 +129,22 @@ def confirmation_table(report: ConfirmReport) -> Any:
     for col in ("device", "model", "context", "compute", "adjust", "projected", "free", "headroom"):
         table.add_column(col, justify="left" if col == "device" else "right")
 
-    def pair(ours: int, theirs: int) -> str:
-        mark = "=" if ours // MiB == theirs else "vs"
-        return f"{ours // MiB} {mark} {theirs}"
+    def pair(d: DeviceCheck, component: str) -> str:
+        ours, theirs = {
+            "model": (d.predicted_model_bytes, d.model_mib),
+            "context": (d.predicted_context_bytes, d.context_mib),
+            "compute": (d.predicted_compute_bytes, d.compute_mib),
+        }[component]
+        return f"{ours // MiB} {'=' if d.agrees(component) else 'vs'} {theirs}"
 
     for d in last.confirmation.checks:
         name = d.device if d.device == d.llama_device else f"{d.device} ({d.llama_device})"
         style = "" if d.fits else "[bold red]"
         table.add_row(
             name,
-            pair(d.predicted_model_bytes, d.model_mib),
-            pair(d.predicted_context_bytes, d.context_mib),
-            pair(d.predicted_compute_bytes, d.compute_mib),
+            pair(d, "model"),
+            pair(d, "context"),
+            pair(d, "compute"),
             f"{d.adjust_bytes / MiB:+.1f}" if d.adjust_bytes else "0",
             f"{d.projected_bytes / MiB:.0f}",
             f"{d.free_bytes // MiB}" + ("" if d.free_from == "llama.cpp" else "*"),
@@ -150,7 +157,7 @@ def _amount(n: int) -> str:
     return f"{n / MiB:+.0f} MiB" if abs(n) >= MiB else f"{n / 1024:+.0f} KiB"
 
 
-def print_confirmation(report: ConfirmReport, *, stdout: bool) -> None:
+def print_confirmation(report: ConfirmReport | ConfigCheck, *, stdout: bool) -> None:
     """The table, adjustments and the verdict (stdout for `confirm`, stderr otherwise)."""
     from quantpick.cli import output
 

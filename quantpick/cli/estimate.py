@@ -27,10 +27,12 @@ from quantpick.cli.options import (
     HardwareOpt,
     JsonOpt,
     KvuOpt,
+    LlamaBinOpt,
     LlamaServerOpt,
     MarginOpt,
     ModelArg,
     NoCalibrationOpt,
+    NoConfirmOpt,
     NoNetworkOpt,
     NpOpt,
     QuantOpt,
@@ -42,10 +44,12 @@ from quantpick.cli.options import (
     RpcLatencyOpt,
     RpcOpt,
     ThreadsOpt,
+    TimeoutOpt,
     UbOpt,
     VisionOpt,
     check_run_options,
     complete_kv,
+    confirm_options,
     load_manifest,
     machine_from_cli,
     overheads_from_cli,
@@ -142,12 +146,18 @@ def estimate_cmd(
     exact: ExactOpt = False,
     no_network: NoNetworkOpt = False,
     no_calibration: NoCalibrationOpt = False,
+    llama_bin: LlamaBinOpt = None,
+    no_confirm: NoConfirmOpt = False,
+    timeout: TimeoutOpt = None,
     json_: JsonOpt = False,
 ) -> None:
-    """Itemize what llama.cpp will allocate on each device for one configuration."""
+    """Itemize what llama.cpp will allocate on each device for one configuration. For a quant
+    still on the hub, with llama.cpp installed, its own projection (a dry run on the real header
+    bytes, before download) is shown beside it."""
     from dataclasses import replace
 
     from quantpick.cli import output
+    from quantpick.cli.confirm import confirmation_to_dict, print_confirmation
     from quantpick.errors import UsageError
     from quantpick.plan.memory import RunConfig, estimate
     from quantpick.plan.planner import device_bandwidths, speed_params_for
@@ -239,18 +249,31 @@ def estimate_cmd(
     if tuning.calibration is not None:
         expected = calibrate_speed(expected, tuning.calibration)
     speed = replace(speed, expected=expected)
+    check = None
+    options = confirm_options(no_confirm, llama_bin, llama_server, machine, timeout)
+    if options is not None and manifest is not None and gguf is None:
+        from quantpick.config import load_settings
+        from quantpick.pipeline import dry_run_config
+
+        check = dry_run_config(
+            manifest, layout, machine, config, overheads=overheads, capped=tuning.rule.capped,
+            projector_bytes=projector_bytes, options=options, settings=load_settings(),
+            network=not no_network,
+        )  # fmt: skip
     # A configuration that does not fit is still itemized (stdout), then ends like `pick`: exit 3.
     over = [d for d in est.devices if not d.fits]
     no_fit = None
-    if over:
+    if over or (check is not None and check.status == "overflows"):
         from quantpick.errors import NoFitError
         from quantpick.units import human
 
-        no_fit = NoFitError(
+        why = (
             "this configuration does not fit: "
-            + ", ".join(f"{d.device} is {human(-d.headroom_bytes)} over budget" for d in over),
-            hint="`quantpick pick` finds one that fits",
+            + ", ".join(f"{d.device} is {human(-d.headroom_bytes)} over budget" for d in over)
+            if over or check is None
+            else check.message  # quantpick's estimate fits, llama.cpp's own projection does not
         )
+        no_fit = NoFitError(why, hint="`quantpick pick` finds one that fits")
     if json_:
         output.print_json(
             {
@@ -263,6 +286,7 @@ def estimate_cmd(
                 "flags": _flags(config, layout.n_slots),
                 **_estimate_dict(est),
                 "speed": _speed_dict(speed),
+                "dry_run": confirmation_to_dict(check),
             }
         )
         if no_fit is not None:
@@ -279,6 +303,10 @@ def estimate_cmd(
     _print_footer(con, est, speed, layout)
     for line in tuning_lines(tuning.rule, tuning.calibration):
         con.print(line)
+    if check is not None and check.status in ("skipped", "failed"):
+        output.note(f"Note: {check.message}")
+    elif check is not None:
+        print_confirmation(check, stdout=True)
     if no_fit is not None:
         raise no_fit
 

@@ -28,11 +28,13 @@ from quantpick.cli.options import (
     JsonOpt,
     KvOpt,
     KvuOpt,
+    LlamaBinOpt,
     LlamaServerOpt,
     MarginOpt,
     MinTpsOpt,
     ModelArg,
     NoCalibrationOpt,
+    NoConfirmOpt,
     NoNetworkOpt,
     NoOffloadOpt,
     NpOpt,
@@ -46,8 +48,10 @@ from quantpick.cli.options import (
     RpcLatencyOpt,
     RpcOpt,
     ThreadsOpt,
+    TimeoutOpt,
     UbOpt,
     VisionOpt,
+    confirm_options,
     load_manifest,
     machine_from_cli,
     overheads_from_cli,
@@ -107,9 +111,14 @@ def pick_cmd(
     exact: ExactOpt = False,
     no_network: NoNetworkOpt = False,
     no_calibration: NoCalibrationOpt = False,
+    llama_bin: LlamaBinOpt = None,
+    no_confirm: NoConfirmOpt = False,
+    timeout: TimeoutOpt = None,
     json_: JsonOpt = False,
 ) -> None:
-    """Pick the best quant, KV cache type and placement for a target context."""
+    """Pick the best quant, KV cache type and placement for a target context. With llama.cpp
+    installed (beside llama-server, on PATH, --llama-bin, or quantpick's build cache), its own
+    projection of the chosen file, before download, is shown beside the estimate."""
     if max_context:
         max_context_cmd(
             model=model,
@@ -190,12 +199,28 @@ def pick_cmd(
     for line in result.notes:
         output.note(f"Note: {line}")
     p = result.plan
+    report = None
+    options = confirm_options(no_confirm, llama_bin, llama_server, machine, timeout)
+    if options is not None:
+        from quantpick.config import load_settings
+        from quantpick.pipeline import dry_run
+
+        report = dry_run(result, options, settings=load_settings())
+        if report is not None and report.status in ("confirmed", "replanned"):
+            p = report.plan  # re-planned on llama.cpp's own figures when a device overflowed
     if json_:
+        from quantpick.cli.confirm import confirmation_to_dict
+
         doc = plan_to_dict(p, machine, p.n_slots - 1)
         doc["header_problems"] = list(result.header_problems)
+        doc["dry_run"] = confirmation_to_dict(report)
         output.print_json(doc)
         return
     render_plan(p, machine, p.n_slots)
+    if report is not None:
+        from quantpick.cli.confirm import report_confirmation
+
+        report_confirmation(report, machine, no_confirm, quiet=False)
 
 
 # ---- max-context ------------------------------------------------------------------------------

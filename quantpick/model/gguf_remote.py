@@ -247,10 +247,12 @@ def read_gguf_url(
     max_header_bytes: int = MAX_HEADER_BYTES,
     timeout: float | None = None,
     policy: RetryPolicy | None = None,
+    raw: bytearray | None = None,
 ) -> GGUFHeader:
     """Header of a remote GGUF, fetched with range requests (first `initial_window` bytes, then
     doubling the total). `stats` gets requests, bytes_fetched, header_bytes, file_bytes (when
-    the server said) and range_ignored."""
+    the server said) and range_ignored. `raw`: filled with the file's first `data_offset` bytes
+    as read (what a stand-in for llama.cpp needs: serve/standin.py)."""
     with RangeReader(
         url,
         headers_for=headers_for,
@@ -261,9 +263,20 @@ def read_gguf_url(
     ) as reader:
 
         def fill(offset: int, min_bytes: int) -> bytes:
-            return reader.fill(offset, min_bytes)
+            data = reader.fill(offset, min_bytes)
+            if raw is not None and offset <= len(raw) < offset + len(data):
+                raw.extend(data[len(raw) - offset :])  # the parser reads forwards
+            return data
 
         header = parse_gguf_header(fill, source=url, max_header_bytes=max_header_bytes)
+        if raw is not None:
+            # the alignment padding past the tensor infos, or what a skip jumped over
+            while len(raw) < header.data_offset:
+                chunk = reader.fill(len(raw), header.data_offset - len(raw))
+                if not chunk:
+                    raise GGUFError(f"{url}: the file ends inside its header")
+                raw.extend(chunk)
+            del raw[header.data_offset :]
         if reader.total_size is not None and reader.total_size < header.header_bytes:
             raise GGUFError(
                 f"{url}: the server's size {reader.total_size} is smaller than the header"

@@ -346,3 +346,106 @@ class LayoutSource:
             return False
         self._cache[quant] = layout
         return True
+
+
+# ----------------------------------------------------------------------------------------------
+# The raw header bytes (llama.cpp's dry run on a stand-in: serve/standin.py)
+
+# A real header is 0.1-12 MB (a 248k-token vocabulary: ~11 MB); gzip keeps 30-40% of it.
+RAW_HEADER_MAX_BYTES = 64 * 1024 * 1024  # gguf.MAX_HEADER_BYTES: nothing larger is parsed
+
+
+def raw_header_dir(settings: Settings) -> Path:
+    return settings.cache_dir / "headers-raw"
+
+
+def load_raw_header(settings: Settings, key: str) -> bytes | None:
+    import gzip
+
+    if not _KEY_RE.match(key):
+        return None
+    path = raw_header_dir(settings) / f"{key}.gguf.gz"
+    try:
+        with gzip.open(path, "rb") as fh:
+            data = fh.read(RAW_HEADER_MAX_BYTES + 1)
+    except (OSError, EOFError):
+        return None
+    return data if 0 < len(data) <= RAW_HEADER_MAX_BYTES and data[:4] == b"GGUF" else None
+
+
+def store_raw_header(settings: Settings, keys: list[str], data: bytes) -> None:
+    """Atomic, best effort (a read-only cache only costs the next dry run a range read)."""
+    import gzip
+    import tempfile
+
+    directory = raw_header_dir(settings)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return
+    packed = gzip.compress(data, compresslevel=6)
+    for key in dict.fromkeys(keys):
+        if not _KEY_RE.match(key):
+            continue
+        try:
+            fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{key}.", suffix=".tmp")
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(packed)
+            os.replace(tmp, directory / f"{key}.gguf.gz")
+        except OSError:
+            continue
+
+
+def raw_headers(
+    manifest: Manifest, quant: str, *, settings: Settings, network: bool
+) -> list[tuple[str, bytes, int]]:
+    """(file name, its first data_offset bytes, its size) for every shard of `quant`: what a
+    sparse stand-in of the file needs. From the raw header cache, else read by range requests
+    from the manifest's hub sources (and cached). GGUFError when neither can be had."""
+    files = manifest.quant_files(quant)
+    if not files:
+        raise UsageError(f"{manifest.id} has no quant {quant!r}")
+    out: list[tuple[str, bytes, int]] = []
+    problems: list[str] = []
+    for f in files:
+        keys = [sha256_key(f.sha256)] if f.sha256 else []
+        for source in manifest.sources:
+            if source.kind in ("hf", "modelscope") and source.repo and pinned_revision(
+                source.kind, source.revision
+            ):
+                assert source.revision is not None
+                keys.append(source_key(source.kind, source.repo, source.revision, f.name))
+        data = next((d for d in (load_raw_header(settings, k) for k in keys) if d), None)
+        if data is None and network and not settings.offline:
+            data = _read_raw(manifest, f.name, settings, problems)
+            if data is not None:
+                store_raw_header(settings, keys, data)
+        if data is None:
+            why = "; ".join(problems) or "not cached and network access is off"
+            raise GGUFError(f"no header bytes for {f.name}: {why}")
+        out.append((f.name, data, f.size_bytes))
+    return out
+
+
+def _read_raw(
+    manifest: Manifest, name: str, settings: Settings, problems: list[str]
+) -> bytes | None:
+    from quantpick.fetch.http import planning_policy
+    from quantpick.fetch.sources import open_source
+    from quantpick.model.gguf_remote import read_gguf_url
+
+    for source in manifest.sources:
+        if source.kind not in ("hf", "modelscope"):
+            continue
+        label = source.repo or source.kind
+        try:
+            repo = open_source(source, settings=settings, policy=planning_policy())
+            remote = repo.resolve(name)
+            raw = bytearray()
+            read_gguf_url(
+                remote.url, headers_for=repo.request_headers, policy=repo.policy, raw=raw
+            )
+            return bytes(raw)
+        except QuantpickError as exc:
+            problems.append(f"{label}: {exc.message}")
+    return None

@@ -98,6 +98,9 @@ class DeviceCheck:
     budget_bytes: int  # free minus the margin
     estimate_total_bytes: int  # quantpick's own total for the plan (for the difference column)
     correction_bytes: int  # what quantpick's estimate needs so it overflows where llama.cpp does
+    # llama.cpp's model MiB here is a sum of this many figures, each floored (Host + CPU_REPACK):
+    # a sum of n floors lies within n - 1 MiB below the floor of the sum.
+    model_floors: int = 1
 
     @property
     def headroom_bytes(self) -> int:
@@ -115,7 +118,8 @@ class DeviceCheck:
             "compute": self.predicted_compute_bytes,
         }[component]
         theirs = {"model": self.model_mib, "context": self.context_mib, "compute": self.compute_mib}
-        return ours // MiB == theirs[component]
+        floors = self.model_floors if component == "model" else 1
+        return 0 <= ours // MiB - theirs[component] <= floors - 1
 
 
 @dataclass(frozen=True)
@@ -311,6 +315,7 @@ def compare(
                 budget_bytes=budget,
                 estimate_total_bytes=ours.total_bytes,
                 correction_bytes=correction,
+                model_floors=1 + (len(projection.other_host_mib) if theirs.is_host else 0),
             )
         )
     problem = _implausible(checks, fp_est, projection, other_host)

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+from fakehub import FakeHub
 from typer.testing import CliRunner
 
 from quantpick.cli import app
@@ -105,12 +106,15 @@ def test_show_unknown_model(args: list[str]) -> None:
     assert "Traceback" not in result.stderr
 
 
-def test_unknown_repo_id_offers_manifest_add() -> None:
+def test_a_repo_id_nothing_describes_is_looked_up_on_the_hub(fake_hub: FakeHub) -> None:
+    """OWNER/REPO with no manifest is read from the hub (tests/cli/test_cli_repos.py); one the
+    hub does not have is a hub error (exit 5), and offline it says what is missing (exit 2)."""
     result = runner.invoke(app, ["pick", "org/Repo-GGUF", "-c", "8192"])
+    assert result.exit_code == 5
+    assert "Error: org/Repo-GGUF was not found on" in result.stderr
+    result = runner.invoke(app, ["pick", "org/Repo-GGUF", "-c", "8192", "--offline"])
     assert result.exit_code == 2
-    assert "Hint: `quantpick manifest add org/Repo-GGUF` describes that repository" in (
-        result.stderr
-    )
+    assert "`quantpick manifest add org/Repo-GGUF`" in result.stderr
 
 
 def _write_broken_user_manifest() -> Path:

@@ -113,8 +113,7 @@ def test_the_plan_pins_the_commit_and_models_lists_the_repository(hub: FakeHub) 
     code, doc, err = pick("org/Small-Llama-GGUF", "-c", "8192", *BOX)
     assert code == 0, err
     commit = hub.repos["org/Small-Llama-GGUF"].commit
-    shown = runner.invoke(app, ["show", "org/Small-Llama-GGUF", "--json", "--offline"]
-                          if False else ["show", "org/Small-Llama-GGUF", "--json"])  # fmt: skip
+    shown = runner.invoke(app, ["show", "org/Small-Llama-GGUF", "--json"])
     assert shown.exit_code == 0, shown.stderr
     assert json.loads(shown.stdout)["sources"][0]["revision"] == commit
     listed = runner.invoke(app, ["models", "--json"])
@@ -138,3 +137,109 @@ def test_many_quants_are_read_in_bounded_time_and_each_once(
     # a branch is listed again, but no header is read twice
     again = [r for r in fake_hub.requests[before:] if str(r.get("path", "")).endswith(".gguf")]
     assert again == []
+
+
+@pytest.mark.llamacpp
+def test_pick_shows_llamacpp_s_own_projection_before_download(
+    hub: FakeHub, repos: dict[str, dict[str, Path]], llamacpp_bin: Path, tmp_path: Path
+) -> None:
+    """On this machine (not a described one) with llama.cpp installed, pick runs llama-fit-params
+    on a sparse stand-in made of the chosen file's real header bytes: the same projection, to the
+    MiB, as llama-fit-params on the file itself, and no weight byte read."""
+    from quantpick.config import load_settings
+    from quantpick.serve.fitparams import run_fit_params
+
+    args = ["org/Small-Llama-GGUF", "-c", "8192", "--quant", "Q8_0", "--llama-bin",
+            str(llamacpp_bin)]  # fmt: skip
+    code, doc, err = pick(*args)
+    assert code == 0, err
+    dry = doc["dry_run"]
+    assert dry["status"] == "confirmed", dry["message"]
+    assert "before download" in dry["message"]
+    (rnd,) = dry["rounds"]
+    (host,) = rnd["devices"]
+    assert host["agrees"]["model"] and host["agrees"]["context"]
+    # llama-fit-params on the real file, same flags: the same figures
+    real = repos["org/Small-Llama-GGUF"]["Small-Llama-Q8_0.gguf"]
+    argv = list(rnd["argv"])
+    argv[argv.index("-m") + 1] = str(real)
+    direct = run_fit_params(argv, {})
+    (theirs,) = direct.projection.devices
+    assert (theirs.model_mib, theirs.context_mib, theirs.compute_mib) == (
+        host["llamacpp_mib"]["model"], host["llamacpp_mib"]["context"],
+        host["llamacpp_mib"]["compute"],
+    )  # fmt: skip
+    # header bytes only: every read of the file was a range inside its header
+    reads = hub.requests_for("Small-Llama-Q8_0.gguf")
+    assert reads and all(r.get("range") for r in reads)
+    standins = load_settings().cache_dir / "standins"
+    assert not standins.exists() or not any(standins.iterdir())  # removed when it ended
+    # a described machine is not this one: no dry run, the estimate alone
+    code, doc, err = pick(*args, *BOX)
+    assert code == 0 and doc["dry_run"] is None, err
+    # --no-confirm turns it off
+    code, doc, err = pick(*args, "--no-confirm")
+    assert code == 0 and doc["dry_run"] is None, err
+
+
+@pytest.mark.llamacpp
+def test_estimate_and_a_second_pick_use_the_dry_run_too(
+    hub: FakeHub, llamacpp_bin: Path
+) -> None:
+    tool = ["--llama-bin", str(llamacpp_bin)]
+    result = runner.invoke(
+        app, ["estimate", "org/Small-Llama-GGUF", "--quant", "Q4_K_M", "-c", "4096", *tool,
+              "--json"],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.stderr
+    dry = json.loads(result.stdout)["dry_run"]
+    assert dry["status"] == "fits" and "before download" in dry["message"]
+    (host,) = dry["rounds"][0]["devices"]
+    assert host["agrees"]["model"] and host["agrees"]["context"]
+    # the same plan again: llama.cpp's projection is read back, not run again
+    args = ["org/Small-Llama-GGUF", "-c", "8192", "--quant", "Q8_0", *tool]
+    first = pick(*args)[1]["dry_run"]
+    again = pick(*args)[1]["dry_run"]
+    assert "read back from the cache" in again["message"]
+    assert again["rounds"][0]["seconds"] == 0
+    ours = [d["llamacpp_mib"] for d in first["rounds"][0]["devices"]]
+    assert [d["llamacpp_mib"] for d in again["rounds"][0]["devices"]] == ours
+    # a text run shows the projection beside the estimate
+    text = runner.invoke(app, ["pick", *args])
+    assert text.exit_code == 0, text.stderr
+    assert "llama.cpp's projection" in text.stderr and "before download" in text.stderr
+
+
+@pytest.mark.llamacpp
+def test_the_dry_run_adds_the_projector_llama_fit_params_leaves_out(
+    hub: FakeHub, llamacpp_bin: Path
+) -> None:
+    args = ["org/Tiny-GGUF", "-c", "8192", "--quant", "Q4_K_M", "--llama-bin", str(llamacpp_bin)]
+    code, plain, err = pick(*args)
+    assert code == 0, err
+    code, vision, err = pick(*args, "--vision")
+    assert code == 0, err
+    (rnd,) = vision["dry_run"]["rounds"]
+    assert vision["dry_run"]["status"] == "confirmed"
+    assert any("vision projector" in a["why"] for a in rnd["adjustments"])
+    with_p = sum(d["projected_bytes"] for d in rnd["devices"])
+    without = sum(d["projected_bytes"] for d in plain["dry_run"]["rounds"][0]["devices"])
+    assert with_p - without >= vision["projector"]["size_bytes"]
+
+
+@pytest.mark.llamacpp
+def test_without_sparse_files_the_estimate_stands_alone_with_a_note(
+    hub: FakeHub, llamacpp_bin: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import os
+
+    from quantpick.serve import standin
+
+    monkeypatch.setattr(standin, "stored_bytes", lambda fd: os.fstat(fd).st_size)
+    args = ["org/Small-Llama-GGUF", "-c", "8192", "--llama-bin", str(llamacpp_bin)]
+    code, doc, err = pick(*args)
+    assert code == 0, err
+    assert doc["dry_run"]["status"] == "skipped"
+    assert "without sparse files" in doc["dry_run"]["message"]
+    text = runner.invoke(app, ["pick", *args])
+    assert text.exit_code == 0 and "Note: no llama.cpp dry run, before download" in text.stderr

@@ -300,3 +300,35 @@ def test_private_repo_token_goes_to_the_hub_not_the_cdn(
     redirects = [r for r in hub_hits if r["status"] == 302]
     assert redirects and all(r["authorization"] for r in redirects)
     assert not any(r["authorization"] for r in cdn_hits)
+
+
+@pytest.mark.parametrize("window", [1024, 4 * MiB])
+def test_raw_capture_is_the_file_up_to_its_data(
+    server: RangeServer, tiny: Path, window: int
+) -> None:
+    """What a stand-in for llama.cpp is made of: the file's first data_offset bytes, exactly."""
+    server.files["/tiny.gguf"] = tiny
+    raw = bytearray()
+    header = read_gguf_url(server.url("/tiny.gguf"), initial_window=window, raw=raw)
+    assert bytes(raw) == tiny.read_bytes()[: header.data_offset]
+
+
+def test_raw_headers_read_once_then_from_the_cache(fake_hub: FakeHub, tiny: Path) -> None:
+    from quantpick.model.headers import load_raw_header, raw_header_dir, raw_headers
+
+    repo = fake_hub.add_repo("org/tiny-raw-GGUF", {tiny.name: tiny})
+    manifest = _manifest([tiny], (Source("hf", "org/tiny-raw-GGUF", repo.commit),))
+    settings = load_settings()
+    with pytest.raises(GGUFError, match="not cached and network access is off"):
+        raw_headers(manifest, "Q8_0", settings=settings, network=False)
+    ((name, data, size),) = raw_headers(manifest, "Q8_0", settings=settings, network=True)
+    offset = read_gguf_file(tiny).data_offset
+    assert (name, data, size) == (tiny.name, tiny.read_bytes()[:offset], tiny.stat().st_size)
+    n_requests = len(fake_hub.requests)
+    assert raw_headers(manifest, "Q8_0", settings=settings, network=False)[0][1] == data
+    assert len(fake_hub.requests) == n_requests
+    # a damaged cache entry is a miss, never a wrong stand-in
+    for path in raw_header_dir(settings).glob("*.gguf.gz"):
+        path.write_bytes(b"\x1f\x8b garbage")
+        assert load_raw_header(settings, path.name.removesuffix(".gguf.gz")) is None
+    assert load_raw_header(settings, "../escape") is None

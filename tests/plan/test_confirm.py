@@ -170,3 +170,24 @@ def test_without_free_figures_the_probe_and_the_context_overhead_apply(q4km: Mod
     for a, b in zip(c.checks[:2], with_free.checks[:2], strict=True):
         assert a.free_from == "probe" and a.free_bytes == 64 * GiB
         assert a.projected_bytes - b.projected_bytes == Overheads().gpu_context_bytes
+
+
+def test_a_model_figure_summed_from_two_floored_buffers_agrees_within_a_mib() -> None:
+    """llama-fit-params prints Host and CPU_REPACK each floored to the MiB: their sum may be a MiB
+    below the floor of quantpick's byte-exact total, and no more."""
+    from quantpick.plan.confirm import DeviceCheck
+
+    def check(ours_bytes: int, theirs_mib: int, floors: int) -> bool:
+        d = DeviceCheck(
+            device="CPU", llama_device="Host", kind="host", predicted_model_bytes=ours_bytes,
+            predicted_context_bytes=0, predicted_compute_bytes=0, model_mib=theirs_mib,
+            context_mib=0, compute_mib=0, adjust_bytes=0, projected_bytes=0, free_bytes=0,
+            free_from="probe", budget_bytes=0, estimate_total_bytes=0, correction_bytes=0,
+            model_floors=floors,
+        )  # fmt: skip
+        return d.agrees("model")
+
+    ours = 280 * 2**20 + 12345
+    assert check(ours, 280, 1) and not check(ours, 279, 1)
+    assert check(ours, 279, 2) and check(ours, 280, 2)
+    assert not check(ours, 278, 2) and not check(ours, 281, 2)
