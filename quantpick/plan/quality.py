@@ -42,7 +42,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import ModuleType
 from typing import TYPE_CHECKING
 
@@ -331,7 +331,7 @@ def quality_of(quant: str, bpw: float | None, model: QualityModel | None = None)
         assert model is not None
         return _prior_quality(quant, bpw, model)
     q = _family_quality(quant, bpw)
-    return Quality(**{**q.__dict__, "scope": _family_scope(model)})
+    return replace(q, scope=_family_scope(model))
 
 
 def _family_quality(quant: str, bpw: float | None) -> Quality:
