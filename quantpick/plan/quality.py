@@ -43,6 +43,7 @@ import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from functools import lru_cache
 from types import ModuleType
 from typing import TYPE_CHECKING
 
@@ -426,6 +427,9 @@ SOURCE_NAMES = {
     "llamacpp": "llama.cpp's perplexity table",
     "magicquant": "MagicQuant",
 }
+# A type's own measured departure from the k-quant backbone fades out over this many bpw beyond
+# the sizes it was measured at (half a bit: the type's neighbours are other types).
+TYPE_FADE_BPW = 0.5
 # The size adjustment along SIZE_SLOPE stops this factor beyond the family's measured sizes: the
 # slope is fitted within families (0.8B-27B dense, 35B-397B MoE); past them it is a guess.
 SIZE_EXTRAPOLATION = 4.0
@@ -449,17 +453,62 @@ def _residual(c: PriorCurve, p: PriorPoint) -> float:
     return math.log(p.mean_kld) - c.level - _shape(p.bpw) - _type_effect(p.base)
 
 
-def _backbone_residual(c: PriorCurve, bpw: float) -> float:
-    """The curve's own departure from the shared shape at `bpw`: linear between its k-quant
-    points, their nearest one outside them (all its points when it has no k-quant)."""
-    pts = [p for p in c.points if p.base in BACKBONE] or list(c.points)
-    res = [(p.bpw, _residual(c, p)) for p in pts]
-    if bpw <= res[0][0]:
-        return res[0][1]
-    for (b0, r0), (b1, r1) in zip(res, res[1:], strict=False):
+def _merged(points: list[tuple[float, float]]) -> tuple[tuple[float, float], ...]:
+    """(bpw, value) sorted, points at one bpw averaged (so interpolation is continuous)."""
+    by_bpw: dict[float, list[float]] = {}
+    for b, v in points:
+        by_bpw.setdefault(b, []).append(v)
+    return tuple(sorted((b, _mean(v)) for b, v in by_bpw.items()))
+
+
+def _interp(pts: tuple[tuple[float, float], ...], bpw: float) -> float:
+    """Linear between merged (bpw, value) points, the end values outside them."""
+    if bpw <= pts[0][0]:
+        return pts[0][1]
+    for (b0, r0), (b1, r1) in zip(pts, pts[1:], strict=False):
         if b0 <= bpw <= b1:
-            return r0 if b1 == b0 else r0 + (bpw - b0) / (b1 - b0) * (r1 - r0)
-    return res[-1][1]
+            return r0 + (bpw - b0) / (b1 - b0) * (r1 - r0)
+    return pts[-1][1]
+
+
+@dataclass(frozen=True)
+class _Residuals:
+    """A curve's departures from the shared shape, computed once per curve."""
+
+    backbone: tuple[tuple[float, float], ...]  # at its k-quant points (all points without one)
+    by_type: dict[str, tuple[tuple[float, float], ...]]  # other types: beyond the backbone
+
+
+_RESIDUALS: dict[str, _Residuals] = {}
+
+
+def _residuals(c: PriorCurve) -> _Residuals:
+    found = _RESIDUALS.get(c.key)
+    if found is None:
+        pts = [p for p in c.points if p.base in BACKBONE] or list(c.points)
+        backbone = _merged([(p.bpw, _residual(c, p)) for p in pts])
+        by_type: dict[str, list[tuple[float, float]]] = {}
+        for p in c.points:
+            if p.base and p.base not in BACKBONE:
+                extra = _residual(c, p) - _interp(backbone, p.bpw)
+                by_type.setdefault(p.base, []).append((p.bpw, extra))
+        found = _Residuals(backbone, {t: _merged(v) for t, v in by_type.items()})
+        _RESIDUALS[c.key] = found
+    return found
+
+
+def _curve_residual(c: PriorCurve, base: str | None, bpw: float) -> float:
+    """The curve's own departure from the shared shape at `bpw`: linear between its k-quant
+    points (their nearest one outside them), plus, for a type it measured off the backbone, that
+    type's own departure: linear between its points, fading to 0 over TYPE_FADE_BPW beyond them
+    (continuous, so a figure cannot jump where a measurement's neighbourhood begins)."""
+    res = _residuals(c)
+    r = _interp(res.backbone, bpw)
+    own = res.by_type.get(base) if base else None
+    if not own:
+        return r
+    gap = max(own[0][0] - bpw, bpw - own[-1][0], 0.0)
+    return r + _interp(own, bpw) * max(0.0, 1 - gap / TYPE_FADE_BPW)
 
 
 def _on_scale(c: PriorCurve) -> float:
@@ -481,11 +530,18 @@ def _within(curves: list[PriorCurve], bpw: float) -> bool:
 
 def _monotone(ln_kld: Callable[[float], float], bpw: float, extra: tuple[float, ...]) -> float:
     """ln KLD at `bpw`, never below a larger size's: the worst of it and every breakpoint above
-    (the prior is piecewise linear between KNOTS and the curves' points)."""
-    above = [x for x in (*KNOTS, *extra) if bpw < x <= KNOTS[-1]]
+    (the figure is piecewise linear between KNOTS, the curves' points and the fade edges, and
+    constant past the last of them)."""
+    above = {x for x in (*KNOTS, *extra) if x > bpw}
     return max([ln_kld(bpw), *(ln_kld(x) for x in above)])
 
 
+def _breakpoints(curves: list[PriorCurve]) -> tuple[float, ...]:
+    pts = [p.bpw for c in curves for p in c.points]
+    return tuple({b + d for b in pts for d in (-TYPE_FADE_BPW, 0.0, TYPE_FADE_BPW)})
+
+
+@lru_cache(maxsize=4096)
 def _prior_quality(quant: str, bpw: float | None, model: QualityModel) -> Quality:
     base = base_type(quant)
     note = None
@@ -502,19 +558,13 @@ def _prior_quality(quant: str, bpw: float | None, model: QualityModel) -> Qualit
     also: tuple[str, ...] = ()
     if own:
         measured = [c for c in own if _same_point(c, base, size)]
-        use = measured or own
-        extra = tuple(p.bpw for c in use for p in c.points)
 
         def ln_own(b: float) -> float:
-            vals = []
-            for c in use:
-                p = _same_point(c, base, b)
-                r = _residual(c, p) if p else _backbone_residual(c, b)
-                vals.append(_on_scale(c) + _shape(b) + _type_effect(base) + r)
-            return _mean(vals)
+            return _mean([_on_scale(c) + _shape(b) + _type_effect(base)
+                          + _curve_residual(c, base, b) for c in own])  # fmt: skip
 
-        ln = _monotone(ln_own, size, extra)
-        sources = sorted({SOURCE_NAMES[c.source] for c in use})
+        ln = _monotone(ln_own, size, _breakpoints(own))
+        sources = sorted({SOURCE_NAMES[c.source] for c in own})
         scope = f"measured for this model ({', '.join(sources)})"
         if measured and bpw is not None:
             basis = "measured"
@@ -526,16 +576,17 @@ def _prior_quality(quant: str, bpw: float | None, model: QualityModel) -> Qualit
                 if p
             )
         else:
-            basis = "interpolated" if bpw is not None and _within(use, size) else "estimated"
+            basis = "interpolated" if bpw is not None and _within(own, size) else "estimated"
             source = (
                 "; ".join(
                     f"{c.model}'s curve by {SOURCE_NAMES[c.source]} ({len(c.points)} sizes, "
                     f"{c.points[0].bpw:.2f}-{c.points[-1].bpw:.2f} bpw)"
-                    for c in use
+                    for c in own
                 )
                 + f", at {size:.2f} bpw with the cross-family shape"
             )
-        source += "; put on the family scale by each source's harness offset"
+        many = f"the mean of its {len(own)} curves, " if len(own) > 1 else ""
+        source += f"; {many}put on the family scale by each source's harness offset"
         also = tuple(
             f"{c.model} ({SOURCE_NAMES[c.source]}, its own harness): mean KLD {p.mean_kld:g} "
             f"at {p.bpw:.2f} bpw [{p.row}]"
@@ -545,9 +596,10 @@ def _prior_quality(quant: str, bpw: float | None, model: QualityModel) -> Qualit
         )
     elif family:
         models = sorted({c.model for c in family})
-        ln = _monotone(lambda b: _family_level(family, model) + _shape(b) + _type_effect(base)
-                       + _mean([_backbone_residual(c, b) for c in family]),
-                       size, tuple(p.bpw for c in family for p in c.points))  # fmt: skip
+        level = _family_level(family, model)
+        ln = _monotone(lambda b: level + _shape(b) + _type_effect(base)
+                       + _mean([_curve_residual(c, base, b) for c in family]),
+                       size, _breakpoints(family))  # fmt: skip
         scope = f"same family ({model.arch}, {len(models)} model{'s' * (len(models) > 1)})"
         basis = "interpolated" if bpw is not None and _within(family, size) else "estimated"
         sized = f", moved to {model.params / 1e9:.3g}B parameters" if model.params else ""

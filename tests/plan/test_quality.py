@@ -209,3 +209,12 @@ def test_the_type_effect_is_the_data_s() -> None:
     k, iq, legacy = (quality_of(q, 4.5, UNKNOWN).mean_kld for q in ("Q4_K_S", "IQ4_XS", "Q4_0"))
     assert iq < k < legacy
     assert k * math.exp(prior.TYPE_EFFECT["Q4_0"]) == pytest.approx(legacy, rel=1e-3)
+
+
+@pytest.mark.parametrize(
+    ("quant", "bpw"), [("IQ4_XS", 4.10), ("Q4_0", 4.35), ("Q4_K_M", 4.65), ("custom", 8.5)]
+)
+def test_no_step_up_where_a_measurement_s_neighbourhood_begins(quant: str, bpw: float) -> None:
+    # these sizes once jumped: a measured point's own figure switched on 0.15 bpw away from it
+    a, b = quality_of(quant, bpw, GLM_AIR), quality_of(quant, bpw + 0.01, GLM_AIR)
+    assert b.mean_kld <= a.mean_kld + 1e-9
