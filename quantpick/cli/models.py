@@ -185,9 +185,11 @@ def show_command(model: ModelArg, json_: JsonOpt = False) -> None:
         )
     console.print(files)
     line("~ = size from the model card (decimal GB); the hub listing is the authority")
+    scopes = dict.fromkeys(q.scope for q in quality.values() if q.basis != "reference")
     line(
-        "KLD = mean KL divergence vs BF16 on one harness (mudler/apex-quant, Qwen3.5-35B-A3B); "
-        "measured, interpolated by bits per weight, or estimated. "
+        "KLD = mean KL divergence vs BF16 on one scale (mudler/apex-quant, Qwen3.5-35B-A3B); "
+        f"source: {'; '.join(scopes) or '-'}; each figure measured, interpolated by bits per "
+        "weight, or estimated. "
         + "; ".join(
             f"<= {b:g}: {w.split(':')[0]}" for b, w in zip(TIER_BOUNDS, TIER_WORDS, strict=False)
         )

@@ -299,6 +299,7 @@ def quality_dict(q: Any) -> dict[str, Any] | None:
         "mean_kld": q.mean_kld,
         "ppl_ratio": q.ppl_ratio,
         "basis": q.basis,
+        "scope": q.scope,
         "source": q.source,
         "tier": q.tier,
         "verdict": q.verdict,
@@ -389,8 +390,9 @@ def render_plan(p: Plan, machine: Machine, n_slots: int) -> None:
     if p.quality is not None:
         q = p.quality
         ppl = f", PPL x{q.ppl_ratio:.4f}" if q.ppl_ratio else ""
+        basis = f", {q.scope}, {q.basis}" if q.scope else f" ({q.basis})"
         con.print(
-            f"Quality: mean KLD {q.mean_kld:.4f} vs BF16{ppl} ({q.basis}): {q.verdict}",
+            f"Quality: mean KLD {q.mean_kld:.4f} vs BF16{ppl}{basis}: {q.verdict}",
             soft_wrap=True,
         )
     con.print(

@@ -41,7 +41,7 @@ from quantpick.plan.memory import (
     llama_devices,
     rpc_devices,
 )
-from quantpick.plan.quality import FAMILY, GENERIC, Quality, quality_of
+from quantpick.plan.quality import FAMILY, GENERIC, Quality, model_of, quality_of
 from quantpick.plan.speed import (
     DEFAULT_GPU_BANDWIDTH,
     DEFAULT_SPEED_PARAMS,
@@ -585,7 +585,7 @@ def _quality_order(manifest: Manifest, quants: list[str]) -> list[str]:
 def quality_for(manifest: Manifest, quant: str) -> Quality:
     files = [f for f in manifest.files if f.quant == quant and f.role == "model"]
     bpw = files[0].bits_per_weight if files else None
-    return quality_of(quant, bpw)
+    return quality_of(quant, bpw, model_of(manifest))
 
 
 def plan(

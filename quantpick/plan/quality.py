@@ -1,26 +1,56 @@
 """How much a quant loses against the BF16 weights, from published measurements. Pure.
 
-One scale for every decision: mean KL divergence vs the 16-bit model measured by one harness on
-this architecture (mudler/apex-quant on Qwen3.5-35B-A3B: llama-perplexity, wikitext-2, ctx 2048).
-Absolute KLD is never compared across harnesses; other sources only corroborate (`also_measured`).
+One scale for every decision, "the family scale": mean KL divergence vs the 16-bit model measured
+by one harness on one model (mudler/apex-quant on Qwen3.5-35B-A3B: llama-perplexity, wikitext-2,
+ctx 2048). The tiers are read on it. Absolute KLD is never compared across harnesses; other
+sources corroborate (`also_measured`) or, for other models, are put on this scale first.
 
-A quant's figure has one of four bases:
-- "reference": the 16-bit file itself (KLD 0 by definition);
-- "measured": the family harness measured a file of this quant type at about this size;
-- "interpolated": log-linear in bits per weight between the two nearest measured points;
-- "estimated": outside the measured range (below ~2.8 bpw) or without a size: the family curve
-  extended with the slope of llama.cpp's generic Llama-3-8B table (tools/perplexity/README.md).
+Which measurements a figure rests on (`Quality.scope`, shown to the user), in this order:
+- "measured for this model": a published curve of this model (its model key, `model_key`, from
+  the repository, display name, id or aliases). For Qwen3.5-35B-A3B that is the family curve
+  itself; other models' curves come from quality_prior.py;
+- "same family": curves of models with the same general.architecture, their level moved along
+  SIZE_SLOPE to this model's parameter count. A qwen35moe model within SIMILAR_SIZE of 35B
+  (Qwen3.6-35B-A3B, the Qwen3.8 distill) uses the family curve as it always has;
+- "generic by bpw": the cross-family curve at GENERIC_LEVEL, for an architecture nobody measured.
+Within a scope the figure's `basis` says how: "reference" (the 16-bit file), "measured" (this quant
+type at about this size), "interpolated" (between measured sizes), "estimated" (outside them, or
+the type's nominal size when the file's is unknown).
 
-Every constant names the rows of benchmarks/data/quality-measurements.json it comes from;
-tests/plan/test_quality.py checks them against that file. Compare by bits per weight, not by quant
-name: community recipes keep attention and shared experts at higher precision, so this MoE loses
-2.5-3x less KLD at <=5 bpw than the generic table says (notes quality-and-speed.md).
+The prior (scripts/fit_quality.py, data in quality_prior.py). Harnesses differ (corpus, context,
+pure vs mixed recipes), so each source is normalized within itself before pooling: a curve is
+ln KLD = level + shape(bpw) + type effect + its own residual, where the level is the curve's ln KLD
+at 4.5 bpw in its own harness, the shape (0 at 4.5 bpw, non-increasing) and the type effects
+(IQ/legacy types against the k-quant backbone at the same bpw) are shared by every curve, and the
+residual is what is left of that curve's own points (interpolated between them by bpw). Only the
+levels carry a harness: each source's offset to the family scale comes from a model it measured
+in common with a source already on the scale (Thireus measured Qwen3.5-35B-A3B; MagicQuant shares
+two models with Thireus); llama.cpp's LLaMA-3-8B table shares none and is taken at face value.
+So a figure for another model is: its level on the family scale + the shape at the file's bpw +
+its type's effect (+ its own residual when measured). Leave-one-family-out error of the generic
+figure: benchmarks/quality_accuracy.py.
+
+Every constant names the rows of benchmarks/data/quality-*.json it comes from;
+tests/plan/test_quality.py and test_quality_prior.py check them against those files. Compare by
+bits per weight, not by quant name: community recipes keep attention and shared experts at higher
+precision, so this MoE loses 2.5-3x less KLD at <=5 bpw than the generic table says (notes
+quality-and-speed.md).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from functools import lru_cache
+from types import ModuleType
+from typing import TYPE_CHECKING
+
+from quantpick.plan.quality_types import BACKBONE, KNOTS, PriorCurve, PriorPoint, base_type
+
+if TYPE_CHECKING:
+    from quantpick.model.manifest import Manifest
 
 
 @dataclass(frozen=True)
@@ -59,6 +89,13 @@ FAMILY = QualitySource(
         QualityPoint("UD-Q8_K_XL", 11.23, 0.002464, 0.9998, ("apex35-0007", "apex35-0016")),
     ),
 )
+
+# The family curve's model: general.architecture and parameter count (rows apex35-*: "derived:
+# size x 8 / 34.66e9 params").
+FAMILY_ARCH = "qwen35moe"
+FAMILY_PARAMS = 34.66e9
+# A model of the family's architecture within this factor of its size reads the family curve.
+SIMILAR_SIZE = 2.0
 
 # Same harness author, the Qwen3.6 unsloth files themselves (sizes rounded to GiB on the card, so
 # bpw is +-0.1): shown beside the family figure, never mixed into it.
@@ -158,6 +195,52 @@ class Quality:
     verdict: str  # TIER_WORDS[tier]
     also_measured: tuple[str, ...] = ()  # same quant and size measured by other harnesses
     note: str | None = None
+    # whose measurements the figure rests on: "measured for this model", "same family
+    # (glm4moe, 4 models)", "generic by bpw (8 families)" (module doc)
+    scope: str = ""
+
+
+@dataclass(frozen=True)
+class QualityModel:
+    """The model a quant belongs to, as the quality figures need it."""
+
+    name: str  # for the user
+    arch: str  # general.architecture
+    params: float | None  # parameters (file bytes x 8 / bits per weight)
+    keys: frozenset[str] = frozenset()  # model_key of its names
+
+
+_GGUF_SUFFIX = re.compile(r"(-i1)?-gguf$")
+_PAREN = re.compile(r"\s*\(.*\)\s*$")
+
+
+def model_key(name: str) -> str:
+    """A model's name as the data names it: 'unsloth/Qwen3.6-35B-A3B-GGUF' -> 'qwen3.6-35b-a3b',
+    'bartowski/Qwen_Qwen3-4B-Instruct-2507-GGUF' -> 'qwen3-4b-instruct-2507' (the publisher's
+    'Org_' prefix), 'Qwen3 4B Instruct 2507' (general.name) -> 'qwen3-4b-instruct-2507'."""
+    n = _PAREN.sub("", name.strip().rsplit("/", 1)[-1]).lower().replace(" ", "-")
+    n = _GGUF_SUFFIX.sub("", n)
+    if "_" in n:
+        n = n.split("_", 1)[1]
+    return n
+
+
+def model_of(manifest: Manifest) -> QualityModel:
+    """The QualityModel of a manifest: its names (repositories, display name, id, aliases) and
+    parameter count (a quant's bytes x 8 / its bits per weight: the same for every quant)."""
+    names = [s.repo for s in manifest.sources if s.repo]
+    names += [manifest.display_name, manifest.id, *manifest.aliases]
+    params = []
+    for quant in manifest.quants:
+        files = [f for f in manifest.quant_files(quant) if f.role == "model"]
+        if files and files[0].bits_per_weight:
+            params.append(sum(f.size_bytes for f in files) * 8 / files[0].bits_per_weight)
+    return QualityModel(
+        name=manifest.display_name,
+        arch=manifest.architecture.name,
+        params=sorted(params)[len(params) // 2] if params else None,
+        keys=frozenset(model_key(n) for n in names if n),
+    )
 
 
 def tier_of(mean_kld: float) -> int:
@@ -228,8 +311,31 @@ def _also(quant: str, bpw: float | None) -> tuple[str, ...]:
     return tuple(out)
 
 
-def quality_of(quant: str, bpw: float | None) -> Quality:
-    """The quality figure of one quant of a qwen35moe model, with its basis."""
+def _reads_family_curve(model: QualityModel | None) -> bool:
+    if model is None:
+        return True
+    if model.arch != FAMILY_ARCH:
+        return False
+    return model.params is None or 1 / SIMILAR_SIZE <= model.params / FAMILY_PARAMS <= SIMILAR_SIZE
+
+
+def _family_scope(model: QualityModel | None) -> str:
+    if model is not None and model_key(FAMILY.model) in model.keys:
+        return f"measured for this model ({FAMILY.harness.split(',')[0]})"
+    return f"same family ({FAMILY_ARCH}: {FAMILY.model}'s curve)"
+
+
+def quality_of(quant: str, bpw: float | None, model: QualityModel | None = None) -> Quality:
+    """The quality figure of one quant (`bpw`: the file's bits per weight) of `model` (None: a
+    model the family curve describes), with its basis and scope."""
+    if _base_type(quant) not in REFERENCE_TYPES and not _reads_family_curve(model):
+        assert model is not None
+        return _prior_quality(quant, bpw, model)
+    q = _family_quality(quant, bpw)
+    return replace(q, scope=_family_scope(model))
+
+
+def _family_quality(quant: str, bpw: float | None) -> Quality:
     note = None
     if _base_type(quant) in REFERENCE_TYPES:
         return Quality(
@@ -298,6 +404,256 @@ def quality_of(quant: str, bpw: float | None) -> Quality:
         also_measured=_also(quant, bpw),
         note=note,
     )
+
+
+# ---- other models: the prior (quality_prior.py) -------------------------------------------
+
+
+def _prior() -> ModuleType:
+    """The fitted tables (quality_prior.py), loaded on first use: a qwen35moe plan never needs
+    them, and they are some hundred records."""
+    from quantpick.plan import quality_prior
+
+    return quality_prior
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values)
+
+
+SOURCE_NAMES = {
+    "apex": "mudler/apex-quant",
+    "thireus": "Thireus/GGUF-Tool-Suite",
+    "llamacpp": "llama.cpp's perplexity table",
+    "magicquant": "MagicQuant",
+}
+# A type's own measured departure from the k-quant backbone fades out over this many bpw beyond
+# the sizes it was measured at (half a bit: the type's neighbours are other types).
+TYPE_FADE_BPW = 0.5
+# The size adjustment along SIZE_SLOPE stops this factor beyond the family's measured sizes: the
+# slope is fitted within families (0.8B-27B dense, 35B-397B MoE); past them it is a guess.
+SIZE_EXTRAPOLATION = 4.0
+
+
+def _shape(bpw: float) -> float:
+    b = min(max(bpw, KNOTS[0]), KNOTS[-1])
+    for i in range(len(KNOTS) - 1):
+        lo, hi = KNOTS[i], KNOTS[i + 1]
+        if lo <= b <= hi:
+            frac = (b - lo) / (hi - lo)
+            return _prior().SHAPE[i] + frac * (_prior().SHAPE[i + 1] - _prior().SHAPE[i])
+    return _prior().SHAPE[-1]
+
+
+def _type_effect(base: str | None) -> float:
+    return _prior().TYPE_EFFECT.get(base, 0.0) if base else 0.0
+
+
+def _residual(c: PriorCurve, p: PriorPoint) -> float:
+    return math.log(p.mean_kld) - c.level - _shape(p.bpw) - _type_effect(p.base)
+
+
+def _merged(points: list[tuple[float, float]]) -> tuple[tuple[float, float], ...]:
+    """(bpw, value) sorted, points at one bpw averaged (so interpolation is continuous)."""
+    by_bpw: dict[float, list[float]] = {}
+    for b, v in points:
+        by_bpw.setdefault(b, []).append(v)
+    return tuple(sorted((b, _mean(v)) for b, v in by_bpw.items()))
+
+
+def _interp(pts: tuple[tuple[float, float], ...], bpw: float) -> float:
+    """Linear between merged (bpw, value) points, the end values outside them."""
+    if bpw <= pts[0][0]:
+        return pts[0][1]
+    for (b0, r0), (b1, r1) in zip(pts, pts[1:], strict=False):
+        if b0 <= bpw <= b1:
+            return r0 + (bpw - b0) / (b1 - b0) * (r1 - r0)
+    return pts[-1][1]
+
+
+@dataclass(frozen=True)
+class _Residuals:
+    """A curve's departures from the shared shape, computed once per curve."""
+
+    backbone: tuple[tuple[float, float], ...]  # at its k-quant points (all points without one)
+    by_type: dict[str, tuple[tuple[float, float], ...]]  # other types: beyond the backbone
+
+
+_RESIDUALS: dict[str, _Residuals] = {}
+
+
+def _residuals(c: PriorCurve) -> _Residuals:
+    found = _RESIDUALS.get(c.key)
+    if found is None:
+        pts = [p for p in c.points if p.base in BACKBONE] or list(c.points)
+        backbone = _merged([(p.bpw, _residual(c, p)) for p in pts])
+        by_type: dict[str, list[tuple[float, float]]] = {}
+        for p in c.points:
+            if p.base and p.base not in BACKBONE:
+                extra = _residual(c, p) - _interp(backbone, p.bpw)
+                by_type.setdefault(p.base, []).append((p.bpw, extra))
+        found = _Residuals(backbone, {t: _merged(v) for t, v in by_type.items()})
+        _RESIDUALS[c.key] = found
+    return found
+
+
+def _curve_residual(c: PriorCurve, base: str | None, bpw: float) -> float:
+    """The curve's own departure from the shared shape at `bpw`: linear between its k-quant
+    points (their nearest one outside them), plus, for a type it measured off the backbone, that
+    type's own departure: linear between its points, fading to 0 over TYPE_FADE_BPW beyond them
+    (continuous, so a figure cannot jump where a measurement's neighbourhood begins)."""
+    res = _residuals(c)
+    r = _interp(res.backbone, bpw)
+    own = res.by_type.get(base) if base else None
+    if not own:
+        return r
+    gap = max(own[0][0] - bpw, bpw - own[-1][0], 0.0)
+    return r + _interp(own, bpw) * max(0.0, 1 - gap / TYPE_FADE_BPW)
+
+
+def _on_scale(c: PriorCurve) -> float:
+    """The curve's level on the family scale."""
+    return c.level - _prior().HARNESS[c.source]
+
+
+def _same_point(c: PriorCurve, base: str | None, bpw: float) -> PriorPoint | None:
+    near = [p for p in c.points if base and p.base == base and abs(p.bpw - bpw) <= SAME_SIZE_BPW]
+    return min(near, key=lambda p: abs(p.bpw - bpw)) if near else None
+
+
+def _within(curves: list[PriorCurve], bpw: float) -> bool:
+    """Inside some curve's measured sizes (give or take SAME_SIZE_BPW)?"""
+    return any(
+        c.points[0].bpw - SAME_SIZE_BPW <= bpw <= c.points[-1].bpw + SAME_SIZE_BPW for c in curves
+    )
+
+
+def _monotone(ln_kld: Callable[[float], float], bpw: float, extra: tuple[float, ...]) -> float:
+    """ln KLD at `bpw`, never below a larger size's: the worst of it and every breakpoint above
+    (the figure is piecewise linear between KNOTS, the curves' points and the fade edges, and
+    constant past the last of them)."""
+    above = {x for x in (*KNOTS, *extra) if x > bpw}
+    return max([ln_kld(bpw), *(ln_kld(x) for x in above)])
+
+
+def _breakpoints(curves: list[PriorCurve]) -> tuple[float, ...]:
+    pts = [p.bpw for c in curves for p in c.points]
+    return tuple({b + d for b in pts for d in (-TYPE_FADE_BPW, 0.0, TYPE_FADE_BPW)})
+
+
+@lru_cache(maxsize=4096)
+def _prior_quality(quant: str, bpw: float | None, model: QualityModel) -> Quality:
+    base = base_type(quant)
+    note = None
+    size = bpw
+    if size is None:
+        size = _nominal_bpw(quant) or 4.5
+        note = "no file size: the quant type's nominal size"
+    if "MXFP4" in quant.upper():
+        note = (note + "; " if note else "") + (
+            "MXFP4 experts: no per-type measurement; the figure is by size only"
+        )
+    own = [c for c in _prior().CURVES if model_key(c.model) in model.keys]
+    family = [c for c in _prior().CURVES if c.arch == model.arch and c not in own]
+    also: tuple[str, ...] = ()
+    if own:
+        measured = [c for c in own if _same_point(c, base, size)]
+
+        def ln_own(b: float) -> float:
+            return _mean([_on_scale(c) + _shape(b) + _type_effect(base)
+                          + _curve_residual(c, base, b) for c in own])  # fmt: skip
+
+        ln = _monotone(ln_own, size, _breakpoints(own))
+        sources = sorted({SOURCE_NAMES[c.source] for c in own})
+        scope = f"measured for this model ({', '.join(sources)})"
+        if measured and bpw is not None:
+            basis = "measured"
+            pts = [(c, _same_point(c, base, size)) for c in measured]
+            source = "; ".join(
+                f"{p.quant_type} at {p.bpw:.2f} bpw measured on {c.model} by "
+                f"{SOURCE_NAMES[c.source]} [{p.row}]"
+                for c, p in pts
+                if p
+            )
+        else:
+            basis = "interpolated" if bpw is not None and _within(own, size) else "estimated"
+            source = (
+                "; ".join(
+                    f"{c.model}'s curve by {SOURCE_NAMES[c.source]} ({len(c.points)} sizes, "
+                    f"{c.points[0].bpw:.2f}-{c.points[-1].bpw:.2f} bpw)"
+                    for c in own
+                )
+                + f", at {size:.2f} bpw with the cross-family shape"
+            )
+        many = f"the mean of its {len(own)} curves, " if len(own) > 1 else ""
+        source += f"; {many}put on the family scale by each source's harness offset"
+        also = tuple(
+            f"{c.model} ({SOURCE_NAMES[c.source]}, its own harness): mean KLD {p.mean_kld:g} "
+            f"at {p.bpw:.2f} bpw [{p.row}]"
+            for c in own
+            for p in [_same_point(c, base, size)]
+            if p
+        )
+    elif family:
+        models = sorted({c.model for c in family})
+        level = _family_level(family, model)
+        ln = _monotone(lambda b: level + _shape(b) + _type_effect(base)
+                       + _mean([_curve_residual(c, base, b) for c in family]),
+                       size, _breakpoints(family))  # fmt: skip
+        scope = f"same family ({model.arch}, {len(models)} model{'s' * (len(models) > 1)})"
+        basis = "interpolated" if bpw is not None and _within(family, size) else "estimated"
+        sized = f", moved to {model.params / 1e9:.3g}B parameters" if model.params else ""
+        source = (
+            f"{model.arch} curves of {', '.join(models)}{sized}, at {size:.2f} bpw; on the "
+            "family scale"
+        )
+    else:
+        ln = _prior().GENERIC_LEVEL + _shape(size) + _type_effect(base)
+        scope = f"generic by bpw ({len(_prior().GENERIC_ARCHS)} families)"
+        basis = "estimated"
+        source = (
+            f"the cross-family curve at {size:.2f} bpw ({len(_prior().GENERIC_ARCHS)} "
+            f"architectures: {', '.join(_prior().GENERIC_ARCHS)})"
+            + (f" with the {base} type's effect" if base and base not in BACKBONE else "")
+        )
+        note = (note + "; " if note else "") + (
+            f"no published quant loss for {model.arch}: the figure is the median family's, and "
+            "families differ by up to several times (benchmarks/quality_accuracy.py)"
+        )
+    kld = math.exp(ln)
+    tier = tier_of(kld)
+    return Quality(
+        quant=quant,
+        bpw=bpw,
+        mean_kld=round(kld, 6),
+        ppl_ratio=None,
+        basis=basis,
+        source=source,
+        tier=tier,
+        verdict=TIER_WORDS[tier],
+        also_measured=also,
+        note=note,
+        scope=scope,
+    )
+
+
+def _family_level(family: list[PriorCurve], model: QualityModel) -> float:
+    """The family's level on the family scale at this model's size: each measured model's level
+    moved along SIZE_SLOPE (within SIZE_EXTRAPOLATION of the sizes measured), then averaged."""
+    per_model: dict[str, list[PriorCurve]] = {}
+    for c in family:
+        per_model.setdefault(c.model, []).append(c)
+    sizes = [math.log(cs[0].params) for cs in per_model.values() if cs[0].params]
+    levels = []
+    for cs in per_model.values():
+        lv = _mean([_on_scale(c) for c in cs])
+        if model.params and cs[0].params and sizes:
+            x = math.log(model.params)
+            x = min(max(x, min(sizes) - math.log(SIZE_EXTRAPOLATION)),
+                    max(sizes) + math.log(SIZE_EXTRAPOLATION))  # fmt: skip
+            lv += _prior().SIZE_SLOPE * (x - math.log(cs[0].params))
+        levels.append(lv)
+    return _mean(levels)
 
 
 def noticeable(better: Quality, worse: Quality) -> bool:

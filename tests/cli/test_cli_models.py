@@ -170,3 +170,62 @@ def test_user_manifest_overrides_and_is_shown(
     assert distill["display_name"] == "Mine"
     assert distill["origin"] == "QUANTPICK_MANIFESTS"
     assert distill["path"] == str(env_dir / "mine.toml")
+
+
+GLM_AIR_TOML = """
+schema = 1
+id = "glm-air-test"
+display_name = "GLM test"
+checksums_file = ""
+
+[architecture]
+name = "glm4moe"
+block_count = 47
+nextn_predict_layers = 1
+context_length = 131072
+embedding_length = 4096
+feed_forward_length = 10944
+head_count = 96
+head_count_kv = 8
+key_length = 128
+value_length = 128
+expert_count = 128
+expert_used_count = 8
+expert_feed_forward_length = 1408
+expert_shared_count = 1
+leading_dense_block_count = 1
+vocab_size = 151552
+
+[[sources]]
+kind = "hf"
+repo = "REPO"
+revision = "0000000000000000000000000000000000000000"
+
+[[files]]
+name = "GLM-4.5-Air-Q4_K_M.gguf"
+quant = "Q4_K_M"
+size_bytes = 73000000000
+size_exact = false
+bits_per_weight = 5.29
+quality_rank = 1
+"""
+
+
+@pytest.mark.parametrize(
+    ("repo", "scope"),
+    [
+        ("bartowski/zai-org_GLM-4.5-Air-GGUF", "measured for this model (Thireus/GGUF-Tool-Suite)"),
+        ("someone/GLM-4.5-Air-Derestricted-GGUF", "same family (glm4moe, 4 models)"),
+    ],
+)
+def test_show_says_what_a_quality_figure_rests_on(
+    repo: str, scope: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "glm.toml").write_text(GLM_AIR_TOML.replace("REPO", repo), encoding="utf-8")
+    monkeypatch.setenv("QUANTPICK_MANIFESTS", str(tmp_path))
+    table = runner.invoke(app, ["show", "glm-air-test"], env={"COLUMNS": "200"})
+    assert table.exit_code == 0, table.stderr
+    assert f"source: {scope}; each figure" in table.stdout
+    doc = json.loads(runner.invoke(app, ["show", "glm-air-test", "--json"]).stdout)
+    (q4,) = doc["files"]
+    assert q4["quality"]["scope"] == scope and q4["quality"]["basis"] == "interpolated"
