@@ -14,9 +14,10 @@ parameter, projected onto physical bounds (efficiencies at most 1; the depth and
 factors at least 1, so the expected speed never exceeds the bandwidth bound and quantized KV is
 never faster at depth). It starts from the physical priors below, never from a previous fit, so
 a fit that leaves rows out (the benchmark's held-out schemes) learns nothing from them; one fit
-takes a few seconds.
+takes ten to twenty seconds.
 
-It prints the fitted values with the rows and error behind them, for SpeedParams' defaults.
+It prints the fitted values with the rows and error behind them (per source and per
+architecture, `[qwen3moe]`), for SpeedParams' defaults.
 """
 
 from __future__ import annotations
@@ -38,15 +39,21 @@ from quantpick.plan.speed import SpeedParams  # noqa: E402
 
 # name: (prior, low, high). Priors, from what is known before any row is read: kernel-bound
 # decode of ~5 ms per token on 3090/4090-class cards (notes: quality-and-speed.md) split between
-# the floor and the GPU part; without CUDA graphs a few microseconds more per kernel launch for
-# ~1500-2000 kernels (llama.cpp PR #27721: a GTX 1080 decodes a small MoE 10 ms per token faster
-# with graphs on); full bandwidth; depth costing a few times its bytes; host reads at ~60% of RAM
-# bandwidth; ~120 GFLOPS a core in prefill (below); half a PCIe link for pageable copies; a
-# GPU-to-GPU hop of half a millisecond (a copy through the host and a second graph launch).
+# the floor and ~40 layers' kernels; without CUDA graphs a few microseconds more per kernel
+# launch (llama.cpp PR #27721: a GTX 1080 decodes a small MoE 10 ms per token faster with graphs
+# on); full bandwidth; depth costing a few times its bytes; host reads at ~60% of RAM bandwidth;
+# ~120 GFLOPS a core in prefill (below); half a PCIe link for pageable copies; a GPU-to-GPU hop
+# of half a millisecond (a copy through the host and a second graph launch).
 FITTED: dict[str, tuple[float, float, float]] = {
-    "token_fixed_ms": (3.5, 0.2, 20.0),
-    "gpu_fixed_ms": (1.5, 0.05, 20.0),
-    "no_graph_ms": (6.0, 0.5, 30.0),
+    "token_fixed_ms": (1.5, 0.2, 20.0),
+    # a few microseconds of GPU time for each of ~10-40 small kernels per layer part
+    "attention_layer_ms": (0.04, 0.002, 1.0),
+    "recurrent_layer_ms": (0.06, 0.002, 1.0),
+    "moe_layer_ms": (0.04, 0.002, 1.0),
+    "ffn_layer_ms": (0.02, 0.002, 1.0),
+    "layer_host_share": (0.3, 0.01, 0.99),
+    # a separate launch costs about as much again as the kernel's run time
+    "no_graph_factor": (1.5, 0.1, 10.0),
     "gpu_bandwidth_efficiency": (0.9, 0.4, 1.0),
     "kv_depth_factor": (3.0, 1.0, 20.0),
     "kv_quant_factor": (1.5, 1.0, 5.0),
@@ -56,12 +63,17 @@ FITTED: dict[str, tuple[float, float, float]] = {
     "hop_ms": (0.1, 0.005, 3.0),
     "gpu_hop_ms": (0.5, 0.01, 5.0),
     "server_ms": (0.6, 0.01, 5.0),
-    "gpu_compute_efficiency": (0.25, 0.02, 1.0),
+    # large quantized matmuls (MMQ) reach about half the tensor peak; a tile of 64-128 columns
+    # is half full at a few dozen tokens
+    "gpu_compute_efficiency": (0.5, 0.05, 1.0),
+    "expert_compute_efficiency": (0.5, 0.05, 1.0),
+    "attention_compute_efficiency": (0.3, 0.02, 1.0),
+    "gemm_half_tokens": (64.0, 4.0, 1024.0),
     "pcie_efficiency": (0.5, 0.1, 1.0),
     # mainline llama.cpp, LLaMA-3.1-8B Q4_0 pp512 on a 16-core Ryzen 7950X: 123.5 t/s x 2 x 8.03e9
     # FLOP / 16 cores = 124 GFLOPS a core (ik_llama.cpp PR #54's comparison table, 2024-09)
     "cpu_core_gflops": (120.0, 10.0, 400.0),
-    "legacy_fixed_factor": (1.5, 1.0, 3.0),
+    "legacy_fixed_factor": (1.5, 1.0, 5.0),
 }
 SCALE = 0.15  # soft-L1 scale on log ratios
 # A weak pull of each parameter toward its prior (a factor 3 away costs PRIOR_WEIGHT): a parameter
@@ -162,6 +174,9 @@ def main() -> None:
             if pred and meas:
                 errors.setdefault(what, []).append((ratio(pred, meas), pred / meas))
                 errors.setdefault(f"{what} {c.source[:48]}", []).append(
+                    (ratio(pred, meas), pred / meas)
+                )
+                errors.setdefault(f"{what} [{c.family}]", []).append(
                     (ratio(pred, meas), pred / meas)
                 )
     n_sources = len({c.source for c in cases})

@@ -36,16 +36,16 @@ PROFILE_SCHEMA = 2
 
 # ---- what a run must be to calibrate anything -------------------------------------------------
 # The model files of the runs the speed model was fitted on
-# (benchmarks/data/speed-measurements.json: 9.6 GB to 26.55 GiB, Qwen3.x 35B-A3B quants). A
-# calibration is a correction to that model; on a much smaller or larger file its terms weigh
-# differently (a 16 MiB test model is all fixed costs), so a run is used only within a factor 2
-# of those files.
-FITTED_MODEL_BYTES = (9_600_000_000, math.ceil(26.55 * GiB))
+# (benchmarks/data/speed-measurements.json: 2.35 GiB, gemma-3-4b Q4_0, to 59.02 GiB, gpt-oss-120b;
+# ten architectures). A calibration is a correction to that model; on a much smaller or larger
+# file its terms weigh differently (a 16 MiB test model is all fixed costs), so a run is used only
+# within a factor 2 of those files.
+FITTED_MODEL_BYTES = (math.floor(2.35 * GiB), math.ceil(59.02 * GiB))
 MODEL_BYTES_RANGE = (FITTED_MODEL_BYTES[0] // 2, FITTED_MODEL_BYTES[1] * 2)
 # measured / predicted outside this band is not this machine: the speed model's worst error on a
-# source it never saw is 1.67x decode and 1.61x prefill (benchmarks/speed_accuracy.py, leave one
-# source out); 1.5 times that worst case either way, rounded, is [0.4, 2.5].
-RATIO_BAND = (0.4, 2.5)
+# source it never saw is 1.64x decode and 1.87x prefill (benchmarks/speed_accuracy.py, leave one
+# source out); 1.5 times that worst case either way, rounded, is [0.35, 2.8].
+RATIO_BAND = (0.35, 2.8)
 # Repetitions of one figure may spread by this much (max / min - 1): three times the speed
 # model's median error (5-6%); a noisier run would add noise, not knowledge.
 REPEAT_SPREAD_MAX = 0.15

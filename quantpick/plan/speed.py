@@ -1,22 +1,30 @@
 """Decode and prefill speed: the bandwidth upper bound, and the speed to expect. Pure.
 
+Any architecture: what a token reads and runs comes from the per-layer view (`layout.view`) and
+the layer slots' bytes and parameters (`layout.slots`, `layout.slot_elements`): a dense model
+reads every weight per token, a MoE layer its dense part (attention, shared expert, router) and
+expert_used / expert_count of its routed experts (leading dense blocks have none), a tied output
+head token_embd's rows; attention reads its KV cache to the fill (a sliding-window layer at most
+n_swa cells, an MLA layer its K-only cache) and a recurrent layer its state.
+
 **Bound** (`decode_speed`): tokens/s <= efficiency / sum over devices (bytes read per token on the
-device / its bandwidth). Bytes read per token: every dense weight on the device (attention,
-DeltaNet, router, shared expert, output head), expert_used/expert_count of the routed experts, the
-KV cache up to the current fill, and the recurrent state (read and written once per token).
+device / its bandwidth): those weights, the KV cache up to the current fill, and the recurrent
+state (read and written once per token).
 
 **Expected** (`expected_speed`): what llama.cpp measures, which on fast GPUs is several times
 below the bound. One token of decode costs, in seconds (`decode_seconds`):
 
     once           `token_fixed_ms` (graph launch, sync, logits copy);
-    on each GPU    its share of `gpu_fixed_ms` (the minimum run time of ~1500 small kernels,
-                   quoted for a 142-TFLOPS 3090-class card, x 142 / the card's TFLOPS), and of
-                   `no_graph_ms` when llama.cpp runs the card without CUDA graphs (compute
-                   capability below 7.0, i.e. Pascal; below 8.0 on builds before Volta/Turing got
-                   them), plus bytes read / (bandwidth x `gpu_bandwidth_efficiency`), plus the
-                   context-depth term: fill x f16-sized KV bytes x `kv_depth_factor` /
-                   bandwidth, times `kv_quant_factor` when the KV cache is quantized (on CUDA flash
-                   attention dequantizes it: slower at depth, never faster);
+    on each GPU    the fixed cost of the layers it runs, by kind (`LayerKinds`: attention and
+                   recurrent token mixers, MoE and dense feed-forward parts, `*_layer_ms` each,
+                   quoted for a 142-TFLOPS 3090-class card: `layer_host_share` of it as is, the
+                   rest x 142 / the card's TFLOPS), `no_graph_factor` times more when llama.cpp
+                   runs the card without CUDA graphs (compute capability below 7.0, i.e. Pascal;
+                   below 8.0 on builds before Volta/Turing got them), plus bytes read /
+                   (bandwidth x `gpu_bandwidth_efficiency`), plus the context-depth term: fill x
+                   f16-sized KV bytes x `kv_depth_factor` / bandwidth, times `kv_quant_factor`
+                   when the KV cache is quantized (on CUDA flash attention dequantizes it: slower
+                   at depth, never faster);
     on the host    routed experts (or whole layers) kept in RAM: bytes / min(RAM bandwidth x
                    `host_bandwidth_efficiency`, cores x `host_core_bytes_per_s`);
     between them   `hop_ms` per change between a GPU and the host along the layers (an expert
@@ -24,19 +32,23 @@ below the bound. One token of decode costs, in seconds (`decode_seconds`):
     the network    for llama.cpp RPC workers (`rpc_seconds`): each run of layers on a worker's
                    device is one synchronous exchange: a round trip, the activations in and out,
                    the KQ mask its attention layers need, the logits when it holds the output;
-    llama-server   `server_ms` per token for sampling over the 248K vocabulary and streaming.
+    llama-server   `server_ms` per token for sampling and streaming (quoted for a 248K
+                   vocabulary, scaled by the model's).
 
-Prefill of one ubatch (`prefill_seconds`) is compute-bound on a GPU: 2 x active parameters x tokens
-/ (FP16 tensor TFLOPS x `gpu_compute_efficiency`), plus the weights read once per ubatch, the same
-fixed cost, attention over the fill; routed experts in RAM cross PCIe once per ubatch (llama.cpp
-copies host weights to the GPU for batches of 32 tokens or more) at `pcie_efficiency` of the link;
-on the CPU it runs at `cpu_core_gflops` per core; RPC stages exchange the ubatch's activations and
-mask over the network.
+Prefill of one ubatch (`prefill_seconds`) is compute-bound on a GPU: 2 x parameters x tokens /
+(FP16 tensor TFLOPS x `gemm_efficiency`: a dense matmul sees the ubatch, a routed expert the
+ubatch's tokens that pick it, on a lower ceiling; FP4 experts on Blackwell run on its FP4 tensor
+cores), the weights streamed once per MMQ tile of tokens, flash attention over the fill at
+`attention_compute_efficiency`, the same fixed cost; routed experts in RAM cross PCIe once per
+ubatch (llama.cpp copies host weights to the GPU for batches of 32 tokens or more) at
+`pcie_efficiency` of the link; on the CPU it runs at `cpu_core_gflops` per core; RPC stages
+exchange the ubatch's activations and mask over the network.
 
-The constants in `SpeedParams` are fitted to published llama.cpp runs by `scripts/fit_speed.py`;
-`benchmarks/speed_accuracy.py` prints predicted against measured for every usable run, in-sample
-and on rows the fit did not see. The network terms have no fitted constant: they are bytes and
-round trips of llama.cpp's RPC protocol over the link the machine describes.
+The constants in `SpeedParams` are fitted to published llama.cpp runs of ten architectures by
+`scripts/fit_speed.py`; `benchmarks/speed_accuracy.py` prints predicted against measured for
+every usable run, in-sample and on rows the fit did not see (other rows, other sources, other
+architectures). The network terms have no fitted constant: they are bytes and round trips of
+llama.cpp's RPC protocol over the link the machine describes.
 """
 
 from __future__ import annotations
@@ -64,9 +76,11 @@ PCIE_LANE_BYTES_PER_S = {1: 250_000_000, 2: 500_000_000, 3: 984_615_384, 4: 1_96
                          5: 3_938_461_538, 6: 7_876_923_077}  # fmt: skip
 # The FP16 tensor TFLOPS the fixed cost is quoted at: an RTX 3090 (catalogue: 142.3).
 REFERENCE_TFLOPS = 142.3
+# The vocabulary llama-server's per-token cost is quoted for: qwen35moe's (the rows that fit it).
+SERVER_VOCAB = 248320
 # Builds before this one decode qwen35moe with a larger fixed cost per token (the same RTX 4090 and
-# file: ~107 tok/s on b8207, ~158 on b8720; benchmarks/data rows 77-88 vs 53-64). Semver-era
-# builds report build 1 and are current.
+# file: ~107 tok/s on b8207, ~158 on b8720; benchmarks/data rows 77-88 vs 53-64), carried by its
+# recurrent (DeltaNet) layers. Semver-era builds report build 1 and are current.
 RECENT_BUILD = 8700
 # CUDA graphs (one launch for the whole decode graph instead of one per kernel): llama.cpp turns
 # them off below compute capability 7.0, i.e. on Pascal (ggml-cuda.cu:4426 at b11312,
@@ -78,6 +92,21 @@ RECENT_BUILD = 8700
 GRAPHS_MIN_CC = 7.0
 GRAPHS_MIN_CC_BEFORE_TURING = 8.0
 TURING_GRAPHS_BUILD = 10000
+# MMQ's SRAM tile spans this many prompt tokens at most: each tile of a ubatch's tokens streams the
+# whole weight matrix again (ggml-cuda/mmq-config-ampere.cuh and -blackwell.cuh at b11312: J up
+# to 128; mmq-config-pascal-dp4a.cuh: 64).
+MMQ_TILE_TOKENS = 128
+MMQ_TILE_TOKENS_PASCAL = 64
+# FP4 weights (MXFP4, gpt-oss's experts; NVFP4) multiply with 4-bit activations on the FP4 tensor
+# cores on Blackwell (ggml-cuda/mmq.cu:116-130 at b11312, ggml_cuda_mmq_get_prec_src1: Q4 for
+# the FP4 types when blackwell_mma_available, compute capability 12.x), at twice the INT8 rate
+# of those cards (NVIDIA's GeForce RTX 50 data sheets: FP4 TOPS = 2 x FP8/INT8 TOPS).
+FP4_TYPES = frozenset({"MXFP4", "NVFP4"})
+FP4_MMA_SPEEDUP = 2.0
+BLACKWELL_CC = 12.0
+# Pascal has no tensor cores: flash attention runs on its FP32 units, a quarter of the dp4a-based
+# figure the catalogue gives it (Tesla P40: 11.8 FP32 TFLOPS against 47).
+PASCAL_FA_RATE = 0.25
 # llama.cpp copies host-resident weights to the GPU for ops on batches this large or larger
 # (ggml-cuda: GGML_OP_OFFLOAD_MIN_BATCH); below, the CPU computes them.
 OP_OFFLOAD_MIN_BATCH = 32
@@ -95,9 +124,10 @@ F32_BYTES = 4
 
 # What the default SpeedParams rest on (benchmarks/speed_accuracy.py prints the figures).
 FIT_BASIS = (
-    "fitted to 128 published llama.cpp runs (12 sources, b8148-b9294 and later; RTX 4090, 5090, "
-    "5070 Ti, 5060 Ti, 4070, 3080, RTX 4000 Ada, P40, GB10, CPU); median error on rows the fit "
-    "did not see 6% decode, 6% prefill (5-fold), 22% / 7% with each source held out"
+    "fitted to 182 published llama.cpp runs of 10 architectures (14 sources, b7941-b10970; RTX "
+    "4090, 5090, 5070 Ti, 5060 Ti, 4070, 3080, RTX 4000 Ada, P40, GB10, CPU); median error on "
+    "rows the fit did not see 6% decode, 13% prefill (5-fold), 18% / 20% with each source held "
+    "out, 12% / 17% with each architecture held out"
 )
 
 
@@ -110,76 +140,113 @@ class SpeedParams:
 
     Per-machine calibration (a measured bench): `calibrated(...)` returns a copy whose predictions
     are multiplied by measured / predicted; any field can also be replaced with
-    `dataclasses.replace` (e.g. `gpu_fixed_ms` after timing an empty-context decode).
+    `dataclasses.replace` (e.g. `token_fixed_ms` after timing an empty-context decode).
     """
 
-    # Fixed cost per token (and per prefill ubatch), in two parts. The floor: graph launch,
-    # synchronisation, the logits copy, the same on every card. Pinned by the fully-in-VRAM runs
-    # where model size barely changes speed: 4090 rows 53-112 (decode median error 5%), 5070 Ti /
-    # 5060 Ti 139-150 (5%), RTX 4000 Ada 34-39 and P40 27-33 (4%), GB10 234 (6%).
-    token_fixed_ms: float = 3.33
-    # The GPU part: the minimum run time of the ~1500 small kernels per token, inversely
-    # proportional to the card's throughput; quoted for the whole model on a 142-TFLOPS
-    # (3090-class) card and shared out by the layers each GPU holds. Same rows, across cards
-    # from 47 to 419 TFLOPS.
-    gpu_fixed_ms: float = 1.62
+    # Fixed cost per token (and per prefill ubatch). The floor: graph launch, synchronisation,
+    # the logits copy, the same on every card and model. Pinned against the per-layer costs
+    # below by the fully-in-VRAM runs of many depths of graph on one card: GB10 rows 247-276 (6
+    # architectures, decode median error 7%), the 5070 Ti / 5060 Ti rows 139-150 and 277-298
+    # (6 architectures, 5%), the 4090 rows 53-112 (5%), RTX 4000 Ada 34-39, P40 27-33 (3%).
+    token_fixed_ms: float = 0.746
+    # The decode graph's small kernels, per layer by what the layer runs: a token mixer (an
+    # attention layer, a recurrent one: DeltaNet, Mamba) and a feed-forward part (routed
+    # experts with their router and shared expert, or a dense FFN), quoted on a 142-TFLOPS
+    # (3090-class) card. Same rows: dense transformers (llama, qwen2, gemma3; decode median
+    # error 4-11%), MoE transformers (qwen3moe, gpt-oss, deepseek2: 6-12%), the hybrids
+    # (qwen35 dense 2%, qwen35moe 5%, qwen3next 15%, too fast: its 512-expert layers cost
+    # more than a MoE layer of 128-256).
+    attention_layer_ms: float = 0.0332
+    recurrent_layer_ms: float = 0.0876
+    moe_layer_ms: float = 0.0339
+    ffn_layer_ms: float = 0.0205
+    # The share of those per-layer costs that does not scale with the card's throughput (the
+    # host building and launching the graph); the rest scales as 142 / the card's TFLOPS. The
+    # 5090 rows (174, 299-300: 419 TFLOPS) against the GB10's (125) and the 3080's (119):
+    # without it a 5090 decodes Llama-3.1-8B 1.24x too slow.
+    layer_host_share: float = 0.674
     # Without CUDA graphs each of the decode graph's kernels is launched on its own (see
-    # GRAPHS_MIN_CC): this much more per token, shared out like gpu_fixed_ms. Only the P40 rows
-    # (27-33, one source; decode median error 4%) run without them; prior 6 ms (PR #27721's GTX
-    # 1080: 10 ms per token saved on a smaller MoE).
-    no_graph_ms: float = 6.25
+    # GRAPHS_MIN_CC): this many times the layers' fixed cost more per token (in proportion to
+    # the kernels). Only the P40 rows (27-33, one source; decode median error 3%) run without
+    # them; prior 1.5 (PR #27721's GTX 1080: 10 ms per token saved on a smaller MoE).
+    no_graph_factor: float = 1.55
     # Fraction of the data-sheet bandwidth weight streaming reaches. Fit: at its bound 1.0 (the
     # fixed costs carry the rest), so the expected speed never exceeds the bound.
     gpu_bandwidth_efficiency: float = 1.0
     # Decode cost of one token of fill per f16-sized KV byte, in units of bytes/bandwidth (flash
-    # attention's decode kernel is not bandwidth-bound). 4090 f16 runs at 8K-49K depth (rows
-    # 53-112, decode median error 5%), P40 q8_0 to 164K (rows 27-33, 4%).
-    kv_depth_factor: float = 2.73
+    # attention's decode kernel is not bandwidth-bound; MLA and sliding-window layers count the
+    # bytes they read: a K-only cache, at most n_swa cells). 4090 f16 runs at 8K-49K depth (rows
+    # 53-112), the GB10 f16 series to 32K of 6 architectures (247-276, decode median error 7%;
+    # the GB10 asks for less than the 4090: its series decay 5-10% slower than predicted),
+    # P40 q8_0 to 164K (rows 27-33, 3%).
+    kv_depth_factor: float = 1.74
     # Extra factor on the depth cost with a quantized KV cache (q8_0, q4_0, ...), applied to the
     # f16-sized bytes: a quantized cache reads fewer bytes but dequantizes them, so it is never
-    # faster at depth (lower bound 1, a hard property). Fit: 1.13: the q8_0 depth series (P40
-    # rows 27-33, RTX 4000 Ada 34-39, 3080 1-26) against the f16 ones (4090 rows 53-112) put
-    # q8_0 at ~1.1x f16's cost per token of fill, ~2.1x its own bytes. The 3090 figures of the
-    # notes (-3% at 32K with f16, -17% with q8_0) would ask for ~5x, but no row measures a 3090.
-    kv_quant_factor: float = 1.13
+    # faster at depth (lower bound 1, a hard property). Fit: 1.73: the q8_0 depth series (P40
+    # rows 27-33, RTX 4000 Ada 34-39, 3080 1-26) against the f16 ones (4090 rows 53-112, GB10
+    # 247-276) put q8_0 at ~1.7x f16's cost per token of fill, ~3.2x its own bytes. The 3090
+    # figures of the notes (-3% at 32K with f16, -17% with q8_0) would ask for ~5x, but no row
+    # measures a 3090.
+    kv_quant_factor: float = 1.73
     # Fraction of the host's RAM bandwidth that routed experts in RAM are read at. Fit: at its
     # bound 0.85 (STREAM's share on desktop DDR4/5); the --n-cpu-moe rows mostly state no RAM
-    # speed, so this multiplies the assumed 50 GB/s (3080 rows 1-26, decode median error 6%;
-    # 5060 Ti 47-52 and 120-123, 13-19%; 4070 231, 13%).
+    # speed, so this multiplies the assumed 50 GB/s (3080 rows 1-26, decode median error 5%;
+    # 5060 Ti 47-52 and 120-123, 9-10%; 4070 231, 14%).
     host_bandwidth_efficiency: float = 0.85
     # Quantized weight bytes one CPU core multiplies per second (the core-count ceiling): the
     # 6- and 8-thread offload boxes (jon's 5060 Ti rows 47-52, the 3080 rows) and the CPU-only
-    # Sapphire Rapids run (row 208, decode 23% slow).
+    # Sapphire Rapids run (row 208, decode 17% slow).
     host_core_bytes_per_s: float = 7.08e9
     # One change between a GPU and the host along the layers (copy of the activations, sync, a
     # graph split): the --n-cpu-moe sweeps (3080 rows 1-26: ~1 tok/s per layer moved).
     hop_ms: float = 0.102
     # One change from a GPU to the next in a layer split (a copy through the host, the next
     # GPU's graph launch; an RPC device pays it too, the network on top): only the 5070 Ti +
-    # 5060 Ti runs (rows 139-144, decode median error 5%) measure it; held out, the prior
-    # (0.5 ms) predicts them ~1.2x too fast.
-    gpu_hop_ms: float = 1.99
-    # llama-server's own cost per generated token (sampling over the 248K vocabulary,
-    # detokenizing, streaming); 0 for llama-bench. The 4090 llama-bench / llama-benchy pairs
-    # (rows 53-112) and the Windows 3080 server rows; expected_speed includes it (it predicts
-    # llama-server).
-    server_ms: float = 1.26
-    # Fraction of the card's FP16 tensor TFLOPS prefill reaches (256 small expert GEMMs per
-    # layer; the weights stream meanwhile, prefill_seconds takes the slower): pp512/pp1024 of the
-    # 4090, 5090, 5070 Ti, 5060 Ti, RTX 4000 Ada, P40 (dp4a figure); in-sample median error 6%.
-    gpu_compute_efficiency: float = 0.0970
+    # 5060 Ti runs (rows 139-144 and 277-298, one source, 6 architectures; decode median error
+    # 5%) measure it; held out, the prior (0.5 ms) predicts them ~1.2x too fast.
+    gpu_hop_ms: float = 2.75
+    # llama-server's own cost per generated token (sampling, detokenizing, streaming), quoted
+    # for the 248K vocabulary (SERVER_VOCAB) and scaled by the model's; 0 for llama-bench. The
+    # 4090 llama-bench / llama-benchy pairs (rows 53-112) and the Windows 3080 server rows;
+    # expected_speed includes it (it predicts llama-server).
+    server_ms: float = 1.41
+    # Prefill's matmuls: the fraction of the card's tensor TFLOPS (catalogue: half the dense
+    # INT8 rate MMQ runs at) a matmul reaches once its tiles fill, rising as
+    # tokens / (tokens + gemm_half_tokens) with the prompt tokens per weight matrix: a dense
+    # matmul sees the whole ubatch, each routed expert about ubatch x used / experts tokens (16
+    # for qwen35moe at -ub 512, 64 for gpt-oss-20b). The routed experts' matmul (tokens gathered
+    # per expert, one launch over all of them) has its own, lower ceiling; FP4 experts run on
+    # Blackwell's FP4 tensor cores (FP4_MMA_SPEEDUP). Besides the multiplications the weights
+    # stream once per MMQ tile of 128 tokens (MMQ_TILE_TOKENS), a large part of the GB10's
+    # prefill at -ub 2048 (273 GB/s). Dense: GB10 qwen2 / gemma3 rows (262-271), qwen35 and gemma3
+    # on the 5070 Ti / 5060 Ti (277-285, 297-298; prefill median error 7-12%); experts: the
+    # qwen35moe rows (12%), qwen3moe (21%), gpt-oss (4%), deepseek2 (8%), qwen3next (29%, too
+    # slow: its 512 experts see 10 tokens each).
+    gpu_compute_efficiency: float = 0.640
+    expert_compute_efficiency: float = 0.194
+    gemm_half_tokens: float = 44.0
+    # Fraction of the tensor TFLOPS flash attention reaches in prefill (QK^T and AV over the
+    # fill, 2 x heads x (K + V head size) per token pair; on Pascal a quarter of the rate,
+    # PASCAL_FA_RATE): the depth series' prompt figures, 4090 rows 53-112 (to 49K), GB10
+    # 247-276 (to 32K: deepseek2's MLA prefill falls 4x from 0 to 32K), P40 27-33 (to 164K).
+    # The two disagree: the GB10's series (6 architectures) reach 0.35-0.5 of its figure, the
+    # 4090's qwen35moe series ~0.1 of its own, so the fit predicts the 4090's prompts past 32K
+    # up to 1.7x too fast (rows 91-112) and the GB10's slightly slow.
+    attention_compute_efficiency: float = 0.356
     # Fraction of the PCIe link's throughput the per-ubatch copy of host experts reaches
-    # (pageable, mmap'd weights): the 3080 (4%), 5060 Ti --n-cpu-moe and --fit (10-18%) prefill
+    # (pageable, mmap'd weights): the 3080 (4%), 5060 Ti --n-cpu-moe and --fit (10-25%) prefill
     # rows.
-    pcie_efficiency: float = 0.461
+    pcie_efficiency: float = 0.435
     # Effective GFLOPS of one CPU core in prefill: one CPU-only run (row 208, AVX-512 Sapphire
     # Rapids, cores not stated: 8 assumed; 1%), near the prior of 120 (mainline llama.cpp on a
     # Ryzen 7950X, see scripts/fit_speed.py).
     cpu_core_gflops: float = 149.0
-    # Builds before RECENT_BUILD: the fixed costs (GPU, floor, server) are this many times larger.
-    # The same 4090 and files on b8148-b8396 vs b8720 (rows 53-112, one source; 5%); held out,
-    # nothing else measures it.
-    legacy_fixed_factor: float = 1.50
+    # Builds before RECENT_BUILD: a recurrent layer's fixed cost is this many times larger (the
+    # DeltaNet kernels llama.cpp rewrote for qwen35moe). The same 4090 and files on
+    # b8148-b8396 vs b8720 (rows 53-112, one source; 5%); held out, nothing else measures it.
+    # The other parts of the graph did not move: the GB10 rows of b7941 (247-276, no
+    # recurrent layer) fit as current builds (decode median error 7%).
+    legacy_fixed_factor: float = 2.05
     # The lowest compute capability llama.cpp runs CUDA graphs on (GRAPHS_MIN_CC; for_build
     # raises it for builds before TURING_GRAPHS_BUILD). From the source, not fitted.
     graphs_min_cc: float = GRAPHS_MIN_CC
@@ -209,10 +276,9 @@ class SpeedParams:
             return params
         return replace(
             params,
-            gpu_fixed_ms=params.gpu_fixed_ms * params.legacy_fixed_factor,
-            token_fixed_ms=params.token_fixed_ms * params.legacy_fixed_factor,
-            server_ms=params.server_ms * params.legacy_fixed_factor,
-            basis=params.basis + f"; build b{build} (before b{RECENT_BUILD}: slower decode)",
+            recurrent_layer_ms=params.recurrent_layer_ms * params.legacy_fixed_factor,
+            basis=params.basis + f"; build b{build} (before b{RECENT_BUILD}: slower recurrent "
+            "layers)",
         )
 
 
@@ -401,8 +467,8 @@ def decode_speed(
     efficiency: float = 1.0,
 ) -> SpeedEstimate:
     """The bound. `bandwidths` maps device name ("CUDA0", "CPU") to bytes/s."""
-    arch = layout.architecture
-    used_fraction = arch.expert_used_count / arch.expert_count if arch.expert_count else 1.0
+    view = layout.view
+    used_fraction = view.expert_used_count / view.expert_count if view.expert_count else 1.0
     target = target_context if target_context is not None else estimate.n_ctx
     type_k, type_v = estimate.config.cache_type_k, estimate.config.cache_type_v
     state_row = layout.view.state_bytes_per_row
@@ -425,6 +491,8 @@ def decode_speed(
             for slot in expert_host:
                 if slot not in dev.layers:
                     weights += int(slots[slot].expert_bytes * used_fraction)
+        if layout.output_slot in dev.layers:
+            weights += layout.tied_output_bytes  # a tied head reads token_embd's rows
         full, window = attention_reads(layout, dev, type_k, type_v)
         kv_target = int(filled(target, window, full, n_swa))
         state = 2 * len(dev.recurrent_layers) * state_row
@@ -448,6 +516,16 @@ def decode_speed(
 
 
 @dataclass(frozen=True)
+class LayerKinds:
+    """Layer counts by what their decode graph runs (each kind's kernels cost a fixed time)."""
+
+    attention: int = 0  # layers that attend over a KV cache
+    recurrent: int = 0  # layers with recurrent state (DeltaNet, Mamba, short conv)
+    moe: int = 0  # layers with routed experts (router, top-k, expert matmuls, shared expert)
+    ffn: int = 0  # layers with a dense feed-forward block
+
+
+@dataclass(frozen=True)
 class DeviceWork:
     """What one device does for one token (decode) or holds (prefill), from the estimate."""
 
@@ -464,6 +542,15 @@ class DeviceWork:
     endpoint: str | None = None  # an RPC device's worker
     worker_position: int | None = None  # ... and its position among that worker's devices here
     weights_bytes: int = 0  # every weight stored here (what loading sends to an RPC worker)
+    # The layers whose graph runs here, by kind (the decode graph's fixed cost): a token mixer
+    # (attention, recurrent) and a feed-forward part (routed experts, a dense FFN) each
+    layer_kinds: LayerKinds = field(default_factory=LayerKinds)
+    expert_flops_per_token: float = 0.0  # the routed experts' share of flops_per_token
+    expert_read_bytes: int = 0  # the routed experts of resident_bytes a ubatch touches
+    # prefill attention FLOPs per prompt token and token of fill, over the full-context layers
+    # here and over the sliding-window ones (2 x heads x (K + V head size) per layer)
+    attention_flops_full: float = 0.0
+    attention_flops_window: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -498,8 +585,6 @@ class SpeedWork:
     transitions: int  # changes between a GPU and the host along the layers, per token / ubatch
     gpu_transitions: int  # changes from one GPU (local or RPC) to another
     kv_quantized: bool
-    n_slots: int
-    attention_flops_per_token_per_fill: float  # per attention layer: 4 x heads x head_dim
     expert_used_fraction: float
     ubatch: int
     rpc_stages: tuple[RpcStage, ...] = ()
@@ -507,17 +592,83 @@ class SpeedWork:
     n_vocab: int = 0
     mask_bytes: int = MASK_BYTES_FA  # one KQ mask element
     n_swa: int = 0  # the sliding window (0: none)
+    expert_tokens: float = 0.0  # prompt tokens each touched expert multiplies per ubatch
+    fp4_expert_share: float = 0.0  # routed-expert parameters in MXFP4 / NVFP4
+
+
+def _tensor_facts(layout: ModelLayout) -> tuple[frozenset[int], float]:
+    """(slots with a dense feed-forward block: ffn_up / ffn_down that are not routed experts,
+    the share of the routed experts' parameters stored as FP4: MXFP4, NVFP4)."""
+    ffn: set[int] = set()
+    experts = fp4 = 0
+    for t in layout.tensors:
+        if not t.name.startswith("blk."):
+            continue
+        if t.is_expert:
+            n = 1
+            for dim in t.shape:
+                n *= dim
+            experts += n
+            fp4 += n if t.ggml_type in FP4_TYPES else 0
+        elif ".ffn_down." in t.name or ".ffn_up." in t.name:
+            ffn.add(layout.slot_of(t.name))
+    return frozenset(ffn), fp4 / experts if experts else 0.0
+
+
+def layer_kinds(layout: ModelLayout, slots: list[int], ffn: frozenset[int]) -> LayerKinds:
+    """The kinds of the trunk layers among `slots` (the output slot counts as none)."""
+    view = layout.view
+    attention = recurrent = moe = dense = 0
+    for s in slots:
+        if s >= len(view.layers):
+            continue
+        layer = view.layers[s]
+        attention += layer.attends
+        recurrent += layer.recurrent
+        if layout.slots[s].expert_bytes:
+            moe += 1
+        elif s in ffn:
+            dense += 1
+    return LayerKinds(attention, recurrent, moe, dense)
+
+
+def attention_flops(layout: ModelLayout, slots: list[int]) -> tuple[float, float]:
+    """Prefill attention FLOPs per prompt token and token of fill over the attending layers
+    among `slots` (2 x heads x (K head + V head): QK^T and AV), (full-context, sliding-window).
+    An MLA layer's V is its K (K-only cache): K width counted twice."""
+    view = layout.view
+    full = window = 0.0
+    for s in slots:
+        if s >= len(view.layers):
+            continue
+        layer = view.layers[s]
+        if not layer.attends:
+            continue
+        source = view.layers[layer.kv_shared_from] if layer.kv_shared_from is not None else layer
+        if not source.n_head_kv:
+            continue
+        head_k = source.k_width // source.n_head_kv
+        head_v = (source.v_width or source.k_width) // source.n_head_kv
+        flops = 2.0 * layer.n_head * (head_k + head_v)
+        if layer.attention is AttentionKind.SLIDING and view.n_swa > 0:
+            window += flops
+        else:
+            full += flops
+    return full, window
 
 
 def speed_work(layout: ModelLayout, estimate: Estimate) -> SpeedWork:
     arch = layout.architecture
     config = estimate.config
-    used = arch.expert_used_count / arch.expert_count if arch.expert_count else 1.0
     view = layout.view
+    # the share of each MoE layer's routed experts a token reads: the view's counts (leading
+    # dense blocks carry no routed experts, so their slots have none to scale)
+    used = view.expert_used_count / view.expert_count if view.expert_count else 1.0
     # one request decodes: one sequence's recurrent state is read and written per token
     state_row = view.state_bytes_per_row
     slots = layout.slots
     dense_el, expert_el = layout.slot_elements
+    ffn, fp4_share = _tensor_facts(layout)
     ubatch = max(1, min(config.ubatch, config.batch))
     # A ubatch touches this share of the routed experts (each token picks expert_used of them).
     touched = 1.0 - (1.0 - used) ** ubatch
@@ -550,22 +701,24 @@ def speed_work(layout: ModelLayout, estimate: Estimate) -> SpeedWork:
         host_input = layout.input_bytes if d.kind == "host" else 0
         expert_resident = sum(slots[s].expert_bytes for s in expert_layers)
         kv_full, kv_window = attention_reads(layout, d, "f16", "f16")
+        # a tied output head multiplies token_embd's rows: read on every token where the output
+        # layer runs (the copy on its device, or token_embd itself in host memory)
+        tied = layout.tied_output_bytes if layout.output_slot in layers else 0
+        expert_flops = 2.0 * used * sum(expert_el[s] for s in expert_layers)
+        full_flops, window_flops = attention_flops(layout, layers)
         works.append(
             DeviceWork(
                 device=d.device,
                 kind=d.kind,
                 slots=len(layers),
                 decode_bytes=sum(slots[s].dense_bytes for s in layers)
+                + tied
                 + int(expert_resident * used)
                 + 2 * len(d.recurrent_layers) * state_row,
                 kv_depth_bytes=kv_full,
                 kv_window_bytes=kv_window,
                 attention_layers=len(d.attention_layers),
-                flops_per_token=2.0
-                * (
-                    sum(dense_el[s] for s in layers)
-                    + used * sum(expert_el[s] for s in expert_layers)
-                ),
+                flops_per_token=2.0 * sum(dense_el[s] for s in layers) + expert_flops,
                 resident_bytes=max(
                     0,
                     d.weights_bytes
@@ -578,6 +731,11 @@ def speed_work(layout: ModelLayout, estimate: Estimate) -> SpeedWork:
                 endpoint=d.endpoint,
                 worker_position=position,
                 weights_bytes=d.weights_bytes,
+                layer_kinds=layer_kinds(layout, layers, ffn),
+                expert_flops_per_token=expert_flops,
+                expert_read_bytes=int(expert_resident * touched),
+                attention_flops_full=full_flops,
+                attention_flops_window=window_flops,
             )
         )
     sequence: list[str] = []
@@ -596,8 +754,6 @@ def speed_work(layout: ModelLayout, estimate: Estimate) -> SpeedWork:
         gpu_transitions=gpu_pairs,
         kv_quantized=config.cache_type_k not in ("f16", "bf16", "f32")
         or config.cache_type_v not in ("f16", "bf16", "f32"),
-        n_slots=max(1, len(dense_dev)),
-        attention_flops_per_token_per_fill=_attention_flops(layout),
         expert_used_fraction=used,
         ubatch=ubatch,
         rpc_stages=_rpc_stages(layout, sequence, dense_dev, endpoint_of, attention_dev),
@@ -605,18 +761,9 @@ def speed_work(layout: ModelLayout, estimate: Estimate) -> SpeedWork:
         n_vocab=arch.vocab_size,
         mask_bytes=MASK_BYTES_NO_FA if config.flash_attn == "off" else MASK_BYTES_FA,
         n_swa=view.n_swa,
+        expert_tokens=ubatch * used / touched if view.expert_count else 0.0,
+        fp4_expert_share=fp4_share,
     )
-
-
-def _attention_flops(layout: ModelLayout) -> float:
-    """4 x heads x head size: a prompt token's attention FLOPs per token of fill in one layer
-    (QK^T and AV), for the widest attending layer."""
-    best = 0.0
-    for layer in layout.view.layers:
-        if layer.attends and layer.n_head_kv:
-            head = layer.k_width // layer.n_head_kv
-            best = max(best, 4.0 * layer.n_head * head)
-    return best
 
 
 def _rpc_stages(
@@ -672,19 +819,73 @@ def cuda_graphs(dev: DeviceSpeed, params: SpeedParams = DEFAULT_SPEED_PARAMS) ->
     return cc is None or cc >= params.graphs_min_cc
 
 
-def _gpu_fixed_seconds(dev: DeviceSpeed, params: SpeedParams) -> float:
+def layer_fixed_ms(kinds: LayerKinds, params: SpeedParams) -> float:
+    """The decode graph's fixed cost of these layers on the reference card, in ms."""
+    return (
+        kinds.attention * params.attention_layer_ms
+        + kinds.recurrent * params.recurrent_layer_ms
+        + kinds.moe * params.moe_layer_ms
+        + kinds.ffn * params.ffn_layer_ms
+    )
+
+
+def _gpu_fixed_seconds(
+    kinds: LayerKinds, dev: DeviceSpeed, params: SpeedParams, *, decode: bool = True
+) -> float:
+    """The fixed cost of a GPU's layers, scaled from the reference card by its throughput; in
+    decode plus the kernels' own launches when it runs without CUDA graphs (in proportion to
+    the kernels; prefill launches each kernel once per ubatch either way)."""
     tflops = dev.fp16_tflops or ASSUMED_GPU_FP16_TFLOPS
-    return params.gpu_fixed_ms * 1e-3 * REFERENCE_TFLOPS / tflops
+    ms = layer_fixed_ms(kinds, params)
+    share = params.layer_host_share
+    seconds = ms * 1e-3 * (share + (1.0 - share) * REFERENCE_TFLOPS / tflops)
+    if decode and not cuda_graphs(dev, params):
+        seconds += params.no_graph_factor * ms * 1e-3
+    return seconds
+
+
+def gemm_efficiency(tokens: float, params: SpeedParams, *, experts: bool = False) -> float:
+    """Fraction of the tensor TFLOPS a quantized matmul reaches with `tokens` rows (prompt
+    tokens per weight matrix): rising to its ceiling as the kernel's tiles fill, half of it at
+    gemm_half_tokens. The routed experts' matmul (tokens gathered per expert, one launch over
+    all of them) has its own, lower ceiling."""
+    ceiling = params.expert_compute_efficiency if experts else params.gpu_compute_efficiency
+    return ceiling * tokens / (tokens + params.gemm_half_tokens)
+
+
+def _fp4_speedup(dev: DeviceSpeed, work: SpeedWork) -> float:
+    """How much faster the routed experts multiply on this GPU for their FP4 share."""
+    cc = _cc(dev.compute_capability)
+    if cc is None or not BLACKWELL_CC <= cc < BLACKWELL_CC + 1 or not work.fp4_expert_share:
+        return 1.0
+    share = work.fp4_expert_share
+    return 1.0 / ((1.0 - share) + share / FP4_MMA_SPEEDUP)
+
+
+def _fa_rate(dev: DeviceSpeed) -> float:
+    """Flash attention's FLOP rate relative to the card's tensor figure: a quarter on Pascal."""
+    cc = _cc(dev.compute_capability)
+    return PASCAL_FA_RATE if cc is not None and cc < 7.0 else 1.0
+
+
+def _mmq_tile(dev: DeviceSpeed) -> int:
+    cc = _cc(dev.compute_capability)
+    return MMQ_TILE_TOKENS_PASCAL if cc is not None and cc < 7.0 else MMQ_TILE_TOKENS
+
+
+def _window(fill: float, n_swa: int) -> float:
+    return min(fill, n_swa) if n_swa else fill
 
 
 def _hops(work: SpeedWork, params: SpeedParams) -> float:
     return 1e-3 * (params.hop_ms * work.transitions + params.gpu_hop_ms * work.gpu_transitions)
 
 
-def _gpu_flops(dev: DeviceSpeed | None, params: SpeedParams) -> float:
-    """FLOP/s prefill reaches on a GPU: its FP16 tensor TFLOPS x gpu_compute_efficiency."""
+def _gpu_flops(dev: DeviceSpeed | None) -> float:
+    """A GPU's FP16 tensor FLOP/s (the data sheet's; gemm_efficiency says how much a matmul
+    reaches)."""
     tflops = (dev.fp16_tflops if dev is not None else None) or ASSUMED_GPU_FP16_TFLOPS
-    return tflops * 1e12 * params.gpu_compute_efficiency
+    return tflops * 1e12
 
 
 def _host_rate(dev: DeviceSpeed, params: SpeedParams) -> float:
@@ -773,26 +974,22 @@ def decode_seconds(
 ) -> float:
     """Seconds per decoded token with `fill` tokens in the KV cache."""
     seconds = _hops(work, params) + params.token_fixed_ms * 1e-3
-    seconds += params.server_ms * 1e-3 if server else 0.0
+    if server:
+        seconds += params.server_ms * 1e-3 * work.n_vocab / SERVER_VOCAB if work.n_vocab else 0.0
     seconds += rpc_seconds(work, devices, fill)
     quant = params.kv_quant_factor if work.kv_quantized else 1.0
     find = _lookup(devices)
     for w in work.devices:
         dev = find(w)
+        depth = filled(fill, w.kv_window_bytes, w.kv_depth_bytes, work.n_swa)
         if w.kind == "gpu":
-            if w.slots:
-                share = w.slots / work.n_slots
-                seconds += _gpu_fixed_seconds(dev, params) * share
-                if not cuda_graphs(dev, params):
-                    seconds += params.no_graph_ms * 1e-3 * share
+            seconds += _gpu_fixed_seconds(w.layer_kinds, dev, params)
             bw = dev.bandwidth_bytes_per_s * params.gpu_bandwidth_efficiency
             seconds += w.decode_bytes / bw
-            depth = filled(fill, w.kv_window_bytes, w.kv_depth_bytes, work.n_swa)
             seconds += depth * params.kv_depth_factor * quant / bw
         else:
             rate = _host_rate(dev, params)
             seconds += w.decode_bytes / rate
-            depth = filled(fill, w.kv_window_bytes, w.kv_depth_bytes, work.n_swa)
             seconds += depth * params.kv_depth_factor / rate
     return seconds
 
@@ -812,30 +1009,46 @@ def prefill_seconds(
     find = _lookup(devices)
     gpus = [w for w in work.devices if w.kind == "gpu" and (w.slots or w.resident_bytes)]
     first_gpu = find(gpus[0]) if gpus else None
-    attn = work.attention_flops_per_token_per_fill * (fill + n / 2) * n
+    # the dense matmuls see all n tokens; each touched expert about n x used / touched of them
+    expert_tokens = min(float(n), work.expert_tokens * n / work.ubatch) if work.ubatch else n
+    dense_eff = gemm_efficiency(n, params)
+    expert_eff = gemm_efficiency(max(expert_tokens, 1.0), params, experts=True)
+    # each prompt token attends over the fill plus half the ubatch on average; a sliding-window
+    # layer over at most n_swa of them
+    span = fill + n / 2
     for w in work.devices:
         dev = find(w)
+        window = _window(span, work.n_swa)
+        attn = n * (w.attention_flops_full * span + w.attention_flops_window * window)
+        dense_flops = n * (w.flops_per_token - w.expert_flops_per_token)
+        expert_flops = n * w.expert_flops_per_token
         if w.kind == "gpu":
-            if w.slots:
-                seconds += _gpu_fixed_seconds(dev, params) * w.slots / work.n_slots
-            # the weights stream while the matrix units multiply: the slower of the two
-            seconds += max(
-                n * w.flops_per_token / _gpu_flops(dev, params),
-                w.resident_bytes / (dev.bandwidth_bytes_per_s * params.gpu_bandwidth_efficiency),
+            seconds += _gpu_fixed_seconds(w.layer_kinds, dev, params, decode=False)
+            peak = _gpu_flops(dev)
+            seconds += dense_flops / (peak * dense_eff)
+            seconds += attn / (peak * params.attention_compute_efficiency * _fa_rate(dev))
+            seconds += expert_flops / (peak * expert_eff * _fp4_speedup(dev, work))
+            # the weights stream once per MMQ tile of tokens (the experts: per tile of the tokens
+            # each one sees), beside the multiplications rather than hidden under them
+            tile = _mmq_tile(dev)
+            streamed = (w.resident_bytes - w.expert_read_bytes) * -(-n // tile) + (
+                w.expert_read_bytes * -(-max(1, round(expert_tokens)) // tile)
             )
-            seconds += attn * w.attention_layers / _gpu_flops(dev, params)
+            seconds += streamed / (dev.bandwidth_bytes_per_s * params.gpu_bandwidth_efficiency)
         elif first_gpu is not None and n >= OP_OFFLOAD_MIN_BATCH:
             # host weights cross PCIe once per ubatch; the first GPU multiplies them
             link = (
                 first_gpu.pcie_bytes_per_s or pcie_bytes_per_s(*ASSUMED_PCIE)
             ) * params.pcie_efficiency
             seconds += w.resident_bytes / link
-            seconds += n * w.flops_per_token / _gpu_flops(first_gpu, params)
+            peak = _gpu_flops(first_gpu)
+            seconds += dense_flops / (peak * dense_eff)
+            seconds += expert_flops / (peak * expert_eff * _fp4_speedup(first_gpu, work))
             # attention has no weights to offload: it runs where the layer's KV cache is
             cpu_flops = (dev.cores or 1) * params.cpu_core_gflops * 1e9
-            seconds += attn * w.attention_layers / cpu_flops
+            seconds += attn / cpu_flops
         else:
-            flops = n * w.flops_per_token + attn * w.attention_layers
+            flops = dense_flops + expert_flops + attn
             seconds += flops / ((dev.cores or 1) * params.cpu_core_gflops * 1e9)
             seconds += w.resident_bytes / (
                 dev.bandwidth_bytes_per_s * params.host_bandwidth_efficiency

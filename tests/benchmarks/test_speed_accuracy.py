@@ -13,6 +13,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
 from speed_accuracy import (  # noqa: E402
     DEFAULT_DATA,
     FOLDS,
+    MODEL_CONFIGS,
     Unusable,
     _manifest,
     build_case,
@@ -25,6 +26,7 @@ from speed_accuracy import (  # noqa: E402
     parse_threads,
     pp_prompt_tokens,
     predict,
+    row_architecture,
     row_folds,
     source_key,
 )
@@ -146,6 +148,49 @@ def test_flags_become_the_configuration() -> None:
 def test_unusable_rows_say_why(changes: dict, reason: str) -> None:
     with pytest.raises(Unusable, match=reason):
         build_case(row(**changes), _manifest())
+
+
+def test_a_qwen3moe_row_is_its_own_architecture() -> None:
+    """Qwen3-30B-A3B rows take the real qwen3moe tensor table (48 attention layers, 128 experts
+    top-8), not a qwen35moe layout with DeltaNet turned off."""
+    case = build_case(
+        row(arch="qwen3moe", quant="Q4_K_M", file_size="17.28 GiB", gpu="RTX 5060 Ti",
+            gpu_vram="16 GB", flags={"ngl": 99, "n_cpu_moe": 8}),
+        _manifest(),
+    )  # fmt: skip
+    assert case.family == "qwen3moe" and case.layout.architecture.name == "qwen3moe"
+    view = case.layout.view
+    assert view.n_layer == 48 and not view.recurrent_layers
+    assert (view.expert_count, view.expert_used_count) == (128, 8)
+    kinds = [w.layer_kinds for w in case.work.devices if w.kind == "gpu"][0]
+    assert kinds.recurrent == 0 and kinds.attention == 48 and kinds.moe == 48
+
+
+def test_a_row_names_its_config_and_the_blocks_its_file_lacks() -> None:
+    """`config` picks a real config; `nextn_predict_layers: 0` drops the MTP block the config
+    carries (per-layer arrays too), which llama-bench's params figure confirms."""
+    full = MODEL_CONFIGS["qwen3.5-27b"].architecture
+    trunk = row_architecture("qwen3.5-27b", {"nextn_predict_layers": 0})
+    assert full.block_count == 65 and trunk.block_count == 64
+    assert len(trunk.get("attention.recurrent_layers")) == 64  # type: ignore[arg-type]
+    case = build_case(
+        row(arch="qwen35", config="qwen3.5-27b", config_overrides={"nextn_predict_layers": 0},
+            quant="Q4_K_M", file_size="15.94 GiB", params_printed="26.90 B", gpu="RTX 5090",
+            gpu_vram="32 GB", flags={"ngl": 99}, placement="all on GPU"),
+        _manifest(),
+    )  # fmt: skip
+    assert case.family == "qwen35" and not any("params" in n for n in case.notes)
+    mtp = build_case(
+        row(arch="qwen35", config="qwen3.5-27b", quant="Q4_K_M", file_size="15.94 GiB",
+            params_printed="26.90 B", gpu="RTX 5090", gpu_vram="32 GB", flags={"ngl": 99},
+            placement="all on GPU"),
+        _manifest(),
+    )  # fmt: skip
+    assert any("params: tensor table 27.32 B" in n for n in mtp.notes)
+    with pytest.raises(Unusable, match="no config"):
+        build_case(row(arch="llama", config="llama-9-1t"), _manifest())
+    with pytest.raises(Unusable, match="no model config"):
+        build_case(row(arch="ernie4_5-moe"), _manifest())
 
 
 def test_speculative_decode_and_unstated_prompt_are_dropped_per_figure() -> None:

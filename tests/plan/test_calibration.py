@@ -241,7 +241,7 @@ def test_the_nearest_size_class_wins() -> None:
         ({"decode_empty": -0.7}, "decode_empty measured / predicted is -0.7"),
         ({"decode_empty": float("inf")}, "is inf"),
         ({"decode_empty": 1e303}, "is 1e+303"),
-        ({"prefill": 0.015}, "prefill measured / predicted is 0.015: outside 0.4-2.5"),
+        ({"prefill": 0.015}, "prefill measured / predicted is 0.015: outside 0.35-2.8"),
         ({"decode_empty": "0.5"}, "is '0.5'"),
     ],
 )
@@ -275,7 +275,7 @@ def test_a_good_entry_is_plausible() -> None:
         ({"ratios": {"decode_empty": 1e303, "decode_depth": None}}, "is 1e+303: outside"),
         ({"ratios": {"decode_empty": None, "decode_depth": None, "prefill": 1.0}},
          "no decode figure"),
-        ({"model_bytes": 16 * MiB}, "the model (16.00 MiB) is outside 4.47 GiB-53.10 GiB"),
+        ({"model_bytes": 16 * MiB}, "the model (16.00 MiB) is outside 1.17 GiB-118.04 GiB"),
         ({"model_bytes": None}, "size is not recorded"),
         ({"measured": {"decode_tps_empty": 30.0, "decode_tps_depth": 60.0}},
          "faster than with an empty context"),

@@ -6,11 +6,14 @@ import dataclasses
 from functools import cache
 
 import pytest
+from arch_configs import BY_NAME
+from arch_fixtures import typed_tensors
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from quantpick.machine.describe import describe_gpu
 from quantpick.machine.spec import DEFAULT_RPC_BANDWIDTH, Host, Machine, Network, RpcWorker
+from quantpick.model.ggml import tensor_bytes
 from quantpick.model.layout import ModelLayout, synthesize_layout
 from quantpick.model.registry import find_manifest
 from quantpick.plan.memory import RunConfig, estimate
@@ -18,13 +21,16 @@ from quantpick.plan.planner import PlanRequest, plan
 from quantpick.plan.speed import (
     DEFAULT_SPEED_PARAMS,
     RECENT_BUILD,
+    SERVER_VOCAB,
     TURING_GRAPHS_BUILD,
+    LayerKinds,
     cuda_graphs,
     decode_seconds,
     decode_speed,
     device_speeds,
     expected_speed,
     kv_cells,
+    layer_fixed_ms,
     legacy_build,
     prefill_seconds,
     rpc_seconds,
@@ -88,14 +94,15 @@ def test_3090_q4_in_vram_decodes_in_the_measured_band() -> None:
 
 def test_4090_decodes_q3_q4_and_mxfp4_at_similar_speeds() -> None:
     """One build, one 4090, llama-bench: UD-Q3_K_XL, UD-Q4_K_XL and MXFP4_MOE decode at 164, 158
-    and 159 tok/s: the fixed cost per token, not the bytes, dominates."""
+    and 159 tok/s: the fixed cost per token, not the bytes, dominates. (MXFP4_MOE reads 1.6x the
+    bytes of UD-Q3_K_XL per token and the model charges them: it predicts it ~13% slow.)"""
     machine = box("4090")
     speeds = [
         1 / decode_seconds(work_of(q, machine), device_speeds(machine), 0, server=False)
         for q in ("UD-Q3_K_XL", "UD-Q4_K_XL", "MXFP4_MOE")
     ]
     assert max(speeds) / min(speeds) < 1.25
-    assert all(140 <= s <= 185 for s in speeds), speeds
+    assert all(135 <= s <= 185 for s in speeds), speeds
 
 
 def test_expert_offload_keeps_a_fraction_of_the_full_gpu_speed() -> None:
@@ -120,7 +127,9 @@ def test_legacy_builds_decode_slower() -> None:
         target_context=0,
         params=DEFAULT_SPEED_PARAMS.for_build(8207),
     )
-    assert old.decode_tps_empty < new.decode_tps_empty / 1.3
+    # measured 107 vs 158 tok/s (llama-bench); llama-server's own cost per token, the same on
+    # both builds, narrows the ratio the expected (server) figure shows
+    assert old.decode_tps_empty < new.decode_tps_empty / 1.25
 
 
 def test_calibration_scales_the_prediction() -> None:
@@ -310,8 +319,18 @@ def test_pascal_decodes_without_cuda_graphs_and_pays_for_it() -> None:
     assert cuda_graphs(as_volta["CUDA0"])
     work = work_of("UD-Q4_K_M", machine)
     slower = decode_seconds(work, pascal, 0) - decode_seconds(work, as_volta, 0)
-    assert slower == pytest.approx(DEFAULT_SPEED_PARAMS.no_graph_ms * 1e-3)
-    assert prefill_seconds(work, pascal) == pytest.approx(prefill_seconds(work, as_volta))
+    kinds = next(w.layer_kinds for w in work.devices if w.device == "CUDA0")
+    # every kernel launched on its own: in proportion to the layers' kernels (40 layers here)
+    expected_ms = DEFAULT_SPEED_PARAMS.no_graph_factor * layer_fixed_ms(kinds, DEFAULT_SPEED_PARAMS)
+    assert kinds == LayerKinds(attention=10, recurrent=30, moe=40, ffn=0)
+    assert slower == pytest.approx(expected_ms * 1e-3)
+    # prefill launches each kernel once per ubatch either way (the compute capability still
+    # changes it otherwise: MMQ's tile, flash attention on FP32 units)
+    with_graphs = dataclasses.replace(DEFAULT_SPEED_PARAMS, graphs_min_cc=6.0)
+    assert cuda_graphs(pascal["CUDA0"], with_graphs)
+    assert prefill_seconds(work, pascal) == pytest.approx(
+        prefill_seconds(work, pascal, params=with_graphs)
+    )
 
 
 def test_turing_gets_cuda_graphs_from_the_volta_turing_build_on() -> None:
@@ -603,3 +622,127 @@ def test_a_default_network_is_named_as_assumed() -> None:
     )
     e = expected_speed(layout, est, device_speeds(told), target_context=32768)
     assert "RPC0 network" not in e.assumed
+
+
+# ---- any architecture: what the per-layer view says a token reads and runs -------------------
+
+
+def family_work(name: str, quant: str = "Q4_K_M", gpu: str = "4090", fill: int = 0):  # type: ignore[no-untyped-def]
+    """(layout, work) of a real config fully on one GPU, its file as llama-quantize types it."""
+    arch = BY_NAME[name].architecture
+    size = sum(tensor_bytes(t, ne) for _, ne, t in typed_tensors(arch, quant))
+    layout = synthesize_layout(arch, quant, size)
+    est = estimate(layout, box(gpu), RunConfig(ctx_size=max(4096, 2 * fill)))
+    return layout, speed_work(layout, est)
+
+
+def gpu_of(work):  # type: ignore[no-untyped-def]
+    return next(w for w in work.devices if w.kind == "gpu")
+
+
+def test_a_dense_model_reads_every_weight_per_token() -> None:
+    layout, work = family_work("llama-3.1-8b")
+    g = gpu_of(work)
+    assert g.decode_bytes == sum(s.dense_bytes for s in layout.slots)
+    assert all(s.expert_bytes == 0 for s in layout.slots)
+    assert g.layer_kinds == LayerKinds(attention=32, recurrent=0, moe=0, ffn=32)
+
+
+def test_a_tied_output_head_is_read_on_every_token() -> None:
+    """gemma3 has no output.weight: llama.cpp multiplies token_embd's rows for the logits."""
+    layout, work = family_work("gemma-3-27b")
+    assert layout.tied_output_bytes > 0
+    assert gpu_of(work).decode_bytes == sum(s.dense_bytes for s in layout.slots) + (
+        layout.tied_output_bytes
+    )
+    machine = box("4090")
+    est = estimate(layout, machine, RunConfig(ctx_size=4096))
+    traffic = decode_speed(layout, est, {"CUDA0": 1_008_096_000_000}).devices
+    assert next(t for t in traffic if t.device == "CUDA0").weight_bytes_per_token == (
+        gpu_of(work).decode_bytes
+    )
+
+
+@pytest.mark.parametrize(("name", "leading"), [("glm-4.5-air", 1), ("deepseek-v3", 3)])
+def test_moe_reads_the_dense_blocks_the_shared_expert_and_the_used_experts(
+    name: str, leading: int
+) -> None:
+    """DeepSeek and GLM lead with dense blocks; every MoE block's routed experts are read at
+    expert_used / expert_count, its shared expert (dense bytes) in full."""
+    layout, work = family_work(name)
+    view = layout.view
+    used = view.expert_used_count / view.expert_count
+    g = gpu_of(work)
+    trunk = range(view.n_layer)
+    assert all(layout.slots[s].expert_bytes == 0 for s in range(leading))
+    assert all(layout.slots[s].expert_bytes > 0 for s in trunk if s >= leading)
+    dense = sum(layout.slots[s].dense_bytes for s in trunk) + layout.slots[-1].dense_bytes
+    experts = sum(layout.slots[s].expert_bytes for s in trunk)
+    assert g.decode_bytes == pytest.approx(dense + used * experts, abs=view.n_layer)
+    assert g.layer_kinds.moe == view.n_layer - leading and g.layer_kinds.ffn == leading
+
+
+def test_sliding_window_layers_read_at_most_the_window() -> None:
+    """gpt-oss alternates 128-token sliding-window and full-context layers."""
+    layout, work = family_work("gpt-oss-20b", "MXFP4_MOE")
+    g = gpu_of(work)
+    assert layout.view.n_swa == 128
+    assert g.kv_window_bytes == g.kv_depth_bytes > 0  # 12 layers of each, same cell
+    machine = box("4090")
+    near = decode_seconds(work, device_speeds(machine), 128, server=False)
+    far = decode_seconds(work, device_speeds(machine), 128 + 65536, server=False)
+    full_only = dataclasses.replace(g, kv_window_bytes=0)
+    work_full = dataclasses.replace(work, devices=(full_only, *work.devices[1:]))
+    far_full = decode_seconds(work_full, device_speeds(machine), 128 + 65536, server=False)
+    near_full = decode_seconds(work_full, device_speeds(machine), 128, server=False)
+    assert far - near == pytest.approx(far_full - near_full)  # past the window: full layers only
+    assert g.attention_flops_window == g.attention_flops_full
+
+
+def test_mla_reads_a_k_only_cache_and_attends_over_it_twice() -> None:
+    """deepseek2's MLA caches kv_lora_rank + rope dims (576) per token and layer, no V; prefill
+    attention multiplies K as the values too."""
+    layout, work = family_work("deepseek-v3")
+    g = gpu_of(work)
+    n_layer = layout.view.n_layer
+    assert g.kv_depth_bytes == n_layer * 576 * 2 and g.kv_window_bytes == 0
+    assert g.attention_flops_full == n_layer * 2 * 128 * (576 + 576)
+
+
+def test_fp4_experts_prefill_faster_on_blackwell() -> None:
+    """gpt-oss's MXFP4 experts take the FP4 tensor cores on compute capability 12.x."""
+    _, work = family_work("gpt-oss-20b", "MXFP4_MOE", gpu="5090")
+    assert work.fp4_expert_share == 1.0
+    speeds = device_speeds(box("5090"))
+    as_ada = {k: dataclasses.replace(d, compute_capability="8.9") for k, d in speeds.items()}
+    assert prefill_seconds(work, speeds) < prefill_seconds(work, as_ada)
+    _, dense = family_work("llama-3.1-8b", gpu="5090")
+    assert dense.fp4_expert_share == 0.0
+    assert prefill_seconds(dense, speeds) == pytest.approx(prefill_seconds(dense, as_ada))
+
+
+def test_the_fixed_cost_per_token_follows_the_layers_a_graph_runs() -> None:
+    """A dense 32-layer transformer launches fewer, cheaper kernels per token than qwen35moe's
+    40 DeltaNet / attention MoE layers: its fixed cost is smaller."""
+    _, dense = family_work("llama-3.1-8b")
+    hybrid = work_of("UD-Q4_K_M", box("4090"))
+    assert layer_fixed_ms(gpu_of(dense).layer_kinds, DEFAULT_SPEED_PARAMS) < layer_fixed_ms(
+        gpu_of(hybrid).layer_kinds, DEFAULT_SPEED_PARAMS
+    )
+
+
+def test_old_builds_slow_only_the_recurrent_layers() -> None:
+    """The pre-b8700 cost was qwen35moe's DeltaNet kernels: a transformer decodes the same."""
+    speeds = device_speeds(box("4090"))
+    old = DEFAULT_SPEED_PARAMS.for_build(8207)
+    _, dense = family_work("llama-3.1-8b")
+    assert decode_seconds(dense, speeds, 0, old) == pytest.approx(decode_seconds(dense, speeds, 0))
+    hybrid = work_of("UD-Q4_K_M", box("4090"))
+    assert decode_seconds(hybrid, speeds, 0, old) > decode_seconds(hybrid, speeds, 0)
+
+
+def test_llama_servers_cost_per_token_scales_with_the_vocabulary() -> None:
+    speeds = device_speeds(box("4090"))
+    _, dense = family_work("llama-3.1-8b")  # 128256 tokens
+    server = decode_seconds(dense, speeds, 0) - decode_seconds(dense, speeds, 0, server=False)
+    assert server == pytest.approx(DEFAULT_SPEED_PARAMS.server_ms * 1e-3 * 128256 / SERVER_VOCAB)
