@@ -118,7 +118,8 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
     config_file = config_path if file_settings.get("_read") else None
 
     # reuse: QUANTPICK_REUSE > config file > default (every store)
-    reuse, origin = STORE_NAMES, "default"
+    reuse: tuple[str, ...] = STORE_NAMES
+    origin = "default"
     if "reuse" in file_settings:
         reuse, origin = file_settings["reuse"], f"config file {config_path}"
     if env.get("QUANTPICK_REUSE", "").strip():
@@ -209,9 +210,11 @@ def _check_nesting(text: str, what: str) -> None:
 def load_toml_text(text: str) -> dict[str, Any]:
     """tomllib.loads, bounded: ValueError("not valid TOML (...)") for any malformed text,
     including nesting that would exhaust the parser's recursion."""
-    try:
+    import sys
+
+    if sys.version_info >= (3, 11):
         import tomllib
-    except ModuleNotFoundError:  # Python 3.10
+    else:  # Python 3.10
         import tomli as tomllib
     _check_nesting(text, "TOML")
     try:

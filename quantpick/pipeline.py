@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from quantpick.fetch.download import FetchReport
     from quantpick.fetch.transfer import ProgressSink
     from quantpick.machine.llamacpp import FoundServer
-    from quantpick.machine.spec import Machine
+    from quantpick.machine.spec import LlamaServer, Machine
     from quantpick.model.headers import LayoutSource
     from quantpick.model.layout import ModelLayout
     from quantpick.model.manifest import Manifest
@@ -388,6 +388,7 @@ def local_tuning(
 
     notes: list[str] = []
     recorded = machine.llama_server
+    server: LlamaServer | None
     if llama_server is None and recorded is not None and recorded.build is not None:
         server = recorded
     else:

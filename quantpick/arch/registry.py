@@ -152,8 +152,10 @@ def architecture(name: str, /, **fields: HValue) -> Architecture:
     aliases = manifest_aliases(name)
     vocab = fields.pop("vocab_size", 0)
     has_output = fields.pop("has_output_tensor", True)
+    if not isinstance(vocab, int):
+        raise TypeError(f"vocab_size {vocab!r}: an integer")
     hparams = {aliases.get(k, k).replace("__", "."): v for k, v in fields.items()}
-    return Architecture.of(name, hparams, int(vocab), has_output_tensor=bool(has_output))
+    return Architecture.of(name, hparams, vocab, has_output_tensor=bool(has_output))
 
 
 def required_keys(name: str) -> tuple[str, ...]:

@@ -227,7 +227,7 @@ def estimate_cmd(
     from quantpick.plan.calibration import apply_overheads, calibrate_speed, model_sizes
 
     # the one file this configuration runs (a calibration applies to a model of its size)
-    sizes = (layout.file_bytes,) if layout.file_bytes else ()
+    sizes: tuple[int, ...] = (layout.file_bytes,) if layout.file_bytes else ()
     if not sizes and manifest is not None:
         sizes = model_sizes(manifest)
     tuning = local_tuning(machine, llama_server, sizes=sizes, use_calibration=not no_calibration)

@@ -217,9 +217,10 @@ def pick_cmd(
         output.print_json(doc)
         return
     render_plan(p, machine, p.n_slots)
-    if report is not None:
+    if report is not None or machine.described:
         from quantpick.cli.confirm import report_confirmation
 
+        # a described machine: one note that llama.cpp did not project it (it sees this box)
         report_confirmation(report, machine, no_confirm, quiet=False)
 
 

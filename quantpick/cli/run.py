@@ -353,6 +353,7 @@ def _plan_comment(p: Plan, machine: Machine) -> str:
     if p.config.rpc_servers:
         gpus += " + RPC workers " + ", ".join(p.config.rpc_servers)
     e = p.speed.expected
+    assert e is not None  # every plan carries its expected speed
     return (
         f"quantpick plan: {p.model} {p.quant}, KV {p.config.cache_type_k}/{p.config.cache_type_v}, "
         f"-c {p.config.ctx_size}, {p.placement} on {gpus} ({where}); expected decode "
@@ -820,6 +821,7 @@ def get_cmd(
     overheads = overheads_from_cli(gpu_overhead, margin, ram_reserve, gpu_reserve)
 
     def announce(p: Plan) -> None:
+        assert p.speed.expected is not None  # every plan carries its expected speed
         if not (json_ or quiet):
             output.note(
                 f"Plan: {p.model} {p.quant} (KV {p.config.cache_type_k}, {p.placement}) for "
@@ -893,9 +895,10 @@ def get_cmd(
             f"Would fetch {human(fp.bytes_to_fetch)} from {fp.source} into {fp.dest_dir} "
             f"({human(fp.free_bytes)} free: {'enough' if fp.enough_space else 'NOT enough'})"
         )
-        for f in fp.files:
+        for planned in fp.files:
             output.note(
-                f"  {f.name}: {f.state}, sha256 from {', '.join(f.sha256_from) or 'nowhere'}"
+                f"  {planned.name}: {planned.state}, sha256 from "
+                f"{', '.join(planned.sha256_from) or 'nowhere'}"
             )
         for line in reuse_lines(fp):
             output.note(line)

@@ -293,15 +293,15 @@ def _paths_for(
         # Any publisher/repo folder holding a file of that name: LM Studio users import files
         # under names of their choosing; the hash decides.
         try:
-            publishers = sorted(p for p in root.path.iterdir() if p.is_dir())
+            publishers = sorted(d for d in root.path.iterdir() if d.is_dir())
         except OSError:
             publishers = []
         for publisher in publishers:
             try:
-                folders = sorted(r for r in publisher.iterdir() if r.is_dir())
+                repo_dirs = sorted(r for r in publisher.iterdir() if r.is_dir())
             except OSError:
                 continue
-            out += [(folder / base, "name") for folder in folders]
+            out += [(folder / base, "name") for folder in repo_dirs]
     elif root.layout == OLLAMA:
         out.append((root.path / "blobs" / f"sha256-{sha256}", "sha256"))
         out.append((root.path / "blobs" / f"sha256:{sha256}", "sha256"))

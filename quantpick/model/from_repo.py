@@ -262,10 +262,9 @@ def build_manifest(
     parts.append(_table("architecture", architecture_table(layout.architecture)) + "\n")
     sampling_keys = {"temperature": "temp", "top_p": "top_p", "top_k": "top_k", "min_p": "min_p"}
     sampling = {k: meta.get(f"general.sampling.{v}") for k, v in sampling_keys.items()}
-    if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in sampling.values()):
-        sampling["top_k"] = int(sampling["top_k"])
-        for k in ("temperature", "top_p", "min_p"):
-            sampling[k] = round(float(sampling[k]), 6)
+    numbers = {k: v for k, v in sampling.items() if isinstance(v, (int, float))}
+    if len(numbers) == len(sampling) and not any(isinstance(v, bool) for v in numbers.values()):
+        sampling = {k: int(v) if k == "top_k" else round(float(v), 6) for k, v in numbers.items()}
         parts.append(_table("sampling", sampling) + "\n")
     parts.append(_table("sources", {"kind": kind, "repo": repo, "revision": source.revision}, True))
 

@@ -28,13 +28,10 @@ def manifest_for_gguf(path: Path, layout: ModelLayout) -> Manifest:
     meta = layout.metadata
     quant = quant_tag(path.name) or "custom"
     sampling = None
-    if all(f"general.sampling.{k}" in meta for k in ("temp", "top_p", "top_k", "min_p")):
-        sampling = Sampling(
-            float(meta["general.sampling.temp"]),
-            float(meta["general.sampling.top_p"]),
-            int(meta["general.sampling.top_k"]),
-            float(meta["general.sampling.min_p"]),
-        )
+    values = [meta.get(f"general.sampling.{k}") for k in ("temp", "top_p", "top_k", "min_p")]
+    if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+        temp, top_p, top_k, min_p = (float(v) for v in values)  # type: ignore[arg-type]
+        sampling = Sampling(temp, top_p, int(top_k), min_p)
     return Manifest(
         id=path.stem,
         display_name=str(meta.get("general.name", path.stem)),

@@ -133,9 +133,11 @@ def repo_manifest(
     loaded = _load(path)
     if loaded is not None:
         return loaded
-    try:
+    import sys
+
+    if sys.version_info >= (3, 11):
         import tomllib
-    except ModuleNotFoundError:  # Python 3.10
+    else:  # Python 3.10
         import tomli as tomllib
 
     from quantpick.model.manifest import parse_manifest

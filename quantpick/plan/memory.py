@@ -652,9 +652,9 @@ def estimate(
         # The projector goes to --device's first device, else to the first GPU registered, which
         # is a local one when there is any: RPC devices register at --rpc, after the built-in
         # backends (common/arg.cpp: mmproj_device; tools/mtmd/clip.cpp clip_ctx).
-        pos = 0 if config.devices is not None or op_offload_pos is None else op_offload_pos
-        target = acc[pos] if n_gpu else host
-        target.projector = projector_bytes + PROJECTOR_COMPUTE_BYTES
+        first = 0 if config.devices is not None or op_offload_pos is None else op_offload_pos
+        projector_acc = acc[first] if n_gpu else host
+        projector_acc.projector = projector_bytes + PROJECTOR_COMPUTE_BYTES
 
     notes: list[str] = []
     if not fa:
@@ -665,14 +665,14 @@ def estimate(
         a = acc[pos]
         endpoint: str | None = None
         if pos < n_gpu:
-            dev = devs[pos]
+            rdev = devs[pos]
             # llama.cpp reports an RPC device as type GPU (ggml_backend_rpc_device_get_type).
-            name, kind, device, endpoint = dev.gpu.name, "gpu", dev.name, dev.endpoint
-            free = dev.gpu.free_bytes
+            name, kind, device, endpoint = rdev.gpu.name, "gpu", rdev.name, rdev.endpoint
+            free = rdev.gpu.free_bytes
             budget = free - overheads.gpu_margin_bytes
-            if pos == 0 and not dev.is_rpc and dev.gpu.free_bytes >= dev.gpu.total_bytes:
+            if pos == 0 and not rdev.is_rpc and rdev.gpu.free_bytes >= rdev.gpu.total_bytes:
                 budget -= overheads.gpu_desktop_bytes
-            gpu_index: int | None = None if dev.is_rpc else dev.gpu.index
+            gpu_index: int | None = None if rdev.is_rpc else rdev.gpu.index
         else:
             name, kind, device, gpu_index = "Host", "host", "CPU", None
             free = machine.host.ram_available_bytes

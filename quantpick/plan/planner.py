@@ -628,6 +628,7 @@ def plan(
         why = f"RPC worker(s) {endpoints} unused: no plan that uses them fits"
     else:
         e = with_workers.speed.expected
+        assert e is not None and alone.speed.expected is not None  # the planner always sets it
         net = getattr(e, "network_ms_target", None)
         over = f" (+{net:.1f} ms per token on the network at {e.target_context} tokens)"
         why = (
@@ -960,6 +961,8 @@ SPEED_TIE = 1.05
 
 def expected_tps(speed: SpeedEstimate) -> float:
     """Expected decode tok/s at the target context (the figure policies and --min-tps use)."""
+    if speed.expected is None:  # an estimate without the fitted model: the bandwidth bound
+        return float(speed.tokens_per_s_target)
     return float(speed.expected.decode_tps_target)
 
 

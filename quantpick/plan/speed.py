@@ -335,8 +335,10 @@ def device_speeds(machine: Machine) -> dict[str, DeviceSpeed]:
     devices: dict[str, DeviceSpeed] = {}
     for g in machine.gpus:
         link = (g.pcie_generation, g.pcie_width)
+        gen, width = ASSUMED_PCIE
         known_link = link[0] is not None and link[1] is not None
-        gen, width = link if known_link else ASSUMED_PCIE  # type: ignore[misc]
+        if link[0] is not None and link[1] is not None:
+            gen, width = link[0], link[1]
         devices[f"CUDA{g.index}"] = DeviceSpeed(
             device=f"CUDA{g.index}",
             kind="gpu",

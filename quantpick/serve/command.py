@@ -143,7 +143,7 @@ class ServerCommand:
     env_names: dict[str, str] = field(default_factory=dict)
     # NVML indices (PCI bus order) of the GPUs the plan uses: None = all, () = none. The compose
     # rendering reserves exactly these.
-    devices: tuple[int, ...] | None = None
+    devices: tuple[int, ...] | None = None  # the CUDA indices of --device (RPC ones left out)
     host: str = "127.0.0.1"
     port: int = 8080
     hf: HfModel | None = None  # the model comes from -hf, not a file on disk
@@ -481,7 +481,7 @@ def build_command(
         target=target,
         env_from=tuple(env_from),
         env_names=env_names,
-        devices=config.devices,
+        devices=_cuda_indices(config.devices),
         host=server.host,
         port=server.port,
         hf=hf,
@@ -856,6 +856,19 @@ def _container_cuda_index(cmd: ServerCommand) -> dict[int, int]:
         listed = [int(i) for i in cmd.env["CUDA_VISIBLE_DEVICES"].split(",") if i]
         return {pos: order.index(phys) for pos, phys in enumerate(listed)}
     return {phys: order.index(phys) for phys in cmd.devices}
+
+
+def _cuda_indices(devices: tuple[int | str, ...] | None) -> tuple[int, ...] | None:
+    """--device's CUDA devices as indices ("CUDA1" -> 1); RPC devices are not this host's."""
+    if devices is None:
+        return None
+    out = []
+    for d in devices:
+        if isinstance(d, int):
+            out.append(d)
+        elif d.upper().startswith("CUDA") and d[4:].isdigit():
+            out.append(int(d[4:]))
+    return tuple(out)
 
 
 def render_compose(
