@@ -160,7 +160,8 @@ def dump(doc: dict[str, Any]) -> str:
 def record(cfg: RealConfig, bin_dir: Path, endpoints: list[str], tmp: Path,
            tool: Path | None) -> dict[str, Any]:  # fmt: skip
     model = tmp / f"{cfg.name}.gguf"
-    size = write_header_only(model, cfg.architecture, cfg.quant, name=cfg.name)
+    # no general.file_type: the recorded headers stay the ones llama.cpp was shown
+    size = write_header_only(model, cfg.architecture, cfg.quant, name=cfg.name, file_type=False)
     header = header_to_json(read_gguf_file(model))
     header["source"] = model.name
     cases = []

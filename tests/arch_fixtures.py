@@ -100,9 +100,15 @@ def typed_tensors(arch: Architecture, quant: str) -> list[tuple[str, tuple[int, 
 
 
 def write_header_only(
-    path: Path, arch: Architecture, quant: str = "Q4_K_M", *, name: str | None = None
+    path: Path,
+    arch: Architecture,
+    quant: str = "Q4_K_M",
+    *,
+    name: str | None = None,
+    file_type: bool = True,
 ) -> int:
-    """Write `arch` as a full-size sparse GGUF at `path`; returns the file size in bytes."""
+    """Write `arch` as a full-size sparse GGUF at `path`; returns the file size in bytes.
+    `file_type=False`: no general.file_type, as the files tests/data/arch-real was recorded on."""
     import gguf
     import numpy as np
 
@@ -112,7 +118,7 @@ def write_header_only(
     from quantpick.model.from_repo import FILE_TYPES
 
     ftype = {name: value for value, name in FILE_TYPES.items()}.get(quant.upper())
-    if ftype is not None:  # general.file_type, as llama-quantize writes it
+    if ftype is not None and file_type:  # general.file_type, as llama-quantize writes it
         w.add_file_type(ftype)
     w.add_uint32(f"{arch.name}.vocab_size", arch.vocab_size)
     for key, value in arch.hparams:

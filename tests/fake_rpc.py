@@ -114,7 +114,10 @@ class FakeWorker:
     # -- the server ----------------------------------------------------------------------------
 
     def _serve(self) -> None:
-        self._sock.settimeout(0.1)
+        try:
+            self._sock.settimeout(0.1)
+        except OSError:  # closed before the thread got here (a test that ends at once)
+            return
         while not self._stop.is_set():
             try:
                 conn, _ = self._sock.accept()

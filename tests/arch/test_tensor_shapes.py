@@ -74,7 +74,7 @@ def test_the_writer_reproduces_the_recorded_header(tmp_path: Path) -> None:
     """The configs and the writer still make the file llama.cpp was shown (else re-record)."""
     for cfg in (BY_NAME["lfm2-1.2b"], BY_NAME["gemma-4-e2b"]):
         path = tmp_path / f"{cfg.name}.gguf"
-        size = write_header_only(path, cfg.architecture, cfg.quant, name=cfg.name)
+        size = write_header_only(path, cfg.architecture, cfg.quant, name=cfg.name, file_type=False)
         doc = _load(DATA / f"{cfg.name}.json")
         got, want = read_gguf_file(path), header_from_json(doc["header"])
         assert size == doc["file_bytes"] == path.stat().st_size
