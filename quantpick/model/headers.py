@@ -303,12 +303,6 @@ class LayoutSource:
     def upgrade(self, quant: str) -> bool:
         """Replace quant's synthesized layout by the exact header when it can be fetched."""
         from quantpick.errors import GGUFError
-        from quantpick.fetch.http import (
-            PLANNING_DEADLINE,
-            DeadlineExceeded,
-            call_within,
-            planning_policy,
-        )
 
         if self(quant).exact:
             return False
@@ -325,6 +319,14 @@ class LayoutSource:
                     pass  # unreadable after all: the hub, as for any other quant
         if not self.network:
             return False
+        # imported here, not above: an offline plan never loads the HTTP stack
+        from quantpick.fetch.http import (
+            PLANNING_DEADLINE,
+            DeadlineExceeded,
+            call_within,
+            planning_policy,
+        )
+
         try:
             # Optional: never minutes of retries, nor more than PLANNING_DEADLINE s in all.
             layout = call_within(

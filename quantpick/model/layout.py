@@ -61,7 +61,7 @@ class TensorInfo:
     shape: tuple[int, ...]  # ggml ne order: ne[0] is the row length
     n_bytes: int
 
-    @property
+    @cached_property
     def is_expert(self) -> bool:
         return EXPERT_TENSOR_RE.search(self.name) is not None
 
@@ -100,7 +100,18 @@ class ModelLayout:
 
         return view_of(self.architecture)
 
+    @cached_property
+    def _slots(self) -> dict[str, int]:
+        return {}
+
     def slot_of(self, name: str) -> int:
+        """The layer slot a tensor belongs to (memoized: the planner asks some 10^4 times)."""
+        found = self._slots.get(name)
+        if found is None:
+            found = self._slots[name] = self._slot_of(name)
+        return found
+
+    def _slot_of(self, name: str) -> int:
         match = _BLOCK_RE.match(name)
         if match:
             return int(match.group(1))

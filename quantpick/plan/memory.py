@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 import struct
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 from quantpick.arch.base import AttentionKind, LayerView, ModelView
 from quantpick.errors import UsageError
@@ -414,8 +415,9 @@ def _buft_to_device(buft: str, devices: tuple[LlamaDevice, ...]) -> int | None:
     raise UsageError(f"-ot buffer type {b!r} is not a device here", hint=hint)
 
 
+@lru_cache(maxsize=4096)
 def _f32(value: float) -> float:
-    """`value` rounded to single precision (C++ float)."""
+    """`value` rounded to single precision (C++ float); memoized (a plan asks ~10^4 times)."""
     return float(struct.unpack("f", struct.pack("f", value))[0])
 
 
