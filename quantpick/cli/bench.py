@@ -226,8 +226,10 @@ def bench_cmd(
     settings = BenchSettings(n_prompt=n_prompt, n_gen=n_gen, depth=max(0, depth), reps=reps,
                              timeout_s=tool_timeout(timeout, BENCH_TIMEOUT_S))  # fmt: skip
 
+    show_progress = output.stderr().is_terminal  # on a terminal only, never on a pipe or log
+
     def progress(line: str) -> None:
-        if line.startswith(("llama-bench:", "starting", "prefill", "decode")):
+        if show_progress and line.startswith(("llama-bench:", "starting", "prefill", "decode")):
             output.note(line)
 
     report = bench_plan(
