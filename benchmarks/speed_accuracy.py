@@ -9,7 +9,7 @@
 For every usable row it builds quantpick's own configuration of that run and predicts it:
 - the model layout is synthesized from the row's file size and quant (`synthesize_layout`) with
   the architecture of the model measured: the row's `config` (a real config with its source,
-  tests/arch_configs.py or EXTRA_CONFIGS below; `config_overrides` drops an MTP block the file
+  tests/arch_configs.py CONFIGS or SPEED_CONFIGS; `config_overrides` drops an MTP block the file
   lacks), qwen3moe rows without one Qwen3-30B-A3B's, qwen35moe rows without one the bundled
   qwen35moe manifest's. A row's `params_printed` (llama-bench's params column) is checked
   against the layout's tensor table and a mismatch noted;
@@ -92,68 +92,9 @@ DEFAULT_CORES = 8
 DEFAULT_RAM_BYTES = 128 * GiB  # host fit does not change speed; a row's stated RAM is used
 
 sys.path.insert(0, str(ROOT / "tests"))
-from arch_configs import BY_NAME, RealConfig  # noqa: E402
+from arch_configs import BY_NAME, SPEED_CONFIGS, RealConfig  # noqa: E402
 
-# Models the rows measure that tests/arch_configs.py does not carry, as their GGUFs' <arch>.* keys.
-EXTRA_CONFIGS = (
-    RealConfig(
-        "gpt-oss-120b",
-        "gpt-oss",
-        {**BY_NAME["gpt-oss-20b"].hparams, "block_count": 36, "expert_count": 128},
-        vocab_size=201088,
-        tied=False,
-        source="gpt-oss-20b's config with 36 layers and 128 experts: vLLM's and transformers' "
-        "GptOssConfig defaults ('a similar configuration to that of the GPT-OSS-120B model': 36 "
-        "layers, 128 experts top-4, 2880 hidden and expert width, 64/8 heads x 64, window 128, "
-        "vocab 201088); llama-bench prints 116.83 B params for ggml-org's file",
-        quant="MXFP4_MOE",
-    ),
-    RealConfig(
-        "gemma-3-4b",
-        "gemma3",
-        {
-            "block_count": 34, "context_length": 131072, "embedding_length": 2560,
-            "feed_forward_length": 10240, "attention.head_count": 8,
-            "attention.head_count_kv": 4, "attention.key_length": 256,
-            "attention.value_length": 256, "attention.layer_norm_rms_epsilon": 1e-6,
-            "rope.freq_base": 1000000.0, "rope.freq_base_swa": 10000.0,
-            "rope.scaling.type": "linear", "rope.scaling.factor": 8.0,
-            "attention.sliding_window": 1024,
-        },
-        vocab_size=262208,
-        tied=True,
-        source="google/gemma-3-4b-it text_config as a public Gemma3Config table copies it (34 "
-        "layers, 2560 dim, FFN 2560 x 8 / 2, 8/4 heads x 256, window 1024, vocab 262208, rope "
-        "1e6 / 1e4 local, linear x8; search index id 44578680385); llama-bench prints 3.88 B",
-    ),
-    RealConfig(
-        "glm-4.7-flash",
-        "deepseek2",
-        {
-            # the measured files carry no MTP block: llama-bench's 29.94 B params are the 47
-            # trunk layers (the pinned converter would add num_nextn_predict_layers 1)
-            "block_count": 47, "context_length": 202752, "embedding_length": 2048,
-            "feed_forward_length": 10240, "attention.head_count": 20,
-            "attention.head_count_kv": 1,  # MLA as MQA (conversion/deepseek.py)
-            "attention.layer_norm_rms_epsilon": 1e-5, "leading_dense_block_count": 1,
-            "attention.q_lora_rank": 768, "attention.kv_lora_rank": 512,
-            "attention.key_length": 576, "attention.value_length": 512,  # kv_lora + rope
-            "attention.key_length_mla": 256, "attention.value_length_mla": 256,  # 192+64, 256
-            "expert_feed_forward_length": 1536, "expert_count": 64, "expert_used_count": 4,
-            "expert_shared_count": 1, "expert_weights_scale": 1.8, "expert_weights_norm": True,
-            "expert_gating_func": 2,  # noaux_tc (arch/deepseek.py GATING_SIGMOID)
-            "expert_group_count": 1, "expert_group_used_count": 1,
-            "rope.dimension_count": 64, "rope.freq_base": 1000000.0,
-        },
-        vocab_size=154880,
-        tied=False,
-        source="zai-org/GLM-4.7-Flash config.json as blap/Mod src/inference_pio/models/"
-        "glm_4_7_flash/config.py copies it (commit 06d6cd1e: 2048 hidden, 47 layers, 20 heads, "
-        "10240 FFN, 64 routed + 1 shared experts top-4 x 1536, first_k_dense 1, q_lora 768, "
-        "kv_lora 512, qk 192 + 64, v 256, vocab 154880, untied)",
-    ),
-)  # fmt: skip
-MODEL_CONFIGS: dict[str, RealConfig] = {**BY_NAME, **{c.name: c for c in EXTRA_CONFIGS}}
+MODEL_CONFIGS: dict[str, RealConfig] = {**BY_NAME, **{c.name: c for c in SPEED_CONFIGS}}
 # Rows that name no config: qwen3moe rows measure Qwen3-30B-A3B or Qwen3-Coder-30B-A3B, one
 # architecture (48 layers, 128 experts top-8 x 768, 32/4 heads x 128).
 DEFAULT_CONFIG = {"qwen3moe": "qwen3-30b-a3b"}
@@ -389,8 +330,8 @@ def build_case(row: dict, manifest: Manifest) -> Case:
     if "spilled" in notes_text:
         raise Unusable("the author reports VRAM spilled into shared memory")
 
-    # model: the row's config (tests/arch_configs.py or EXTRA_CONFIGS) or, for qwen35moe rows
-    # without one, the bundled manifest's architecture
+    # model: the row's config (tests/arch_configs.py CONFIGS or SPEED_CONFIGS) or, for qwen35moe
+    # rows without one, the bundled manifest's architecture
     family = str(row.get("arch") or "")
     config_name = row.get("config") or DEFAULT_CONFIG.get(family)
     quant = parse_quant(row.get("quant"))

@@ -7,7 +7,8 @@ I/O); the CLI parses options, calls one of these and renders what comes back.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -659,34 +660,21 @@ def dry_run(
     file. None when there is nothing to run it on: a described machine (llama.cpp projects on
     this one's devices), a plan already on a file on disk, or no llama-fit-params; a report
     "skipped" with the reason when the header bytes or a sparse file cannot be had."""
-    from quantpick.errors import GGUFError
-    from quantpick.serve.fitparams import FIT_PARAMS, find_tool
-    from quantpick.serve.standin import NoSparseFiles, standins
-
     inputs, p = result.inputs, result.plan
-    if inputs.machine.described or inputs.local is not None:
-        return None
-    found = find_tool(FIT_PARAMS, llama_bin=options.llama_bin, llama_server=options.llama_server)
-    if found is None:
+    if inputs.machine.described or inputs.local is not None or _fit_params(options) is None:
         return None
     try:
-        shards = raw_headers_for(
-            inputs.manifest, p.quant, settings=settings, network=inputs.network
-        )
-    except GGUFError as exc:
-        return ConfirmReport("skipped", p, message=f"no {DRY_RUN_BASIS}: {exc.message}")
-    runner = _dry_run_cache(settings, shards, inputs.machine)
-    try:
-        with standins(shards, parent=settings.cache_dir / "standins") as path:
-            runner.standin = str(path)
+        with _standin(inputs.manifest, p.quant, inputs.machine, settings, inputs.network) as (
+            path,
+            runner,
+        ):
             report = confirm_local_plan(
                 p, inputs.manifest, path, inputs.machine, inputs.request, inputs.overheads,
                 options, runner=runner,
             )  # fmt: skip
-    except NoSparseFiles as exc:
-        return ConfirmReport("skipped", p, message=f"no {DRY_RUN_BASIS}: {exc.message}")
-    cached = " (its projection read back from the cache)" if runner.hits else ""
-    return replace(report, message=f"{report.message} ({DRY_RUN_BASIS}){cached}")
+    except _NoDryRun as exc:
+        return ConfirmReport("skipped", p, message=f"no {DRY_RUN_BASIS}: {exc}")
+    return replace(report, message=f"{report.message} ({DRY_RUN_BASIS}){runner.cached_note}")
 
 
 @dataclass(frozen=True)
@@ -718,71 +706,81 @@ def dry_run_config(
 ) -> ConfigCheck | None:
     """`dry_run` for `estimate`'s one configuration of a remote quant: llama-fit-params on the
     stand-in with exactly these flags, compared device by device. None as for `dry_run`."""
-    from quantpick.errors import GGUFError
     from quantpick.plan.confirm import compare
-    from quantpick.serve.fitparams import FIT_PARAMS, FitParamsError, find_tool, fit_params_argv
-    from quantpick.serve.standin import NoSparseFiles, standins
+    from quantpick.serve.fitparams import FitParamsError, fit_params_argv
 
-    if machine.described or layout.quant is None:
-        return None
-    tool = find_tool(FIT_PARAMS, llama_bin=options.llama_bin, llama_server=options.llama_server)
-    if tool is None:
+    tool = _fit_params(options)
+    if machine.described or layout.quant is None or tool is None:
         return None
     try:
-        shards = raw_headers_for(manifest, layout.quant, settings=settings, network=network)
-    except GGUFError as exc:
-        return ConfigCheck("skipped", f"no {DRY_RUN_BASIS}: {exc.message}")
-    runner = _dry_run_cache(settings, shards, machine)
-    try:
-        with standins(shards, parent=settings.cache_dir / "standins") as path:
-            runner.standin = str(path)
+        with _standin(manifest, layout.quant, machine, settings, network) as (path, runner):
             argv, env = fit_params_argv(
                 tool, config, path, layout.n_slots - 1, extra_args=options.extra_args
             )
-            try:
-                run = runner(argv, env, timeout_s=options.timeout_s)
-            except FitParamsError as exc:
-                return ConfigCheck("failed", f"no {DRY_RUN_BASIS}: {exc.message}")
-    except NoSparseFiles as exc:
-        return ConfigCheck("skipped", f"no {DRY_RUN_BASIS}: {exc.message}")
+            run = runner(argv, env, timeout_s=options.timeout_s)
+    except _NoDryRun as exc:
+        return ConfigCheck("skipped", f"no {DRY_RUN_BASIS}: {exc}")
+    except FitParamsError as exc:
+        return ConfigCheck("failed", f"no {DRY_RUN_BASIS}: {exc.message}")
     c = compare(
         layout, machine, config, run.projection, capped=capped, overheads=overheads,
         projector_bytes=projector_bytes if config.vision else 0,
     )  # fmt: skip
     rounds = (ConfirmRound(None, c, run.argv, run.seconds),)
-    cached = " (its projection read back from the cache)" if runner.hits else ""
+    basis = f"({DRY_RUN_BASIS}){runner.cached_note}"
     if c.problem is not None:
         return ConfigCheck("failed", f"could not read llama.cpp's projection: {c.problem}", rounds)
     if c.fits:
         tightest = min(c.checks, key=lambda d: d.headroom_bytes)
-        verdict = (
-            f"fits by llama.cpp's own figures: {tightest.headroom_bytes / 2**20:.0f} MiB to spare "
-            f"on {tightest.device}"
+        return ConfigCheck(
+            "fits",
+            f"fits by llama.cpp's own figures: {tightest.headroom_bytes / 2**20:.0f} MiB to "
+            f"spare on {tightest.device} {basis}",
+            rounds,
         )
-        return ConfigCheck("fits", f"{verdict} ({DRY_RUN_BASIS}){cached}", rounds)
-    over = ", ".join(
-        f"{d.device} by {(d.projected_bytes - d.budget_bytes) / 2**20:.0f} MiB"
-        for d in c.overflowing
+    return ConfigCheck(
+        "overflows",
+        f"llama.cpp projects it will not fit: over budget on {_overflow_text(c)} {basis}",
+        rounds,
     )
-    return ConfigCheck("overflows", f"llama.cpp projects it will not fit: over budget on {over} "
-                       f"({DRY_RUN_BASIS}){cached}", rounds)  # fmt: skip
 
 
-def raw_headers_for(
-    manifest: Manifest, quant: str, *, settings: Settings, network: bool
-) -> list[tuple[str, bytes, int]]:
+class _NoDryRun(Exception):
+    """No stand-in could be had (header bytes, sparse files): the estimate stands alone."""
+
+
+def _fit_params(options: ConfirmOptions) -> Path | None:
+    from quantpick.serve.fitparams import FIT_PARAMS, find_tool
+
+    return find_tool(FIT_PARAMS, llama_bin=options.llama_bin, llama_server=options.llama_server)
+
+
+@contextmanager
+def _standin(
+    manifest: Manifest, quant: str, machine: Machine, settings: Settings, network: bool
+) -> Iterator[tuple[Path, DryRunCache]]:
+    """The quant's sparse stand-in (removed afterwards) and the cached llama-fit-params to run
+    on it; _NoDryRun with the reason when there is none."""
+    from quantpick.errors import GGUFError
     from quantpick.model.headers import raw_headers
+    from quantpick.serve.standin import NoSparseFiles, standins
 
-    return raw_headers(manifest, quant, settings=settings, network=network)
-
-
-def _dry_run_cache(
-    settings: Settings, shards: list[tuple[str, bytes, int]], machine: Machine
-) -> DryRunCache:
-    file_key = hashlib.sha256(b"".join(data for _, data, _ in shards)).hexdigest()
+    try:
+        shards = raw_headers(manifest, quant, settings=settings, network=network)
+    except GGUFError as exc:
+        raise _NoDryRun(exc.message) from exc
     devices = [(g.name, g.total_bytes, g.backend) for g in machine.gpus]
-    workers = [w.endpoint for w in machine.rpc_workers]
-    return DryRunCache(settings.cache_dir / "dry-runs", file_key, repr((devices, workers)))
+    runner = DryRunCache(
+        settings.cache_dir / "dry-runs",
+        hashlib.sha256(b"".join(data for _, data, _ in shards)).hexdigest(),
+        repr((devices, [w.endpoint for w in machine.rpc_workers])),
+    )
+    try:
+        with standins(shards, parent=settings.cache_dir / "standins") as path:
+            runner.standin = str(path)
+            yield path, runner
+    except NoSparseFiles as exc:
+        raise _NoDryRun(exc.message) from exc
 
 
 @dataclass
@@ -794,14 +792,19 @@ class DryRunCache:
 
     directory: Path
     file_key: str  # sha256 of the stand-in's header bytes
-    devices: str  # the machine's GPUs (name, total, backend)
-    standin: str = ""
+    devices: str  # the machine's GPUs (name, total, backend) and RPC workers
+    standin: str = ""  # the stand-in's path, replaced by file_key in the cache key
     hits: int = 0
+
+    @property
+    def cached_note(self) -> str:
+        return " (its projection read back from the cache)" if self.hits else ""
 
     def __call__(self, argv: list[str], env: dict[str, str], *, timeout_s: float) -> Any:
         import json
 
         from quantpick.errors import QuantpickError
+        from quantpick.fetch.atomic import write_atomic
         from quantpick.plan.confirm import Projection
         from quantpick.serve.fitparams import FitParamsRun, parse_output, run_fit_params
 
@@ -829,9 +832,7 @@ class DryRunCache:
         if got.exit_code == 0:
             try:
                 self.directory.mkdir(parents=True, exist_ok=True)
-                tmp = path.with_suffix(".tmp")
-                tmp.write_text(got.stdout, encoding="utf-8")
-                tmp.replace(path)
+                write_atomic(path, got.stdout.encode("utf-8"), durable=False)
             except OSError:
                 pass  # a read-only cache only costs the next dry run its run
         return got

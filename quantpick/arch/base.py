@@ -316,18 +316,22 @@ class HParams:
     def key(self, suffix: str) -> HValue | None:
         return self.arch.get(suffix)
 
+    def _pattern(self, n_pattern: int, dense_first: bool) -> list[bool]:
+        """The rule set_swa_pattern and set_recr_pattern share (src/llama-hparams.cpp:8-38):
+        every layer but one in n_pattern, the odd one first or last; NextN blocks never."""
+        n = self.n_layer()
+        return [
+            il < n
+            and (
+                n_pattern == 0
+                or (il % n_pattern != 0 if dense_first else il % n_pattern < n_pattern - 1)
+            )
+            for il in range(self.n_layer_all)
+        ]
+
     def set_swa_pattern(self, n_pattern: int, dense_first: bool = False) -> None:
         """llama_hparams::set_swa_pattern (src/llama-hparams.cpp:8-22)."""
-        n = self.n_layer()
-        out = []
-        for il in range(self.n_layer_all):
-            if il >= n:
-                out.append(False)
-            elif dense_first:
-                out.append(n_pattern == 0 or il % n_pattern != 0)
-            else:
-                out.append(n_pattern == 0 or il % n_pattern < n_pattern - 1)
-        self.is_swa = out
+        self.is_swa = self._pattern(n_pattern, dense_first)
 
     def load_swa_pattern(self, n_pattern: int, dense_first: bool = False) -> None:
         """llama_model_base::load_swa_pattern (src/llama-model.cpp:3434-3441): a per-layer
@@ -355,16 +359,7 @@ class HParams:
 
     def set_recr_pattern(self, n_pattern: int, dense_first: bool = False) -> None:
         """llama_hparams::set_recr_pattern (src/llama-hparams.cpp:24-38)."""
-        n = self.n_layer()
-        out = []
-        for il in range(self.n_layer_all):
-            if il >= n:
-                out.append(False)
-            elif dense_first:
-                out.append(n_pattern == 0 or il % n_pattern != 0)
-            else:
-                out.append(n_pattern == 0 or il % n_pattern < n_pattern - 1)
-        self.is_recr = out
+        self.is_recr = self._pattern(n_pattern, dense_first)
 
     def per_layer(self, suffix: str, default: int) -> list[int]:
         """get_key_or_arr: one value per layer (a scalar is repeated)."""

@@ -54,6 +54,22 @@ HfCacheOpt = Annotated[
         show_default=False,
     ),
 ]
+SourceOpt = Annotated[
+    str,
+    typer.Option(
+        "--source",
+        help="auto (the manifest's sources in order, falling back on failure), "
+        "hf, modelscope or mirror.",
+        autocompletion=complete_source,
+    ),
+]
+AllowUnverifiedOpt = Annotated[
+    bool,
+    typer.Option(
+        "--allow-unverified",
+        help="Download files that have no known sha256 anywhere (refused by default).",
+    ),
+]
 ConnectionsOpt = Annotated[
     Optional[int],  # noqa: UP045
     typer.Option(
@@ -403,26 +419,12 @@ def download(
             file_okay=False,
         ),
     ] = None,
-    source: Annotated[
-        str,
-        typer.Option(
-            "--source",
-            help="auto (the manifest's sources in order, falling back on failure), "
-            "hf, modelscope or mirror.",
-            autocompletion=complete_source,
-        ),
-    ] = "auto",
+    source: SourceOpt = "auto",
     dry_run: Annotated[
         bool,
         typer.Option("--dry-run", help="Show what would be fetched, from where, and disk room."),
     ] = False,
-    allow_unverified: Annotated[
-        bool,
-        typer.Option(
-            "--allow-unverified",
-            help="Download files that have no known sha256 anywhere (refused by default).",
-        ),
-    ] = False,
+    allow_unverified: AllowUnverifiedOpt = False,
     quiet: Annotated[
         bool, typer.Option("--quiet", help="No progress; print only the model file's path.")
     ] = False,

@@ -22,7 +22,14 @@ import typer
 
 from quantpick.cli.complete import FORMATS, MODEL_SOURCES
 from quantpick.cli.core import app
-from quantpick.cli.download import ConnectionsOpt, HfCacheOpt, ReuseFromOpt, ReuseOpt
+from quantpick.cli.download import (
+    AllowUnverifiedOpt,
+    ConnectionsOpt,
+    HfCacheOpt,
+    ReuseFromOpt,
+    ReuseOpt,
+    SourceOpt,
+)
 from quantpick.cli.ecosystem import (
     ECOSYSTEM_FORMATS,
     ModelfileOpt,
@@ -70,7 +77,6 @@ from quantpick.cli.options import (
     ThreadsOpt,
     TimeoutOpt,
     VisionOpt,
-    complete_source,
     confirm_options,
     load_manifest,
     machine_from_cli,
@@ -687,15 +693,8 @@ def get_cmd(
     kv: KvOpt = None,
     no_offload: NoOffloadOpt = False,
     dir_: ModelDirOpt = None,
-    source: Annotated[
-        str,
-        typer.Option(
-            "--source", help="auto, hf, modelscope or mirror.", autocompletion=complete_source
-        ),
-    ] = "auto",
-    allow_unverified: Annotated[
-        bool, typer.Option("--allow-unverified", help="Download files no sha256 vouches for.")
-    ] = False,
+    source: SourceOpt = "auto",
+    allow_unverified: AllowUnverifiedOpt = False,
     dry_run: Annotated[
         bool,
         typer.Option("--dry-run", help="Stop before downloading: plan, bytes, source, command."),

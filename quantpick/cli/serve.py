@@ -25,7 +25,13 @@ from typing import TYPE_CHECKING, Annotated, Any, Optional
 import typer
 
 from quantpick.cli.core import app
-from quantpick.cli.download import HfCacheOpt, ReuseFromOpt, ReuseOpt
+from quantpick.cli.download import (
+    AllowUnverifiedOpt,
+    HfCacheOpt,
+    ReuseFromOpt,
+    ReuseOpt,
+    SourceOpt,
+)
 from quantpick.cli.options import (
     DEFAULT_MIN_TPS,
     AllowQ4Opt,
@@ -52,7 +58,6 @@ from quantpick.cli.options import (
     RamReserveOpt,
     RpcOpt,
     VisionOpt,
-    complete_source,
     confirm_options,
     load_manifest,
     machine_from_cli,
@@ -252,15 +257,8 @@ def serve_cmd(
     kv: KvOpt = None,
     no_offload: NoOffloadOpt = False,
     dir_: ModelDirOpt = None,
-    source: Annotated[
-        str,
-        typer.Option(
-            "--source", help="auto, hf, modelscope or mirror.", autocompletion=complete_source
-        ),
-    ] = "auto",
-    allow_unverified: Annotated[
-        bool, typer.Option("--allow-unverified", help="Download files no sha256 vouches for.")
-    ] = False,
+    source: SourceOpt = "auto",
+    allow_unverified: AllowUnverifiedOpt = False,
     reuse: ReuseOpt = None,
     reuse_from: ReuseFromOpt = None,
     hf_cache: HfCacheOpt = None,

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 from dataclasses import replace
 from pathlib import Path
@@ -102,25 +101,26 @@ def load_cached_header(settings: Settings, key: str) -> GGUFHeader | None:
 
 
 def store_cached_header(settings: Settings, keys: list[str], header: GGUFHeader) -> None:
-    """Write the header under every key, atomically (temp file + rename); best effort."""
-    import tempfile  # only when writing: planning from the cache stays light
+    """Write the header under every key, atomically; best effort."""
+    text = json.dumps(header_to_json(header), separators=(",", ":"))
+    _store_under_keys(header_cache_dir(settings), keys, ".json", text.encode("utf-8"))
 
-    directory = header_cache_dir(settings)
+
+def _store_under_keys(directory: Path, keys: list[str], suffix: str, data: bytes) -> None:
+    """`data` as directory/<key><suffix> for every valid key (temp file + rename, not fsynced:
+    a cache entry lost in a crash is only a miss). A read-only cache must not break planning."""
+    from quantpick.fetch.atomic import write_atomic
+
     try:
         directory.mkdir(parents=True, exist_ok=True)
     except OSError:
         return
-    text = json.dumps(header_to_json(header), separators=(",", ":"))
     for key in dict.fromkeys(keys):
-        if not _KEY_RE.match(key):
-            continue
-        try:
-            fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{key}.", suffix=".tmp")
-            with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                fh.write(text)
-            os.replace(tmp, directory / f"{key}.json")
-        except OSError:
-            continue  # a read-only cache must not break planning
+        if _KEY_RE.match(key):
+            try:
+                write_atomic(directory / f"{key}{suffix}", data, durable=False)
+            except OSError:
+                continue
 
 
 def read_remote_header(source: RepoSource, names: list[str]) -> tuple[GGUFHeader, str]:
@@ -378,24 +378,9 @@ def load_raw_header(settings: Settings, key: str) -> bytes | None:
 def store_raw_header(settings: Settings, keys: list[str], data: bytes) -> None:
     """Atomic, best effort (a read-only cache only costs the next dry run a range read)."""
     import gzip
-    import tempfile
 
-    directory = raw_header_dir(settings)
-    try:
-        directory.mkdir(parents=True, exist_ok=True)
-    except OSError:
-        return
     packed = gzip.compress(data, compresslevel=6)
-    for key in dict.fromkeys(keys):
-        if not _KEY_RE.match(key):
-            continue
-        try:
-            fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{key}.", suffix=".tmp")
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(packed)
-            os.replace(tmp, directory / f"{key}.gguf.gz")
-        except OSError:
-            continue
+    _store_under_keys(raw_header_dir(settings), keys, ".gguf.gz", packed)
 
 
 def raw_headers(
