@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import lru_cache
 
@@ -26,26 +27,23 @@ from quantpick.model.ggml import (
     row_size,
 )
 from quantpick.model.layout import INPUT_SLOT, ModelLayout
+from quantpick.plan.compute import (
+    GRAPH_RULES,
+    OP_OFFLOAD_MIN_BATCH,
+    PIPELINE_COPIES,
+    BackendKind,
+    DeviceGraph,
+    device_compute,
+    generic_rule,
+    graph_shape,
+    output_buffer,
+)
 
 MiB = 1024**2
 GiB = 1024**3
 
-# Per-token f32 activations of one layer at peak (Q+gate, qkv_mixed, conv, MoE up/gate/down, ...),
-# with ggml-alloc reusing memory across layers: notes §2d item 5 puts it at 0.15-0.3 MiB per ubatch
-# token for qwen35moe (n_embd 2048): 160 KiB, i.e. 80 bytes (20 f32 values) per embedding
-# dimension, the rule `activation_bytes_per_token` applies to every architecture. Estimate.
-ACTIVATION_BYTES_PER_TOKEN = 160 * 1024
-ACTIVATION_BYTES_PER_EMBD = 80
-# ggml_backend_sched n_copies with pipeline parallelism (GGML_SCHED_MAX_COPIES).
-PIPELINE_COPIES = 4
-# GGML_OP_OFFLOAD_MIN_BATCH: below this ubatch host-resident experts are not copied to the GPU.
-OP_OFFLOAD_MIN_BATCH = 32
 # The vision projector's own compute buffer (LlamaFit calibration: ~248 MiB). Estimate.
 PROJECTOR_COMPUTE_BYTES = 256 * MiB
-# Small host-side graph inputs (token ids, positions x4 for IMROPE, out_ids) and the CPU backend's
-# bookkeeping. Estimate.
-HOST_COMPUTE_BASE_BYTES = 16 * MiB
-
 
 @dataclass(frozen=True)
 class RunConfig:
@@ -243,11 +241,6 @@ def recurrent_bytes_per_layer_per_row(layout: ModelLayout) -> int:
     return layout.view.state_bytes_per_row
 
 
-def activation_bytes_per_token(view: ModelView) -> int:
-    """Peak f32 activations per ubatch token of one layer (estimate; see the constant)."""
-    return ACTIVATION_BYTES_PER_EMBD * max(view.n_embd, 1)
-
-
 def kv_type_problem(view: ModelView, type_k: str, type_v: str, flash_attn: str) -> str | None:
     """Why llama.cpp refuses these cache types for this model (None: it takes them), as
     llama_init_from_model checks (src/llama-context.cpp:3816-3871)."""
@@ -419,6 +412,33 @@ def _buft_to_device(buft: str, devices: tuple[LlamaDevice, ...]) -> int | None:
 def _f32(value: float) -> float:
     """`value` rounded to single precision (C++ float); memoized (a plan asks ~10^4 times)."""
     return float(struct.unpack("f", struct.pack("f", value))[0])
+
+
+def backend_kind(device: LlamaDevice) -> BackendKind:
+    """The compute rule of a device's backend: an RPC worker serving its CPU runs the CPU
+    backend's graph; a local GPU, or a worker serving one, a GPU backend's."""
+    return BackendKind.CPU if device.gpu.backend == CPU_BUFFER.name else BackendKind.GPU
+
+
+def host_weight_tensor(
+    layout: ModelLayout,
+    slot_device: list[int],
+    host_pos: int,
+    host_experts: list[int],
+    skipped: Callable[[int], bool],
+) -> int:
+    """The largest block weight held in host memory (routed experts under --n-cpu-moe / -ot, or
+    whole blocks under -ngl): what op offload copies into the first GPU, one tensor at a time."""
+    best = 0
+    for t in layout.tensors:
+        if len(t.shape) < 2:
+            continue
+        slot = layout.slot_of(t.name)
+        if slot == INPUT_SLOT or slot == layout.output_slot or skipped(slot):
+            continue
+        if slot_device[slot] == host_pos or (t.is_expert and host_experts[slot]):
+            best = max(best, t.n_bytes)
+    return best
 
 
 def device_buffer(device: LlamaDevice) -> BufferRule:
@@ -603,53 +623,74 @@ def estimate(
                 view.layers[il], view, n_ctx, "f16", "f16", True, rules[mtp_dev]
             )
 
-    # Compute buffers (estimates; notes §2d).
+    # Compute buffers: the peak of each device's part of the graph (plan/compute.py).
     overridden = bool(config.override_tensors) or config.cpu_moe or config.n_cpu_moe > 0
     full_offload = n_gpu > 0 and ngl >= n_slots
     pipeline = n_gpu > 1 and full_offload and not overridden and config.kv_offload
     copies = PIPELINE_COPIES if pipeline else 1
-    # [kv_size, ub/S, 1, S]: f16 with FA (plus the f32 original in builds before PR #23764)
-    mask_bytes = kv_size * ub * ((6 if config.fa_mask_f32 else 2) if fa else 4)
-    activations = ub * activation_bytes_per_token(view)
     n_outputs_max = (
         min(config.batch, max(1, config.n_parallel) * (1 + config.spec_draft_n))
         if config.logits_rows == "server"
         else config.batch
     )
-    logits_rows = min(ub, n_outputs_max)
-    logits_bytes = arch.vocab_size * logits_rows * 4
-    non_f16_kv = config.cache_type_k != "f16" or config.cache_type_v != "f16"
-    widest_k = max((view.layers[il].k_width for il in view.kv_layers), default=0)
-    fa_scratch = 2 * widest_k * kv_size * n_stream * 2 if fa and non_f16_kv else 0
-    no_fa_kq = 0 if fa else kv_size * ub * max(view.n_head, 1) * 4
-    for pos in range(n_gpu):
-        a = acc[pos]
-        if not a.layers:
+    shape = graph_shape(layout, ub, min(ub, n_outputs_max))
+    rule = GRAPH_RULES.get(arch.name) or generic_rule(shape)
+    kinds: list[dict[AttentionKind, int]] = [{} for _ in range(n_gpu + 1)]
+    kq = [0] * (n_gpu + 1)
+    for layer in view.layers:
+        if not layer.attends or skipped(layer.index):
             continue
-        a.compute = activations
-        if a.attention:
-            a.compute += copies * mask_bytes + fa_scratch + no_fa_kq
-        if pos == output_dev:
-            a.compute += logits_bytes
-        if pos == op_offload_pos and host_expert_layer_bytes and ub >= OP_OFFLOAD_MIN_BATCH:
-            a.compute += host_expert_layer_bytes
-        a.overhead = (
-            0
-            if devs[pos].context_in_free
-            else dict(overheads.gpu_context_by_device).get(
-                devs[pos].name, overheads.gpu_context_bytes
-            )
+        pos = slot_device[layer.index] if config.kv_offload else host_pos
+        cells = window_cells if layer.attention is AttentionKind.SLIDING else kv_size
+        kinds[pos][layer.attention] = cells
+        kq[pos] = max(kq[pos], cells * ub * max(layer.n_head, 1) * 4)
+    all_kinds: dict[AttentionKind, int] = {}
+    for k in kinds:
+        all_kinds.update(k)
+    # the f16 FA mask since PR #23764; before, the f32 input stays beside its f16 cast
+    fa_bytes = 6 if config.fa_mask_f32 else 2
+    backends = [backend_kind(d) for d in devs] + [BackendKind.CPU]
+    # op offload: the first device whose backend takes offloaded ops (a local GPU; an RPC device
+    # never does: its offload_op is NULL, ggml-rpc.cpp device interface)
+    op_offload_pos = next(
+        (p for p, d in enumerate(devs) if not d.is_rpc and backends[p] is BackendKind.GPU), None
+    )
+    offloading = op_offload_pos is not None and ub >= OP_OFFLOAD_MIN_BATCH
+    host_weight = host_weight_tensor(layout, slot_device, host_pos, host_experts, skipped)
+    for pos in range(n_gpu + 1):
+        a = acc[pos]
+        is_host = pos == host_pos
+        mask_cells = sum((all_kinds if is_host else kinds[pos]).values())
+        computes = [s for s in a.layers if 0 <= s < arch.n_layer or s == layout.output_slot]
+        block_layers = [s for s in a.layers if s != layout.output_slot]
+        a.compute = device_compute(
+            DeviceGraph(
+                backend=backends[pos],
+                is_host=is_host,
+                holds_layers=bool(block_layers) or (bool(kinds[pos]) and not is_host),
+                holds_output=pos == output_dev and bool(computes),
+                mask_f16=mask_cells * ub * fa_bytes,
+                mask_f32=mask_cells * ub * 4,
+                kq=0 if fa else kq[pos],
+                flash_attn=fa,
+                host_experts=is_host and any(host_experts) and not offloading,
+                offload_weight=host_weight if offloading and pos == op_offload_pos else 0,
+                copies=copies,
+            ),
+            shape,
+            rule,
         )
+        if pos < n_gpu:
+            a.overhead = (
+                0
+                if devs[pos].context_in_free
+                else dict(overheads.gpu_context_by_device).get(
+                    devs[pos].name, overheads.gpu_context_bytes
+                )
+            )
     host = acc[host_pos]
-    host.compute = HOST_COMPUTE_BASE_BYTES + ub * arch.embedding_length * 4 + copies * mask_bytes
-    if host.layers or host.experts:
-        host.compute += activations
-        if host.attention:
-            host.compute += no_fa_kq
-        if output_dev == host_pos:
-            host.compute += logits_bytes
-    # Output buffer: n_vocab x max(n_outputs, n_seq) f32 in host memory (output_reserve).
-    host.overhead = arch.vocab_size * max(logits_rows, max(1, config.n_parallel)) * 4
+    # The output buffer: output_reserve(n_seq_max) at context creation.
+    host.overhead = output_buffer(arch.vocab_size, config.n_parallel)
     if config.vision and projector_bytes:
         # The projector goes to --device's first device, else to the first GPU registered, which
         # is a local one when there is any: RPC devices register at --rpc, after the built-in

@@ -1,0 +1,194 @@
+"""Compute buffers as llama.cpp's graph allocator sizes them: a peak over the graph, not a sum. Pure.
+
+llama.cpp reserves each backend's compute buffer with `ggml_gallocr` (ggml/src/ggml-alloc.c at
+b11312): it walks the graph in execution order, frees a tensor after its last consumer ran
+(`ggml_gallocr_free_node`, :800-817) and keeps the highest offset used (`chunk->max_size`, :304).
+So tensors alive at different times share bytes, and a device's buffer is the largest live set of
+the part of the graph that runs on it. This module models that as a max over phases of the graph,
+each phase with the tensors alive in it (sizes in bytes, E = one ubatch of embeddings in f32,
+n_ubatch x n_embd x 4):
+
+- inputs: the KQ masks (n_kv x n_ubatch per attention kind, f16 with flash attention since PR
+  #23764, f32 without: src/llama-graph.cpp build_attn_inp_kq_mask) and the token embeddings
+  (get_rows of token_embd, E; on the host: src/llama-graph.cpp build_inp_embd);
+- a layer: the mask, the residual stream and the layer's temporaries (attention, FFN or MoE:
+  fitted per architecture in units of E, `GraphRule`); without flash attention the KQ matrix
+  (n_kv x n_ubatch x n_head x 4 B) and its f32 mask (src/llama-graph.cpp build_attn_mha);
+- routed experts computed on the host (--n-cpu-moe / -ot): 2E + 3 x the expert FFN's
+  intermediate (gate, up, their product: n_ubatch x n_expert_used x n_ff_exp x 4 B) + the experts'
+  outputs (n_ubatch x n_expert_used x n_embd x 4 B) (src/llama-graph.cpp build_moe_ffn);
+- the output: the logits, n_vocab x rows x 4 B with rows = min(n_ubatch, n_outputs_max) as the
+  build reserves them (src/llama-context.cpp:670), plus the normed last hidden state;
+- op offload (a GPU backend only): a matmul whose weight lives in host memory runs on the first
+  GPU for batches >= 32 (ggml-backend.cpp:970-975, ggml-cuda.cu:5636-5655); its weight is copied
+  into that GPU's compute buffer for the split and freed after (ggml-backend.cpp:1514-1531): one
+  weight tensor at a time, also when the GPU holds no layer (-ngl 0).
+
+With pipeline parallelism (several devices, every layer offloaded, no tensor overrides:
+src/llama-context.cpp:430-435) the inputs of each split become graph leafs copied per
+GGML_SCHED_MAX_COPIES = 4 (ggml-backend.cpp:1562-1590): they stay allocated for the whole graph.
+
+The coefficients are fitted on llama.cpp b11312's own projections on the CPU backend (directly and
+behind RPC: tests/data/arch-real, tests/data/llamacpp-archs.json.gz) and checked by
+benchmarks/arch_real_accuracy.py and benchmarks/arch_accuracy.py; the GPU backend's rule adds op
+offload and is checked against public CUDA logs (tests/data/cuda-logs.json,
+benchmarks/cuda_logs_accuracy.py). Expected error: see `EXPECTED_ERROR`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+from quantpick.model.layout import ModelLayout
+
+MiB = 1024**2
+
+# GGML_SCHED_MAX_COPIES (ggml/src/ggml-backend.cpp): input copies with pipeline parallelism.
+PIPELINE_COPIES = 4
+# op_offload_min_batch_size (ggml/src/ggml-cuda/ggml-cuda.cu:5636-5655): a GPU backend runs a
+# matmul on host-resident weights only for batches of at least this many tokens.
+OP_OFFLOAD_MIN_BATCH = 32
+
+# What the fitted rule is off by against llama.cpp's own projection (CPU backend, b11312, every
+# recorded device row of tests/data/arch-real and tests/data/llamacpp-archs.json.gz), as the
+# benchmarks measure it: a row is "within" when |ours - llama.cpp| <= max(5%, 16 MiB).
+EXPECTED_ERROR = 0.05
+EXPECTED_ERROR_FLOOR = 16 * MiB
+
+
+class BackendKind(str, Enum):
+    """How a device's backend allocates its graph: the CPU backend (also behind an RPC worker that
+    serves its CPU), or a GPU backend (CUDA and kin) with op offload and a pinned `*_Host` input
+    buffer. The machine's Backend type maps onto these two."""
+
+    CPU = "cpu"
+    GPU = "gpu"
+
+
+@dataclass(frozen=True)
+class GraphRule:
+    """Per-architecture coefficients of the phases, in units of E (n_ubatch x n_embd x 4 B)."""
+
+    layer: float  # a layer's live set beyond its mask (flash attention on)
+    no_fa: float = 4.5  # beside the KQ matrix and its f32 mask (flash attention off)
+    output: float = 1.0  # beside the logits (the normed hidden state of the output rows)
+    pipeline: float = 0.0  # extra with pipeline parallelism, on a device holding layers
+    pipeline_output: float = 4.0  # extra with pipeline parallelism, on the output device
+    source: str = "generic: 2E + 3 x the widest FFN (dense) or the experts' live set (MoE)"
+
+
+@dataclass(frozen=True)
+class GraphShape:
+    """The model's and the configuration's sizes every phase is built from (bytes)."""
+
+    e: int  # n_ubatch x n_embd x 4: one ubatch of the residual stream
+    ffn: int  # n_ubatch x widest dense FFN x 4 (0: none)
+    moe_mid: int  # n_ubatch x n_expert_used x n_ff_exp x 4 (0: no routed experts)
+    moe_out: int  # n_ubatch x n_expert_used x n_embd x 4
+    logits: int  # n_vocab x logits rows x 4
+    ubatch: int
+
+
+@dataclass(frozen=True)
+class DeviceGraph:
+    """The part of the graph one device runs, as the allocator sees it."""
+
+    backend: BackendKind
+    is_host: bool  # the CPU backend of the machine running llama.cpp (inputs live there)
+    holds_layers: bool  # computes at least one block
+    holds_output: bool  # computes the output head (the logits)
+    mask_f16: int  # its KQ masks with flash attention (bytes)
+    mask_f32: int  # its KQ masks without (bytes)
+    kq: int  # the widest no-FA KQ matrix of its layers (0 with flash attention)
+    flash_attn: bool
+    host_experts: bool = False  # computes routed experts held in host memory
+    offload_weight: int = 0  # op offload: the largest host-resident weight copied in (GPU only)
+    copies: int = 1  # PIPELINE_COPIES with pipeline parallelism
+
+
+def graph_shape(layout: ModelLayout, ubatch: int, logits_rows: int) -> GraphShape:
+    """The sizes of `layout`'s graph for one ubatch of `ubatch` tokens: the widest dense FFN
+    (ffn_up / ffn_gate rows) and the routed experts' intermediate (ffn_up_exps rows, or half of a
+    fused ffn_gate_up_exps) x n_expert_used, read from the tensor shapes."""
+    view = layout.view
+    ffn = n_ff_exp = 0
+    for t in layout.tensors:
+        if len(t.shape) < 2 or not t.name.startswith("blk."):
+            continue
+        stem = t.name.rsplit(".", 2)[-2]
+        if stem in ("ffn_up", "ffn_gate"):
+            ffn = max(ffn, t.shape[1])
+        elif stem in ("ffn_up_exps", "ffn_gate_exps"):
+            n_ff_exp = max(n_ff_exp, t.shape[1])
+        elif stem == "ffn_gate_up_exps":
+            n_ff_exp = max(n_ff_exp, t.shape[1] // 2)
+    used = max(view.expert_used_count, 1) if n_ff_exp else 0
+    return GraphShape(
+        e=ubatch * view.n_embd * 4,
+        ffn=ubatch * ffn * 4,
+        moe_mid=ubatch * used * n_ff_exp * 4,
+        moe_out=ubatch * used * view.n_embd * 4,
+        logits=view.n_vocab * logits_rows * 4,
+        ubatch=ubatch,
+    )
+
+
+def generic_rule(shape: GraphShape) -> GraphRule:
+    """The rule for an architecture without a fitted entry: 2E (the residual stream and its norm)
+    + 3 x the FFN's intermediate (gate, up, their product) for a dense FFN, or for routed experts
+    3 x their intermediate + their outputs + 2E."""
+    e = max(shape.e, 1)
+    dense = 2.0 + 3.0 * shape.ffn / e
+    moe = 4.0 + (3.0 * shape.moe_mid + shape.moe_out) / e if shape.moe_mid else 0.0
+    return GraphRule(layer=max(dense, moe))
+
+
+def device_compute(dev: DeviceGraph, shape: GraphShape, rule: GraphRule) -> int:
+    """Bytes of one device's compute buffer: the largest live set of the phases it runs."""
+    e = shape.e
+    mask = dev.mask_f16 if dev.flash_attn else dev.mask_f32
+    host_e = e if dev.is_host else 0  # the token embeddings' get_rows output
+    phases = [0]
+    if dev.is_host:
+        phases.append(mask + host_e)
+    if dev.holds_layers:
+        layer = mask + rule.layer * e + 2 * host_e
+        if dev.offload_weight:
+            layer += dev.offload_weight
+        phases.append(int(layer))
+        if not dev.flash_attn:
+            phases.append(int(dev.kq + dev.mask_f32 + rule.no_fa * e + host_e))
+    elif dev.offload_weight:
+        # op offload on a GPU that holds no layer: the weight and the activations it multiplies
+        phases.append(dev.offload_weight + 2 * e)
+    if dev.host_experts:
+        phases.append(mask + 2 * e + 3 * shape.moe_mid + shape.moe_out)
+    if dev.holds_output:
+        phases.append(int(shape.logits + rule.output * e + host_e))
+    peak = max(phases)
+    if dev.copies > 1:
+        # split inputs are leafs with n_copies copies, alive for the whole graph
+        resident = dev.copies * (mask + e)
+        extra = rule.pipeline_output if dev.holds_output else rule.pipeline
+        if dev.is_host and not dev.holds_layers:
+            return resident + e
+        return int(resident + peak - mask + extra * e)
+    return int(peak)
+
+
+def host_input_buffer(mask_f16: int, mask_f32: int, flash_attn: bool, shape: GraphShape) -> int:
+    """A GPU backend's pinned host compute buffer (CUDA_Host and kin): the graph inputs it stages,
+    the KQ mask (f16 with flash attention after PR #23764, else f32) and the input embeddings."""
+    return (mask_f16 if flash_attn else mask_f32) + shape.e
+
+
+def output_buffer(n_vocab: int, n_seq_max: int) -> int:
+    """The output buffer reserved at context creation: output_reserve(n_seq_max)
+    (src/llama-context.cpp:377, 2116-2143): n_seq_max rows of n_vocab f32 logits."""
+    return n_vocab * max(1, n_seq_max) * 4
+
+
+# Fitted per architecture on llama.cpp b11312's projections (scripts/fit_compute.py prints the
+# fit: tests/data/arch-real, the CPU backend and two CPU RPC devices, -ub 512).
+GRAPH_RULES: dict[str, GraphRule] = {}
