@@ -70,11 +70,15 @@ class BackendKind(str, Enum):
 class GraphRule:
     """Per-architecture coefficients of the phases, in units of E (n_ubatch x n_embd x 4 B)."""
 
-    layer: float  # a layer's live set beyond its mask (flash attention on)
+    layer: float = 0.0  # a layer's live set beyond its mask and the generic rule's (FA on)
     no_fa: float = 4.5  # beside the KQ matrix and its f32 mask (flash attention off)
     output: float = 1.0  # beside the logits (the normed hidden state of the output rows)
     pipeline: float = 0.0  # extra with pipeline parallelism, on a device holding layers
     pipeline_output: float = 4.0  # extra with pipeline parallelism, on the output device
+    pipeline_host_no_fa: float = 2.0  # extra on the host with pipeline parallelism, no FA
+    # score matrices of n_kv x n_ubatch f32 alive in a layer beside the mask (a sparse-attention
+    # indexer's scores and top-k, compressed or gated attention): a multiple of the f32 mask
+    kv_scores: float = 0.0
     source: str = "generic: 2E + 3 x the widest FFN (dense) or the experts' live set (MoE)"
 
 
@@ -134,14 +138,17 @@ def graph_shape(layout: ModelLayout, ubatch: int, logits_rows: int) -> GraphShap
     )
 
 
-def generic_rule(shape: GraphShape) -> GraphRule:
-    """The rule for an architecture without a fitted entry: 2E (the residual stream and its norm)
-    + 3 x the FFN's intermediate (gate, up, their product) for a dense FFN, or for routed experts
-    3 x their intermediate + their outputs + 2E."""
-    e = max(shape.e, 1)
-    dense = 2.0 + 3.0 * shape.ffn / e
-    moe = 4.0 + (3.0 * shape.moe_mid + shape.moe_out) / e if shape.moe_mid else 0.0
-    return GraphRule(layer=max(dense, moe))
+def layer_live(shape: GraphShape) -> float:
+    """A layer's live set beyond its mask, in bytes, by the generic rule: 2E (the residual stream
+    and its norm) + 3 x the FFN's intermediate (gate, up, their product) for a dense FFN, or for
+    routed experts 4E + 3 x their intermediate + their outputs (the larger where a model has
+    both)."""
+    dense = 2.0 * shape.e + 3.0 * shape.ffn
+    moe = 4.0 * shape.e + 3.0 * shape.moe_mid + shape.moe_out if shape.moe_mid else 0.0
+    return max(dense, moe)
+
+
+GENERIC = GraphRule()
 
 
 def device_compute(dev: DeviceGraph, shape: GraphShape, rule: GraphRule) -> int:
@@ -149,32 +156,32 @@ def device_compute(dev: DeviceGraph, shape: GraphShape, rule: GraphRule) -> int:
     e = shape.e
     mask = dev.mask_f16 if dev.flash_attn else dev.mask_f32
     host_e = e if dev.is_host else 0  # the token embeddings' get_rows output
-    phases = [0]
+    # (phase, whether the masks are part of its live set)
+    phases: list[tuple[float, bool]] = [(0, False)]
     if dev.is_host:
-        phases.append(mask + host_e)
+        phases.append((host_e, True))
     if dev.holds_layers:
-        layer = mask + rule.layer * e + 2 * host_e
-        if dev.offload_weight:
-            layer += dev.offload_weight
-        phases.append(int(layer))
+        scores = rule.kv_scores * dev.mask_f32
+        phases.append(
+            (layer_live(shape) + rule.layer * e + scores + 2 * host_e + dev.offload_weight, True)
+        )
         if not dev.flash_attn:
-            phases.append(int(dev.kq + dev.mask_f32 + rule.no_fa * e + host_e))
+            phases.append((dev.kq + rule.no_fa * e + host_e, True))
     elif dev.offload_weight:
         # op offload on a GPU that holds no layer: the weight and the activations it multiplies
-        phases.append(dev.offload_weight + 2 * e)
+        phases.append((dev.offload_weight + 2 * e, False))
     if dev.host_experts:
-        phases.append(mask + 2 * e + 3 * shape.moe_mid + shape.moe_out)
+        phases.append((2 * e + 3 * shape.moe_mid + shape.moe_out, True))
     if dev.holds_output:
-        phases.append(int(shape.logits + rule.output * e + host_e))
-    peak = max(phases)
+        phases.append((shape.logits + rule.output * e + host_e, False))
     if dev.copies > 1:
         # split inputs are leafs with n_copies copies, alive for the whole graph
         resident = dev.copies * (mask + e)
-        extra = rule.pipeline_output if dev.holds_output else rule.pipeline
         if dev.is_host and not dev.holds_layers:
-            return resident + e
-        return int(resident + peak - mask + extra * e)
-    return int(peak)
+            return int(resident + e + (0 if dev.flash_attn else rule.pipeline_host_no_fa * e))
+        extra = rule.pipeline_output if dev.holds_output else rule.pipeline
+        return int(resident + max(p for p, _ in phases) + extra * e)
+    return int(max(p + (mask if with_mask else 0) for p, with_mask in phases))
 
 
 def host_input_buffer(mask_f16: int, mask_f32: int, flash_attn: bool, shape: GraphShape) -> int:
@@ -191,4 +198,30 @@ def output_buffer(n_vocab: int, n_seq_max: int) -> int:
 
 # Fitted per architecture on llama.cpp b11312's projections (scripts/fit_compute.py prints the
 # fit: tests/data/arch-real, the CPU backend and two CPU RPC devices, -ub 512).
-GRAPH_RULES: dict[str, GraphRule] = {}
+GRAPH_RULES: dict[str, GraphRule] = {
+    "deepseek2": GraphRule(layer=8.0, no_fa=27.0, output=1.0, pipeline=1.5, pipeline_output=4.0, pipeline_host_no_fa=0.0, kv_scores=0.0, source="140/140 rows within, median 0.5%, worst 66.7%"),
+    "deepseek32": GraphRule(layer=40.0, no_fa=40.0, output=1.0, pipeline=40.0, pipeline_output=0.0, pipeline_host_no_fa=2.0, kv_scores=5.5, source="15/20 rows within, median 8.5%, worst 80.1%"),
+    "deepseek4": GraphRule(layer=25.0, no_fa=8.5, output=10.0, pipeline=0.0, pipeline_output=0.0, pipeline_host_no_fa=2.0, kv_scores=0.0, source="16/20 rows within, median 7.7%, worst 222.3%"),
+    "dots3note": GraphRule(layer=40.0, no_fa=40.0, output=1.0, pipeline=40.0, pipeline_output=0.0, pipeline_host_no_fa=2.0, kv_scores=4.5, source="15/20 rows within, median 10.0%, worst 77.5%"),
+    "gemma3": GraphRule(layer=0.0, no_fa=6.5, output=1.0, pipeline=2.0, pipeline_output=7.0, pipeline_host_no_fa=6.0, kv_scores=0.0, source="100/101 rows within, median 0.9%, worst 127.3%"),
+    "gemma4": GraphRule(layer=12.5, no_fa=21.0, output=3.5, pipeline=24.0, pipeline_output=39.5, pipeline_host_no_fa=11.0, kv_scores=0.0, source="59/84 rows within, median 4.4%, worst 49.5%"),
+    "glm-dsa": GraphRule(layer=40.0, no_fa=40.0, output=1.0, pipeline=40.0, pipeline_output=0.0, pipeline_host_no_fa=2.0, kv_scores=5.5, source="15/20 rows within, median 8.5%, worst 80.1%"),
+    "glm4moe": GraphRule(layer=-1.0, no_fa=9.5, output=3.0, pipeline=1.0, pipeline_output=4.0, pipeline_host_no_fa=2.0, kv_scores=0.0, source="140/140 rows within, median 0.1%, worst 133.3%"),
+    "glm5-next": GraphRule(layer=31.5, no_fa=40.0, output=4.5, pipeline=40.0, pipeline_output=0.0, pipeline_host_no_fa=2.0, kv_scores=4.0, source="12/20 rows within, median 58.3%, worst 175.0%"),
+    "gpt-oss": GraphRule(layer=-4.0, no_fa=6.5, output=3.0, pipeline=0.0, pipeline_output=3.0, pipeline_host_no_fa=3.0, kv_scores=0.0, source="128/140 rows within, median 1.4%, worst 133.3%"),
+    "grok": GraphRule(layer=22.0, no_fa=6.0, output=0.0, pipeline=6.0, pipeline_output=1.0, pipeline_host_no_fa=8.0, kv_scores=0.0, source="16/16 rows within, median 0.0%, worst 66.7%"),
+    "hrm_text": GraphRule(layer=0.0, no_fa=7.0, output=1.0, pipeline=40.0, pipeline_output=40.0, pipeline_host_no_fa=2.0, kv_scores=0.0, source="17/17 rows within, median 0.8%, worst 69.1%"),
+    "hy_v4": GraphRule(layer=40.0, no_fa=40.0, output=19.0, pipeline=40.0, pipeline_output=40.0, pipeline_host_no_fa=2.0, kv_scores=5.0, source="16/20 rows within, median 12.3%, worst 80.4%"),
+    "lfm2": GraphRule(layer=0.5, no_fa=5.0, output=2.5, pipeline=0.0, pipeline_output=4.0, pipeline_host_no_fa=2.0, kv_scores=0.0, source="101/101 rows within, median 3.1%, worst 100.0%"),
+    "llama": GraphRule(layer=0.5, no_fa=4.5, output=1.0, pipeline=1.5, pipeline_output=4.0, pipeline_host_no_fa=2.0, kv_scores=0.0, source="205/205 rows within, median 0.5%, worst 74.6%"),
+    "minimax-m3": GraphRule(layer=22.0, no_fa=4.5, output=1.0, pipeline=0.0, pipeline_output=0.0, pipeline_host_no_fa=2.0, kv_scores=0.0, source="16/20 rows within, median 33.5%, worst 86.4%"),
+    "mistral3": GraphRule(layer=0.0, no_fa=4.5, output=1.0, pipeline=1.0, pipeline_output=4.0, pipeline_host_no_fa=2.0, kv_scores=0.0, source="121/121 rows within, median 0.1%, worst 74.6%"),
+    "nemotron_h": GraphRule(layer=-2.5, no_fa=4.5, output=2.0, pipeline=0.0, pipeline_output=4.0, pipeline_host_no_fa=2.0, kv_scores=0.0, source="101/101 rows within, median 0.7%, worst 76.5%"),
+    "qwen2": GraphRule(layer=0.0, no_fa=4.5, output=1.0, pipeline=0.5, pipeline_output=4.0, pipeline_host_no_fa=1.0, kv_scores=0.0, source="101/101 rows within, median 0.2%, worst 72.7%"),
+    "qwen3": GraphRule(layer=0.0, no_fa=4.5, output=1.0, pipeline=1.0, pipeline_output=4.0, pipeline_host_no_fa=2.0, kv_scores=0.0, source="101/101 rows within, median 0.0%, worst 72.7%"),
+    "qwen35": GraphRule(layer=0.0, no_fa=6.0, output=3.5, pipeline=0.0, pipeline_output=2.5, pipeline_host_no_fa=1.5, kv_scores=0.0, source="101/101 rows within, median 1.2%, worst 69.1%"),
+    "qwen35moe": GraphRule(layer=0.0, no_fa=9.5, output=3.0, pipeline=0.0, pipeline_output=4.0, pipeline_host_no_fa=2.0, kv_scores=0.0, source="140/140 rows within, median 0.8%, worst 76.5%"),
+    "qwen3moe": GraphRule(layer=0.0, no_fa=7.0, output=1.0, pipeline=0.0, pipeline_output=4.0, pipeline_host_no_fa=2.0, kv_scores=0.0, source="140/140 rows within, median 0.2%, worst 74.6%"),
+    "qwen3next": GraphRule(layer=-1.0, no_fa=10.0, output=6.0, pipeline=0.0, pipeline_output=1.0, pipeline_host_no_fa=2.0, kv_scores=0.0, source="140/140 rows within, median 2.3%, worst 159.6%"),
+    "qwen4exp": GraphRule(layer=36.0, no_fa=40.0, output=9.0, pipeline=14.5, pipeline_output=10.5, pipeline_host_no_fa=2.0, kv_scores=35.0, source="18/20 rows within, median 3.0%, worst 91.9%"),
+}

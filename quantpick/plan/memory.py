@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import lru_cache
 
-from quantpick.arch.base import AttentionKind, LayerView, ModelView
+from quantpick.arch.base import AttentionKind, LayerView, MemoryClass, ModelView
 from quantpick.errors import UsageError
 from quantpick.machine.spec import Gpu, Machine
 from quantpick.model.ggml import (
@@ -32,9 +32,9 @@ from quantpick.plan.compute import (
     OP_OFFLOAD_MIN_BATCH,
     PIPELINE_COPIES,
     BackendKind,
+    GENERIC,
     DeviceGraph,
     device_compute,
-    generic_rule,
     graph_shape,
     output_buffer,
 )
@@ -634,14 +634,18 @@ def estimate(
         else config.batch
     )
     shape = graph_shape(layout, ub, min(ub, n_outputs_max))
-    rule = GRAPH_RULES.get(arch.name) or generic_rule(shape)
+    rule = GRAPH_RULES.get(arch.name, GENERIC)
     kinds: list[dict[AttentionKind, int]] = [{} for _ in range(n_gpu + 1)]
     kq = [0] * (n_gpu + 1)
+    no_cache = view.memory is MemoryClass.NONE  # non-causal (diffusion): n_kv = the ubatch
     for layer in view.layers:
-        if not layer.attends or skipped(layer.index):
+        reads_kv = layer.kv or layer.kv_shared_from is not None or no_cache
+        if not layer.attends or not reads_kv or skipped(layer.index):
             continue
         pos = slot_device[layer.index] if config.kv_offload else host_pos
         cells = window_cells if layer.attention is AttentionKind.SLIDING else kv_size
+        if no_cache:
+            cells = ub
         kinds[pos][layer.attention] = cells
         kq[pos] = max(kq[pos], cells * ub * max(layer.n_head, 1) * 4)
     all_kinds: dict[AttentionKind, int] = {}

@@ -1,0 +1,158 @@
+#!/usr/bin/env python3
+"""Fit the per-architecture compute-graph rules (quantpick.plan.compute.GraphRule) to llama.cpp's
+own projections: full-size real configs (tests/data/arch-real, scripts/record_arch_real.py) and
+every test-llama-archs model (tests/data/llamacpp-archs.json.gz, scripts/record_arch_conformance.py).
+
+    python scripts/fit_compute.py                 # every recorded architecture
+    python scripts/fit_compute.py --only qwen3-8b llama-dense   # configs / tiny models
+
+Every recorded device row is rebuilt as quantpick sees it (tests/arch_real.py): the estimate runs
+once per row and records each device's part of the graph (plan/compute.py DeviceGraph); the rule's
+coefficients (multiples of E = n_ubatch x n_embd x 4 B, on a 0.5 grid) are then searched by
+coordinate descent, from the generic rule, to maximise the rows within max(5%, 16 MiB) of
+llama.cpp (ties: the smallest summed relative error). It prints one GRAPH_RULES line per
+architecture with the rows within, the median and the worst error: paste them into
+quantpick/plan/compute.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import statistics
+import sys
+from collections import defaultdict
+from dataclasses import fields, replace
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+
+from arch_real import DATA, load, reference, run_config  # noqa: E402
+from conformance_model import rpc_machine  # noqa: E402
+from llamacpp_archs import case_from_dict, machine  # noqa: E402
+
+from quantpick.model.gguf import header_from_json, layout_from_header  # noqa: E402
+
+import quantpick.plan.memory as memory  # noqa: E402
+from quantpick.plan.compute import (  # noqa: E402
+    DeviceGraph,
+    GraphRule,
+    GraphShape,
+    device_compute,
+    GENERIC,
+)
+
+MiB = 1024**2
+ARCHS = ROOT / "tests" / "data" / "llamacpp-archs.json.gz"
+GRID = [x / 2 for x in range(0, 81)]
+LAYER_GRID = [x / 2 for x in range(-20, 81)]
+PARAMS = (
+    "layer", "no_fa", "output", "pipeline", "pipeline_output", "pipeline_host_no_fa", "kv_scores"
+)
+
+
+def within(ours: int, theirs: int) -> bool:
+    return abs(ours - theirs) <= max(0.05 * theirs, 16 * MiB)
+
+
+def real_archs() -> set[str]:
+    return {load(path)[1].architecture.name for path in DATA.glob("*.json")}
+
+
+def collect(only: list[str]) -> dict[str, list[tuple[DeviceGraph, GraphShape, int]]]:
+    """arch -> (device graph, shape, llama.cpp's compute bytes) per recorded device row."""
+    seen: list[tuple[DeviceGraph, GraphShape]] = []
+    real = memory.device_compute
+
+    def spy(dev: DeviceGraph, shape: GraphShape, rule: GraphRule) -> int:
+        seen.append((dev, shape))
+        return real(dev, shape, rule)
+
+    memory.device_compute = spy  # type: ignore[assignment]
+    out: dict[str, list[tuple[DeviceGraph, GraphShape, int]]] = defaultdict(list)
+    try:
+        for path in sorted(DATA.glob("*.json")):
+            doc, layout = load(path)
+            if only and doc["config"] not in only:
+                continue
+            for entry in doc["cases"]:
+                if entry["exit_code"] != 0:
+                    continue
+                config, n_gpu = run_config(entry["config"])
+                seen.clear()
+                memory.estimate(layout, rpc_machine(n_gpu), config)
+                unit, ref = reference(entry)
+                names = [f"RPC{i}" for i in range(n_gpu)] + ["Host"]
+                for (dev, shape), name in zip(seen, names, strict=True):
+                    want = ref.get(name, {}).get("compute", 0) * (MiB if unit == "MiB" else 1)
+                    out[layout.architecture.name].append((dev, shape, want))
+        doc = json.loads(gzip.open(ARCHS).read())
+        grid = [case_from_dict(c) for c in doc["grid"]]
+        for model in sorted(doc["models"]):
+            entry = doc["models"][model]
+            layout = layout_from_header(header_from_json(entry["header"]), basis=model)
+            if only and model not in only:
+                continue
+            for c in entry["cases"]:
+                if c["error"] is not None:
+                    continue
+                case = grid[c["case"]]
+                seen.clear()
+                memory.estimate(layout, machine(case.rpc), case.config())
+                names = [f"RPC{i}" for i in range(len(seen) - 1)] + ["Host"]
+                for (dev, shape), name in zip(seen, names, strict=True):
+                    if name in c["devices"]:
+                        want = c["devices"][name]["compute"]
+                        out[layout.architecture.name].append((dev, shape, want))
+    finally:
+        memory.device_compute = real  # type: ignore[assignment]
+    return out
+
+
+def score(rule: GraphRule, rows: list[tuple[DeviceGraph, GraphShape, int]]) -> tuple[int, float]:
+    good, err = 0, 0.0
+    for dev, shape, want in rows:
+        got = device_compute(dev, shape, rule)
+        good += within(got, want)
+        err += abs(got - want) / max(want, 16 * MiB)
+    return good, -err
+
+
+def fit(rows: list[tuple[DeviceGraph, GraphShape, int]]) -> GraphRule:
+    rule = GENERIC
+    best = score(rule, rows)
+    for _ in range(3):
+        for name in PARAMS:
+            for value in LAYER_GRID if name == "layer" else GRID:
+                trial = replace(rule, **{name: value})
+                s = score(trial, rows)
+                if s > best:
+                    rule, best = trial, s
+    return rule
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--only", nargs="*", default=[])
+    args = ap.parse_args()
+    real = real_archs()
+    for arch, rows in sorted(collect(args.only).items()):
+        if score(GENERIC, rows)[0] == len(rows) and arch not in real:
+            continue  # the generic rule holds on every row: no entry
+        rule = fit(rows)
+        errs = [
+            abs(device_compute(d, s, rule) - w) / max(w, 1) for d, s, w in rows
+        ]
+        good, _ = score(rule, rows)
+        values = ", ".join(
+            f"{f.name}={getattr(rule, f.name)}" for f in fields(rule) if f.name in PARAMS
+        )
+        print(f'    "{arch}": GraphRule({values}, source="{good}/{len(rows)} rows within, '
+              f'median {statistics.median(errs):.1%}, worst {max(errs):.1%}"),')
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
