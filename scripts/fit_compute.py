@@ -49,7 +49,8 @@ ARCHS = ROOT / "tests" / "data" / "llamacpp-archs.json.gz"
 GRID = [x / 2 for x in range(0, 81)]
 LAYER_GRID = [x / 2 for x in range(-20, 81)]
 PARAMS = (
-    "layer", "no_fa", "output", "pipeline", "pipeline_output", "pipeline_host_no_fa", "kv_scores"
+    "layer", "no_fa", "output", "pipeline", "pipeline_output", "pipeline_host_no_fa", "kv_scores",
+    "expert_mid", "remote_kv",
 )
 
 

@@ -79,6 +79,10 @@ class GraphRule:
     # score matrices of n_kv x n_ubatch f32 alive in a layer beside the mask (a sparse-attention
     # indexer's scores and top-k, compressed or gated attention): a multiple of the f32 mask
     kv_scores: float = 0.0
+    # multiples of the experts' intermediate alive when the host computes routed experts (gate,
+    # up and their product: 3; a fused gate+up: 2)
+    expert_mid: float = 3.0
+    remote_kv: float = 1.0  # multiples of the remote K and V copied in (DeviceGraph.remote_kv)
     source: str = "generic: 2E + 3 x the widest FFN (dense) or the experts' live set (MoE)"
 
 
@@ -92,6 +96,9 @@ class GraphShape:
     moe_out: int  # n_ubatch x n_expert_used x n_embd x 4
     logits: int  # n_vocab x logits rows x 4
     ubatch: int
+    # per-layer token embeddings (gemma3n, gemma4: get_rows of per_layer_token_embd on the host,
+    # n_ubatch x its width x 4, an input of every block)
+    per_layer: int = 0
 
 
 @dataclass(frozen=True)
@@ -109,6 +116,9 @@ class DeviceGraph:
     host_experts: bool = False  # computes routed experts held in host memory
     offload_weight: int = 0  # op offload: the largest host-resident weight copied in (GPU only)
     copies: int = 1  # PIPELINE_COPIES with pipeline parallelism
+    # K and V of another device's cache that layers here attend over (a shared KV cache, gemma3n
+    # and gemma4): split inputs copied in (ggml-backend.cpp:1514-1531)
+    remote_kv: int = 0
 
 
 def graph_shape(layout: ModelLayout, ubatch: int, logits_rows: int) -> GraphShape:
@@ -127,6 +137,9 @@ def graph_shape(layout: ModelLayout, ubatch: int, logits_rows: int) -> GraphShap
             n_ff_exp = max(n_ff_exp, t.shape[1])
         elif stem == "ffn_gate_up_exps":
             n_ff_exp = max(n_ff_exp, t.shape[1] // 2)
+    per_layer = next(
+        (t.shape[0] for t in layout.tensors if t.name == "per_layer_token_embd.weight"), 0
+    )
     used = max(view.expert_used_count, 1) if n_ff_exp else 0
     return GraphShape(
         e=ubatch * view.n_embd * 4,
@@ -135,6 +148,7 @@ def graph_shape(layout: ModelLayout, ubatch: int, logits_rows: int) -> GraphShap
         moe_out=ubatch * used * view.n_embd * 4,
         logits=view.n_vocab * logits_rows * 4,
         ubatch=ubatch,
+        per_layer=ubatch * per_layer * 4,
     )
 
 
@@ -155,30 +169,34 @@ def device_compute(dev: DeviceGraph, shape: GraphShape, rule: GraphRule) -> int:
     """Bytes of one device's compute buffer: the largest live set of the phases it runs."""
     e = shape.e
     mask = dev.mask_f16 if dev.flash_attn else dev.mask_f32
-    host_e = e if dev.is_host else 0  # the token embeddings' get_rows output
+    # the token embeddings' get_rows output (and the per-layer ones)
+    host_e = e + shape.per_layer if dev.is_host else 0
     # (phase, whether the masks are part of its live set)
     phases: list[tuple[float, bool]] = [(0, False)]
     if dev.is_host:
         phases.append((host_e, True))
     if dev.holds_layers:
         scores = rule.kv_scores * dev.mask_f32
-        phases.append(
-            (layer_live(shape) + rule.layer * e + scores + 2 * host_e + dev.offload_weight, True)
-        )
+        live = layer_live(shape) + rule.layer * e + scores + host_e + dev.offload_weight
+        live += e if dev.is_host else 0
+        if dev.copies == 1:
+            live += rule.remote_kv * dev.remote_kv
+        phases.append((live, True))
         if not dev.flash_attn:
             phases.append((dev.kq + rule.no_fa * e + host_e, True))
     elif dev.offload_weight:
         # op offload on a GPU that holds no layer: the weight and the activations it multiplies
         phases.append((dev.offload_weight + 2 * e, False))
     if dev.host_experts:
-        phases.append((2 * e + 3 * shape.moe_mid + shape.moe_out, True))
+        phases.append((2 * e + rule.expert_mid * shape.moe_mid + shape.moe_out, True))
     if dev.holds_output:
         phases.append((shape.logits + rule.output * e + host_e, False))
     if dev.copies > 1:
         # split inputs are leafs with n_copies copies, alive for the whole graph
-        resident = dev.copies * (mask + e)
+        inputs = mask + e + (shape.per_layer if dev.holds_layers else 0)
+        resident = dev.copies * (inputs + rule.remote_kv * dev.remote_kv)
         if dev.is_host and not dev.holds_layers:
-            return int(resident + e + (0 if dev.flash_attn else rule.pipeline_host_no_fa * e))
+            return int(resident + host_e + (0 if dev.flash_attn else rule.pipeline_host_no_fa * e))
         extra = rule.pipeline_output if dev.holds_output else rule.pipeline
         return int(resident + max(p for p, _ in phases) + extra * e)
     return int(max(p + (mask if with_mask else 0) for p, with_mask in phases))
@@ -199,29 +217,29 @@ def output_buffer(n_vocab: int, n_seq_max: int) -> int:
 # Fitted per architecture on llama.cpp b11312's projections (scripts/fit_compute.py prints the
 # fit: tests/data/arch-real, the CPU backend and two CPU RPC devices, -ub 512).
 GRAPH_RULES: dict[str, GraphRule] = {
-    "deepseek2": GraphRule(layer=8.0, no_fa=27.0, output=1.0, pipeline=1.5, pipeline_output=4.0, pipeline_host_no_fa=0.0, kv_scores=0.0, source="140/140 rows within, median 0.5%, worst 66.7%"),
-    "deepseek32": GraphRule(layer=40.0, no_fa=40.0, output=1.0, pipeline=40.0, pipeline_output=0.0, pipeline_host_no_fa=2.0, kv_scores=5.5, source="15/20 rows within, median 8.5%, worst 80.1%"),
-    "deepseek4": GraphRule(layer=25.0, no_fa=8.5, output=10.0, pipeline=0.0, pipeline_output=0.0, pipeline_host_no_fa=2.0, kv_scores=0.0, source="16/20 rows within, median 7.7%, worst 222.3%"),
-    "dots3note": GraphRule(layer=40.0, no_fa=40.0, output=1.0, pipeline=40.0, pipeline_output=0.0, pipeline_host_no_fa=2.0, kv_scores=4.5, source="15/20 rows within, median 10.0%, worst 77.5%"),
-    "gemma3": GraphRule(layer=0.0, no_fa=6.5, output=1.0, pipeline=2.0, pipeline_output=7.0, pipeline_host_no_fa=6.0, kv_scores=0.0, source="100/101 rows within, median 0.9%, worst 127.3%"),
-    "gemma4": GraphRule(layer=12.5, no_fa=21.0, output=3.5, pipeline=24.0, pipeline_output=39.5, pipeline_host_no_fa=11.0, kv_scores=0.0, source="59/84 rows within, median 4.4%, worst 49.5%"),
-    "glm-dsa": GraphRule(layer=40.0, no_fa=40.0, output=1.0, pipeline=40.0, pipeline_output=0.0, pipeline_host_no_fa=2.0, kv_scores=5.5, source="15/20 rows within, median 8.5%, worst 80.1%"),
-    "glm4moe": GraphRule(layer=-1.0, no_fa=9.5, output=3.0, pipeline=1.0, pipeline_output=4.0, pipeline_host_no_fa=2.0, kv_scores=0.0, source="140/140 rows within, median 0.1%, worst 133.3%"),
-    "glm5-next": GraphRule(layer=31.5, no_fa=40.0, output=4.5, pipeline=40.0, pipeline_output=0.0, pipeline_host_no_fa=2.0, kv_scores=4.0, source="12/20 rows within, median 58.3%, worst 175.0%"),
-    "gpt-oss": GraphRule(layer=-4.0, no_fa=6.5, output=3.0, pipeline=0.0, pipeline_output=3.0, pipeline_host_no_fa=3.0, kv_scores=0.0, source="128/140 rows within, median 1.4%, worst 133.3%"),
-    "grok": GraphRule(layer=22.0, no_fa=6.0, output=0.0, pipeline=6.0, pipeline_output=1.0, pipeline_host_no_fa=8.0, kv_scores=0.0, source="16/16 rows within, median 0.0%, worst 66.7%"),
-    "hrm_text": GraphRule(layer=0.0, no_fa=7.0, output=1.0, pipeline=40.0, pipeline_output=40.0, pipeline_host_no_fa=2.0, kv_scores=0.0, source="17/17 rows within, median 0.8%, worst 69.1%"),
-    "hy_v4": GraphRule(layer=40.0, no_fa=40.0, output=19.0, pipeline=40.0, pipeline_output=40.0, pipeline_host_no_fa=2.0, kv_scores=5.0, source="16/20 rows within, median 12.3%, worst 80.4%"),
-    "lfm2": GraphRule(layer=0.5, no_fa=5.0, output=2.5, pipeline=0.0, pipeline_output=4.0, pipeline_host_no_fa=2.0, kv_scores=0.0, source="101/101 rows within, median 3.1%, worst 100.0%"),
-    "llama": GraphRule(layer=0.5, no_fa=4.5, output=1.0, pipeline=1.5, pipeline_output=4.0, pipeline_host_no_fa=2.0, kv_scores=0.0, source="205/205 rows within, median 0.5%, worst 74.6%"),
-    "minimax-m3": GraphRule(layer=22.0, no_fa=4.5, output=1.0, pipeline=0.0, pipeline_output=0.0, pipeline_host_no_fa=2.0, kv_scores=0.0, source="16/20 rows within, median 33.5%, worst 86.4%"),
-    "mistral3": GraphRule(layer=0.0, no_fa=4.5, output=1.0, pipeline=1.0, pipeline_output=4.0, pipeline_host_no_fa=2.0, kv_scores=0.0, source="121/121 rows within, median 0.1%, worst 74.6%"),
-    "nemotron_h": GraphRule(layer=-2.5, no_fa=4.5, output=2.0, pipeline=0.0, pipeline_output=4.0, pipeline_host_no_fa=2.0, kv_scores=0.0, source="101/101 rows within, median 0.7%, worst 76.5%"),
-    "qwen2": GraphRule(layer=0.0, no_fa=4.5, output=1.0, pipeline=0.5, pipeline_output=4.0, pipeline_host_no_fa=1.0, kv_scores=0.0, source="101/101 rows within, median 0.2%, worst 72.7%"),
-    "qwen3": GraphRule(layer=0.0, no_fa=4.5, output=1.0, pipeline=1.0, pipeline_output=4.0, pipeline_host_no_fa=2.0, kv_scores=0.0, source="101/101 rows within, median 0.0%, worst 72.7%"),
-    "qwen35": GraphRule(layer=0.0, no_fa=6.0, output=3.5, pipeline=0.0, pipeline_output=2.5, pipeline_host_no_fa=1.5, kv_scores=0.0, source="101/101 rows within, median 1.2%, worst 69.1%"),
-    "qwen35moe": GraphRule(layer=0.0, no_fa=9.5, output=3.0, pipeline=0.0, pipeline_output=4.0, pipeline_host_no_fa=2.0, kv_scores=0.0, source="140/140 rows within, median 0.8%, worst 76.5%"),
-    "qwen3moe": GraphRule(layer=0.0, no_fa=7.0, output=1.0, pipeline=0.0, pipeline_output=4.0, pipeline_host_no_fa=2.0, kv_scores=0.0, source="140/140 rows within, median 0.2%, worst 74.6%"),
-    "qwen3next": GraphRule(layer=-1.0, no_fa=10.0, output=6.0, pipeline=0.0, pipeline_output=1.0, pipeline_host_no_fa=2.0, kv_scores=0.0, source="140/140 rows within, median 2.3%, worst 159.6%"),
-    "qwen4exp": GraphRule(layer=36.0, no_fa=40.0, output=9.0, pipeline=14.5, pipeline_output=10.5, pipeline_host_no_fa=2.0, kv_scores=35.0, source="18/20 rows within, median 3.0%, worst 91.9%"),
+    "deepseek2": GraphRule(layer=8.0, no_fa=27.0, output=1.0, pipeline=1.5, pipeline_output=4.0, pipeline_host_no_fa=0.0, kv_scores=0.0, expert_mid=3.0, remote_kv=1.0, source="140/140 rows within, median 0.5%, worst 66.7%"),
+    "deepseek32": GraphRule(layer=34.0, no_fa=40.0, output=1.0, pipeline=40.0, pipeline_output=0.0, pipeline_host_no_fa=2.0, kv_scores=5.5, expert_mid=40.0, remote_kv=1.0, source="15/20 rows within, median 8.1%, worst 82.3%"),
+    "deepseek4": GraphRule(layer=25.0, no_fa=8.5, output=10.0, pipeline=0.0, pipeline_output=0.0, pipeline_host_no_fa=2.0, kv_scores=0.0, expert_mid=2.5, remote_kv=1.0, source="16/20 rows within, median 5.4%, worst 222.3%"),
+    "dots3note": GraphRule(layer=40.0, no_fa=40.0, output=1.0, pipeline=40.0, pipeline_output=0.0, pipeline_host_no_fa=2.0, kv_scores=4.5, expert_mid=40.0, remote_kv=1.0, source="15/20 rows within, median 10.0%, worst 77.5%"),
+    "gemma3": GraphRule(layer=0.0, no_fa=6.5, output=1.0, pipeline=2.0, pipeline_output=7.0, pipeline_host_no_fa=6.0, kv_scores=0.0, expert_mid=3.0, remote_kv=1.0, source="100/101 rows within, median 0.9%, worst 127.3%"),
+    "gemma4": GraphRule(layer=8.0, no_fa=19.0, output=2.0, pipeline=5.0, pipeline_output=0.0, pipeline_host_no_fa=5.5, kv_scores=0.0, expert_mid=3.0, remote_kv=2.0, source="78/84 rows within, median 2.8%, worst 35.2%"),
+    "glm-dsa": GraphRule(layer=34.0, no_fa=40.0, output=1.0, pipeline=40.0, pipeline_output=0.0, pipeline_host_no_fa=2.0, kv_scores=5.5, expert_mid=40.0, remote_kv=1.0, source="15/20 rows within, median 8.1%, worst 82.3%"),
+    "glm4moe": GraphRule(layer=-1.0, no_fa=9.5, output=3.0, pipeline=1.0, pipeline_output=4.0, pipeline_host_no_fa=2.0, kv_scores=0.0, expert_mid=3.0, remote_kv=1.0, source="140/140 rows within, median 0.1%, worst 133.3%"),
+    "glm5-next": GraphRule(layer=31.5, no_fa=40.0, output=4.5, pipeline=40.0, pipeline_output=0.0, pipeline_host_no_fa=2.0, kv_scores=4.0, expert_mid=40.0, remote_kv=1.0, source="12/20 rows within, median 58.3%, worst 175.0%"),
+    "gpt-oss": GraphRule(layer=-4.5, no_fa=6.5, output=3.0, pipeline=0.0, pipeline_output=3.0, pipeline_host_no_fa=3.0, kv_scores=0.0, expert_mid=2.0, remote_kv=1.0, source="140/140 rows within, median 0.9%, worst 133.3%"),
+    "grok": GraphRule(layer=22.0, no_fa=6.0, output=0.0, pipeline=6.0, pipeline_output=1.0, pipeline_host_no_fa=8.0, kv_scores=0.0, expert_mid=0.0, remote_kv=1.0, source="16/16 rows within, median 0.0%, worst 66.7%"),
+    "hrm_text": GraphRule(layer=0.0, no_fa=7.0, output=1.0, pipeline=40.0, pipeline_output=40.0, pipeline_host_no_fa=2.0, kv_scores=0.0, expert_mid=3.0, remote_kv=1.0, source="17/17 rows within, median 0.8%, worst 69.1%"),
+    "hy_v4": GraphRule(layer=40.0, no_fa=40.0, output=19.0, pipeline=40.0, pipeline_output=40.0, pipeline_host_no_fa=2.0, kv_scores=5.0, expert_mid=40.0, remote_kv=1.0, source="16/20 rows within, median 12.3%, worst 80.4%"),
+    "lfm2": GraphRule(layer=0.5, no_fa=5.0, output=2.5, pipeline=0.0, pipeline_output=4.0, pipeline_host_no_fa=2.0, kv_scores=0.0, expert_mid=3.0, remote_kv=1.0, source="101/101 rows within, median 3.1%, worst 100.0%"),
+    "llama": GraphRule(layer=0.5, no_fa=4.5, output=1.0, pipeline=1.5, pipeline_output=4.0, pipeline_host_no_fa=2.0, kv_scores=0.0, expert_mid=0.0, remote_kv=1.0, source="205/205 rows within, median 0.5%, worst 72.7%"),
+    "minimax-m3": GraphRule(layer=22.0, no_fa=4.5, output=1.0, pipeline=0.0, pipeline_output=0.0, pipeline_host_no_fa=2.0, kv_scores=0.0, expert_mid=3.0, remote_kv=1.0, source="16/20 rows within, median 33.5%, worst 86.4%"),
+    "mistral3": GraphRule(layer=0.0, no_fa=4.5, output=1.0, pipeline=1.0, pipeline_output=4.0, pipeline_host_no_fa=2.0, kv_scores=0.0, expert_mid=0.0, remote_kv=1.0, source="121/121 rows within, median 0.1%, worst 72.7%"),
+    "nemotron_h": GraphRule(layer=-2.5, no_fa=4.5, output=2.0, pipeline=0.0, pipeline_output=4.0, pipeline_host_no_fa=2.0, kv_scores=0.0, expert_mid=3.0, remote_kv=1.0, source="101/101 rows within, median 0.7%, worst 76.5%"),
+    "qwen2": GraphRule(layer=0.0, no_fa=4.5, output=1.0, pipeline=0.5, pipeline_output=4.0, pipeline_host_no_fa=1.0, kv_scores=0.0, expert_mid=3.0, remote_kv=1.0, source="101/101 rows within, median 0.2%, worst 72.7%"),
+    "qwen3": GraphRule(layer=0.0, no_fa=4.5, output=1.0, pipeline=1.0, pipeline_output=4.0, pipeline_host_no_fa=2.0, kv_scores=0.0, expert_mid=3.0, remote_kv=1.0, source="101/101 rows within, median 0.0%, worst 72.7%"),
+    "qwen35": GraphRule(layer=0.0, no_fa=6.0, output=3.5, pipeline=0.0, pipeline_output=2.5, pipeline_host_no_fa=1.5, kv_scores=0.0, expert_mid=3.0, remote_kv=1.0, source="101/101 rows within, median 1.2%, worst 69.1%"),
+    "qwen35moe": GraphRule(layer=0.0, no_fa=9.5, output=3.0, pipeline=0.0, pipeline_output=4.0, pipeline_host_no_fa=2.0, kv_scores=0.0, expert_mid=3.0, remote_kv=1.0, source="140/140 rows within, median 0.8%, worst 76.5%"),
+    "qwen3moe": GraphRule(layer=0.0, no_fa=7.0, output=1.0, pipeline=0.0, pipeline_output=4.0, pipeline_host_no_fa=2.0, kv_scores=0.0, expert_mid=3.0, remote_kv=1.0, source="140/140 rows within, median 0.2%, worst 74.6%"),
+    "qwen3next": GraphRule(layer=-1.0, no_fa=10.0, output=6.0, pipeline=0.0, pipeline_output=1.0, pipeline_host_no_fa=2.0, kv_scores=0.0, expert_mid=3.0, remote_kv=1.0, source="140/140 rows within, median 2.3%, worst 159.6%"),
+    "qwen4exp": GraphRule(layer=36.0, no_fa=40.0, output=9.0, pipeline=13.5, pipeline_output=10.5, pipeline_host_no_fa=2.0, kv_scores=35.0, expert_mid=3.5, remote_kv=1.0, source="18/20 rows within, median 2.4%, worst 91.9%"),
 }

@@ -637,6 +637,7 @@ def estimate(
     rule = GRAPH_RULES.get(arch.name, GENERIC)
     kinds: list[dict[AttentionKind, int]] = [{} for _ in range(n_gpu + 1)]
     kq = [0] * (n_gpu + 1)
+    remote: list[dict[int, int]] = [{} for _ in range(n_gpu + 1)]
     no_cache = view.memory is MemoryClass.NONE  # non-causal (diffusion): n_kv = the ubatch
     for layer in view.layers:
         reads_kv = layer.kv or layer.kv_shared_from is not None or no_cache
@@ -646,6 +647,12 @@ def estimate(
         cells = window_cells if layer.attention is AttentionKind.SLIDING else kv_size
         if no_cache:
             cells = ub
+        src = layer.kv_shared_from
+        if src is not None and (slot_device[src] if config.kv_offload else host_pos) != pos:
+            remote[pos][src] = layer_kv_bytes(
+                view.layers[src], view, cells * n_stream, config.cache_type_k,
+                config.cache_type_v, fa, CPU_BUFFER,
+            )  # fmt: skip
         kinds[pos][layer.attention] = cells
         kq[pos] = max(kq[pos], cells * ub * max(layer.n_head, 1) * 4)
     all_kinds: dict[AttentionKind, int] = {}
@@ -680,6 +687,7 @@ def estimate(
                 host_experts=is_host and any(host_experts) and not offloading,
                 offload_weight=host_weight if offloading and pos == op_offload_pos else 0,
                 copies=copies,
+                remote_kv=sum(remote[pos].values()),
             ),
             shape,
             rule,
