@@ -50,7 +50,7 @@ GRID = [x / 2 for x in range(0, 81)]
 LAYER_GRID = [x / 2 for x in range(-20, 81)]
 PARAMS = (
     "layer", "no_fa", "output", "pipeline", "pipeline_output", "pipeline_host_no_fa", "kv_scores",
-    "expert_mid", "remote_kv",
+    "expert_mid", "remote_kv", "pipeline_host_masks",
 )
 
 

@@ -643,7 +643,8 @@ def estimate(
         reads_kv = layer.kv or layer.kv_shared_from is not None or no_cache
         if not layer.attends or not reads_kv or skipped(layer.index):
             continue
-        pos = slot_device[layer.index] if config.kv_offload else host_pos
+        # the attention runs on the layer's device, also with -nkvo (its K and V are copied in)
+        pos = slot_device[layer.index]
         cells = window_cells if layer.attention is AttentionKind.SLIDING else kv_size
         if no_cache:
             cells = ub
