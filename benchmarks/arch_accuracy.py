@@ -11,9 +11,9 @@ b11312's test-llama-archs models, projected by llama-memory-bytes over tests/lla
 grid of contexts, -np, -kvu, KV types, flash attention, CPU and two RPC devices with -ngl/-ts, and
 --n-cpu-moe), each device's bytes as llama.cpp allocates them. The layout is rebuilt from the
 recorded header, as tests/arch/test_conformance.py does. Compute buffers are sized by llama.cpp's
-scheduler from the graph and are not modelled to the byte: "compute" is quantpick's estimate less
-llama.cpp's, in MiB (median, worst under, worst over), for the CPU backend these tiny models run
-on. The full-size real configs are in benchmarks/arch_real_accuracy.py.
+scheduler from the graph as a peak over its phases (plan/compute.py): "compute" is quantpick's
+figure against llama.cpp's, the median and worst relative error and the rows within max(5%, 16 MiB),
+for the CPU backend these tiny models run on. The full-size real configs are in benchmarks/arch_real_accuracy.py.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from llamacpp_archs import case_from_dict, machine  # noqa: E402
 from test_conformance import NOT_EXACT, recorded  # noqa: E402
 
 from quantpick.model.gguf import header_from_json, layout_from_header  # noqa: E402
+from quantpick.plan.compute import within  # noqa: E402
 from quantpick.plan.memory import estimate  # noqa: E402
 
 MiB = 1024**2
@@ -42,8 +43,8 @@ def main() -> int:
     doc = recorded()
     grid = [case_from_dict(c) for c in doc["grid"]]
     print(f"{'model':<24} {'cases':>5} {'rows':>5} {'weights':>8} {'KV+state':>9}"
-          f"  compute MiB: median   under    over")  # fmt: skip
-    totals = {"cases": 0, "rows": 0, "w": 0, "kv": 0}
+          f"  compute: median  worst  within")  # fmt: skip
+    totals = {"cases": 0, "rows": 0, "w": 0, "kv": 0, "c": 0, "c25": 0}
     exact_archs, archs = 0, 0
     for model in sorted(doc["models"]):
         entry = doc["models"][model]
@@ -51,6 +52,7 @@ def main() -> int:
         cases = [(grid[c["case"]], c["devices"]) for c in entry["cases"] if c["error"] is None]
         rows = w_ok = kv_ok = 0
         compute: list[float] = []
+        c_ok = 0
         for case, devices in cases:
             est = estimate(layout, machine(case.rpc), case.config())
             ours = {"Host": est.host, **{f"RPC{i}": d for i, d in enumerate(est.gpus)}}
@@ -59,7 +61,11 @@ def main() -> int:
                 rows += 1
                 w_ok += d.weights_bytes == theirs["model"]
                 kv_ok += d.kv_bytes + d.recurrent_bytes == theirs["context"]
-                compute.append((d.compute_bytes - theirs["compute"]) / MiB)
+                compute.append(abs(d.compute_bytes - theirs["compute"]) / max(theirs["compute"], 1))
+                c_ok += within(d.compute_bytes, theirs["compute"])
+                totals["c25"] += abs(d.compute_bytes - theirs["compute"]) > max(
+                    0.25 * theirs["compute"], 16 * MiB
+                )
                 if args.verbose and (
                     d.weights_bytes != theirs["model"]
                     or d.kv_bytes + d.recurrent_bytes != theirs["context"]
@@ -73,9 +79,10 @@ def main() -> int:
         exact_archs += w_ok == kv_ok == rows
         mark = f"  (not modelled: {NOT_EXACT[arch]})" if arch in NOT_EXACT else ""
         med = compute[len(compute) // 2] if compute else 0.0
-        lo, hi = (min(0.0, compute[0]), max(0.0, compute[-1])) if compute else (0.0, 0.0)
+        worst = compute[-1] if compute else 0.0
         print(f"{model:<24} {len(cases):>5} {rows:>5} {w_ok:>8} {kv_ok:>9}"
-              f"  {' ' * 12}{med:+7.1f} {lo:+7.1f} {hi:+7.1f}{mark}")  # fmt: skip
+              f"  {' ' * 8}{med:>7.1%} {worst:>6.1%} {c_ok:>3}/{rows}{mark}")  # fmt: skip
+        totals["c"] += c_ok
         totals["cases"] += len(cases)
         totals["rows"] += rows
         totals["w"] += w_ok
@@ -83,7 +90,9 @@ def main() -> int:
     print(
         f"\n{archs} models: {exact_archs} exact on every row; {totals['cases']} cases, "
         f"{totals['rows']} device rows: weights {totals['w']}/{totals['rows']} exact, "
-        f"KV+state {totals['kv']}/{totals['rows']} exact (llama.cpp {doc['llamacpp']})"
+        f"KV+state {totals['kv']}/{totals['rows']} exact (llama.cpp {doc['llamacpp']}); "
+        f"compute {totals['c']}/{totals['rows']} within max(5%, 16 MiB) "
+        f"({totals['c'] / max(totals['rows'], 1):.1%}), {totals['c25']} off by more than 25%"
     )
     return 0
 

@@ -10,10 +10,11 @@ per buffer type; the host is the CPU buffers plus CPU_REPACK), else llama-fit-pa
 floored. A row counts as exact when quantpick's bytes equal llama.cpp's (bytes) or its MiB
 floored equal (MiB). The layout is rebuilt from the recorded header, as tests do.
 
-Compute buffers are not modelled to the byte (llama.cpp's scheduler sizes them from the graph):
-the last columns give quantpick's estimate less llama.cpp's, in MiB, as the median and the worst
-under- and over-estimate. An under-estimate is what llama.cpp's own dry run (`pick`/`estimate`
-with llama-fit-params installed) and confirmation (`get`, `command`) catch and re-plan on.
+Compute buffers follow llama.cpp's graph allocator as a peak over phases (plan/compute.py): the
+last columns give quantpick's figure against llama.cpp's per device row, the median and the worst
+relative error and the rows within max(5%, 16 MiB) (goal: >= 95% of rows, none off by more than
+25%). An under-estimate is what llama.cpp's own dry run (`pick`/`estimate` with llama-fit-params
+installed) and confirmation (`get`, `command`) catch and re-plan on.
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from arch_real import DATA, MiB, load, rows  # noqa: E402
 
+from quantpick.plan.compute import within  # noqa: E402
+
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -34,8 +37,9 @@ def main() -> int:
     ap.add_argument("--only", nargs="*", default=[])
     args = ap.parse_args()
     print(f"{'config':<22} {'arch':<11} {'cases':>5} {'weights exact':>14} {'KV+state exact':>15}"
-          f" {'max |dW| MiB':>13} {'max |dKV| MiB':>14}  compute MiB: median  under   over")
+          f" {'max |dW| MiB':>13} {'max |dKV| MiB':>14}  compute: median  worst   within")
     # fmt: skip
+    total_ok = total_rows = beyond = 0
     for path in sorted(DATA.glob("*.json")):
         doc, _layout = load(path)
         if args.only and doc["config"] not in args.only:
@@ -53,10 +57,18 @@ def main() -> int:
                     print(f"  {r.config} {r.case} {r.device}: weights {r.weights[0]} vs "
                           f"{r.weights[1]}, KV+state {r.context[0]} vs {r.context[1]} ({r.unit})")
         counts = f"{w_ok:>7}/{n:<6} {kv_ok:>8}/{n:<6}"
-        dc = sorted((r.compute[0] - r.compute[1]) / scale[r.unit] for r in got) or [0.0]
+        unit = {"bytes": 1, "MiB": MiB}
+        pairs = [(r.compute[0] * unit[r.unit], r.compute[1] * unit[r.unit]) for r in got]
+        rel = sorted(abs(a - b) / max(b, 1) for a, b in pairs) or [0.0]
+        ok = sum(within(a, b) for a, b in pairs)
+        total_ok += ok
+        total_rows += len(pairs)
+        beyond += sum(abs(a - b) > max(0.25 * b, 16 * MiB) for a, b in pairs)
         print(f"{doc['config']:<22} {doc['arch']:<11} {len(doc['cases']):>5} {counts} "
-              f"{w_err:>13.2f} {kv_err:>14.2f}  {' ' * 12}{dc[len(dc) // 2]:+7.0f} "
-              f"{min(0.0, dc[0]):+6.0f} {max(0.0, dc[-1]):+6.0f}")  # fmt: skip
+              f"{w_err:>13.2f} {kv_err:>14.2f}  {' ' * 8}{rel[len(rel) // 2]:>6.1%} "
+              f"{rel[-1]:>6.1%} {ok:>4}/{len(pairs)}")  # fmt: skip
+    print(f"\ncompute: {total_ok}/{total_rows} device rows within max(5%, 16 MiB) of llama.cpp "
+          f"({total_ok / max(total_rows, 1):.1%}); {beyond} off by more than 25% (and 16 MiB)")
     return 0
 
 

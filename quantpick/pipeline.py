@@ -379,11 +379,11 @@ def local_tuning(
 ) -> Tuning:
     """The compute rule of the llama-server that will run the plan and this machine's calibration
     profile for that build, if any. The build comes from `--llama-server`, else from a hardware
-    file that recorded one (`probe --json`), else from llama-server on PATH; none: conservative.
+    file that recorded one (`probe --json`), else from llama-server on PATH; none: the pinned build's.
     `sizes`: the planned model's file sizes (a profile applies to a model of its size class);
     `use_calibration=False`: --no-calibration."""
     from quantpick.machine.llamacpp import find_llama_server, inspect_llama_server
-    from quantpick.plan.build_class import CONSERVATIVE, compute_rule
+    from quantpick.plan.build_class import PINNED, compute_rule
     from quantpick.plan.calibration import build_id
     from quantpick.serve.calibration import load_calibration
 
@@ -399,7 +399,7 @@ def local_tuning(
             notes.append(f"llama-server at {path}: {server.error}")
             server = None
     if server is None:
-        rule, build = CONSERVATIVE, build_id(None, None, None)
+        rule, build = PINNED, build_id(None, None, None)
     else:
         rule = compute_rule(server.version, server.build, server.commit)
         build = build_id(server.build, server.commit, server.version)

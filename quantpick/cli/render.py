@@ -27,6 +27,9 @@ def _device_dict(d: Any) -> dict[str, Any]:
         "overhead_bytes": d.overhead_bytes,
         "projector_bytes": d.projector_bytes,
         "correction_bytes": d.correction_bytes,
+        "compute_estimated": d.compute_accuracy.estimated,
+        "compute_expected_error": d.compute_accuracy.relative,
+        "compute_expected_error_floor_bytes": d.compute_accuracy.floor_bytes,
         "total_bytes": d.total_bytes,
         "free_bytes": d.free_bytes,
         "budget_bytes": d.budget_bytes,
@@ -191,14 +194,23 @@ def _flags(config: Any, n_slots: int) -> list[str]:
 def _device_table(est: Estimate, title: str) -> Any:
     from rich.table import Table
 
+    from quantpick.plan.compute import accuracy_legend
+
     gib = 1024**3
-    table = Table(title=title + "  (GiB)", title_justify="left", pad_edge=False)
+    legend = accuracy_legend([d.compute_accuracy for d in est.devices])
+    table = Table(
+        title=title + "  (GiB)",
+        title_justify="left",
+        pad_edge=False,
+        caption=legend,
+        caption_justify="left",
+    )
     for col in (
         "device",
         "weights",
         "KV",
         "state",
-        "compute*",
+        "compute",
         "other*",
         "total",
         "budget",
@@ -214,7 +226,7 @@ def _device_table(est: Estimate, title: str) -> Any:
             f"{d.weights_bytes / gib:.2f}",
             f"{d.kv_bytes / gib:.2f}",
             f"{d.recurrent_bytes / gib:.2f}",
-            f"{d.compute_bytes / gib:.2f}",
+            f"{d.compute_bytes / gib:.2f}" + ("*" if d.compute_accuracy.estimated else " "),
             f"{(d.overhead_bytes + d.projector_bytes) / gib:.2f}",
             f"{d.total_bytes / gib:.2f}",
             f"{d.budget_bytes / gib:.2f}",

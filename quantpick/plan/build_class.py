@@ -20,8 +20,10 @@ days earlier, so every build >= b9464 has both; builds before get both old behav
 over-estimates the mask for the few builds between the two PRs (again the safe side).
 
 Semver-era builds (`version: 0.5.0-dev (build N, ...)`; semver tags started near b10621, Aug
-2026) are capped whatever N says (shallow clones report build 1). An unreadable or absent build
-gets the conservative (uncapped) rule.
+2026) are capped whatever N says (shallow clones report build 1). With no llama.cpp found, or one
+whose build cannot be read (build 1 without a version: a shallow clone), the plan uses the rule of
+the pinned build (b11312, scripts/llamacpp.pin): what a user installs today. Only a build that
+reports itself older than b9464 gets the older (uncapped) rule.
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ from quantpick.plan.memory import RunConfig
 
 # First build known to contain PR #23861 (and #23764); see the module docstring.
 CAPPED_FROM_BUILD = 9464
+# The pinned build (scripts/llamacpp.pin LLAMACPP_BUILD_NUMBER): the rule when none is found.
+PINNED_BUILD = 11312
 CAPPED = "capped"
 UNCAPPED = "uncapped"
 
@@ -57,8 +61,10 @@ class ComputeRule:
         return f"compute buffers for {self.reason}: {what}"
 
 
-CONSERVATIVE = ComputeRule(
-    UNCAPPED, None, "an unknown llama.cpp build (none found or unreadable; conservative)"
+PINNED = ComputeRule(
+    CAPPED,
+    None,
+    f"llama.cpp b{PINNED_BUILD}, the pinned build (none found here: what an install gets today)",
 )
 
 
@@ -70,9 +76,11 @@ def compute_rule(version: str | None, build: int | None, commit: str | None) -> 
     if version:
         return ComputeRule(CAPPED, label, f"llama.cpp {version}, {label}")
     if build is None or build <= 1:
-        # build 1 without a semver version: a shallow clone of unknown age
+        # build 1 without a semver version: a shallow clone of unknown age, not known to be older
         return ComputeRule(
-            UNCAPPED, label, f"llama.cpp {label or 'of unknown build'} (age unknown; conservative)"
+            CAPPED,
+            label,
+            f"llama.cpp {label or 'of unknown build'} (age unknown: b{PINNED_BUILD}'s rule)",
         )
     if build >= CAPPED_FROM_BUILD:
         return ComputeRule(CAPPED, label, f"llama.cpp {label}")

@@ -31,8 +31,11 @@ from quantpick.plan.compute import (
     GRAPH_RULES,
     OP_OFFLOAD_MIN_BATCH,
     PIPELINE_COPIES,
+    UNCHECKED,
     BackendKind,
+    ComputeAccuracy,
     GENERIC,
+    accuracy,
     DeviceGraph,
     device_compute,
     graph_shape,
@@ -125,7 +128,7 @@ class DeviceEstimate:
     weights_bytes: int
     kv_bytes: int
     recurrent_bytes: int
-    compute_bytes: int  # estimate
+    compute_bytes: int  # the graph allocator's peak (plan/compute.py); see compute_accuracy
     overhead_bytes: int  # CUDA context (GPU) / output buffer (host); estimate
     projector_bytes: int  # vision projector weights + its compute (estimate)
     total_bytes: int
@@ -137,6 +140,8 @@ class DeviceEstimate:
     expert_layers: tuple[int, ...]  # blocks whose routed experts live here
     endpoint: str | None = None  # an RPC device's worker "host:port" (None: a local device)
     correction_bytes: int = 0  # from llama.cpp's own projection (Overheads.device_correction_bytes)
+    # how far compute_bytes is expected to be from llama.cpp's reservation (plan/compute.py)
+    compute_accuracy: ComputeAccuracy = UNCHECKED
 
     @property
     def headroom_bytes(self) -> int:
@@ -659,8 +664,17 @@ def estimate(
     all_kinds: dict[AttentionKind, int] = {}
     for k in kinds:
         all_kinds.update(k)
-    # the f16 FA mask since PR #23764; before, the f32 input stays beside its f16 cast
-    fa_bytes = 6 if config.fa_mask_f32 else 2
+    # the f16 FA mask since PR #23764 (src/llama-graph.cpp:29-46); before, the host kept the f32
+    # input it was cast from: a pre-cap CUDA log's CUDA_Host buffer is the f32 mask + 2E
+    # (real-cuda.md, tests/data/cuda-logs.json)
+    host_fa_bytes = 4 if config.fa_mask_f32 else 2
+    # a cache other than f16: a GPU's flash attention converts one layer's K and V to f16
+    kv_convert = 0
+    if fa and (config.cache_type_k, config.cache_type_v) != ("f16", "f16"):
+        kv_convert = max(
+            (kv_size * n_stream * (lv.k_width + lv.v_width) * 2 for lv in view.layers if lv.kv),
+            default=0,
+        )
     backends = [backend_kind(d) for d in devs] + [BackendKind.CPU]
     # op offload: the first device whose backend takes offloaded ops (a local GPU; an RPC device
     # never does: its offload_op is NULL, ggml-rpc.cpp device interface)
@@ -681,7 +695,7 @@ def estimate(
                 is_host=is_host,
                 holds_layers=bool(block_layers) or (bool(kinds[pos]) and not is_host),
                 holds_output=pos == output_dev and bool(computes),
-                mask_f16=mask_cells * ub * fa_bytes,
+                mask_f16=mask_cells * ub * (host_fa_bytes if is_host else 2),
                 mask_f32=mask_cells * ub * 4,
                 kq=0 if fa else kq[pos],
                 flash_attn=fa,
@@ -689,6 +703,7 @@ def estimate(
                 offload_weight=host_weight if offloading and pos == op_offload_pos else 0,
                 copies=copies,
                 remote_kv=sum(remote[pos].values()),
+                kv_convert=kv_convert,
             ),
             shape,
             rule,
@@ -716,6 +731,8 @@ def estimate(
     if not fa:
         notes.append("flash attention off: the KQ matrix is materialised (large at long context)")
     corrections = dict(overheads.device_correction_bytes)
+    # the rule is checked for a known architecture and the current build class
+    checked = view.known and not config.fa_mask_f32
     devices: list[DeviceEstimate] = []
     for pos in range(n_gpu + 1):
         a = acc[pos]
@@ -758,6 +775,7 @@ def estimate(
                 expert_layers=tuple(a.experts),
                 endpoint=endpoint,
                 correction_bytes=correction,
+                compute_accuracy=accuracy(backends[pos], checked),
             )
         )
     return Estimate(

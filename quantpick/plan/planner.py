@@ -29,7 +29,7 @@ from quantpick.errors import NoFitError, UsageError
 from quantpick.machine.spec import Machine
 from quantpick.model.layout import ModelLayout
 from quantpick.model.manifest import Manifest, ModelFile
-from quantpick.plan.build_class import CONSERVATIVE, ComputeRule, apply_rule
+from quantpick.plan.build_class import PINNED, ComputeRule, apply_rule
 from quantpick.plan.calibration import Calibration, calibrate_speed
 from quantpick.plan.memory import (
     Estimate,
@@ -94,8 +94,8 @@ class PlanRequest:
     flash_attn: str = "on"
     efficiency: float = 1.0  # speed calibration factor (1.0 = the bandwidth bound)
     allow_offload: bool = True
-    # The installed llama.cpp build's compute rule (plan/build_class.py); unknown: conservative.
-    compute_rule: ComputeRule = CONSERVATIVE
+    # The installed llama.cpp build's compute rule (plan/build_class.py); none: the pinned build's.
+    compute_rule: ComputeRule = PINNED
     # This machine's measured speed factors (quantpick bench), applied to every speed figure.
     calibration: Calibration | None = None
 
@@ -133,7 +133,7 @@ class Plan:
     notes: tuple[str, ...] = field(default_factory=tuple)
     quality: Quality | None = None
     why: str = ""  # the pick in one line
-    compute_rule: ComputeRule = CONSERVATIVE  # the llama.cpp build class the compute assumes
+    compute_rule: ComputeRule = PINNED  # the llama.cpp build class the compute assumes
     calibration: Calibration | None = None  # applied to the speed figures, when measured here
     arch: str = ""  # general.architecture of the planned file
     n_slots: int = 0  # llama.cpp's layer slots (-ngl counts them): block_count + 1

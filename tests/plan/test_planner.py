@@ -16,7 +16,7 @@ from quantpick.model.layout import ModelLayout, synthesize_layout
 from quantpick.model.manifest import Manifest
 from quantpick.model.registry import find_manifest
 from quantpick.plan import planner
-from quantpick.plan.build_class import CONSERVATIVE, compute_rule
+from quantpick.plan.build_class import PINNED, compute_rule
 from quantpick.plan.memory import Overheads, RunConfig, estimate
 from quantpick.plan.planner import (
     SPEED_FLOOR_TIER,
@@ -267,16 +267,21 @@ def test_one_gpu_offload_keeps_the_smallest_n_cpu_moe() -> None:
     assert not estimate(layout_of(p.quant), m, fewer, projector_bytes=0).fits
 
 
-def test_an_older_or_unknown_build_reserves_whole_ubatch_logits() -> None:
+def test_an_older_build_reserves_whole_ubatch_logits_and_no_build_plans_for_the_pinned_one() -> None:
     """Before PR #23861 llama-server reserved 485 MiB of logits at -ub 512 (and the f32 FA mask);
-    the unknown build gets the same conservative rule."""
+    with no llama.cpp found the plan is the pinned build's (what an install gets today)."""
     current = plan(
         MANIFEST, reference_box(), LAYOUTS,
         PlanRequest(ctx_size=262144, quant="Q6_K", compute_rule=CURRENT_TREE),
     )  # fmt: skip
     assert (current.config.logits_rows, current.config.fa_mask_f32) == ("server", False)
+    none_found = plan(
+        MANIFEST, reference_box(), LAYOUTS,
+        PlanRequest(ctx_size=262144, quant="Q6_K", compute_rule=PINNED),
+    )  # fmt: skip
+    assert none_found.estimate == current.estimate
     old = compute_rule(None, 9000, "abc1234")
-    for rule in (old, CONSERVATIVE):
+    for rule in (old,):
         p = plan(
             MANIFEST, reference_box(), LAYOUTS,
             PlanRequest(ctx_size=262144, quant="Q6_K", compute_rule=rule),
