@@ -12,8 +12,9 @@ grid of contexts, -np, -kvu, KV types, flash attention, CPU and two RPC devices 
 --n-cpu-moe), each device's bytes as llama.cpp allocates them. The layout is rebuilt from the
 recorded header, as tests/arch/test_conformance.py does. Compute buffers are sized by llama.cpp's
 scheduler from the graph as a peak over its phases (plan/compute.py): "compute" is quantpick's
-figure against llama.cpp's, the median and worst relative error and the rows within max(5%, 16 MiB),
-for the CPU backend these tiny models run on. The full-size real configs are in benchmarks/arch_real_accuracy.py.
+figure against llama.cpp's, the median and worst relative error and the rows within
+max(5%, 16 MiB), for the CPU backend these tiny models run on. The full-size real configs are in
+benchmarks/arch_real_accuracy.py.
 """
 
 from __future__ import annotations

@@ -379,7 +379,8 @@ def local_tuning(
 ) -> Tuning:
     """The compute rule of the llama-server that will run the plan and this machine's calibration
     profile for that build, if any. The build comes from `--llama-server`, else from a hardware
-    file that recorded one (`probe --json`), else from llama-server on PATH; none: the pinned build's.
+    file that recorded one (`probe --json`), else from llama-server on PATH; none: the pinned
+    build's.
     `sizes`: the planned model's file sizes (a profile applies to a model of its size class);
     `use_calibration=False`: --no-calibration."""
     from quantpick.machine.llamacpp import find_llama_server, inspect_llama_server

@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """Fit the per-architecture compute-graph rules (quantpick.plan.compute.GraphRule) to llama.cpp's
-own projections: full-size real configs (tests/data/arch-real, scripts/record_arch_real.py) and
-every test-llama-archs model (tests/data/llamacpp-archs.json.gz, scripts/record_arch_conformance.py).
+own projections: full-size real configs (tests/data/arch-real, scripts/record_arch_real.py, and
+the compute grid tests/data/arch-real-compute.json.gz, scripts/record_compute_grid.py) and
+every test-llama-archs model (tests/data/llamacpp-archs.json.gz,
+scripts/record_arch_conformance.py).
 
     python scripts/fit_compute.py                 # every recorded architecture
     python scripts/fit_compute.py --only qwen3-8b llama-dense   # configs / tiny models
@@ -29,28 +31,35 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
-from arch_real import DATA, load, reference, run_config  # noqa: E402
+from arch_real import DATA, GRID, grid_config, load, reference, run_config  # noqa: E402
 from conformance_model import rpc_machine  # noqa: E402
 from llamacpp_archs import case_from_dict, machine  # noqa: E402
 
-from quantpick.model.gguf import header_from_json, layout_from_header  # noqa: E402
-
 import quantpick.plan.memory as memory  # noqa: E402
+from quantpick.model.gguf import header_from_json, layout_from_header  # noqa: E402
 from quantpick.plan.compute import (  # noqa: E402
+    GENERIC,
     DeviceGraph,
     GraphRule,
     GraphShape,
     device_compute,
-    GENERIC,
 )
 
 MiB = 1024**2
 ARCHS = ROOT / "tests" / "data" / "llamacpp-archs.json.gz"
-GRID = [x / 2 for x in range(0, 81)]
-LAYER_GRID = [x / 2 for x in range(-20, 81)]
+STEPS = [x / 2 for x in range(0, 81)]
+LAYER_STEPS = [x / 2 for x in range(-20, 81)]
 PARAMS = (
-    "layer", "no_fa", "output", "pipeline", "pipeline_output", "pipeline_host_no_fa", "kv_scores",
-    "expert_mid", "remote_kv", "pipeline_host_masks",
+    "layer",
+    "no_fa",
+    "output",
+    "pipeline",
+    "pipeline_output",
+    "pipeline_host_no_fa",
+    "kv_scores",
+    "expert_mid",
+    "remote_kv",
+    "pipeline_host_masks",
 )
 
 
@@ -89,6 +98,22 @@ def collect(only: list[str]) -> dict[str, list[tuple[DeviceGraph, GraphShape, in
                 for (dev, shape), name in zip(seen, names, strict=True):
                     want = ref.get(name, {}).get("compute", 0) * (MiB if unit == "MiB" else 1)
                     out[layout.architecture.name].append((dev, shape, want))
+        grid_doc = json.loads(gzip.open(GRID).read())
+        for name, entry in sorted(grid_doc["configs"].items()):
+            if only and name not in only:
+                continue
+            _, layout = load(DATA / f"{name}.json")
+            for case in entry["cases"]:
+                if "error" in case:
+                    continue
+                config, n_gpu = grid_config(case["config"])
+                seen.clear()
+                memory.estimate(layout, rpc_machine(n_gpu), config)
+                _, ref = reference(case)
+                names = [f"RPC{i}" for i in range(n_gpu)] + ["Host"]
+                for (dev, shape), dname in zip(seen, names, strict=True):
+                    want = ref.get(dname, {}).get("compute", 0)
+                    out[layout.architecture.name].append((dev, shape, want))
         doc = json.loads(gzip.open(ARCHS).read())
         grid = [case_from_dict(c) for c in doc["grid"]]
         for model in sorted(doc["models"]):
@@ -126,7 +151,7 @@ def fit(rows: list[tuple[DeviceGraph, GraphShape, int]]) -> GraphRule:
     best = score(rule, rows)
     for _ in range(3):
         for name in PARAMS:
-            for value in LAYER_GRID if name == "layer" else GRID:
+            for value in LAYER_STEPS if name == "layer" else STEPS:
                 trial = replace(rule, **{name: value})
                 s = score(trial, rows)
                 if s > best:
@@ -143,15 +168,15 @@ def main() -> int:
         if score(GENERIC, rows)[0] == len(rows) and arch not in real:
             continue  # the generic rule holds on every row: no entry
         rule = fit(rows)
-        errs = [
-            abs(device_compute(d, s, rule) - w) / max(w, 1) for d, s, w in rows
-        ]
+        errs = [abs(device_compute(d, s, rule) - w) / max(w, 1) for d, s, w in rows]
         good, _ = score(rule, rows)
         values = ", ".join(
             f"{f.name}={getattr(rule, f.name)}" for f in fields(rule) if f.name in PARAMS
         )
-        print(f'    "{arch}": GraphRule({values}, source="{good}/{len(rows)} rows within, '
-              f'median {statistics.median(errs):.1%}, worst {max(errs):.1%}"),')
+        print(
+            f'    "{arch}": GraphRule({values}, source="{good}/{len(rows)} rows within, '
+            f'median {statistics.median(errs):.1%}, worst {max(errs):.1%}"),'
+        )
     return 0
 
 

@@ -57,7 +57,9 @@ def reference(entry: dict[str, Any]) -> tuple[str, dict[str, dict[str, int]]]:
     for row in entry["mib"]:
         if row["kind"] in ("device", "host"):
             out[row["name"]] = {
-                "model": row["model"], "context": row["context"], "compute": row["compute"]
+                "model": row["model"],
+                "context": row["context"],
+                "compute": row["compute"],
             }
     return "MiB", out
 
@@ -104,4 +106,53 @@ def rows(path: Path) -> list[Row]:
                 got_w, got_kv, got_c = got_w // MiB, got_kv // MiB, got_c // MiB
             out.append(Row(doc["config"], label, name, unit, (got_w, want["model"]),
                            (got_kv, want["context"]), (got_c, want["compute"])))  # fmt: skip
+    return out
+
+
+GRID = DATA.parent / "arch-real-compute.json.gz"
+
+
+def grid_config(case: dict[str, Any]) -> tuple[RunConfig, int]:
+    """A compute-grid case (scripts/record_compute_grid.py) as RunConfig and number of devices."""
+    rpc = case["devices"] != "none"
+    ngl = case.get("ngl", "all")
+    config = RunConfig(
+        ctx_size=case["ctx"],
+        n_parallel=case["np"],
+        kv_unified=case["kvu"],
+        flash_attn=case["fa"],
+        ubatch=case["ub"],
+        batch=max(2048, case["ub"]),
+        n_gpu_layers=None if ngl == "all" else int(ngl),
+        tensor_split=tuple(float(x) for x in case["ts"].split(",")) if rpc else None,
+        n_cpu_moe=int(case.get("n_cpu_moe", 0)),
+        override_tensors=tuple(tuple(p.split("=", 1)) for p in [case["ot"]]) if case.get("ot")
+        else (),
+        logits_rows="batch",
+    )  # fmt: skip
+    return config, 2 if rpc else 0
+
+
+def grid_rows() -> list[Row]:
+    """Every device row of the compute grid, in bytes, the layout from the config's arch-real
+    fixture (the same header)."""
+    import gzip
+
+    doc = json.loads(gzip.open(GRID).read())
+    out = []
+    for name, entry in sorted(doc["configs"].items()):
+        _, layout = load(DATA / f"{name}.json")
+        for case in entry["cases"]:
+            if "error" in case:
+                continue
+            config, n_gpu = grid_config(case["config"])
+            est = estimate(layout, rpc_machine(n_gpu), config)
+            names = [f"RPC{i}" for i in range(n_gpu)] + ["Host"]
+            label = " ".join(f"{k}={v}" for k, v in case["config"].items())
+            _, ref = reference(case)
+            for dev, dname in zip(est.devices, names, strict=True):
+                want = ref.get(dname, {"model": 0, "context": 0, "compute": 0})
+                out.append(Row(name, label, dname, "bytes", (dev.weights_bytes, want["model"]),
+                               (dev.kv_bytes + dev.recurrent_bytes, want["context"]),
+                               (dev.compute_bytes, want["compute"])))  # fmt: skip
     return out

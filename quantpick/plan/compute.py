@@ -1,4 +1,6 @@
-"""Compute buffers as llama.cpp's graph allocator sizes them: a peak over the graph, not a sum. Pure.
+"""Compute buffers as llama.cpp's graph allocator sizes them: a peak over the graph, not a sum.
+
+Pure.
 
 llama.cpp reserves each backend's compute buffer with `ggml_gallocr` (ggml/src/ggml-alloc.c at
 b11312): it walks the graph in execution order, frees a tensor after its last consumer ran
@@ -172,6 +174,9 @@ class DeviceGraph:
     # a GPU backend's flash attention converts a quantized K and V of one layer to f16 inside the
     # op's own allocation (ggml-cuda.cu:903-907, ggml-cuda/fattn.cu:722-756): n_kv x width x 2 B
     kv_convert: int = 0
+    # holds routed experts of its layers (False: they live in host memory, -ot exps=CPU /
+    # --n-cpu-moe, and this device's layers run only their dense part)
+    experts: bool = True
 
 
 def graph_shape(layout: ModelLayout, ubatch: int, logits_rows: int) -> GraphShape:
@@ -205,13 +210,18 @@ def graph_shape(layout: ModelLayout, ubatch: int, logits_rows: int) -> GraphShap
     )
 
 
-def layer_live(shape: GraphShape) -> float:
+def layer_live(shape: GraphShape, experts: bool = True) -> float:
     """A layer's live set beyond its mask, in bytes, by the generic rule: 2E (the residual stream
     and its norm) + 3 x the FFN's intermediate (gate, up, their product) for a dense FFN, or for
     routed experts 4E + 3 x their intermediate + their outputs (the larger where a model has
-    both)."""
+    both; with the experts in host memory, 2E + their outputs)."""
     dense = 2.0 * shape.e + 3.0 * shape.ffn
-    moe = 4.0 * shape.e + 3.0 * shape.moe_mid + shape.moe_out if shape.moe_mid else 0.0
+    if not shape.moe_mid:
+        return dense
+    if not experts:
+        # the experts run in host memory: their outputs come back to be weighted and summed here
+        return max(dense, 2.0 * shape.e + shape.moe_out)
+    moe = 4.0 * shape.e + 3.0 * shape.moe_mid + shape.moe_out
     return max(dense, moe)
 
 
@@ -230,7 +240,9 @@ def device_compute(dev: DeviceGraph, shape: GraphShape, rule: GraphRule) -> int:
         phases.append((host_e, True))
     if dev.holds_layers:
         scores = rule.kv_scores * dev.mask_f32
-        live = layer_live(shape) + rule.layer * e + scores + host_e + dev.offload_weight
+        live = (
+            layer_live(shape, dev.experts) + rule.layer * e + scores + host_e + dev.offload_weight
+        )
         if dev.backend is BackendKind.GPU and dev.flash_attn:
             live += dev.kv_convert
         live += e if dev.is_host else 0
@@ -252,7 +264,9 @@ def device_compute(dev: DeviceGraph, shape: GraphShape, rule: GraphRule) -> int:
         resident = dev.copies * (inputs + rule.remote_kv * dev.remote_kv)
         if dev.is_host and not dev.holds_layers:
             extra = rule.pipeline_host_masks * dev.copies * mask
-            return int(resident + host_e + extra + (0 if dev.flash_attn else rule.pipeline_host_no_fa * e))
+            return int(
+                resident + host_e + extra + (0 if dev.flash_attn else rule.pipeline_host_no_fa * e)
+            )
         extra = rule.pipeline_output if dev.holds_output else rule.pipeline
         return int(resident + max(p for p, _ in phases) + extra * e)
     return int(max(p + (mask if with_mask else 0) for p, with_mask in phases))
@@ -273,28 +287,316 @@ def output_buffer(n_vocab: int, n_seq_max: int) -> int:
 # Fitted per architecture on llama.cpp b11312's projections (scripts/fit_compute.py prints the
 # fit: tests/data/arch-real, the CPU backend and two CPU RPC devices, -ub 512).
 GRAPH_RULES: dict[str, GraphRule] = {
-    "deepseek2": GraphRule(layer=8.0, no_fa=27.0, output=1.0, pipeline=1.5, pipeline_output=4.0, pipeline_host_no_fa=0.0, kv_scores=0.0, expert_mid=3.0, remote_kv=1.0, pipeline_host_masks=0.0, source="140/140 rows within, median 0.5%, worst 66.7%"),
-    "deepseek32": GraphRule(layer=34.0, no_fa=40.0, output=1.0, pipeline=40.0, pipeline_output=0.0, pipeline_host_no_fa=2.0, kv_scores=5.5, expert_mid=40.0, remote_kv=1.0, pipeline_host_masks=1.0, source="18/20 rows within, median 1.6%, worst 55.0%"),
-    "deepseek4": GraphRule(layer=23.0, no_fa=8.5, output=10.0, pipeline=0.0, pipeline_output=0.0, pipeline_host_no_fa=2.0, kv_scores=0.0, expert_mid=2.5, remote_kv=1.0, pipeline_host_masks=0.0, source="16/20 rows within, median 8.8%, worst 218.7%"),
-    "dots3note": GraphRule(layer=40.0, no_fa=40.0, output=1.0, pipeline=40.0, pipeline_output=0.0, pipeline_host_no_fa=2.0, kv_scores=4.5, expert_mid=40.0, remote_kv=1.0, pipeline_host_masks=1.0, source="18/20 rows within, median 5.5%, worst 58.4%"),
-    "gemma3": GraphRule(layer=0.0, no_fa=6.5, output=1.0, pipeline=2.0, pipeline_output=7.0, pipeline_host_no_fa=6.0, kv_scores=0.0, expert_mid=3.0, remote_kv=1.0, pipeline_host_masks=0.0, source="100/101 rows within, median 0.9%, worst 127.3%"),
-    "gemma4": GraphRule(layer=8.0, no_fa=19.0, output=2.0, pipeline=5.0, pipeline_output=0.0, pipeline_host_no_fa=5.5, kv_scores=0.0, expert_mid=3.0, remote_kv=2.0, pipeline_host_masks=0.0, source="78/84 rows within, median 2.8%, worst 35.2%"),
-    "glm-dsa": GraphRule(layer=34.0, no_fa=40.0, output=1.0, pipeline=40.0, pipeline_output=0.0, pipeline_host_no_fa=2.0, kv_scores=5.5, expert_mid=40.0, remote_kv=1.0, pipeline_host_masks=1.0, source="18/20 rows within, median 1.6%, worst 55.0%"),
-    "glm4moe": GraphRule(layer=-1.0, no_fa=9.5, output=3.0, pipeline=1.0, pipeline_output=4.0, pipeline_host_no_fa=2.0, kv_scores=0.0, expert_mid=3.0, remote_kv=1.0, pipeline_host_masks=0.0, source="140/140 rows within, median 0.1%, worst 133.3%"),
-    "glm5-next": GraphRule(layer=-10.0, no_fa=40.0, output=4.5, pipeline=40.0, pipeline_output=0.0, pipeline_host_no_fa=2.0, kv_scores=7.0, expert_mid=40.0, remote_kv=1.0, pipeline_host_masks=4.0, source="14/20 rows within, median 40.1%, worst 175.0%"),
-    "gpt-oss": GraphRule(layer=-4.5, no_fa=6.5, output=3.0, pipeline=0.0, pipeline_output=3.0, pipeline_host_no_fa=3.0, kv_scores=0.0, expert_mid=2.0, remote_kv=1.0, pipeline_host_masks=0.0, source="140/140 rows within, median 0.9%, worst 133.3%"),
-    "hrm_text": GraphRule(layer=0.0, no_fa=7.0, output=1.0, pipeline=40.0, pipeline_output=40.0, pipeline_host_no_fa=2.0, kv_scores=0.0, expert_mid=3.0, remote_kv=1.0, pipeline_host_masks=0.0, source="17/17 rows within, median 0.8%, worst 31.0%"),
-    "hy_v4": GraphRule(layer=40.0, no_fa=40.0, output=19.0, pipeline=40.0, pipeline_output=40.0, pipeline_host_no_fa=2.0, kv_scores=5.0, expert_mid=40.0, remote_kv=1.0, pipeline_host_masks=1.0, source="19/20 rows within, median 6.8%, worst 54.7%"),
-    "lfm2": GraphRule(layer=0.5, no_fa=5.0, output=2.5, pipeline=0.0, pipeline_output=4.0, pipeline_host_no_fa=2.0, kv_scores=0.0, expert_mid=3.0, remote_kv=1.0, pipeline_host_masks=0.0, source="101/101 rows within, median 3.1%, worst 100.0%"),
-    "llama": GraphRule(layer=0.5, no_fa=4.5, output=1.0, pipeline=1.5, pipeline_output=4.0, pipeline_host_no_fa=2.0, kv_scores=0.0, expert_mid=0.0, remote_kv=1.0, pipeline_host_masks=0.0, source="205/205 rows within, median 0.5%, worst 72.7%"),
-    "minimax-m3": GraphRule(layer=17.5, no_fa=4.5, output=1.0, pipeline=0.0, pipeline_output=0.0, pipeline_host_no_fa=2.0, kv_scores=1.0, expert_mid=3.0, remote_kv=1.0, pipeline_host_masks=0.0, source="17/20 rows within, median 23.9%, worst 218.1%"),
-    "mistral3": GraphRule(layer=0.0, no_fa=4.5, output=1.0, pipeline=1.0, pipeline_output=4.0, pipeline_host_no_fa=2.0, kv_scores=0.0, expert_mid=0.0, remote_kv=1.0, pipeline_host_masks=0.0, source="121/121 rows within, median 0.1%, worst 72.7%"),
-    "nemotron_h": GraphRule(layer=-2.5, no_fa=4.5, output=2.0, pipeline=0.0, pipeline_output=4.0, pipeline_host_no_fa=2.0, kv_scores=0.0, expert_mid=3.0, remote_kv=1.0, pipeline_host_masks=0.0, source="101/101 rows within, median 0.7%, worst 55.7%"),
-    "qwen2": GraphRule(layer=0.0, no_fa=4.5, output=1.0, pipeline=0.5, pipeline_output=4.0, pipeline_host_no_fa=1.0, kv_scores=0.0, expert_mid=3.0, remote_kv=1.0, pipeline_host_masks=0.0, source="101/101 rows within, median 0.2%, worst 72.7%"),
-    "qwen3": GraphRule(layer=0.0, no_fa=4.5, output=1.0, pipeline=1.0, pipeline_output=4.0, pipeline_host_no_fa=2.0, kv_scores=0.0, expert_mid=3.0, remote_kv=1.0, pipeline_host_masks=0.0, source="101/101 rows within, median 0.0%, worst 72.7%"),
-    "qwen35": GraphRule(layer=0.0, no_fa=6.0, output=3.5, pipeline=0.0, pipeline_output=2.5, pipeline_host_no_fa=1.5, kv_scores=0.0, expert_mid=3.0, remote_kv=1.0, pipeline_host_masks=0.0, source="101/101 rows within, median 1.2%, worst 61.2%"),
-    "qwen35moe": GraphRule(layer=0.0, no_fa=9.5, output=3.0, pipeline=0.0, pipeline_output=4.0, pipeline_host_no_fa=2.0, kv_scores=0.0, expert_mid=3.0, remote_kv=1.0, pipeline_host_masks=0.0, source="140/140 rows within, median 0.8%, worst 76.5%"),
-    "qwen3moe": GraphRule(layer=0.0, no_fa=7.0, output=1.0, pipeline=0.0, pipeline_output=4.0, pipeline_host_no_fa=2.0, kv_scores=0.0, expert_mid=3.0, remote_kv=1.0, pipeline_host_masks=0.0, source="140/140 rows within, median 0.2%, worst 74.6%"),
-    "qwen3next": GraphRule(layer=-1.0, no_fa=10.0, output=6.0, pipeline=0.0, pipeline_output=1.0, pipeline_host_no_fa=2.0, kv_scores=0.0, expert_mid=3.0, remote_kv=1.0, pipeline_host_masks=0.0, source="140/140 rows within, median 2.3%, worst 159.6%"),
-    "qwen4exp": GraphRule(layer=36.0, no_fa=40.0, output=9.0, pipeline=13.5, pipeline_output=10.5, pipeline_host_no_fa=2.0, kv_scores=35.0, expert_mid=3.5, remote_kv=1.0, pipeline_host_masks=0.5, source="20/20 rows within, median 1.6%, worst 39.3%"),
+    "deepseek2": GraphRule(
+        layer=8.0,
+        no_fa=27.0,
+        output=1.0,
+        pipeline=1.5,
+        pipeline_output=4.0,
+        pipeline_host_no_fa=0.0,
+        kv_scores=0.0,
+        expert_mid=3.0,
+        remote_kv=1.0,
+        pipeline_host_masks=0.0,
+        source="161/164 rows within, median 0.5%, worst 66.7%",
+    ),
+    "deepseek32": GraphRule(
+        layer=34.0,
+        no_fa=40.0,
+        output=1.0,
+        pipeline=40.0,
+        pipeline_output=0.0,
+        pipeline_host_no_fa=2.0,
+        kv_scores=5.5,
+        expert_mid=40.0,
+        remote_kv=1.0,
+        pipeline_host_masks=1.0,
+        source="18/20 rows within, median 1.6%, worst 55.0%",
+    ),
+    "deepseek4": GraphRule(
+        layer=23.0,
+        no_fa=8.5,
+        output=10.0,
+        pipeline=0.0,
+        pipeline_output=0.0,
+        pipeline_host_no_fa=2.0,
+        kv_scores=0.0,
+        expert_mid=2.5,
+        remote_kv=1.0,
+        pipeline_host_masks=0.0,
+        source="16/20 rows within, median 8.8%, worst 218.7%",
+    ),
+    "dots3note": GraphRule(
+        layer=40.0,
+        no_fa=40.0,
+        output=1.0,
+        pipeline=40.0,
+        pipeline_output=0.0,
+        pipeline_host_no_fa=2.0,
+        kv_scores=4.5,
+        expert_mid=40.0,
+        remote_kv=1.0,
+        pipeline_host_masks=1.0,
+        source="18/20 rows within, median 5.5%, worst 58.4%",
+    ),
+    "gemma3": GraphRule(
+        layer=0.0,
+        no_fa=6.5,
+        output=1.0,
+        pipeline=2.0,
+        pipeline_output=7.0,
+        pipeline_host_no_fa=6.0,
+        kv_scores=0.0,
+        expert_mid=3.0,
+        remote_kv=1.0,
+        pipeline_host_masks=0.0,
+        source="118/119 rows within, median 0.7%, worst 127.3%",
+    ),
+    "gemma4": GraphRule(
+        layer=8.0,
+        no_fa=19.0,
+        output=2.0,
+        pipeline=5.0,
+        pipeline_output=0.0,
+        pipeline_host_no_fa=5.5,
+        kv_scores=0.0,
+        expert_mid=3.0,
+        remote_kv=2.0,
+        pipeline_host_masks=0.0,
+        source="95/102 rows within, median 2.5%, worst 35.2%",
+    ),
+    "glm-dsa": GraphRule(
+        layer=34.0,
+        no_fa=40.0,
+        output=1.0,
+        pipeline=40.0,
+        pipeline_output=0.0,
+        pipeline_host_no_fa=2.0,
+        kv_scores=5.5,
+        expert_mid=40.0,
+        remote_kv=1.0,
+        pipeline_host_masks=1.0,
+        source="18/20 rows within, median 1.6%, worst 55.0%",
+    ),
+    "glm4moe": GraphRule(
+        layer=-1.0,
+        no_fa=9.5,
+        output=3.0,
+        pipeline=1.0,
+        pipeline_output=4.0,
+        pipeline_host_no_fa=2.0,
+        kv_scores=0.0,
+        expert_mid=3.0,
+        remote_kv=1.0,
+        pipeline_host_masks=0.0,
+        source="163/164 rows within, median 0.1%, worst 133.3%",
+    ),
+    "glm5-next": GraphRule(
+        layer=-10.0,
+        no_fa=40.0,
+        output=4.5,
+        pipeline=40.0,
+        pipeline_output=0.0,
+        pipeline_host_no_fa=2.0,
+        kv_scores=7.0,
+        expert_mid=40.0,
+        remote_kv=1.0,
+        pipeline_host_masks=4.0,
+        source="14/20 rows within, median 40.1%, worst 175.0%",
+    ),
+    "gpt-oss": GraphRule(
+        layer=-4.5,
+        no_fa=6.5,
+        output=3.0,
+        pipeline=0.0,
+        pipeline_output=3.0,
+        pipeline_host_no_fa=3.0,
+        kv_scores=0.0,
+        expert_mid=2.0,
+        remote_kv=1.0,
+        pipeline_host_masks=0.0,
+        source="163/164 rows within, median 0.9%, worst 133.3%",
+    ),
+    "hrm_text": GraphRule(
+        layer=0.0,
+        no_fa=7.0,
+        output=1.0,
+        pipeline=40.0,
+        pipeline_output=40.0,
+        pipeline_host_no_fa=2.0,
+        kv_scores=0.0,
+        expert_mid=3.0,
+        remote_kv=1.0,
+        pipeline_host_masks=0.0,
+        source="17/17 rows within, median 0.8%, worst 31.0%",
+    ),
+    "hy_v4": GraphRule(
+        layer=40.0,
+        no_fa=40.0,
+        output=19.0,
+        pipeline=40.0,
+        pipeline_output=40.0,
+        pipeline_host_no_fa=2.0,
+        kv_scores=5.0,
+        expert_mid=40.0,
+        remote_kv=1.0,
+        pipeline_host_masks=1.0,
+        source="19/20 rows within, median 6.8%, worst 54.7%",
+    ),
+    "lfm2": GraphRule(
+        layer=0.5,
+        no_fa=5.0,
+        output=2.5,
+        pipeline=0.0,
+        pipeline_output=4.0,
+        pipeline_host_no_fa=2.0,
+        kv_scores=0.0,
+        expert_mid=3.0,
+        remote_kv=1.0,
+        pipeline_host_masks=0.0,
+        source="118/119 rows within, median 3.0%, worst 100.0%",
+    ),
+    "llama": GraphRule(
+        layer=0.5,
+        no_fa=4.5,
+        output=1.0,
+        pipeline=1.5,
+        pipeline_output=4.0,
+        pipeline_host_no_fa=2.0,
+        kv_scores=0.0,
+        expert_mid=0.0,
+        remote_kv=1.0,
+        pipeline_host_masks=0.0,
+        source="241/241 rows within, median 0.2%, worst 72.7%",
+    ),
+    "minimax-m3": GraphRule(
+        layer=17.5,
+        no_fa=4.5,
+        output=1.0,
+        pipeline=0.0,
+        pipeline_output=0.0,
+        pipeline_host_no_fa=2.0,
+        kv_scores=1.0,
+        expert_mid=3.0,
+        remote_kv=1.0,
+        pipeline_host_masks=0.0,
+        source="17/20 rows within, median 23.9%, worst 218.1%",
+    ),
+    "mistral3": GraphRule(
+        layer=0.0,
+        no_fa=4.5,
+        output=1.0,
+        pipeline=1.0,
+        pipeline_output=4.0,
+        pipeline_host_no_fa=2.0,
+        kv_scores=0.0,
+        expert_mid=0.0,
+        remote_kv=1.0,
+        pipeline_host_masks=0.0,
+        source="139/139 rows within, median 0.0%, worst 72.7%",
+    ),
+    "nemotron_h": GraphRule(
+        layer=-2.5,
+        no_fa=4.5,
+        output=2.0,
+        pipeline=0.0,
+        pipeline_output=4.0,
+        pipeline_host_no_fa=2.0,
+        kv_scores=0.0,
+        expert_mid=3.0,
+        remote_kv=1.0,
+        pipeline_host_masks=0.0,
+        source="119/119 rows within, median 0.4%, worst 55.7%",
+    ),
+    "qwen2": GraphRule(
+        layer=0.0,
+        no_fa=4.5,
+        output=1.0,
+        pipeline=0.5,
+        pipeline_output=4.0,
+        pipeline_host_no_fa=1.0,
+        kv_scores=0.0,
+        expert_mid=3.0,
+        remote_kv=1.0,
+        pipeline_host_masks=0.0,
+        source="119/119 rows within, median 0.1%, worst 72.7%",
+    ),
+    "qwen3": GraphRule(
+        layer=0.0,
+        no_fa=4.5,
+        output=1.0,
+        pipeline=1.0,
+        pipeline_output=4.0,
+        pipeline_host_no_fa=2.0,
+        kv_scores=0.0,
+        expert_mid=3.0,
+        remote_kv=1.0,
+        pipeline_host_masks=0.0,
+        source="119/119 rows within, median 0.0%, worst 72.7%",
+    ),
+    "qwen35": GraphRule(
+        layer=0.0,
+        no_fa=6.0,
+        output=3.5,
+        pipeline=0.0,
+        pipeline_output=2.5,
+        pipeline_host_no_fa=1.5,
+        kv_scores=0.0,
+        expert_mid=3.0,
+        remote_kv=1.0,
+        pipeline_host_masks=0.0,
+        source="119/119 rows within, median 1.2%, worst 61.2%",
+    ),
+    "qwen35moe": GraphRule(
+        layer=0.5,
+        no_fa=9.5,
+        output=3.0,
+        pipeline=0.0,
+        pipeline_output=4.0,
+        pipeline_host_no_fa=2.0,
+        kv_scores=0.0,
+        expert_mid=3.0,
+        remote_kv=1.0,
+        pipeline_host_masks=0.0,
+        source="163/164 rows within, median 0.8%, worst 76.5%",
+    ),
+    "qwen3moe": GraphRule(
+        layer=0.0,
+        no_fa=7.0,
+        output=1.0,
+        pipeline=0.0,
+        pipeline_output=4.0,
+        pipeline_host_no_fa=2.0,
+        kv_scores=0.0,
+        expert_mid=3.0,
+        remote_kv=1.0,
+        pipeline_host_masks=0.0,
+        source="164/164 rows within, median 0.1%, worst 74.6%",
+    ),
+    "qwen3next": GraphRule(
+        layer=-0.5,
+        no_fa=10.0,
+        output=6.0,
+        pipeline=0.0,
+        pipeline_output=1.0,
+        pipeline_host_no_fa=2.0,
+        kv_scores=0.0,
+        expert_mid=3.0,
+        remote_kv=1.0,
+        pipeline_host_masks=0.0,
+        source="163/164 rows within, median 2.5%, worst 159.6%",
+    ),
+    "qwen4exp": GraphRule(
+        layer=36.0,
+        no_fa=40.0,
+        output=9.0,
+        pipeline=13.5,
+        pipeline_output=10.5,
+        pipeline_host_no_fa=2.0,
+        kv_scores=35.0,
+        expert_mid=3.5,
+        remote_kv=1.0,
+        pipeline_host_masks=0.5,
+        source="20/20 rows within, median 1.6%, worst 39.3%",
+    ),
 }

@@ -28,15 +28,15 @@ from quantpick.model.ggml import (
 )
 from quantpick.model.layout import INPUT_SLOT, ModelLayout
 from quantpick.plan.compute import (
+    GENERIC,
     GRAPH_RULES,
     OP_OFFLOAD_MIN_BATCH,
     PIPELINE_COPIES,
     UNCHECKED,
     BackendKind,
     ComputeAccuracy,
-    GENERIC,
-    accuracy,
     DeviceGraph,
+    accuracy,
     device_compute,
     graph_shape,
     output_buffer,
@@ -47,6 +47,7 @@ GiB = 1024**3
 
 # The vision projector's own compute buffer (LlamaFit calibration: ~248 MiB). Estimate.
 PROJECTOR_COMPUTE_BYTES = 256 * MiB
+
 
 @dataclass(frozen=True)
 class RunConfig:
@@ -263,8 +264,10 @@ def kv_type_problem(view: ModelView, type_k: str, type_v: str, flash_attn: str) 
                     f"size {bad[0]}"
                 )
     if not view.flash_attn and type_v.upper() not in UNQUANTIZED:
-        return f"-ctv {type_v}: llama.cpp runs {view.arch} without flash attention, which a "\
+        return (
+            f"-ctv {type_v}: llama.cpp runs {view.arch} without flash attention, which a "
             "quantized V cache needs"
+        )
     return None
 
 
@@ -573,12 +576,6 @@ def estimate(
         acc[slot_device[slot]].layers.append(slot)
         if layout.slots[slot].expert_bytes:
             acc[host_pos if host_experts[slot] else slot_device[slot]].experts.append(slot)
-    # With op offload, prompt processing copies one host-resident layer of experts at a time into
-    # the compute buffer of the first device that takes offloaded ops (notes section 2d, item 6):
-    # a local GPU. RPC devices never do (their offload_op is NULL: ggml-rpc.cpp device
-    # interface; ggml-backend.cpp ggml_backend_dev_offload_op returns false).
-    op_offload_pos = next((pos for pos, d in enumerate(devs) if not d.is_rpc), None)
-    host_expert_layer_bytes = max(host_experts) if op_offload_pos is not None else 0
 
     # KV cache and recurrent state, layer by layer from the architecture's view: each layer's
     # cache on its layer's device (dev_layer(il)), or the host with -nkvo
@@ -639,7 +636,7 @@ def estimate(
         else config.batch
     )
     shape = graph_shape(layout, ub, min(ub, n_outputs_max))
-    rule = GRAPH_RULES.get(arch.name, GENERIC)
+    graph_rule = GRAPH_RULES.get(arch.name, GENERIC)
     kinds: list[dict[AttentionKind, int]] = [{} for _ in range(n_gpu + 1)]
     kq = [0] * (n_gpu + 1)
     remote: list[dict[int, int]] = [{} for _ in range(n_gpu + 1)]
@@ -704,9 +701,10 @@ def estimate(
                 copies=copies,
                 remote_kv=sum(remote[pos].values()),
                 kv_convert=kv_convert,
+                experts=bool(a.experts) or not view.is_moe,
             ),
             shape,
-            rule,
+            graph_rule,
         )
         if pos < n_gpu:
             a.overhead = (

@@ -443,9 +443,7 @@ class _Search:
             return (Placement.NONE, None, least)
         return (Placement.LAYER_OFFLOAD, found, found)
 
-    def _expert_offload(
-        self, base: RunConfig, least: Estimate
-    ) -> tuple[Estimate | None, Estimate]:
+    def _expert_offload(self, base: RunConfig, least: Estimate) -> tuple[Estimate | None, Estimate]:
         """--n-cpu-moe N moves the routed experts of blocks 0..N-1 to host memory. GPU load falls
         as N grows, so bisect for the smallest N whose GPUs fit; then check the host."""
         n_layer = self.layout.view.n_layer
@@ -464,9 +462,7 @@ class _Search:
                 lo = mid + 1
         return found, last_least
 
-    def _layer_offload(
-        self, base: RunConfig, least: Estimate
-    ) -> tuple[Estimate | None, Estimate]:
+    def _layer_offload(self, base: RunConfig, least: Estimate) -> tuple[Estimate | None, Estimate]:
         """-ngl N keeps the last N slots (the output layer first) on the GPUs and the rest, with
         their KV, in host memory (llama_model_base::load_tensors: i_gpu_start = n_slots - N).
         GPU load grows with N and host load falls: the largest N whose GPUs fit is the fastest

@@ -20,8 +20,10 @@ from llamacpp_archs import GRID, Case, case_from_dict, generate_models, machine,
 from quantpick.arch.registry import support
 from quantpick.model.gguf import header_from_json, layout_from_header, read_gguf_file
 from quantpick.model.layout import ModelLayout
+from quantpick.plan.compute import within
 from quantpick.plan.memory import estimate
 
+MiB = 1024**2
 DATA = Path(__file__).resolve().parents[1] / "data" / "llamacpp-archs.json.gz"
 
 # Architectures whose caches quantpick does not model yet, and why (docs/architectures.md). The
@@ -113,9 +115,7 @@ def test_llamacpp_refusals_are_quantpicks_too() -> None:
 
 
 @pytest.mark.llamacpp
-def test_live_llamacpp_agrees_on_every_architecture(
-    llamacpp_bin: Path, tmp_path: Path
-) -> None:
+def test_live_llamacpp_agrees_on_every_architecture(llamacpp_bin: Path, tmp_path: Path) -> None:
     """A fresh test-llama-archs run, every model and the whole grid, against llama.cpp now."""
     from rpc_workers import rpc_workers
 
@@ -168,3 +168,81 @@ def test_every_family_checked_set_is_what_the_recordings_prove() -> None:
     for fam in families():
         assert fam.checked <= proven, fam.name
         assert set(fam.architectures) & proven <= fam.checked, fam.name
+
+
+# ---- compute buffers: the graph allocator's peak (plan/compute.py) -----------------------------
+
+# Architectures with a recorded device row off by more than 25% (and 16 MiB): the allocator's
+# layout of their special attention is not modelled phase by phase (benchmarks/arch_*accuracy.py).
+COMPUTE_BEYOND_25 = {
+    "gemma4": "per-layer embeddings and a shared KV cache across a partial -ngl split",
+    # the compute grid: every routed expert in host memory (-ot exps=CPU) leaves the devices a
+    # larger live set than the experts' outputs (under-estimated); lfm2's short convolutions at
+    # -ub 4096
+    "deepseek2": "-ot exps=CPU: the devices' live set without experts",
+    "gpt-oss": "-ot exps=CPU: the devices' live set without experts",
+    "qwen3next": "-ot exps=CPU: the devices' live set without experts",
+    "lfm2": "-ub 4096: the short convolution's live set",
+    "deepseek4": "compressed and hierarchical attention caches (llama-kv-cache-dsv4.cpp)",
+    "glm5-next": "a sparse indexer over a nope-only MLA cache",
+    "minimax-m3": "a sparse indexer on every other layer",
+}
+
+
+def _compute_rows() -> list[tuple[str, int, int]]:
+    """(architecture, quantpick's compute bytes, llama.cpp's) for every recorded device row."""
+    from arch_real import grid_rows, rows
+
+    out = []
+    grid = [case_from_dict(c) for c in recorded()["grid"]]
+    for model, entry in sorted(recorded()["models"].items()):
+        layout = layout_from_header(header_from_json(entry["header"]), basis=model)
+        for c in entry["cases"]:
+            if c["error"] is not None:
+                continue
+            case = grid[c["case"]]
+            est = estimate(layout, machine(case.rpc), case.config())
+            ours = {"Host": est.host, **{f"RPC{i}": d for i, d in enumerate(est.gpus)}}
+            for name, theirs in c["devices"].items():
+                out.append((layout.architecture.name, ours[name].compute_bytes, theirs["compute"]))
+    archs = {}
+    for path in _real():
+        arch = json.loads(path.read_text())["arch"]
+        archs[path.stem] = arch
+        for r in rows(path):
+            scale = MiB if r.unit == "MiB" else 1
+            out.append((arch, r.compute[0] * scale, r.compute[1] * scale))
+    for r in grid_rows():
+        out.append((archs[r.config], r.compute[0], r.compute[1]))
+    return out
+
+
+def test_compute_is_within_the_expected_error_of_llamacpp() -> None:
+    """The issue's goal: compute within max(5%, 16 MiB) of llama.cpp b11312 on >= 95% of the
+    recorded device rows (every test-llama-archs model, every real config and its compute grid),
+    and no row off by more than 25% outside the architectures listed in COMPUTE_BEYOND_25."""
+    got = _compute_rows()
+    ok = sum(within(ours, theirs) for _, ours, theirs in got)
+    assert ok / len(got) >= 0.95, f"{ok}/{len(got)}"
+    beyond = {a for a, ours, theirs in got if abs(ours - theirs) > max(0.25 * theirs, 16 * MiB)}
+    assert beyond == set(COMPUTE_BEYOND_25)
+
+
+@pytest.mark.parametrize("path", _real(), ids=lambda p: p.stem)
+def test_real_config_compute_is_within_the_expected_error(path: Path) -> None:
+    from arch_real import rows
+
+    got = rows(path)
+    scale = {"MiB": MiB, "bytes": 1}
+    ok = sum(within(r.compute[0] * scale[r.unit], r.compute[1] * scale[r.unit]) for r in got)
+    assert ok / len(got) >= 0.9
+
+
+def test_the_compute_grid_keeps_weights_and_kv_exact() -> None:
+    """-ub 128-4096, FA off, -np 4/8 with and without -kvu, -ngl 0 on two devices, -ot exps=CPU and
+    --n-cpu-moe (tests/data/arch-real-compute.json.gz): weights and KV+state stay exact."""
+    from arch_real import grid_rows
+
+    got = grid_rows()
+    assert len(got) >= 300
+    assert [r for r in got if not r.exact] == []

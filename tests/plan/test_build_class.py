@@ -86,6 +86,6 @@ def test_the_uncapped_rule_adds_the_logits_and_the_f32_mask_only_to_compute(
     # is under the new one (plan/compute.py: a max over phases, not a sum)
     assert mask_extra < cuda1 <= mask_extra + logits_extra
     assert host == mask_extra
-    assert replace(apply_rule(base, compute_rule(None, 9000, None)), logits_rows="server", fa_mask_f32=False) == (
-        apply_rule(base, compute_rule("0.5.0-dev", 1, None))
-    )
+    assert replace(
+        apply_rule(base, compute_rule(None, 9000, None)), logits_rows="server", fa_mask_f32=False
+    ) == (apply_rule(base, compute_rule("0.5.0-dev", 1, None)))

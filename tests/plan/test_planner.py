@@ -267,7 +267,9 @@ def test_one_gpu_offload_keeps_the_smallest_n_cpu_moe() -> None:
     assert not estimate(layout_of(p.quant), m, fewer, projector_bytes=0).fits
 
 
-def test_an_older_build_reserves_whole_ubatch_logits_and_no_build_plans_for_the_pinned_one() -> None:
+def test_an_older_build_reserves_whole_ubatch_logits_and_no_build_plans_for_the_pinned_one() -> (
+    None
+):
     """Before PR #23861 llama-server reserved 485 MiB of logits at -ub 512 (and the f32 FA mask);
     with no llama.cpp found the plan is the pinned build's (what an install gets today)."""
     current = plan(

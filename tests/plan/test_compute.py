@@ -1,0 +1,166 @@
+"""Compute buffers as a peak over the graph's phases (plan/compute.py), on full-size real configs
+(tests/data/arch-real) and public CUDA logs (tests/data/cuda-logs.json)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from functools import cache
+
+import pytest
+from arch_real import DATA, load
+from conformance_model import rpc_machine
+from cuda_logs import rows as cuda_rows
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from quantpick.machine.spec import Gpu, Host, Machine
+from quantpick.model.layout import ModelLayout
+from quantpick.plan.compute import (
+    GPU_ESTIMATE,
+    MEASURED,
+    BackendKind,
+    accuracy,
+    output_buffer,
+)
+from quantpick.plan.memory import RunConfig, estimate
+
+MiB = 1024**2
+GiB = 1024**3
+CONFIGS = ("qwen3.6-35b-a3b", "qwen3-8b", "gemma-3-27b", "gpt-oss-20b", "deepseek-v3")
+
+
+@cache
+def layout(name: str) -> ModelLayout:
+    return load(DATA / f"{name}.json")[1]
+
+
+def cuda_machine(*gib: int) -> Machine:
+    gpus = tuple(
+        Gpu(index=i, name=f"GPU{i}", total_bytes=g * GiB, free_bytes=g * GiB)
+        for i, g in enumerate(gib)
+    )
+    return Machine(gpus=gpus, host=Host(256 * GiB, 256 * GiB, 8))
+
+
+configs = st.builds(
+    RunConfig,
+    ctx_size=st.sampled_from([4096, 32768, 131072]),
+    n_parallel=st.integers(1, 8),
+    kv_unified=st.booleans(),
+    flash_attn=st.sampled_from(["on", "off"]),
+    ubatch=st.sampled_from([128, 256, 512, 1024, 2048, 4096]),
+    batch=st.just(4096),
+    logits_rows=st.sampled_from(["server", "batch"]),
+    n_cpu_moe=st.sampled_from([0, 4]),
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(name=st.sampled_from(CONFIGS), config=configs, n_gpu=st.sampled_from([0, 2]))
+def test_compute_is_never_below_the_logits_phase(name: str, config: RunConfig, n_gpu: int) -> None:
+    """The device computing the output head holds the logits (n_vocab x rows x 4 B) at the end of
+    the graph: its buffer is never smaller, whatever else the phases hold."""
+    lay = layout(name)
+    est = estimate(lay, rpc_machine(n_gpu), config)
+    rows_max = config.n_parallel if config.logits_rows == "server" else config.batch
+    rows = min(config.ubatch, config.batch, est.n_ctx, rows_max)
+    logits = lay.view.n_vocab * rows * 4
+    out = [d for d in est.devices if lay.output_slot in d.layers] or [est.host]
+    assert out[0].compute_bytes >= logits
+
+
+@settings(max_examples=60, deadline=None)
+@given(name=st.sampled_from(CONFIGS), config=configs, n_gpu=st.sampled_from([0, 2]))
+def test_compute_grows_with_the_ubatch(name: str, config: RunConfig, n_gpu: int) -> None:
+    """Every phase's live set is a ubatch of activations, masks or logits: a larger -ub never
+    needs a smaller buffer, on any device."""
+    lay, m = layout(name), rpc_machine(n_gpu)
+    small = estimate(lay, m, config)
+    large = estimate(lay, m, replace(config, ubatch=min(2 * config.ubatch, 8192), batch=8192))
+    for a, b in zip(small.devices, large.devices, strict=True):
+        assert b.compute_bytes >= a.compute_bytes, a.device
+
+
+@settings(max_examples=30, deadline=None)
+@given(name=st.sampled_from(CONFIGS), config=configs)
+def test_the_output_buffer_is_n_seq_rows_of_logits(name: str, config: RunConfig) -> None:
+    """output_reserve(n_seq_max) at context creation (src/llama-context.cpp:377, 2116-2143): one
+    row of n_vocab f32 logits per sequence, whatever the ubatch."""
+    lay = layout(name)
+    est = estimate(lay, rpc_machine(0), config)
+    assert est.host.overhead_bytes == lay.view.n_vocab * config.n_parallel * 4
+    assert output_buffer(lay.view.n_vocab, config.n_parallel) == est.host.overhead_bytes
+
+
+def test_a_layer_phase_and_the_logits_phase_do_not_add_up() -> None:
+    """One CPU device: llama.cpp b11312 reserves the logits + 2 ubatches of embeddings for qwen3-8b
+    at -ub 512 (312.75 MiB, tests/data/arch-real/qwen3-8b.json), not logits + mask + layer."""
+    est = estimate(
+        layout("qwen3-8b"), rpc_machine(0), RunConfig(ctx_size=32768, logits_rows="batch")
+    )
+    assert est.host.compute_bytes == 151936 * 512 * 4 + 2 * 512 * 4096 * 4
+
+
+def test_without_flash_attention_the_kq_matrix_is_the_peak() -> None:
+    """-fa off at 32768: n_kv x n_ubatch x n_head x 4 B (2 GiB for qwen3-8b) + its f32 mask."""
+    est = estimate(
+        layout("qwen3-8b"), rpc_machine(0),
+        RunConfig(ctx_size=32768, flash_attn="off", logits_rows="batch"),
+    )  # fmt: skip
+    kq = 32768 * 512 * 32 * 4
+    mask = 32768 * 512 * 4
+    assert kq + mask < est.host.compute_bytes < kq + mask + 64 * MiB
+    # llama.cpp: 2156.01 MiB
+    assert abs(est.host.compute_bytes / MiB - 2156.01) < 16
+
+
+def test_op_offload_charges_the_first_gpu_one_weight_even_with_no_layer() -> None:
+    """-ngl 0 on two GPUs: no layer on either, yet the first GPU runs the large-batch matmuls of the
+    host weights (ggml-backend.cpp:970-975): one weight tensor at a time in its compute buffer."""
+    lay = layout("qwen3.6-35b-a3b")
+    est = estimate(lay, cuda_machine(24, 16), RunConfig(ctx_size=32768, n_gpu_layers=0))
+    first, second = est.gpus
+    biggest = max(t.n_bytes for t in lay.tensors if t.name.startswith("blk.") and len(t.shape) > 1)
+    assert first.layers == () and second.layers == ()
+    assert biggest <= first.compute_bytes < biggest + 256 * MiB
+    assert second.compute_bytes == 0
+    # below the offload batch (32) the host computes them
+    small = estimate(
+        lay, cuda_machine(24, 16), RunConfig(ctx_size=32768, n_gpu_layers=0, ubatch=16)
+    )
+    assert small.gpus[0].compute_bytes == 0
+
+
+def test_an_rpc_worker_serving_its_cpu_runs_the_cpu_backends_graph() -> None:
+    """`--rpc-device HOST:PORT=cpu:48G`: the CPU backend behind RPC, no op offload, the recorded
+    CPU/RPC projection's rule; a local GPU is a GPU backend (op offload, its expected error)."""
+    lay = layout("qwen3.6-35b-a3b")
+    cfg = RunConfig(ctx_size=32768, n_cpu_moe=8, tensor_split=(1.0, 1.0))
+    rpc = estimate(lay, rpc_machine(2), cfg)
+    cuda = estimate(lay, cuda_machine(24, 24), cfg)
+    assert [d.compute_accuracy for d in rpc.gpus] == [MEASURED, MEASURED]
+    assert [d.compute_accuracy for d in cuda.gpus] == [GPU_ESTIMATE, GPU_ESTIMATE]
+    # op offload: the first GPU holds a host expert tensor the RPC device does not
+    assert cuda.gpus[0].compute_bytes > rpc.gpus[0].compute_bytes + 100 * MiB
+    assert accuracy(BackendKind.CPU, checked=False).estimated
+
+
+def test_flash_attention_on_a_gpu_copies_a_quantized_cache_to_f16() -> None:
+    """CUDA's flash attention allocates f16 copies of a quantized K and V inside its op
+    (ggml-cuda/fattn.cu:722-756): one layer's n_kv x width x 2 B each, not on the CPU backend."""
+    lay = layout("qwen3.6-35b-a3b")
+    base = RunConfig(ctx_size=262144, ubatch=1024, batch=1024)
+    f16 = estimate(lay, cuda_machine(48), base).gpus[0].compute_bytes
+    q4 = estimate(lay, cuda_machine(48), replace(base, cache_type_k="q4_0", cache_type_v="q4_0"))
+    assert q4.gpus[0].compute_bytes - f16 == 262144 * (512 + 512) * 2
+
+
+@pytest.mark.parametrize("row", cuda_rows(), ids=lambda r: f"{r.id}-{r.buffer}")
+def test_public_cuda_logs_within_15_percent(row: object) -> None:
+    """qwen35moe's public CUDA logs (tests/data/cuda-logs.json): within 15% where the log gives
+    the flags."""
+    from cuda_logs import LogRow
+
+    assert isinstance(row, LogRow)
+    if row.flags_complete:
+        assert abs(row.error) <= 0.15
