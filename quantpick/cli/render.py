@@ -292,7 +292,8 @@ def _print_speed_notes(con: Any, speed: SpeedEstimate) -> None:
 def _print_footer(con: Any, est: Estimate, speed: SpeedEstimate, layout: ModelLayout) -> None:
     con.print(f"Basis: {est.basis}" + ("" if est.exact_weights else " (estimate)"))
     con.print(
-        "* compute and overhead are estimates; weights, KV and state follow llama.cpp's accounting."
+        "* other (the GPU runtime, the output buffer's rows) is an estimate; weights, KV and state"
+        " follow llama.cpp's accounting; compute as the line under the table says."
     )
     con.print(speed_line(speed))
     _print_speed_notes(con, speed)

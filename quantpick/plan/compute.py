@@ -1,40 +1,38 @@
 """Compute buffers as llama.cpp's graph allocator sizes them: a peak over the graph, not a sum.
 
-Pure.
+Pure. llama.cpp reserves each backend's compute buffer with `ggml_gallocr`
+(ggml/src/ggml-alloc.c at b11312): it walks the graph in execution order, frees a tensor after
+its last consumer ran (`ggml_gallocr_free_node`, :691, called at :813-817) and keeps the highest
+offset used (`chunk->max_size`, :304). So tensors alive at different times share bytes, and a
+device's buffer is the largest live set of the part of the graph that runs on it. This module
+models that as a max over phases of the graph, each phase with the tensors alive in it (bytes;
+E = one ubatch of the residual stream, n_ubatch x n_embd x 4):
 
-llama.cpp reserves each backend's compute buffer with `ggml_gallocr` (ggml/src/ggml-alloc.c at
-b11312): it walks the graph in execution order, frees a tensor after its last consumer ran
-(`ggml_gallocr_free_node`, :800-817) and keeps the highest offset used (`chunk->max_size`, :304).
-So tensors alive at different times share bytes, and a device's buffer is the largest live set of
-the part of the graph that runs on it. This module models that as a max over phases of the graph,
-each phase with the tensors alive in it (sizes in bytes, E = one ubatch of embeddings in f32,
-n_ubatch x n_embd x 4):
-
-- inputs: the KQ masks (n_kv x n_ubatch per attention kind, f16 with flash attention since PR
-  #23764, f32 without: src/llama-graph.cpp build_attn_inp_kq_mask) and the token embeddings
-  (get_rows of token_embd, E; on the host: src/llama-graph.cpp build_inp_embd);
-- a layer: the mask, the residual stream and the layer's temporaries (attention, FFN or MoE:
-  fitted per architecture in units of E, `GraphRule`); without flash attention the KQ matrix
-  (n_kv x n_ubatch x n_head x 4 B) and its f32 mask (src/llama-graph.cpp build_attn_mha);
-- routed experts computed on the host (--n-cpu-moe / -ot): 2E + 3 x the expert FFN's
-  intermediate (gate, up, their product: n_ubatch x n_expert_used x n_ff_exp x 4 B) + the experts'
-  outputs (n_ubatch x n_expert_used x n_embd x 4 B) (src/llama-graph.cpp build_moe_ffn);
+- inputs: the KQ masks (n_kv x n_ubatch per attention kind; f16 with flash attention since PR
+  #23764, f32 without: src/llama-graph.cpp:29-46) and the token embeddings (E, on the host);
+- a layer: the mask, the residual stream and the layer's temporaries (attention, FFN or MoE, in
+  units of E, fitted per architecture: `GraphRule`); without flash attention the KQ matrix
+  (n_kv x n_ubatch x n_head x 4 B) and its f32 mask (src/llama-graph.cpp:2690-2700);
+- routed experts computed on the host (--n-cpu-moe / -ot): 2E + 3 x the experts' intermediate
+  (gate, up, their product: n_ubatch x n_expert_used x n_ff_exp x 4 B) + their outputs
+  (n_ubatch x n_expert_used x n_embd x 4 B);
 - the output: the logits, n_vocab x rows x 4 B with rows = min(n_ubatch, n_outputs_max) as the
-  build reserves them (src/llama-context.cpp:670), plus the normed last hidden state;
+  build reserves them (src/llama-context.cpp:670), beside the normed last hidden state;
 - op offload (a GPU backend only): a matmul whose weight lives in host memory runs on the first
-  GPU for batches >= 32 (ggml-backend.cpp:970-975, ggml-cuda.cu:5636-5655); its weight is copied
-  into that GPU's compute buffer for the split and freed after (ggml-backend.cpp:1514-1531): one
-  weight tensor at a time, also when the GPU holds no layer (-ngl 0).
+  GPU for batches >= 32 (ggml-backend.cpp:972; ggml-cuda.cu:5654, default at :5825); the weight
+  is an input of that split, copied into the GPU's compute buffer and freed after
+  (ggml-backend.cpp:1311-1411): one weight tensor at a time, also when the GPU holds no layer.
 
 With pipeline parallelism (several devices, every layer offloaded, no tensor overrides:
-src/llama-context.cpp:430-435) the inputs of each split become graph leafs copied per
-GGML_SCHED_MAX_COPIES = 4 (ggml-backend.cpp:1562-1590): they stay allocated for the whole graph.
+src/llama-context.cpp:430-435) the inputs of each split become graph leafs copied
+GGML_SCHED_MAX_COPIES = 4 times (ggml-backend.cpp:772, :1379-1411), alive for the whole graph.
 
-The coefficients are fitted on llama.cpp b11312's own projections on the CPU backend (directly and
-behind RPC: tests/data/arch-real, tests/data/llamacpp-archs.json.gz) and checked by
-benchmarks/arch_real_accuracy.py and benchmarks/arch_accuracy.py; the GPU backend's rule adds op
-offload and is checked against public CUDA logs (tests/data/cuda-logs.json,
-benchmarks/cuda_logs_accuracy.py). Expected error: see `EXPECTED_ERROR`.
+The coefficients are fitted (scripts/fit_compute.py) on llama.cpp b11312's own projections on the
+CPU backend, directly and behind RPC (tests/data/arch-real, arch-real-compute.json.gz,
+llamacpp-archs.json.gz), and checked by benchmarks/arch_real_accuracy.py and arch_accuracy.py. The
+GPU backend's rule adds op offload and flash attention's f16 copy of a quantized cache, checked
+against public CUDA logs (tests/data/cuda-logs.json, benchmarks/cuda_logs_accuracy.py). Each
+device's figure carries its expected error (`ComputeAccuracy`).
 """
 
 from __future__ import annotations
@@ -46,10 +44,10 @@ from quantpick.model.layout import ModelLayout
 
 MiB = 1024**2
 
-# GGML_SCHED_MAX_COPIES (ggml/src/ggml-backend.cpp): input copies with pipeline parallelism.
+# GGML_SCHED_MAX_COPIES (ggml/src/ggml-backend.cpp:772): input copies with pipeline parallelism.
 PIPELINE_COPIES = 4
-# op_offload_min_batch_size (ggml/src/ggml-cuda/ggml-cuda.cu:5636-5655): a GPU backend runs a
-# matmul on host-resident weights only for batches of at least this many tokens.
+# op_offload_min_batch_size (ggml/src/ggml-cuda/ggml-cuda.cu:5654, default 32 at :5825): a GPU
+# backend runs a matmul on host-resident weights only for batches of at least this many tokens.
 OP_OFFLOAD_MIN_BATCH = 32
 
 # The expected error's floor: small buffers are off by a few MiB of the allocator's alignment and
