@@ -546,11 +546,13 @@ def load_manifest(model: str | None, *, network: bool = True) -> Manifest:
 
         if not is_repo_name(model):
             raise
+    from quantpick.cli import output
     from quantpick.config import load_settings
 
     return repo_manifest(
-        model, settings=load_settings(), network=network, progress=_header_progress()
-    )
+        model, settings=load_settings(), network=network, progress=_header_progress(),
+        on_note=lambda text: output.note(f"Note: {text}"),
+    )  # fmt: skip
 
 
 def _header_progress() -> Any:
