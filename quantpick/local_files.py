@@ -34,7 +34,10 @@ class FileTooLarge(OSError):
     """A small file (pointer, settings, checksums) larger than its cap: never read whole."""
 
 
-def _kind(mode: int) -> str:
+def file_kind(mode: int) -> str:
+    """What a file that is not a regular file is, with its article: "a FIFO", "a device", ..."""
+    if stat.S_ISLNK(mode):
+        return "a symbolic link"
     if stat.S_ISFIFO(mode):
         return "a FIFO"
     if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
@@ -46,14 +49,15 @@ def _kind(mode: int) -> str:
     return "not a regular file"
 
 
-def open_regular(path: Path | str) -> int:
-    """A read-only descriptor of `path`, which must be a regular file (after symlinks); the
-    caller closes it. NotARegularFile (an OSError) otherwise, FileNotFoundError etc. as usual."""
-    fd = os.open(path, _OPEN_FLAGS)
+def open_regular(path: Path | str, *, follow: bool = True) -> int:
+    """A read-only descriptor of `path`, which must be a regular file (after symlinks; with
+    `follow=False` a symlink at `path` is refused too: OSError ELOOP); the caller closes it.
+    NotARegularFile (an OSError) otherwise, FileNotFoundError etc. as usual."""
+    fd = os.open(path, _OPEN_FLAGS | (0 if follow else getattr(os, "O_NOFOLLOW", 0)))
     try:
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):
-            raise NotARegularFile(errno.EINVAL, f"{_kind(mode)}, not a regular file", str(path))
+            raise NotARegularFile(errno.EINVAL, f"{file_kind(mode)}, not a regular file", str(path))
         if hasattr(os, "set_blocking"):
             os.set_blocking(fd, True)  # a regular file: reads block normally (no EAGAIN)
     except BaseException:
@@ -62,9 +66,10 @@ def open_regular(path: Path | str) -> int:
     return fd
 
 
-def read_small(path: Path | str, max_bytes: int) -> bytes:
-    """The bytes of a small regular file, at most `max_bytes` of them (FileTooLarge beyond)."""
-    fd = open_regular(path)
+def read_small(path: Path | str, max_bytes: int, *, follow: bool = True) -> bytes:
+    """The bytes of a small regular file, at most `max_bytes` of them (FileTooLarge beyond);
+    `follow=False`: never through a symlink at `path` (open_regular)."""
+    fd = open_regular(path, follow=follow)
     try:
         chunks: list[bytes] = []
         have = 0
@@ -81,6 +86,8 @@ def read_small(path: Path | str, max_bytes: int) -> bytes:
     return b"".join(chunks)
 
 
-def read_small_text(path: Path | str, max_bytes: int, *, errors: str = "strict") -> str:
+def read_small_text(
+    path: Path | str, max_bytes: int, *, errors: str = "strict", follow: bool = True
+) -> str:
     """read_small, decoded as UTF-8 (UnicodeDecodeError with errors="strict")."""
-    return read_small(path, max_bytes).decode("utf-8", errors=errors)
+    return read_small(path, max_bytes, follow=follow).decode("utf-8", errors=errors)
