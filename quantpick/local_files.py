@@ -34,7 +34,10 @@ class FileTooLarge(OSError):
     """A small file (pointer, settings, checksums) larger than its cap: never read whole."""
 
 
-def _kind(mode: int) -> str:
+def file_kind(mode: int) -> str:
+    """What a file that is not a regular file is, with its article: "a FIFO", "a device", ..."""
+    if stat.S_ISLNK(mode):
+        return "a symbolic link"
     if stat.S_ISFIFO(mode):
         return "a FIFO"
     if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
@@ -50,17 +53,18 @@ class PipeTimeout(OSError):
     """A pipe (`--hardware <(...)`) that did not reach its end within its deadline."""
 
 
-def open_regular(path: Path | str, *, allow_pipe: bool = False) -> int:
-    """A read-only descriptor of `path`, which must be a regular file (after symlinks); the
-    caller closes it. NotARegularFile (an OSError) otherwise, FileNotFoundError etc. as usual.
+def open_regular(path: Path | str, *, follow: bool = True, allow_pipe: bool = False) -> int:
+    """A read-only descriptor of `path`, which must be a regular file (after symlinks; with
+    `follow=False` a symlink at `path` is refused too: OSError ELOOP); the caller closes it.
+    NotARegularFile (an OSError) otherwise, FileNotFoundError etc. as usual.
     `allow_pipe`: a FIFO is accepted too, its descriptor left non-blocking (read_small)."""
-    fd = os.open(path, _OPEN_FLAGS)
+    fd = os.open(path, _OPEN_FLAGS | (0 if follow else getattr(os, "O_NOFOLLOW", 0)))
     try:
         mode = os.fstat(fd).st_mode
         if allow_pipe and stat.S_ISFIFO(mode):
             return fd
         if not stat.S_ISREG(mode):
-            raise NotARegularFile(errno.EINVAL, f"{_kind(mode)}, not a regular file", str(path))
+            raise NotARegularFile(errno.EINVAL, f"{file_kind(mode)}, not a regular file", str(path))
         if hasattr(os, "set_blocking"):
             os.set_blocking(fd, True)  # a regular file: reads block normally (no EAGAIN)
     except BaseException:
@@ -75,11 +79,18 @@ def open_regular(path: Path | str, *, allow_pipe: bool = False) -> int:
 PIPE_TIMEOUT_S = 10.0
 
 
-def read_small(path: Path | str, max_bytes: int, *, pipe_timeout_s: float | None = None) -> bytes:
-    """The bytes of a small regular file, at most `max_bytes` of them (FileTooLarge beyond).
-    With `pipe_timeout_s`, a pipe (FIFO, `<(...)`) is read too, to its end, bounded by the same
-    size and by that many seconds in all (PipeTimeout)."""
-    fd = open_regular(path, allow_pipe=pipe_timeout_s is not None)
+def read_small(
+    path: Path | str,
+    max_bytes: int,
+    *,
+    follow: bool = True,
+    pipe_timeout_s: float | None = None,
+) -> bytes:
+    """The bytes of a small regular file, at most `max_bytes` of them (FileTooLarge beyond);
+    `follow=False`: never through a symlink at `path` (open_regular). With `pipe_timeout_s`, a
+    pipe (FIFO, `<(...)`) is read too, to its end, bounded by the same size and by that many
+    seconds in all (PipeTimeout)."""
+    fd = open_regular(path, follow=follow, allow_pipe=pipe_timeout_s is not None)
     if pipe_timeout_s is not None and stat.S_ISFIFO(os.fstat(fd).st_mode):
         try:
             return _read_pipe(fd, str(path), max_bytes, pipe_timeout_s)
@@ -132,6 +143,8 @@ def _read_pipe(fd: int, path: str, max_bytes: int, timeout_s: float) -> bytes:
     return b"".join(chunks)
 
 
-def read_small_text(path: Path | str, max_bytes: int, *, errors: str = "strict") -> str:
+def read_small_text(
+    path: Path | str, max_bytes: int, *, errors: str = "strict", follow: bool = True
+) -> str:
     """read_small, decoded as UTF-8 (UnicodeDecodeError with errors="strict")."""
-    return read_small(path, max_bytes).decode("utf-8", errors=errors)
+    return read_small(path, max_bytes, follow=follow).decode("utf-8", errors=errors)
