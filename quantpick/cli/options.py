@@ -539,14 +539,15 @@ def load_manifest(model: str | None, *, network: bool = True) -> Manifest:
         # pick and max-context plan a MODEL only; estimate, command, confirm also take --gguf.
         local = " or --gguf PATH" if command_has_option("--gguf") else ""
         raise UsageError(f"give a MODEL (see `quantpick models`){local}")
+    from quantpick.cli import output
+
     try:
-        return find_manifest(model)
+        return find_manifest(model, on_note=lambda text: output.note(f"Note: {text}"))
     except UnknownModelError:
         from quantpick.model.repos import is_repo_name, repo_manifest
 
         if not is_repo_name(model):
             raise
-    from quantpick.cli import output
     from quantpick.config import load_settings
 
     return repo_manifest(
