@@ -1010,7 +1010,8 @@ def bench_plan(
 
     # What llama.cpp accounts for the configuration that ran, per GPU.
     est = estimate(layout, machine, ran, overheads=overheads)
-    accounted = {d.device: d.weights_bytes + d.kv_bytes + d.recurrent_bytes + d.compute_bytes
+    # keyed by the GPU's index: NVML's peaks and the plan's rows name the same card
+    accounted = {d.gpu_index: d.weights_bytes + d.kv_bytes + d.recurrent_bytes + d.compute_bytes
                  for d in est.gpus}  # fmt: skip
     source = "quantpick's estimate"
     fit_bin = find_tool(FIT_PARAMS, llama_bin=llama_bin, llama_server=llama_server)
@@ -1029,7 +1030,7 @@ def bench_plan(
                 out_dev = next((d.device for d in est.gpus if layout.output_slot in d.layers), None)
                 for d, row in zip(est.gpus, projection.gpus, strict=True):
                     mib = row.model_mib + row.context_mib + row.compute_mib
-                    accounted[d.device] = mib * 2**20 - (saving if d.device == out_dev else 0)
+                    accounted[d.gpu_index] = mib * 2**20 - (saving if d.device == out_dev else 0)
                 source = FIT_PARAMS
     gpus = tuple(
         GpuOverhead(
@@ -1037,10 +1038,10 @@ def bench_plan(
             index=g.index,
             baseline_used_bytes=g.baseline_used_bytes,
             peak_used_bytes=g.peak_used_bytes,
-            accounted_bytes=accounted.get(g.device, 0),
+            accounted_bytes=accounted.get(g.index, 0),
             accounted_from=source,
             driver_overhead_bytes=driver_overhead(
-                g.peak_used_bytes, g.baseline_used_bytes, accounted.get(g.device, 0)
+                g.peak_used_bytes, g.baseline_used_bytes, accounted.get(g.index, 0)
             ),
         )
         for g in measurement.gpus
@@ -1152,6 +1153,7 @@ def serve(
     (the quant is chosen), `on_confirmed` (llama.cpp's check, before the start), `on_start`
     (each launch: port, log file, which llama-server), `on_wait` (while it loads)."""
     from quantpick.errors import ServerError
+    from quantpick.machine.backends import local_backend
     from quantpick.machine.llamacpp import locate_llama_server, not_found_message
     from quantpick.serve.command import build_command, build_too_old
     from quantpick.serve.flags import capabilities_for
@@ -1207,6 +1209,7 @@ def serve(
             block_count=block_count,
             server=replace(req.server, port=port, alias=alias),
             capabilities=caps,
+            backend=local_backend(g.machine.gpus),
         )
         commands[port] = cmd
         return cmd.argv, {**cmd.env, **_env_from(cmd)}
