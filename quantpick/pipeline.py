@@ -13,6 +13,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from quantpick.machine.backends import local_backend
+
 if TYPE_CHECKING:
     from quantpick.config import Settings
     from quantpick.fetch.download import FetchReport
@@ -505,8 +507,9 @@ def confirm_plan(
     current, current_overheads = p, overheads
     while True:
         argv, env = fit_params_argv(
-            tool, current.config, model_path, block_count, extra_args=options.extra_args
-        )
+            tool, current.config, model_path, block_count, extra_args=options.extra_args,
+            backend=local_backend(machine.gpus),
+        )  # fmt: skip
         try:
             # ModelRejectedError (llama.cpp cannot load the file) is not caught: it ends the
             # command with llama.cpp's reason, and nothing is written.
@@ -715,8 +718,9 @@ def dry_run_config(
     try:
         with _standin(manifest, layout.quant, machine, settings, network) as (path, runner):
             argv, env = fit_params_argv(
-                tool, config, path, layout.n_slots - 1, extra_args=options.extra_args
-            )
+                tool, config, path, layout.n_slots - 1, extra_args=options.extra_args,
+                backend=local_backend(machine.gpus),
+            )  # fmt: skip
             run = runner(argv, env, timeout_s=options.timeout_s)
     except _NoDryRun as exc:
         return ConfigCheck("skipped", f"no {DRY_RUN_BASIS}: {exc}")
@@ -1017,7 +1021,8 @@ def bench_plan(
     fit_bin = find_tool(FIT_PARAMS, llama_bin=llama_bin, llama_server=llama_server)
     if measurement.gpus and fit_bin is not None:
         argv, env = fit_params_argv(fit_bin, ran, model_path, block_count,
-                                    extra_args=fit_params_extra)  # fmt: skip
+                                    extra_args=fit_params_extra,
+                                    backend=local_backend(machine.gpus))  # fmt: skip
         try:
             projection = run_fit_params(argv, env).projection
         except FitParamsError as exc:
@@ -1153,7 +1158,6 @@ def serve(
     (the quant is chosen), `on_confirmed` (llama.cpp's check, before the start), `on_start`
     (each launch: port, log file, which llama-server), `on_wait` (while it loads)."""
     from quantpick.errors import ServerError
-    from quantpick.machine.backends import local_backend
     from quantpick.machine.llamacpp import locate_llama_server, not_found_message
     from quantpick.serve.command import build_command, build_too_old
     from quantpick.serve.flags import capabilities_for

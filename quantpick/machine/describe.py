@@ -505,14 +505,23 @@ def _toml_gpus(data: dict[str, Any], notes: list[str], prefix: str = "") -> tupl
         raise ValueError(too_many_devices(len(names) + len(tables)))
     for i, table in enumerate(tables):
         where = f"[[{prefix}gpu]] #{i + 1}"
-        table = _only(table, {"name", "vram", "bandwidth", "free"}, where)
+        table = _only(table, {"name", "vram", "bandwidth", "free", "backend"}, where)
         if not isinstance(table.get("name"), str):
             raise ValueError(f'{where}: needs name = "..."')
-        gpu = describe_gpu(
-            table["name"],
-            vram_bytes=_toml_size(table, "vram", where, notes),
-            bandwidth=_toml_bandwidth(table, "bandwidth", where, notes),
-        )
+        chosen = table.get("backend")
+        if chosen is not None and not isinstance(chosen, str):
+            raise ValueError(f'{where}: backend = "rocm" (cuda, rocm, metal, vulkan, sycl)')
+        try:
+            gpu = describe_gpu(
+                table["name"],
+                vram_bytes=_toml_size(table, "vram", where, notes),
+                bandwidth=_toml_bandwidth(table, "bandwidth", where, notes),
+                backend_name=chosen,
+            )
+        except UsageError as exc:
+            if chosen is None:
+                raise
+            raise ValueError(f"{where}: {exc.message}") from None
         free = _toml_size(table, "free", where, notes)
         if free is not None:
             if free > gpu.total_bytes:
@@ -855,6 +864,10 @@ def resolve_machine(
             # One pool: the unified GPU's memory is the machine's RAM.
             ram_pool = max(p[0] for p in pools)
             machine = dataclasses.replace(machine, host=_with_ram(machine.host, ram_pool))
+        if pools and bandwidth is None:
+            # ... and the CPU reads it over the same bus (the data sheet's figure; the CPU
+            # cores alone may reach less of it).
+            bandwidth = max(g.bandwidth_bytes_per_s or 0 for g in described_gpus if g.unified)
         for gpu, (_, rule) in zip((g for g in described_gpus if g.unified), pools, strict=False):
             notes.append(
                 f"{gpu.name}: unified memory; the GPU may hold {gib(gpu.total_bytes)} "

@@ -410,6 +410,25 @@ def probe(
         notes.append("llama-server not found on PATH (give it with --llama-server)")
     elif server is not None and server.error:
         notes.append(f"llama-server {server.path}: {server.error}")
+    if not any(g.usable for g in gpus) and server is not None and not server.error:
+        # No NVIDIA GPU: the installed build's own device list names what it drives (ROCm,
+        # Metal, Vulkan, SYCL) with llama.cpp's memory figures (machine/devices.py).
+        from quantpick.machine.devices import build_backend, gpus_from_list, read_list_devices
+
+        try:
+            listed = read_list_devices(Path(server.path))
+        except ValueError as exc:
+            notes.append(f"no device list from llama-server ({exc})")
+        else:
+            found = gpus_from_list(listed)
+            notes.extend(listed.notes)
+            if found:
+                kind = build_backend(listed)
+                gpus = found
+                notes = [n for n in notes if "planning for CPU only" not in n]
+                notes.append(
+                    f"GPUs from `llama-server --list-devices` ({kind.label if kind else '?'} build)"
+                )
     return Machine(
         gpus=gpus,
         host=host,

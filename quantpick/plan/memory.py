@@ -138,6 +138,10 @@ class DeviceEstimate:
     recurrent_layers: tuple[int, ...]  # blocks whose recurrent state lives here
     expert_layers: tuple[int, ...]  # blocks whose routed experts live here
     endpoint: str | None = None  # an RPC device's worker "host:port" (None: a local device)
+    # The ggml backend that holds it ("CUDA", "ROCm", "Metal", "Vulkan", "SYCL"; "RPC" for an RPC
+    # device, "CPU" for the host), and whether its memory is the host's RAM.
+    backend: str = "CPU"
+    unified: bool = False
     correction_bytes: int = 0  # from llama.cpp's own projection (Overheads.device_correction_bytes)
 
     @property
@@ -683,8 +687,11 @@ def estimate(
             if pos == 0 and not rdev.is_rpc and rdev.gpu.free_bytes >= rdev.gpu.total_bytes:
                 budget -= overheads.gpu_desktop_bytes
             gpu_index: int | None = None if rdev.is_rpc else rdev.gpu.index
+            backend = "RPC" if rdev.is_rpc else backend_of(rdev.gpu.backend).label
+            unified = not rdev.is_rpc and rdev.gpu.unified
         else:
             name, kind, device, gpu_index = "Host", "host", "CPU", None
+            backend, unified = "CPU", True
             free = max(0, machine.host.ram_available_bytes - unified_taken)
             budget = free - host_reserve_bytes(
                 machine.host.ram_total_bytes, machine.host.ram_available_bytes, overheads
@@ -714,6 +721,8 @@ def estimate(
                 expert_layers=tuple(a.experts),
                 endpoint=endpoint,
                 correction_bytes=correction,
+                backend=backend,
+                unified=unified,
             )
         )
     return Estimate(

@@ -337,7 +337,8 @@ def device_speeds(machine: Machine) -> dict[str, DeviceSpeed]:
     for g in machine.gpus:
         link = (g.pcie_generation, g.pcie_width)
         gen, width = ASSUMED_PCIE
-        known_link = link[0] is not None and link[1] is not None
+        # A unified GPU has no link to cross: host-resident weights are in its own memory.
+        known_link = (link[0] is not None and link[1] is not None) or g.unified
         if link[0] is not None and link[1] is not None:
             gen, width = link[0], link[1]
         # The backend's kernels reach a share of what CUDA's reach on the same bus and ALUs
@@ -351,7 +352,7 @@ def device_speeds(machine: Machine) -> dict[str, DeviceSpeed]:
             kind="gpu",
             bandwidth_bytes_per_s=int(bandwidth * backend.decode_efficiency),
             fp16_tflops=tflops * backend.prefill_efficiency,
-            pcie_bytes_per_s=pcie_bytes_per_s(gen, width),
+            pcie_bytes_per_s=bandwidth if g.unified else pcie_bytes_per_s(gen, width),
             bandwidth_assumed=not g.bandwidth_bytes_per_s,
             compute_assumed=g.fp16_tflops is None,
             pcie_assumed=not known_link,

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from quantpick.errors import QuantpickError, UsageError
-from quantpick.machine.backends import Backend
+from quantpick.machine.backends import Backend, backend_of
 from quantpick.machine.backends import backend as backend_named
 from quantpick.machine.spec import RpcWorker
 from quantpick.model.manifest import Manifest
@@ -1244,10 +1244,11 @@ def build_worker_commands(
                 "started with -d, keep that -d (the plan uses the devices it serves now)"
             )
         else:
-            argv += ["-d", ",".join(f"CUDA{g.index}" for g in worker.devices)]
+            device_names = [backend_of(g.backend).device_name(g.index) for g in worker.devices]
+            argv += ["-d", ",".join(device_names)]
             notes.append(
-                f"-d assumes the described device(s) are the worker's CUDA0.. in that order; "
-                f"`{program} -d x` lists its devices"
+                f"-d assumes the described device(s) are the worker's {device_names[0]}.. in "
+                f"that order; `{program} -d x` lists its devices"
             )
         if cache:
             argv.append("-c")

@@ -242,3 +242,16 @@ def test_an_old_build_selects_with_the_backends_variable() -> None:
     assert env == {"GGML_VK_VISIBLE_DEVICES": "1"}
     with pytest.raises(QuantpickError, match="Metal has no variable"):
         _command("metal", RunConfig(devices=(0,)), caps)
+
+
+def test_hardware_file_gpu_tables_take_a_backend(tmp_path: Path) -> None:
+    from quantpick.machine.describe import load_hardware_file
+
+    fake = Host(ram_total_bytes=32 * GiB, ram_available_bytes=32 * GiB, cpu_cores=8)
+    good = tmp_path / "box.toml"
+    good.write_text('[[gpu]]\nname = "7900xtx"\nbackend = "vulkan"\n')
+    assert load_hardware_file(good, default_host=lambda: fake).gpus[0].backend == "Vulkan"
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[[gpu]]\nname = "7900xtx"\nbackend = "metal"\n')
+    with pytest.raises(Exception, match="cannot drive AMD Radeon RX 7900 XTX"):
+        load_hardware_file(bad, default_host=lambda: fake)
