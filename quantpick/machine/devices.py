@@ -176,6 +176,41 @@ def apple_gpu(values: dict[str, str]) -> tuple[Gpu, str]:
 
 
 _APPLE_ANY = next(m for m in (find_gpu("m4"),) if m is not None)
+SYSCTL_TIMEOUT_S = 5.0
+
+
+def read_sysctl(program: str = "sysctl", timeout_s: float = SYSCTL_TIMEOUT_S) -> dict[str, str]:
+    """`sysctl` for SYSCTL_KEYS, bounded in time and output; ValueError naming the tool. A key
+    the kernel lacks (iogpu.wired_limit_mb before macOS 14) is simply absent."""
+    import subprocess
+
+    try:
+        done = subprocess.run(
+            [program, *SYSCTL_KEYS], capture_output=True, timeout=timeout_s, check=False
+        )
+    except subprocess.TimeoutExpired:
+        raise ValueError(f"{program}: no answer in {timeout_s:g} s") from None
+    except OSError as exc:
+        raise ValueError(f"{program}: {exc.strerror or exc}") from None
+    if len(done.stdout) > MAX_SYSFS_BYTES:
+        raise ValueError(f"{program}: more than {MAX_SYSFS_BYTES} bytes")
+    return parse_sysctl(done.stdout.decode("utf-8", "replace"))
+
+
+def platform_gpus(
+    platform: str, drm: Path = Path("/sys/class/drm"), sysctl: str = "sysctl"
+) -> tuple[tuple[Gpu, ...], tuple[str, ...]]:
+    """GPUs the OS itself reports when NVML and llama.cpp named none: an Apple GPU (sysctl) on
+    macOS, AMD GPUs (amdgpu sysfs) on Linux. A source that cannot be read gives a note."""
+    if platform == "darwin":
+        try:
+            gpu, note = apple_gpu(read_sysctl(sysctl))
+        except ValueError as exc:
+            return (), (f"Apple GPU not read ({exc}); not planned on",)
+        return (gpu,), (note,)
+    if platform.startswith("linux") and drm.is_dir():
+        return amd_sysfs_gpus(drm)
+    return (), ()
 
 
 # --- AMD: sysfs ---------------------------------------------------------------------------------

@@ -159,3 +159,57 @@ def test_huge_or_malformed_sysfs_file_is_refused(tmp_path: Path) -> None:
     (tmp_path / "d" / "card0" / "device" / "mem_info_vram_total").write_text("n/a\n")
     gpus, notes = amd_sysfs_gpus(tmp_path / "d")
     assert gpus == () and "not a number" in notes[0]
+
+
+# --- probe(): GB10 through NVML + meminfo, the OS's report when nothing else names a GPU ----------
+
+
+def test_gb10_memory_comes_from_meminfo_when_nvml_has_none(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    import sys
+
+    from fake_nvml import FakeGpu, FakeNvml, NVMLError_NotSupported
+
+    from quantpick.machine import probe as hardware
+
+    # nvidia-smi on a DGX Spark: "Memory-Usage: Not Supported"; the memory is the host's.
+    gb10 = FakeGpu("NVIDIA GB10", 0, 0, None, None, cc=(12, 1),
+                   fail={"nvmlDeviceGetMemoryInfo": NVMLError_NotSupported})  # fmt: skip
+    t4 = FakeGpu(
+        "Tesla T4", 0, 0, 256, 5001, fail={"nvmlDeviceGetMemoryInfo": NVMLError_NotSupported}
+    )
+    monkeypatch.setitem(sys.modules, "pynvml", FakeNvml([gb10, t4]))
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal:       128452000 kB\nMemAvailable:   120000000 kB\n")
+    machine = hardware.probe(
+        meminfo_path=meminfo, cgroup_root=tmp_path, cpuinfo_path=tmp_path / "x",
+        inspect_server=False, drm_path=tmp_path / "nodrm",
+    )  # fmt: skip
+    spark, card = machine.gpus
+    assert spark.usable and spark.unified and spark.total_bytes == 128452000 * 1024
+    assert spark.free_bytes == 120000000 * 1024
+    assert spark.bandwidth_bytes_per_s == 273_024_000_000  # the catalogue's GB10
+    # A discrete card without memory figures is still never planned on.
+    assert not card.usable and "memory info" in (card.error or "")
+
+
+def test_amd_sysfs_is_read_when_nvml_and_llama_cpp_name_nothing(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    import sys
+
+    from quantpick.machine import probe as hardware
+
+    monkeypatch.setitem(sys.modules, "pynvml", None)
+    monkeypatch.setattr(sys, "platform", "linux")
+    _card(tmp_path / "drm", 0, 24 * GiB, 1 * GiB, 16 * GiB, 0)
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal:       65536000 kB\nMemAvailable:   60000000 kB\n")
+    machine = hardware.probe(
+        meminfo_path=meminfo, cgroup_root=tmp_path, cpuinfo_path=tmp_path / "x",
+        inspect_server=False, drm_path=tmp_path / "drm",
+    )  # fmt: skip
+    (gpu,) = machine.gpus
+    assert gpu.usable and gpu.backend == "ROCm" and gpu.total_bytes == 24 * GiB
+    assert not any("planning for CPU only" in n for n in machine.notes)
