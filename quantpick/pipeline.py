@@ -13,6 +13,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from quantpick.machine.backends import local_backend
+
 if TYPE_CHECKING:
     from quantpick.config import Settings
     from quantpick.fetch.download import FetchReport
@@ -505,8 +507,9 @@ def confirm_plan(
     current, current_overheads = p, overheads
     while True:
         argv, env = fit_params_argv(
-            tool, current.config, model_path, block_count, extra_args=options.extra_args
-        )
+            tool, current.config, model_path, block_count, extra_args=options.extra_args,
+            backend=local_backend(machine.gpus),
+        )  # fmt: skip
         try:
             # ModelRejectedError (llama.cpp cannot load the file) is not caught: it ends the
             # command with llama.cpp's reason, and nothing is written.
@@ -715,8 +718,9 @@ def dry_run_config(
     try:
         with _standin(manifest, layout.quant, machine, settings, network) as (path, runner):
             argv, env = fit_params_argv(
-                tool, config, path, layout.n_slots - 1, extra_args=options.extra_args
-            )
+                tool, config, path, layout.n_slots - 1, extra_args=options.extra_args,
+                backend=local_backend(machine.gpus),
+            )  # fmt: skip
             run = runner(argv, env, timeout_s=options.timeout_s)
     except _NoDryRun as exc:
         return ConfigCheck("skipped", f"no {DRY_RUN_BASIS}: {exc}")
@@ -1019,13 +1023,15 @@ def bench_plan(
 
     # What llama.cpp accounts for the configuration that ran, per GPU.
     est = estimate(layout, machine, ran, overheads=overheads)
-    accounted = {d.device: d.weights_bytes + d.kv_bytes + d.recurrent_bytes + d.compute_bytes
+    # keyed by the GPU's index: NVML's peaks and the plan's rows name the same card
+    accounted = {d.gpu_index: d.weights_bytes + d.kv_bytes + d.recurrent_bytes + d.compute_bytes
                  for d in est.gpus}  # fmt: skip
     source = "quantpick's estimate"
     fit_bin = find_tool(FIT_PARAMS, llama_bin=llama_bin, llama_server=llama_server)
     if measurement.gpus and fit_bin is not None:
         argv, env = fit_params_argv(fit_bin, ran, model_path, block_count,
-                                    extra_args=fit_params_extra)  # fmt: skip
+                                    extra_args=fit_params_extra,
+                                    backend=local_backend(machine.gpus))  # fmt: skip
         try:
             projection = run_fit_params(argv, env).projection
         except FitParamsError as exc:
@@ -1038,7 +1044,7 @@ def bench_plan(
                 out_dev = next((d.device for d in est.gpus if layout.output_slot in d.layers), None)
                 for d, row in zip(est.gpus, projection.gpus, strict=True):
                     mib = row.model_mib + row.context_mib + row.compute_mib
-                    accounted[d.device] = mib * 2**20 - (saving if d.device == out_dev else 0)
+                    accounted[d.gpu_index] = mib * 2**20 - (saving if d.device == out_dev else 0)
                 source = FIT_PARAMS
     gpus = tuple(
         GpuOverhead(
@@ -1046,10 +1052,10 @@ def bench_plan(
             index=g.index,
             baseline_used_bytes=g.baseline_used_bytes,
             peak_used_bytes=g.peak_used_bytes,
-            accounted_bytes=accounted.get(g.device, 0),
+            accounted_bytes=accounted.get(g.index, 0),
             accounted_from=source,
             driver_overhead_bytes=driver_overhead(
-                g.peak_used_bytes, g.baseline_used_bytes, accounted.get(g.device, 0)
+                g.peak_used_bytes, g.baseline_used_bytes, accounted.get(g.index, 0)
             ),
         )
         for g in measurement.gpus
@@ -1216,6 +1222,7 @@ def serve(
             block_count=block_count,
             server=replace(req.server, port=port, alias=alias),
             capabilities=caps,
+            backend=local_backend(g.machine.gpus),
         )
         commands[port] = cmd
         return cmd.argv, {**cmd.env, **_env_from(cmd)}

@@ -89,6 +89,14 @@ GpuOpt = Annotated[
         autocompletion=complete_gpu,
     ),
 ]
+BackendOpt = Annotated[
+    Optional[str],  # noqa: UP045
+    typer.Option(
+        "--backend",
+        help="llama.cpp's backend for the GPUs: cuda, rocm, metal, vulkan, sycl or cpu "
+        "(default: the installed build's, or for --gpu the vendor's usual one).",
+    ),
+]
 RamOpt = Annotated[
     Optional[str],  # noqa: UP045
     typer.Option(
@@ -445,6 +453,7 @@ def machine_from_cli(
     rpc_latency: str | None = None,
     cores: int | None = None,
     threads: int | None = None,
+    backend_name: str | None = None,
 ) -> Machine:
     from quantpick.cli import output
     from quantpick.machine.describe import machine_from_options
@@ -466,6 +475,7 @@ def machine_from_cli(
         cores=cores,
         threads=threads,
         ram_bandwidth=ram_bandwidth,
+        backend_name=backend_name,
     )
     for line in machine.notes:
         output.note(f"Note: {line}")

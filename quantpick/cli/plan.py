@@ -15,6 +15,7 @@ from quantpick.cli.core import app
 from quantpick.cli.options import (
     DEFAULT_MIN_TPS,
     AllowQ4Opt,
+    BackendOpt,
     BOpt,
     CoresOpt,
     CpuOnlyOpt,
@@ -102,6 +103,7 @@ def pick_cmd(
     ram_reserve: RamReserveOpt = None,
     gpu_reserve: GpuReserveOpt = None,
     ram_bandwidth: RamBandwidthOpt = None,
+    backend: BackendOpt = None,
     cores: CoresOpt = None,
     threads: ThreadsOpt = None,
     rpc: RpcOpt = None,
@@ -169,6 +171,7 @@ def pick_cmd(
         rpc_latency=rpc_latency,
         cores=cores,
         threads=threads,
+        backend_name=backend,
     )
     request = plan_request(
         ctx_size,
@@ -249,6 +252,7 @@ def max_context_cmd(
     ram_reserve: RamReserveOpt = None,
     gpu_reserve: GpuReserveOpt = None,
     ram_bandwidth: RamBandwidthOpt = None,
+    backend: BackendOpt = None,
     cores: CoresOpt = None,
     threads: ThreadsOpt = None,
     rpc: RpcOpt = None,
@@ -277,6 +281,7 @@ def max_context_cmd(
         rpc_latency=rpc_latency,
         cores=cores,
         threads=threads,
+        backend_name=backend,
     )
     request = plan_request(
         0,

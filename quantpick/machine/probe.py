@@ -13,13 +13,16 @@ Usage:
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
 from quantpick.machine.catalog import (
+    find_gpu,
     gpu_assumption_notes,
     theoretical_bandwidth,
     with_catalog_figures,
@@ -76,7 +79,7 @@ def _positive(value: Any, high: int) -> int | None:
     return int(value) if isinstance(value, int) and 0 < value <= high else None
 
 
-def _probe_one(nv: Any, index: int) -> Gpu:
+def _probe_one(nv: Any, index: int, meminfo_path: Path | None = None) -> Gpu:
     try:
         handle = nv.nvmlDeviceGetHandleByIndex(index)
     except Exception as exc:
@@ -84,12 +87,21 @@ def _probe_one(nv: Any, index: int) -> Gpu:
                    error=f"no handle: {exc}")  # fmt: skip
     name = _text(_optional(nv.nvmlDeviceGetName, handle)) or f"GPU {index}"
     uuid = _text(_optional(nv.nvmlDeviceGetUUID, handle))
+    unified = False
     try:
         mem = nv.nvmlDeviceGetMemoryInfo(handle)
         total, free, used = int(mem.total), int(mem.free), int(mem.used)
     except Exception as exc:
-        return Gpu(index=index, name=name, total_bytes=0, free_bytes=0, uuid=uuid,
-                   error=f"memory info: {exc}")  # fmt: skip
+        # GB10 and Jetson: NVML has no memory to report ("Not Supported"); the GPU's memory is
+        # the host's, and llama.cpp's CUDA backend reports MemTotal / MemAvailable for it
+        # (ggml_backend_cuda_get_available_uma_memory). Any other card: not planned on.
+        model = find_gpu(name)
+        host_ram = read_meminfo(meminfo_path or MEMINFO) if model and model.unified else None
+        if host_ram is None:
+            return Gpu(index=index, name=name, total_bytes=0, free_bytes=0, uuid=uuid,
+                       error=f"memory info: {exc}")  # fmt: skip
+        total, free = host_ram
+        used, unified = total - free, True
     if not 0 <= free <= total <= MAX_MEMORY_BYTES or used < 0:
         # Figures that cannot be true: the GPU is listed, with why, and not planned on.
         why = f"NVML reports {free:,} B free of {total:,} B total, which cannot be"
@@ -118,10 +130,13 @@ def _probe_one(nv: Any, index: int) -> Gpu:
         pcie_generation=pcie_gen,
         pcie_width=pcie_width,
         compute_capability=f"{cc[0]}.{cc[1]}" if isinstance(cc, tuple) and len(cc) == 2 else None,
+        unified=unified,
     ))  # fmt: skip
 
 
-def probe_gpus() -> tuple[tuple[Gpu, ...], str | None, tuple[str, ...]]:
+def probe_gpus(
+    meminfo_path: Path | None = None,
+) -> tuple[tuple[Gpu, ...], str | None, tuple[str, ...]]:
     """(gpus, driver version, notes). Never raises: no NVML means no GPUs and a note."""
     try:
         import pynvml
@@ -137,7 +152,7 @@ def probe_gpus() -> tuple[tuple[Gpu, ...], str | None, tuple[str, ...]]:
             count = int(pynvml.nvmlDeviceGetCount())
         except Exception as exc:
             return (), driver, (f"NVML cannot count GPUs ({exc}): planning for CPU only",)
-        gpus = tuple(_probe_one(pynvml, i) for i in range(count))
+        gpus = tuple(_probe_one(pynvml, i, meminfo_path) for i in range(count))
         notes = [NO_GPU_NOTE] if not gpus else []
         notes += [f"GPU {g.index} ({g.name}) is not used: {g.error}" for g in gpus if g.error]
         notes += gpu_assumption_notes(gpus)
@@ -392,13 +407,14 @@ def probe(
     cgroup_root: Path = CGROUP_ROOT,
     cpuinfo_path: Path = CPUINFO,
     inspect_server: bool = True,
+    drm_path: Path = Path("/sys/class/drm"),
 ) -> Machine:
     """This machine as it is now. Never raises for missing hardware or tools.
 
     inspect_server=False skips running `llama-server --version`: planning does not need it, and
     the command builder inspects the binary it targets itself.
     """
-    gpus, driver, gpu_notes = probe_gpus()
+    gpus, driver, gpu_notes = probe_gpus(meminfo_path)
     notes = list(gpu_notes)
     host = probe_host(
         meminfo_path=meminfo_path, cgroup_root=cgroup_root, cpuinfo_path=cpuinfo_path, notes=notes
@@ -410,6 +426,41 @@ def probe(
         notes.append("llama-server not found on PATH (give it with --llama-server)")
     elif server is not None and server.error:
         notes.append(f"llama-server {server.path}: {server.error}")
+    listed_none = False
+    if not any(g.usable for g in gpus) and server is not None and not server.error:
+        # No NVIDIA GPU: the installed build's own device list names what it drives (ROCm,
+        # Metal, Vulkan, SYCL) with llama.cpp's memory figures (machine/devices.py).
+        from quantpick.machine.devices import build_backend, gpus_from_list, read_list_devices
+
+        try:
+            listed = read_list_devices(Path(server.path))
+        except ValueError as exc:
+            notes.append(f"no device list from llama-server ({exc})")
+        else:
+            found = gpus_from_list(listed)
+            notes.extend(listed.notes)
+            listed_none = not found
+            if found:
+                kind = build_backend(listed)
+                gpus = found
+                notes = [n for n in notes if "planning for CPU only" not in n]
+                notes.append(
+                    f"GPUs from `llama-server --list-devices` ({kind.label if kind else '?'} build)"
+                )
+    if not any(g.usable for g in gpus):
+        # The OS's own report (sysctl on macOS, amdgpu sysfs on Linux). When the installed
+        # llama-server lists no device, its build cannot drive them: shown, not planned on.
+        from quantpick.machine.devices import platform_gpus
+
+        found, found_notes = platform_gpus(sys.platform, drm_path)
+        notes.extend(found_notes)
+        if found and listed_none:
+            why = "the installed llama-server lists no GPU (a CPU build): build one for it"
+            found = tuple(dataclasses.replace(g, error=why) for g in found)
+        if found:
+            gpus = found
+            if not listed_none:
+                notes = [n for n in notes if "planning for CPU only" not in n]
     return Machine(
         gpus=gpus,
         host=host,
