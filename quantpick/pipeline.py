@@ -270,6 +270,12 @@ def get(
     report = None
     files: list[dict[str, Any]] | None = None
     offline = not req.network or settings.offline
+    pre_download = None
+    if req.confirm is not None and not offline:
+        # `pick`'s dry run on a stand-in of the file's own header: a file this llama.cpp build
+        # cannot load ends here (ModelRejectedError, exit 7), before a byte of it is fetched;
+        # `get --dry-run` answers with its plan, as `pick` does.
+        pre_download = dry_run(planned, req.confirm, settings=settings)
     if offline and req.dry_run:
         # Offline means offline, dry run included: the plan and the local files, no hub.
         warnings.append(f"offline: no hub contacted; the dry run shows the plan for {dest}")
@@ -334,6 +340,10 @@ def get(
     mmproj_path = by_name.get(projector.name, dest / projector.name) if projector else None
     final = first
     confirmation = None
+    if req.dry_run and pre_download is not None:
+        confirmation = pre_download
+        if pre_download.status in ("confirmed", "replanned"):
+            final = pre_download.plan
     if not req.dry_run:
         final = plan_on_local_file(
             manifest, first.quant, model_path, req.machine, req.plan_request, req.overheads
@@ -666,15 +676,22 @@ def dry_run(
     inputs, p = result.inputs, result.plan
     if inputs.machine.described or inputs.local is not None or _fit_params(options) is None:
         return None
+    from quantpick.errors import ModelRejectedError
+    from quantpick.serve.fitparams import rejected_before_download
+
     try:
         with _standin(inputs.manifest, p.quant, inputs.machine, settings, inputs.network) as (
             path,
             runner,
         ):
-            report = confirm_local_plan(
-                p, inputs.manifest, path, inputs.machine, inputs.request, inputs.overheads,
-                options, runner=runner,
-            )  # fmt: skip
+            try:
+                report = confirm_local_plan(
+                    p, inputs.manifest, path, inputs.machine, inputs.request, inputs.overheads,
+                    options, runner=runner,
+                )  # fmt: skip
+            except ModelRejectedError as exc:
+                name = inputs.manifest.quant_files(p.quant)[0].name
+                raise rejected_before_download(exc, path, name) from None
     except _NoDryRun as exc:
         return ConfirmReport("skipped", p, message=f"no {DRY_RUN_BASIS}: {exc}")
     return replace(report, message=f"{report.message} ({DRY_RUN_BASIS}){runner.cached_note}")

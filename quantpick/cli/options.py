@@ -195,14 +195,15 @@ TimeoutOpt = Annotated[
 TOOL_TIMEOUT_S = 10.0
 
 
-def tool_timeout(value: float | None, default: float = TOOL_TIMEOUT_S) -> float:
-    """--timeout SECONDS as a number of seconds above 0 (default when not given)."""
+def tool_timeout(value: float | None, default: float | None = None) -> float:
+    """--timeout SECONDS as a number of seconds above 0 (default, else TOOL_TIMEOUT_S, when not
+    given)."""
     import math
 
     from quantpick.errors import UsageError
 
     if value is None:
-        return default
+        return TOOL_TIMEOUT_S if default is None else default
     if not (math.isfinite(value) and value > 0):
         raise UsageError(f"--timeout {value:g}: give a number of seconds above 0")
     return value

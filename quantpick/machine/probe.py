@@ -269,14 +269,26 @@ def _sysconf_ram() -> tuple[int, int] | None:
     return total, available
 
 
+def cpu_threads() -> int | None:
+    """Logical CPUs of this machine (os.cpu_count); the one place the probe asks the OS."""
+    return os.cpu_count()
+
+
 def probe_host(
     *,
-    meminfo_path: Path = MEMINFO,
-    cgroup_root: Path = CGROUP_ROOT,
-    cpuinfo_path: Path = CPUINFO,
+    meminfo_path: Path | None = None,
+    cgroup_root: Path | None = None,
+    cpuinfo_path: Path | None = None,
     notes: list[str] | None = None,
 ) -> Host:
-    """Host RAM (min'd with the cgroup limit) and CPU cores. Notes about guesses go to `notes`."""
+    """Host RAM (min'd with the cgroup limit) and CPU cores. Notes about guesses go to `notes`.
+
+    A path not given is this module's MEMINFO / CGROUP_ROOT / CPUINFO, read at call time, so a
+    test suite can point the whole probe at recorded files (tests/conftest.py does).
+    """
+    meminfo_path = MEMINFO if meminfo_path is None else meminfo_path
+    cgroup_root = CGROUP_ROOT if cgroup_root is None else cgroup_root
+    cpuinfo_path = CPUINFO if cpuinfo_path is None else cpuinfo_path
     ram = read_meminfo(meminfo_path)
     if ram is None:
         ram = _sysconf_ram()
@@ -292,7 +304,7 @@ def probe_host(
         total = min(total, limit) if total else limit
         headroom = limit - usage if usage is not None else limit
         available = max(0, min(available, headroom) if available else headroom)
-    threads = os.cpu_count()
+    threads = cpu_threads()
     cores = physical_cores(cpuinfo_path) or threads or 1
     return Host(
         ram_total_bytes=total,
@@ -403,9 +415,9 @@ def probe(
     *,
     disk_path: Path | None = None,
     llama_server: Path | None = None,
-    meminfo_path: Path = MEMINFO,
-    cgroup_root: Path = CGROUP_ROOT,
-    cpuinfo_path: Path = CPUINFO,
+    meminfo_path: Path | None = None,
+    cgroup_root: Path | None = None,
+    cpuinfo_path: Path | None = None,
     inspect_server: bool = True,
     drm_path: Path = Path("/sys/class/drm"),
 ) -> Machine:
