@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from quantpick.errors import ServerError, UsageError
+from quantpick.plan.check import PlannedServer
 
 # Seconds to wait for /health: reading a 71 GB BF16 file from a 150 MB/s disk takes ~8 minutes;
 # a cached or NVMe load is seconds. docker compose's start_period here is 15 min for the same
@@ -354,6 +355,18 @@ def process_start_ticks(pid: int) -> int | None:
         return None
 
 
+def process_swap_bytes(pid: int, proc: Path = Path("/proc")) -> int | None:
+    """The process's memory in swap (VmSwap of /proc/PID/status, kB); None off Linux or when it
+    cannot be read."""
+    try:
+        with (proc / str(pid) / "status").open("rb") as f:
+            text = f.read(64 * 1024).decode("ascii", "replace")
+    except OSError:
+        return None
+    m = re.search(r"^VmSwap:\s+(\d+) kB", text, re.MULTILINE)
+    return int(m.group(1)) * 1024 if m else None
+
+
 # ---- records ---------------------------------------------------------------------------------
 
 
@@ -376,6 +389,8 @@ class ServerRecord:
     quant: str | None = None
     ctx_size: int = 0
     n_parallel: int = 1
+    # what the plan expects of this server, per device (`quantpick check` compares it)
+    plan: PlannedServer | None = None
 
     @property
     def base_url(self) -> str:
@@ -386,6 +401,7 @@ class ServerRecord:
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["argv"] = list(self.argv)
+        data["plan"] = self.plan.to_dict() if self.plan is not None else None
         return data
 
     @staticmethod
@@ -393,6 +409,10 @@ class ServerRecord:
         known = set(ServerRecord.__dataclass_fields__)
         values = {k: v for k, v in data.items() if k in known}
         values["argv"] = tuple(values.get("argv", ()))
+        try:  # a record is read back defensively: a plan that does not parse is no plan
+            values["plan"] = PlannedServer.from_dict(values["plan"]) if values.get("plan") else None
+        except ValueError:
+            values["plan"] = None
         return ServerRecord(**values)
 
 
