@@ -1120,6 +1120,7 @@ class ServeRequest:
     detach: bool = False
     timeout_s: float = 600.0  # serve.server.HEALTH_TIMEOUT_S
     servers_dir: Path | None = None  # records and logs (default: settings.servers_dir)
+    check: bool = True  # once it answers: the running server beside its plan (check_server)
 
 
 @dataclass
@@ -1133,6 +1134,8 @@ class ServeResult:
     fetched: GetResult | None  # None for a file on disk
     confirmation: ConfirmReport | None
     notes: tuple[str, ...] = ()  # one line each: the port, the build
+    check: CheckResult | None = None  # the running server beside its plan
+    check_error: str | None = None  # why it could not be checked
 
 
 def serve(
@@ -1238,8 +1241,26 @@ def serve(
             "plan": planned_server(p, "the plan `quantpick serve` started it with"),
         },
     )
-    return ServeResult(running, manifest, g.machine, p, commands[running.record.port], found,
-                       fetched, confirmation, tuple(notes))  # fmt: skip
+    result = ServeResult(running, manifest, g.machine, p, commands[running.record.port], found,
+                         fetched, confirmation, tuple(notes))  # fmt: skip
+    if req.check:
+        result.check, result.check_error = check_running(
+            running.record.base_url, req.servers_dir or settings.servers_dir, settings
+        )
+    return result
+
+
+def check_running(
+    url: str, servers_dir: Path, settings: Settings
+) -> tuple[CheckResult | None, str | None]:
+    """check_server for a server `serve` started, never raising for what the server answers:
+    (the result, None) or (None, why it could not be checked)."""
+    from quantpick.errors import QuantpickError
+
+    try:
+        return check_server(CheckRequest(url, servers_dir=servers_dir), settings=settings), None
+    except QuantpickError as exc:
+        return None, exc.message
 
 
 # llama-server's log verbosity for a server `serve` starts: see argv_for_port in `serve`.

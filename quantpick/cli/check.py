@@ -207,11 +207,7 @@ def report_lines(report: CheckReport) -> list[str]:
             measured = getattr(c.measured, key) if c.measured else None
             if not planned and not measured:
                 continue
-            diff = (
-                ""
-                if planned is None or measured is None
-                else f"{(measured - planned) / 1024**2:+,.2f}"
-            )
+            diff = "" if planned is None or measured is None else _signed(measured - planned)
             rows.append((c.device if first else "", label, _mib(planned), _mib(measured), diff))
             first = False
     if len(rows) > 1:

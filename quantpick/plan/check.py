@@ -27,10 +27,9 @@ from quantpick.units import MiB, human
 # within 5 KiB per buffer; a device sums up to a handful of buffers per component. 1 MiB is
 # "to the MiB", the unit llama.cpp itself reports memory in.
 MEMORY_TOLERANCE_BYTES = 1 * MiB
-# Weights that leave a planned GPU: at least this much before it is called a spill (one
-# qwen35moe expert tensor at Q4_K is 144 MiB; a 64 MiB threshold catches the smallest real
-# layer while ignoring a buffer of a different alignment).
-SPILL_MIN_BYTES = 64 * MiB
+# Weights that leave a planned GPU and show up in host memory: weights are exact per device
+# (the conformance grid), so anything beyond the log's rounding that moved is a spill.
+SPILL_MIN_BYTES = MEMORY_TOLERANCE_BYTES
 # Another process's memory on a GPU, beyond what was in use when the plan was made: a desktop's
 # fluctuation is 0.1-0.3 GiB (real-cuda.md); below 256 MiB is noise.
 OTHER_PROCESS_MIN_BYTES = 256 * MiB
@@ -347,21 +346,30 @@ def _spill_findings(
     host_p = host.planned if host else None
     extra_w = (host_m.weights_bytes - host_p.weights_bytes) if host_m and host_p else 0
     extra_kv = (host_m.kv_bytes - host_p.kv_bytes) if host_m and host_p else 0
-    layers = f" (llama.cpp offloaded {offloaded[0]}/{offloaded[1]} layers)" if offloaded else ""
+    layers = (
+        f" (llama.cpp offloaded {offloaded[0]}/{offloaded[1]} layers)"
+        if offloaded and offloaded[0] < offloaded[1]
+        else ""
+    )
     for c in pairs:
         p = c.planned
         if p is None or p.kind != "gpu":
             continue
         m_w = c.measured.weights_bytes if c.measured else 0
         m_kv = c.measured.kv_bytes if c.measured else 0
+        absent = (
+            f": the server has no buffer on {p.device} at all (-ngl 0, --device none, a "
+            "CPU-only build, or the GPU is not visible to it)"
+            if c.measured is None
+            else ""
+        )
         lost_w = p.weights_bytes - m_w
         if lost_w >= SPILL_MIN_BYTES and extra_w >= SPILL_MIN_BYTES:
-            moved = min(lost_w, extra_w)
             out.append(
                 Finding(
                     FindingCode.WEIGHTS_ON_CPU,
-                    f"{_gib(moved)} of weights the plan put on {p.device} are in host memory"
-                    f"{layers}: those layers run at the speed of system RAM",
+                    f"{_gib(min(lost_w, extra_w))} of weights the plan put on {p.device} are in "
+                    f"host memory{layers}{absent}: those layers run at the speed of system RAM",
                     f"give {p.device} the memory the plan counted on, then restart with the "
                     "plan's flags (`quantpick command` prints them); llama.cpp's --fit moves "
                     "layers off a GPU that is fuller than it was",
@@ -369,7 +377,7 @@ def _spill_findings(
                 )
             )
         lost_kv = p.kv_bytes - m_kv
-        if p.kv_bytes and lost_kv > MEMORY_TOLERANCE_BYTES and extra_kv > MEMORY_TOLERANCE_BYTES:
+        if p.kv_bytes and lost_kv >= SPILL_MIN_BYTES and extra_kv >= SPILL_MIN_BYTES:
             out.append(
                 Finding(
                     FindingCode.KV_ON_CPU,

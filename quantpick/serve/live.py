@@ -171,8 +171,10 @@ def _fetch(
             return response.status_code, body, complete
     except httpx.TimeoutException:
         return "no answer in time"
+    except httpx.ConnectError as exc:
+        return f"cannot connect ({exc})"
     except httpx.HTTPError as exc:
-        return f"{type(exc).__name__}: {exc}"
+        return f"no usable answer ({exc})"
 
 
 def _json(body: bytes) -> Any:
