@@ -6,7 +6,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from quantpick.plan.check import (
@@ -155,6 +155,7 @@ _ROWS = st.lists(st.dictionaries(st.text(max_size=8), st.integers()), max_size=3
 _VALUES = st.one_of(st.none(), st.integers(-5, 2**70), st.text(max_size=5), st.floats(), _ROWS)
 
 
+@settings(deadline=None)  # a shared machine: no timing in tests
 @given(st.dictionaries(_KEYS, _VALUES))
 def test_planned_server_from_garbage_is_a_value_error(data: dict[str, object]) -> None:
     try:
