@@ -18,6 +18,7 @@ import os
 import shutil
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -162,6 +163,52 @@ def probe_gpus(
             pynvml.nvmlShutdown()
         except Exception:
             pass  # nothing useful to do; the process is about to move on
+
+
+@dataclass(frozen=True)
+class GpuMemoryUse:
+    """One NVIDIA GPU's memory now, and what one process holds on it."""
+
+    index: int  # NVML index (= CUDA's with CUDA_DEVICE_ORDER=PCI_BUS_ID)
+    total_bytes: int
+    used_bytes: int
+    process_bytes: int | None  # the process's own; None where NVML cannot tell
+
+
+def gpu_memory_use(pid: int) -> tuple[tuple[GpuMemoryUse, ...], str | None]:
+    """(per GPU: used memory and `pid`'s share via nvmlDeviceGetComputeRunningProcesses, a note
+    when NVML cannot be read). Never raises. A pid NVML does not list holds 0 bytes there; a
+    driver that cannot attribute memory (usedGpuMemory unavailable, WDDM) gives None."""
+    try:
+        import pynvml
+    except ImportError:
+        return (), "nvidia-ml-py is not installed: GPU memory not read"
+    try:
+        pynvml.nvmlInit()
+    except Exception as exc:
+        return (), f"no NVML ({exc}): GPU memory not read"
+    try:
+        out = []
+        for index in range(int(pynvml.nvmlDeviceGetCount())):
+            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+            mem = pynvml.nvmlDeviceGetMemoryInfo(handle)
+            share: int | None = 0
+            try:
+                for proc in pynvml.nvmlDeviceGetComputeRunningProcesses(handle):
+                    if int(proc.pid) == pid:
+                        used = proc.usedGpuMemory
+                        share = int(used) if isinstance(used, int) and used >= 0 else None
+            except Exception:
+                share = None
+            out.append(GpuMemoryUse(index, int(mem.total), int(mem.used), share))
+        return tuple(out), None
+    except Exception as exc:
+        return (), f"NVML failed ({exc}): GPU memory not read"
+    finally:
+        try:
+            pynvml.nvmlShutdown()
+        except Exception:
+            pass
 
 
 # --- Host -------------------------------------------------------------------------------------
