@@ -74,6 +74,7 @@ from quantpick.cli.options import (
     RpcDeviceOpt,
     RpcLatencyOpt,
     RpcOpt,
+    SpecOpt,
     ThreadsOpt,
     TimeoutOpt,
     VisionOpt,
@@ -389,6 +390,7 @@ def command_cmd(
     prefer: PreferOpt = "balanced",
     vision: VisionOpt = False,
     min_tps: MinTpsOpt = DEFAULT_MIN_TPS,
+    spec: SpecOpt = "auto",
     allow_q4_kv: AllowQ4Opt = False,
     kv: KvOpt = None,
     no_offload: NoOffloadOpt = False,
@@ -467,7 +469,7 @@ def command_cmd(
                              "--model-source hf` picks one")  # fmt: skip
         q = canonical_quant(manifest, quant)
         request = plan_request(ctx_size, parallel, kv_unified, prefer, q, vision, min_tps,
-                               allow_q4_kv, kv, 512, 2048, "on", no_offload)  # fmt: skip
+                               allow_q4_kv, kv, 512, 2048, "on", no_offload, spec)  # fmt: skip
         overheads = overheads_from_cli(gpu_overhead, margin, ram_reserve, gpu_reserve)
         p = _plan_from_hub(manifest, machine, request, overheads, exact, no_network,
                            llama_server, gpu_overhead is not None,
@@ -493,6 +495,7 @@ def command_cmd(
         2048,
         "on",
         no_offload,
+        spec,
     )
     from quantpick.pipeline import PlanInputs, plan_for
 
@@ -689,6 +692,7 @@ def get_cmd(
     prefer: PreferOpt = "balanced",
     vision: VisionOpt = False,
     min_tps: MinTpsOpt = DEFAULT_MIN_TPS,
+    spec: SpecOpt = "auto",
     allow_q4_kv: AllowQ4Opt = False,
     kv: KvOpt = None,
     no_offload: NoOffloadOpt = False,
@@ -791,6 +795,7 @@ def get_cmd(
         2048,
         "on",
         no_offload,
+        spec,
     )
     if model_source == "hf":
         # llama-server fetches the file itself: plan (on the hub's header), nothing to download.
