@@ -279,8 +279,8 @@ def decide(
 ) -> SpecDecision:
     """Turn speculation on only for a kind that is available, whose memory fits the plan as it
     is (same quant, same context: `refused` says why a kind does not) and whose expected gain
-    reaches `min_gain` (auto) or is a gain at all (a kind asked by name still says when it is a
-    loss, and runs without it)."""
+    reaches `min_gain` (auto). A kind asked by name is used whenever it is available and fits
+    (an override), and the reason says when it is expected to be a loss."""
 
     def off(reason: str) -> SpecDecision:
         return SpecDecision(
@@ -295,13 +295,8 @@ def decide(
             return off(f"--spec {asked.value}: {_unavailable(asked)}; planned without it")
         if asked in refused:
             return off(f"--spec {asked.value}: {refused[asked]}; planned without it")
-        opt = options[asked]
-        if opt.tps <= tps_without:
-            return off(
-                f"--spec {asked.value} would decode slower here ({opt.tps:.1f} vs "
-                f"{tps_without:.1f} tok/s); planned without it"
-            )
-        return _on(opt, tuple(options.values()), asked=True)
+        # asked by name: used (an override), and said when the model expects a loss
+        return _on(options[asked], tuple(options.values()), asked=True)
     usable = [options[k] for k in available if k in options and k not in refused]
     if not usable:
         why = "; ".join(f"{k.value}: {r}" for k, r in refused.items()) or "nothing to draft with"
@@ -332,12 +327,14 @@ def _on(opt: SpecOption, options: tuple[SpecOption, ...], *, asked: bool) -> Spe
         f"{opt.tps_without:.1f} tok/s expected (x{gain:.2f}, acceptance "
         f"{100 * rate_from_acceptance(opt.acceptance, opt.draft_n_max):.0f}%)"
         + (" as asked" if asked else "")
+        + ("; expected slower than without it on this machine" if asked and gain < 1 else "")
     )
     return SpecDecision(True, opt.kind, opt.draft_n_max, opt.tps, opt.tps_without, reason, options)
 
 
 # ----------------------------------------------------------------------------------------------
 # Planning: one plan's configuration, with and without speculation, on one machine.
+
 
 @dataclass(frozen=True)
 class SpecRequest:
