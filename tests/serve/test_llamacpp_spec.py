@@ -46,8 +46,8 @@ def test_tiny_mtp_model_served_with_the_chosen_flags_answers(
     model = tmp_path / "tiny-mtp.gguf"
     write_tiny_model(model, mtp=True)
     server = llamacpp_bin / "llama-server"
-    result = runner.invoke(app, ["command", "--gguf", str(model), "-c", "4096", "--spec", "mtp",
-                                 "--no-confirm", "--llama-server", str(server), "--json"])  # fmt: skip
+    args = ["command", "--gguf", str(model), "-c", "4096", "--spec", "mtp", "--no-confirm"]
+    result = runner.invoke(app, [*args, "--llama-server", str(server), "--json"])
     assert result.exit_code == 0, result.stderr
     doc = json.loads(result.stdout)
     spec = doc["plan"]["speculative"]
