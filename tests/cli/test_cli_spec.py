@@ -83,3 +83,24 @@ def test_spec_ngram_asked_by_name(server: str) -> None:
     ngram = next(o for o in auto["speculative"]["options"] if o["kind"] == "ngram")
     if ngram["expected_decode_tps"] < spec["expected_decode_tps_without"]:
         assert "expected slower" in spec["reason"]
+
+
+def test_estimate_spec_sizes_the_nextn_block_and_draft_context(server: str) -> None:
+    def est(*extra: str) -> dict:
+        args = ["estimate", MODEL, "-q", "Q4_K_M", "-c", "32768", "--gpu", "3090", "--ram", "64G"]
+        result = runner.invoke(app, [*args, *extra, "--llama-server", server, "--json"])
+        assert result.exit_code == 0, result.stderr
+        return json.loads(result.stdout)
+
+    plain, mtp = est(), est("--spec", "mtp", "--spec-draft-n-max", "2")
+    assert "--spec-type" not in plain["flags"]
+    assert mtp["flags"][-4:] == ["--spec-type", "draft-mtp", "--spec-draft-n-max", "2"]
+    p, m = plain["devices"][0], mtp["devices"][0]
+    assert m["weights_bytes"] > p["weights_bytes"]  # the NextN block loads
+    # the draft context's f16 KV for block 40: 32768 cells x 2 x 512 x 2 bytes
+    assert m["kv_bytes"] - p["kv_bytes"] == 32768 * 2 * 512 * 2
+    ngram = est("--spec", "ngram")
+    assert ngram["flags"][-6:-4] == ["--spec-type", "ngram-mod"]
+    assert ngram["devices"][0]["weights_bytes"] == p["weights_bytes"]
+    bad = runner.invoke(app, ["estimate", MODEL, "-q", "Q4_K_M", "--gpu", "3090", "--spec", "x"])
+    assert bad.exit_code == 2 and "--spec x: not a speculation kind" in bad.stderr
