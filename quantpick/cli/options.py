@@ -371,6 +371,15 @@ MinTpsOpt = Annotated[
         help="Expected decode speed floor (tok/s at the target context) for every plan.",
     ),
 ]
+SpecOpt = Annotated[
+    str,
+    typer.Option(
+        "--spec",
+        help="Speculative decoding: auto (on where the expected gain is real on this machine and "
+        "its memory costs neither the quant nor the context), off, or a kind: mtp (the model's "
+        "MTP block), ngram.",
+    ),
+]
 AllowQ4Opt = Annotated[bool, typer.Option("--allow-q4-kv", help="Also consider a q4_0 KV cache.")]
 KvOpt = Annotated[
     list[str] | None,
@@ -597,10 +606,16 @@ def plan_request(
     batch: int,
     flash_attn: str,
     no_offload: bool,
+    spec: str = "off",
 ) -> Any:
     from quantpick.errors import UsageError
     from quantpick.model.ggml import KV_CACHE_TYPES
     from quantpick.plan.planner import DEFAULT_KV_TYPES, PlanRequest
+    from quantpick.plan.speculative import SpecMode, SpecRequest
+
+    modes = [m.value for m in SpecMode if m is not SpecMode.DRAFT]
+    if spec not in modes:
+        raise UsageError(f"--spec {spec}: not a speculation mode", hint="use " + ", ".join(modes))
 
     check_run_options(ctx_size, parallel, ubatch, batch, min_tps, flash_attn)
     kv_types = tuple(kv) if kv else DEFAULT_KV_TYPES + (("q4_0",) if allow_q4_kv else ())
@@ -622,4 +637,5 @@ def plan_request(
         batch=batch,
         flash_attn=flash_attn,
         allow_offload=not no_offload,
+        spec=SpecRequest(mode=SpecMode(spec)),
     )
