@@ -55,10 +55,10 @@ OP_OFFLOAD_MIN_BATCH = 32
 EXPECTED_ERROR_FLOOR = 16 * MiB
 
 
-class BackendKind(str, Enum):
+class ComputeBackend(str, Enum):
     """How a device's backend allocates its graph: the CPU backend (also behind an RPC worker that
     serves its CPU), or a GPU backend (CUDA and kin) with op offload and a pinned `*_Host` input
-    buffer. The machine's Backend type maps onto these two."""
+    buffer. machine/backends' Backend maps onto these two (plan/memory.py backend_kind)."""
 
     CPU = "cpu"
     GPU = "gpu"
@@ -89,12 +89,12 @@ GPU_ESTIMATE = ComputeAccuracy(True, 0.15, EXPECTED_ERROR_FLOOR, "public CUDA lo
 UNCHECKED = ComputeAccuracy(True, 0.25, EXPECTED_ERROR_FLOOR, "the generic rule, unchecked")
 
 
-def accuracy(backend: BackendKind, checked: bool) -> ComputeAccuracy:
+def accuracy(backend: ComputeBackend, checked: bool) -> ComputeAccuracy:
     """The expected error of a device's compute figure: `checked` when the architecture's rule
     and the build's rule are the ones recorded projections check."""
     if not checked:
         return UNCHECKED
-    return MEASURED if backend is BackendKind.CPU else GPU_ESTIMATE
+    return MEASURED if backend is ComputeBackend.CPU else GPU_ESTIMATE
 
 
 def within(ours: int, theirs: int, acc: ComputeAccuracy = MEASURED) -> bool:
@@ -155,7 +155,7 @@ class GraphShape:
 class DeviceGraph:
     """The part of the graph one device runs, as the allocator sees it."""
 
-    backend: BackendKind
+    backend: ComputeBackend
     is_host: bool  # the CPU backend of the machine running llama.cpp (inputs live there)
     holds_layers: bool  # computes at least one block
     holds_output: bool  # computes the output head (the logits)
@@ -241,7 +241,7 @@ def device_compute(dev: DeviceGraph, shape: GraphShape, rule: GraphRule) -> int:
         live = (
             layer_live(shape, dev.experts) + rule.layer * e + scores + host_e + dev.offload_weight
         )
-        if dev.backend is BackendKind.GPU and dev.flash_attn:
+        if dev.backend is ComputeBackend.GPU and dev.flash_attn:
             live += dev.kv_convert
         live += e if dev.is_host else 0
         if dev.copies == 1:

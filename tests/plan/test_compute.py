@@ -18,7 +18,7 @@ from quantpick.model.layout import ModelLayout
 from quantpick.plan.compute import (
     GPU_ESTIMATE,
     MEASURED,
-    BackendKind,
+    ComputeBackend,
     accuracy,
     output_buffer,
 )
@@ -142,7 +142,7 @@ def test_an_rpc_worker_serving_its_cpu_runs_the_cpu_backends_graph() -> None:
     assert [d.compute_accuracy for d in cuda.gpus] == [GPU_ESTIMATE, GPU_ESTIMATE]
     # op offload: the first GPU holds a host expert tensor the RPC device does not
     assert cuda.gpus[0].compute_bytes > rpc.gpus[0].compute_bytes + 100 * MiB
-    assert accuracy(BackendKind.CPU, checked=False).estimated
+    assert accuracy(ComputeBackend.CPU, checked=False).estimated
 
 
 def test_flash_attention_on_a_gpu_copies_a_quantized_cache_to_f16() -> None:
