@@ -60,6 +60,7 @@ PARAMS = (
     "expert_mid",
     "remote_kv",
     "pipeline_host_masks",
+    "no_experts",
 )
 
 

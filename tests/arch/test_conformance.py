@@ -176,12 +176,7 @@ def test_every_family_checked_set_is_what_the_recordings_prove() -> None:
 # layout of their special attention is not modelled phase by phase (benchmarks/arch_*accuracy.py).
 COMPUTE_BEYOND_25 = {
     "gemma4": "per-layer embeddings and a shared KV cache across a partial -ngl split",
-    # the compute grid: every routed expert in host memory (-ot exps=CPU) leaves the devices a
-    # larger live set than the experts' outputs (under-estimated); lfm2's short convolutions at
-    # -ub 4096
-    "deepseek2": "-ot exps=CPU: the devices' live set without experts",
-    "gpt-oss": "-ot exps=CPU: the devices' live set without experts",
-    "qwen3next": "-ot exps=CPU: the devices' live set without experts",
+    # the compute grid: lfm2's short convolutions at -ub 4096
     "lfm2": "-ub 4096: the short convolution's live set",
     "deepseek4": "compressed and hierarchical attention caches (llama-kv-cache-dsv4.cpp)",
     "glm5-next": "a sparse indexer over a nope-only MLA cache",
