@@ -210,7 +210,7 @@ class SpeedParams:
     # for the 248K vocabulary (SERVER_VOCAB) and scaled by the model's; 0 for llama-bench. The
     # 4090 llama-bench / llama-benchy pairs (rows 53-112) and the Windows 3080 server rows;
     # expected_speed includes it (it predicts llama-server).
-    server_ms: float = 1.41
+    server_ms: float = 1.38
     # Prefill's matmuls: the fraction of the card's tensor TFLOPS (catalogue: half the dense
     # INT8 rate MMQ runs at) a matmul reaches once its tiles fill, rising as
     # tokens / (tokens + gemm_half_tokens) with the prompt tokens per weight matrix: a dense
