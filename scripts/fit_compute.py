@@ -170,13 +170,18 @@ def main() -> int:
             continue  # the generic rule holds on every row: no entry
         rule = fit(rows)
         errs = [abs(device_compute(d, s, rule) - w) / max(w, 1) for d, s, w in rows]
+        beyond = sum(
+            abs(device_compute(d, s, rule) - w) > max(0.25 * w, 16 * MiB) for d, s, w in rows
+        )
         good, _ = score(rule, rows)
         values = ", ".join(
-            f"{f.name}={getattr(rule, f.name)}" for f in fields(rule) if f.name in PARAMS
+            f"{f.name}={getattr(rule, f.name)}"
+            for f in fields(rule)
+            if f.name in PARAMS and getattr(rule, f.name) != getattr(GENERIC, f.name)
         )
         print(
-            f'    "{arch}": GraphRule({values}, source="{good}/{len(rows)} rows within, '
-            f'median {statistics.median(errs):.1%}, worst {max(errs):.1%}"),'
+            f'    "{arch}": GraphRule({values}{", " if values else ""}source="{good}/{len(rows)} '
+            f'rows within, median {statistics.median(errs):.1%}, {beyond} beyond 25%"),'
         )
     return 0
 
