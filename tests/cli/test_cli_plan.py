@@ -613,3 +613,13 @@ def test_a_described_host_is_a_typical_desktop_and_every_json_says_so() -> None:
     assert described["machine"]["host"]["cores"] == 8
     estimate = run_json(["estimate", MODEL, "-q", "Q4_K_M", "-c", "8192", "--cpu-moe", *machine])
     assert estimate["machine"]["host"]["cores"] == 6
+
+
+def test_each_device_says_its_compute_figures_expected_error() -> None:
+    """--json: a GPU's compute is an estimate within 15% (public CUDA logs), the host's (the CPU
+    backend) within 5% of llama.cpp's allocator, both with a 16 MiB floor (plan/compute.py)."""
+    doc = run_json(["pick", MODEL, "-c", "32768", *BOX, "--offline"])
+    gpu, host = doc["devices"][0], doc["devices"][-1]
+    assert (gpu["compute_estimated"], gpu["compute_expected_error"]) == (True, 0.15)
+    assert (host["compute_estimated"], host["compute_expected_error"]) == (False, 0.05)
+    assert host["compute_expected_error_floor_bytes"] == 16 * MiB
