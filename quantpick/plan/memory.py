@@ -740,8 +740,13 @@ def estimate(
                 )
             )
     host = acc[host_pos]
-    # The output buffer: output_reserve(n_seq_max) at context creation.
-    host.overhead = output_buffer(arch.vocab_size, config.n_parallel)
+    # The output buffer: output_reserve(n_seq_max) at context creation; llama-server's verify
+    # batches of speculative decoding grow it to their outputs, np x (1 + drafts) rows
+    # (output_reserve(n_outputs_all), src/llama-context.cpp:1857)
+    out_rows = config.n_parallel
+    if config.logits_rows == "server":
+        out_rows = max(out_rows, min(ub, n_outputs_max))
+    host.overhead = output_buffer(arch.vocab_size, out_rows)
     if mtp_loaded:
         # the draft context's own output buffer: n_outputs_max = n_parallel rows
         # (common_base_params_to_speculative, common/speculative.cpp:2480)
