@@ -128,8 +128,10 @@ ForceOpt = Annotated[
     bool,
     typer.Option(
         "--force",
-        help="Let --script replace a file quantpick did not write (never a device, FIFO or "
-        "directory).",
+        help="Let --script and --modelfile replace a file quantpick did not write (or edited "
+        "since), --preset and --swap-config a section or entry of the same name written by "
+        "hand, and any of them a symlink (the link itself; the old file is kept as a backup; "
+        "never a device, FIFO or directory).",
     ),
 ]
 HostOpt = Annotated[str, typer.Option("--host", help="llama-server --host.")]
@@ -443,7 +445,7 @@ def command_cmd(
 
     _check_format(fmt, model_source)
     check_script_destination(script, force)
-    eco = _ecosystem_options(fmt, preset, swap_config, modelfile, ttl, host, port, False)
+    eco = _ecosystem_options(fmt, preset, swap_config, modelfile, ttl, host, port, False, force)
     machine = machine_from_cli(
         hardware,
         gpu,
@@ -557,11 +559,12 @@ def _ecosystem_options(
     host: str,
     port: int,
     dry_run: bool,
+    force: bool = False,
 ) -> EcosystemOptions:
     """The ecosystem formats' options, checked before any planning or transfer."""
     from quantpick.cli.ecosystem import EcosystemOptions, check_ecosystem_options
 
-    eco = EcosystemOptions(preset, swap_config, modelfile, ttl, dry_run, host, port)
+    eco = EcosystemOptions(preset, swap_config, modelfile, ttl, dry_run, host, port, force)
     check_ecosystem_options(fmt, eco)
     return eco
 
@@ -754,7 +757,7 @@ def get_cmd(
 
     _check_format(fmt, model_source)
     check_script_destination(script, force)
-    eco = _ecosystem_options(fmt, preset, swap_config, modelfile, ttl, host, port, dry_run)
+    eco = _ecosystem_options(fmt, preset, swap_config, modelfile, ttl, host, port, dry_run, force)
     settings = with_fetch_flags(
         load_settings(),
         reuse=reuse,

@@ -434,8 +434,6 @@ def cached_or_remote_header(
 
 def write_manifest(new: NewManifest, settings: Settings, *, force: bool) -> Path:
     """Write into the user manifest directory atomically; refuse an existing id unless force."""
-    import os
-    import tempfile
 
     from quantpick.model.registry import list_manifests
 
@@ -449,13 +447,9 @@ def write_manifest(new: NewManifest, settings: Settings, *, force: bool) -> Path
                 f"a manifest with id {new.manifest_id!r} already exists ({where})",
                 hint="pass --force to replace it (in the user directory), or choose --id",
             )
+    from quantpick.outputs import write_atomic
+
     directory.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{new.manifest_id}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(new.toml)
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    # quantpick.outputs' policy: never through a link, never over a FIFO or device
+    write_atomic(target, new.toml.encode("utf-8"), durable=False)
     return target

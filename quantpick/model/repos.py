@@ -18,9 +18,7 @@ already read for its commit cost nothing. Edge module (network, disk).
 from __future__ import annotations
 
 import hashlib
-import os
 import re
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -79,12 +77,11 @@ def _load(path: Path) -> Manifest | None:
 
 def _store(path: Path, text: str) -> None:
     """Atomic, best effort: a cache that cannot be written costs the next run a listing."""
+    from quantpick.outputs import write_atomic
+
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=".tmp")
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        os.replace(tmp, path)
+        write_atomic(path, text.encode("utf-8"), durable=False)  # never through a link
     except OSError:
         return
 
