@@ -22,10 +22,19 @@ PURE_MODULES = {
     "quantpick.units",
     "quantpick.safe_names",
     "quantpick.machine.spec",
+    "quantpick.machine.backends",
+    "quantpick.machine.backends.base",
+    "quantpick.machine.backends.cuda",
+    "quantpick.machine.backends.rocm",
+    "quantpick.machine.backends.metal",
+    "quantpick.machine.backends.vulkan",
+    "quantpick.machine.backends.sycl",
+    "quantpick.machine.backends.cpu",
     "quantpick.model.manifest",
     "quantpick.model.layout",
     "quantpick.model.ggml",
     "quantpick.model.gguf_names",
+    "quantpick.model.speculative",
 }
 # Standard-library modules that do I/O or read the environment.
 IO_MODULES = {

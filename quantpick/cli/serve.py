@@ -57,6 +57,7 @@ from quantpick.cli.options import (
     QuantOpt,
     RamReserveOpt,
     RpcOpt,
+    SpecOpt,
     VisionOpt,
     confirm_options,
     load_manifest,
@@ -169,13 +170,41 @@ def _print_endpoint(result: ServeResult) -> None:
         output.note("Ctrl-C stops it.")
 
 
+def _check_doc(check: Any, error: str | None) -> dict[str, Any]:
+    """`check` (quantpick check's report) and `check_error` keys of serve's JSON."""
+    from quantpick.cli.check import report_doc
+
+    return {"check": report_doc(check.report) if check else None, "check_error": error}
+
+
+def _print_check(check: Any, error: str | None) -> None:
+    from quantpick.cli import output
+    from quantpick.cli.check import report_lines
+
+    if check is None:
+        output.note(f"Check: not done ({error}).")
+        return
+    output.note("Check, the running server beside its plan (`quantpick check` repeats it):")
+    for line in report_lines(check.report):
+        output.note(f"  {line}")
+
+
 def _status(settings: Settings, alias: str | None, port: int | None, json_: bool) -> None:
     from quantpick.cli import output
-    from quantpick.serve.server import list_records, select_records
+    from quantpick.pipeline import check_running
+    from quantpick.process import escaped
+    from quantpick.serve.server import scan_records, select_records
 
-    records = select_records(list_records(settings.servers_dir), alias, port)
+    scan = scan_records(settings.servers_dir)
+    for problem in scan.problems:
+        output.note(problem.line())
+    records = select_records(scan.records, alias, port)
     if json_:
-        output.print_json({"servers": [_record_doc(r) for r in records]})
+        docs = []
+        for r in records:
+            check, error = check_running(r.base_url, settings.servers_dir, settings)
+            docs.append({**_record_doc(r), **_check_doc(check, error)})
+        output.print_json({"servers": docs})
         return
     if not records:
         output.note("No server started by quantpick is running.")
@@ -183,10 +212,11 @@ def _status(settings: Settings, alias: str | None, port: int | None, json_: bool
     now = time.time()
     for r in records:
         mode = "detached" if r.detached else f"foreground (quantpick pid {r.quantpick_pid})"
-        sys.stdout.write(
+        line = (
             f"{r.alias}: {r.base_url}/v1  pid {r.pid}, {r.quant or '?'} -c {r.ctx_size}, "
-            f"up {_duration(now - r.started)}, {mode}\n  log: {r.log}\n"
+            f"up {_duration(now - r.started)}, {mode}"
         )
+        sys.stdout.write(f"{escaped(line)}\n  log: {escaped(r.log)}\n")
 
 
 def _record_doc(r: ServerRecord) -> dict[str, Any]:
@@ -205,9 +235,13 @@ def _duration(seconds: float) -> str:
 def _stop(settings: Settings, alias: str | None, port: int | None, json_: bool) -> None:
     from quantpick.cli import output
     from quantpick.errors import QuantpickError, UsageError
-    from quantpick.serve.server import list_records, select_records, stop_record
+    from quantpick.process import escaped
+    from quantpick.serve.server import scan_records, select_records, stop_record
 
-    running = list_records(settings.servers_dir)
+    scan = scan_records(settings.servers_dir)
+    for problem in scan.problems:
+        output.note(problem.line())
+    running = scan.records
     chosen = select_records(running, alias, port)
     if not chosen:
         what = " ".join(x for x in (alias, f"on port {port}" if port else None) if x)
@@ -218,7 +252,7 @@ def _stop(settings: Settings, alias: str | None, port: int | None, json_: bool) 
             hint="`quantpick serve --status` lists them" if running else None,
         )
     if alias is None and port is None and len(chosen) > 1:
-        names = ", ".join(f"{r.alias} (port {r.port})" for r in chosen)
+        names = ", ".join(f"{escaped(r.alias)} (port {r.port})" for r in chosen)
         raise UsageError(
             f"{len(chosen)} servers are running: {names}",
             hint="name one: quantpick serve --stop ALIAS (or --port N)",
@@ -229,7 +263,7 @@ def _stop(settings: Settings, alias: str | None, port: int | None, json_: bool) 
         stopped.append({"alias": r.alias, "pid": r.pid, "port": r.port, "how": how})
         if not json_:
             forced = " with SIGKILL after the grace period" if how == "killed" else ""
-            output.note(f"Stopped {r.alias} (pid {r.pid}, port {r.port}){forced}.")
+            output.note(f"Stopped {escaped(r.alias)} (pid {r.pid}, port {r.port}){forced}.")
     if json_:
         output.print_json({"stopped": stopped})
 
@@ -253,6 +287,7 @@ def serve_cmd(
     prefer: PreferOpt = "balanced",
     vision: VisionOpt = False,
     min_tps: MinTpsOpt = DEFAULT_MIN_TPS,
+    spec: SpecOpt = "auto",
     allow_q4_kv: AllowQ4Opt = False,
     kv: KvOpt = None,
     no_offload: NoOffloadOpt = False,
@@ -311,6 +346,7 @@ def serve_cmd(
     from quantpick.cli import output
     from quantpick.config import load_settings, with_fetch_flags
     from quantpick.errors import ServerError, UsageError
+    from quantpick.process import printable
     from quantpick.serve.server import (
         Ended,
         StopRequested,
@@ -343,7 +379,8 @@ def serve_cmd(
                 quant=quant,
                 mmproj=mmproj,
                 request=plan_request(ctx_size, parallel, kv_unified, prefer, quant, vision,
-                                     min_tps, allow_q4_kv, kv, 512, 2048, "on", no_offload),
+                                     min_tps, allow_q4_kv, kv, 512, 2048, "on", no_offload,
+                                     spec),
                 dir_=dir_,
                 source=source,
                 allow_unverified=allow_unverified,
@@ -366,7 +403,7 @@ def serve_cmd(
             if exc.log_lines:
                 output.note("llama-server's own lines (the last that say what went wrong):")
                 for line in exc.log_lines:
-                    output.note(f"  {line}")
+                    output.note(f"  {printable(line)}")
             raise
         except (KeyboardInterrupt, StopRequested) as stopped:
             progress_line.clear()
@@ -383,10 +420,13 @@ def serve_cmd(
                         "endpoint": _endpoint_doc(result),
                         "plan": plan_to_dict(result.plan, result.machine,
                                              result.manifest.architecture.block_count),
+                        **_check_doc(result.check, result.check_error),
                     }
                 )  # fmt: skip
             else:
                 _print_endpoint(result)
+                if not quiet:
+                    _print_check(result.check, result.check_error)
             if detach:
                 return
             ended = run_until_stopped(running, settings.servers_dir)
