@@ -174,6 +174,31 @@ HEADER_READERS = 4
 MAX_UNTAGGED_HEADERS = 16
 
 
+def _list_within_deadline(open_it: Any, label: str) -> tuple[Any, list[Any]]:
+    """The repository opened (its revision pinned) and listed within fetch.http.PLANNING_DEADLINE
+    s in all, the bound `pick` of a bundled model gives its optional header read: a hub that
+    accepts connections and never answers costs seconds, not the download policy's minutes of
+    retries (about 200 s). The listing is a small JSON document a healthy hub sends in well
+    under a second, so a hub that has not answered it by then is down for this purpose."""
+    from quantpick.errors import DownloadError
+    from quantpick.fetch.http import PLANNING_DEADLINE, DeadlineExceeded, call_within
+
+    def open_and_list() -> tuple[Any, list[Any]]:
+        source = open_it()
+        return source, source.list_files()
+
+    try:
+        opened: tuple[Any, list[Any]] = call_within(
+            PLANNING_DEADLINE, f"listing {label}", open_and_list
+        )
+    except DeadlineExceeded as exc:
+        raise DownloadError(
+            f"{exc.message} (the hub accepts the connection but does not answer; gave up)",
+            hint="try again later (a repository planned before still plans with --offline)",
+        ) from None
+    return opened
+
+
 def build_manifest(
     repo: str,
     *,
@@ -204,8 +229,10 @@ def build_manifest(
 
     if kind not in ("hf", "modelscope"):
         raise UsageError(f"--source must be hf or modelscope, got {kind!r}")
-    source = open_source(Source(kind=kind, repo=repo, revision=revision), settings=settings)
-    listing = source.list_files()
+    source, listing = _list_within_deadline(
+        lambda: open_source(Source(kind=kind, repo=repo, revision=revision), settings=settings),
+        f"{kind}:{repo}",
+    )
     by_name = {f.name: f for f in listing}
     groups, skipped = group_gguf_files(list(by_name))
     models = [g for g in groups if g.role == "model"]
