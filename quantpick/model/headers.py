@@ -131,6 +131,7 @@ def read_remote_header(
 
     Returns (header, url of the first shard).
     """
+    from quantpick.errors import redacted
     from quantpick.model.gguf_remote import INITIAL_WINDOW, read_gguf_url
 
     headers = []
@@ -147,7 +148,8 @@ def read_remote_header(
                 policy=policy or source.policy,
             )
         )
-    return merge_split_headers(headers), first_url
+    # the URL is shown (a plan's basis, --json): never with a password from HF_ENDPOINT
+    return merge_split_headers(headers), redacted(first_url)
 
 
 def layout_for(
