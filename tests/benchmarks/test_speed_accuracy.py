@@ -284,3 +284,14 @@ def test_the_defaults_are_the_fit_of_the_bundled_rows() -> None:
         assert getattr(DEFAULT_SPEED_PARAMS, name) == pytest.approx(
             getattr(fitted, name), rel=0.02
         ), name
+
+
+def test_backend_rows_all_build_as_their_backend() -> None:
+    """Every published non-CUDA run (benchmarks/data/speed-measurements-backends.json) becomes a
+    case on its own backend's device (MTL0 for the M2 Ultra), with the Metal working set."""
+    from backend_speed import DATA, case_backend
+
+    cases, unusable = load_cases(DATA)
+    assert unusable == [] and len(cases) == 30
+    assert {case_backend(c).label for c in cases} == {"Metal"}
+    assert all(set(c.devices) >= {"MTL0"} for c in cases)
