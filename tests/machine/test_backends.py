@@ -271,3 +271,24 @@ def test_vulkans_single_allocation_cap_is_noted(q4km: ModelLayout) -> None:
     assert any("Vulkan0: a compute buffer of" in n for n in notes("Vulkan", 4096))
     assert not any("single allocation" in n for n in notes("Vulkan", 512))
     assert not any("single allocation" in n for n in notes("ROCm", 4096))  # no cap
+
+
+def test_compose_runs_the_backends_image_with_its_device_files() -> None:
+    from quantpick.serve.command import render_compose
+
+    def compose(key: str) -> str:
+        cmd = build_command(
+            RunConfig(ctx_size=4096, devices=(1,)), model_path=Path("/m/model.gguf"),
+            mmproj_path=None, manifest=None, block_count=40, server=ServerOptions(),
+            capabilities=None, backend=backend(key),
+        )  # fmt: skip
+        return render_compose(cmd, "plan")
+
+    rocm = compose("rocm")
+    assert 'image: "ghcr.io/ggml-org/llama.cpp:server-rocm"' in rocm
+    assert '"/dev/kfd"' in rocm and "nvidia" not in rocm
+    assert '"ROCm0"' in rocm  # the one reserved GPU is the container's first
+    assert 'image: "ghcr.io/ggml-org/llama.cpp:server-vulkan"' in compose("vulkan")
+    assert 'driver: "nvidia"' in compose("cuda")
+    with pytest.raises(UsageError, match="no Metal image"):
+        compose("metal")
