@@ -130,8 +130,15 @@ def estimate_cmd(
     ] = False,
     spec_draft: Annotated[
         int,
-        typer.Option("--spec-draft-n-max", help="MTP speculation with N draft tokens (0 = off)."),
+        typer.Option(
+            "--spec-draft-n-max",
+            help="Draft tokens per round (with --spec; alone: MTP with N drafts, 0 = off).",
+        ),
     ] = 0,
+    spec: Annotated[
+        str,
+        typer.Option("--spec", help="Size speculative decoding of this kind: off, mtp or ngram."),
+    ] = "off",
     vision: VisionOpt = False,
     hardware: HardwareOpt = None,
     gpu: GpuOpt = None,
@@ -221,10 +228,19 @@ def estimate_cmd(
         batch=batch,
         kv_offload=not no_kv_offload,
         vision=vision,
-        spec_draft_n=spec_draft,
+        spec_draft_n=spec_draft if spec in ("off", "mtp") else 0,
         devices=devices,
         rpc_servers=tuple(w.endpoint for w in machine.rpc_workers),
     )
+    from quantpick.plan.speculative import DEFAULT_DRAFT_N_MAX, SpecMode, with_kind
+
+    if spec not in ("off", SpecMode.MTP.value, SpecMode.NGRAM.value):
+        raise UsageError(f"--spec {spec}: not a speculation kind", hint="use off, mtp or ngram")
+    spec_mode = SpecMode(spec)
+    if spec_mode is SpecMode.MTP and layout.architecture.nextn_predict_layers == 0:
+        raise UsageError(f"--spec mtp: {label} has no NextN/MTP block")
+    if spec_mode.kind is not None:
+        config = with_kind(config, spec_mode.kind, spec_draft or DEFAULT_DRAFT_N_MAX)
     projector_bytes = 0
     if vision:
         if manifest is None or manifest.projector is None:

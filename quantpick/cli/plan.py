@@ -48,6 +48,7 @@ from quantpick.cli.options import (
     RpcDeviceOpt,
     RpcLatencyOpt,
     RpcOpt,
+    SpecOpt,
     ThreadsOpt,
     TimeoutOpt,
     UbOpt,
@@ -81,6 +82,7 @@ def pick_cmd(
     quant: QuantOpt = None,
     vision: VisionOpt = False,
     min_tps: MinTpsOpt = DEFAULT_MIN_TPS,
+    spec: SpecOpt = "auto",
     allow_q4_kv: AllowQ4Opt = False,
     kv: KvOpt = None,
     no_offload: NoOffloadOpt = False,
@@ -187,6 +189,7 @@ def pick_cmd(
         batch,
         flash_attn,
         no_offload,
+        spec,
     )
     from quantpick.pipeline import PlanInputs, plan_for
 

@@ -75,6 +75,7 @@ from quantpick.cli.options import (
     RpcDeviceOpt,
     RpcLatencyOpt,
     RpcOpt,
+    SpecOpt,
     ThreadsOpt,
     TimeoutOpt,
     VisionOpt,
@@ -390,6 +391,7 @@ def command_cmd(
     prefer: PreferOpt = "balanced",
     vision: VisionOpt = False,
     min_tps: MinTpsOpt = DEFAULT_MIN_TPS,
+    spec: SpecOpt = "auto",
     allow_q4_kv: AllowQ4Opt = False,
     kv: KvOpt = None,
     no_offload: NoOffloadOpt = False,
@@ -471,7 +473,7 @@ def command_cmd(
                              "--model-source hf` picks one")  # fmt: skip
         q = canonical_quant(manifest, quant)
         request = plan_request(ctx_size, parallel, kv_unified, prefer, q, vision, min_tps,
-                               allow_q4_kv, kv, 512, 2048, "on", no_offload)  # fmt: skip
+                               allow_q4_kv, kv, 512, 2048, "on", no_offload, spec)  # fmt: skip
         overheads = overheads_from_cli(gpu_overhead, margin, ram_reserve, gpu_reserve)
         p = _plan_from_hub(manifest, machine, request, overheads, exact, no_network,
                            llama_server, gpu_overhead is not None,
@@ -497,6 +499,7 @@ def command_cmd(
         2048,
         "on",
         no_offload,
+        spec,
     )
     from quantpick.pipeline import PlanInputs, plan_for
 
@@ -696,6 +699,7 @@ def get_cmd(
     prefer: PreferOpt = "balanced",
     vision: VisionOpt = False,
     min_tps: MinTpsOpt = DEFAULT_MIN_TPS,
+    spec: SpecOpt = "auto",
     allow_q4_kv: AllowQ4Opt = False,
     kv: KvOpt = None,
     no_offload: NoOffloadOpt = False,
@@ -801,6 +805,7 @@ def get_cmd(
         2048,
         "on",
         no_offload,
+        spec,
     )
     if model_source == "hf":
         # llama-server fetches the file itself: plan (on the hub's header), nothing to download.

@@ -18,6 +18,7 @@ import os
 import shutil
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -164,6 +165,52 @@ def probe_gpus(
             pass  # nothing useful to do; the process is about to move on
 
 
+@dataclass(frozen=True)
+class GpuMemoryUse:
+    """One NVIDIA GPU's memory now, and what one process holds on it."""
+
+    index: int  # NVML index (= CUDA's with CUDA_DEVICE_ORDER=PCI_BUS_ID)
+    total_bytes: int
+    used_bytes: int
+    process_bytes: int | None  # the process's own; None where NVML cannot tell
+
+
+def gpu_memory_use(pid: int) -> tuple[tuple[GpuMemoryUse, ...], str | None]:
+    """(per GPU: used memory and `pid`'s share via nvmlDeviceGetComputeRunningProcesses, a note
+    when NVML cannot be read). Never raises. A pid NVML does not list holds 0 bytes there; a
+    driver that cannot attribute memory (usedGpuMemory unavailable, WDDM) gives None."""
+    try:
+        import pynvml
+    except ImportError:
+        return (), "nvidia-ml-py is not installed: GPU memory not read"
+    try:
+        pynvml.nvmlInit()
+    except Exception as exc:
+        return (), f"no NVML ({exc}): GPU memory not read"
+    try:
+        out = []
+        for index in range(int(pynvml.nvmlDeviceGetCount())):
+            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+            mem = pynvml.nvmlDeviceGetMemoryInfo(handle)
+            share: int | None = 0
+            try:
+                for proc in pynvml.nvmlDeviceGetComputeRunningProcesses(handle):
+                    if int(proc.pid) == pid:
+                        used = proc.usedGpuMemory
+                        share = int(used) if isinstance(used, int) and used >= 0 else None
+            except Exception:
+                share = None
+            out.append(GpuMemoryUse(index, int(mem.total), int(mem.used), share))
+        return tuple(out), None
+    except Exception as exc:
+        return (), f"NVML failed ({exc}): GPU memory not read"
+    finally:
+        try:
+            pynvml.nvmlShutdown()
+        except Exception:
+            pass
+
+
 # --- Host -------------------------------------------------------------------------------------
 
 
@@ -269,14 +316,26 @@ def _sysconf_ram() -> tuple[int, int] | None:
     return total, available
 
 
+def cpu_threads() -> int | None:
+    """Logical CPUs of this machine (os.cpu_count); the one place the probe asks the OS."""
+    return os.cpu_count()
+
+
 def probe_host(
     *,
-    meminfo_path: Path = MEMINFO,
-    cgroup_root: Path = CGROUP_ROOT,
-    cpuinfo_path: Path = CPUINFO,
+    meminfo_path: Path | None = None,
+    cgroup_root: Path | None = None,
+    cpuinfo_path: Path | None = None,
     notes: list[str] | None = None,
 ) -> Host:
-    """Host RAM (min'd with the cgroup limit) and CPU cores. Notes about guesses go to `notes`."""
+    """Host RAM (min'd with the cgroup limit) and CPU cores. Notes about guesses go to `notes`.
+
+    A path not given is this module's MEMINFO / CGROUP_ROOT / CPUINFO, read at call time, so a
+    test suite can point the whole probe at recorded files (tests/conftest.py does).
+    """
+    meminfo_path = MEMINFO if meminfo_path is None else meminfo_path
+    cgroup_root = CGROUP_ROOT if cgroup_root is None else cgroup_root
+    cpuinfo_path = CPUINFO if cpuinfo_path is None else cpuinfo_path
     ram = read_meminfo(meminfo_path)
     if ram is None:
         ram = _sysconf_ram()
@@ -292,7 +351,7 @@ def probe_host(
         total = min(total, limit) if total else limit
         headroom = limit - usage if usage is not None else limit
         available = max(0, min(available, headroom) if available else headroom)
-    threads = os.cpu_count()
+    threads = cpu_threads()
     cores = physical_cores(cpuinfo_path) or threads or 1
     return Host(
         ram_total_bytes=total,
@@ -403,9 +462,9 @@ def probe(
     *,
     disk_path: Path | None = None,
     llama_server: Path | None = None,
-    meminfo_path: Path = MEMINFO,
-    cgroup_root: Path = CGROUP_ROOT,
-    cpuinfo_path: Path = CPUINFO,
+    meminfo_path: Path | None = None,
+    cgroup_root: Path | None = None,
+    cpuinfo_path: Path | None = None,
     inspect_server: bool = True,
     drm_path: Path = Path("/sys/class/drm"),
 ) -> Machine:

@@ -71,6 +71,9 @@ class RunConfig:
     # :2478-2479 gives the draft context these, not -ctk/-ctv)
     spec_cache_type_k: str = "f16"
     spec_cache_type_v: str = "f16"
+    # --spec-type ngram-mod with --spec-ngram-mod-n-min/-n-max N (0: none); no model, no memory
+    # beyond its hash pool in host memory
+    spec_ngram_n: int = 0
     # --device, in its order (None = llama.cpp's default list, see llama_devices): an int is a
     # local GPU's index (CUDA<i>), a str a llama.cpp device name ("RPC0", "CUDA1").
     devices: tuple[int | str, ...] | None = None
@@ -665,7 +668,12 @@ def estimate(
     mask_bytes = kv_size * ub * ((6 if config.fa_mask_f32 else 2) if fa else 4)
     activations = ub * activation_bytes_per_token(view)
     n_outputs_max = (
-        min(config.batch, max(1, config.n_parallel) * (1 + config.spec_draft_n))
+        # server_output_limits: np x (1 + common_speculative_n_max), the largest draft of the
+        # enabled types (common/speculative.cpp:2315-2350)
+        min(
+            config.batch,
+            max(1, config.n_parallel) * (1 + max(config.spec_draft_n, config.spec_ngram_n)),
+        )
         if config.logits_rows == "server"
         else config.batch
     )

@@ -1020,10 +1020,11 @@ def verify_seconds(
     """Seconds for one speculative verify batch of `tokens` tokens (the drafts plus the last
     accepted one) after `fill`: one decode step, plus what the extra rows add. Each MoE layer
     reads the experts `tokens` tokens pick (1 - (1 - used)^tokens of them, not `used`); each
-    extra row costs `token_share` of the step's weight streaming (the quantized mat-vec kernels
-    take a few rows at one pass over the weights: ggml-cuda mmvq up to 8) and attends over the
-    fill. `efficiency` < 1 slows that extra part (a backend whose small-batch kernels are
-    slower than its mat-vec ones)."""
+    extra row costs `token_share` of the step's weight streaming and of its pass over the KV
+    cache (the quantized mat-vec kernels take a few rows at one pass over the weights, ggml-cuda
+    mmvq up to 8; the flash-attention decode kernels a few query columns at one pass over K and
+    V). `efficiency` < 1 slows that extra part (a backend whose small-batch kernels are slower
+    than its mat-vec ones)."""
     seconds = decode_seconds(work, devices, fill, params, server=server)
     if tokens <= 1:
         return seconds
@@ -1041,7 +1042,7 @@ def verify_seconds(
         depth = filled(fill, w.kv_window_bytes, w.kv_depth_bytes, work.n_swa)
         extra += w.expert_resident_bytes * max(0.0, touched - used) / rate
         extra += (tokens - 1) * token_share * w.decode_bytes / rate
-        extra += (tokens - 1) * depth * params.kv_depth_factor * quant / rate
+        extra += (tokens - 1) * token_share * depth * params.kv_depth_factor * quant / rate
     return seconds + extra / max(efficiency, 1e-6)
 
 

@@ -48,6 +48,7 @@ from quantpick.serve.flags import (
     ServerCapabilities,
     check_command,
     raise_for_required,
+    spec_types,
 )
 from quantpick.units import human
 
@@ -413,13 +414,26 @@ def build_command(
         add("-b", str(config.batch))
     if not config.kv_offload:
         add("-nkvo")
-    if config.spec_draft_n > 0:
+    spec_type = (
+        "draft-mtp" if config.spec_draft_n > 0 else "ngram-mod" if config.spec_ngram_n else None
+    )
+    known = spec_types(caps) if caps is not None and spec_type else None
+    if spec_type and known is not None and spec_type not in known:
+        # never a flag the build rejects: the plan runs without speculation
+        warnings.append(
+            f"this llama-server has no --spec-type {spec_type}: running without speculation"
+        )
+    elif config.spec_draft_n > 0:
         add("--spec-type", "draft-mtp")
         add("--spec-draft-n-max", str(config.spec_draft_n))
         if config.spec_cache_type_k != "f16":
             add("-ctkd", config.spec_cache_type_k)
         if config.spec_cache_type_v != "f16":
             add("-ctvd", config.spec_cache_type_v)
+    elif config.spec_ngram_n > 0:
+        add("--spec-type", "ngram-mod")
+        add("--spec-ngram-mod-n-min", str(config.spec_ngram_n))
+        add("--spec-ngram-mod-n-max", str(config.spec_ngram_n))
 
     # The placement is explicit, so --fit must not move it. Builds without --fit never adjust.
     if has("--fit"):
