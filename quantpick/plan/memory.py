@@ -444,6 +444,41 @@ def device_buffer(device: LlamaDevice) -> BufferRule:
     return backend_of(device.gpu.backend).buffer
 
 
+def _max_alloc_notes(
+    layout: ModelLayout,
+    devs: tuple[LlamaDevice, ...],
+    slot_device: list[int],
+    n_cpu_moe: int,
+    acc: list[_Acc],
+) -> list[str]:
+    """A backend whose driver caps one allocation (Vulkan: machine/backends/vulkan.py) cannot
+    hold a single tensor or compute buffer above the cap: llama.cpp splits weights over several
+    buffers, but not one tensor, and a compute buffer is one allocation."""
+    notes: list[str] = []
+    for pos, d in enumerate(devs):
+        b = backend_of(d.gpu.backend)
+        cap = None if d.is_rpc else b.max_alloc_bytes
+        if not cap:
+            continue
+        biggest = max(
+            (
+                t.n_bytes
+                for t in layout.tensors
+                if (slot := layout.slot_of(t.name)) != INPUT_SLOT
+                and slot_device[slot] == pos
+                and not (t.is_expert and slot < n_cpu_moe)
+            ),
+            default=0,
+        )
+        for what, size in (("tensor", biggest), ("compute buffer", acc[pos].compute)):
+            if size > cap:
+                notes.append(
+                    f"{d.name}: a {what} of {size / GiB:.2f} GiB is above {b.label}'s "
+                    f"{cap / GiB:.0f} GiB single allocation on some drivers ({b.max_alloc_source})"
+                )
+    return notes
+
+
 def estimate(
     layout: ModelLayout,
     machine: Machine,
@@ -691,6 +726,7 @@ def estimate(
     notes: list[str] = []
     if not fa:
         notes.append("flash attention off: the KQ matrix is materialised (large at long context)")
+    notes += _max_alloc_notes(layout, devs, slot_device, n_cpu_moe, acc)
     corrections = dict(overheads.device_correction_bytes)
     devices: list[DeviceEstimate] = []
     # Unified memory (docs/backends.md): a local GPU whose memory is the host's draws on the same

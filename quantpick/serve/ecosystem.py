@@ -213,7 +213,7 @@ def preset_section(cmd: ServerCommand, target: Target) -> tuple[list[str], list[
             f"--alias {name!r}: a preset section name is letters, digits and . _ - / @ +",
             hint="give --alias NAME",
         )
-    if "CUDA_VISIBLE_DEVICES" in cmd.env:
+    if cmd.selected_by_env:
         raise UsageError(
             "this llama-server has no --device: a router preset cannot choose the GPUs per model",
             hint="upgrade llama.cpp (b6000 or newer has --device)",
