@@ -194,6 +194,16 @@ _HEADER = re.compile(r"^\[[ \t]*([^\]\r\n]*?)[ \t]*\][ \t]*(?:[;#].*)?$")
 _SECTION_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_./@+-]*$")
 
 
+def preset_section_name(name: str) -> str:
+    """A valid section name for a model name that is not one (`command --gguf "my model.gguf"`):
+    each run of other characters becomes one "-", and the name starts with a letter, digit or
+    "_" (_SECTION_NAME). The name itself when it is valid."""
+    if _SECTION_NAME.match(name):
+        return name
+    derived = re.sub(r"[^A-Za-z0-9_./@+-]+", "-", name).strip("-./@+")
+    return derived if _SECTION_NAME.match(derived) else "model"
+
+
 def ini_value(value: str, what: str) -> str:
     """A value llama.cpp's INI reader gives back unchanged (it has no quoting)."""
     if any(c in value for c in ";#\r\n") or value != value.strip():
