@@ -13,6 +13,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from quantpick.machine.backends import local_backend
+
 if TYPE_CHECKING:
     from quantpick.config import Settings
     from quantpick.fetch.download import FetchReport
@@ -270,6 +272,12 @@ def get(
     report = None
     files: list[dict[str, Any]] | None = None
     offline = not req.network or settings.offline
+    pre_download = None
+    if req.confirm is not None and not offline:
+        # `pick`'s dry run on a stand-in of the file's own header: a file this llama.cpp build
+        # cannot load ends here (ModelRejectedError, exit 7), before a byte of it is fetched;
+        # `get --dry-run` answers with its plan, as `pick` does.
+        pre_download = dry_run(planned, req.confirm, settings=settings)
     if offline and req.dry_run:
         # Offline means offline, dry run included: the plan and the local files, no hub.
         warnings.append(f"offline: no hub contacted; the dry run shows the plan for {dest}")
@@ -334,6 +342,10 @@ def get(
     mmproj_path = by_name.get(projector.name, dest / projector.name) if projector else None
     final = first
     confirmation = None
+    if req.dry_run and pre_download is not None:
+        confirmation = pre_download
+        if pre_download.status in ("confirmed", "replanned"):
+            final = pre_download.plan
     if not req.dry_run:
         final = plan_on_local_file(
             manifest, first.quant, model_path, req.machine, req.plan_request, req.overheads
@@ -520,8 +532,9 @@ def confirm_plan(
     current, current_overheads = p, overheads
     while True:
         argv, env = fit_params_argv(
-            tool, current.config, model_path, block_count, extra_args=options.extra_args
-        )
+            tool, current.config, model_path, block_count, extra_args=options.extra_args,
+            backend=local_backend(machine.gpus),
+        )  # fmt: skip
         try:
             # ModelRejectedError (llama.cpp cannot load the file) is not caught: it ends the
             # command with llama.cpp's reason, and nothing is written.
@@ -678,15 +691,22 @@ def dry_run(
     inputs, p = result.inputs, result.plan
     if inputs.machine.described or inputs.local is not None or _fit_params(options) is None:
         return None
+    from quantpick.errors import ModelRejectedError
+    from quantpick.serve.fitparams import rejected_before_download
+
     try:
         with _standin(inputs.manifest, p.quant, inputs.machine, settings, inputs.network) as (
             path,
             runner,
         ):
-            report = confirm_local_plan(
-                p, inputs.manifest, path, inputs.machine, inputs.request, inputs.overheads,
-                options, runner=runner,
-            )  # fmt: skip
+            try:
+                report = confirm_local_plan(
+                    p, inputs.manifest, path, inputs.machine, inputs.request, inputs.overheads,
+                    options, runner=runner,
+                )  # fmt: skip
+            except ModelRejectedError as exc:
+                name = inputs.manifest.quant_files(p.quant)[0].name
+                raise rejected_before_download(exc, path, name) from None
     except _NoDryRun as exc:
         return ConfirmReport("skipped", p, message=f"no {DRY_RUN_BASIS}: {exc}")
     return replace(report, message=f"{report.message} ({DRY_RUN_BASIS}){runner.cached_note}")
@@ -730,8 +750,9 @@ def dry_run_config(
     try:
         with _standin(manifest, layout.quant, machine, settings, network) as (path, runner):
             argv, env = fit_params_argv(
-                tool, config, path, layout.n_slots - 1, extra_args=options.extra_args
-            )
+                tool, config, path, layout.n_slots - 1, extra_args=options.extra_args,
+                backend=local_backend(machine.gpus),
+            )  # fmt: skip
             run = runner(argv, env, timeout_s=options.timeout_s)
     except _NoDryRun as exc:
         return ConfigCheck("skipped", f"no {DRY_RUN_BASIS}: {exc}")
@@ -778,6 +799,7 @@ def _standin(
     on it; _NoDryRun with the reason when there is none."""
     from quantpick.errors import GGUFError
     from quantpick.model.headers import raw_headers
+    from quantpick.serve.sealed import install_key
     from quantpick.serve.standin import NoSparseFiles, standins
 
     try:
@@ -789,6 +811,7 @@ def _standin(
         settings.cache_dir / "dry-runs",
         hashlib.sha256(b"".join(data for _, data, _ in shards)).hexdigest(),
         repr((devices, [w.endpoint for w in machine.rpc_workers])),
+        key=install_key((settings.state_dir or settings.config_dir) / "dry-run.key"),
     )
     try:
         with standins(shards, parent=settings.cache_dir / "standins") as path:
@@ -803,13 +826,16 @@ class DryRunCache:
     """run_fit_params, remembered (settings.cache_dir/dry-runs): the same tool build, flags,
     header bytes and devices give the same model/context/compute projection. The free memory it
     also prints is of that moment, so a projection read back has none: the comparison then uses
-    this probe's free memory and the device's own overhead, as for a build that prints none."""
+    this probe's free memory and the device's own overhead, as for a build that prints none.
+    Each entry is sealed with this install's key (serve/sealed.py): an edited entry is ignored
+    and the dry run runs again; without a key nothing is cached."""
 
     directory: Path
     file_key: str  # sha256 of the stand-in's header bytes
     devices: str  # the machine's GPUs (name, total, backend) and RPC workers
     standin: str = ""  # the stand-in's path, replaced by file_key in the cache key
     hits: int = 0
+    key: bytes | None = None  # serve/sealed.install_key
 
     @property
     def cached_note(self) -> str:
@@ -819,13 +845,15 @@ class DryRunCache:
         import json
 
         from quantpick.errors import QuantpickError
-        from quantpick.fetch.atomic import write_atomic
         from quantpick.plan.confirm import Projection
         from quantpick.serve.fitparams import FitParamsRun, parse_output, run_fit_params
+        from quantpick.serve.sealed import read_sealed, write_sealed
 
         try:
             st = Path(argv[0]).stat()
         except OSError:
+            return run_fit_params(argv, env, timeout_s=timeout_s)
+        if self.key is None:
             return run_fit_params(argv, env, timeout_s=timeout_s)
         tool = f"{Path(argv[0]).resolve()}:{st.st_size}:{st.st_mtime_ns}"
         words = [self.file_key if a == self.standin else a for a in argv[1:]]
@@ -833,7 +861,10 @@ class DryRunCache:
         digest = hashlib.sha256(json.dumps([tool, words, shown, self.devices]).encode())
         path = self.directory / f"{digest.hexdigest()[:40]}.txt"
         try:
-            stdout = path.read_text(encoding="utf-8")
+            body = read_sealed(path, self.key)
+            if body is None:  # none, or edited since it was written: run again
+                raise ValueError("no verified entry")
+            stdout = body.decode("utf-8")
             projection = parse_output(stdout)
         except (OSError, ValueError, QuantpickError):
             pass
@@ -846,8 +877,7 @@ class DryRunCache:
         got = run_fit_params(argv, env, timeout_s=timeout_s)
         if got.exit_code == 0:
             try:
-                self.directory.mkdir(parents=True, exist_ok=True)
-                write_atomic(path, got.stdout.encode("utf-8"), durable=False)
+                write_sealed(path, self.key, got.stdout.encode("utf-8"))
             except OSError:
                 pass  # a read-only cache only costs the next dry run its run
         return got
@@ -1025,13 +1055,15 @@ def bench_plan(
 
     # What llama.cpp accounts for the configuration that ran, per GPU.
     est = estimate(layout, machine, ran, overheads=overheads)
-    accounted = {d.device: d.weights_bytes + d.kv_bytes + d.recurrent_bytes + d.compute_bytes
+    # keyed by the GPU's index: NVML's peaks and the plan's rows name the same card
+    accounted = {d.gpu_index: d.weights_bytes + d.kv_bytes + d.recurrent_bytes + d.compute_bytes
                  for d in est.gpus}  # fmt: skip
     source = "quantpick's estimate"
     fit_bin = find_tool(FIT_PARAMS, llama_bin=llama_bin, llama_server=llama_server)
     if measurement.gpus and fit_bin is not None:
         argv, env = fit_params_argv(fit_bin, ran, model_path, block_count,
-                                    extra_args=fit_params_extra)  # fmt: skip
+                                    extra_args=fit_params_extra,
+                                    backend=local_backend(machine.gpus))  # fmt: skip
         try:
             projection = run_fit_params(argv, env).projection
         except FitParamsError as exc:
@@ -1044,7 +1076,7 @@ def bench_plan(
                 out_dev = next((d.device for d in est.gpus if layout.output_slot in d.layers), None)
                 for d, row in zip(est.gpus, projection.gpus, strict=True):
                     mib = row.model_mib + row.context_mib + row.compute_mib
-                    accounted[d.device] = mib * 2**20 - (saving if d.device == out_dev else 0)
+                    accounted[d.gpu_index] = mib * 2**20 - (saving if d.device == out_dev else 0)
                 source = FIT_PARAMS
     gpus = tuple(
         GpuOverhead(
@@ -1052,10 +1084,10 @@ def bench_plan(
             index=g.index,
             baseline_used_bytes=g.baseline_used_bytes,
             peak_used_bytes=g.peak_used_bytes,
-            accounted_bytes=accounted.get(g.device, 0),
+            accounted_bytes=accounted.get(g.index, 0),
             accounted_from=source,
             driver_overhead_bytes=driver_overhead(
-                g.peak_used_bytes, g.baseline_used_bytes, accounted.get(g.device, 0)
+                g.peak_used_bytes, g.baseline_used_bytes, accounted.get(g.index, 0)
             ),
         )
         for g in measurement.gpus
@@ -1241,6 +1273,7 @@ def serve(
             block_count=block_count,
             server=replace(req.server, port=port, alias=alias),
             capabilities=caps,
+            backend=local_backend(g.machine.gpus),
         )
         commands[port] = cmd
         # llama.cpp's own buffer lines (what `quantpick check` reads) are logged from

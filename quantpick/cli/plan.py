@@ -15,6 +15,7 @@ from quantpick.cli.core import app
 from quantpick.cli.options import (
     DEFAULT_MIN_TPS,
     AllowQ4Opt,
+    BackendOpt,
     BOpt,
     CoresOpt,
     CpuOnlyOpt,
@@ -47,6 +48,7 @@ from quantpick.cli.options import (
     RpcDeviceOpt,
     RpcLatencyOpt,
     RpcOpt,
+    SpecOpt,
     ThreadsOpt,
     TimeoutOpt,
     UbOpt,
@@ -80,6 +82,7 @@ def pick_cmd(
     quant: QuantOpt = None,
     vision: VisionOpt = False,
     min_tps: MinTpsOpt = DEFAULT_MIN_TPS,
+    spec: SpecOpt = "auto",
     allow_q4_kv: AllowQ4Opt = False,
     kv: KvOpt = None,
     no_offload: NoOffloadOpt = False,
@@ -102,6 +105,7 @@ def pick_cmd(
     ram_reserve: RamReserveOpt = None,
     gpu_reserve: GpuReserveOpt = None,
     ram_bandwidth: RamBandwidthOpt = None,
+    backend: BackendOpt = None,
     cores: CoresOpt = None,
     threads: ThreadsOpt = None,
     rpc: RpcOpt = None,
@@ -169,6 +173,7 @@ def pick_cmd(
         rpc_latency=rpc_latency,
         cores=cores,
         threads=threads,
+        backend_name=backend,
     )
     request = plan_request(
         ctx_size,
@@ -184,6 +189,7 @@ def pick_cmd(
         batch,
         flash_attn,
         no_offload,
+        spec,
     )
     from quantpick.pipeline import PlanInputs, plan_for
 
@@ -249,6 +255,7 @@ def max_context_cmd(
     ram_reserve: RamReserveOpt = None,
     gpu_reserve: GpuReserveOpt = None,
     ram_bandwidth: RamBandwidthOpt = None,
+    backend: BackendOpt = None,
     cores: CoresOpt = None,
     threads: ThreadsOpt = None,
     rpc: RpcOpt = None,
@@ -277,6 +284,7 @@ def max_context_cmd(
         rpc_latency=rpc_latency,
         cores=cores,
         threads=threads,
+        backend_name=backend,
     )
     request = plan_request(
         0,

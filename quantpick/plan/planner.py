@@ -42,6 +42,7 @@ from quantpick.plan.memory import (
     rpc_devices,
 )
 from quantpick.plan.quality import FAMILY, GENERIC, Quality, model_of, quality_of
+from quantpick.plan.speculative import SpecDecision, SpecRequest, speculation
 from quantpick.plan.speed import (
     DEFAULT_GPU_BANDWIDTH,
     DEFAULT_SPEED_PARAMS,
@@ -98,6 +99,8 @@ class PlanRequest:
     compute_rule: ComputeRule = CONSERVATIVE
     # This machine's measured speed factors (quantpick bench), applied to every speed figure.
     calibration: Calibration | None = None
+    # Speculative decoding: off, auto or a kind (plan/speculative.py decides on the chosen plan)
+    spec: SpecRequest = field(default_factory=SpecRequest)
 
 
 @dataclass(frozen=True)
@@ -137,6 +140,8 @@ class Plan:
     calibration: Calibration | None = None  # applied to the speed figures, when measured here
     arch: str = ""  # general.architecture of the planned file
     n_slots: int = 0  # llama.cpp's layer slots (-ngl counts them): block_count + 1
+    # The speculative-decoding decision (None: not asked, --spec off by the library's default)
+    speculative: SpecDecision | None = None
 
 
 # ----------------------------------------------------------------------------------------------
@@ -443,9 +448,7 @@ class _Search:
             return (Placement.NONE, None, least)
         return (Placement.LAYER_OFFLOAD, found, found)
 
-    def _expert_offload(
-        self, base: RunConfig, least: Estimate
-    ) -> tuple[Estimate | None, Estimate]:
+    def _expert_offload(self, base: RunConfig, least: Estimate) -> tuple[Estimate | None, Estimate]:
         """--n-cpu-moe N moves the routed experts of blocks 0..N-1 to host memory. GPU load falls
         as N grows, so bisect for the smallest N whose GPUs fit; then check the host."""
         n_layer = self.layout.view.n_layer
@@ -464,9 +467,7 @@ class _Search:
                 lo = mid + 1
         return found, last_least
 
-    def _layer_offload(
-        self, base: RunConfig, least: Estimate
-    ) -> tuple[Estimate | None, Estimate]:
+    def _layer_offload(self, base: RunConfig, least: Estimate) -> tuple[Estimate | None, Estimate]:
         """-ngl N keeps the last N slots (the output layer first) on the GPUs and the rest, with
         their KV, in host memory (llama_model_base::load_tensors: i_gpu_start = n_slots - N).
         GPU load grows with N and host load falls: the largest N whose GPUs fit is the fastest
@@ -602,6 +603,48 @@ def plan(
     needed) is weighed too: a worker behind a slow network can make every token slower than host
     offload, and then it is left out, with the figures that show why.
     """
+    p = _plan_machine(manifest, machine, layouts, request, overheads=overheads)
+    return _speculate(p, manifest, machine, layouts, request, overheads=overheads)
+
+
+def _speculate(
+    p: Plan,
+    manifest: Manifest,
+    machine: Machine,
+    layouts: Layouts,
+    request: PlanRequest,
+    *,
+    overheads: Overheads | None,
+) -> Plan:
+    """The chosen plan with speculative decoding decided on it: same quant, context and
+    placement (a kind whose memory does not fit them is refused, plan/speculative.py)."""
+    layout = layouts[p.quant]
+    decision, config = speculation(
+        layout, machine, p.config, expected_tps(p.speed), request.spec,
+        model_name=manifest.id, files=tuple(f.name for f in manifest.files),
+        model_file=p.files[0].name if p.files else "", fill=p.speed.target_context,
+        params=speed_params_for(machine), overheads=overheads,
+        projector_bytes=p.projector.size_bytes if p.projector else 0,
+    )  # fmt: skip
+    if not decision.enabled or decision.estimate is None:
+        return replace(p, speculative=decision, config=config)
+    return replace(
+        p,
+        speculative=decision,
+        config=config,
+        estimate=decision.estimate,
+        notes=(*p.notes, "Speculation: " + decision.reason),
+    )
+
+
+def _plan_machine(
+    manifest: Manifest,
+    machine: Machine,
+    layouts: Layouts,
+    request: PlanRequest,
+    *,
+    overheads: Overheads | None = None,
+) -> Plan:
     if not machine.rpc_workers:
         return _plan_once(manifest, machine, layouts, request, overheads=overheads)
     with_workers: Plan | None = None
