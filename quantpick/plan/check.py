@@ -108,6 +108,8 @@ class Figures:
     @staticmethod
     def from_dict(data: Mapping[str, Any]) -> Figures:
         """From a record (serve's own file, but read back defensively): ValueError if bad."""
+        if not isinstance(data, Mapping):
+            raise ValueError("a device row is not an object")
 
         def count(key: str, required: bool = False) -> int | None:
             value = data.get(key)

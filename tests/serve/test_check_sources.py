@@ -39,6 +39,7 @@ def test_the_plan_round_trips_through_the_record() -> None:
     "plan",
     [
         "x", [1], {"devices": "x"}, {**PLAN.to_dict(), "n_ctx_seq": 10**9},
+        {**PLAN.to_dict(), "devices": [1, None]},
         {**PLAN.to_dict(), "devices": [{"device": "CUDA0", "weights_bytes": -1}]},
         {**PLAN.to_dict(), "compute_ratios": [["CUDA0", float("nan")]]},
     ],
