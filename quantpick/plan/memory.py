@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 import struct
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 
 from quantpick.arch.base import AttentionKind, LayerView, ModelView
@@ -105,6 +105,11 @@ class Overheads:
     # From llama.cpp's own projection (confirm): device -> bytes added to the estimate so that it
     # overflows exactly where llama-fit-params says the device overflows.
     device_correction_bytes: tuple[tuple[str, int], ...] = ()
+    # Measured on this machine (quantpick check --learn, plan/memory_calibration.py): device ->
+    # llama.cpp's compute buffers / this model's estimate, applied to the estimate's output
+    # (apply_compute_ratios), with the basis in `compute_basis`.
+    compute_ratio_by_device: tuple[tuple[str, float], ...] = ()
+    compute_basis: str = ""
 
 
 # Host reserve rule (documented in the README): a probed machine's available RAM already excludes
@@ -783,7 +788,7 @@ def estimate(
                 unified=unified,
             )
         )
-    return Estimate(
+    result = Estimate(
         devices=tuple(devices),
         config=config,
         basis=layout.basis,
@@ -794,3 +799,29 @@ def estimate(
         pipeline_parallel=pipeline,
         notes=tuple(notes),
     )
+    return apply_compute_ratios(result, overheads)
+
+
+def apply_compute_ratios(est: Estimate, overheads: Overheads) -> Estimate:
+    """The estimate with each device's compute buffers scaled by the measured ratio of this
+    machine (Overheads.compute_ratio_by_device), a step on the estimate's output, outside the
+    compute model; totals follow, the basis is named in the notes."""
+    ratios = dict(overheads.compute_ratio_by_device)
+    if not ratios:
+        return est
+    devices = []
+    changed = []
+    for d in est.devices:
+        ratio = ratios.get(d.device)
+        if ratio is None or not d.compute_bytes:
+            devices.append(d)
+            continue
+        compute = round(d.compute_bytes * ratio)
+        devices.append(
+            replace(d, compute_bytes=compute, total_bytes=d.total_bytes - d.compute_bytes + compute)
+        )
+        changed.append(f"{d.device} x{ratio:.2f}")
+    if not changed:
+        return est
+    note = f"compute {', '.join(changed)}: {overheads.compute_basis or 'measured on this machine'}"
+    return replace(est, devices=tuple(devices), notes=(*est.notes, note))
