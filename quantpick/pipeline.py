@@ -13,6 +13,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from quantpick.machine.backends import local_backend
+
 if TYPE_CHECKING:
     from quantpick.config import Settings
     from quantpick.fetch.download import FetchReport
@@ -24,6 +26,7 @@ if TYPE_CHECKING:
     from quantpick.model.manifest import Manifest
     from quantpick.plan.build_class import ComputeRule
     from quantpick.plan.calibration import Calibration, SpeedFactors
+    from quantpick.plan.check import PlannedServer
     from quantpick.plan.confirm import Confirmation
     from quantpick.plan.memory import Overheads, RunConfig
     from quantpick.plan.planner import ContextLimit, Plan, PlanRequest
@@ -268,6 +271,12 @@ def get(
     report = None
     files: list[dict[str, Any]] | None = None
     offline = not req.network or settings.offline
+    pre_download = None
+    if req.confirm is not None and not offline:
+        # `pick`'s dry run on a stand-in of the file's own header: a file this llama.cpp build
+        # cannot load ends here (ModelRejectedError, exit 7), before a byte of it is fetched;
+        # `get --dry-run` answers with its plan, as `pick` does.
+        pre_download = dry_run(planned, req.confirm, settings=settings)
     if offline and req.dry_run:
         # Offline means offline, dry run included: the plan and the local files, no hub.
         warnings.append(f"offline: no hub contacted; the dry run shows the plan for {dest}")
@@ -332,6 +341,10 @@ def get(
     mmproj_path = by_name.get(projector.name, dest / projector.name) if projector else None
     final = first
     confirmation = None
+    if req.dry_run and pre_download is not None:
+        confirmation = pre_download
+        if pre_download.status in ("confirmed", "replanned"):
+            final = pre_download.plan
     if not req.dry_run:
         final = plan_on_local_file(
             manifest, first.quant, model_path, req.machine, req.plan_request, req.overheads
@@ -505,8 +518,9 @@ def confirm_plan(
     current, current_overheads = p, overheads
     while True:
         argv, env = fit_params_argv(
-            tool, current.config, model_path, block_count, extra_args=options.extra_args
-        )
+            tool, current.config, model_path, block_count, extra_args=options.extra_args,
+            backend=local_backend(machine.gpus),
+        )  # fmt: skip
         try:
             # ModelRejectedError (llama.cpp cannot load the file) is not caught: it ends the
             # command with llama.cpp's reason, and nothing is written.
@@ -663,15 +677,22 @@ def dry_run(
     inputs, p = result.inputs, result.plan
     if inputs.machine.described or inputs.local is not None or _fit_params(options) is None:
         return None
+    from quantpick.errors import ModelRejectedError
+    from quantpick.serve.fitparams import rejected_before_download
+
     try:
         with _standin(inputs.manifest, p.quant, inputs.machine, settings, inputs.network) as (
             path,
             runner,
         ):
-            report = confirm_local_plan(
-                p, inputs.manifest, path, inputs.machine, inputs.request, inputs.overheads,
-                options, runner=runner,
-            )  # fmt: skip
+            try:
+                report = confirm_local_plan(
+                    p, inputs.manifest, path, inputs.machine, inputs.request, inputs.overheads,
+                    options, runner=runner,
+                )  # fmt: skip
+            except ModelRejectedError as exc:
+                name = inputs.manifest.quant_files(p.quant)[0].name
+                raise rejected_before_download(exc, path, name) from None
     except _NoDryRun as exc:
         return ConfirmReport("skipped", p, message=f"no {DRY_RUN_BASIS}: {exc}")
     return replace(report, message=f"{report.message} ({DRY_RUN_BASIS}){runner.cached_note}")
@@ -715,8 +736,9 @@ def dry_run_config(
     try:
         with _standin(manifest, layout.quant, machine, settings, network) as (path, runner):
             argv, env = fit_params_argv(
-                tool, config, path, layout.n_slots - 1, extra_args=options.extra_args
-            )
+                tool, config, path, layout.n_slots - 1, extra_args=options.extra_args,
+                backend=local_backend(machine.gpus),
+            )  # fmt: skip
             run = runner(argv, env, timeout_s=options.timeout_s)
     except _NoDryRun as exc:
         return ConfigCheck("skipped", f"no {DRY_RUN_BASIS}: {exc}")
@@ -763,6 +785,7 @@ def _standin(
     on it; _NoDryRun with the reason when there is none."""
     from quantpick.errors import GGUFError
     from quantpick.model.headers import raw_headers
+    from quantpick.serve.sealed import install_key
     from quantpick.serve.standin import NoSparseFiles, standins
 
     try:
@@ -774,6 +797,7 @@ def _standin(
         settings.cache_dir / "dry-runs",
         hashlib.sha256(b"".join(data for _, data, _ in shards)).hexdigest(),
         repr((devices, [w.endpoint for w in machine.rpc_workers])),
+        key=install_key((settings.state_dir or settings.config_dir) / "dry-run.key"),
     )
     try:
         with standins(shards, parent=settings.cache_dir / "standins") as path:
@@ -788,13 +812,16 @@ class DryRunCache:
     """run_fit_params, remembered (settings.cache_dir/dry-runs): the same tool build, flags,
     header bytes and devices give the same model/context/compute projection. The free memory it
     also prints is of that moment, so a projection read back has none: the comparison then uses
-    this probe's free memory and the device's own overhead, as for a build that prints none."""
+    this probe's free memory and the device's own overhead, as for a build that prints none.
+    Each entry is sealed with this install's key (serve/sealed.py): an edited entry is ignored
+    and the dry run runs again; without a key nothing is cached."""
 
     directory: Path
     file_key: str  # sha256 of the stand-in's header bytes
     devices: str  # the machine's GPUs (name, total, backend) and RPC workers
     standin: str = ""  # the stand-in's path, replaced by file_key in the cache key
     hits: int = 0
+    key: bytes | None = None  # serve/sealed.install_key
 
     @property
     def cached_note(self) -> str:
@@ -804,13 +831,15 @@ class DryRunCache:
         import json
 
         from quantpick.errors import QuantpickError
-        from quantpick.fetch.atomic import write_atomic
         from quantpick.plan.confirm import Projection
         from quantpick.serve.fitparams import FitParamsRun, parse_output, run_fit_params
+        from quantpick.serve.sealed import read_sealed, write_sealed
 
         try:
             st = Path(argv[0]).stat()
         except OSError:
+            return run_fit_params(argv, env, timeout_s=timeout_s)
+        if self.key is None:
             return run_fit_params(argv, env, timeout_s=timeout_s)
         tool = f"{Path(argv[0]).resolve()}:{st.st_size}:{st.st_mtime_ns}"
         words = [self.file_key if a == self.standin else a for a in argv[1:]]
@@ -818,7 +847,10 @@ class DryRunCache:
         digest = hashlib.sha256(json.dumps([tool, words, shown, self.devices]).encode())
         path = self.directory / f"{digest.hexdigest()[:40]}.txt"
         try:
-            stdout = path.read_text(encoding="utf-8")
+            body = read_sealed(path, self.key)
+            if body is None:  # none, or edited since it was written: run again
+                raise ValueError("no verified entry")
+            stdout = body.decode("utf-8")
             projection = parse_output(stdout)
         except (OSError, ValueError, QuantpickError):
             pass
@@ -831,8 +863,7 @@ class DryRunCache:
         got = run_fit_params(argv, env, timeout_s=timeout_s)
         if got.exit_code == 0:
             try:
-                self.directory.mkdir(parents=True, exist_ok=True)
-                write_atomic(path, got.stdout.encode("utf-8"), durable=False)
+                write_sealed(path, self.key, got.stdout.encode("utf-8"))
             except OSError:
                 pass  # a read-only cache only costs the next dry run its run
         return got
@@ -1010,13 +1041,15 @@ def bench_plan(
 
     # What llama.cpp accounts for the configuration that ran, per GPU.
     est = estimate(layout, machine, ran, overheads=overheads)
-    accounted = {d.device: d.weights_bytes + d.kv_bytes + d.recurrent_bytes + d.compute_bytes
+    # keyed by the GPU's index: NVML's peaks and the plan's rows name the same card
+    accounted = {d.gpu_index: d.weights_bytes + d.kv_bytes + d.recurrent_bytes + d.compute_bytes
                  for d in est.gpus}  # fmt: skip
     source = "quantpick's estimate"
     fit_bin = find_tool(FIT_PARAMS, llama_bin=llama_bin, llama_server=llama_server)
     if measurement.gpus and fit_bin is not None:
         argv, env = fit_params_argv(fit_bin, ran, model_path, block_count,
-                                    extra_args=fit_params_extra)  # fmt: skip
+                                    extra_args=fit_params_extra,
+                                    backend=local_backend(machine.gpus))  # fmt: skip
         try:
             projection = run_fit_params(argv, env).projection
         except FitParamsError as exc:
@@ -1029,7 +1062,7 @@ def bench_plan(
                 out_dev = next((d.device for d in est.gpus if layout.output_slot in d.layers), None)
                 for d, row in zip(est.gpus, projection.gpus, strict=True):
                     mib = row.model_mib + row.context_mib + row.compute_mib
-                    accounted[d.device] = mib * 2**20 - (saving if d.device == out_dev else 0)
+                    accounted[d.gpu_index] = mib * 2**20 - (saving if d.device == out_dev else 0)
                 source = FIT_PARAMS
     gpus = tuple(
         GpuOverhead(
@@ -1037,10 +1070,10 @@ def bench_plan(
             index=g.index,
             baseline_used_bytes=g.baseline_used_bytes,
             peak_used_bytes=g.peak_used_bytes,
-            accounted_bytes=accounted.get(g.device, 0),
+            accounted_bytes=accounted.get(g.index, 0),
             accounted_from=source,
             driver_overhead_bytes=driver_overhead(
-                g.peak_used_bytes, g.baseline_used_bytes, accounted.get(g.device, 0)
+                g.peak_used_bytes, g.baseline_used_bytes, accounted.get(g.index, 0)
             ),
         )
         for g in measurement.gpus
@@ -1119,6 +1152,7 @@ class ServeRequest:
     detach: bool = False
     timeout_s: float = 600.0  # serve.server.HEALTH_TIMEOUT_S
     servers_dir: Path | None = None  # records and logs (default: settings.servers_dir)
+    check: bool = True  # once it answers: the running server beside its plan (check_server)
 
 
 @dataclass
@@ -1132,6 +1166,8 @@ class ServeResult:
     fetched: GetResult | None  # None for a file on disk
     confirmation: ConfirmReport | None
     notes: tuple[str, ...] = ()  # one line each: the port, the build
+    check: CheckResult | None = None  # the running server beside its plan
+    check_error: str | None = None  # why it could not be checked
 
 
 def serve(
@@ -1207,9 +1243,13 @@ def serve(
             block_count=block_count,
             server=replace(req.server, port=port, alias=alias),
             capabilities=caps,
+            backend=local_backend(g.machine.gpus),
         )
         commands[port] = cmd
-        return cmd.argv, {**cmd.env, **_env_from(cmd)}
+        # llama.cpp's own buffer lines (what `quantpick check` reads) are logged from
+        # verbosity 4 on in this build (b11312 prints them at INFO, shown with -lv 4).
+        argv = (*cmd.argv, *SERVER_LOG_VERBOSITY) if caps.has("-lv") else cmd.argv
+        return argv, {**cmd.env, **_env_from(cmd)}
 
     def started(port: int, log_path: Path, note: str | None) -> None:
         if on_start is not None:
@@ -1231,10 +1271,43 @@ def serve(
             "quant": p.quant,
             "ctx_size": p.config.ctx_size,
             "n_parallel": p.config.n_parallel,
+            "plan": planned_server(p, "the plan `quantpick serve` started it with"),
         },
     )
-    return ServeResult(running, manifest, g.machine, p, commands[running.record.port], found,
-                       fetched, confirmation, tuple(notes))  # fmt: skip
+    result = ServeResult(running, manifest, g.machine, p, commands[running.record.port], found,
+                         fetched, confirmation, tuple(notes))  # fmt: skip
+    if req.check:
+        result.check, result.check_error = check_running(
+            running.record.base_url, req.servers_dir or settings.servers_dir, settings
+        )
+    return result
+
+
+def check_running(
+    url: str, servers_dir: Path, settings: Settings
+) -> tuple[CheckResult | None, str | None]:
+    """check_server for a server `serve` started, never raising for what the server answers:
+    (the result, None) or (None, why it could not be checked)."""
+    from quantpick.errors import QuantpickError
+
+    try:
+        return check_server(CheckRequest(url, servers_dir=servers_dir), settings=settings), None
+    except QuantpickError as exc:
+        return None, exc.message
+
+
+# llama-server's log verbosity for a server `serve` starts: see argv_for_port in `serve`.
+SERVER_LOG_VERBOSITY = ("-lv", "4")
+
+
+def planned_server(p: Plan, basis: str) -> PlannedServer:
+    """What `quantpick check` compares a running server with: the plan's device rows, context
+    and expected decode speed."""
+    from quantpick.plan.check import planned_from_estimate
+
+    expected = p.speed.expected
+    tps = expected.decode_tps_target if expected is not None else None
+    return planned_from_estimate(p.estimate, decode_tps=tps, basis=basis)
 
 
 def _env_from(cmd: ServerCommand) -> dict[str, str]:
@@ -1249,3 +1322,149 @@ def _env_from(cmd: ServerCommand) -> dict[str, str]:
             raise UsageError(f"--api-key-env {source}: that variable is not set")
         out[key] = os.environ[source]
     return out
+
+
+# ----------------------------------------------------------------------------------------------
+# Check: a running llama-server beside its plan (quantpick check, and the end of serve).
+
+
+@dataclass(frozen=True)
+class CheckRequest:
+    """`quantpick check [ALIAS | URL]`."""
+
+    target: str | None  # an alias of a server `serve` started, a URL, or None (the only one)
+    plan_inputs: PlanInputs | None = None  # --gguf FILE and options: plan for that
+    plan_basis: str = ""  # how plan_inputs were given, in words ("--gguf F -c 32768")
+    log: Path | None = None  # --log: a llama-server log quantpick did not write
+    timed_request: bool = False  # --measure-speed
+    servers_dir: Path | None = None
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    report: Any  # plan.check.CheckReport
+    base_url: str
+    record: Any  # serve.server.ServerRecord | None
+    live: Any  # serve.live.LiveServer
+    log_path: Path | None
+
+
+def _is_url(text: str) -> bool:
+    return "://" in text
+
+
+def find_record(records: list[Any], target: str | None) -> Any:
+    """The record `check TARGET` means (None for a URL no record has)."""
+    from quantpick.errors import QuantpickError, UsageError
+
+    if target is not None and _is_url(target):
+        from quantpick.serve.live import check_url
+
+        url = check_url(target)
+        return next((r for r in records if r.base_url == url), None)
+    chosen = [r for r in records if target is None or r.alias == target]
+    if not chosen:
+        if target is None:
+            raise QuantpickError(
+                "no server started by quantpick is running",
+                hint="give a URL: quantpick check http://127.0.0.1:8080",
+            )
+        raise QuantpickError(
+            f"no running server {target}",
+            hint="`quantpick serve --status` lists them; a URL checks any llama-server",
+        )
+    if len(chosen) > 1:
+        names = ", ".join(f"{r.alias} ({r.base_url})" for r in chosen)
+        raise UsageError(f"{len(chosen)} servers match: {names}", hint="give the URL of one")
+    return chosen[0]
+
+
+def _measured_figures(log: Any) -> tuple[Any, ...]:
+    from quantpick.plan.check import HOST, Figures
+
+    return tuple(
+        Figures(
+            device=m.device,
+            kind="host" if m.device == HOST else "gpu",
+            weights_bytes=m.weights_bytes,
+            kv_bytes=m.kv_bytes,
+            recurrent_bytes=m.recurrent_bytes,
+            compute_bytes=m.compute_bytes,
+            output_bytes=m.output_bytes,
+        )
+        for m in log.measured()
+    )
+
+
+def check_server(req: CheckRequest, *, settings: Settings) -> CheckResult:
+    """Read the server (its endpoints, its log, its process's swap and GPU memory) and compare
+    it with its plan: the one `serve` recorded, else the plan for `req.plan_inputs`, else the
+    server's own /props (a comparison of the server with itself: measured figures only)."""
+    from quantpick.plan.check import MIN_DECODE_TOKENS, GpuUse, Observed, PlannedServer, compare
+    from quantpick.serve.live import read_server
+    from quantpick.serve.server import list_records, process_swap_bytes
+    from quantpick.serve.server_log import read_log
+
+    records = list_records(req.servers_dir or settings.servers_dir)
+    record = find_record(records, req.target)
+    url = record.base_url if record is not None else str(req.target)
+    live = read_server(url, timed_request=req.timed_request)
+    problems = list(live.problems)
+    planned: PlannedServer | None = None
+    if req.plan_inputs is not None:
+        planned = planned_server(plan_for(req.plan_inputs).plan, f"planned now: {req.plan_basis}")
+    elif record is not None and record.plan is not None:
+        planned = record.plan
+    props = live.props
+    if planned is None:
+        planned = PlannedServer(
+            devices=(), n_ctx=props.n_ctx, n_parallel=max(1, props.total_slots),
+            n_ctx_seq=props.n_ctx_slot, decode_tps=None,
+            basis="no plan: the server's own /props (give --gguf FILE and its options to plan)",
+        )  # fmt: skip
+    log_path = req.log or (Path(record.log) if record is not None else None)
+    devices: tuple[Any, ...] = ()
+    offloaded = None
+    n_ctx_seq, n_ctx_from = props.n_ctx_slot, "/props"
+    if log_path is not None:
+        log = read_log(log_path)
+        problems.extend(log.problems)
+        devices, offloaded = _measured_figures(log), log.offloaded
+        if log.n_ctx_seq is not None:
+            n_ctx_seq, n_ctx_from = log.n_ctx_seq, "llama.cpp's log"
+    else:
+        problems.append(
+            "no log: llama.cpp's per-device buffers were not read (give --log FILE, the "
+            "server's own output with -lv 4)"
+        )
+    swap = None
+    gpus: tuple[Any, ...] = ()
+    if record is not None:
+        swap = process_swap_bytes(record.pid)
+        if any(d.kind == "gpu" for d in planned.devices):
+            from quantpick.machine.probe import gpu_memory_use
+
+            use, note = gpu_memory_use(record.pid)
+            if note:
+                problems.append(note)
+            gpus = tuple(
+                GpuUse(f"CUDA{g.index}", g.total_bytes, g.used_bytes, g.process_bytes)
+                for g in use
+            )
+    decode = live.decode_tps
+    if decode is not None and not live.timed_decode_tps and (
+        live.metrics is None or live.metrics.tokens_predicted < MIN_DECODE_TOKENS
+    ):
+        decode = None
+    observed = Observed(
+        devices=devices,
+        n_ctx_seq=n_ctx_seq,
+        n_ctx_from=n_ctx_from,
+        offloaded=offloaded,
+        swap_bytes=swap,
+        gpus=gpus,
+        decode_tps=decode[0] if decode else None,
+        decode_from=decode[1] if decode else None,
+        problems=tuple(problems),
+    )
+    return CheckResult(compare(planned, observed), url, record, live, log_path)

@@ -14,6 +14,7 @@ import typer
 
 from quantpick.cli.core import app
 from quantpick.cli.options import (
+    BackendOpt,
     BOpt,
     CoresOpt,
     CpuOnlyOpt,
@@ -117,7 +118,12 @@ def estimate_cmd(
     flash_attn: FaOpt = "on",
     device: Annotated[
         str | None,
-        typer.Option("-dev", "--device", help="Devices to use: CUDA0,RPC0,... or none."),
+        typer.Option(
+            "-dev",
+            "--device",
+            help="Devices to use, as llama.cpp names them (CUDA0, ROCm0, MTL0, Vulkan0, SYCL0, "
+            "RPC0, ...) or none.",
+        ),
     ] = None,  # noqa: UP045
     no_kv_offload: Annotated[
         bool, typer.Option("-nkvo", "--no-kv-offload", help="Keep KV cache in host memory.")
@@ -144,6 +150,7 @@ def estimate_cmd(
     ram_reserve: RamReserveOpt = None,
     gpu_reserve: GpuReserveOpt = None,
     ram_bandwidth: RamBandwidthOpt = None,
+    backend: BackendOpt = None,
     cores: CoresOpt = None,
     threads: ThreadsOpt = None,
     rpc: RpcOpt = None,
@@ -189,6 +196,7 @@ def estimate_cmd(
         rpc_latency=rpc_latency,
         cores=cores,
         threads=threads,
+        backend_name=backend,
     )
     layout, manifest, label = _resolve_layout(
         model, quant, gguf, exact=exact, network=not no_network
@@ -392,8 +400,10 @@ def _parse_overrides(items: list[str]) -> tuple[tuple[str, str], ...]:
 
 
 def _parse_devices(text: str | None, machine: Machine) -> tuple[int | str, ...] | None:
-    """--device: local GPUs as their index (CUDA<i>), RPC devices by name (RPC<k>)."""
+    """--device: local GPUs as their index (llama.cpp's name: CUDA0, ROCm0, MTL0, Vulkan0,
+    SYCL0), RPC devices by name (RPC<k>)."""
     from quantpick.errors import UsageError
+    from quantpick.machine.backends import parse_device_name
 
     if text is None:
         return None
@@ -402,10 +412,14 @@ def _parse_devices(text: str | None, machine: Machine) -> tuple[int | str, ...] 
     out: list[int | str] = []
     for part in text.split(","):
         name = part.strip().upper()
-        if name.startswith("CUDA") and name[4:].isdigit():
-            out.append(int(name[4:]))
+        local = parse_device_name(part)
+        if local is not None and name[-1:].isdigit():
+            out.append(local[1])
         elif name.startswith("RPC") and name[3:].isdigit():
             out.append(name)
         else:
-            raise UsageError(f"--device {part}: use CUDA0,RPC0,... or none")
+            raise UsageError(
+                f"--device {part}: use a device name as llama.cpp prints it "
+                "(CUDA0, ROCm0, MTL0, Vulkan0, SYCL0), RPC0,... or none"
+            )
     return tuple(out)

@@ -37,6 +37,8 @@ def _device_dict(d: Any) -> dict[str, Any]:
         "recurrent_layers": list(d.recurrent_layers),
         "expert_layers": list(d.expert_layers),
         "endpoint": d.endpoint,
+        "backend": d.backend,
+        "unified": d.unified,
     }
 
 

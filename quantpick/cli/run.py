@@ -40,6 +40,7 @@ from quantpick.cli.ecosystem import (
 from quantpick.cli.options import (
     DEFAULT_MIN_TPS,
     AllowQ4Opt,
+    BackendOpt,
     CoresOpt,
     CpuOnlyOpt,
     CtxOpt,
@@ -409,6 +410,7 @@ def command_cmd(
     ram_reserve: RamReserveOpt = None,
     gpu_reserve: GpuReserveOpt = None,
     ram_bandwidth: RamBandwidthOpt = None,
+    backend: BackendOpt = None,
     cores: CoresOpt = None,
     threads: ThreadsOpt = None,
     rpc: RpcOpt = None,
@@ -441,6 +443,7 @@ def command_cmd(
     from quantpick.cli.local import canonical_quant, resolve_local
     from quantpick.cli.render import plan_to_dict
     from quantpick.errors import UsageError
+    from quantpick.machine.backends import local_backend
     from quantpick.serve.command import build_command
 
     _check_format(fmt, model_source)
@@ -459,6 +462,7 @@ def command_cmd(
         rpc_latency=rpc_latency,
         cores=cores,
         threads=threads,
+        backend_name=backend,
     )
     if model_source == "hf":
         if gguf is not None:
@@ -530,6 +534,7 @@ def command_cmd(
         block_count=manifest.architecture.block_count,
         server=_server_options(host, port, alias, api_key_env),
         capabilities=caps,
+        backend=local_backend(machine.gpus),
     )
     doc = None
     if json_:
@@ -637,6 +642,7 @@ def _emit_hf(
 ) -> None:
     """The command for `-hf REPO:QUANT`: llama-server downloads the file into its HF cache."""
     from quantpick.cli.render import plan_to_dict
+    from quantpick.machine.backends import local_backend
     from quantpick.serve.command import build_command, hf_model
 
     host, port, alias, api_key_env = server
@@ -649,6 +655,7 @@ def _emit_hf(
         server=_server_options(host, port, alias, api_key_env),
         capabilities=_capabilities(machine, llama_server, timeout_s),
         hf=hf_model(manifest, p.quant),
+        backend=local_backend(machine.gpus),
     )
     doc = None
     if json_doc is not None:
@@ -722,6 +729,7 @@ def get_cmd(
     ram_reserve: RamReserveOpt = None,
     gpu_reserve: GpuReserveOpt = None,
     ram_bandwidth: RamBandwidthOpt = None,
+    backend: BackendOpt = None,
     cores: CoresOpt = None,
     threads: ThreadsOpt = None,
     rpc: RpcOpt = None,
@@ -753,6 +761,7 @@ def get_cmd(
     from quantpick.cli.download import plan_to_dict as fetch_plan_to_dict
     from quantpick.cli.render import plan_to_dict
     from quantpick.config import load_settings, with_fetch_flags
+    from quantpick.machine.backends import local_backend
     from quantpick.pipeline import GetRequest, get
     from quantpick.serve.command import build_command
 
@@ -780,6 +789,7 @@ def get_cmd(
         rpc_latency=rpc_latency,
         cores=cores,
         threads=threads,
+        backend_name=backend,
     )
     request = plan_request(
         ctx_size,
@@ -873,6 +883,7 @@ def get_cmd(
         block_count=manifest.architecture.block_count,
         server=_server_options(host, port, alias, api_key_env),
         capabilities=caps,
+        backend=local_backend(machine.gpus),
     )
     dest = dir_ or settings.models_dir / manifest.id
     in_place = _files_in_place(manifest, p.quant, vision, dest) if dry_run and not report else []

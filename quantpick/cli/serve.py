@@ -170,8 +170,28 @@ def _print_endpoint(result: ServeResult) -> None:
         output.note("Ctrl-C stops it.")
 
 
+def _check_doc(check: Any, error: str | None) -> dict[str, Any]:
+    """`check` (quantpick check's report) and `check_error` keys of serve's JSON."""
+    from quantpick.cli.check import report_doc
+
+    return {"check": report_doc(check.report) if check else None, "check_error": error}
+
+
+def _print_check(check: Any, error: str | None) -> None:
+    from quantpick.cli import output
+    from quantpick.cli.check import report_lines
+
+    if check is None:
+        output.note(f"Check: not done ({error}).")
+        return
+    output.note("Check, the running server beside its plan (`quantpick check` repeats it):")
+    for line in report_lines(check.report):
+        output.note(f"  {line}")
+
+
 def _status(settings: Settings, alias: str | None, port: int | None, json_: bool) -> None:
     from quantpick.cli import output
+    from quantpick.pipeline import check_running
     from quantpick.process import escaped
     from quantpick.serve.server import scan_records, select_records
 
@@ -180,7 +200,11 @@ def _status(settings: Settings, alias: str | None, port: int | None, json_: bool
         output.note(problem.line())
     records = select_records(scan.records, alias, port)
     if json_:
-        output.print_json({"servers": [_record_doc(r) for r in records]})
+        docs = []
+        for r in records:
+            check, error = check_running(r.base_url, settings.servers_dir, settings)
+            docs.append({**_record_doc(r), **_check_doc(check, error)})
+        output.print_json({"servers": docs})
         return
     if not records:
         output.note("No server started by quantpick is running.")
@@ -396,10 +420,13 @@ def serve_cmd(
                         "endpoint": _endpoint_doc(result),
                         "plan": plan_to_dict(result.plan, result.machine,
                                              result.manifest.architecture.block_count),
+                        **_check_doc(result.check, result.check_error),
                     }
                 )  # fmt: skip
             else:
                 _print_endpoint(result)
+                if not quiet:
+                    _print_check(result.check, result.check_error)
             if detach:
                 return
             ended = run_until_stopped(running, settings.servers_dir)

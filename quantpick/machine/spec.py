@@ -9,6 +9,7 @@ planner reads them. `to_dict`/`machine_from_dict` make `probe --json` round-trip
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
@@ -84,9 +85,13 @@ class Gpu:
     # not a catalogue card (the speed model then assumes ASSUMED_GPU_FP16_TFLOPS and says so)
     fp16_tflops: float | None = None
     error: str | None = None  # a query that failed; the GPU is then not planned on
-    # The ggml backend behind the device, which sizes its buffers (model/ggml.py BUFFER_RULES):
-    # "CUDA" for an NVIDIA card, "CPU" for an RPC worker serving its CPU backend.
+    # The ggml backend behind the device (machine/backends: its names, buffer rule, variables),
+    # by label: "CUDA", "ROCm", "Metal", "Vulkan", "SYCL"; "CPU" for an RPC worker serving its CPU.
     backend: str = "CUDA"
+    # True: the GPU's memory is the host's RAM (Apple Silicon, Strix Halo, GB10, Jetson, iGPUs);
+    # total/free are then the share the OS lets the GPU take, and the host's RAM is one pool
+    # with it (plan/memory.py budgets it once).
+    unified: bool = False
 
     @property
     def usable(self) -> bool:
@@ -258,6 +263,20 @@ def _optional_text(value: Any, where: str) -> None:
         raise ValueError(f"{where} must be text, not {value!r}")
 
 
+# CUDA's MAJOR.MINOR as NVML reports it ("8.6", "12.0"; nvmlDeviceGetCudaComputeCapability) or an
+# AMD LLVM target ("gfx1100", "gfx90a": ROCm's gcnArchName).
+_COMPUTE_CAPABILITY = re.compile(r"\d{1,2}\.\d{1,2}|gfx[0-9a-f]{3,4}")
+
+
+def _compute_capability(value: Any, where: str) -> None:
+    _optional_text(value, where)
+    if value is not None and not _COMPUTE_CAPABILITY.fullmatch(value):
+        raise ValueError(
+            f'{where} is {value[:40]!r}: give it as NVML reports it, MAJOR.MINOR ("8.6"), '
+            'or as an AMD target ("gfx1100")'
+        )
+
+
 def _bandwidth(value: Any, where: str) -> None:
     """None (not known) or 1 B/s .. MAX_BANDWIDTH_BYTES_PER_S; 0 is not "unknown" here."""
     if value is None:
@@ -279,7 +298,7 @@ def _check_gpu(gpu: Gpu, where: str) -> None:
         raise ValueError(f"{where}.name must be the GPU's name")
     _optional_text(gpu.error, f"{where}.error")
     _optional_text(gpu.uuid, f"{where}.uuid")
-    _optional_text(gpu.compute_capability, f"{where}.compute_capability")
+    _compute_capability(gpu.compute_capability, f"{where}.compute_capability")
     _whole(gpu.total_bytes, f"{where}.total_bytes", 0, MAX_MEMORY_BYTES, " B")
     _whole(gpu.free_bytes, f"{where}.free_bytes", 0, MAX_MEMORY_BYTES, " B")
     _optional_whole(gpu.used_bytes, f"{where}.used_bytes", 0, MAX_MEMORY_BYTES)

@@ -56,6 +56,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from quantpick.arch.base import AttentionKind
+from quantpick.machine.backends import backend_of
 from quantpick.machine.spec import (
     ASSUMED_GPU_BANDWIDTH_BYTES_PER_S,
     ASSUMED_GPU_FP16_TFLOPS,
@@ -336,15 +337,22 @@ def device_speeds(machine: Machine) -> dict[str, DeviceSpeed]:
     for g in machine.gpus:
         link = (g.pcie_generation, g.pcie_width)
         gen, width = ASSUMED_PCIE
-        known_link = link[0] is not None and link[1] is not None
+        # A unified GPU has no link to cross: host-resident weights are in its own memory.
+        known_link = (link[0] is not None and link[1] is not None) or g.unified
         if link[0] is not None and link[1] is not None:
             gen, width = link[0], link[1]
-        devices[f"CUDA{g.index}"] = DeviceSpeed(
-            device=f"CUDA{g.index}",
+        # The backend's kernels reach a share of what CUDA's reach on the same bus and ALUs
+        # (machine/backends: decode_efficiency, prefill_efficiency, each with its source).
+        backend = backend_of(g.backend)
+        name = backend.device_name(g.index)
+        bandwidth = g.bandwidth_bytes_per_s or DEFAULT_GPU_BANDWIDTH
+        tflops = g.fp16_tflops if g.fp16_tflops is not None else ASSUMED_GPU_FP16_TFLOPS
+        devices[name] = DeviceSpeed(
+            device=name,
             kind="gpu",
-            bandwidth_bytes_per_s=g.bandwidth_bytes_per_s or DEFAULT_GPU_BANDWIDTH,
-            fp16_tflops=g.fp16_tflops if g.fp16_tflops is not None else ASSUMED_GPU_FP16_TFLOPS,
-            pcie_bytes_per_s=pcie_bytes_per_s(gen, width),
+            bandwidth_bytes_per_s=int(bandwidth * backend.decode_efficiency),
+            fp16_tflops=tflops * backend.prefill_efficiency,
+            pcie_bytes_per_s=bandwidth if g.unified else pcie_bytes_per_s(gen, width),
             bandwidth_assumed=not g.bandwidth_bytes_per_s,
             compute_assumed=g.fp16_tflops is None,
             pcie_assumed=not known_link,
