@@ -720,6 +720,17 @@ def estimate(
         # the draft context's own output buffer: n_outputs_max = n_parallel rows
         # (common_base_params_to_speculative, common/speculative.cpp:2480)
         host.overhead += arch.vocab_size * max(1, config.n_parallel) * 4
+        # Its compute buffer (estimate, the main context's terms for one layer): a KQ mask over
+        # its n_ctx cells, one block's activations, logits for n_parallel rows, on the NextN
+        # block's device. Against llama-server -lv 4 on the tiny model
+        # (tests/data/llama-server-mtp-buffers.json) it is 1.4-2.5x the real buffer: the mask
+        # term is exact (the buffer grows by kv_size x ub x 2 bytes), the activations are the
+        # main context's allowance.
+        nextn_dev = slot_device[arch.n_layer] if arch.n_layer < n_slots else host_pos
+        draft_rows = min(ub, max(1, config.n_parallel))
+        acc[nextn_dev].compute += (
+            mask_bytes + activations + arch.vocab_size * draft_rows * 4 + no_fa_kq
+        )
     if config.vision and projector_bytes:
         # The projector goes to --device's first device, else to the first GPU registered, which
         # is a local one when there is any: RPC devices register at --rpc, after the built-in

@@ -42,7 +42,12 @@ from quantpick.plan.memory import (
     rpc_devices,
 )
 from quantpick.plan.quality import FAMILY, GENERIC, Quality, model_of, quality_of
-from quantpick.plan.speculative import SpecDecision, SpecRequest, speculation
+from quantpick.plan.speculative import (
+    SpecDecision,
+    SpecRequest,
+    speculation,
+    verify_efficiency,
+)
 from quantpick.plan.speed import (
     DEFAULT_GPU_BANDWIDTH,
     DEFAULT_SPEED_PARAMS,
@@ -619,8 +624,11 @@ def _speculate(
     """The chosen plan with speculative decoding decided on it: same quant, context and
     placement (a kind whose memory does not fit them is refused, plan/speculative.py)."""
     layout = layouts[p.quant]
+    spec = request.spec
+    if spec.verify_efficiency == 1.0:
+        spec = replace(spec, verify_efficiency=verify_efficiency(machine))
     decision, config = speculation(
-        layout, machine, p.config, expected_tps(p.speed), request.spec,
+        layout, machine, p.config, expected_tps(p.speed), spec,
         model_name=manifest.id, files=tuple(f.name for f in manifest.files),
         model_file=p.files[0].name if p.files else "", fill=p.speed.target_context,
         params=speed_params_for(machine), overheads=overheads,
