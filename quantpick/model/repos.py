@@ -62,8 +62,11 @@ def is_repo_name(model: str) -> bool:
     return looks_like_url(rest) or re.fullmatch(r"[A-Za-z0-9][\w.-]*/[\w.-]+", rest) is not None
 
 
-def _cache_path(settings: Settings, kind: str, repo: str, revision: str | None) -> Path:
-    digest = hashlib.sha256(f"{kind}:{repo.lower()}@{revision or ''}".encode()).hexdigest()[:32]
+def _cache_path(
+    settings: Settings, kind: str, repo: str, revision: str | None, named: tuple[str, ...] = ()
+) -> Path:
+    key = f"{kind}:{repo.lower()}@{revision or ''}" + "".join(f"#{n}" for n in named)
+    digest = hashlib.sha256(key.encode()).hexdigest()[:32]
     return repo_cache_dir(settings) / f"{kind}-{digest}.toml"
 
 
@@ -120,11 +123,16 @@ def repo_manifest(
     cannot be listed. `on_note` hears the repository's notes (files left out and why, a name
     its header contradicts), from the cache too."""
     from quantpick.model.from_repo import build_manifest
+    from quantpick.model.gguf_names import parse_gguf_name
     from quantpick.model.repo_ref import looks_like_url, parse_repo_ref
 
     kind_prefix, rest = split_kind(model.strip())
     ref: RepoRef = parse_repo_ref(rest)
-    if looks_like_url(rest) and ref.path is not None:
+    named: tuple[str, ...] = ()
+    parsed = parse_gguf_name(ref.path) if ref.path is not None else None
+    if parsed is not None and parsed.quant is None:
+        named = (ref.path or "",)  # an untagged GGUF: read its header first (from_repo's cap)
+    elif looks_like_url(rest) and ref.path is not None:
         from quantpick.errors import UsageError
 
         raise UsageError(
@@ -133,7 +141,7 @@ def repo_manifest(
         )
     kind = kind_prefix or ref.kind or "hf"
     revision = ref.revision
-    path = _cache_path(settings, kind, ref.repo, revision)
+    path = _cache_path(settings, kind, ref.repo, revision, named)
     cached = _load(path)
     offline = not network or settings.offline
     if cached is not None and (offline or (revision is not None and _COMMIT.match(revision))):
@@ -150,7 +158,7 @@ def repo_manifest(
         )
     new = build_manifest(
         ref.repo, kind=kind, revision=revision, manifest_id=None, settings=settings,
-        all_headers=True, on_header=progress,
+        all_headers=True, on_header=progress, named=named,
     )  # fmt: skip
     import json
 

@@ -194,6 +194,16 @@ _HEADER = re.compile(r"^\[[ \t]*([^\]\r\n]*?)[ \t]*\][ \t]*(?:[;#].*)?$")
 _SECTION_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_./@+-]*$")
 
 
+def preset_section_name(name: str) -> str:
+    """A valid section name for a model name that is not one (`command --gguf "my model.gguf"`):
+    each run of other characters becomes one "-", and the name starts with a letter, digit or
+    "_" (_SECTION_NAME). The name itself when it is valid."""
+    if _SECTION_NAME.match(name):
+        return name
+    derived = re.sub(r"[^A-Za-z0-9_./@+-]+", "-", name).strip("-./@+")
+    return derived if _SECTION_NAME.match(derived) else "model"
+
+
 def ini_value(value: str, what: str) -> str:
     """A value llama.cpp's INI reader gives back unchanged (it has no quoting)."""
     if any(c in value for c in ";#\r\n") or value != value.strip():
@@ -213,7 +223,7 @@ def preset_section(cmd: ServerCommand, target: Target) -> tuple[list[str], list[
             f"--alias {name!r}: a preset section name is letters, digits and . _ - / @ +",
             hint="give --alias NAME",
         )
-    if "CUDA_VISIBLE_DEVICES" in cmd.env:
+    if cmd.selected_by_env:
         raise UsageError(
             "this llama-server has no --device: a router preset cannot choose the GPUs per model",
             hint="upgrade llama.cpp (b6000 or newer has --device)",

@@ -55,6 +55,31 @@ def test_preset_is_written_then_updated_with_a_backup(model: Path, tmp_path: Pat
     assert text.count("[Tiny-Q8_0]") == 1 and "ctx-size = 16384" in text
 
 
+def test_a_file_name_with_a_space_gets_a_derived_section_name(tmp_path: Path) -> None:
+    """Before: "--alias 'Tiny Q8_0': a preset section name is ..." (exit 2, "give --alias")."""
+    spaced = tmp_path / "Tiny Q8_0 (copy).gguf"
+    write_tiny_model(spaced)
+    preset = tmp_path / "models.ini"
+    code, out, err = command(spaced, "--format", "preset", "--preset", str(preset))
+    assert code == 0, err
+    assert "[Tiny-Q8_0-copy]\n" in preset.read_text()
+    assert "Note: preset section [Tiny-Q8_0-copy], derived from the model name " in err
+    # a name the user gives is still checked, not rewritten
+    code, _, err = command(spaced, "--format", "preset", "--preset", str(preset), "--alias", "a b")
+    assert code == 2 and "--alias 'a b'" in err
+
+
+@pytest.mark.parametrize(
+    ("name", "section"),
+    [("Tiny-Q8_0", "Tiny-Q8_0"), ("my model", "my-model"), ("  ", "model"), ("-x y-", "x-y"),
+     ("é", "model"), ("a;b#c", "a-b-c")],
+)  # fmt: skip
+def test_preset_section_names(name: str, section: str) -> None:
+    from quantpick.serve.ecosystem import preset_section_name
+
+    assert preset_section_name(name) == section
+
+
 def test_preset_json_document(model: Path, tmp_path: Path) -> None:
     preset = tmp_path / "p.ini"
     code, out, err = command(model, "--format", "preset", "--preset", str(preset), "--json")
