@@ -1014,7 +1014,7 @@ def bench_plan(
         binary = bench_bin
         measurement = run_llama_bench(
             bench_bin, p.config, model_path, block_count, settings,
-            gpu_indices=gpu_indices, progress=progress,
+            gpu_indices=gpu_indices, progress=progress, backend=local_backend(machine.gpus),
         )  # fmt: skip
         ran = bench_config(p.config, settings)
     else:
@@ -1023,6 +1023,7 @@ def bench_plan(
         measurement = run_llama_server(
             server_bin, p.config, model_path, block_count, settings,
             vocab_size=layout.architecture.vocab_size, gpu_indices=gpu_indices, progress=progress,
+            backend=local_backend(machine.gpus),
         )  # fmt: skip
         ran = p.config
     info = inspect_llama_server(binary)

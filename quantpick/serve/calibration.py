@@ -114,7 +114,6 @@ def save_profile(machine: Machine, entry: dict[str, Any], settings: Settings | N
     """Store `entry` (one bench's measurements) in this machine's file, replacing the entry of
     the same scope (build, devices, size class) and keeping the others. Written atomically.
     Raises CalibrationRefused for an entry that cannot be true: nothing is written then."""
-    import tempfile
 
     problems = plausibility_problems(entry)
     if problems:
@@ -143,17 +142,12 @@ def save_profile(machine: Machine, entry: dict[str, Any], settings: Settings | N
         },
         "profiles": profiles,
     }
+    from quantpick.outputs import write_atomic
+
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            # allow_nan=False: plausibility_problems already refused them; never a bare NaN
-            json.dump(doc, f, indent=1, allow_nan=False)
-            f.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    # allow_nan=False: plausibility_problems already refused them; never a bare NaN
+    text = json.dumps(doc, indent=1, allow_nan=False) + "\n"
+    write_atomic(path, text.encode("utf-8"), durable=False)  # never through a link
     return path
 
 
