@@ -115,16 +115,20 @@ class PlanResult:
     inputs: PlanInputs  # with the tuned request and overheads the plan was made with
     tuning: Tuning
     header_problems: tuple[str, ...] = ()
+    # What the chosen quant's exact header contradicts in the manifest (one line each)
+    contradictions: tuple[str, ...] = ()
 
     @property
     def notes(self) -> tuple[str, ...]:
-        """What the CLI says on stderr: the tuning applied (or why not), a missing header."""
+        """What the CLI says on stderr: the tuning applied (or why not), a missing header, a
+        manifest the header contradicts."""
         out = list(self.tuning.notes)
         if self.header_problems:
             out.append(
                 "exact GGUF header unavailable, planned from the manifest: "
                 + self.header_problems[-1]
             )
+        out.extend(self.contradictions)
         return tuple(out)
 
 
@@ -145,7 +149,7 @@ def tuned(inputs: PlanInputs, *, settings: Settings | None = None) -> tuple[Plan
 def plan_for(inputs: PlanInputs, *, settings: Settings | None = None) -> PlanResult:
     """The plan for `inputs`: tuned, then on the file's own header (`local`) or on the exact
     header of the chosen quant when it can be had."""
-    from quantpick.model.headers import LayoutSource
+    from quantpick.model.headers import LayoutSource, manifest_contradictions
     from quantpick.plan.planner import plan
 
     inputs, tuning = tuned(inputs, settings=settings)
@@ -162,7 +166,8 @@ def plan_for(inputs: PlanInputs, *, settings: Settings | None = None) -> PlanRes
         local_dir=inputs.local_dir,
     )  # fmt: skip
     p = plan_exact(inputs.manifest, inputs.machine, layouts, inputs.request, inputs.overheads)
-    return PlanResult(p, inputs, tuning, tuple(layouts.problems))
+    contradictions = manifest_contradictions(inputs.manifest, p.quant, layouts(p.quant))
+    return PlanResult(p, inputs, tuning, tuple(layouts.problems), tuple(contradictions))
 
 
 @dataclass(frozen=True)
@@ -222,6 +227,7 @@ class GetResult:
     warnings: tuple[str, ...] = field(default_factory=tuple)
     confirmation: ConfirmReport | None = None  # llama.cpp's check of `plan` (None: not run)
     tuning: Tuning | None = None  # the compute rule and calibration the plan was made with
+    contradictions: tuple[str, ...] = ()  # PlanResult.contradictions: what `pick` notes too
 
 
 def get(
@@ -285,7 +291,7 @@ def get(
         mmproj = dest / manifest.projector.name if vision and manifest.projector else None
         return GetResult(
             first, first, None, None, model_path, mmproj, planned.header_problems,
-            tuple(warnings), tuning=planned.tuning,
+            tuple(warnings), tuning=planned.tuning, contradictions=planned.contradictions,
         )  # fmt: skip
     try:
         if offline and not req.dry_run:
@@ -367,6 +373,7 @@ def get(
         warnings=tuple(warnings),
         confirmation=confirmation,
         tuning=planned.tuning,
+        contradictions=planned.contradictions,
     )
 
 
@@ -1495,12 +1502,13 @@ def check_server(req: CheckRequest, *, settings: Settings) -> CheckResult:
             if note:
                 problems.append(note)
             gpus = tuple(
-                GpuUse(f"CUDA{g.index}", g.total_bytes, g.used_bytes, g.process_bytes)
-                for g in use
+                GpuUse(f"CUDA{g.index}", g.total_bytes, g.used_bytes, g.process_bytes) for g in use
             )
     decode = live.decode_tps
-    if decode is not None and not live.timed_decode_tps and (
-        live.metrics is None or live.metrics.tokens_predicted < MIN_DECODE_TOKENS
+    if (
+        decode is not None
+        and not live.timed_decode_tps
+        and (live.metrics is None or live.metrics.tokens_predicted < MIN_DECODE_TOKENS)
     ):
         decode = None
     observed = Observed(
