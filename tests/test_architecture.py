@@ -2,7 +2,7 @@
 
 - No import cycles between quantpick's modules (imports inside functions count too: a cycle that
   only closes at run time is still a cycle for a reader).
-- One direction: nothing outside `cli/` imports `cli/`; only `cli/` imports `pipeline`.
+- One direction: nothing outside `cli/` imports `cli/`; only `cli/` imports `jobs/`.
 - The planning core (`quantpick/plan/`) and the plain data it reads are pure: no I/O modules, no
   open()/print()/input(), no environment reads, and imports only from the pure set.
 """
@@ -82,7 +82,7 @@ def graph() -> dict[str, set[str]]:
 def test_the_graph_is_read() -> None:
     g = graph()
     assert "quantpick.plan.memory" in g["quantpick.plan.planner"]
-    assert "quantpick.plan.planner" in g["quantpick.pipeline"]
+    assert "quantpick.plan.planner" in g["quantpick.jobs.plan"]
 
 
 def test_no_import_cycles() -> None:
@@ -123,7 +123,7 @@ def test_no_import_cycles() -> None:
     assert cycles == []
 
 
-def test_only_the_cli_imports_the_cli_and_the_pipeline() -> None:
+def test_only_the_cli_imports_the_cli_and_the_jobs() -> None:
     offenders = []
     for name, deps in graph().items():
         if name.startswith("quantpick.cli") or name == "quantpick.__main__":
@@ -131,9 +131,14 @@ def test_only_the_cli_imports_the_cli_and_the_pipeline() -> None:
         for dep in deps:
             if dep.startswith("quantpick.cli"):
                 offenders.append(f"{name} -> {dep}")
-            if dep == "quantpick.pipeline" and name != "quantpick.pipeline":
+            if dep.startswith("quantpick.jobs") and not name.startswith("quantpick.jobs"):
                 offenders.append(f"{name} -> {dep}")
     assert offenders == []
+
+
+def test_the_pipeline_module_is_gone() -> None:
+    # one module per job (quantpick/jobs/), not one module doing them all
+    assert not (PACKAGE / "pipeline.py").exists()
 
 
 def core_modules() -> list[str]:

@@ -43,7 +43,12 @@ PURE = (
     "quantpick.safe_names",
     "quantpick.serve.command",
     "quantpick.fetch.verify",
-    "quantpick.pipeline",
+    "quantpick.jobs.plan",
+    "quantpick.jobs.get",
+    "quantpick.jobs.serve",
+    "quantpick.jobs.confirm",
+    "quantpick.jobs.dry_run",
+    "quantpick.jobs.bench",
 )
 
 

@@ -43,7 +43,7 @@ from quantpick.cli.options import (
 )
 
 if TYPE_CHECKING:
-    from quantpick.pipeline import BenchReport
+    from quantpick.jobs.bench import BenchReport
 
 # How long the whole bench may run (llama-bench, or llama-server's load and requests): a 35B model
 # with experts on the CPU and an 8K depth takes minutes; an hour means something is stuck.
@@ -194,7 +194,7 @@ def bench_cmd(
     from quantpick.cli.local import resolve_local
     from quantpick.cli.render import plan_to_dict
     from quantpick.errors import UsageError
-    from quantpick.pipeline import bench_plan
+    from quantpick.jobs.bench import bench_plan
     from quantpick.plan.calibration import plausibility_problems
     from quantpick.serve.bench import BenchSettings
     from quantpick.serve.calibration import save_profile
@@ -209,7 +209,7 @@ def bench_cmd(
         ctx_size, parallel, kv_unified, prefer, local.quant, False, min_tps, allow_q4_kv, kv,
         512, 2048, "on", no_offload,
     )  # fmt: skip
-    from quantpick.pipeline import PlanInputs, plan_for
+    from quantpick.jobs.plan import PlanInputs, plan_for
 
     result = plan_for(
         PlanInputs(

@@ -46,7 +46,8 @@ from quantpick.cli.options import (
 
 if TYPE_CHECKING:
     from quantpick.machine.spec import Machine
-    from quantpick.pipeline import ConfigCheck, ConfirmReport
+    from quantpick.jobs.confirm import ConfirmReport
+    from quantpick.jobs.dry_run import ConfigCheck
     from quantpick.plan.confirm import DeviceCheck
 
 MiB = 1024**2
@@ -232,7 +233,7 @@ def confirm_cmd(
     from quantpick.cli.local import resolve_local
     from quantpick.cli.render import plan_to_dict
     from quantpick.errors import QuantpickError
-    from quantpick.pipeline import ConfirmOptions, confirm_local_plan
+    from quantpick.jobs.confirm import ConfirmOptions, confirm_local_plan
     from quantpick.serve.command import placement_flags
 
     machine = machine_from_cli(None, None, None, False, llama_server, ram_bandwidth)
@@ -241,7 +242,7 @@ def confirm_cmd(
         ctx_size, parallel, kv_unified, prefer, local.quant, vision, min_tps, allow_q4_kv, kv,
         512, 2048, "on", no_offload,
     )  # fmt: skip
-    from quantpick.pipeline import PlanInputs, plan_for
+    from quantpick.jobs.plan import PlanInputs, plan_for
 
     result = plan_for(
         PlanInputs(

@@ -222,7 +222,7 @@ def estimate_cmd(
         if manifest is None or manifest.projector is None:
             raise UsageError("--vision needs a model whose manifest has a projector (mmproj)")
         projector_bytes = manifest.projector.size_bytes
-    from quantpick.pipeline import local_tuning
+    from quantpick.jobs.tuning import local_tuning
     from quantpick.plan.build_class import apply_rule
     from quantpick.plan.calibration import apply_overheads, calibrate_speed, model_sizes
 
@@ -253,7 +253,7 @@ def estimate_cmd(
     options = confirm_options(no_confirm, llama_bin, llama_server, machine, timeout)
     if options is not None and manifest is not None and gguf is None:
         from quantpick.config import load_settings
-        from quantpick.pipeline import dry_run_config
+        from quantpick.jobs.dry_run import dry_run_config
 
         check = dry_run_config(
             manifest, layout, machine, config, overheads=overheads, capped=tuning.rule.capped,

@@ -514,7 +514,7 @@ def confirm_options(
 ) -> Any:
     """pipeline.ConfirmOptions, or None when confirming is off or the machine is not this one."""
     from quantpick.errors import UsageError
-    from quantpick.pipeline import ConfirmOptions
+    from quantpick.jobs.confirm import ConfirmOptions
 
     if llama_bin is not None and not llama_bin.is_dir():
         raise UsageError(f"--llama-bin {llama_bin}: not a directory")

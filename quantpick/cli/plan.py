@@ -185,7 +185,7 @@ def pick_cmd(
         flash_attn,
         no_offload,
     )
-    from quantpick.pipeline import PlanInputs, plan_for
+    from quantpick.jobs.plan import PlanInputs, plan_for
 
     result = plan_for(
         PlanInputs(
@@ -203,7 +203,7 @@ def pick_cmd(
     options = confirm_options(no_confirm, llama_bin, llama_server, machine, timeout)
     if options is not None:
         from quantpick.config import load_settings
-        from quantpick.pipeline import dry_run
+        from quantpick.jobs.dry_run import dry_run
 
         report = dry_run(result, options, settings=load_settings())
         if report is not None and report.status in ("confirmed", "replanned"):
@@ -293,7 +293,7 @@ def max_context_cmd(
         "on",
         no_offload,
     )
-    from quantpick.pipeline import PlanInputs, max_context_for
+    from quantpick.jobs.plan import PlanInputs, max_context_for
 
     found = max_context_for(
         PlanInputs(

@@ -494,7 +494,7 @@ def command_cmd(
         "on",
         no_offload,
     )
-    from quantpick.pipeline import PlanInputs, plan_for
+    from quantpick.jobs.plan import PlanInputs, plan_for
 
     planned = plan_for(
         PlanInputs(
@@ -511,7 +511,7 @@ def command_cmd(
     confirmation = None
     options = confirm_options(no_confirm, llama_bin, llama_server, machine, timeout)
     if options is not None:
-        from quantpick.pipeline import confirm_local_plan
+        from quantpick.jobs.confirm import confirm_local_plan
 
         confirmation = confirm_local_plan(
             p, manifest, model_path, machine, request, overheads, options
@@ -604,7 +604,7 @@ def _plan_from_hub(
     """The plan for a file that stays on the hub: on its exact header when it can be read (cache
     or a few range requests), else on the manifest, through the recipe `pick` uses."""
     from quantpick.cli import output
-    from quantpick.pipeline import PlanInputs, plan_for
+    from quantpick.jobs.plan import PlanInputs, plan_for
 
     result = plan_for(
         PlanInputs(
@@ -749,7 +749,7 @@ def get_cmd(
     from quantpick.cli.download import plan_to_dict as fetch_plan_to_dict
     from quantpick.cli.render import plan_to_dict
     from quantpick.config import load_settings, with_fetch_flags
-    from quantpick.pipeline import GetRequest, get
+    from quantpick.jobs.get import GetRequest, get
     from quantpick.serve.command import build_command
 
     _check_format(fmt, model_source)

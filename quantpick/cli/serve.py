@@ -67,7 +67,7 @@ from quantpick.cli.options import (
 
 if TYPE_CHECKING:
     from quantpick.config import Settings
-    from quantpick.pipeline import ServeResult
+    from quantpick.jobs.serve import ServeResult
     from quantpick.serve.server import ServerRecord
 
 DEFAULT_PORT = 8080  # llama-server's own default (common/common.h)
@@ -433,7 +433,8 @@ def _start(
 
     from quantpick.cli import output
     from quantpick.cli.download import _progress
-    from quantpick.pipeline import GetRequest, ServeRequest, serve
+    from quantpick.jobs.get import GetRequest
+    from quantpick.jobs.serve import ServeRequest, serve
 
     # Always this machine (probed; --cpu-only leaves its GPUs out; --rpc workers are read now).
     machine = machine_from_cli(None, None, None, cpu_only, llama_server, None, rpc=rpc)

@@ -15,7 +15,7 @@ from quantpick.machine.spec import Machine
 from quantpick.model.gguf import layout_from_header, read_gguf_file
 from quantpick.model.layout import ModelLayout
 from quantpick.model.local import manifest_for_gguf
-from quantpick.pipeline import ConfirmOptions, confirm_plan, replan_for_file
+from quantpick.jobs.confirm import ConfirmOptions, confirm_plan, replan_for_file
 from quantpick.plan.build_class import compute_rule
 from quantpick.plan.memory import Overheads, RunConfig, estimate
 from quantpick.plan.planner import Plan, PlanRequest, device_bandwidths

@@ -1,0 +1,82 @@
+"""This machine's own llama.cpp: which build class the compute assumes, and its calibration."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from quantpick.config import Settings
+    from quantpick.machine.spec import LlamaServer, Machine
+    from quantpick.plan.build_class import ComputeRule
+    from quantpick.plan.calibration import Calibration
+    from quantpick.plan.memory import Overheads
+    from quantpick.plan.planner import PlanRequest
+
+
+@dataclass(frozen=True)
+class Tuning:
+    """What the installed llama.cpp and this machine's measurements change in a plan."""
+
+    rule: ComputeRule
+    calibration: Calibration | None = None  # applied (same GPUs, same build)
+    notes: tuple[str, ...] = ()  # one line each: what was applied, or why a profile was not
+
+
+def local_tuning(
+    machine: Machine,
+    llama_server: Path | None,
+    *,
+    settings: Settings | None = None,
+    sizes: tuple[int, ...] = (),
+    use_calibration: bool = True,
+) -> Tuning:
+    """The compute rule of the llama-server that will run the plan and this machine's calibration
+    profile for that build, if any. The build comes from `--llama-server`, else from a hardware
+    file that recorded one (`probe --json`), else from llama-server on PATH; none: conservative.
+    `sizes`: the planned model's file sizes (a profile applies to a model of its size class);
+    `use_calibration=False`: --no-calibration."""
+    from quantpick.machine.llamacpp import find_llama_server, inspect_llama_server
+    from quantpick.plan.build_class import CONSERVATIVE, compute_rule
+    from quantpick.plan.calibration import build_id
+    from quantpick.serve.calibration import load_calibration
+
+    notes: list[str] = []
+    recorded = machine.llama_server
+    server: LlamaServer | None
+    if llama_server is None and recorded is not None and recorded.build is not None:
+        server = recorded
+    else:
+        path = find_llama_server(llama_server)
+        server = inspect_llama_server(path) if path is not None else None
+        if server is not None and server.error is not None:
+            notes.append(f"llama-server at {path}: {server.error}")
+            server = None
+    if server is None:
+        rule, build = CONSERVATIVE, build_id(None, None, None)
+    else:
+        rule = compute_rule(server.version, server.build, server.commit)
+        build = build_id(server.build, server.commit, server.version)
+    if machine.described:
+        return Tuning(rule, notes=tuple(notes))
+    if not use_calibration:
+        return Tuning(rule, notes=(*notes, "calibration off (--no-calibration): uncalibrated"))
+    calibration, why = load_calibration(machine, build, sizes=sizes, settings=settings)
+    if calibration is not None:
+        return Tuning(rule, calibration, (*notes, calibration.label))
+    if why:
+        notes.append(f"calibration not applied: {why}")
+    return Tuning(rule, None, tuple(notes))
+
+
+def tune(
+    request: PlanRequest, overheads: Overheads, tuning: Tuning
+) -> tuple[PlanRequest, Overheads]:
+    """The request and overheads with the build's compute rule and the calibration applied."""
+    from quantpick.plan.calibration import apply_overheads
+
+    request = replace(request, compute_rule=tuning.rule, calibration=tuning.calibration)
+    if tuning.calibration is not None:
+        overheads = apply_overheads(overheads, tuning.calibration)
+    return request, overheads
