@@ -176,3 +176,74 @@ def test_planning_core_is_pure(module: str) -> None:
         if dep not in allowed and dep != "quantpick":
             problems.append(f"imports {dep}, which is not part of the pure core")
     assert problems == [], module
+
+
+# ---- the top floor: a command parses, calls one job, renders ---------------------------------
+
+MAX_COMMAND_BODY_LINES = 60
+
+
+def commands() -> list[tuple[str, ast.FunctionDef]]:
+    """Every CLI command: a function decorated with `<app>.command(...)` or `.callback()`."""
+    found = []
+    for name, path in all_modules().items():
+        if not name.startswith("quantpick.cli"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if not isinstance(node, ast.FunctionDef):
+                continue
+            for d in node.decorator_list:
+                f = d.func if isinstance(d, ast.Call) else d
+                if isinstance(f, ast.Attribute) and f.attr in ("command", "callback"):
+                    found.append((f"{name}.{node.name}", node))
+    return found
+
+
+def body_lines(fn: ast.FunctionDef) -> int:
+    """Lines of a function's body, its docstring left out."""
+    body = fn.body
+    if isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+        body = body[1:]
+    return (fn.end_lineno or fn.lineno) - body[0].lineno + 1 if body else 0
+
+
+def test_commands_are_read() -> None:
+    names = {n.rsplit(".", 1)[1] for n, _ in commands()}
+    assert {"pick_cmd", "get_cmd", "command_cmd", "serve_cmd", "estimate_cmd"} <= names
+
+
+def test_no_command_body_over_60_lines() -> None:
+    long = {n: body_lines(fn) for n, fn in commands() if body_lines(fn) > MAX_COMMAND_BODY_LINES}
+    assert long == {}
+
+
+def test_no_private_names_imported_across_modules() -> None:
+    offenders = []
+    for name, path in all_modules().items():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                if not node.module.startswith("quantpick") or node.module == name:
+                    continue
+                for alias in node.names:
+                    if alias.name.startswith("_") and not alias.name.startswith("__"):
+                        offenders.append(f"{name} <- {node.module}.{alias.name}")
+    assert offenders == []
+
+
+# The core inputs a command needs are built from its options in one place each
+# (quantpick/cli/groups.py): no command builds a machine, a plan request or overheads by hand.
+BUILT_ONCE = {"machine_from_options", "PlanRequest", "Overheads", "PlanInputs", "ConfirmOptions"}
+
+
+def test_core_inputs_are_built_only_by_the_option_groups() -> None:
+    offenders = []
+    for name, path in all_modules().items():
+        if not name.startswith("quantpick.cli") or name == "quantpick.cli.groups":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Call):
+                f = node.func
+                called = f.id if isinstance(f, ast.Name) else getattr(f, "attr", None)
+                if called in BUILT_ONCE:
+                    offenders.append(f"{name}:{node.lineno} {called}(...)")
+    assert offenders == []

@@ -218,7 +218,7 @@ class _Quiet:
         pass
 
 
-def _progress(quiet: bool) -> tuple[ProgressSink, Any]:
+def transfer_progress(quiet: bool) -> tuple[ProgressSink, Any]:
     from quantpick.fetch.transfer import NullProgress
 
     if quiet:
@@ -455,7 +455,7 @@ def download(
     from quantpick.cli.options import load_manifest
 
     manifest = load_manifest(model)
-    sink, context = _progress(quiet)
+    sink, context = transfer_progress(quiet)
     with context:
         report = fetch_model(
             manifest,

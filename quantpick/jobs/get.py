@@ -16,30 +16,19 @@ if TYPE_CHECKING:
     from quantpick.fetch.transfer import ProgressSink
     from quantpick.jobs.confirm import ConfirmOptions, ConfirmReport
     from quantpick.jobs.tuning import Tuning
-    from quantpick.machine.spec import Machine
-    from quantpick.model.manifest import Manifest
-    from quantpick.plan.memory import Overheads
-    from quantpick.plan.planner import Plan, PlanRequest
+    from quantpick.plan.planner import Plan
 
 
 @dataclass(frozen=True)
 class GetRequest:
     """`quantpick get`: the planning inputs and where and how to fetch."""
 
-    manifest: Manifest
-    machine: Machine
-    plan_request: PlanRequest
-    overheads: Overheads
+    plan: PlanInputs  # `network=False`: --offline (no hub is contacted); local_dir: set by get
     dest_dir: Path | None  # None: the default (the models dir, or the HF cache with --hf-cache)
-    exact: bool = False
-    network: bool = True  # False: --offline (no hub is contacted)
     source: str = "auto"
     allow_unverified: bool = False
     dry_run: bool = False
     confirm: ConfirmOptions | None = None  # None: --no-confirm
-    llama_server: Path | None = None  # the build whose compute rule and calibration apply
-    gpu_overhead_given: bool = False  # --gpu-overhead wins over a measured driver overhead
-    calibration: bool = True  # False: --no-calibration
 
 
 @dataclass(frozen=True)
@@ -84,28 +73,20 @@ def get(
     from quantpick.fetch.http import RetryPolicy
     from quantpick.fetch.stores import HashCache, hash_cache_path
 
-    manifest = req.manifest
-    vision = req.plan_request.vision
+    manifest = req.plan.manifest
+    vision = req.plan.request.vision
     dest = req.dest_dir if req.dest_dir is not None else settings.models_dir / manifest.id
     in_cache = settings.hf_cache and req.dest_dir is None
-    planned = plan_for(
-        PlanInputs(
-            manifest, req.machine, req.plan_request, req.overheads,
-            llama_server=req.llama_server, gpu_overhead_given=req.gpu_overhead_given,
-            exact=req.exact, network=req.network, local_dir=None if in_cache else dest,
-            calibration=req.calibration,
-        ),
-        settings=settings,
-    )  # fmt: skip
+    planned = plan_for(replace(req.plan, local_dir=None if in_cache else dest), settings=settings)
     first = planned.plan
     # what the file's own plan and the confirm rounds use: the tuned request and overheads
-    req = replace(req, plan_request=planned.inputs.request, overheads=planned.inputs.overheads)
+    tuned = planned.inputs
     if on_plan is not None:
         on_plan(first)
     warnings: list[str] = []
     report = None
     files: list[dict[str, Any]] | None = None
-    offline = not req.network or settings.offline
+    offline = not req.plan.network or settings.offline
     if offline and req.dry_run:
         # Offline means offline, dry run included: the plan and the local files, no hub.
         warnings.append(f"offline: no hub contacted; the dry run shows the plan for {dest}")
@@ -172,11 +153,11 @@ def get(
     confirmation = None
     if not req.dry_run:
         final = plan_on_local_file(
-            manifest, first.quant, model_path, req.machine, req.plan_request, req.overheads
+            manifest, first.quant, model_path, tuned.machine, tuned.request, tuned.overheads
         )
         if req.confirm is not None:
             confirmation = confirm_local_plan(
-                final, manifest, model_path, req.machine, req.plan_request, req.overheads,
+                final, manifest, model_path, tuned.machine, tuned.request, tuned.overheads,
                 req.confirm,
             )  # fmt: skip
             final = confirmation.plan

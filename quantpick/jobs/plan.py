@@ -117,9 +117,9 @@ def tuned(inputs: PlanInputs, *, settings: Settings | None = None) -> tuple[Plan
         inputs.machine, inputs.llama_server, settings=settings,
         sizes=model_sizes(inputs.manifest), use_calibration=inputs.calibration,
     )  # fmt: skip
-    request, overheads = tune(inputs.request, inputs.overheads, tuning)
-    if inputs.gpu_overhead_given:
-        overheads = replace(overheads, gpu_context_by_device=inputs.overheads.gpu_context_by_device)
+    request, overheads = tune(
+        inputs.request, inputs.overheads, tuning, gpu_overhead_given=inputs.gpu_overhead_given
+    )
     return replace(inputs, request=request, overheads=overheads), tuning
 
 

@@ -77,24 +77,23 @@ def serve(
     from quantpick.serve.flags import capabilities_for
     from quantpick.serve.server import start_server
 
-    g = req.get
+    g = req.get.plan
     manifest = g.manifest
     fetched: GetResult | None = None
     if req.local_file is not None:
         quant = req.local_quant or manifest.files[0].quant
         model_path, mmproj_path = req.local_file, req.mmproj_path
-        p = plan_on_local_file(manifest, quant, model_path, g.machine, g.plan_request,
-                               g.overheads)  # fmt: skip
+        p = plan_on_local_file(manifest, quant, model_path, g.machine, g.request, g.overheads)
         if on_plan is not None:
             on_plan(p)
         confirmation = None
-        if g.confirm is not None:
+        if req.get.confirm is not None:
             confirmation = confirm_local_plan(
-                p, manifest, model_path, g.machine, g.plan_request, g.overheads, g.confirm
+                p, manifest, model_path, g.machine, g.request, g.overheads, req.get.confirm
             )
             p = confirmation.plan
     else:
-        fetched = get(replace(g, dry_run=False), settings=settings, progress=progress,
+        fetched = get(replace(req.get, dry_run=False), settings=settings, progress=progress,
                       on_plan=on_plan, live=live)  # fmt: skip
         p, confirmation = fetched.plan, fetched.confirmation
         model_path, mmproj_path = fetched.model_path, fetched.mmproj_path

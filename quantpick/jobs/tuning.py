@@ -70,13 +70,19 @@ def local_tuning(
     return Tuning(rule, None, tuple(notes))
 
 
-def tune(
-    request: PlanRequest, overheads: Overheads, tuning: Tuning
-) -> tuple[PlanRequest, Overheads]:
-    """The request and overheads with the build's compute rule and the calibration applied."""
+def tuned_overheads(overheads: Overheads, tuning: Tuning, *, gpu_overhead_given: bool) -> Overheads:
+    """`overheads` with this machine's measured driver overhead per GPU, unless --gpu-overhead
+    was given: the user's figure wins over a measured one."""
     from quantpick.plan.calibration import apply_overheads
 
+    if tuning.calibration is None or gpu_overhead_given:
+        return overheads
+    return apply_overheads(overheads, tuning.calibration)
+
+
+def tune(
+    request: PlanRequest, overheads: Overheads, tuning: Tuning, *, gpu_overhead_given: bool = False
+) -> tuple[PlanRequest, Overheads]:
+    """The request and overheads with the build's compute rule and the calibration applied."""
     request = replace(request, compute_rule=tuning.rule, calibration=tuning.calibration)
-    if tuning.calibration is not None:
-        overheads = apply_overheads(overheads, tuning.calibration)
-    return request, overheads
+    return request, tuned_overheads(overheads, tuning, gpu_overhead_given=gpu_overhead_given)

@@ -94,7 +94,7 @@ ROLES = ("model", "mmproj")
 SOURCE_KINDS = ("hf", "modelscope", "mirror")
 ORIGIN_BUNDLED, ORIGIN_USER, ORIGIN_ENV = "bundled", "user", "QUANTPICK_MANIFESTS"
 
-_HINT = (
+MANIFEST_HINT = (
     "fix or remove that file (`quantpick manifest check FILE` re-checks it); "
     "the format is described in manifests/README.md"
 )
@@ -150,7 +150,7 @@ class _Reader:
 
     def fail(self, key: str | None, message: str) -> NoReturn:
         where = self.path(key) if key is not None else (self.prefix or "(top level)")
-        raise ManifestError(f"{self.file}: {where}: {message}", hint=_HINT)
+        raise ManifestError(f"{self.file}: {where}: {message}", hint=MANIFEST_HINT)
 
     def check_keys(self, allowed: Iterable[str]) -> None:
         allowed = tuple(allowed)

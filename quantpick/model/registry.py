@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from quantpick.errors import ManifestError, UnknownModelError, UsageError
 from quantpick.model.manifest import (
-    _HINT,
+    MANIFEST_HINT,
     ORIGIN_BUNDLED,
     ORIGIN_ENV,
     ORIGIN_USER,
@@ -39,9 +39,9 @@ def load_manifest_file(path: Path, *, origin: str | None = None) -> Manifest:
     try:
         data = tomllib.loads(raw.decode("utf-8"))
     except UnicodeDecodeError:
-        raise ManifestError(f"{label}: not UTF-8 text", hint=_HINT) from None
+        raise ManifestError(f"{label}: not UTF-8 text", hint=MANIFEST_HINT) from None
     except tomllib.TOMLDecodeError as exc:
-        raise ManifestError(f"{label}: invalid TOML: {exc}", hint=_HINT) from None
+        raise ManifestError(f"{label}: invalid TOML: {exc}", hint=MANIFEST_HINT) from None
     manifest = parse_manifest(data, label)
     if origin is not None:
         from dataclasses import replace

@@ -160,7 +160,7 @@ def _float32(value: float) -> float:
     return float(struct.unpack("<f", struct.pack("<f", value))[0])
 
 
-def _num(value: float) -> str:
+def flag_number(value: float) -> str:
     """The shortest decimal llama.cpp reads back as the same number: 0.6 -> '0.6', 20.0 -> '20'.
 
     llama.cpp parses these flags with std::stof (float32), and GGUF headers store
@@ -341,7 +341,7 @@ def build_command(
             )
         gpu_names_matter = any(n.upper().startswith("CUDA") for n in names)
     if config.tensor_split is not None and not cpu_only:
-        add("-ts", ",".join(_num(v) for v in config.tensor_split))
+        add("-ts", ",".join(flag_number(v) for v in config.tensor_split))
         # -ts covers the local GPUs too (after the RPC devices): their CUDA order matters.
         gpu_names_matter = True
 
@@ -409,10 +409,10 @@ def build_command(
         add("--reasoning-format", "deepseek", required=False)
     if manifest is not None and manifest.sampling is not None:
         s = manifest.sampling
-        add("--temp", _num(s.temperature), required=False)
-        add("--top-p", _num(s.top_p), required=False)
+        add("--temp", flag_number(s.temperature), required=False)
+        add("--top-p", flag_number(s.top_p), required=False)
         add("--top-k", str(s.top_k), required=False)
-        add("--min-p", _num(s.min_p), required=False)
+        add("--min-p", flag_number(s.min_p), required=False)
     add("--host", server.host)
     add("--port", str(server.port))
     alias = server.alias if server.alias is not None else (manifest.id if manifest else None)
@@ -552,7 +552,7 @@ def render_line(cmd: ServerCommand) -> str:
     return " ".join([*_assignments(cmd), shlex.join(cmd.argv)])
 
 
-def _comment(text: str) -> list[str]:
+def comment_lines(text: str) -> list[str]:
     # A comment ends at a newline: every line of `text` gets its own '#', so a plan description
     # cannot smuggle a command into the script.
     return [f"# {line}".rstrip() for line in (text.splitlines() or [""])]
@@ -580,18 +580,18 @@ def render_script(
     """A bash script that execs the server; the plan, warnings and the RPC workers' own lines
     (to run on those machines first) are comments."""
     lines = ["#!/usr/bin/env bash", f"{WRITTEN_BY} Plan:"]
-    lines += _comment(plan_comment)
-    lines += _comment(f"Target: {cmd.target}")
+    lines += comment_lines(plan_comment)
+    lines += comment_lines(f"Target: {cmd.target}")
     for warning in cmd.warnings:
-        lines += _comment(f"Warning: {warning}")
+        lines += comment_lines(f"Warning: {warning}")
     if workers:
-        lines += _comment("Start these RPC workers first, each on its own machine:")
+        lines += comment_lines("Start these RPC workers first, each on its own machine:")
         for w in workers:
-            lines += _comment(f"  on {w.endpoint}: {shlex.join(w.argv)}")
+            lines += comment_lines(f"  on {w.endpoint}: {shlex.join(w.argv)}")
             for warning in w.warnings:
-                lines += _comment(f"    Warning: {warning}")
+                lines += comment_lines(f"    Warning: {warning}")
             for rule in w.firewall:
-                lines += _comment(f"    firewall: {rule}")
+                lines += comment_lines(f"    firewall: {rule}")
     lines.append("set -euo pipefail")
     program = cmd.argv[0]
     if "/" not in program:
@@ -664,7 +664,7 @@ def render_env(cmd: ServerCommand) -> str:
             rest.extend(g)
             continue
         exports.append(f"{name}={shlex.quote(_env_value(flag, value, name))}")
-    lines = _comment(f"llama-server environment written by quantpick; target: {cmd.target}")
+    lines = comment_lines(f"llama-server environment written by quantpick; target: {cmd.target}")
     lines += [f"export {e}" for e in exports]
     run = shlex.join([cmd.argv[0], *rest])
     # shlex.quote keeps newlines inside quotes; a comment cannot hold them, so show them escaped.
@@ -742,10 +742,10 @@ def render_systemd(cmd: ServerCommand, plan_comment: str, name: str) -> str:
     unit = systemd_unit_name(name)
     env_file = f"%h/.config/quantpick/{unit}.env"
     lines = [f"{WRITTEN_BY} Plan:"]
-    lines += _comment(plan_comment)
-    lines += _comment(f"Target: {cmd.target}")
+    lines += comment_lines(plan_comment)
+    lines += comment_lines(f"Target: {cmd.target}")
     for warning in cmd.warnings:
-        lines += _comment(f"Warning: {warning}")
+        lines += comment_lines(f"Warning: {warning}")
     lines += [
         "#",
         "# Install as a user service:",
@@ -917,13 +917,13 @@ def render_compose(
 
     env = {k: v for k, v in cmd.env.items() if k != "CUDA_VISIBLE_DEVICES"}
     lines = [f"{WRITTEN_BY} Plan:"]
-    lines += _comment(plan_comment)
-    lines += _comment(
+    lines += comment_lines(plan_comment)
+    lines += comment_lines(
         f"Flags checked against: {cmd.target}; the image runs its own llama.cpp build "
         "(pin a release tag of the image to keep them in step)"
     )
     for warning in cmd.warnings:
-        lines += _comment(f"Warning: {warning}")
+        lines += comment_lines(f"Warning: {warning}")
     lines.append("# Run: docker compose -f THIS_FILE up -d")
     if gpus:
         lines.append("# GPUs need the NVIDIA Container Toolkit on the host.")
@@ -1301,8 +1301,8 @@ def render_worker_lines(workers: tuple[WorkerCommand, ...]) -> str:
     """The workers' lines as a shell snippet: a comment saying where, then the command."""
     lines: list[str] = []
     for w in workers:
-        lines += _comment(f"on the RPC worker {w.endpoint} ({', '.join(w.devices)}), first:")
+        lines += comment_lines(f"on the RPC worker {w.endpoint} ({', '.join(w.devices)}), first:")
         lines.append(shlex.join(w.argv))
         for rule in w.firewall:
-            lines += _comment(f"  and: {rule}")
+            lines += comment_lines(f"  and: {rule}")
     return "\n".join(lines) + ("\n" if lines else "")
