@@ -54,13 +54,30 @@ _CONTROL = re.compile(
     r"|\x9b[0-?]*[ -/]*[@-~]"  # 8-bit CSI
     r"|\x1b[ -/]*[0-~]?"  # other escapes (and a lone ESC)
     r"|[\x00-\x08\x0b-\x1f\x7f-\x9f]"  # C0 (but \t, \n) and C1 controls, DEL
+    r"|[\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]"  # bidi marks, embeddings, overrides
 )
+# What `escaped` writes as a visible escape: every C0/C1 control and DEL (newline and tab too:
+# one value is one line), and the Unicode bidi controls (UAX #9: ALM, LRM, RLM, LRE..RLO,
+# LRI..PDI), which reorder what follows on a terminal ("Trojan Source", CVE-2021-42574).
+_UNSAFE_CHAR = re.compile(r"[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
 
 
 def printable(text: str) -> str:
     """`text` without terminal control sequences or control characters (tabs and newlines
     kept): what a tool printed, safe to show on a terminal."""
     return _CONTROL.sub("", text)
+
+
+def escaped(text: str) -> str:
+    """`text` with every control character and bidi control written as a visible escape
+    (`\\x1b`, `\\u202e`): a value from a file (an alias, a path in a record) shown as it is,
+    without letting it move the cursor, recolour or reorder the terminal."""
+
+    def escape(match: re.Match[str]) -> str:
+        code = ord(match.group(0))
+        return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+    return _UNSAFE_CHAR.sub(escape, text)
 
 
 @dataclass(frozen=True)

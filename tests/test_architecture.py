@@ -26,6 +26,7 @@ PURE_MODULES = {
     "quantpick.model.layout",
     "quantpick.model.ggml",
     "quantpick.model.gguf_names",
+    "quantpick.model.speculative",
 }
 # Standard-library modules that do I/O or read the environment.
 IO_MODULES = {

@@ -120,7 +120,9 @@ def list_cmd(json_: JsonOpt = False) -> None:
 
 
 def _ratio(value: object) -> str:
-    return f"{value:.3g}" if isinstance(value, (int, float)) else "-"
+    if isinstance(value, float) or (isinstance(value, int) and abs(value) < 10**300):
+        return f"{value:.3g}"
+    return "-"
 
 
 @calibration_app.command("show")

@@ -167,9 +167,13 @@ def _print_endpoint(result: ServeResult) -> None:
 
 def _status(settings: Settings, alias: str | None, port: int | None, json_: bool) -> None:
     from quantpick.cli import output
-    from quantpick.serve.server import list_records, select_records
+    from quantpick.process import escaped
+    from quantpick.serve.server import scan_records, select_records
 
-    records = select_records(list_records(settings.servers_dir), alias, port)
+    scan = scan_records(settings.servers_dir)
+    for problem in scan.problems:
+        output.note(problem.line())
+    records = select_records(scan.records, alias, port)
     if json_:
         output.print_json({"servers": [_record_doc(r) for r in records]})
         return
@@ -179,10 +183,11 @@ def _status(settings: Settings, alias: str | None, port: int | None, json_: bool
     now = time.time()
     for r in records:
         mode = "detached" if r.detached else f"foreground (quantpick pid {r.quantpick_pid})"
-        sys.stdout.write(
+        line = (
             f"{r.alias}: {r.base_url}/v1  pid {r.pid}, {r.quant or '?'} -c {r.ctx_size}, "
-            f"up {_duration(now - r.started)}, {mode}\n  log: {r.log}\n"
+            f"up {_duration(now - r.started)}, {mode}"
         )
+        sys.stdout.write(f"{escaped(line)}\n  log: {escaped(r.log)}\n")
 
 
 def _record_doc(r: ServerRecord) -> dict[str, Any]:
@@ -201,9 +206,13 @@ def _duration(seconds: float) -> str:
 def _stop(settings: Settings, alias: str | None, port: int | None, json_: bool) -> None:
     from quantpick.cli import output
     from quantpick.errors import QuantpickError, UsageError
-    from quantpick.serve.server import list_records, select_records, stop_record
+    from quantpick.process import escaped
+    from quantpick.serve.server import scan_records, select_records, stop_record
 
-    running = list_records(settings.servers_dir)
+    scan = scan_records(settings.servers_dir)
+    for problem in scan.problems:
+        output.note(problem.line())
+    running = scan.records
     chosen = select_records(running, alias, port)
     if not chosen:
         what = " ".join(x for x in (alias, f"on port {port}" if port else None) if x)
@@ -214,7 +223,7 @@ def _stop(settings: Settings, alias: str | None, port: int | None, json_: bool) 
             hint="`quantpick serve --status` lists them" if running else None,
         )
     if alias is None and port is None and len(chosen) > 1:
-        names = ", ".join(f"{r.alias} (port {r.port})" for r in chosen)
+        names = ", ".join(f"{escaped(r.alias)} (port {r.port})" for r in chosen)
         raise UsageError(
             f"{len(chosen)} servers are running: {names}",
             hint="name one: quantpick serve --stop ALIAS (or --port N)",
@@ -225,7 +234,7 @@ def _stop(settings: Settings, alias: str | None, port: int | None, json_: bool) 
         stopped.append({"alias": r.alias, "pid": r.pid, "port": r.port, "how": how})
         if not json_:
             forced = " with SIGKILL after the grace period" if how == "killed" else ""
-            output.note(f"Stopped {r.alias} (pid {r.pid}, port {r.port}){forced}.")
+            output.note(f"Stopped {escaped(r.alias)} (pid {r.pid}, port {r.port}){forced}.")
     if json_:
         output.print_json({"stopped": stopped})
 
@@ -342,6 +351,7 @@ def _start(
     line (and no process left) when stopped before it is ready."""
     from quantpick.cli import output
     from quantpick.errors import ServerError
+    from quantpick.process import printable
     from quantpick.serve.server import StopRequested, exit_code_for
 
     try:
@@ -351,7 +361,7 @@ def _start(
         if exc.log_lines:
             output.note("llama-server's own lines (the last that say what went wrong):")
             for line in exc.log_lines:
-                output.note(f"  {line}")
+                output.note(f"  {printable(line)}")
         raise
     except (KeyboardInterrupt, StopRequested) as stopped:
         progress_line.clear()

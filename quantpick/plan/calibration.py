@@ -54,6 +54,9 @@ REPEAT_SPREAD_MAX = 0.15
 DEPTH_SLACK = 1.05
 # A profile applies to a model one of whose files is within this factor of the measured file.
 SIZE_MATCH_FACTOR = 2.0
+# The filled context a bench measured decode at: 0 (none) up to 16 Mi tokens, above the longest
+# context any model is trained for (Llama 4 Scout: 10 M) and inside llama.cpp's uint32 n_ctx.
+MAX_DEPTH_TOKENS = 1 << 24
 
 # Figure -> attribute names on the speed model's result: today's SpeedEstimate (bandwidth bound)
 # and the coming ExpectedSpeed. The first name present wins.
@@ -158,7 +161,10 @@ def size_matches(measured_bytes: int, sizes: Sequence[int]) -> bool:
 def _number(value: object) -> float | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
-    return float(value)
+    try:
+        return float(value)
+    except OverflowError:  # an int of 400 digits: a number, but no finite float
+        return math.inf if value > 0 else -math.inf
 
 
 def _shown(value: object) -> str:
@@ -166,9 +172,39 @@ def _shown(value: object) -> str:
     return f"{number:.3g}" if number is not None else repr(value)[:40]
 
 
+def shape_problems(entry: object) -> list[str]:
+    """Why `entry` is not shaped like a bench entry at all (docs/calibration.md): an object whose
+    `measured`, `predicted`, `ratios` and `samples` are objects, `depth_tokens` a whole number
+    from 0 to MAX_DEPTH_TOKENS, `gpus` and `devices` lists. A file is edited by hand or written
+    by another version: such an entry is listed as invalid and never applied, never a crash."""
+    if not isinstance(entry, dict):
+        return [f"the entry is a JSON {type(entry).__name__}, not an object"]
+    problems = []
+    for key in ("measured", "predicted", "ratios", "samples"):
+        value = entry.get(key)
+        if value is not None and not isinstance(value, dict):
+            problems.append(f"{key} is a {type(value).__name__}, not an object")
+    depth = entry.get("depth_tokens", 0)
+    if isinstance(depth, bool) or not isinstance(depth, int):
+        problems.append(f"depth_tokens is {_shown(depth)}, not a whole number")
+    elif not 0 <= depth <= MAX_DEPTH_TOKENS:
+        problems.append(f"depth_tokens is {_shown(depth)}: not 0-{MAX_DEPTH_TOKENS}")
+    else:
+        ratios = entry.get("ratios")
+        if isinstance(ratios, dict) and ratios.get("decode_depth") is not None and depth == 0:
+            problems.append("decode_depth is measured at depth_tokens 0")
+    for key in ("gpus", "devices"):
+        value = entry.get(key)
+        if value is not None and not isinstance(value, list):
+            problems.append(f"{key} is a {type(value).__name__}, not a list")
+    return problems
+
+
 def plausibility_problems(entry: dict[str, Any]) -> list[str]:
     """Why a bench entry (docs/calibration.md) cannot calibrate anything; [] when it can."""
-    problems: list[str] = []
+    problems: list[str] = shape_problems(entry)
+    if problems:
+        return problems
     measured = entry.get("measured") or {}
     predicted = entry.get("predicted") or {}
     ratios = entry.get("ratios") or {}
@@ -235,6 +271,8 @@ def plausibility_problems(entry: dict[str, Any]) -> list[str]:
 
 
 def entry_scope(entry: dict[str, Any]) -> CalibrationScope:
+    if not isinstance(entry, dict):
+        return CalibrationScope("unknown", (), 0)
     devices = entry.get("devices")
     size = _number(entry.get("model_bytes"))
     return CalibrationScope(
@@ -385,6 +423,13 @@ def calibration_from_profile(
         return None, f"the calibration was measured on other GPUs ({names}); re-run quantpick bench"
     profiles = stored.get("profiles")
     entries = [e for e in profiles if isinstance(e, dict)] if isinstance(profiles, list) else []
+    invalid = [e for e in entries if shape_problems(e)]
+    entries = [e for e in entries if not shape_problems(e)]
+    if invalid and not entries:
+        return None, (
+            f"the stored calibration is not valid ({shape_problems(invalid[0])[0]}); "
+            "`quantpick calibration reset` removes it"
+        )
     of_build = [e for e in entries if e.get("build_id") == build]
     if not of_build:
         others = ", ".join(sorted({str(e.get("build_id")) for e in entries})) or "none"
@@ -423,7 +468,7 @@ def calibration_from_profile(
     factors = SpeedFactors(
         decode_empty=ratios.get("decode_empty"),
         decode_depth=ratios.get("decode_depth"),
-        depth_tokens=int(entry.get("depth_tokens", 0)),
+        depth_tokens=entry.get("depth_tokens", 0),
         prefill=ratios.get("prefill"),
     )
     overhead = tuple(

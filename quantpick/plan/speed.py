@@ -455,8 +455,10 @@ def attention_reads(
 def filled(fill: int, window_bytes: int, full_bytes: int, n_swa: int) -> float:
     """KV bytes attention reads at `fill` tokens: every cell of a full layer, at most n_swa of a
     sliding one."""
-    return fill * full_bytes + min(fill, n_swa) * window_bytes if n_swa else fill * (
-        full_bytes + window_bytes
+    return (
+        fill * full_bytes + min(fill, n_swa) * window_bytes
+        if n_swa
+        else fill * (full_bytes + window_bytes)
     )
 
 
@@ -993,6 +995,69 @@ def decode_seconds(
             rate = _host_rate(dev, params)
             seconds += w.decode_bytes / rate
             seconds += depth * params.kv_depth_factor / rate
+    return seconds
+
+
+def verify_seconds(
+    work: SpeedWork,
+    devices: dict[str, DeviceSpeed],
+    fill: int,
+    tokens: int,
+    params: SpeedParams = DEFAULT_SPEED_PARAMS,
+    *,
+    token_share: float = 0.0,
+    efficiency: float = 1.0,
+    server: bool = True,
+) -> float:
+    """Seconds for one speculative verify batch of `tokens` tokens (the drafts plus the last
+    accepted one) after `fill`: one decode step, plus what the extra rows add. Each MoE layer
+    reads the experts `tokens` tokens pick (1 - (1 - used)^tokens of them, not `used`); each
+    extra row costs `token_share` of the step's weight streaming (the quantized mat-vec kernels
+    take a few rows at one pass over the weights: ggml-cuda mmvq up to 8) and attends over the
+    fill. `efficiency` < 1 slows that extra part (a backend whose small-batch kernels are
+    slower than its mat-vec ones)."""
+    seconds = decode_seconds(work, devices, fill, params, server=server)
+    if tokens <= 1:
+        return seconds
+    used = work.expert_used_fraction
+    touched = 1.0 - (1.0 - used) ** tokens if used < 1.0 else 1.0
+    quant = params.kv_quant_factor if work.kv_quantized else 1.0
+    find = _lookup(devices)
+    extra = 0.0
+    for w in work.devices:
+        dev = find(w)
+        if w.kind == "gpu":
+            rate = dev.bandwidth_bytes_per_s * params.gpu_bandwidth_efficiency
+        else:
+            rate = _host_rate(dev, params)
+        depth = filled(fill, w.kv_window_bytes, w.kv_depth_bytes, work.n_swa)
+        extra += w.expert_resident_bytes * max(0.0, touched - used) / rate
+        extra += (tokens - 1) * token_share * w.decode_bytes / rate
+        extra += (tokens - 1) * depth * params.kv_depth_factor * quant / rate
+    return seconds + extra / max(efficiency, 1e-6)
+
+
+def layers_seconds(
+    work: SpeedWork,
+    devices: dict[str, DeviceSpeed],
+    slots: dict[str, tuple[LayerKinds, int]],
+    params: SpeedParams = DEFAULT_SPEED_PARAMS,
+) -> float:
+    """Seconds of one token through a few layers only (an MTP draft step: the NextN block and
+    the output head): the token's fixed cost, each GPU's fixed cost of its `LayerKinds`, and
+    the bytes read there. `slots`: device -> (its layers' kinds, the bytes they read)."""
+    seconds = params.token_fixed_ms * 1e-3
+    find = _lookup(devices)
+    for w in work.devices:
+        if w.device not in slots:
+            continue
+        kinds, nbytes = slots[w.device]
+        dev = find(w)
+        if w.kind == "gpu":
+            seconds += _gpu_fixed_seconds(kinds, dev, params)
+            seconds += nbytes / (dev.bandwidth_bytes_per_s * params.gpu_bandwidth_efficiency)
+        else:
+            seconds += nbytes / _host_rate(dev, params)
     return seconds
 
 

@@ -15,6 +15,14 @@ What llama-server does, from the pinned tree (b11312, tools/server):
   the kernel splits connections between them: a busy port is never reported by llama-server
   itself. `port_is_free` binds without SO_REUSEPORT, which fails on any listener.
 
+Stopping from another command (`serve --stop`) trusts nothing in the record until the process
+proves it is the llama-server the record names (`verify`): a pid above 1 that is not quantpick's
+own, the same start time (/proc/PID/stat field 22: a pid alone is reused), the leader of its own
+session and process group (quantpick starts every server with setsid, so its group is its pid;
+any other group is not one quantpick created), the recorded executable (/proc/PID/exe) and the
+recorded argv (/proc/PID/cmdline). A record that cannot prove it (no start time, another
+executable, a system without /proc) is refused with what to do instead, and nothing is signalled.
+
 Stopping: SIGTERM to the server's process group (it runs in its own session, so a Ctrl-C in
 the terminal reaches quantpick only and quantpick decides), then SIGKILL after the grace period.
 In the foreground on Linux the child also gets PR_SET_PDEATHSIG, so even a quantpick killed with
@@ -34,11 +42,12 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
+from enum import Enum
 from pathlib import Path
 from typing import Any
 
-from quantpick.errors import ServerError, UsageError
+from quantpick.errors import QuantpickError, ServerError, UsageError
 
 # Seconds to wait for /health: reading a 71 GB BF16 file from a 150 MB/s disk takes ~8 minutes;
 # a cached or NVMe load is seconds. docker compose's start_period here is 15 min for the same
@@ -62,6 +71,13 @@ LOG_EXCERPT_LINES = 8
 # PR_SET_PDEATHSIG from <linux/prctl.h>.
 _PR_SET_PDEATHSIG = 1
 _RECORD_SUFFIX = ".json"
+# The largest pid Linux hands out: PID_MAX_LIMIT, 4 Mi on 64-bit (include/linux/threads.h);
+# macOS and the BSDs stay far below (99999). A record naming another pid is not one of ours.
+PID_MAX = 4 * 1024 * 1024
+# A record is ~1 KB (an argv of ~40 flags); anything over this is not one quantpick wrote.
+MAX_RECORD_BYTES = 256 * 1024
+# /proc/PID/cmdline is read up to this (ARG_MAX is 2 MiB by default on Linux).
+MAX_CMDLINE_BYTES = 4 * 1024 * 1024
 
 
 class StopRequested(BaseException):
@@ -173,10 +189,14 @@ def log_tail(path: Path, max_bytes: int = 64 * 1024) -> list[str]:
             data = f.read()
     except OSError:
         return []
+    from quantpick.process import printable
+
     lines = data.decode("utf-8", "replace").splitlines()
     if size > max_bytes and lines:
         lines = lines[1:]  # the first one is cut
-    return [line.rstrip() for line in lines if line.strip()]
+    # llama-server's lines reach the terminal (failures, the progress line): no escapes in them
+    lines = [printable(line).rstrip() for line in lines]
+    return [line for line in lines if line.strip()]
 
 
 def failure_lines(lines: Sequence[str], limit: int = LOG_EXCERPT_LINES) -> tuple[str, ...]:
@@ -302,6 +322,10 @@ def _zombie(pid: int) -> bool:
 
 
 def _signal_group(pgid: int, signum: int) -> None:
+    # killpg(0) is the caller's own group, killpg(1) (kill(-1)) every process it may signal:
+    # never, whatever asked for it; nor quantpick's own group.
+    if pgid <= 1 or pgid == os.getpgrp():
+        raise QuantpickError(f"refusing to signal process group {pgid}")
     try:
         os.killpg(pgid, signum)
     except ProcessLookupError:
@@ -340,18 +364,126 @@ def stop_process(
     return "killed"
 
 
-def process_start_ticks(pid: int) -> int | None:
-    """The process's start time in clock ticks since boot (/proc/PID/stat field 22): with the
-    pid, it names one process for good (a pid alone is reused). None off Linux."""
+@dataclass(frozen=True)
+class ProcStat:
+    """The fields of /proc/PID/stat that name a process (proc(5))."""
+
+    state: str  # field 3: "R", "S", "Z" (zombie), ...
+    pgrp: int  # field 5
+    session: int  # field 6
+    start_ticks: int  # field 22: clock ticks since boot
+
+
+def proc_stat(pid: int) -> ProcStat | None:
+    """/proc/PID/stat of `pid`; None when there is no such process or no /proc (off Linux)."""
+    if pid <= 0:
+        return None
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
-    fields = stat.rsplit(")", 1)[-1].split()
-    try:
-        return int(fields[19])  # field 22 overall; fields[0] is field 3 (state)
+    fields = stat.rsplit(")", 1)[-1].split()  # the name (field 2) may hold spaces and ")"
+    try:  # fields[0] is field 3 overall
+        return ProcStat(fields[0], int(fields[2]), int(fields[3]), int(fields[19]))
     except (IndexError, ValueError):
         return None
+
+
+def process_start_ticks(pid: int) -> int | None:
+    """The process's start time in clock ticks since boot (/proc/PID/stat field 22): with the
+    pid, it names one process for good (a pid alone is reused). None off Linux."""
+    stat = proc_stat(pid)
+    return stat.start_ticks if stat is not None else None
+
+
+def process_exe(pid: int) -> str | None:
+    """The executable `pid` runs (/proc/PID/exe; " (deleted)" dropped); None when unreadable."""
+    try:
+        target = os.readlink(f"/proc/{pid}/exe")
+    except OSError:
+        return None
+    return target.removesuffix(" (deleted)")
+
+
+def process_argv(pid: int) -> tuple[str, ...] | None:
+    """`pid`'s argv (/proc/PID/cmdline); None when unreadable."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            data = f.read(MAX_CMDLINE_BYTES)
+    except OSError:
+        return None
+    return tuple(os.fsdecode(part) for part in data.split(b"\0")[:-1])
+
+
+class Identity(Enum):
+    OURS = "ours"  # the llama-server the record names, running
+    GONE = "gone"  # it ended (the pid is free, or held by a newer process)
+    REFUSED = "refused"  # a process runs there that cannot be proven to be it
+
+
+@dataclass(frozen=True)
+class Verdict:
+    identity: Identity
+    reason: str = ""  # why, for REFUSED
+
+
+def _pid_exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # EPERM: someone else's process
+    return True
+
+
+def _runs_recorded_argv(actual: tuple[str, ...], recorded: tuple[str, ...]) -> bool:
+    """The process's argv is the recorded one, or (a script: the kernel runs its `#!`
+    interpreter with the script's path and arguments after the interpreter's own) ends with it."""
+    if actual == recorded:
+        return True
+    extra = len(actual) - len(recorded)
+    return 1 <= extra <= 2 and actual[extra:] == recorded
+
+
+def verify(record: ServerRecord) -> Verdict:
+    """Whether the record's process is the llama-server quantpick started (see the module's
+    docstring): the one check before any signal to a process quantpick did not just start."""
+    pid = record.pid
+    if not 1 < pid <= PID_MAX:
+        return Verdict(Identity.REFUSED, f"pid {pid} cannot be a server quantpick started")
+    if pid in (os.getpid(), os.getpgrp(), os.getsid(0)):
+        return Verdict(Identity.REFUSED, f"pid {pid} is this quantpick itself or its group")
+    if record.start_ticks is None:
+        if not _pid_exists(pid):
+            return Verdict(Identity.GONE)
+        return Verdict(
+            Identity.REFUSED,
+            "the record has no start time (an older quantpick wrote it, or this system has no "
+            f"/proc), so pid {pid} cannot be proven to be its llama-server",
+        )
+    stat = proc_stat(pid)
+    if stat is None:
+        if not _pid_exists(pid):
+            return Verdict(Identity.GONE)
+        return Verdict(Identity.REFUSED, f"/proc/{pid}/stat cannot be read")
+    if stat.state == "Z" or stat.start_ticks != record.start_ticks:
+        return Verdict(Identity.GONE)  # it ended; the pid may now be someone else's
+    if stat.pgrp != pid or stat.session != pid:
+        return Verdict(
+            Identity.REFUSED,
+            f"pid {pid} is in process group {stat.pgrp}, session {stat.session}: not the "
+            "session of its own that quantpick starts every llama-server in",
+        )
+    exe = process_exe(pid)
+    expected = record.exe or os.path.realpath(record.argv[0])
+    if exe is None or exe != expected:
+        return Verdict(Identity.REFUSED, f"pid {pid} runs {exe or 'an unreadable executable'!s}, "
+                       f"not the recorded {expected}")  # fmt: skip
+    argv = process_argv(pid)
+    if argv is None or not _runs_recorded_argv(argv, record.argv):
+        return Verdict(Identity.REFUSED, f"pid {pid}'s command line is not the recorded one")
+    return Verdict(Identity.OURS)
 
 
 # ---- records ---------------------------------------------------------------------------------
@@ -376,6 +508,7 @@ class ServerRecord:
     quant: str | None = None
     ctx_size: int = 0
     n_parallel: int = 1
+    exe: str | None = None  # /proc/PID/exe when it started (the interpreter, for a script)
 
     @property
     def base_url(self) -> str:
@@ -389,11 +522,102 @@ class ServerRecord:
         return data
 
     @staticmethod
-    def from_dict(data: dict[str, Any]) -> ServerRecord:
-        known = set(ServerRecord.__dataclass_fields__)
-        values = {k: v for k, v in data.items() if k in known}
-        values["argv"] = tuple(values.get("argv", ()))
-        return ServerRecord(**values)
+    def from_dict(data: Any) -> ServerRecord:
+        """The record in `data` (a JSON document); RecordError saying what is wrong with it
+        (not an object, a pid that is not a whole number from 2 to PID_MAX, a missing key...)."""
+        return parse_record(data)
+
+
+class RecordError(ValueError):
+    """A server record that is not one quantpick wrote: the reason, in a few words."""
+
+
+_MAX_INT = 2**63 - 1  # what /proc and time_t hold; a larger number in a record is not ours
+
+
+def _int_field(data: dict[str, Any], key: str, low: int, high: int, default: Any = ...) -> Any:
+    if key not in data:
+        if default is ...:
+            raise RecordError(f"no {key!r}")
+        return default
+    value = data[key]
+    if value is None and default is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise RecordError(f"{key} is {type(value).__name__}, not a whole number")
+    if not low <= value <= high:
+        raise RecordError(
+            f"{key} {value if abs(value) < 10**12 else 'out of range'} is not {low}-{high}"
+        )
+    return value
+
+
+def _str_field(data: dict[str, Any], key: str, *, optional: bool = False) -> Any:
+    if key not in data or (optional and data[key] is None):
+        if optional:
+            return None
+        raise RecordError(f"no {key!r}")
+    value = data[key]
+    if not isinstance(value, str):
+        raise RecordError(f"{key} is {type(value).__name__}, not text")
+    return value
+
+
+def parse_record(data: Any) -> ServerRecord:
+    """Check every field's type and range (a record is a file anyone with write access to the
+    state directory can edit); RecordError with the first problem."""
+    if not isinstance(data, dict):
+        raise RecordError(f"a JSON {type(data).__name__}, not an object")
+    argv = data.get("argv")
+    if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv):
+        raise RecordError("argv is not a list of text")
+    started = data.get("started")
+    if not isinstance(started, (int, float)) or isinstance(started, bool):
+        raise RecordError("started is not a number")
+    if not 0 <= started < 2**53:  # NaN fails both
+        raise RecordError("started is out of range")
+    detached = data.get("detached")
+    if not isinstance(detached, bool):
+        raise RecordError("detached is not true/false")
+    return ServerRecord(
+        alias=_str_field(data, "alias"),
+        pid=_int_field(data, "pid", 2, PID_MAX),
+        host=_str_field(data, "host"),
+        port=_int_field(data, "port", 1, 65535),
+        log=_str_field(data, "log"),
+        argv=tuple(argv),
+        started=float(started),
+        detached=detached,
+        quantpick_pid=_int_field(data, "quantpick_pid", 0, PID_MAX),
+        start_ticks=_int_field(data, "start_ticks", 0, _MAX_INT, None),
+        model_path=_str_field(data, "model_path", optional=True),
+        quant=_str_field(data, "quant", optional=True),
+        ctx_size=_int_field(data, "ctx_size", 0, _MAX_INT, 0),
+        n_parallel=_int_field(data, "n_parallel", 1, 1 << 20, 1),
+        exe=_str_field(data, "exe", optional=True),
+    )
+
+
+def read_record(path: Path) -> ServerRecord:
+    """The record in file `path`: a regular file (no link, FIFO or device) of at most
+    MAX_RECORD_BYTES, valid JSON, valid fields. RecordError (or OSError) otherwise."""
+    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+    fd = os.open(path, flags)
+    with os.fdopen(fd, "rb") as f:
+        import stat as stat_module
+
+        if not stat_module.S_ISREG(os.fstat(fd).st_mode):
+            raise RecordError("not a regular file")
+        data = f.read(MAX_RECORD_BYTES + 1)
+    if len(data) > MAX_RECORD_BYTES:
+        raise RecordError(f"larger than {MAX_RECORD_BYTES // 1024} KiB")
+    try:
+        document = json.loads(data)
+    except RecursionError:
+        raise RecordError("nested too deeply") from None
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, a 5000-digit number
+        raise RecordError(f"not JSON ({str(exc)[:80]})") from None
+    return parse_record(document)
 
 
 def record_name(alias: str, port: int) -> str:
@@ -422,40 +646,84 @@ def write_record(directory: Path, record: ServerRecord) -> Path:
 def remove_record(directory: Path, record: ServerRecord) -> None:
     path = record_path(directory, record.alias, record.port)
     try:
-        current = ServerRecord.from_dict(json.loads(path.read_text()))
-    except (OSError, ValueError, TypeError):
+        current = read_record(path)
+    except (OSError, ValueError):
         return
     if current.pid == record.pid:  # a newer server under the same name keeps its record
         path.unlink(missing_ok=True)
 
 
 def is_alive(record: ServerRecord) -> bool:
-    """The recorded process is still the one that was started (same pid, same start time)."""
-    if _reap(record.pid):
-        return False
-    if record.start_ticks is not None:
-        return process_start_ticks(record.pid) == record.start_ticks
-    return True
+    """The recorded process still runs and is proven to be the one that was started."""
+    return verify(record).identity is Identity.OURS
 
 
-def list_records(directory: Path, *, prune: bool = True) -> list[ServerRecord]:
-    """The servers recorded in `directory` that are still running; records of servers that are
-    gone are removed (`prune`)."""
-    out = []
+@dataclass(frozen=True)
+class RecordProblem:
+    path: Path
+    reason: str
+
+    def line(self) -> str:
+        from quantpick.process import escaped
+
+        return f"skipping server record {escaped(str(self.path))}: {escaped(self.reason)}"
+
+
+@dataclass(frozen=True)
+class RecordScan:
+    records: list[ServerRecord] = field(default_factory=list)  # running, proven ours
+    problems: list[RecordProblem] = field(default_factory=list)  # one line each, then go on
+
+
+# Records read per listing: far more servers than one machine runs (each holds a model).
+MAX_RECORDS = 1000
+
+
+def scan_records(directory: Path, *, prune: bool = True) -> RecordScan:
+    """The servers recorded in `directory` that still run and are proven to be the ones started
+    (`verify`), and a problem for each record that is not: unreadable or malformed (left on
+    disk: remove it by hand), or naming a live process that cannot be proven to be its server.
+    Records of servers that are gone are removed (`prune`)."""
+    scan = RecordScan()
     try:
         paths = sorted(directory.glob("*" + _RECORD_SUFFIX))
     except OSError:
-        return []
-    for path in paths:
+        return scan
+    for path in paths[:MAX_RECORDS]:
         try:
-            record = ServerRecord.from_dict(json.loads(path.read_text()))
-        except (OSError, ValueError, TypeError):
+            record = read_record(path)
+        except RecordError as exc:
+            scan.problems.append(RecordProblem(path, f"{exc}; remove the file"))
             continue
-        if is_alive(record):
-            out.append(record)
-        elif prune:
-            path.unlink(missing_ok=True)
-    return out
+        except OSError as exc:
+            scan.problems.append(RecordProblem(path, exc.strerror or str(exc)))
+            continue
+        verdict = verify(record)
+        if verdict.identity is Identity.OURS:
+            scan.records.append(record)
+        elif verdict.identity is Identity.GONE:
+            if prune:
+                path.unlink(missing_ok=True)
+        else:
+            scan.problems.append(RecordProblem(path, f"{verdict.reason}; {_by_hand(record)}"))
+    if len(paths) > MAX_RECORDS:
+        scan.problems.append(
+            RecordProblem(directory, f"only the first {MAX_RECORDS} of {len(paths)} records read")
+        )
+    return scan
+
+
+def _by_hand(record: ServerRecord) -> str:
+    return (
+        f"if pid {record.pid} is that llama-server, stop it with `kill {record.pid}`; "
+        "then remove the record"
+    )
+
+
+def list_records(directory: Path, *, prune: bool = True) -> list[ServerRecord]:
+    """The servers recorded in `directory` that are still running (scan_records, without its
+    problems)."""
+    return scan_records(directory, prune=prune).records
 
 
 def select_records(
@@ -538,6 +806,7 @@ def start_server(
             detached=detach,
             quantpick_pid=os.getpid(),
             start_ticks=process_start_ticks(process.pid),
+            exe=process_exe(process.pid),
             **dict(record_extra or {}),
         )
         try:
@@ -583,7 +852,20 @@ def run_until_stopped(
 
 
 def stop_record(record: ServerRecord, directory: Path, *, grace_s: float = STOP_GRACE_S) -> str:
-    """Stop a recorded server (from another command) and drop its record."""
-    how = stop_process(record.pid, grace_s=grace_s) if is_alive(record) else "stopped"
+    """Stop a recorded server (from another command) and drop its record. Nothing is signalled
+    unless `verify` proves the process is that server: QuantpickError (exit 1) otherwise. (The
+    check and the first signal are microseconds apart; for another process to be signalled, the
+    server would have to end, be reaped, and its pid be handed to a new session leader between.)"""
+    verdict = verify(record)
+    if verdict.identity is Identity.REFUSED:
+        from quantpick.process import escaped
+
+        raise QuantpickError(
+            f"not stopping {escaped(record.alias)}: {escaped(verdict.reason)}",
+            hint=_by_hand(record),
+        )
+    how = "stopped"
+    if verdict.identity is Identity.OURS:
+        how = stop_process(record.pid, grace_s=grace_s)
     remove_record(directory, record)
     return how

@@ -153,3 +153,38 @@ def test_no_calibration_on_the_planning_commands(tiny: Path) -> None:
         assert without.exit_code in (0, 3), without.stderr
         assert "calibration off (--no-calibration)" in without.stderr, args
         assert "calibration off" not in with_it.stderr
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "why"),
+    [
+        ("ratios", [0.5, 0.5], "ratios is a list, not an object"),
+        ("measured", [60.0], "measured is a list, not an object"),
+        ("depth_tokens", "8192", "depth_tokens is '8192', not a whole number"),
+        ("depth_tokens", -5, "depth_tokens is -5: not 0-16777216"),
+        pytest.param("depth_tokens", 10**400, "depth_tokens is inf: not 0-16777216", id="huge"),
+        ("depth_tokens", 8192.5, "depth_tokens is 8.19e+03, not a whole number"),
+        ("depth_tokens", float("nan"), "depth_tokens is nan, not a whole number"),
+        ("devices", "GPU-a", "devices is a str, not a list"),
+        pytest.param("ratios", {"decode_empty": 10**400}, "is inf: outside", id="huge-ratio"),
+    ],
+)
+def test_a_malformed_stored_entry_is_listed_invalid_and_never_applied(
+    field: str, value: object, why: str
+) -> None:
+    """Before: `ratios` as a list or `depth_tokens` as a string crashed every pick (traceback);
+    `depth_tokens: -5` was applied."""
+    path = _store_one()
+    doc = json.loads(path.read_text())
+    doc["profiles"][0][field] = value
+    path.write_text(json.dumps(doc))
+    listed = runner.invoke(app, ["calibration", "list", "--json"])
+    assert listed.exit_code == 0 and listed.exception is None, listed.exception
+    (row,) = json.loads(listed.stdout)["entries"]
+    assert why in (row["problem"] or ""), row["problem"]
+    assert runner.invoke(app, ["calibration", "list"]).exception is None
+    pick = runner.invoke(app, ["pick", "qwen3.8-35b-a3b-distill", "-c", "4096", "--json",
+                               "--no-network"])  # fmt: skip
+    assert pick.exit_code in (0, 3) and pick.exception is None, pick.exception
+    assert json.loads(pick.stdout).get("calibration") is None
+    assert "calibration not applied:" in pick.stderr and why in pick.stderr

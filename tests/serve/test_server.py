@@ -5,6 +5,7 @@ tests/fake_llama_server.py), the log lines shown on a failure, and the records `
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -221,18 +222,28 @@ def test_stop_signals_turn_sigterm_into_stop_requested() -> None:
 
 
 def test_records_of_reused_pids_are_not_alive(tmp_path: Path) -> None:
-    me = srv.ServerRecord(alias="a b/c", pid=os.getpid(), host="0.0.0.0", port=9000, log="l",
-                          argv=("x",), started=0.0, detached=True, quantpick_pid=1,
-                          start_ticks=srv.process_start_ticks(os.getpid()))  # fmt: skip
-    assert srv.record_name(me.alias, me.port) == "a-b-c-9000"
-    assert me.base_url == "http://127.0.0.1:9000"
-    srv.write_record(tmp_path, me)
-    assert [r.alias for r in srv.list_records(tmp_path)] == ["a b/c"]
-    if me.start_ticks is not None:  # Linux: a pid now held by another process is not ours
+    sleep = shutil.which("sleep") or "/bin/sleep"
+    process = subprocess.Popen([sleep, "60"], start_new_session=True)  # as quantpick starts one
+    try:
+        me = srv.ServerRecord(alias="a b/c", pid=process.pid, host="0.0.0.0", port=9000,
+                              log="l", argv=(sleep, "60"), started=0.0, detached=True,
+                              quantpick_pid=1,
+                              start_ticks=srv.process_start_ticks(process.pid))  # fmt: skip
+        assert srv.record_name(me.alias, me.port) == "a-b-c-9000"
+        assert me.base_url == "http://127.0.0.1:9000"
+        srv.write_record(tmp_path, me)
+        if me.start_ticks is None:  # no /proc: nothing can be proven, so nothing is listed
+            assert srv.list_records(tmp_path) == []
+            return
+        assert [r.alias for r in srv.list_records(tmp_path)] == ["a b/c"]
+        # a pid now held by another process is not ours
         other = srv.ServerRecord(**{**me.to_dict(), "argv": ("x",), "alias": "other",
                                     "start_ticks": me.start_ticks + 1})  # fmt: skip
         srv.write_record(tmp_path, other)
         assert [r.alias for r in srv.list_records(tmp_path)] == ["a b/c"]
         assert not srv.record_path(tmp_path, "other", 9000).exists()
-    assert srv.select_records(srv.list_records(tmp_path), "nope", None) == []
-    assert len(srv.select_records(srv.list_records(tmp_path), None, 9000)) == 1
+        assert srv.select_records(srv.list_records(tmp_path), "nope", None) == []
+        assert len(srv.select_records(srv.list_records(tmp_path), None, 9000)) == 1
+    finally:
+        process.kill()
+        process.wait()

@@ -1,0 +1,333 @@
+"""Speculative decoding: its expected decode speed on one machine, and whether to turn it on.
+Pure: data in, data out.
+
+The speed of a speculative round (Leviathan et al. 2023, as llama-server runs it): the draft
+proposes n tokens, the target verifies n + 1 in one batch, and accepts a prefix. With a per-token
+acceptance probability a (each draft token accepted given the ones before it were), a round
+yields 1 + a + a^2 + ... + a^n tokens and costs n draft steps plus one verify batch of n + 1
+tokens. llama-server's "draft acceptance rate" is accepted / drafted (tools/server
+server-context.cpp `slot.n_draft_accepted / slot.n_draft_total`), i.e. (a + ... + a^n) / n when
+every round drafts n (MTP and draft models draft n_max with --spec-draft-p-min 0.00, the default:
+tests/data/llama-server-help-current.txt).
+
+The step costs come from plan/speed.py on this machine: `decode_seconds` for a plain step,
+`verify_seconds` for the batch of n + 1 (MoE layers read the experts n + 1 tokens pick),
+`layers_seconds` over the NextN block and the output head for an MTP draft step. Acceptance per
+kind and task is fitted to published runs (benchmarks/data/spec-measurements.json, cited row by
+row; benchmarks/spec_accuracy.py holds sources out and prints the error).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from enum import Enum
+
+from quantpick.model.layout import ModelLayout
+from quantpick.model.speculative import SpecKind
+from quantpick.plan.memory import Estimate
+from quantpick.plan.speed import (
+    DEFAULT_SPEED_PARAMS,
+    DeviceSpeed,
+    LayerKinds,
+    SpeedParams,
+    decode_seconds,
+    layers_seconds,
+    speed_work,
+    verify_seconds,
+)
+
+
+class Task(str, Enum):
+    """What the user decodes: acceptance differs by an order of magnitude between kinds of text."""
+
+    MIXED = "mixed"  # the mtp-bench mix of llama.cpp PR #22673 (code, prose, math, translation)
+    CODE = "code"
+    CHAT = "chat"  # explanations, answers, summaries
+    CREATIVE = "creative"
+
+
+# Per-token acceptance a (conditional, see the module doc) by kind and task. Fitted: the median a
+# of the rows of benchmarks/data/spec-measurements.json of that kind and task
+# (`python benchmarks/spec_accuracy.py --fit` prints fit and table side by side). MTP: rows 1-17
+# (llama.cpp PR #22673 mtp-bench runs, PR #24340 H800 per task, Strix Halo toolboxes, #23230);
+# draft models: rows 18-19 (llama.cpp #5877, #10455). N-gram: row 20 (PR #19493, code edited in
+# place: the context repeats, a = 0.99) is the best case; where the output does not repeat its
+# context an n-gram lookup rarely finds a draft, so the other tasks are priors (0.10-0.30, not
+# measured here): auto never picks n-gram for them. Unmeasured cells are priors below the
+# measured ones of their kind.
+ACCEPTANCE: dict[tuple[SpecKind, Task], float] = {
+    (SpecKind.MTP, Task.MIXED): 0.86,  # 11 rows
+    (SpecKind.MTP, Task.CODE): 0.91,  # row 15
+    (SpecKind.MTP, Task.CHAT): 0.84,  # row 17
+    (SpecKind.MTP, Task.CREATIVE): 0.79,  # row 16
+    (SpecKind.DRAFT, Task.MIXED): 0.87,  # rows 18-19
+    (SpecKind.DRAFT, Task.CODE): 0.86,  # row 19
+    (SpecKind.DRAFT, Task.CHAT): 0.89,  # row 18
+    (SpecKind.DRAFT, Task.CREATIVE): 0.80,  # prior
+    (SpecKind.NGRAM, Task.MIXED): 0.30,  # prior
+    (SpecKind.NGRAM, Task.CODE): 0.99,  # row 20 (editing code in place)
+    (SpecKind.NGRAM, Task.CHAT): 0.25,  # prior
+    (SpecKind.NGRAM, Task.CREATIVE): 0.10,  # prior
+}
+
+# Each extra verified row's share of a decode step's weight streaming, and a round's own cost
+# (sampling n + 1 tokens, the draft's bookkeeping, the recurrent-state snapshot of a hybrid).
+# Priors (0.05: mmvq reads the weights once for up to 8 rows; 1 ms: llama-server's per-round
+# work), checked by benchmarks/spec_accuracy.py: with them the MTP rows' held-out median error
+# is 14% (12 rows, worst 1.67x).
+VERIFY_TOKEN_SHARE = 0.05
+ROUND_OVERHEAD_MS = 1.0
+# An n-gram lookup drafts on the CPU from the context's hashes: no model step (common/
+# speculative.cpp common_speculative_impl_ngram_*: a hash-map lookup per round).
+NGRAM_DRAFT_MS = 0.05
+# How fast a backend runs the small verify batch relative to its mat-vec decode: CUDA's mmvq
+# takes up to 8 rows at one pass (ggml-cuda/mmvq.cu MMVQ_MAX_BATCH_SIZE); the AMD rows of the
+# data (llama.cpp #23549: RX 7900-class, Vulkan/ROCm, 7.7 tok/s with MTP vs 19.4 without; #23774
+# Strix Halo Vulkan: no gain) ask for ~0.25. An input: the backend is the machine's fact.
+BACKEND_VERIFY_EFFICIENCY = {"cuda": 1.0, "cpu": 1.0, "rpc": 1.0, "rocm": 0.25, "vulkan": 0.25}
+# llama-server's default --spec-draft-n-max (common/common.h: 3) and the range searched.
+DEFAULT_DRAFT_N_MAX = 3
+DRAFT_N_RANGE = range(1, 7)
+# A speculation is worth turning on when it decodes at least this much faster: below it the
+# prediction's own error (benchmarks/spec_accuracy.py: median ~15-25%) could make it a loss.
+MIN_GAIN = 1.15
+
+
+def accepted_per_round(a: float, n: int) -> float:
+    """Expected draft tokens accepted per round: a + a^2 + ... + a^n."""
+    return sum(a**i for i in range(1, n + 1))
+
+
+def acceptance_from_rate(rate: float, n: int) -> float:
+    """The per-token acceptance a whose accepted / drafted over n drafts is `rate` (bisection:
+    the rate rises with a)."""
+    if n <= 1:
+        return min(max(rate, 0.0), 1.0)
+    lo, hi = 0.0, 1.0
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        if accepted_per_round(mid, n) / n < rate:
+            lo = mid
+        else:
+            hi = mid
+    return (lo + hi) / 2
+
+
+def rate_from_acceptance(a: float, n: int) -> float:
+    """llama-server's draft acceptance rate (accepted / drafted) for per-token acceptance a."""
+    return accepted_per_round(a, n) / n if n else 0.0
+
+
+@dataclass(frozen=True)
+class StepCosts:
+    """Seconds of one plain decode step, of one draft step, and of a verify batch of k tokens
+    (verify[k], k = 1 .. max), on one machine at one fill."""
+
+    decode_s: float
+    draft_s: float
+    verify_s: tuple[float, ...]  # index k - 1
+
+    def verify(self, tokens: int) -> float:
+        return self.verify_s[min(tokens, len(self.verify_s)) - 1]
+
+
+def round_speed(
+    costs: StepCosts, a: float, n: int, overhead_ms: float = ROUND_OVERHEAD_MS
+) -> float:
+    """Decode tok/s with n drafts per round at per-token acceptance a."""
+    if n <= 0:
+        return 1.0 / costs.decode_s
+    seconds = costs.verify(n + 1) + n * costs.draft_s + overhead_ms * 1e-3
+    return (1.0 + accepted_per_round(a, n)) / seconds
+
+
+def mtp_draft_slots(layout: ModelLayout, estimate: Estimate) -> dict[str, tuple[LayerKinds, int]]:
+    """What one MTP draft step reads, per device: the NextN block(s) (attention + the experts one
+    token picks) and the output head, where the estimate placed them (the draft context runs on
+    the target's weights: common/speculative.cpp:2556-2567)."""
+    view = layout.view
+    used = view.expert_used_count / view.expert_count if view.expert_count else 1.0
+    out: dict[str, tuple[LayerKinds, int]] = {}
+
+    def add(device: str, kinds: LayerKinds, nbytes: int) -> None:
+        k, b = out.get(device, (LayerKinds(), 0))
+        out[device] = (
+            LayerKinds(
+                k.attention + kinds.attention, k.recurrent, k.moe + kinds.moe, k.ffn + kinds.ffn
+            ),
+            b + nbytes,
+        )
+
+    host = estimate.host.device
+    for d in estimate.devices:
+        for s in d.layers:
+            if s == layout.output_slot:
+                add(d.device, LayerKinds(), layout.slots[s].dense_bytes + layout.tied_output_bytes)
+            elif layout.is_nextn_slot(s):
+                sw = layout.slots[s]
+                moe = bool(sw.expert_bytes)
+                add(
+                    d.device,
+                    LayerKinds(attention=1, moe=int(moe), ffn=int(not moe)),
+                    sw.dense_bytes,
+                )
+                expert_dev = host if s in estimate.host.expert_layers else d.device
+                add(expert_dev, LayerKinds(), int(sw.expert_bytes * used))
+    return out
+
+
+def step_costs(
+    layout: ModelLayout,
+    estimate: Estimate,
+    devices: dict[str, DeviceSpeed],
+    kind: SpecKind,
+    *,
+    fill: int,
+    params: SpeedParams = DEFAULT_SPEED_PARAMS,
+    verify_efficiency: float = 1.0,
+    draft_s: float | None = None,
+    max_tokens: int = max(DRAFT_N_RANGE) + 1,
+    token_share: float = VERIFY_TOKEN_SHARE,
+) -> StepCosts:
+    """The step costs of `kind` on this machine for the placement of `estimate` (its config with
+    or without speculation: the trunk's work is the same). `draft_s`: a draft model's own decode
+    step (SpecKind.DRAFT), from its own estimate."""
+    trunk = replace(estimate, config=replace(estimate.config, spec_draft_n=0))
+    work = speed_work(layout, trunk)
+    decode = decode_seconds(work, devices, fill, params)
+    verify = tuple(
+        verify_seconds(
+            work, devices, fill, k, params, token_share=token_share, efficiency=verify_efficiency
+        )
+        for k in range(1, max_tokens + 1)
+    )
+    if kind is SpecKind.MTP:
+        mtp_work = speed_work(layout, replace(trunk, config=replace(trunk.config, spec_draft_n=1)))
+        draft = layers_seconds(mtp_work, devices, mtp_draft_slots(layout, estimate), params)
+    elif kind is SpecKind.NGRAM:
+        draft = NGRAM_DRAFT_MS * 1e-3
+    else:
+        if draft_s is None:
+            raise ValueError("a draft model's step cost is needed for SpecKind.DRAFT")
+        draft = draft_s
+    return StepCosts(decode, draft, verify)
+
+
+@dataclass(frozen=True)
+class SpecOption:
+    """One kind at its best --spec-draft-n-max on this machine."""
+
+    kind: SpecKind
+    draft_n_max: int
+    acceptance: float  # per-token a
+    tps: float  # expected decode tok/s with it
+    tps_without: float
+
+
+def best_option(
+    kind: SpecKind, costs: StepCosts, task: Task = Task.MIXED, acceptance: float | None = None
+) -> SpecOption:
+    """The draft count that decodes fastest for this kind on these costs."""
+    a = ACCEPTANCE[(kind, task)] if acceptance is None else acceptance
+    base = 1.0 / costs.decode_s
+    best_n, best = DEFAULT_DRAFT_N_MAX, 0.0
+    for n in DRAFT_N_RANGE:
+        tps = round_speed(costs, a, n)
+        if tps > best * 1.0001:
+            best_n, best = n, tps
+    return SpecOption(kind, best_n, a, best, base)
+
+
+class SpecMode(str, Enum):
+    OFF = "off"
+    AUTO = "auto"
+    MTP = "mtp"
+    DRAFT = "draft"
+    NGRAM = "ngram"
+
+    @property
+    def kind(self) -> SpecKind | None:
+        return None if self in (SpecMode.OFF, SpecMode.AUTO) else SpecKind(self.value)
+
+
+@dataclass(frozen=True)
+class SpecDecision:
+    enabled: bool
+    kind: SpecKind | None
+    draft_n_max: int
+    tps: float  # expected decode tok/s with the decision applied
+    tps_without: float
+    reason: str  # one line
+    options: tuple[SpecOption, ...] = ()
+    estimate: Estimate | None = None  # the plan's memory with speculation (when enabled)
+
+    @property
+    def gain(self) -> float:
+        return self.tps / self.tps_without if self.tps_without else 1.0
+
+
+def decide(
+    mode: SpecMode,
+    available: tuple[SpecKind, ...],
+    options: dict[SpecKind, SpecOption],
+    refused: dict[SpecKind, str],
+    tps_without: float,
+    *,
+    min_gain: float = MIN_GAIN,
+) -> SpecDecision:
+    """Turn speculation on only for a kind that is available, whose memory fits the plan as it
+    is (same quant, same context: `refused` says why a kind does not) and whose expected gain
+    reaches `min_gain` (auto) or is a gain at all (a kind asked by name still says when it is a
+    loss, and runs without it)."""
+
+    def off(reason: str) -> SpecDecision:
+        return SpecDecision(
+            False, None, 0, tps_without, tps_without, reason, tuple(options.values())
+        )
+
+    if mode is SpecMode.OFF:
+        return off("speculation off (--spec off)")
+    asked = mode.kind
+    if asked is not None:
+        if asked not in available:
+            return off(f"--spec {asked.value}: {_unavailable(asked)}; planned without it")
+        if asked in refused:
+            return off(f"--spec {asked.value}: {refused[asked]}; planned without it")
+        opt = options[asked]
+        if opt.tps <= tps_without:
+            return off(
+                f"--spec {asked.value} would decode slower here ({opt.tps:.1f} vs "
+                f"{tps_without:.1f} tok/s); planned without it"
+            )
+        return _on(opt, tuple(options.values()), asked=True)
+    usable = [options[k] for k in available if k in options and k not in refused]
+    if not usable:
+        why = "; ".join(f"{k.value}: {r}" for k, r in refused.items()) or "nothing to draft with"
+        return off(f"no speculation: {why}")
+    best = max(usable, key=lambda o: o.tps)
+    if best.tps < tps_without * min_gain:
+        return off(
+            f"no speculation: the best, {best.kind.value} with {best.draft_n_max} drafts, is "
+            f"expected at {best.tps:.1f} vs {tps_without:.1f} tok/s without (under "
+            f"{100 * (min_gain - 1):.0f}% gain) on this machine"
+        )
+    return _on(best, tuple(options.values()), asked=False)
+
+
+def _unavailable(kind: SpecKind) -> str:
+    return {
+        SpecKind.MTP: "the file has no NextN/MTP block and the repository no mtp- sidecar",
+        SpecKind.DRAFT: "no known draft model shares this model's vocabulary",
+        SpecKind.NGRAM: "the installed llama-server has no ngram-mod",
+    }[kind]
+
+
+def _on(opt: SpecOption, options: tuple[SpecOption, ...], *, asked: bool) -> SpecDecision:
+    gain = opt.tps / opt.tps_without if opt.tps_without else 1.0
+    reason = (
+        f"{opt.kind.value} speculation, {opt.draft_n_max} drafts: {opt.tps:.1f} vs "
+        f"{opt.tps_without:.1f} tok/s expected (x{gain:.2f}, acceptance "
+        f"{100 * rate_from_acceptance(opt.acceptance, opt.draft_n_max):.0f}%)"
+        + (" as asked" if asked else "")
+    )
+    return SpecDecision(True, opt.kind, opt.draft_n_max, opt.tps, opt.tps_without, reason, options)
