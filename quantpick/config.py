@@ -179,13 +179,14 @@ MAX_CONFIG_FILE_BYTES = 1024**2
 MAX_NESTING = 64
 
 
-def read_bounded_text(path: Path, limit: int) -> str:
+def read_bounded_text(path: Path, limit: int, *, pipe_timeout_s: float | None = None) -> str:
     """The UTF-8 text of `path`: a regular file only, refused (an OSError) past `limit` bytes
     without reading on: a FIFO or /dev/zero given as a file ends here, not in a hang or a
-    MemoryError (local_files.read_small)."""
+    MemoryError (local_files.read_small). With `pipe_timeout_s`, a pipe (`<(...)`) is read too,
+    bounded by `limit` and by that many seconds."""
     from quantpick.local_files import read_small
 
-    return read_small(path, limit).decode("utf-8")
+    return read_small(path, limit, pipe_timeout_s=pipe_timeout_s).decode("utf-8")
 
 
 def _nesting_depth(text: str) -> int:

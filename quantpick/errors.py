@@ -2,7 +2,18 @@
 
 from __future__ import annotations
 
+import re
 from enum import IntEnum
+
+# `scheme://user:password@host` (or `scheme://token@host`): what a URL with credentials looks like
+# inside any text (an exception's message, httpx's "for url '...'", a retry line).
+_USERINFO = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.-]*://)[^/@\s'\"<>]*@")
+
+
+def redacted(text: str) -> str:
+    """`text` with the credentials of every URL in it replaced by `***`
+    (`http://user:pw@host` -> `http://***@host`): HF_ENDPOINT's password is never printed."""
+    return _USERINFO.sub(r"\g<scheme>***@", text)
 
 
 class ExitCode(IntEnum):
@@ -38,6 +49,8 @@ class QuantpickError(Exception):
         path: str | None = None,
         os_errno: int | None = None,
     ) -> None:
+        # every expected failure's line: a URL's password in it (HF_ENDPOINT) is never shown
+        message, hint = redacted(message), redacted(hint) if hint is not None else None
         super().__init__(message)
         self.message = message
         self.hint = hint

@@ -34,7 +34,10 @@ class FileTooLarge(OSError):
     """A small file (pointer, settings, checksums) larger than its cap: never read whole."""
 
 
-def _kind(mode: int) -> str:
+def file_kind(mode: int) -> str:
+    """What a file that is not a regular file is, with its article: "a FIFO", "a device", ..."""
+    if stat.S_ISLNK(mode):
+        return "a symbolic link"
     if stat.S_ISFIFO(mode):
         return "a FIFO"
     if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
@@ -46,14 +49,22 @@ def _kind(mode: int) -> str:
     return "not a regular file"
 
 
-def open_regular(path: Path | str) -> int:
-    """A read-only descriptor of `path`, which must be a regular file (after symlinks); the
-    caller closes it. NotARegularFile (an OSError) otherwise, FileNotFoundError etc. as usual."""
-    fd = os.open(path, _OPEN_FLAGS)
+class PipeTimeout(OSError):
+    """A pipe (`--hardware <(...)`) that did not reach its end within its deadline."""
+
+
+def open_regular(path: Path | str, *, follow: bool = True, allow_pipe: bool = False) -> int:
+    """A read-only descriptor of `path`, which must be a regular file (after symlinks; with
+    `follow=False` a symlink at `path` is refused too: OSError ELOOP); the caller closes it.
+    NotARegularFile (an OSError) otherwise, FileNotFoundError etc. as usual.
+    `allow_pipe`: a FIFO is accepted too, its descriptor left non-blocking (read_small)."""
+    fd = os.open(path, _OPEN_FLAGS | (0 if follow else getattr(os, "O_NOFOLLOW", 0)))
     try:
         mode = os.fstat(fd).st_mode
+        if allow_pipe and stat.S_ISFIFO(mode):
+            return fd
         if not stat.S_ISREG(mode):
-            raise NotARegularFile(errno.EINVAL, f"{_kind(mode)}, not a regular file", str(path))
+            raise NotARegularFile(errno.EINVAL, f"{file_kind(mode)}, not a regular file", str(path))
         if hasattr(os, "set_blocking"):
             os.set_blocking(fd, True)  # a regular file: reads block normally (no EAGAIN)
     except BaseException:
@@ -62,9 +73,29 @@ def open_regular(path: Path | str) -> int:
     return fd
 
 
-def read_small(path: Path | str, max_bytes: int) -> bytes:
-    """The bytes of a small regular file, at most `max_bytes` of them (FileTooLarge beyond)."""
-    fd = open_regular(path)
+# How long a pipe given as a small file (`--hardware <(cat box.toml)`, a named FIFO) may take to
+# deliver all of it: a shell's process substitution writes a few KB at once; a FIFO nobody writes
+# to must not hang the command.
+PIPE_TIMEOUT_S = 10.0
+
+
+def read_small(
+    path: Path | str,
+    max_bytes: int,
+    *,
+    follow: bool = True,
+    pipe_timeout_s: float | None = None,
+) -> bytes:
+    """The bytes of a small regular file, at most `max_bytes` of them (FileTooLarge beyond);
+    `follow=False`: never through a symlink at `path` (open_regular). With `pipe_timeout_s`, a
+    pipe (FIFO, `<(...)`) is read too, to its end, bounded by the same size and by that many
+    seconds in all (PipeTimeout)."""
+    fd = open_regular(path, follow=follow, allow_pipe=pipe_timeout_s is not None)
+    if pipe_timeout_s is not None and stat.S_ISFIFO(os.fstat(fd).st_mode):
+        try:
+            return _read_pipe(fd, str(path), max_bytes, pipe_timeout_s)
+        finally:
+            os.close(fd)
     try:
         chunks: list[bytes] = []
         have = 0
@@ -81,6 +112,39 @@ def read_small(path: Path | str, max_bytes: int) -> bytes:
     return b"".join(chunks)
 
 
-def read_small_text(path: Path | str, max_bytes: int, *, errors: str = "strict") -> str:
+def _read_pipe(fd: int, path: str, max_bytes: int, timeout_s: float) -> bytes:
+    """A non-blocking pipe read to EOF, at most `max_bytes + 1` bytes and `timeout_s` seconds.
+    Read only once poll(2) reports data or a hang-up: a FIFO no writer has opened yet reads as
+    EOF but polls as nothing (Linux), so it is waited for, within the same deadline."""
+    import select
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    chunks: list[bytes] = []
+    have = 0
+    poller = select.poll()
+    poller.register(fd, select.POLLIN | select.POLLHUP)
+    while have <= max_bytes:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise PipeTimeout(errno.ETIMEDOUT, f"no end of input within {timeout_s:g} s", path)
+        if not poller.poll(max(1, int(left * 1000))):
+            continue
+        try:
+            chunk = os.read(fd, max_bytes + 1 - have)
+        except BlockingIOError:
+            continue
+        if not chunk:
+            break  # every writer closed it: the end
+        chunks.append(chunk)
+        have += len(chunk)
+    if have > max_bytes:
+        raise FileTooLarge(errno.EINVAL, f"larger than {max_bytes} bytes", path)
+    return b"".join(chunks)
+
+
+def read_small_text(
+    path: Path | str, max_bytes: int, *, errors: str = "strict", follow: bool = True
+) -> str:
     """read_small, decoded as UTF-8 (UnicodeDecodeError with errors="strict")."""
-    return read_small(path, max_bytes).decode("utf-8", errors=errors)
+    return read_small(path, max_bytes, follow=follow).decode("utf-8", errors=errors)

@@ -43,14 +43,19 @@ def _bytes_to_unicode() -> dict[int, str]:
 
 
 def write_tiny_model(
-    path: Path, *, seed: int = 0, reshape: dict[str, tuple[int, ...]] | None = None
+    path: Path,
+    *,
+    seed: int = 0,
+    reshape: dict[str, tuple[int, ...]] | None = None,
+    mtp: bool = False,
 ) -> int:
     """Write the model to `path`; returns its size in bytes. `reshape`: tensors written with
-    another shape (ne order), a file whose header parses but which llama.cpp refuses."""
+    another shape (ne order), a file whose header parses but which llama.cpp refuses. `mtp`: with
+    an MTP/NextN block (one more block, nextn_predict_layers = 1), as Qwen3.6 GGUFs carry."""
     h = TINY
     w = gguf.GGUFWriter(str(path), ARCH)
     w.add_name("quantpick-tiny-qwen35moe")
-    add_hparams(w, h, mtp=False)
+    add_hparams(w, h, mtp=mtp)
 
     vocab = h["n_vocab"]
     byte_map = _bytes_to_unicode()
@@ -73,7 +78,7 @@ def write_tiny_model(
     )
 
     entries: list[tuple[str, T, int]] = []
-    for name, ne in tensor_list(h, mtp=False):
+    for name, ne in tensor_list(h, mtp=mtp):
         ne = (reshape or {}).get(name, ne)
         qt = _qtype(name, ne)
         block, type_size = gguf.GGML_QUANT_SIZES[qt]

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import os
 import re
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -96,12 +95,12 @@ def hf_cache_target(
 
 
 def _write_cachedir_tag(cache_dir: Path) -> None:
-    tag = cache_dir / "CACHEDIR.TAG"
-    if not tag.exists():
-        try:
-            tag.write_text(CACHEDIR_TAG_CONTENT)
-        except OSError:
-            pass  # huggingface_hub ignores this failure too
+    from quantpick.outputs import create_new
+
+    try:  # only where nothing is (a planted link, dangling or not, is never written through)
+        create_new(cache_dir / "CACHEDIR.TAG", CACHEDIR_TAG_CONTENT.encode())
+    except OSError:
+        pass  # huggingface_hub ignores this failure too
 
 
 def read_ref(ref: Path) -> str | None:
@@ -122,9 +121,9 @@ def _write_ref(target: HFCacheTarget) -> None:
     ref.parent.mkdir(parents=True, exist_ok=True)
     if read_ref(ref) == target.commit:
         return
-    tmp = ref.with_name(f"{ref.name}.{uuid.uuid4().hex[:8]}.tmp")
-    tmp.write_text(target.commit)
-    os.replace(tmp, ref)
+    from quantpick.outputs import write_atomic
+
+    write_atomic(ref, target.commit.encode(), durable=False)  # never through a link
 
 
 def link_snapshot(target: HFCacheTarget, name: str, sha256: str) -> Path:

@@ -21,7 +21,7 @@ from email.utils import parsedate_to_datetime
 from typing import Any
 from urllib.parse import urljoin, urlsplit
 
-from quantpick.errors import DownloadError
+from quantpick.errors import DownloadError, redacted
 
 _REDIRECTS = {301, 302, 303, 307, 308}
 _CREDENTIAL_HEADERS = ("authorization", "cookie")
@@ -177,8 +177,40 @@ class TransientError(Exception):
     """Worth retrying (connection error, stall, 5xx, 429, short body)."""
 
     def __init__(self, message: str, retry_after: float | None = None) -> None:
-        super().__init__(message)
+        super().__init__(redacted(message))
         self.retry_after = retry_after
+
+
+class ConnectionRefused(TransientError):
+    """Nothing listens at the host and port (ECONNREFUSED), or a firewall says so: not retried by
+    `with_retries` (docs/download.md: a refused connection fails at once). A transfer that had
+    already received bytes from that host retries it like any break (a restarting server)."""
+
+
+def connection_refused(exc: BaseException) -> bool:
+    """Is `exc` (or what it wraps: httpx's ConnectError around the OSError) a refused
+    connection?"""
+    import errno
+
+    seen = 0
+    cur: BaseException | None = exc
+    while cur is not None and seen < 8:
+        if isinstance(cur, ConnectionRefusedError):
+            return True
+        if isinstance(cur, OSError) and cur.errno == errno.ECONNREFUSED:
+            return True
+        if "Connection refused" in str(cur):
+            return True
+        cur = cur.__cause__ or cur.__context__
+        seen += 1
+    return False
+
+
+def network_error(exc: BaseException, url: str) -> TransientError:
+    """The TransientError for a failed connection or request to `url` (ConnectionRefused when it
+    was refused), its message without credentials."""
+    kind = ConnectionRefused if connection_refused(exc) else TransientError
+    return kind(f"{type(exc).__name__}: {exc} ({url_label(url)})")
 
 
 class BodyTooLarge(DownloadError):
@@ -270,7 +302,7 @@ def open_url(
         except (OSError, http.client.HTTPException) as exc:
             if name_unresolved(exc):
                 raise UnreachableError(urlsplit(url).hostname or url_label(url)) from None
-            raise TransientError(f"{type(exc).__name__}: {exc} ({url_label(url)})") from None
+            raise network_error(exc, url) from None
         location = response.getheader("Location")
         if response.status in _REDIRECTS and location:
             response.read()
@@ -359,7 +391,7 @@ class KeepAlive:
                     raise UnreachableError(urlsplit(url).hostname or url_label(url)) from None
                 if reused and attempt == 1:
                     continue  # the server closed an idle keep-alive connection: one new one
-                raise TransientError(f"{type(exc).__name__}: {exc} ({url_label(url)})") from None
+                raise network_error(exc, url) from None
         raise AssertionError("unreachable")  # pragma: no cover
 
 
@@ -373,9 +405,10 @@ def _target(url: str, *, proxied: bool) -> str:
 
 
 def url_label(url: str) -> str:
-    """Scheme://host/path without the query string (signed CDN URLs carry secrets there)."""
+    """Scheme://host/path without the query string (signed CDN URLs carry secrets there) and
+    without a password (`http://user:pw@host` is shown as `http://user:***@host`)."""
     parts = urlsplit(url)
-    return f"{parts.scheme}://{parts.netloc}{parts.path}"
+    return redacted(f"{parts.scheme}://{parts.netloc}{parts.path}")
 
 
 def retry_after_seconds(value: str | None) -> float | None:
@@ -421,12 +454,19 @@ def with_retries(
     error: Callable[[str], Exception] = DownloadError,
 ) -> Any:
     """Call `attempt` until it returns; a TransientError is retried after a backoff (Retry-After
-    honoured), `policy.attempts` times at most, then `error("<what>: <why> (gave up ...)")`."""
+    honoured), `policy.attempts` times at most, then `error("<what>: <why> (gave up ...)")`.
+    A refused connection is not retried (ConnectionRefused). No password of a URL in `what` or in
+    an error reaches a line (`redacted`)."""
+    what = redacted(what)
     failures = 0
     while True:
         timer = _slow_answer_timer(what, policy) if failures == 0 else None
         try:
             return attempt()
+        except ConnectionRefused as exc:
+            raise error(
+                f"{what}: {exc} (connection refused: nothing listens there; not retried)"
+            ) from None
         except TransientError as exc:
             failures += 1
             if failures >= policy.attempts:

@@ -8,14 +8,25 @@ The sidecar says what the .part is a piece of (url, size, sha256, commit) and ho
   carries a checksum of itself and is replaced atomically (write, fsync, rename, fsync of the
   directory). On resume each listed range is checked against the file: inside its size, and no
   hole (SEEK_HOLE), so a torn, stale or edited sidecar never makes unwritten bytes count as done.
+
+In a shared models folder (0777, or a 2775 group folder) another user can make `NAME.part` a
+symlink to a file only root may write, a hard link to one, a FIFO, or a file of their own. So a
+`.part` is written only when it is this user's own regular file with no other name
+(`part_problem`): anything else is removed before the download starts, with one line saying what
+it was (`claim_part`), or refused when it cannot be removed (a sticky folder). Every open of it
+is O_NOFOLLOW and checked again on the descriptor (`open_part`; never O_TRUNC, which would act
+before the check), and the identity checks compare the name itself (lstat), so a link swapped in
+mid-transfer is never written through or renamed into the final name.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
-from collections.abc import Iterator
+import stat
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from enum import Enum
@@ -23,12 +34,17 @@ from pathlib import Path
 from typing import Any
 
 from quantpick.errors import DownloadError
-from quantpick.fetch.atomic import os_error, write_atomic
+from quantpick.fetch.atomic import LocalFileError, os_error, write_atomic
 from quantpick.fetch.segments import RangeSet
+from quantpick.local_files import file_kind, read_small_text
 
 CHUNK = 1024 * 1024  # 1 MiB reads: the fastest read size measured for http.client + hashlib
 # 2: the layout, the written ranges and a checksum. 1 (no layout: a single stream) is still read.
 SIDECAR_VERSION = 2
+# A sidecar lists merged ranges: a handful in practice (each connection writes its pieces in
+# order), ~25 bytes each. 16 MiB (over 600,000 ranges) is more than any real one holds and keeps
+# a hostile one (a link to /dev/zero) from filling memory; a larger one counts as torn.
+SIDECAR_MAX_BYTES = 16 * 1024 * 1024
 
 
 class PartLayout(Enum):
@@ -98,8 +114,8 @@ def write_sidecar(
 
 def read_sidecar(path: Path) -> Sidecar | None:
     """The sidecar, or None when it is missing, torn, edited or of an unknown version."""
-    try:
-        found = json.loads(path.read_text())
+    try:  # never through a link, never a FIFO or device, never more than the cap
+        found = json.loads(read_small_text(path, SIDECAR_MAX_BYTES, follow=False))
     except (OSError, ValueError):
         return None
     if not isinstance(found, dict):
@@ -151,7 +167,7 @@ def written_ranges(part: Path, size: int, done: RangeSet) -> RangeSet:
     file's current size, and with no hole."""
     out = RangeSet()
     try:
-        fd = os.open(part, os.O_RDONLY)
+        fd = open_part(part, os.O_RDONLY)
     except OSError:
         return out
     try:
@@ -169,9 +185,12 @@ def part_bytes(dest: Path) -> int:
     """Bytes of the file that the .part beside `dest` already holds (plans and dry runs)."""
     part, sidecar_path = part_paths(dest)
     try:
-        size = part.stat().st_size
+        info = os.lstat(part)
     except OSError:
         return 0
+    if part_problem(info) is not None:
+        return 0  # not one this user's download would resume
+    size = info.st_size
     sidecar = read_sidecar(sidecar_path)
     if sidecar is not None and sidecar.layout is PartLayout.SEGMENTS:
         return min(size, sidecar.done.total)
@@ -197,8 +216,8 @@ def check_still_ours(fd: int, part: Path, doing: str) -> None:
     through a stale handle is how a verified file at its final name gets damaged. Checked before
     every chunk written (a stat: ~2 us per MiB), every truncation and the final rename."""
     ours = _identity(os.fstat(fd))
-    try:
-        theirs: tuple[int, int] | None = _identity(os.stat(part))
+    try:  # lstat: a symlink to this very file at the name is not this file
+        theirs: tuple[int, int] | None = _identity(os.lstat(part))
     except FileNotFoundError:
         theirs = None
     if theirs != ours:
@@ -207,3 +226,85 @@ def check_still_ours(fd: int, part: Path, doing: str) -> None:
             f"stopped before {doing}, nothing was touched",
             hint="another program writes into this directory: let it finish, then run again",
         )
+
+
+class UnsafePart(OSError):
+    """The entry at a `.part`'s name is not this user's own regular file with one name."""
+
+
+def part_problem(info: os.stat_result) -> str | None:
+    """Why the entry `info` (an lstat) is not a `.part` this process may write into, or None:
+    it must be a regular file, owned by this user, with no other name (as root, a hard link to a
+    root-only file is "owned by this user": only its link count gives it away)."""
+    if not stat.S_ISREG(info.st_mode):
+        return f"is {file_kind(info.st_mode)}"
+    uid = os.geteuid() if hasattr(os, "geteuid") else None
+    if uid is not None and info.st_uid != uid:
+        return f"belongs to another user (uid {info.st_uid})"
+    if info.st_nlink != 1:
+        return f"has other names (a hard link, {info.st_nlink} names)"
+    return None
+
+
+# O_NONBLOCK: a FIFO opens at once (and is then refused) instead of waiting for a writer;
+# O_NOCTTY: a terminal is never made our controlling tty. Never O_TRUNC: it would truncate a
+# hard-linked stranger before the check below could refuse it.
+_PART_FLAGS = (
+    getattr(os, "O_NOFOLLOW", 0)
+    | getattr(os, "O_NONBLOCK", 0)
+    | getattr(os, "O_NOCTTY", 0)
+    | getattr(os, "O_BINARY", 0)
+)
+
+
+def open_part(part: Path, flags: int) -> int:
+    """A descriptor of `part` (os.O_RDONLY / os.O_RDWR, maybe | os.O_CREAT), never through a
+    symlink, and only when what was opened is this user's own regular file with one name
+    (checked on the descriptor); UnsafePart (an OSError) otherwise. The caller closes it."""
+    if flags & getattr(os, "O_TRUNC", 0):
+        raise ValueError("open_part never truncates at open: ftruncate after the check")
+    try:
+        fd = os.open(part, flags | _PART_FLAGS, 0o666)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:  # O_NOFOLLOW met a symlink
+            raise UnsafePart(
+                errno.ELOOP, "is a symbolic link, not written through", str(part)
+            ) from None
+        raise
+    try:
+        problem = part_problem(os.fstat(fd))
+        if problem is not None:
+            raise UnsafePart(errno.EPERM, f"{problem}, not written through", str(part))
+        if hasattr(os, "set_blocking"):
+            os.set_blocking(fd, True)  # a regular file: writes and reads block normally
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def claim_part(part: Path, say: Callable[[str], None]) -> None:
+    """Leave at `part` nothing but this user's own regular `.part` (or nothing): an entry that is
+    not one (`part_problem`) is removed, never opened, and `say` gets one line saying what it
+    was. One that cannot be removed (another user's, in a sticky folder) is refused: one line,
+    nothing written."""
+    try:
+        info = os.lstat(part)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise os_error("cannot read the partial download", part, exc) from None
+    problem = part_problem(info)
+    if problem is None:
+        return
+    try:
+        os.unlink(part)  # removes the entry itself: a link's target is never touched
+    except OSError as exc:
+        raise LocalFileError(
+            f"{part} {problem} and cannot be removed ({exc.strerror or exc}); quantpick never "
+            "writes through it",
+            hint="remove it (another user or program made it), or choose another --dir",
+            path=str(part),
+            os_errno=exc.errno,
+        ) from None
+    say(f"{part.name} {problem}: removed, not written through; starting a fresh one")

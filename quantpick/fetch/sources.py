@@ -16,7 +16,14 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, quote_plus, urlsplit
 
 from quantpick.errors import DownloadError, UsageError, VerificationError
-from quantpick.fetch.http import RetryPolicy, TransientError, default_policy, origin, with_retries
+from quantpick.fetch.http import (
+    RetryPolicy,
+    TransientError,
+    default_policy,
+    origin,
+    url_label,
+    with_retries,
+)
 from quantpick.safe_names import name_problem, path_conflicts, safe_relative_name, shown
 
 if TYPE_CHECKING:
@@ -146,6 +153,7 @@ class HFSource(RepoSource):
 
         # Read at call time: huggingface_hub reads HF_ENDPOINT/HF_HUB_OFFLINE once, at import.
         self.endpoint = (os.environ.get("HF_ENDPOINT") or constants.ENDPOINT).rstrip("/")
+        self.shown_endpoint = url_label(self.endpoint)  # no password in any line
         self.repo = repo
         self.revision = revision or "main"  # until repo_info pins it to the commit
         if _truthy(os.environ.get("HF_HUB_OFFLINE")) or constants.HF_HUB_OFFLINE:
@@ -167,7 +175,7 @@ class HFSource(RepoSource):
                 policy,
             )
 
-        info = with_retries(f"Hugging Face {repo} ({self.endpoint})", policy, attempt)
+        info = with_retries(f"Hugging Face {repo} ({self.shown_endpoint})", policy, attempt)
         commit = getattr(info, "sha", None) or wanted
         super().__init__(f"hf:{repo}@{commit[:12]}", commit, policy)
         self._siblings = list(getattr(info, "siblings", None) or [])
@@ -177,7 +185,13 @@ class HFSource(RepoSource):
         from huggingface_hub.errors import HfHubHTTPError
         from huggingface_hub.utils import httpx as hx  # the HTTP library huggingface_hub uses
 
-        from quantpick.fetch.http import UnreachableError, name_unresolved, retry_after_seconds
+        from quantpick.fetch.http import (
+            ConnectionRefused,
+            UnreachableError,
+            connection_refused,
+            name_unresolved,
+            retry_after_seconds,
+        )
 
         read = _env_seconds("HF_HUB_DOWNLOAD_TIMEOUT") or policy.idle_timeout
         timeout = hx.Timeout(read, connect=policy.connect_timeout)
@@ -187,7 +201,9 @@ class HFSource(RepoSource):
             raise self._error(exc) from None
         except hx.TransportError as exc:  # timeouts, refused/reset connections, proxy errors
             if name_unresolved(exc):
-                raise UnreachableError(urlsplit(self.endpoint).hostname or self.endpoint) from None
+                raise UnreachableError(urlsplit(self.endpoint).hostname or "the hub") from None
+            if connection_refused(exc):
+                raise ConnectionRefused(_short(exc) or type(exc).__name__) from None
             raise TransientError(_short(exc) or type(exc).__name__) from None
         except HfHubHTTPError as exc:
             response = getattr(exc, "response", None)
@@ -240,7 +256,7 @@ class HFSource(RepoSource):
             RevisionNotFoundError,
         )
 
-        page = f"{self.endpoint}/{self.repo}"
+        page = f"{self.shown_endpoint}/{self.repo}"
         if isinstance(exc, GatedRepoError):
             return DownloadError(
                 f"{self.repo} is gated on Hugging Face",
@@ -250,7 +266,7 @@ class HFSource(RepoSource):
         if isinstance(exc, RepositoryNotFoundError):
             logged = "with the token you have" if self._token else "without a token"
             return DownloadError(
-                f"{self.repo} was not found on {self.endpoint} ({logged})",
+                f"{self.repo} was not found on {self.shown_endpoint} ({logged})",
                 hint="check the repo id; if it is private, log in with `hf auth login` or set "
                 "HF_TOKEN to a token that can read it",
             )
@@ -359,8 +375,10 @@ def _env_seconds(name: str) -> float | None:
 
 
 def _short(exc: BaseException) -> str:
+    from quantpick.fetch.http import redacted
+
     text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
+    return redacted(f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": "))
 
 
 def open_source(

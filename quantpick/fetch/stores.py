@@ -482,9 +482,10 @@ class HashCache:
             return
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = self.path.with_name(f"{self.path.name}.{os.getpid()}.tmp")
-            tmp.write_text(json.dumps({"version": HASH_CACHE_VERSION, "entries": self._entries}))
-            os.replace(tmp, self.path)
+            from quantpick.outputs import write_atomic
+
+            document = {"version": HASH_CACHE_VERSION, "entries": self._entries}
+            write_atomic(self.path, json.dumps(document).encode(), durable=False)
             self._dirty = False
         except OSError:
             pass  # a cache: losing it costs a rehash, never a wrong answer

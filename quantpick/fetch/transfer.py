@@ -68,8 +68,11 @@ from quantpick.fetch.partfile import (
     Content,
     PartLayout,
     check_still_ours,
+    claim_part,
+    open_part,
     os_step,
     part_paths,
+    part_problem,
     read_sidecar,
     write_sidecar,
     written_ranges,
@@ -319,8 +322,9 @@ def _move_aside(path: Path, digest: str) -> Path:
 
 
 def _open_part(path: Path) -> Any:
-    """Unbuffered: every chunk goes straight to the kernel, so a SIGKILL loses nothing."""
-    return open(path, "r+b", buffering=0)  # noqa: SIM115 - the caller's with-block closes it
+    """Unbuffered: every chunk goes straight to the kernel, so a SIGKILL loses nothing. Never
+    through a link (partfile.open_part)."""
+    return open(open_part(path, os.O_RDWR), "r+b", buffering=0)  # noqa: SIM115 - caller closes
 
 
 # ---------------------------------------------------------------------------------------------
@@ -529,7 +533,11 @@ class FileTransfer:
 
     def run(self) -> DownloadResult:
         self.started = time.monotonic()
-        if self.sidecar.exists() and not self.part.exists():
+        # A symlink, hard link, FIFO or another user's file at the .part's (or the sidecar's)
+        # name is removed, never written through (partfile.claim_part says so in one line).
+        claim_part(self.part, self.progress.message)
+        claim_part(self.sidecar, self.progress.message)
+        if os.path.lexists(self.sidecar) and not os.path.lexists(self.part):
             # Left by a run killed between its final rename and this cleanup: it describes nothing.
             with os_step("cannot remove a stale sidecar", self.sidecar):
                 self.sidecar.unlink(missing_ok=True)
@@ -552,7 +560,8 @@ class FileTransfer:
             return None
         with os_step("cannot read", dest):
             present = dest.stat().st_size
-        if sha is not None and size is not None and present < size and self.owner is None:
+            own = part_problem(os.lstat(dest)) is None  # a link is never renamed to .part
+        if sha is not None and size is not None and present < size and self.owner is None and own:
             # Truncated final file: it is a prefix as good as a .part; the hash check decides.
             self.progress.message(f"{dest.name}: {present} of {size} bytes present, resuming")
             write_sidecar(self.sidecar, self.content, PartLayout.STREAM, durable=self.durable)
@@ -581,8 +590,7 @@ class FileTransfer:
         if digest is None:
             raise DownloadError(
                 f"{dest} changed while it was being verified; nothing was touched",
-                hint="another program writes into this directory: let it finish, then "
-                "run again",
+                hint="another program writes into this directory: let it finish, then run again",
             )
         bad = _move_aside(dest, digest)
         self.progress.message(
@@ -634,7 +642,7 @@ class FileTransfer:
         # describe a .part shorter than the file, whose listed ranges are then cut to its size.
         write_sidecar(self.sidecar, self.content, PartLayout.SEGMENTS, done, durable=self.durable)
         with os_step("cannot open the partial download", self.part):
-            fd = os.open(self.part, os.O_RDWR | os.O_CREAT, 0o666)
+            fd = open_part(self.part, os.O_RDWR | os.O_CREAT)
         try:
             with os_step("cannot size the partial download", self.part):
                 if layout is None:
@@ -687,15 +695,21 @@ class FileTransfer:
         if layout is PartLayout.SEGMENTS:
             # Pieces past the contiguous prefix are dropped: a stream only appends.
             with os_step("cannot truncate the partial download", self.part):
-                with open(self.part, "r+b") as handle:
-                    check_still_ours(handle.fileno(), self.part, "truncating it")
-                    handle.truncate(offset)
+                fd = open_part(self.part, os.O_RDWR)
+                try:
+                    check_still_ours(fd, self.part, "truncating it")
+                    os.ftruncate(fd, offset)
+                finally:
+                    os.close(fd)
             write_sidecar(self.sidecar, self.content, PartLayout.STREAM, durable=self.durable)
             return offset
         write_sidecar(self.sidecar, self.content, PartLayout.STREAM, durable=self.durable)
         with os_step("cannot create the partial download", self.part):
-            with open(self.part, "wb"):
-                pass
+            fd = open_part(self.part, os.O_RDWR | os.O_CREAT)
+            try:  # a stray .part of this user's without a matching sidecar: emptied after the
+                os.ftruncate(fd, 0)  # check (O_TRUNC would act before it)
+            finally:
+                os.close(fd)
         return 0
 
     def _stream(
@@ -741,7 +755,7 @@ class FileTransfer:
             f"{self.dest.name}: resuming at byte {offset}, checking the part on disk"
         )
         with os_step("cannot read the partial download", self.part):
-            with open(self.part, "rb", buffering=0) as handle:
+            with open(open_part(self.part, os.O_RDONLY), "rb", buffering=0) as handle:
                 buffer = bytearray(CHUNK)
                 left = offset
                 while left:
@@ -935,6 +949,7 @@ class FileTransfer:
                 os.fsync(fd)  # the bytes are on disk before the name says so
             check_still_ours(fd, part, "renaming it to its final name")
             os.replace(part, dest)
+            _check_renamed(fd, dest)
             if self.durable:
                 fsync_dir(dest.parent)  # and the new name is on disk too
         with suppress(OSError):  # a sidecar left here is removed by the next run
@@ -954,6 +969,23 @@ class FileTransfer:
         )
         self.progress.file_finished(dest.name, result)
         return result
+
+
+def _check_renamed(fd: int, dest: Path) -> None:
+    """After the final rename, `dest` must name the file this process wrote (lstat: a link is
+    not it). Another user swapping the .part between the check and the rename would otherwise
+    put their entry (a symlink they can repoint) at the final name; it is removed instead."""
+    info = os.lstat(dest)
+    ours = os.fstat(fd)
+    if (info.st_dev, info.st_ino) == (ours.st_dev, ours.st_ino):
+        return
+    if stat.S_ISLNK(info.st_mode):
+        dest.unlink()  # the link itself, at the name this run was writing: its target untouched
+    raise DownloadError(
+        f"{dest}: the partial download was renamed or replaced by another process just before "
+        "its final rename; what was renamed was not this download, it was not kept",
+        hint="another program writes into this directory: let it finish, then run again",
+    )
 
 
 def _write_all(handle: Any, data: memoryview) -> None:

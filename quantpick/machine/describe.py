@@ -572,9 +572,11 @@ def load_hardware_file(path: Path, *, default_host: Callable[[], Host] | None = 
     The result keeps the file's fields; resolve_machine marks it described.
     """
     from quantpick.config import read_bounded_text
+    from quantpick.local_files import PIPE_TIMEOUT_S
 
     try:
-        text = read_bounded_text(path, MAX_HARDWARE_FILE_BYTES)
+        # `--hardware <(ssh box quantpick probe --json)`: a pipe is read too, bounded
+        text = read_bounded_text(path, MAX_HARDWARE_FILE_BYTES, pipe_timeout_s=PIPE_TIMEOUT_S)
     except OSError as exc:
         raise HardwareError(
             f"cannot read hardware file {path}: {exc.strerror or exc}",

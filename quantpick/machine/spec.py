@@ -9,6 +9,7 @@ planner reads them. `to_dict`/`machine_from_dict` make `probe --json` round-trip
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
@@ -258,6 +259,20 @@ def _optional_text(value: Any, where: str) -> None:
         raise ValueError(f"{where} must be text, not {value!r}")
 
 
+# CUDA's MAJOR.MINOR as NVML reports it ("8.6", "12.0"; nvmlDeviceGetCudaComputeCapability) or an
+# AMD LLVM target ("gfx1100", "gfx90a": ROCm's gcnArchName).
+_COMPUTE_CAPABILITY = re.compile(r"\d{1,2}\.\d{1,2}|gfx[0-9a-f]{3,4}")
+
+
+def _compute_capability(value: Any, where: str) -> None:
+    _optional_text(value, where)
+    if value is not None and not _COMPUTE_CAPABILITY.fullmatch(value):
+        raise ValueError(
+            f'{where} is {value[:40]!r}: give it as NVML reports it, MAJOR.MINOR ("8.6"), '
+            'or as an AMD target ("gfx1100")'
+        )
+
+
 def _bandwidth(value: Any, where: str) -> None:
     """None (not known) or 1 B/s .. MAX_BANDWIDTH_BYTES_PER_S; 0 is not "unknown" here."""
     if value is None:
@@ -279,7 +294,7 @@ def _check_gpu(gpu: Gpu, where: str) -> None:
         raise ValueError(f"{where}.name must be the GPU's name")
     _optional_text(gpu.error, f"{where}.error")
     _optional_text(gpu.uuid, f"{where}.uuid")
-    _optional_text(gpu.compute_capability, f"{where}.compute_capability")
+    _compute_capability(gpu.compute_capability, f"{where}.compute_capability")
     _whole(gpu.total_bytes, f"{where}.total_bytes", 0, MAX_MEMORY_BYTES, " B")
     _whole(gpu.free_bytes, f"{where}.free_bytes", 0, MAX_MEMORY_BYTES, " B")
     _optional_whole(gpu.used_bytes, f"{where}.used_bytes", 0, MAX_MEMORY_BYTES)

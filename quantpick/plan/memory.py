@@ -67,6 +67,10 @@ class RunConfig:
     kv_offload: bool = True  # -nkvo turns it off
     vision: bool = False  # --mmproj with the manifest's projector
     spec_draft_n: int = 0  # --spec-type draft-mtp --spec-draft-n-max N (0 = no MTP speculation)
+    # -ctkd/-ctvd: the draft context's own cache types (default f16; common/speculative.cpp
+    # :2478-2479 gives the draft context these, not -ctk/-ctv)
+    spec_cache_type_k: str = "f16"
+    spec_cache_type_v: str = "f16"
     # --device, in its order (None = llama.cpp's default list, see llama_devices): an int is a
     # local GPU's index (CUDA<i>), a str a llama.cpp device name ("RPC0", "CUDA1").
     devices: tuple[int | str, ...] | None = None
@@ -265,8 +269,10 @@ def kv_type_problem(view: ModelView, type_k: str, type_v: str, flash_attn: str) 
                     f"size {bad[0]}"
                 )
     if not view.flash_attn and type_v.upper() not in UNQUANTIZED:
-        return f"-ctv {type_v}: llama.cpp runs {view.arch} without flash attention, which a "\
+        return (
+            f"-ctv {type_v}: llama.cpp runs {view.arch} without flash attention, which a "
             "quantized V cache needs"
+        )
     return None
 
 
@@ -595,13 +601,17 @@ def estimate(
             acc[dev].recurrent += rule.alloc("F32", view.state_s, rows * view.state_s * 4)
             acc[dev].recurrent_layers.append(il)
     if mtp_loaded:
-        # The MTP context keeps a plain f16 KV cache for the NextN layers (-ctkd/-ctvd default
-        # f16), one stream of the full context.
+        # The MTP draft context (common/speculative.cpp:2525-2567): the target's n_ctx, the same
+        # sequences and streams, n_rs_seq 0, a plain KV cache of the NextN layers only
+        # (src/llama-model.cpp ~2662-2800 filter il >= n_layer()) at -ctkd/-ctvd, on each
+        # layer's device. Its cells total n_ctx whatever the streams (checked against
+        # llama-server -lv 4: tests/data/llama-server-mtp-buffers.json).
         for il in view.mtp_kv_layers:
             mtp_dev = slot_device[il] if config.kv_offload else host_pos
             acc[mtp_dev].kv += layer_kv_bytes(
-                view.layers[il], view, n_ctx, "f16", "f16", True, rules[mtp_dev]
-            )
+                view.layers[il], view, n_ctx, config.spec_cache_type_k,
+                config.spec_cache_type_v, fa, rules[mtp_dev],
+            )  # fmt: skip
 
     # Compute buffers (estimates; notes §2d).
     overridden = bool(config.override_tensors) or config.cpu_moe or config.n_cpu_moe > 0
@@ -650,6 +660,10 @@ def estimate(
             host.compute += logits_bytes
     # Output buffer: n_vocab x max(n_outputs, n_seq) f32 in host memory (output_reserve).
     host.overhead = arch.vocab_size * max(logits_rows, max(1, config.n_parallel)) * 4
+    if mtp_loaded:
+        # the draft context's own output buffer: n_outputs_max = n_parallel rows
+        # (common_base_params_to_speculative, common/speculative.cpp:2480)
+        host.overhead += arch.vocab_size * max(1, config.n_parallel) * 4
     if config.vision and projector_bytes:
         # The projector goes to --device's first device, else to the first GPU registered, which
         # is a local one when there is any: RPC devices register at --rpc, after the built-in

@@ -397,6 +397,10 @@ def build_command(
     if config.spec_draft_n > 0:
         add("--spec-type", "draft-mtp")
         add("--spec-draft-n-max", str(config.spec_draft_n))
+        if config.spec_cache_type_k != "f16":
+            add("-ctkd", config.spec_cache_type_k)
+        if config.spec_cache_type_v != "f16":
+            add("-ctvd", config.spec_cache_type_v)
 
     # The placement is explicit, so --fit must not move it. Builds without --fit never adjust.
     if has("--fit"):

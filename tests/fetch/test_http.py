@@ -256,3 +256,69 @@ def test_pick_waits_on_a_silent_hub_no_longer_than_its_deadline(
     assert code == 0, err
     assert "synthesized" in out and "no answer within 1 s" in err
     assert seconds < 10  # 20 s and more without the deadline
+
+
+# -- credentials in HF_ENDPOINT, refused connections ------------------------------------------
+
+
+def _closed_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])  # closed on exit: connecting there is refused
+
+
+def test_a_refused_connection_fails_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before: retried 6 times with backoff (26 s), although docs/download.md says it fails at
+    once. Counted in connection attempts and pauses, not in seconds."""
+    connects: list[str] = []
+    real_connect = http._connect
+
+    def counting(url: str, policy: RetryPolicy):  # type: ignore[no-untyped-def]
+        connects.append(url)
+        return real_connect(url, policy)
+
+    monkeypatch.setattr(http, "_connect", counting)
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
+    sleeps: list[float] = []
+    url = f"http://127.0.0.1:{_closed_port()}/SHA256SUMS"
+    with pytest.raises(DownloadError, match="connection refused") as info:
+        http.fetch_small(url, lambda u: {}, max_bytes=100, policy=RetryPolicy(sleep=sleeps.append))
+    assert "gave up" not in info.value.message
+    assert len(connects) <= 2 and sleeps == []
+
+
+HOSTILE_ENDPOINT_SECRET = "s3cr3t-pw"
+
+
+@pytest.mark.parametrize("json_", [False, True], ids=["text", "json"])
+def test_a_password_in_hf_endpoint_is_never_printed_when_refused(
+    silent_hub: SilentServer, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, json_: bool
+) -> None:
+    sleeps: list[float] = []
+    monkeypatch.setattr(http, "DEFAULT_POLICY", replace(FAST, attempts=6, sleep=sleeps.append))
+    port = _closed_port()
+    monkeypatch.setenv("HF_ENDPOINT", f"http://user:{HOSTILE_ENDPOINT_SECRET}@127.0.0.1:{port}")
+    result = runner.invoke(app, ["download", "tiny-hf", "--quant", "Q4_K_M", "--dir",
+                                 str(tmp_path / "d"), *(["--json"] if json_ else [])])  # fmt: skip
+    assert result.exit_code == 5, result.output
+    assert HOSTILE_ENDPOINT_SECRET not in result.stdout + result.stderr
+    assert "refused" in result.stderr and sleeps == []  # not retried
+    if json_:
+        assert "refused" in json.loads(result.stdout)["error"]["message"]
+
+
+def test_a_password_in_hf_endpoint_is_not_in_retry_lines(
+    silent_hub: SilentServer, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A hub that never answers: every attempt is announced on stderr, then one Error line;
+    before, each named HF_ENDPOINT with its password."""
+    monkeypatch.setenv(
+        "HF_ENDPOINT", silent_hub.url.replace("//", f"//me:{HOSTILE_ENDPOINT_SECRET}@")
+    )
+    result = runner.invoke(app, ["download", "tiny-hf", "--quant", "Q4_K_M", "--dir",
+                                 str(tmp_path / "d"), "--json"])  # fmt: skip
+    assert result.exit_code == 5, result.output
+    assert "retrying" in result.stderr and "http://***@127.0.0.1" in result.stderr
+    assert HOSTILE_ENDPOINT_SECRET not in result.stdout + result.stderr

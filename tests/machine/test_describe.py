@@ -782,3 +782,80 @@ def test_rpc_device_sizes_say_how_they_are_read(fake_host: Host) -> None:
     notes = "\n".join(machine.notes)
     assert "--rpc-device 10.0.0.2:50052=mycard:16GB:300: VRAM 16GB is read as 16 GiB" in notes
     assert "bandwidth 300 is read as 300 GB/s" in notes
+
+
+# --- a pipe as --hardware, and values a hardware file must not carry (issue 26) ----------------
+
+BOX_TOML = '[[gpu]]\nname = "3090"\n[host]\nram = "64G"\ncores = 16\n'
+
+
+def test_a_process_substitution_pipe_is_read(tmp_path: Path) -> None:
+    """`--hardware <(cat box.toml)`: before, refused as "a FIFO, not a regular file"."""
+    import os
+    import threading
+
+    read_end, write_end = os.pipe()
+    try:
+
+        def writer() -> None:
+            os.write(write_end, BOX_TOML.encode())
+            os.close(write_end)
+
+        thread = threading.Thread(target=writer)
+        thread.start()
+        machine = load_hardware_file(Path(f"/dev/fd/{read_end}"))
+        thread.join()
+    finally:
+        os.close(read_end)
+    assert machine.gpus[0].name == "NVIDIA GeForce RTX 3090" and machine.host.cpu_cores == 16
+
+
+def test_a_named_fifo_is_read_bounded_in_size_and_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import os
+    import threading
+
+    import quantpick.local_files as local_files
+
+    fifo = tmp_path / "box.toml"
+    os.mkfifo(fifo)
+
+    def write(data: bytes) -> threading.Thread:
+        def run() -> None:
+            with open(fifo, "wb") as f:  # blocks until the reader opened it
+                try:
+                    f.write(data)
+                except BrokenPipeError:
+                    pass
+
+        thread = threading.Thread(target=run, daemon=True)
+        thread.start()
+        return thread
+
+    writer = write(BOX_TOML.encode())  # the writer opens after the reader: waited for
+    assert load_hardware_file(fifo).host.cpu_cores == 16
+    writer.join(5)
+    write(b"# " + b"x" * (4 * 1024**2))  # endless-looking: stopped at the size cap
+    with pytest.raises(HardwareError, match="larger than 1048576 bytes"):
+        load_hardware_file(fifo)
+    monkeypatch.setattr(local_files, "PIPE_TIMEOUT_S", 0.3)
+    with pytest.raises(HardwareError, match="no end of input within 0.3 s"):
+        load_hardware_file(fifo)  # nobody writes: a deadline, not a hang
+
+
+@pytest.mark.parametrize("value", ["eight", "", "8", "8.6.1", "sm_86", "8.6; rm -rf /"])
+def test_a_compute_capability_that_is_not_one_is_refused(tmp_path: Path, value: str) -> None:
+    """Before: accepted and taken as an unknown (current) card."""
+    doc = {"gpus": [{"index": 0, "name": "NVIDIA GeForce RTX 3090", "total_bytes": 24 * GiB,
+                     "free_bytes": 24 * GiB, "compute_capability": value}],
+           "host": {"ram_total_bytes": 64 * GiB, "ram_available_bytes": 64 * GiB,
+                    "cpu_cores": 16}}  # fmt: skip
+    path = tmp_path / "box.json"
+    path.write_text(json.dumps(doc))
+    with pytest.raises(HardwareError, match="compute_capability is") as info:
+        load_hardware_file(path)
+    assert "\n" not in info.value.message and "MAJOR.MINOR" in info.value.message
+    doc["gpus"][0]["compute_capability"] = "8.6"  # type: ignore[index]
+    path.write_text(json.dumps(doc))
+    assert load_hardware_file(path).gpus[0].compute_capability == "8.6"

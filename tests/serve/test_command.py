@@ -154,6 +154,13 @@ def test_kv_offload_off_and_mtp_speculation(manifest: Manifest) -> None:
     assert "-nkvo" in argv
     i = argv.index("--spec-type")
     assert argv[i : i + 4] == ["--spec-type", "draft-mtp", "--spec-draft-n-max", "3"]
+    assert "-ctkd" not in argv  # f16, llama-server's default
+
+
+def test_mtp_draft_cache_types(manifest: Manifest) -> None:
+    config = RunConfig(spec_draft_n=2, spec_cache_type_k="q8_0", spec_cache_type_v="q4_0")
+    argv = list(build(config, manifest).argv)
+    assert argv[argv.index("-ctkd") + 1] == "q8_0" and argv[argv.index("-ctvd") + 1] == "q4_0"
 
 
 def test_server_options(manifest: Manifest) -> None:
