@@ -27,6 +27,7 @@ PURE_MODULES = {
     "quantpick.model.ggml",
     "quantpick.model.gguf_names",
     "quantpick.model.speculative",
+    "quantpick.hub.kinds",
 }
 # Standard-library modules that do I/O or read the environment.
 IO_MODULES = {
@@ -140,6 +141,44 @@ def test_only_the_cli_imports_the_cli_and_the_jobs() -> None:
 def test_the_pipeline_module_is_gone() -> None:
     # one module per job (quantpick/jobs/), not one module doing them all
     assert not (PACKAGE / "pipeline.py").exists()
+
+
+# The floors of docs/architecture.md, ground first: a package imports only packages on lower
+# floors (and itself). The hub layer (hub/: http, hub kinds, checksums) lies below model/, which
+# reads headers through it before anything is planned; fetch/ is the download stage above both.
+FLOORS = (
+    {"errors", "units", "safe_names", "local_files", "process", "outputs", "config", ""},
+    {"arch", "hub"},
+    {"machine", "model"},
+    {"plan"},
+    {"fetch"},
+    {"serve"},
+    {"jobs"},
+    {"cli"},
+    {"__main__"},
+)
+
+
+def floor_of(module: str) -> int:
+    package = module.split(".")[1] if "." in module else ""
+    return next(i for i, names in enumerate(FLOORS) if package in names)
+
+
+def test_every_package_has_a_floor() -> None:
+    for name in all_modules():
+        floor_of(name)
+
+
+def test_no_arrow_runs_upward() -> None:
+    upward = [
+        f"{name} -> {dep}"
+        for name, deps in graph().items()
+        for dep in deps
+        if floor_of(dep) > floor_of(name)
+        or (floor_of(dep) == floor_of(name) and dep.split(".")[1:2] != name.split(".")[1:2]
+            and floor_of(name) > 0)
+    ]  # fmt: skip
+    assert upward == []
 
 
 def core_modules() -> list[str]:

@@ -42,7 +42,7 @@ PURE = (
     "quantpick.machine.spec",
     "quantpick.safe_names",
     "quantpick.serve.command",
-    "quantpick.fetch.verify",
+    "quantpick.hub.verify",
     "quantpick.jobs.plan",
     "quantpick.jobs.get",
     "quantpick.jobs.serve",

@@ -21,7 +21,7 @@ from quantpick.errors import QuantpickError, UsageError, VerificationError
 if TYPE_CHECKING:
     from quantpick.fetch.download import FetchPlan, FetchReport
     from quantpick.fetch.transfer import DownloadResult, ProgressSink
-    from quantpick.fetch.verify import Verification
+    from quantpick.hub.verify import Verification
 
 
 # Fetch options shared by `download` and `get` (flag > environment > config file > default).
@@ -442,7 +442,7 @@ def download(
     from quantpick.cli.output import print_json
     from quantpick.config import load_settings, with_fetch_flags
     from quantpick.fetch.download import fetch_model
-    from quantpick.fetch.http import RetryPolicy
+    from quantpick.hub.http import RetryPolicy
     if source not in SOURCE_CHOICES:
         raise UsageError(f"--source must be one of {', '.join(SOURCE_CHOICES)}, not {source!r}")
     settings = with_fetch_flags(
@@ -518,7 +518,7 @@ def verify(
 ) -> None:
     """Check files against DIR/SHA256SUMS (like `sha256sum -c --ignore-missing`), in parallel."""
     from quantpick.cli import output
-    from quantpick.fetch.verify import read_sha256sums, verify_files
+    from quantpick.hub.verify import read_sha256sums, verify_files
 
     sums_path = directory / checksums
     if not directory.is_dir():

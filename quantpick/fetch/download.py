@@ -1,7 +1,7 @@
 """Downloading one quant of a model: which files, from which source, agreeing hashes, then the
 transfer engine (quantpick.fetch.transfer) for each file and a SHA256SUMS beside them.
 
-The hub libraries give metadata, auth and endpoints (quantpick.fetch.sources); bytes come from
+The hub libraries give metadata, auth and endpoints (quantpick.hub); bytes come from
 the transfer engine.
 """
 
@@ -16,10 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 from quantpick.errors import DownloadError, QuantpickError, UsageError, VerificationError
 from quantpick.fetch.atomic import os_error, write_atomic
-from quantpick.fetch.http import BodyTooLarge, RetryPolicy, UnreachableError, default_policy
 from quantpick.fetch.partfile import part_bytes
 from quantpick.fetch.segments import policy_for
-from quantpick.fetch.sources import RemoteFile, RepoSource, open_source
 from quantpick.fetch.transfer import (
     DEFAULT_LOCK_TIMEOUT,
     SPACE_MARGIN,
@@ -34,7 +32,10 @@ from quantpick.fetch.transfer import (
     make_dir,
     part_paths,
 )
-from quantpick.fetch.verify import (
+from quantpick.hub.base import RemoteFile, RepoSource
+from quantpick.hub.http import BodyTooLarge, RetryPolicy, UnreachableError, default_policy
+from quantpick.hub.sources import open_source
+from quantpick.hub.verify import (
     CHECKSUMS_MAX_BYTES,
     format_sha256sums,
     parse_sha256sums,

@@ -70,8 +70,8 @@ def get(
         verified_hf_cache_files,
         verified_local_files,
     )
-    from quantpick.fetch.http import RetryPolicy
     from quantpick.fetch.stores import HashCache, hash_cache_path
+    from quantpick.hub.http import RetryPolicy
 
     manifest = req.plan.manifest
     vision = req.plan.request.vision

@@ -4,6 +4,7 @@ file's own header, else the chosen quant's exact header when it can be had."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -140,7 +141,7 @@ def plan_for(inputs: PlanInputs, *, settings: Settings | None = None) -> PlanRes
         return PlanResult(p, replace(inputs, request=request), tuning)
     layouts = LayoutSource(
         inputs.manifest, exact=inputs.exact, network=inputs.network, settings=settings,
-        local_dir=inputs.local_dir,
+        local_copy=_verified_copy(inputs, settings),
     )  # fmt: skip
     p = plan_exact(inputs.manifest, inputs.machine, layouts, inputs.request, inputs.overheads)
     return PlanResult(p, inputs, tuning, tuple(layouts.problems))
@@ -167,3 +168,21 @@ def max_context_for(inputs: PlanInputs, *, settings: Settings | None = None) -> 
         overheads=inputs.overheads,
     )  # fmt: skip
     return LimitsResult(limits, tuning, tuple(source.problems))
+
+
+def _verified_copy(
+    inputs: PlanInputs, settings: Settings | None
+) -> Callable[[str], Path | None] | None:
+    """A quant's file in `inputs.local_dir` already known (sha256 cache) to be the pinned one, so
+    its own header is read with no hub; None when there is no such directory."""
+    local_dir = inputs.local_dir
+    if local_dir is None:
+        return None
+
+    def copy(quant: str) -> Path | None:
+        from quantpick.config import load_settings
+        from quantpick.fetch.download import known_local_copy
+
+        return known_local_copy(inputs.manifest, quant, local_dir, settings or load_settings())
+
+    return copy

@@ -24,7 +24,7 @@ from quantpick.errors import ManifestError, QuantpickError, UsageError
 
 if TYPE_CHECKING:
     from quantpick.config import Settings
-    from quantpick.fetch.sources import RemoteFile
+    from quantpick.hub.base import RemoteFile
     from quantpick.model.gguf import GGUFHeader
 
 
@@ -103,8 +103,8 @@ def _checksums(
 ) -> tuple[str | None, dict[str, str]]:
     """The repository's checksums file, if it has a usable one. A file over the size cap or with
     a refused line is left out with a warning: the hub listing still gives every LFS sha256."""
-    from quantpick.fetch.http import BodyTooLarge
-    from quantpick.fetch.verify import CHECKSUMS_MAX_BYTES, parse_sha256sums
+    from quantpick.hub.http import BodyTooLarge
+    from quantpick.hub.verify import CHECKSUMS_MAX_BYTES, parse_sha256sums
 
     names = {f.name for f in files}
     for candidate in CHECKSUM_NAMES:
@@ -159,7 +159,8 @@ def build_manifest(
     `all_headers`: read (and cache) every model quant's header too, HEADER_READERS at a time,
     and name the GGUF files whose names carry no quant tag by their header's general.file_type
     (`pick OWNER/REPO`); `on_header(done, total)` follows the reads."""
-    from quantpick.fetch.sources import open_source
+    from quantpick.hub.kinds import REPOSITORY_KINDS, is_repository
+    from quantpick.hub.sources import open_source
     from quantpick.model.gguf import layout_from_header, n_parameters
     from quantpick.model.gguf_names import group_gguf_files
     from quantpick.model.headers import (
@@ -170,8 +171,8 @@ def build_manifest(
     )
     from quantpick.model.manifest import Source, parse_manifest
 
-    if kind not in ("hf", "modelscope"):
-        raise UsageError(f"--source must be hf or modelscope, got {kind!r}")
+    if not is_repository(kind):
+        raise UsageError(f"--source must be {' or '.join(REPOSITORY_KINDS)}, got {kind!r}")
     source = open_source(Source(kind=kind, repo=repo, revision=revision), settings=settings)
     listing = source.list_files()
     by_name = {f.name: f for f in listing}

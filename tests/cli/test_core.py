@@ -349,7 +349,7 @@ def test_a_hint_naming_an_option_the_command_lacks_is_not_shown(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """`--offline` was offered on `download`, which has no such option."""
-    from quantpick.fetch.http import UnreachableError
+    from quantpick.hub.http import UnreachableError
 
     monkeypatch.setattr(
         "quantpick.model.registry.find_manifest", _raise(UnreachableError("huggingface.co"))

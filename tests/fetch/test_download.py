@@ -20,9 +20,9 @@ from quantpick.cli import app
 from quantpick.config import load_settings
 from quantpick.errors import ExitCode, QuantpickError, VerificationError
 from quantpick.fetch.download import fetch_model
-from quantpick.fetch.http import RetryPolicy
 from quantpick.fetch.transfer import DiskSpaceError, LocalFileError
-from quantpick.fetch.verify import CHECKSUMS_MAX_BYTES
+from quantpick.hub.http import RetryPolicy
+from quantpick.hub.verify import CHECKSUMS_MAX_BYTES
 from quantpick.model.manifest import Source
 
 SIZE = 1024 * 1024 + 77
