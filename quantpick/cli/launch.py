@@ -19,9 +19,10 @@ if TYPE_CHECKING:
     from quantpick.machine.spec import Machine
     from quantpick.model.manifest import Manifest
     from quantpick.plan.planner import Plan
-    from quantpick.serve.command import ServerCommand, WorkerCommand
+    from quantpick.serve.command import ServerCommand
     from quantpick.serve.ecosystem import Target
     from quantpick.serve.flags import ServerCapabilities
+    from quantpick.serve.workers import WorkerCommand
 
 
 def installed_capabilities(
@@ -59,7 +60,7 @@ def worker_commands(
     from dataclasses import replace
 
     from quantpick.machine.rpc import local_address_towards, resolve_ipv4
-    from quantpick.serve.command import build_worker_commands
+    from quantpick.serve.workers import build_worker_commands
 
     by_endpoint = {w.endpoint: w for w in machine.rpc_workers}
     workers = []
@@ -100,7 +101,7 @@ def check_script_destination(script: Path | None, force: bool = False) -> None:
         )
     if not os.access(parent, os.W_OK | os.X_OK):
         raise UsageError(f"--script {script}: cannot write in {parent}")
-    from quantpick.serve.command import check_script_target
+    from quantpick.serve.script_file import check_script_target
 
     check_script_target(script, force=force)
 
@@ -128,21 +129,19 @@ def emit_command(
     ecosystem: tuple[Callable[[ServerCommand], Target], EcosystemOptions] | None = None,
 ) -> None:
     from quantpick.cli import output
-    from quantpick.serve.command import (
-        CURRENT_TARGET,
+    from quantpick.serve.command import CURRENT_TARGET, UNCHECKED_WARNING
+    from quantpick.serve.formats import (
         SYSTEMD_UNIT_DIR,
-        UNCHECKED_WARNING,
         render_compose,
         render_env,
         render_json,
         render_line,
         render_script,
         render_systemd,
-        render_worker_json,
-        render_worker_lines,
         systemd_unit_name,
-        write_script,
     )
+    from quantpick.serve.script_file import write_script
+    from quantpick.serve.workers import render_worker_json, render_worker_lines
 
     check_format(fmt)
     for warning in cmd.warnings:
@@ -297,7 +296,8 @@ def write_command(
     """The llama-server command that runs `p`, written as --format says (`model_path` None:
     llama-server fetches the file itself, -hf REPO:QUANT; its RPC workers are not written)."""
     from quantpick.errors import UsageError
-    from quantpick.serve.command import build_command, hf_model
+    from quantpick.serve.command import build_command
+    from quantpick.serve.hf_tag import hf_model
 
     hf = hf_model(manifest, p.quant) if model_path is None else None
     cmd = build_command(

@@ -38,7 +38,8 @@ from pathlib import Path
 
 from quantpick.errors import UsageError
 from quantpick.model.manifest import Sampling
-from quantpick.serve.command import ServerCommand, comment_lines, yaml_str
+from quantpick.serve.command import ServerCommand, comment_lines
+from quantpick.serve.formats import yaml_str
 from quantpick.units import human
 
 # Flags build_command writes without a value (everything else it writes takes exactly one).
