@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     from quantpick.model.layout import ModelLayout
     from quantpick.model.manifest import Manifest
     from quantpick.plan.memory import Overheads
-    from quantpick.plan.planner import PlanRequest
+    from quantpick.plan.plan_types import PlanRequest
     from quantpick.serve.command import ServerOptions
 
 G = TypeVar("G", bound="Group")
@@ -137,7 +137,7 @@ class PlanOptions(Group):
     def request(self) -> PlanRequest:
         from quantpick.errors import UsageError
         from quantpick.model.ggml import KV_CACHE_TYPES
-        from quantpick.plan.planner import DEFAULT_KV_TYPES, PlanRequest
+        from quantpick.plan.plan_types import DEFAULT_KV_TYPES, PlanRequest
 
         batches: dict[str, Any] = {
             "ubatch": self.ubatch, "batch": self.batch, "flash_attn": self.flash_attn

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from quantpick.cli.groups import LaunchOptions
     from quantpick.machine.spec import Machine
     from quantpick.model.manifest import Manifest
-    from quantpick.plan.planner import Plan
+    from quantpick.plan.plan_types import Plan
     from quantpick.serve.command import ServerCommand
     from quantpick.serve.ecosystem import Target
     from quantpick.serve.flags import ServerCapabilities

@@ -8,7 +8,7 @@ if TYPE_CHECKING:
     from quantpick.machine.spec import Machine
     from quantpick.model.layout import ModelLayout
     from quantpick.plan.memory import Estimate
-    from quantpick.plan.planner import Plan
+    from quantpick.plan.plan_types import Plan
     from quantpick.plan.speed import SpeedEstimate
 
 # ---- pieces -------------------------------------------------------------------------------

@@ -98,7 +98,7 @@ if TYPE_CHECKING:
     from quantpick.jobs.get import GetResult
     from quantpick.machine.spec import Machine
     from quantpick.model.manifest import Manifest
-    from quantpick.plan.planner import Plan
+    from quantpick.plan.plan_types import Plan
 
 
 FormatOpt = Annotated[

@@ -12,7 +12,7 @@ if TYPE_CHECKING:
     from quantpick.model.manifest import Manifest
     from quantpick.plan.calibration import SpeedFactors
     from quantpick.plan.memory import Overheads
-    from quantpick.plan.planner import Plan
+    from quantpick.plan.plan_types import Plan
     from quantpick.serve.bench import BenchMeasurement, BenchSettings
 
 
@@ -69,7 +69,7 @@ def bench_plan(
     )
     from quantpick.plan.confirm import server_logits_saving
     from quantpick.plan.memory import estimate
-    from quantpick.plan.planner import speed_params_for
+    from quantpick.plan.placement import speed_params_for
     from quantpick.plan.speed import device_speeds, expected_speed
     from quantpick.serve.bench import (
         BENCH,

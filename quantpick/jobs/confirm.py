@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     from quantpick.model.manifest import Manifest
     from quantpick.plan.confirm import Confirmation
     from quantpick.plan.memory import Overheads
-    from quantpick.plan.planner import Plan, PlanRequest
+    from quantpick.plan.plan_types import Plan, PlanRequest
 
 
 @dataclass(frozen=True)

@@ -72,7 +72,7 @@ def estimate_config(
     from quantpick.plan.build_class import apply_rule
     from quantpick.plan.calibration import calibrate_speed, model_sizes
     from quantpick.plan.memory import estimate
-    from quantpick.plan.planner import device_bandwidths, speed_params_for
+    from quantpick.plan.placement import device_bandwidths, speed_params_for
     from quantpick.plan.speed import decode_speed, device_speeds, expected_speed
 
     layout, manifest, machine = req.layout, req.manifest, req.machine

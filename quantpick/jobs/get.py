@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from quantpick.fetch.transfer import ProgressSink
     from quantpick.jobs.confirm import ConfirmOptions, ConfirmReport
     from quantpick.jobs.tuning import Tuning
-    from quantpick.plan.planner import Plan
+    from quantpick.plan.plan_types import Plan
 
 
 @dataclass(frozen=True)

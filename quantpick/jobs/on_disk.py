@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from quantpick.config import Settings
     from quantpick.jobs.confirm import ConfirmOptions, ConfirmReport
     from quantpick.jobs.plan import PlanInputs, PlanResult
-    from quantpick.plan.planner import Plan
+    from quantpick.plan.plan_types import Plan
 
 
 @dataclass(frozen=True)

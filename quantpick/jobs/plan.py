@@ -19,7 +19,8 @@ if TYPE_CHECKING:
     from quantpick.model.layout import ModelLayout
     from quantpick.model.manifest import Manifest
     from quantpick.plan.memory import Overheads
-    from quantpick.plan.planner import ContextLimit, Plan, PlanRequest
+    from quantpick.plan.plan_types import Plan, PlanRequest
+    from quantpick.plan.planner import ContextLimit
 
 
 def plan_exact(

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from quantpick.machine.llamacpp import FoundServer
     from quantpick.machine.spec import Machine
     from quantpick.model.manifest import Manifest
-    from quantpick.plan.planner import Plan
+    from quantpick.plan.plan_types import Plan
     from quantpick.serve.command import ServerCommand, ServerOptions
     from quantpick.serve.server import RunningServer
 

@@ -12,7 +12,7 @@ if TYPE_CHECKING:
     from quantpick.plan.build_class import ComputeRule
     from quantpick.plan.calibration import Calibration
     from quantpick.plan.memory import Overheads
-    from quantpick.plan.planner import PlanRequest
+    from quantpick.plan.plan_types import PlanRequest
 
 
 @dataclass(frozen=True)

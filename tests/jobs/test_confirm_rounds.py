@@ -18,7 +18,8 @@ from quantpick.model.layout import ModelLayout
 from quantpick.model.local import manifest_for_gguf
 from quantpick.plan.build_class import compute_rule
 from quantpick.plan.memory import Overheads, RunConfig, estimate
-from quantpick.plan.planner import Plan, PlanRequest, device_bandwidths
+from quantpick.plan.placement import device_bandwidths
+from quantpick.plan.plan_types import Plan, PlanRequest
 from quantpick.plan.speed import decode_speed
 
 CURRENT = compute_rule("0.5.0-dev", 11312, "0c1e57098")

@@ -32,7 +32,7 @@ from quantpick.plan.calibration import (
     speed_ratios,
 )
 from quantpick.plan.memory import Overheads, RunConfig, estimate
-from quantpick.plan.planner import device_bandwidths
+from quantpick.plan.placement import device_bandwidths
 from quantpick.plan.speed import SpeedEstimate, decode_speed
 
 GiB = 1024**3

@@ -17,7 +17,8 @@ from quantpick.model.ggml import tensor_bytes
 from quantpick.model.layout import synthesized_layouts
 from quantpick.model.manifest import Manifest, ModelFile
 from quantpick.plan.memory import estimate
-from quantpick.plan.planner import Placement, PlanRequest, plan
+from quantpick.plan.plan_types import Placement, PlanRequest
+from quantpick.plan.planner import plan
 
 GiB = 1024**3
 

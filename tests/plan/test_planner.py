@@ -15,20 +15,11 @@ from quantpick.machine.spec import Gpu, Host, Machine
 from quantpick.model.layout import ModelLayout, synthesize_layout
 from quantpick.model.manifest import Manifest
 from quantpick.model.registry import find_manifest
-from quantpick.plan import planner
+from quantpick.plan import placement, planner
 from quantpick.plan.build_class import CONSERVATIVE, compute_rule
 from quantpick.plan.memory import Overheads, RunConfig, estimate
-from quantpick.plan.planner import (
-    SPEED_FLOOR_TIER,
-    SPEED_TIE,
-    Candidate,
-    Plan,
-    PlanRequest,
-    balanced_key,
-    expected_tps,
-    max_context,
-    plan,
-)
+from quantpick.plan.plan_types import Candidate, Plan, PlanRequest, expected_tps
+from quantpick.plan.planner import SPEED_FLOOR_TIER, SPEED_TIE, balanced_key, max_context, plan
 
 GiB = 1024**3
 GB = 10**9
@@ -217,10 +208,10 @@ def test_two_gpus_offload_more_experts_to_take_attention_off_a_slow_card(
     monkeypatch.setattr(planner, "_speed_may_matter", lambda *args: True)
     searched = _offload_speeds(m, 231424)
     with monkeypatch.context() as mp:  # the smallest --n-cpu-moe that fits, as before the search
-        mp.setattr(planner._Search, "_faster_offload", lambda self, base, found, n_layer: found)
+        mp.setattr(placement.PlacementSearch, "_faster_offload", lambda self, base, found, n_layer: found)
         smallest = _offload_speeds(m, 231424)
     with monkeypatch.context() as mp:  # every N tried
-        mp.setattr(planner, "OFFLOAD_WALK", 10_000)
+        mp.setattr(placement, "OFFLOAD_WALK", 10_000)
         every = _offload_speeds(m, 231424)
     assert searched.keys() == smallest.keys() == every.keys() and searched
     for key, (tps, n) in searched.items():
@@ -245,7 +236,7 @@ def test_the_offload_search_never_leaves_the_host_tight_when_the_smallest_n_did_
 
     searched = offload(plan(MANIFEST, m, LAYOUTS, request))
     with monkeypatch.context() as mp:
-        mp.setattr(planner._Search, "_faster_offload", lambda self, base, found, n_layer: found)
+        mp.setattr(placement.PlacementSearch, "_faster_offload", lambda self, base, found, n_layer: found)
         smallest = offload(plan(MANIFEST, m, LAYOUTS, request))
     assert searched.keys() == smallest.keys() and searched
     for key, c in searched.items():
@@ -515,13 +506,13 @@ def test_a_bracket_only_speeds_up_the_two_gpu_split_search(
     """The --n-cpu-moe search passes each N the interval ends of its neighbours; any bracket,
     even a wrong one, must give the split search's own answer."""
     m = machine(gpu(0, a, 936), gpu(1, b, 320))
-    search = planner._Search(
+    search = placement.PlacementSearch(
         layout_of(quant), m, Overheads(), 0, planner.device_bandwidths(m), 1.0, ctx
     )
     config = RunConfig(ctx_size=ctx, n_cpu_moe=n_cpu_moe)
     plain_fit, plain_least = search.best_split(config)
     plain_bounds = search.bounds
-    fit, least = search.best_split(config, planner._Bracket(*bracket))
+    fit, least = search.best_split(config, placement._Bracket(*bracket))
     assert search.bounds == plain_bounds
     assert (fit and fit.config) == (plain_fit and plain_fit.config)
     assert least.config == plain_least.config

@@ -17,7 +17,8 @@ from quantpick.model.ggml import tensor_bytes
 from quantpick.model.layout import ModelLayout, synthesize_layout
 from quantpick.model.registry import find_manifest
 from quantpick.plan.memory import RunConfig, estimate
-from quantpick.plan.planner import PlanRequest, plan
+from quantpick.plan.plan_types import PlanRequest
+from quantpick.plan.planner import plan
 from quantpick.plan.speed import (
     DEFAULT_SPEED_PARAMS,
     RECENT_BUILD,

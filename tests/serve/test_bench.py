@@ -19,7 +19,8 @@ from quantpick.model.gguf import layout_from_header, read_gguf_file
 from quantpick.model.local import manifest_for_gguf
 from quantpick.plan.build_class import compute_rule
 from quantpick.plan.memory import Overheads, RunConfig, estimate
-from quantpick.plan.planner import Plan, device_bandwidths, speed_params_for
+from quantpick.plan.placement import device_bandwidths, speed_params_for
+from quantpick.plan.plan_types import Plan
 from quantpick.plan.speed import decode_speed, device_speeds, expected_speed
 from quantpick.serve.bench import (
     BenchError,
