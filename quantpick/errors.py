@@ -26,6 +26,7 @@ class ExitCode(IntEnum):
     RPC_WORKER = 6  # an llama.cpp RPC worker is unreachable, busy or speaks another protocol
     MODEL_REJECTED = 7  # llama.cpp itself cannot load the model file (its own reason is shown)
     SERVER = 8  # llama-server missing, too old for the model, failed to load it or to answer
+    DIFFERS = 9  # check: the server runs, but not as planned, at a cost in speed or memory
     INTERRUPTED = 130  # 128 + SIGINT
     TERMINATED = 143  # 128 + SIGTERM
 

@@ -18,14 +18,17 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 SHELLS = ("bash", "zsh", "fish")
 PROG = "quantpick"
-COMPLETE_VAR = "_QUANTPICK_COMPLETE"
 
 
 def completion_script(shell: str) -> str:
-    # typer's own templates (the same text `quantpick --show-completion` prints for that shell)
-    from typer._completion_shared import get_completion_script
+    # typer's own templates, exactly what `_QUANTPICK_COMPLETE=source_<shell> quantpick` prints
+    # (quantpick.cli.complete.source_script: no blank first line, so zsh reads `#compdef`)
+    from quantpick.cli.complete import source_script
 
-    return get_completion_script(prog_name=PROG, complete_var=COMPLETE_VAR, shell=shell) + "\n"
+    script = source_script(shell)
+    if script is None:
+        raise SystemExit(f"typer has no completion script for {shell}")
+    return script
 
 
 def main() -> int:

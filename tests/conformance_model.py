@@ -105,6 +105,8 @@ def write_grid_models(directory: Path) -> dict[str, tuple[Path, int]]:
 
 
 def rpc_machine(n: int) -> Machine:
+    """Local stand-ins for the RPC workers' CPU devices the fixtures were recorded on: the CPU
+    backend's buffer rule, so the plan names them by that backend (CPU0, CPU1)."""
     gpus = tuple(
         Gpu(index=i, name=f"RPC{i}", total_bytes=64 * GiB, free_bytes=64 * GiB, backend="CPU")
         for i in range(n)

@@ -60,6 +60,31 @@ def _no_real_nvml(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatc
     monkeypatch.setitem(sys.modules, "pynvml", FakeNvml(init_error=NVMLError_LibraryNotFound))
 
 
+# No test reads this machine's live RAM, cores or load unless marked `real_host`: the host probe
+# (quantpick.machine.probe) reads a recorded machine instead of /proc and /sys: a 2-core, 24 GiB
+# Linux box (AMD EPYC) in a cgroup-v1 container without a memory limit, its /proc/meminfo,
+# /proc/cpuinfo and memory cgroup files copied verbatim at rest into tests/data/host/ (MemAvailable
+# 22.5 GiB). A test that plans without --gpu/--ram/--cpu-only/--hardware then gets the same answer
+# on a busy 24 GB box as on an idle 256 GB one. Real llama.cpp tools get a deadline a loaded 2-core
+# box meets (RECORDED_TOOL_TIMEOUT_S instead of the 10 s default a user gets).
+RECORDED_HOST = Path(__file__).parent / "data" / "host"
+RECORDED_HOST_THREADS = 2  # os.cpu_count() on the recorded box (its cpuinfo lists 2 processors)
+RECORDED_TOOL_TIMEOUT_S = 120.0
+
+
+@pytest.fixture(autouse=True)
+def _recorded_host(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    if request.node.get_closest_marker("real_host") is not None:
+        return
+    from quantpick.machine import probe
+
+    monkeypatch.setattr(probe, "MEMINFO", RECORDED_HOST / "meminfo")
+    monkeypatch.setattr(probe, "CPUINFO", RECORDED_HOST / "cpuinfo")
+    monkeypatch.setattr(probe, "CGROUP_ROOT", RECORDED_HOST / "cgroup")
+    monkeypatch.setattr(probe, "cpu_threads", lambda: RECORDED_HOST_THREADS)
+    monkeypatch.setattr("quantpick.cli.options.TOOL_TIMEOUT_S", RECORDED_TOOL_TIMEOUT_S)
+
+
 # Real llama.cpp tools (tests marked `llamacpp`): a directory holding llama-server,
 # llama-fit-params, llama-bench and ggml-rpc-server, as scripts/build-llamacpp.sh builds them.
 # QUANTPICK_TEST_LLAMA_BIN names it (QUANTPICK_TEST_LLAMA_SERVER, a llama-server path, or PATH also

@@ -72,6 +72,16 @@ class FakeGpu:
     cc: tuple[int, int] | None = (8, 6)
     # NVML function name -> exception class raised by that call for this GPU
     fail: dict[str, type[NVMLError]] = field(default_factory=dict)
+    # compute processes on this GPU: pid -> bytes (nvmlDeviceGetComputeRunningProcesses)
+    processes: dict[int, int] = field(default_factory=dict)
+
+
+class ProcessInfo(NamedTuple):
+    """nvidia-ml-py's c_nvmlProcessInfo_t as read: usedGpuMemory None where the driver cannot
+    tell (NVML_VALUE_NOT_AVAILABLE, e.g. on Windows WDDM)."""
+
+    pid: int
+    usedGpuMemory: int | None  # noqa: N815 - nvidia-ml-py's spelling
 
 
 def rtx_3090(**changes: Any) -> FakeGpu:
@@ -170,6 +180,10 @@ class FakeNvml(types.ModuleType):
 
     def nvmlDeviceGetUUID(self, handle: int) -> str:  # noqa: N802
         return self._gpu(handle, "nvmlDeviceGetUUID").uuid
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: int) -> list[ProcessInfo]:  # noqa: N802
+        gpu = self._gpu(handle, "nvmlDeviceGetComputeRunningProcesses")
+        return [ProcessInfo(pid, used) for pid, used in gpu.processes.items()]
 
     def nvmlDeviceGetMemoryInfo(self, handle: int) -> Memory:  # noqa: N802
         gpu = self._gpu(handle, "nvmlDeviceGetMemoryInfo")

@@ -147,6 +147,21 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
+# (sha256, git oid) of each served file, once per test session: module- and session-scoped
+# fixtures serve the same multi-GB (sparse) files to every test, and rehashing them per test
+# was about a minute of the run. Keyed by path, size and mtime, so a rewritten file is rehashed.
+HASHES: dict[tuple[str, int, int], tuple[str, str]] = {}
+
+
+def file_hashes(path: Path) -> tuple[str, str]:
+    """(sha256, git blob oid) of `path`, computed once per (path, size, mtime)."""
+    stat = path.stat()
+    key = (str(path.resolve()), stat.st_size, stat.st_mtime_ns)
+    if key not in HASHES:
+        HASHES[key] = (_sha256(path), _git_oid(stat.st_size, path))
+    return HASHES[key]
+
+
 class _Server(ThreadingHTTPServer):
     def handle_error(self, request: Any, client_address: Any) -> None:
         import sys
@@ -255,7 +270,7 @@ class FakeHub:
                 sha = hashlib.sha256(f"unhashed {repo_id} {name} {size}".encode()).hexdigest()
                 oid = sha[:40]
             else:
-                sha, oid = _sha256(path), _git_oid(size, path)
+                sha, oid = file_hashes(path)
             entries[name] = HubFile(name, path, size, sha, oid, name.endswith(lfs_suffixes))
         repo = HubRepo(repo_id, commit, entries, gated=gated, private=private, token=token)
         self.repos[repo_id] = repo

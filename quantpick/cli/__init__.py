@@ -24,6 +24,7 @@ MODULES = (
     "download",
     "run",
     "serve",
+    "check",
     "confirm",
     "bench",
     "calibration",
@@ -41,6 +42,7 @@ COMMAND_MODULE = {
     "command": "run",
     "get": "run",
     "serve": "serve",
+    "check": "check",
     "confirm": "confirm",
     "bench": "bench",
     "calibration": "calibration",
@@ -95,6 +97,14 @@ def _modules_for(argv: list[str]) -> tuple[str, ...]:
 
 def main() -> None:
     shell = os.environ.get("_QUANTPICK_COMPLETE", "")
+    if shell.startswith("source_"):
+        from quantpick.cli.complete import source_script
+
+        script = source_script(shell.removeprefix("source_"))
+        if script is not None:
+            sys.stdout.write(script)
+            sys.stdout.flush()
+            sys.exit(0)
     if shell.startswith("complete_"):
         # The value after an option (`--quant <Tab>`) is answered without building the CLI.
         from quantpick.cli.complete import fast_complete

@@ -222,3 +222,17 @@ def fast_complete(shell: str) -> tuple[str, int] | None:
     if shell == "powershell":
         return "\n".join(f"{v}:::{h or ' '}" for v, h in items) + "\n", 0
     return None
+
+
+def source_script(shell: str) -> str | None:
+    """What `_QUANTPICK_COMPLETE=source_<shell> quantpick` prints: typer's completion script for
+    that shell, as committed in completions/ (scripts/gen_completions.py). Not click's own
+    `source` text, which starts with a blank line: zsh's compinit reads `#compdef` only on the
+    first line, so a file written from it is ignored and Tab does nothing. None: not a shell
+    typer knows (click then answers)."""
+    from typer._completion_shared import _completion_scripts, get_completion_script
+
+    if shell not in _completion_scripts:
+        return None
+    return get_completion_script(prog_name="quantpick", complete_var="_QUANTPICK_COMPLETE",
+                                 shell=shell) + "\n"  # fmt: skip

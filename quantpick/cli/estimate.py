@@ -15,6 +15,7 @@ import typer
 from quantpick.cli.core import app
 from quantpick.cli.groups import LlamaCppOptions, MachineOptions, PlanOptions, notes
 from quantpick.cli.options import (
+    BackendOpt,
     BOpt,
     CoresOpt,
     CpuOnlyOpt,
@@ -116,15 +117,27 @@ def estimate_cmd(
     flash_attn: FaOpt = "on",
     device: Annotated[
         str | None,
-        typer.Option("-dev", "--device", help="Devices to use: CUDA0,RPC0,... or none."),
+        typer.Option(
+            "-dev",
+            "--device",
+            help="Devices to use, as llama.cpp names them (CUDA0, ROCm0, MTL0, Vulkan0, SYCL0, "
+            "RPC0, ...) or none.",
+        ),
     ] = None,  # noqa: UP045
     no_kv_offload: Annotated[
         bool, typer.Option("-nkvo", "--no-kv-offload", help="Keep KV cache in host memory.")
     ] = False,
     spec_draft: Annotated[
         int,
-        typer.Option("--spec-draft-n-max", help="MTP speculation with N draft tokens (0 = off)."),
+        typer.Option(
+            "--spec-draft-n-max",
+            help="Draft tokens per round (with --spec; alone: MTP with N drafts, 0 = off).",
+        ),
     ] = 0,
+    spec: Annotated[
+        str,
+        typer.Option("--spec", help="Size speculative decoding of this kind: off, mtp or ngram."),
+    ] = "off",
     vision: VisionOpt = False,
     hardware: HardwareOpt = None,
     gpu: GpuOpt = None,
@@ -136,6 +149,7 @@ def estimate_cmd(
     ram_reserve: RamReserveOpt = None,
     gpu_reserve: GpuReserveOpt = None,
     ram_bandwidth: RamBandwidthOpt = None,
+    backend: BackendOpt = None,
     cores: CoresOpt = None,
     threads: ThreadsOpt = None,
     rpc: RpcOpt = None,
@@ -172,7 +186,7 @@ def estimate_cmd(
     basis = PlanOptions.of(given)
     result = estimate_config(
         EstimateRequest(
-            layout, manifest, machine, _config(given, machine), basis.overheads(),
+            layout, manifest, machine, _config(given, machine, layout, label), basis.overheads(),
             gpu_overhead_given=gpu_overhead is not None, llama_server=llama_server,
             calibration=not no_calibration, on_hub=gguf is None, network=not no_network,
         ),
@@ -215,10 +229,13 @@ def estimate_cmd(
         raise no_fit
 
 
-def _config(given: dict[str, Any], machine: Machine) -> RunConfig:
-    """The configuration llama-server's own flags describe (-ngl, -ts, -ot, -dev, ...)."""
+def _config(
+    given: dict[str, Any], machine: Machine, layout: ModelLayout, label: str
+) -> RunConfig:
+    """The configuration llama-server's own flags describe (-ngl, -ts, -ot, -dev, --spec, ...)."""
     from quantpick.errors import UsageError
     from quantpick.plan.memory import RunConfig
+    from quantpick.plan.speculative import DEFAULT_DRAFT_N_MAX, SpecMode, with_kind
 
     n_gpu_layers = given["n_gpu_layers"]
     ngl: int | None
@@ -229,7 +246,8 @@ def _config(given: dict[str, Any], machine: Machine) -> RunConfig:
             ngl = int(n_gpu_layers)
         except ValueError:
             raise UsageError(f"-ngl {n_gpu_layers}: use a number, all or auto") from None
-    return RunConfig(
+    spec, spec_draft = given["spec"], given["spec_draft"]
+    config = RunConfig(
         ctx_size=given["ctx_size"],
         n_parallel=given["parallel"],
         kv_unified=given["kv_unified"],
@@ -245,10 +263,18 @@ def _config(given: dict[str, Any], machine: Machine) -> RunConfig:
         batch=given["batch"],
         kv_offload=not given["no_kv_offload"],
         vision=given["vision"],
-        spec_draft_n=given["spec_draft"],
+        spec_draft_n=spec_draft if spec in ("off", "mtp") else 0,
         devices=_parse_devices(given["device"], machine),
         rpc_servers=tuple(w.endpoint for w in machine.rpc_workers),
     )
+    if spec not in ("off", SpecMode.MTP.value, SpecMode.NGRAM.value):
+        raise UsageError(f"--spec {spec}: not a speculation kind", hint="use off, mtp or ngram")
+    spec_mode = SpecMode(spec)
+    if spec_mode is SpecMode.MTP and layout.architecture.nextn_predict_layers == 0:
+        raise UsageError(f"--spec mtp: {label} has no NextN/MTP block")
+    if spec_mode.kind is not None:
+        config = with_kind(config, spec_mode.kind, spec_draft or DEFAULT_DRAFT_N_MAX)
+    return config
 
 
 def _resolve_layout(
@@ -316,8 +342,10 @@ def _parse_overrides(items: list[str]) -> tuple[tuple[str, str], ...]:
 
 
 def _parse_devices(text: str | None, machine: Machine) -> tuple[int | str, ...] | None:
-    """--device: local GPUs as their index (CUDA<i>), RPC devices by name (RPC<k>)."""
+    """--device: local GPUs as their index (llama.cpp's name: CUDA0, ROCm0, MTL0, Vulkan0,
+    SYCL0), RPC devices by name (RPC<k>)."""
     from quantpick.errors import UsageError
+    from quantpick.machine.backends import parse_device_name
 
     if text is None:
         return None
@@ -326,10 +354,14 @@ def _parse_devices(text: str | None, machine: Machine) -> tuple[int | str, ...] 
     out: list[int | str] = []
     for part in text.split(","):
         name = part.strip().upper()
-        if name.startswith("CUDA") and name[4:].isdigit():
-            out.append(int(name[4:]))
+        local = parse_device_name(part)
+        if local is not None and name[-1:].isdigit():
+            out.append(local[1])
         elif name.startswith("RPC") and name[3:].isdigit():
             out.append(name)
         else:
-            raise UsageError(f"--device {part}: use CUDA0,RPC0,... or none")
+            raise UsageError(
+                f"--device {part}: use a device name as llama.cpp prints it "
+                "(CUDA0, ROCm0, MTL0, Vulkan0, SYCL0), RPC0,... or none"
+            )
     return tuple(out)

@@ -82,6 +82,7 @@ class MachineOptions(Group):
     rpc_latency: str | None = None
     cores: int | None = None
     threads: int | None = None
+    backend: str | None = None  # --backend: llama.cpp's backend for the GPUs
 
     def machine(self, *, disk: Path | None = None, inspect_server: bool = False) -> Machine:
         """The machine, its notes on stderr. llama-server is not run unless `inspect_server`
@@ -95,7 +96,7 @@ class MachineOptions(Group):
             self.hardware, self.gpu, self.ram, self.cpu_only, self.llama_server, disk,
             inspect_server=inspect_server, rpc=self.rpc, rpc_device=self.rpc_device,
             rpc_bandwidth=self.rpc_bandwidth, rpc_latency=self.rpc_latency, cores=self.cores,
-            threads=self.threads, ram_bandwidth=self.ram_bandwidth,
+            threads=self.threads, ram_bandwidth=self.ram_bandwidth, backend_name=self.backend,
         )  # fmt: skip
         notes(machine.notes)
         return machine
@@ -116,6 +117,7 @@ class PlanOptions(Group):
     allow_q4_kv: bool = False
     kv: list[str] | None = None
     no_offload: bool = False
+    spec: str = "off"  # --spec: speculative decoding (off, auto, mtp, ngram)
     ubatch: int | None = None  # None: llama-server's default (PlanRequest's)
     batch: int | None = None
     flash_attn: str | None = None
@@ -138,6 +140,13 @@ class PlanOptions(Group):
         from quantpick.errors import UsageError
         from quantpick.model.ggml import KV_CACHE_TYPES
         from quantpick.plan.plan_types import DEFAULT_KV_TYPES, PlanRequest
+        from quantpick.plan.speculative import SpecMode, SpecRequest
+
+        modes = [m.value for m in SpecMode if m is not SpecMode.DRAFT]
+        if self.spec not in modes:
+            raise UsageError(
+                f"--spec {self.spec}: not a speculation mode", hint="use " + ", ".join(modes)
+            )
 
         batches: dict[str, Any] = {
             "ubatch": self.ubatch, "batch": self.batch, "flash_attn": self.flash_attn
@@ -151,6 +160,7 @@ class PlanOptions(Group):
             ctx_size=self.ctx_size, n_parallel=self.parallel, kv_unified=self.kv_unified,
             kv_types=kv_types, prefer=self.prefer, quant=self.quant, vision=self.vision,
             min_tps=self.min_tps, allow_offload=not self.no_offload,
+            spec=SpecRequest(mode=SpecMode(self.spec)),
             **{k: v for k, v in batches.items() if v is not None},
         )  # fmt: skip
         check_run_options(

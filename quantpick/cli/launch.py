@@ -296,6 +296,7 @@ def write_command(
     """The llama-server command that runs `p`, written as --format says (`model_path` None:
     llama-server fetches the file itself, -hf REPO:QUANT; its RPC workers are not written)."""
     from quantpick.errors import UsageError
+    from quantpick.machine.backends import local_backend
     from quantpick.serve.command import build_command
     from quantpick.serve.hf_tag import hf_model
 
@@ -303,7 +304,7 @@ def write_command(
     cmd = build_command(
         p.config, model_path=model_path, mmproj_path=mmproj_path, manifest=manifest,
         block_count=manifest.architecture.block_count, server=launch.server(),
-        capabilities=capabilities, hf=hf,
+        capabilities=capabilities, hf=hf, backend=local_backend(machine.gpus),
     )  # fmt: skip
     if hf is not None and launch.fmt in ("ollama", "lmstudio"):
         raise UsageError(f"--format {launch.fmt} needs the file on disk, not --model-source hf",

@@ -87,6 +87,14 @@ GpuOpt = Annotated[
         autocompletion=complete_gpu,
     ),
 ]
+BackendOpt = Annotated[
+    Optional[str],  # noqa: UP045
+    typer.Option(
+        "--backend",
+        help="llama.cpp's backend for the GPUs: cuda, rocm, metal, vulkan, sycl or cpu "
+        "(default: the installed build's, or for --gpu the vendor's usual one).",
+    ),
+]
 RamOpt = Annotated[
     Optional[str],  # noqa: UP045
     typer.Option(
@@ -185,14 +193,15 @@ TimeoutOpt = Annotated[
 TOOL_TIMEOUT_S = 10.0
 
 
-def tool_timeout(value: float | None, default: float = TOOL_TIMEOUT_S) -> float:
-    """--timeout SECONDS as a number of seconds above 0 (default when not given)."""
+def tool_timeout(value: float | None, default: float | None = None) -> float:
+    """--timeout SECONDS as a number of seconds above 0 (default, else TOOL_TIMEOUT_S, when not
+    given)."""
     import math
 
     from quantpick.errors import UsageError
 
     if value is None:
-        return default
+        return TOOL_TIMEOUT_S if default is None else default
     if not (math.isfinite(value) and value > 0):
         raise UsageError(f"--timeout {value:g}: give a number of seconds above 0")
     return value
@@ -360,6 +369,15 @@ MinTpsOpt = Annotated[
         help="Expected decode speed floor (tok/s at the target context) for every plan.",
     ),
 ]
+SpecOpt = Annotated[
+    str,
+    typer.Option(
+        "--spec",
+        help="Speculative decoding: auto (on where the expected gain is real on this machine and "
+        "its memory costs neither the quant nor the context), off, or a kind: mtp (the model's "
+        "MTP block), ngram.",
+    ),
+]
 AllowQ4Opt = Annotated[bool, typer.Option("--allow-q4-kv", help="Also consider a q4_0 KV cache.")]
 KvOpt = Annotated[
     list[str] | None,
@@ -443,8 +461,10 @@ def load_manifest(model: str | None, *, network: bool = True) -> Manifest:
         # pick and max-context plan a MODEL only; estimate, command, confirm also take --gguf.
         local = " or --gguf PATH" if command_has_option("--gguf") else ""
         raise UsageError(f"give a MODEL (see `quantpick models`){local}")
+    from quantpick.cli import output
+
     try:
-        return find_manifest(model)
+        return find_manifest(model, on_note=lambda text: output.note(f"Note: {text}"))
     except UnknownModelError:
         from quantpick.model.repos import is_repo_name, repo_manifest
 
@@ -453,8 +473,9 @@ def load_manifest(model: str | None, *, network: bool = True) -> Manifest:
     from quantpick.config import load_settings
 
     return repo_manifest(
-        model, settings=load_settings(), network=network, progress=_header_progress()
-    )
+        model, settings=load_settings(), network=network, progress=_header_progress(),
+        on_note=lambda text: output.note(f"Note: {text}"),
+    )  # fmt: skip
 
 
 def _header_progress() -> Any:

@@ -16,6 +16,7 @@ from quantpick.cli.groups import LlamaCppOptions, MachineOptions, PlanOptions, n
 from quantpick.cli.options import (
     DEFAULT_MIN_TPS,
     AllowQ4Opt,
+    BackendOpt,
     BOpt,
     CoresOpt,
     CpuOnlyOpt,
@@ -48,6 +49,7 @@ from quantpick.cli.options import (
     RpcDeviceOpt,
     RpcLatencyOpt,
     RpcOpt,
+    SpecOpt,
     ThreadsOpt,
     TimeoutOpt,
     UbOpt,
@@ -73,6 +75,7 @@ def pick_cmd(
     quant: QuantOpt = None,
     vision: VisionOpt = False,
     min_tps: MinTpsOpt = DEFAULT_MIN_TPS,
+    spec: SpecOpt = "auto",
     allow_q4_kv: AllowQ4Opt = False,
     kv: KvOpt = None,
     no_offload: NoOffloadOpt = False,
@@ -95,6 +98,7 @@ def pick_cmd(
     ram_reserve: RamReserveOpt = None,
     gpu_reserve: GpuReserveOpt = None,
     ram_bandwidth: RamBandwidthOpt = None,
+    backend: BackendOpt = None,
     cores: CoresOpt = None,
     threads: ThreadsOpt = None,
     rpc: RpcOpt = None,
@@ -166,6 +170,7 @@ def max_context_cmd(
     ram_reserve: RamReserveOpt = None,
     gpu_reserve: GpuReserveOpt = None,
     ram_bandwidth: RamBandwidthOpt = None,
+    backend: BackendOpt = None,
     cores: CoresOpt = None,
     threads: ThreadsOpt = None,
     rpc: RpcOpt = None,
@@ -187,7 +192,9 @@ def _show_limits(given: dict[str, Any]) -> None:
     from quantpick.jobs.plan import max_context_for
 
     # -c, -ub, -b and -fa are left at llama-server's defaults: the context is what is searched
-    plan = PlanOptions.of(given, ctx_size=0, ubatch=None, batch=None, flash_attn=None)
+    plan = PlanOptions.of(
+        given, ctx_size=0, ubatch=None, batch=None, flash_attn=None, spec="off"
+    )
     manifest = plan.manifest()
     machine = MachineOptions.of(given).machine()
     found = max_context_for(plan.inputs(manifest, machine))

@@ -16,6 +16,7 @@ import typer
 
 from quantpick.cli.core import app
 from quantpick.cli.options import (
+    BackendOpt,
     CoresOpt,
     CpuOnlyOpt,
     GpuOpt,
@@ -72,6 +73,7 @@ def probe(
     cores: CoresOpt = None,
     threads: ThreadsOpt = None,
     ram_bandwidth: RamBandwidthOpt = None,
+    backend: BackendOpt = None,
 ) -> None:
     """Show the GPUs, RAM, CPU, disk, llama-server and RPC workers that planning will use."""
     from quantpick.cli import output
@@ -88,7 +90,7 @@ def probe(
 # clock in MHz, PCIe max link generation x lanes, CUDA compute capability.
 _COLUMNS = (
     ("#", False), ("GPU", False), ("VRAM GiB", True), ("free", True), ("used", True),
-    ("GB/s", True), ("bus x MHz", False), ("PCIe", False), ("CC", False),
+    ("GB/s", True), ("bus x MHz", False), ("PCIe", False), ("CC", False), ("device", False),
 )  # fmt: skip
 
 
@@ -109,6 +111,7 @@ def render_machine(machine: Machine) -> None:
     from rich.table import Table
 
     from quantpick.cli import output
+    from quantpick.machine.backends import backend_of
     from quantpick.units import human
 
     console = output.stdout()
@@ -141,6 +144,8 @@ def render_machine(machine: Machine) -> None:
                 bus_clock,
                 pcie,
                 g.compute_capability or "-",
+                # llama.cpp's name for it (its backend's), and whether its memory is the host's
+                backend_of(g.backend).device_name(g.index) + (" unified" if g.unified else ""),
                 *([g.error or ""] if with_errors else []),
             )
         console.print(table)

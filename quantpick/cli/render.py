@@ -8,7 +8,7 @@ if TYPE_CHECKING:
     from quantpick.machine.spec import Machine
     from quantpick.model.layout import ModelLayout
     from quantpick.plan.memory import Estimate
-    from quantpick.plan.plan_types import Plan
+    from quantpick.plan.planner import Plan
     from quantpick.plan.speed import SpeedEstimate
 
 # ---- pieces -------------------------------------------------------------------------------
@@ -37,6 +37,8 @@ def _device_dict(d: Any) -> dict[str, Any]:
         "recurrent_layers": list(d.recurrent_layers),
         "expert_layers": list(d.expert_layers),
         "endpoint": d.endpoint,
+        "backend": d.backend,
+        "unified": d.unified,
     }
 
 
@@ -309,6 +311,64 @@ def quality_dict(q: Any) -> dict[str, Any] | None:
     }
 
 
+def speculative_dict(p: Plan) -> dict[str, Any] | None:
+    """The speculative-decoding decision: on or off, the kind and draft count, the expected
+    decode with and without, why, and what it adds on each device (the NextN weights, the draft
+    context's KV and output, the main context's extra state), keyed as `devices`."""
+    d = p.speculative
+    if d is None:
+        return None
+    devices: list[dict[str, Any]] = []
+    if d.enabled and d.estimate is not None:
+        from dataclasses import replace
+
+        base = next(
+            (c.estimate for c in p.candidates if c.reason.startswith("chosen") and c.estimate),
+            None,
+        )
+        before = {x.device: x for x in base.devices} if base is not None else {}
+        for dev in d.estimate.devices:
+            b = before.get(dev.device)
+            if b is None:
+                devices.append(_device_dict(dev))
+                continue
+            delta = replace(
+                dev,
+                weights_bytes=dev.weights_bytes - b.weights_bytes,
+                kv_bytes=dev.kv_bytes - b.kv_bytes,
+                recurrent_bytes=dev.recurrent_bytes - b.recurrent_bytes,
+                compute_bytes=dev.compute_bytes - b.compute_bytes,
+                overhead_bytes=dev.overhead_bytes - b.overhead_bytes,
+                projector_bytes=0,
+                correction_bytes=0,
+                total_bytes=dev.total_bytes - b.total_bytes,
+                layers=tuple(x for x in dev.layers if x not in b.layers),
+                attention_layers=(),
+                recurrent_layers=(),
+                expert_layers=tuple(x for x in dev.expert_layers if x not in b.expert_layers),
+            )
+            devices.append(_device_dict(delta))
+    return {
+        "enabled": d.enabled,
+        "kind": d.kind.value if d.kind else None,
+        "spec_type": d.kind.spec_type if d.kind else None,
+        "draft_n_max": d.draft_n_max if d.enabled else 0,
+        "expected_decode_tps": round(d.tps, 2),
+        "expected_decode_tps_without": round(d.tps_without, 2),
+        "reason": d.reason,
+        "options": [
+            {
+                "kind": o.kind.value,
+                "draft_n_max": o.draft_n_max,
+                "acceptance": round(o.acceptance, 3),
+                "expected_decode_tps": round(o.tps, 2),
+            }
+            for o in d.options
+        ],
+        "devices": devices,
+    }
+
+
 def plan_to_dict(p: Plan, machine: Machine, block_count: int) -> dict[str, Any]:
     """The plan as JSON: the chosen configuration, per-device bytes, speed, the llama-server
     flags it implies and every candidate with the reason it lost."""
@@ -337,6 +397,7 @@ def plan_to_dict(p: Plan, machine: Machine, block_count: int) -> dict[str, Any]:
         "config": config_dict(p.config),
         **estimate_dict(p.estimate),
         "speed": speed_dict(p.speed),
+        "speculative": speculative_dict(p),
         "candidates": [
             {
                 "quant": c.quant,
@@ -402,6 +463,8 @@ def render_plan(p: Plan, machine: Machine, n_slots: int) -> None:
         )
     )
     con.print(speed_line(p.speed))
+    if p.speculative is not None:
+        con.print(f"Speculation: {p.speculative.reason}", soft_wrap=True)
     con.print("llama-server flags: " + " ".join(config_flags(p.config, n_slots)))
     con.print(f"Basis: {p.layout_basis}")
     for line in tuning_lines(p.compute_rule, p.calibration):
@@ -413,6 +476,11 @@ def render_plan(p: Plan, machine: Machine, n_slots: int) -> None:
     for c in p.candidates:
         shown = _speed_tps(c.speed)
         tps = f"{shown:.1f}" if shown is not None and c.fits else "-"
+        spec = p.speculative
+        if spec is not None and spec.enabled and c.reason.startswith("chosen"):
+            tps = (
+                f"{spec.tps_without:.1f} -> {spec.tps:.1f} ({spec.kind.value if spec.kind else ''})"
+            )
         kld = f"{c.quality.mean_kld:.4f}" if c.quality else "-"
         table.add_row(c.quant, kld, c.cache_type, c.placement, tps, c.reason)
     con.print(table)

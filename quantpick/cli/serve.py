@@ -66,6 +66,7 @@ from quantpick.cli.options import (
     QuantOpt,
     RamReserveOpt,
     RpcOpt,
+    SpecOpt,
     VisionOpt,
 )
 
@@ -165,6 +166,25 @@ def _print_endpoint(result: ServeResult) -> None:
         output.note("Ctrl-C stops it.")
 
 
+def _check_doc(check: Any, error: str | None) -> dict[str, Any]:
+    """`check` (quantpick check's report) and `check_error` keys of serve's JSON."""
+    from quantpick.cli.check import report_doc
+
+    return {"check": report_doc(check.report) if check else None, "check_error": error}
+
+
+def _print_check(check: Any, error: str | None) -> None:
+    from quantpick.cli import output
+    from quantpick.cli.check import report_lines
+
+    if check is None:
+        output.note(f"Check: not done ({error}).")
+        return
+    output.note("Check, the running server beside its plan (`quantpick check` repeats it):")
+    for line in report_lines(check.report):
+        output.note(f"  {line}")
+
+
 def _status(settings: Settings, alias: str | None, port: int | None, json_: bool) -> None:
     from quantpick.cli import output
     from quantpick.process import escaped
@@ -175,7 +195,13 @@ def _status(settings: Settings, alias: str | None, port: int | None, json_: bool
         output.note(problem.line())
     records = select_records(scan.records, alias, port)
     if json_:
-        output.print_json({"servers": [_record_doc(r) for r in records]})
+        from quantpick.jobs.check import check_running
+
+        docs = []
+        for r in records:
+            check, error = check_running(r.base_url, settings.servers_dir, settings)
+            docs.append({**_record_doc(r), **_check_doc(check, error)})
+        output.print_json({"servers": docs})
         return
     if not records:
         output.note("No server started by quantpick is running.")
@@ -258,6 +284,7 @@ def serve_cmd(
     prefer: PreferOpt = "balanced",
     vision: VisionOpt = False,
     min_tps: MinTpsOpt = DEFAULT_MIN_TPS,
+    spec: SpecOpt = "auto",
     allow_q4_kv: AllowQ4Opt = False,
     kv: KvOpt = None,
     no_offload: NoOffloadOpt = False,
@@ -333,7 +360,7 @@ def serve_cmd(
     progress_line = _ProgressLine(alias or model or (gguf.name if gguf else "the model"))
     with stop_signals():
         result = _start(given, settings, server, progress_line)
-        ended = _show_and_wait(result, settings, json_=json_, detach=detach)
+        ended = _show_and_wait(result, settings, json_=json_, detach=detach, quiet=quiet)
     if ended is None:
         return  # detached: it keeps running
     if ended.how == "exited":
@@ -372,7 +399,7 @@ def _start(
 
 
 def _show_and_wait(
-    result: ServeResult, settings: Settings, *, json_: bool, detach: bool
+    result: ServeResult, settings: Settings, *, json_: bool, detach: bool, quiet: bool
 ) -> Ended | None:
     """The endpoint on stdout, then (unless --detach: None) the foreground wait until it ends."""
     from quantpick.cli import output
@@ -395,10 +422,13 @@ def _show_and_wait(
                     "endpoint": _endpoint_doc(result),
                     "plan": plan_to_dict(result.plan, result.machine,
                                          result.manifest.architecture.block_count),
+                    **_check_doc(result.check, result.check_error),
                 }
             )  # fmt: skip
         else:
             _print_endpoint(result)
+            if not quiet:
+                _print_check(result.check, result.check_error)
         if detach:
             return None
         return run_until_stopped(running, settings.servers_dir)

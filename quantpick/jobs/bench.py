@@ -7,6 +7,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from quantpick.machine.backends import local_backend
+
 if TYPE_CHECKING:
     from quantpick.machine.spec import Machine
     from quantpick.model.manifest import Manifest
@@ -69,7 +71,7 @@ def bench_plan(
     )
     from quantpick.plan.confirm import server_logits_saving
     from quantpick.plan.memory import estimate
-    from quantpick.plan.placement import speed_params_for
+    from quantpick.plan.planner import speed_params_for
     from quantpick.plan.speed import device_speeds, expected_speed
     from quantpick.serve.bench import (
         BENCH,
@@ -145,13 +147,15 @@ def bench_plan(
 
     # What llama.cpp accounts for the configuration that ran, per GPU.
     est = estimate(layout, machine, ran, overheads=overheads)
-    accounted = {d.device: d.weights_bytes + d.kv_bytes + d.recurrent_bytes + d.compute_bytes
+    # keyed by the GPU's index: NVML's peaks and the plan's rows name the same card
+    accounted = {d.gpu_index: d.weights_bytes + d.kv_bytes + d.recurrent_bytes + d.compute_bytes
                  for d in est.gpus}  # fmt: skip
     source = "quantpick's estimate"
     fit_bin = find_tool(FIT_PARAMS, llama_bin=llama_bin, llama_server=llama_server)
     if measurement.gpus and fit_bin is not None:
         argv, env = fit_params_argv(fit_bin, ran, model_path, block_count,
-                                    extra_args=fit_params_extra)  # fmt: skip
+                                    extra_args=fit_params_extra,
+                                    backend=local_backend(machine.gpus))  # fmt: skip
         try:
             projection = run_fit_params(argv, env).projection
         except FitParamsError as exc:
@@ -164,7 +168,7 @@ def bench_plan(
                 out_dev = next((d.device for d in est.gpus if layout.output_slot in d.layers), None)
                 for d, row in zip(est.gpus, projection.gpus, strict=True):
                     mib = row.model_mib + row.context_mib + row.compute_mib
-                    accounted[d.device] = mib * 2**20 - (saving if d.device == out_dev else 0)
+                    accounted[d.gpu_index] = mib * 2**20 - (saving if d.device == out_dev else 0)
                 source = FIT_PARAMS
     gpus = tuple(
         GpuOverhead(
@@ -172,10 +176,10 @@ def bench_plan(
             index=g.index,
             baseline_used_bytes=g.baseline_used_bytes,
             peak_used_bytes=g.peak_used_bytes,
-            accounted_bytes=accounted.get(g.device, 0),
+            accounted_bytes=accounted.get(g.index, 0),
             accounted_from=source,
             driver_overhead_bytes=driver_overhead(
-                g.peak_used_bytes, g.baseline_used_bytes, accounted.get(g.device, 0)
+                g.peak_used_bytes, g.baseline_used_bytes, accounted.get(g.index, 0)
             ),
         )
         for g in measurement.gpus

@@ -8,6 +8,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from quantpick.machine.backends import local_backend
+
 if TYPE_CHECKING:
     from quantpick.machine.spec import Machine
     from quantpick.model.layout import ModelLayout
@@ -91,8 +93,9 @@ def confirm_plan(
     current, current_overheads = p, overheads
     while True:
         argv, env = fit_params_argv(
-            tool, current.config, model_path, block_count, extra_args=options.extra_args
-        )
+            tool, current.config, model_path, block_count, extra_args=options.extra_args,
+            backend=local_backend(machine.gpus),
+        )  # fmt: skip
         try:
             # ModelRejectedError (llama.cpp cannot load the file) is not caught: it ends the
             # command with llama.cpp's reason, and nothing is written.

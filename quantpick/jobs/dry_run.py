@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from quantpick.jobs.confirm import ConfirmRound, confirm_local_plan, overflow_text
+from quantpick.machine.backends import local_backend
 
 if TYPE_CHECKING:
     from quantpick.config import Settings
@@ -36,15 +37,22 @@ def dry_run(
     inputs, p = result.inputs, result.plan
     if inputs.machine.described or inputs.local is not None or _fit_params(options) is None:
         return None
+    from quantpick.errors import ModelRejectedError
+    from quantpick.serve.fitparams import rejected_before_download
+
     try:
         with _standin(inputs.manifest, p.quant, inputs.machine, settings, inputs.network) as (
             path,
             runner,
         ):
-            report = confirm_local_plan(
-                p, inputs.manifest, path, inputs.machine, inputs.request, inputs.overheads,
-                options, runner=runner,
-            )  # fmt: skip
+            try:
+                report = confirm_local_plan(
+                    p, inputs.manifest, path, inputs.machine, inputs.request, inputs.overheads,
+                    options, runner=runner,
+                )  # fmt: skip
+            except ModelRejectedError as exc:
+                name = inputs.manifest.quant_files(p.quant)[0].name
+                raise rejected_before_download(exc, path, name) from None
     except _NoDryRun as exc:
         return ConfirmReport("skipped", p, message=f"no {DRY_RUN_BASIS}: {exc}")
     return replace(report, message=f"{report.message} ({DRY_RUN_BASIS}){runner.cached_note}")
@@ -88,8 +96,9 @@ def dry_run_config(
     try:
         with _standin(manifest, layout.quant, machine, settings, network) as (path, runner):
             argv, env = fit_params_argv(
-                tool, config, path, layout.n_slots - 1, extra_args=options.extra_args
-            )
+                tool, config, path, layout.n_slots - 1, extra_args=options.extra_args,
+                backend=local_backend(machine.gpus),
+            )  # fmt: skip
             run = runner(argv, env, timeout_s=options.timeout_s)
     except _NoDryRun as exc:
         return ConfigCheck("skipped", f"no {DRY_RUN_BASIS}: {exc}")
@@ -136,6 +145,7 @@ def _standin(
     on it; _NoDryRun with the reason when there is none."""
     from quantpick.errors import GGUFError
     from quantpick.model.headers import raw_headers
+    from quantpick.serve.sealed import install_key
     from quantpick.serve.standin import NoSparseFiles, standins
 
     try:
@@ -147,6 +157,7 @@ def _standin(
         settings.cache_dir / "dry-runs",
         hashlib.sha256(b"".join(data for _, data, _ in shards)).hexdigest(),
         repr((devices, [w.endpoint for w in machine.rpc_workers])),
+        key=install_key((settings.state_dir or settings.config_dir) / "dry-run.key"),
     )
     try:
         with standins(shards, parent=settings.cache_dir / "standins") as path:
@@ -161,13 +172,16 @@ class DryRunCache:
     """run_fit_params, remembered (settings.cache_dir/dry-runs): the same tool build, flags,
     header bytes and devices give the same model/context/compute projection. The free memory it
     also prints is of that moment, so a projection read back has none: the comparison then uses
-    this probe's free memory and the device's own overhead, as for a build that prints none."""
+    this probe's free memory and the device's own overhead, as for a build that prints none.
+    Each entry is sealed with this install's key (serve/sealed.py): an edited entry is ignored
+    and the dry run runs again; without a key nothing is cached."""
 
     directory: Path
     file_key: str  # sha256 of the stand-in's header bytes
     devices: str  # the machine's GPUs (name, total, backend) and RPC workers
     standin: str = ""  # the stand-in's path, replaced by file_key in the cache key
     hits: int = 0
+    key: bytes | None = None  # serve/sealed.install_key
 
     @property
     def cached_note(self) -> str:
@@ -177,13 +191,15 @@ class DryRunCache:
         import json
 
         from quantpick.errors import QuantpickError
-        from quantpick.fetch.atomic import write_atomic
         from quantpick.plan.confirm import Projection
         from quantpick.serve.fitparams import FitParamsRun, parse_output, run_fit_params
+        from quantpick.serve.sealed import read_sealed, write_sealed
 
         try:
             st = Path(argv[0]).stat()
         except OSError:
+            return run_fit_params(argv, env, timeout_s=timeout_s)
+        if self.key is None:
             return run_fit_params(argv, env, timeout_s=timeout_s)
         tool = f"{Path(argv[0]).resolve()}:{st.st_size}:{st.st_mtime_ns}"
         words = [self.file_key if a == self.standin else a for a in argv[1:]]
@@ -191,7 +207,10 @@ class DryRunCache:
         digest = hashlib.sha256(json.dumps([tool, words, shown, self.devices]).encode())
         path = self.directory / f"{digest.hexdigest()[:40]}.txt"
         try:
-            stdout = path.read_text(encoding="utf-8")
+            body = read_sealed(path, self.key)
+            if body is None:  # none, or edited since it was written: run again
+                raise ValueError("no verified entry")
+            stdout = body.decode("utf-8")
             projection = parse_output(stdout)
         except (OSError, ValueError, QuantpickError):
             pass
@@ -204,8 +223,8 @@ class DryRunCache:
         got = run_fit_params(argv, env, timeout_s=timeout_s)
         if got.exit_code == 0:
             try:
-                self.directory.mkdir(parents=True, exist_ok=True)
-                write_atomic(path, got.stdout.encode("utf-8"), durable=False)
+                write_sealed(path, self.key, got.stdout.encode("utf-8"))
             except OSError:
                 pass  # a read-only cache only costs the next dry run its run
         return got
+

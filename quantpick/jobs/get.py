@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from quantpick.jobs.confirm import confirm_local_plan
+from quantpick.jobs.dry_run import dry_run
 from quantpick.jobs.plan import PlanInputs, plan_for, plan_on_local_file
 
 if TYPE_CHECKING:
@@ -87,6 +88,12 @@ def get(
     report = None
     files: list[dict[str, Any]] | None = None
     offline = not req.plan.network or settings.offline
+    pre_download = None
+    if req.confirm is not None and not offline:
+        # `pick`'s dry run on a stand-in of the file's own header: a file this llama.cpp build
+        # cannot load ends here (ModelRejectedError, exit 7), before a byte of it is fetched;
+        # `get --dry-run` answers with its plan, as `pick` does.
+        pre_download = dry_run(planned, req.confirm, settings=settings)
     if offline and req.dry_run:
         # Offline means offline, dry run included: the plan and the local files, no hub.
         warnings.append(f"offline: no hub contacted; the dry run shows the plan for {dest}")
@@ -151,6 +158,10 @@ def get(
     mmproj_path = by_name.get(projector.name, dest / projector.name) if projector else None
     final = first
     confirmation = None
+    if req.dry_run and pre_download is not None:
+        confirmation = pre_download
+        if pre_download.status in ("confirmed", "replanned"):
+            final = pre_download.plan
     if not req.dry_run:
         final = plan_on_local_file(
             manifest, first.quant, model_path, tuned.machine, tuned.request, tuned.overheads

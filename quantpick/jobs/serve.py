@@ -8,9 +8,16 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from quantpick.jobs.check import (
+    SERVER_LOG_VERBOSITY,
+    CheckResult,
+    check_running,
+    planned_server,
+)
 from quantpick.jobs.confirm import confirm_local_plan
 from quantpick.jobs.get import GetRequest, get
 from quantpick.jobs.plan import plan_on_local_file
+from quantpick.machine.backends import local_backend
 
 if TYPE_CHECKING:
     from quantpick.config import Settings
@@ -39,6 +46,7 @@ class ServeRequest:
     detach: bool = False
     timeout_s: float = 600.0  # serve.server.HEALTH_TIMEOUT_S
     servers_dir: Path | None = None  # records and logs (default: settings.servers_dir)
+    check: bool = True  # once it answers: the running server beside its plan (check_server)
 
 
 @dataclass
@@ -52,6 +60,8 @@ class ServeResult:
     fetched: GetResult | None  # None for a file on disk
     confirmation: ConfirmReport | None
     notes: tuple[str, ...] = ()  # one line each: the port, the build
+    check: CheckResult | None = None  # the running server beside its plan
+    check_error: str | None = None  # why it could not be checked
 
 
 def serve(
@@ -126,9 +136,13 @@ def serve(
             block_count=block_count,
             server=replace(req.server, port=port, alias=alias),
             capabilities=caps,
+            backend=local_backend(g.machine.gpus),
         )
         commands[port] = cmd
-        return cmd.argv, {**cmd.env, **_env_from(cmd)}
+        # llama.cpp's own buffer lines (what `quantpick check` reads) are logged from
+        # verbosity 4 on in this build (b11312 prints them at INFO, shown with -lv 4).
+        argv = (*cmd.argv, *SERVER_LOG_VERBOSITY) if caps.has("-lv") else cmd.argv
+        return argv, {**cmd.env, **_env_from(cmd)}
 
     def started(port: int, log_path: Path, note: str | None) -> None:
         if on_start is not None:
@@ -150,10 +164,16 @@ def serve(
             "quant": p.quant,
             "ctx_size": p.config.ctx_size,
             "n_parallel": p.config.n_parallel,
+            "plan": planned_server(p, "the plan `quantpick serve` started it with"),
         },
     )
-    return ServeResult(running, manifest, g.machine, p, commands[running.record.port], found,
-                       fetched, confirmation, tuple(notes))  # fmt: skip
+    result = ServeResult(running, manifest, g.machine, p, commands[running.record.port], found,
+                         fetched, confirmation, tuple(notes))  # fmt: skip
+    if req.check:
+        result.check, result.check_error = check_running(
+            running.record.base_url, req.servers_dir or settings.servers_dir, settings
+        )
+    return result
 
 
 def _env_from(cmd: ServerCommand) -> dict[str, str]:

@@ -1,4 +1,5 @@
-"""Built-in table of common NVIDIA cards, for describing a machine with `--gpu NAME`. Pure data.
+"""Built-in table of common GPUs (NVIDIA, AMD, Apple, Intel; discrete and unified), for describing
+a machine with `--gpu NAME`. Pure data.
 
 Figures are stored the way NVML reports them, so a described card and a probed card of the same
 model give the same numbers:
@@ -26,6 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from quantpick.errors import UsageError
+from quantpick.machine.backends import Vendor
 from quantpick.machine.spec import (
     ASSUMED_GPU_BANDWIDTH_BYTES_PER_S,
     ASSUMED_GPU_FP16_TFLOPS,
@@ -59,9 +61,18 @@ class GpuModel:
     # llama.cpp's quantized matmul kernels (MMQ) run at; for cards without tensor cores (Pascal),
     # half their dp4a INT8 rate. Prefill is compute-bound on this figure.
     fp16_tflops: float | None = None
+    vendor: Vendor = Vendor.NVIDIA
+    # True: the GPU's memory is the machine's RAM (Apple Silicon, Strix Halo, GB10, Jetson);
+    # total_bytes is then the default RAM of the model, and the GPU gets the OS's share of it
+    # (unified_share).
+    unified: bool = False
+    # The data sheet's bandwidth where it is not 2 x clock x bus / 8 (Apple states GB/s).
+    sheet_bandwidth: int | None = None
 
     @property
     def bandwidth_bytes_per_s(self) -> int:
+        if self.sheet_bandwidth is not None:
+            return self.sheet_bandwidth
         return theoretical_bandwidth(self.memory_clock_mhz, self.bus_width_bits)
 
 
@@ -297,11 +308,189 @@ CATALOG: tuple[GpuModel, ...] = (
     _card("p40", "Tesla P40", 24, 384, 3615, "6.1", (3, 16), 47.0),
     # DGX Spark's GB10: 128 GB LPDDR5x (256 bit, 8533 MT/s = 273 GB/s) shared with the CPU, no
     # PCIe hop; "1 PFLOP" FP4 sparse / 8.
-    _card("gb10", "NVIDIA GB10", 128, 256, 4266, "12.1", None, 125.0, "dgx-spark"),
+    dataclasses.replace(
+        _card("gb10", "NVIDIA GB10", 128, 256, 4266, "12.1", None, 125.0, "dgx-spark"),
+        unified=True,
+    ),
+    # Jetson AGX Orin 64GB: 64 GB LPDDR5 (256 bit, 6400 MT/s = 204.8 GB/s) shared with the CPU;
+    # 275 INT8 TOPS sparse (Jetson AGX Orin data sheet) / 4 = 68.75 dense FP16.
+    dataclasses.replace(
+        _card("orin", "Orin", 64, 256, 3200, "8.7", None, 68.75, "jetson-agx-orin", "agx-orin"),
+        unified=True,
+    ),
+    *(
+        GpuModel(
+            key, name, aliases, _g(gib), bus, clock, "", pcie[0], pcie[1], tflops, Vendor.AMD
+        )  # fmt: skip
+        for key, name, gib, bus, clock, pcie, tflops, aliases in (
+            # AMD product pages (amd.com/en/products/graphics/desktops/radeon): memory, bus
+            # width, effective memory speed (stored as half, as NVML's clock), PCIe; FP16 is the
+            # page's "Peak Half Precision (FP16) Performance" / 2 (the page counts RDNA3's dual
+            # issue; WMMA's dense rate is half of it).
+            (
+                "7900xtx",
+                "AMD Radeon RX 7900 XTX",
+                24,
+                384,
+                10000,
+                (4, 16),
+                61.4,
+                ("rx-7900-xtx", "7900-xtx"),
+            ),
+            (
+                "7900xt",
+                "AMD Radeon RX 7900 XT",
+                20,
+                320,
+                10000,
+                (4, 16),
+                51.5,
+                ("rx-7900-xt", "7900-xt"),
+            ),
+            (
+                "7800xt",
+                "AMD Radeon RX 7800 XT",
+                16,
+                256,
+                9750,
+                (4, 16),
+                37.3,
+                ("rx-7800-xt", "7800-xt"),
+            ),
+            # RDNA4: the page's FP16 figure is with sparsity; dense is half.
+            (
+                "9070xt",
+                "AMD Radeon RX 9070 XT",
+                16,
+                256,
+                10000,
+                (5, 16),
+                97.3,
+                ("rx-9070-xt", "9070-xt"),
+            ),
+            (
+                "r9700",
+                "AMD Radeon AI PRO R9700",
+                32,
+                256,
+                10000,
+                (5, 16),
+                95.7,
+                ("radeon-ai-pro-r9700", "ai-pro-r9700"),
+            ),
+            ("mi100", "AMD Instinct MI100", 32, 4096, 1200, (4, 16), 184.6, ("instinct-mi100",)),
+        )
+    ),
+    # Strix Halo (Ryzen AI Max+ 395, Radeon 8060S): 256-bit LPDDR5X-8000 = 256 GB/s shared with
+    # the CPU (AMD product page); 40 CUs x 512 FP16 ops/clock x 2.9 GHz = 59.4 TFLOPS (WMMA,
+    # RDNA 3.5); 32-128 GB. Default: the 128 GB machine.
+    GpuModel(
+        "strix-halo",
+        "AMD Radeon 8060S Graphics",
+        ("ryzen-ai-max", "ryzen-ai-max-395", "8060s", "radeon-8060s", "gfx1151"),
+        _g(128),
+        256,
+        4000,
+        "",
+        None,
+        None,
+        59.4,
+        Vendor.AMD,
+        unified=True,
+    ),  # fmt: skip
+    *(
+        GpuModel(
+            key, name, aliases, _g(gib), bus, clock, "", pcie[0], pcie[1], tflops, Vendor.INTEL
+        )  # fmt: skip
+        for key, name, gib, bus, clock, pcie, tflops, aliases in (
+            # Intel Arc product pages (intel.com ark): memory, bus, speed, PCIe; FP16 is the
+            # page's XMX INT8 TOPS / 2 (B580: 233 TOPS; A770: 276 TOPS; B70: 367 TOPS).
+            ("arc-b580", "Intel(R) Arc(TM) B580 Graphics", 12, 192, 9500, (4, 8), 116.5, ("b580",)),
+            (
+                "arc-a770",
+                "Intel(R) Arc(TM) A770 Graphics",
+                16,
+                256,
+                8750,
+                (4, 16),
+                138.0,
+                ("a770",),
+            ),
+            (
+                "arc-pro-b70",
+                "Intel(R) Arc(TM) Pro B70 Graphics",
+                32,
+                256,
+                9500,
+                (5, 16),
+                183.5,
+                ("b70", "arc-b70"),
+            ),
+        )
+    ),
+    *(
+        # Apple Silicon: memory bandwidth and memory sizes from Apple's tech specs pages (GB/s
+        # as stated); FP16 = FP32 rate on Apple GPUs: GPU cores x 128 ALUs x 2 x clock (M1 Max
+        # 32-core: 10.4 TFLOPS as Apple states). total_bytes: the largest memory offered.
+        GpuModel(
+            key,
+            name,
+            aliases,
+            _g(gib),
+            bus,
+            0,
+            "",
+            None,
+            None,
+            tflops,
+            Vendor.APPLE,
+            unified=True,
+            sheet_bandwidth=int(gbs * 10**9),
+        )  # fmt: skip
+        for key, name, gib, bus, gbs, tflops, aliases in (
+            ("m1", "Apple M1", 16, 128, 68.25, 2.6, ()),
+            ("m1-pro", "Apple M1 Pro", 32, 256, 200, 5.2, ()),
+            ("m1-max", "Apple M1 Max", 64, 512, 400, 10.4, ()),
+            ("m1-ultra", "Apple M1 Ultra", 128, 1024, 800, 20.8, ()),
+            ("m2", "Apple M2", 24, 128, 100, 3.6, ()),
+            ("m2-pro", "Apple M2 Pro", 32, 256, 200, 6.8, ()),
+            ("m2-max", "Apple M2 Max", 96, 512, 400, 13.6, ()),
+            ("m2-ultra", "Apple M2 Ultra", 192, 1024, 800, 27.2, ()),
+            ("m3", "Apple M3", 24, 128, 100, 4.1, ()),
+            ("m3-pro", "Apple M3 Pro", 36, 192, 150, 7.4, ()),
+            ("m3-max", "Apple M3 Max", 128, 512, 400, 16.4, ()),
+            ("m3-ultra", "Apple M3 Ultra", 512, 1024, 819, 32.8, ()),
+            ("m4", "Apple M4", 32, 128, 120, 4.3, ()),
+            ("m4-pro", "Apple M4 Pro", 64, 256, 273, 9.2, ()),
+            ("m4-max", "Apple M4 Max", 128, 512, 546, 18.4, ()),
+        )
+    ),
 )
 
+
+def unified_share(model: GpuModel, ram_bytes: int) -> tuple[int, str]:
+    """The part of a unified machine's RAM the GPU may hold by default, and the rule's source.
+
+    Apple: Metal's recommendedMaxWorkingSetSize, which llama.cpp's MTL0 reports as total and free.
+    Recorded logs give 2/3 of RAM up to 32 GiB and 3/4 above: 16 GiB -> 11453.25 MB, 32 GiB ->
+    22906.50 MB, 36 GiB -> 28991.03 MB, 64 GiB -> 51539.61 MB, 128 GiB -> 103079.22 MB
+    (ggml_metal_init lines in public llama.cpp logs; docs/backends.md). `sysctl
+    iogpu.wired_limit_mb` raises or lowers it (the probe reads it).
+    AMD APUs on Linux: the GTT pool, which TTM caps at half of RAM unless amdgpu.gttsize and
+    ttm.pages_limit are raised (drivers/gpu/drm/ttm/ttm_tt.c ttm_tt_mgr_init: totalram / 2).
+    NVIDIA GB10/Jetson: CUDA's total is the RAM and its free the host's MemAvailable
+    (ggml_backend_cuda_get_available_uma_memory): the whole pool.
+    """
+    if model.vendor is Vendor.APPLE:
+        share = ram_bytes * 2 // 3 if ram_bytes <= 32 * _GiB else ram_bytes * 3 // 4
+        return share, "Metal's working set: 2/3 of RAM up to 32 GiB, 3/4 above"
+    if model.vendor is Vendor.AMD:
+        return ram_bytes // 2, "Linux's GTT limit: half of RAM (TTM default)"
+    return ram_bytes, "CUDA on unified memory: the whole pool"
+
+
 # Words that never distinguish two cards: vendor, brand and series names.
-_NOISE = re.compile(r"nvidia|geforce|tesla|quadro|rtx")
+_NOISE = re.compile(r"nvidia|geforce|tesla|quadro|rtx|amd|radeon|rx|intel|apple")
 # "80GB", "80 GiB", "80g" -> "80g" so that memory suffixes compare equal however they are written.
 _MEM_SUFFIX = re.compile(r"(\d+)\s*(?:gib|gb|g)\b")
 
@@ -360,10 +549,14 @@ def lookup_gpu(name: str) -> GpuModel:
     """Like find_gpu, but an unknown name is a UsageError listing known names."""
     model = find_gpu(name)
     if model is None:
+        import difflib
+
+        keys = {normalize_gpu_name(k): k for k in known_names()}
+        near = [keys[k] for k in difflib.get_close_matches(normalize_gpu_name(name), keys, n=5)]
+        shown = f"near: {', '.join(near)}" if near else f"known: {', '.join(known_names())}"
         raise UsageError(
             f"unknown GPU {name!r}",
-            hint=f"known: {', '.join(known_names())}; "
-            "or describe it as NAME:VRAM[:BANDWIDTH], e.g. mygpu:24G:900GB/s",
+            hint=f"{shown}; or describe it as NAME:VRAM[:BANDWIDTH], e.g. mygpu:24G:900GB/s",
         )
     return model
 

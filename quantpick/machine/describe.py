@@ -52,7 +52,15 @@ from pathlib import Path
 from typing import Any
 
 from quantpick.errors import HardwareError, QuantpickError, RpcWorkerError, UsageError
-from quantpick.machine.catalog import gpu_assumption_notes, lookup_gpu, with_catalog_figures
+from quantpick.machine.backends import Backend, BackendKind, backend, default_backend
+from quantpick.machine.catalog import (
+    GpuModel,
+    find_gpu,
+    gpu_assumption_notes,
+    lookup_gpu,
+    unified_share,
+    with_catalog_figures,
+)
 from quantpick.machine.spec import (
     ASSUMED_HOST_BANDWIDTH_BYTES_PER_S,
     ASSUMED_HOST_CORES,
@@ -151,12 +159,37 @@ def _gpu_spec_notes(spec: str, label: str | None = None) -> list[str]:
     return notes
 
 
+def gpu_backend(model: GpuModel | None, name: str, backend_name: str | None) -> Backend:
+    """The backend that drives a described GPU: --backend if given (refused when it cannot drive
+    the card's vendor: Metal on a Radeon), else the vendor's usual one; an unknown card: CUDA
+    unless --backend says otherwise."""
+    if backend_name is None:
+        return default_backend(model.vendor) if model is not None else backend(BackendKind.CUDA)
+    chosen = backend(backend_name)
+    if chosen.kind is BackendKind.CPU:
+        raise UsageError(f"--backend cpu drives no GPU: drop --gpu {name}, or plan with --cpu-only")
+    if model is not None and not chosen.drives(model.vendor):
+        usual = default_backend(model.vendor)
+        raise UsageError(
+            f"--backend {chosen.key} cannot drive {model.name} ({chosen.label} drives "
+            f"{', '.join(v.value for v in chosen.vendors)} GPUs)",
+            hint=f"use --backend {usual.key} or vulkan",
+        )
+    return chosen
+
+
 def describe_gpu(
-    name: str, *, vram_bytes: int | None = None, bandwidth: int | None = None, index: int = 0
+    name: str,
+    *,
+    vram_bytes: int | None = None,
+    bandwidth: int | None = None,
+    index: int = 0,
+    backend_name: str | None = None,
 ) -> Gpu:
     """A described GPU: a catalog NAME fills in everything (VRAM and bandwidth then override
     it); any other NAME needs VRAM. free = total: the planner's per-device overhead covers the
-    driver's share.
+    driver's share. A unified GPU's VRAM is the machine's RAM; the GPU gets the OS's share of it
+    (catalog.unified_share).
     """
     if vram_bytes is not None and vram_bytes <= 0:
         raise UsageError(f"GPU {name!r}: VRAM must be more than 0")
@@ -166,9 +199,13 @@ def describe_gpu(
         if vram_bytes is None:
             raise
         # A card the catalog does not know, fully described by the user.
+        chosen = gpu_backend(None, name, backend_name)
         return Gpu(index=index, name=name, total_bytes=vram_bytes, free_bytes=vram_bytes,
-                   used_bytes=0, bandwidth_bytes_per_s=bandwidth)  # fmt: skip
+                   used_bytes=0, bandwidth_bytes_per_s=bandwidth, backend=chosen.label)  # fmt: skip
+    chosen = gpu_backend(model, name, backend_name)
     total = vram_bytes if vram_bytes is not None else model.total_bytes
+    if model.unified:
+        total = unified_share(model, total)[0]
     return Gpu(
         index=index,
         name=model.name,
@@ -177,16 +214,29 @@ def describe_gpu(
         used_bytes=0,
         memory_bus_width_bits=model.bus_width_bits,
         # A given bandwidth no longer follows from the catalog clock; drop the clock, not the bus.
-        memory_clock_mhz=model.memory_clock_mhz if bandwidth is None else None,
+        memory_clock_mhz=model.memory_clock_mhz or None if bandwidth is None else None,
         bandwidth_bytes_per_s=bandwidth if bandwidth is not None else model.bandwidth_bytes_per_s,
         pcie_generation=model.pcie_generation,
         pcie_width=model.pcie_width,
-        compute_capability=model.compute_capability,
+        compute_capability=model.compute_capability or None,
         fp16_tflops=model.fp16_tflops,
+        backend=chosen.label,
+        unified=model.unified or chosen.always_unified,
     )
 
 
-def parse_gpu_spec(spec: str, *, index: int = 0) -> Gpu:
+def unified_ram(spec: str) -> tuple[int, str] | None:
+    """For a unified GPU's spec (m4-max:128G), the machine's RAM it names and the GPU share's
+    rule; None for a discrete card."""
+    parts = spec.split(":")
+    model = find_gpu(parts[0].strip())
+    if model is None or not model.unified:
+        return None
+    ram = parse_size(parts[1]) if len(parts) > 1 and parts[1].strip() else model.total_bytes
+    return ram, unified_share(model, ram)[1]
+
+
+def parse_gpu_spec(spec: str, *, index: int = 0, backend_name: str | None = None) -> Gpu:
     """A described GPU from NAME[:VRAM[:BANDWIDTH]] (VRAM binary like --ram, BANDWIDTH decimal)."""
     parts = spec.split(":")
     if len(parts) > 3 or not parts[0].strip():
@@ -195,7 +245,10 @@ def parse_gpu_spec(spec: str, *, index: int = 0) -> Gpu:
         )
     vram = parse_size(parts[1]) if len(parts) > 1 and parts[1].strip() else None
     bandwidth = parse_bandwidth(parts[2]) if len(parts) > 2 and parts[2].strip() else None
-    return describe_gpu(parts[0].strip(), vram_bytes=vram, bandwidth=bandwidth, index=index)
+    return describe_gpu(
+        parts[0].strip(), vram_bytes=vram, bandwidth=bandwidth, index=index,
+        backend_name=backend_name,
+    )  # fmt: skip
 
 
 # --- RPC workers ------------------------------------------------------------------------------
@@ -452,14 +505,23 @@ def _toml_gpus(data: dict[str, Any], notes: list[str], prefix: str = "") -> tupl
         raise ValueError(too_many_devices(len(names) + len(tables)))
     for i, table in enumerate(tables):
         where = f"[[{prefix}gpu]] #{i + 1}"
-        table = _only(table, {"name", "vram", "bandwidth", "free"}, where)
+        table = _only(table, {"name", "vram", "bandwidth", "free", "backend"}, where)
         if not isinstance(table.get("name"), str):
             raise ValueError(f'{where}: needs name = "..."')
-        gpu = describe_gpu(
-            table["name"],
-            vram_bytes=_toml_size(table, "vram", where, notes),
-            bandwidth=_toml_bandwidth(table, "bandwidth", where, notes),
-        )
+        chosen = table.get("backend")
+        if chosen is not None and not isinstance(chosen, str):
+            raise ValueError(f'{where}: backend = "rocm" (cuda, rocm, metal, vulkan, sycl)')
+        try:
+            gpu = describe_gpu(
+                table["name"],
+                vram_bytes=_toml_size(table, "vram", where, notes),
+                bandwidth=_toml_bandwidth(table, "bandwidth", where, notes),
+                backend_name=chosen,
+            )
+        except UsageError as exc:
+            if chosen is None:
+                raise
+            raise ValueError(f"{where}: {exc.message}") from None
         free = _toml_size(table, "free", where, notes)
         if free is not None:
             if free > gpu.total_bytes:
@@ -709,8 +771,13 @@ def resolve_machine(
     cores: int | None = None,
     threads: int | None = None,
     ram_bandwidth: str | None = None,
+    backend_name: str | None = None,
 ) -> Machine:
     """The machine to plan for, from the options every planning command shares (see module doc).
+
+    `backend_name` (--backend) chooses llama.cpp's backend for the described GPUs (default: each
+    vendor's usual one). A unified GPU (--gpu m4-max:128G) names the machine's RAM: the host gets
+    that RAM unless --ram says otherwise, and the GPU the OS's share of it.
 
     The host of a described machine (`--gpu`, a TOML file without [host]) is the most common
     desktop (typical_host), not this box, unless --ram / --cores / --threads say otherwise; what
@@ -732,7 +799,13 @@ def resolve_machine(
         raise UsageError(too_many_devices(n_described), hint=_DEVICES_HINT)
     check_cpu(cores, threads)
     bandwidth = parse_bandwidth(ram_bandwidth) if ram_bandwidth is not None else None
-    described_gpus = tuple(parse_gpu_spec(spec, index=i) for i, spec in enumerate(gpus or ()))
+    if backend_name is not None:
+        backend(backend_name)  # an unknown name fails before anything is probed
+    described_gpus = tuple(
+        parse_gpu_spec(spec, index=i, backend_name=backend_name)
+        for i, spec in enumerate(gpus or ())
+    )
+    pools = [p for p in (unified_ram(spec) for spec in gpus or ()) if p is not None]
     for spec in rpc or ():
         parse_endpoint(spec)
     for spec in rpc_devices or ():
@@ -787,6 +860,35 @@ def resolve_machine(
     if described_gpus:
         machine = dataclasses.replace(machine, gpus=described_gpus, driver_version=None)
         how.append(" ".join(f"--gpu {shlex.quote(spec)}" for spec in gpus or ()))
+        if backend_name is not None:
+            how.append(f"--backend {backend(backend_name).key}")
+        if pools and ram_bytes is None:
+            # One pool: the unified GPU's memory is the machine's RAM.
+            ram_pool = max(p[0] for p in pools)
+            machine = dataclasses.replace(machine, host=_with_ram(machine.host, ram_pool))
+        if pools and bandwidth is None:
+            # ... and the CPU reads it over the same bus (the data sheet's figure; the CPU
+            # cores alone may reach less of it).
+            bandwidth = max(g.bandwidth_bytes_per_s or 0 for g in described_gpus if g.unified)
+        for gpu, (_, rule) in zip((g for g in described_gpus if g.unified), pools, strict=False):
+            notes.append(
+                f"{gpu.name}: unified memory; the GPU may hold {gib(gpu.total_bytes)} "
+                f"({rule}), the rest of RAM is the host's"
+            )
+    if backend_name is not None and not described_gpus:
+        machine = dataclasses.replace(
+            machine,
+            gpus=tuple(
+                dataclasses.replace(
+                    g,
+                    backend=gpu_backend(
+                        find_gpu(g.name, g.total_bytes or None), g.name, backend_name
+                    ).label,
+                )
+                for g in machine.gpus
+            ),
+        )
+        how.append(f"--backend {backend(backend_name).key}")
     if ram_bytes is not None:
         machine = dataclasses.replace(machine, host=_with_ram(machine.host, ram_bytes))
         how.append(f"--ram {ram}")
@@ -885,9 +987,11 @@ def machine_from_options(
     cores: int | None = None,
     threads: int | None = None,
     ram_bandwidth: str | None = None,
+    backend_name: str | None = None,
 ) -> Machine:
     """resolve_machine with the CLI's option names, for pick/estimate/get/probe."""
     return resolve_machine(
+        backend_name=backend_name,
         cores=cores,
         threads=threads,
         ram_bandwidth=ram_bandwidth,

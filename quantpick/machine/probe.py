@@ -13,13 +13,17 @@ Usage:
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
+import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
 from quantpick.machine.catalog import (
+    find_gpu,
     gpu_assumption_notes,
     theoretical_bandwidth,
     with_catalog_figures,
@@ -76,7 +80,7 @@ def _positive(value: Any, high: int) -> int | None:
     return int(value) if isinstance(value, int) and 0 < value <= high else None
 
 
-def _probe_one(nv: Any, index: int) -> Gpu:
+def _probe_one(nv: Any, index: int, meminfo_path: Path | None = None) -> Gpu:
     try:
         handle = nv.nvmlDeviceGetHandleByIndex(index)
     except Exception as exc:
@@ -84,12 +88,21 @@ def _probe_one(nv: Any, index: int) -> Gpu:
                    error=f"no handle: {exc}")  # fmt: skip
     name = _text(_optional(nv.nvmlDeviceGetName, handle)) or f"GPU {index}"
     uuid = _text(_optional(nv.nvmlDeviceGetUUID, handle))
+    unified = False
     try:
         mem = nv.nvmlDeviceGetMemoryInfo(handle)
         total, free, used = int(mem.total), int(mem.free), int(mem.used)
     except Exception as exc:
-        return Gpu(index=index, name=name, total_bytes=0, free_bytes=0, uuid=uuid,
-                   error=f"memory info: {exc}")  # fmt: skip
+        # GB10 and Jetson: NVML has no memory to report ("Not Supported"); the GPU's memory is
+        # the host's, and llama.cpp's CUDA backend reports MemTotal / MemAvailable for it
+        # (ggml_backend_cuda_get_available_uma_memory). Any other card: not planned on.
+        model = find_gpu(name)
+        host_ram = read_meminfo(meminfo_path or MEMINFO) if model and model.unified else None
+        if host_ram is None:
+            return Gpu(index=index, name=name, total_bytes=0, free_bytes=0, uuid=uuid,
+                       error=f"memory info: {exc}")  # fmt: skip
+        total, free = host_ram
+        used, unified = total - free, True
     if not 0 <= free <= total <= MAX_MEMORY_BYTES or used < 0:
         # Figures that cannot be true: the GPU is listed, with why, and not planned on.
         why = f"NVML reports {free:,} B free of {total:,} B total, which cannot be"
@@ -118,10 +131,13 @@ def _probe_one(nv: Any, index: int) -> Gpu:
         pcie_generation=pcie_gen,
         pcie_width=pcie_width,
         compute_capability=f"{cc[0]}.{cc[1]}" if isinstance(cc, tuple) and len(cc) == 2 else None,
+        unified=unified,
     ))  # fmt: skip
 
 
-def probe_gpus() -> tuple[tuple[Gpu, ...], str | None, tuple[str, ...]]:
+def probe_gpus(
+    meminfo_path: Path | None = None,
+) -> tuple[tuple[Gpu, ...], str | None, tuple[str, ...]]:
     """(gpus, driver version, notes). Never raises: no NVML means no GPUs and a note."""
     try:
         import pynvml
@@ -137,7 +153,7 @@ def probe_gpus() -> tuple[tuple[Gpu, ...], str | None, tuple[str, ...]]:
             count = int(pynvml.nvmlDeviceGetCount())
         except Exception as exc:
             return (), driver, (f"NVML cannot count GPUs ({exc}): planning for CPU only",)
-        gpus = tuple(_probe_one(pynvml, i) for i in range(count))
+        gpus = tuple(_probe_one(pynvml, i, meminfo_path) for i in range(count))
         notes = [NO_GPU_NOTE] if not gpus else []
         notes += [f"GPU {g.index} ({g.name}) is not used: {g.error}" for g in gpus if g.error]
         notes += gpu_assumption_notes(gpus)
@@ -147,6 +163,52 @@ def probe_gpus() -> tuple[tuple[Gpu, ...], str | None, tuple[str, ...]]:
             pynvml.nvmlShutdown()
         except Exception:
             pass  # nothing useful to do; the process is about to move on
+
+
+@dataclass(frozen=True)
+class GpuMemoryUse:
+    """One NVIDIA GPU's memory now, and what one process holds on it."""
+
+    index: int  # NVML index (= CUDA's with CUDA_DEVICE_ORDER=PCI_BUS_ID)
+    total_bytes: int
+    used_bytes: int
+    process_bytes: int | None  # the process's own; None where NVML cannot tell
+
+
+def gpu_memory_use(pid: int) -> tuple[tuple[GpuMemoryUse, ...], str | None]:
+    """(per GPU: used memory and `pid`'s share via nvmlDeviceGetComputeRunningProcesses, a note
+    when NVML cannot be read). Never raises. A pid NVML does not list holds 0 bytes there; a
+    driver that cannot attribute memory (usedGpuMemory unavailable, WDDM) gives None."""
+    try:
+        import pynvml
+    except ImportError:
+        return (), "nvidia-ml-py is not installed: GPU memory not read"
+    try:
+        pynvml.nvmlInit()
+    except Exception as exc:
+        return (), f"no NVML ({exc}): GPU memory not read"
+    try:
+        out = []
+        for index in range(int(pynvml.nvmlDeviceGetCount())):
+            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+            mem = pynvml.nvmlDeviceGetMemoryInfo(handle)
+            share: int | None = 0
+            try:
+                for proc in pynvml.nvmlDeviceGetComputeRunningProcesses(handle):
+                    if int(proc.pid) == pid:
+                        used = proc.usedGpuMemory
+                        share = int(used) if isinstance(used, int) and used >= 0 else None
+            except Exception:
+                share = None
+            out.append(GpuMemoryUse(index, int(mem.total), int(mem.used), share))
+        return tuple(out), None
+    except Exception as exc:
+        return (), f"NVML failed ({exc}): GPU memory not read"
+    finally:
+        try:
+            pynvml.nvmlShutdown()
+        except Exception:
+            pass
 
 
 # --- Host -------------------------------------------------------------------------------------
@@ -254,14 +316,26 @@ def _sysconf_ram() -> tuple[int, int] | None:
     return total, available
 
 
+def cpu_threads() -> int | None:
+    """Logical CPUs of this machine (os.cpu_count); the one place the probe asks the OS."""
+    return os.cpu_count()
+
+
 def probe_host(
     *,
-    meminfo_path: Path = MEMINFO,
-    cgroup_root: Path = CGROUP_ROOT,
-    cpuinfo_path: Path = CPUINFO,
+    meminfo_path: Path | None = None,
+    cgroup_root: Path | None = None,
+    cpuinfo_path: Path | None = None,
     notes: list[str] | None = None,
 ) -> Host:
-    """Host RAM (min'd with the cgroup limit) and CPU cores. Notes about guesses go to `notes`."""
+    """Host RAM (min'd with the cgroup limit) and CPU cores. Notes about guesses go to `notes`.
+
+    A path not given is this module's MEMINFO / CGROUP_ROOT / CPUINFO, read at call time, so a
+    test suite can point the whole probe at recorded files (tests/conftest.py does).
+    """
+    meminfo_path = MEMINFO if meminfo_path is None else meminfo_path
+    cgroup_root = CGROUP_ROOT if cgroup_root is None else cgroup_root
+    cpuinfo_path = CPUINFO if cpuinfo_path is None else cpuinfo_path
     ram = read_meminfo(meminfo_path)
     if ram is None:
         ram = _sysconf_ram()
@@ -277,7 +351,7 @@ def probe_host(
         total = min(total, limit) if total else limit
         headroom = limit - usage if usage is not None else limit
         available = max(0, min(available, headroom) if available else headroom)
-    threads = os.cpu_count()
+    threads = cpu_threads()
     cores = physical_cores(cpuinfo_path) or threads or 1
     return Host(
         ram_total_bytes=total,
@@ -388,17 +462,18 @@ def probe(
     *,
     disk_path: Path | None = None,
     llama_server: Path | None = None,
-    meminfo_path: Path = MEMINFO,
-    cgroup_root: Path = CGROUP_ROOT,
-    cpuinfo_path: Path = CPUINFO,
+    meminfo_path: Path | None = None,
+    cgroup_root: Path | None = None,
+    cpuinfo_path: Path | None = None,
     inspect_server: bool = True,
+    drm_path: Path = Path("/sys/class/drm"),
 ) -> Machine:
     """This machine as it is now. Never raises for missing hardware or tools.
 
     inspect_server=False skips running `llama-server --version`: planning does not need it, and
     the command builder inspects the binary it targets itself.
     """
-    gpus, driver, gpu_notes = probe_gpus()
+    gpus, driver, gpu_notes = probe_gpus(meminfo_path)
     notes = list(gpu_notes)
     host = probe_host(
         meminfo_path=meminfo_path, cgroup_root=cgroup_root, cpuinfo_path=cpuinfo_path, notes=notes
@@ -410,6 +485,41 @@ def probe(
         notes.append("llama-server not found on PATH (give it with --llama-server)")
     elif server is not None and server.error:
         notes.append(f"llama-server {server.path}: {server.error}")
+    listed_none = False
+    if not any(g.usable for g in gpus) and server is not None and not server.error:
+        # No NVIDIA GPU: the installed build's own device list names what it drives (ROCm,
+        # Metal, Vulkan, SYCL) with llama.cpp's memory figures (machine/devices.py).
+        from quantpick.machine.devices import build_backend, gpus_from_list, read_list_devices
+
+        try:
+            listed = read_list_devices(Path(server.path))
+        except ValueError as exc:
+            notes.append(f"no device list from llama-server ({exc})")
+        else:
+            found = gpus_from_list(listed)
+            notes.extend(listed.notes)
+            listed_none = not found
+            if found:
+                kind = build_backend(listed)
+                gpus = found
+                notes = [n for n in notes if "planning for CPU only" not in n]
+                notes.append(
+                    f"GPUs from `llama-server --list-devices` ({kind.label if kind else '?'} build)"
+                )
+    if not any(g.usable for g in gpus):
+        # The OS's own report (sysctl on macOS, amdgpu sysfs on Linux). When the installed
+        # llama-server lists no device, its build cannot drive them: shown, not planned on.
+        from quantpick.machine.devices import platform_gpus
+
+        found, found_notes = platform_gpus(sys.platform, drm_path)
+        notes.extend(found_notes)
+        if found and listed_none:
+            why = "the installed llama-server lists no GPU (a CPU build): build one for it"
+            found = tuple(dataclasses.replace(g, error=why) for g in found)
+        if found:
+            gpus = found
+            if not listed_none:
+                notes = [n for n in notes if "planning for CPU only" not in n]
     return Machine(
         gpus=gpus,
         host=host,

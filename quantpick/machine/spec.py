@@ -85,9 +85,13 @@ class Gpu:
     # not a catalogue card (the speed model then assumes ASSUMED_GPU_FP16_TFLOPS and says so)
     fp16_tflops: float | None = None
     error: str | None = None  # a query that failed; the GPU is then not planned on
-    # The ggml backend behind the device, which sizes its buffers (model/ggml.py BUFFER_RULES):
-    # "CUDA" for an NVIDIA card, "CPU" for an RPC worker serving its CPU backend.
+    # The ggml backend behind the device (machine/backends: its names, buffer rule, variables),
+    # by label: "CUDA", "ROCm", "Metal", "Vulkan", "SYCL"; "CPU" for an RPC worker serving its CPU.
     backend: str = "CUDA"
+    # True: the GPU's memory is the host's RAM (Apple Silicon, Strix Halo, GB10, Jetson, iGPUs);
+    # total/free are then the share the OS lets the GPU take, and the host's RAM is one pool
+    # with it (plan/memory.py budgets it once).
+    unified: bool = False
 
     @property
     def usable(self) -> bool:

@@ -138,10 +138,59 @@ FILE_TYPES = {
     30: "IQ4_XS", 31: "IQ1_M", 32: "BF16", 36: "TQ1_0", 37: "TQ2_0", 38: "MXFP4_MOE",
     39: "NVFP4", 40: "Q1_0", 41: "Q2_0",
 }  # fmt: skip
+_FTYPE_NAMES = {name.upper() for name in FILE_TYPES.values()}
+# LLAMA_FTYPE_GUESSED (include/llama.h): set when a loader guessed the type, not llama-quantize.
+_FTYPE_GUESSED = 1024
+
+
+def header_quant(file_type: object) -> str | None:
+    """The quant llama-quantize wrote into a header's general.file_type; None when it is
+    missing, guessed or unknown."""
+    if not isinstance(file_type, int) or isinstance(file_type, bool) or file_type & _FTYPE_GUESSED:
+        return None
+    return FILE_TYPES.get(file_type)
+
+
+def named_quant_disagrees(name_quant: str, file_type: object) -> str | None:
+    """The header's quant when a file's name tags another llama.cpp file type (`-Q8_0.gguf`
+    holding Q4_0 tensors): the header wins. None when they agree, or when the name's tag is not
+    a llama.cpp file type itself (`UD-Q4_K_XL`, `Q4_K_L`, `MXFP4` are recipes over one)."""
+    actual = header_quant(file_type)
+    named = name_quant.upper()
+    if actual is None or named not in _FTYPE_NAMES or named == actual.upper():
+        return None
+    return actual
+
+
 # Header reads at once when every quant of a repository is read (`pick OWNER/REPO`): enough to
 # hide round trips, few enough not to look like a crawler to the hub (each read is 1-4 ranged
 # requests of at most 16 MiB).
 HEADER_READERS = 4
+
+
+def _list_within_deadline(open_it: Any, label: str) -> tuple[Any, list[Any]]:
+    """The repository opened (its revision pinned) and listed within hub.http.PLANNING_DEADLINE
+    s in all, the bound `pick` of a bundled model gives its optional header read: a hub that
+    accepts connections and never answers costs seconds, not the download policy's minutes of
+    retries (about 200 s). The listing is a small JSON document a healthy hub sends in well
+    under a second, so a hub that has not answered it by then is down for this purpose."""
+    from quantpick.errors import DownloadError
+    from quantpick.hub.http import PLANNING_DEADLINE, DeadlineExceeded, call_within
+
+    def open_and_list() -> tuple[Any, list[Any]]:
+        source = open_it()
+        return source, source.list_files()
+
+    try:
+        opened: tuple[Any, list[Any]] = call_within(
+            PLANNING_DEADLINE, f"listing {label}", open_and_list
+        )
+    except DeadlineExceeded as exc:
+        raise DownloadError(
+            f"{exc.message} (the hub accepts the connection but does not answer; gave up)",
+            hint="try again later (a repository planned before still plans with --offline)",
+        ) from None
+    return opened
 
 
 def build_manifest(
@@ -173,8 +222,10 @@ def build_manifest(
 
     if not is_repository(kind):
         raise UsageError(f"--source must be {' or '.join(REPOSITORY_KINDS)}, got {kind!r}")
-    source = open_source(Source(kind=kind, repo=repo, revision=revision), settings=settings)
-    listing = source.list_files()
+    source, listing = _list_within_deadline(
+        lambda: open_source(Source(kind=kind, repo=repo, revision=revision), settings=settings),
+        f"{kind}:{repo}",
+    )
     by_name = {f.name: f for f in listing}
     groups, skipped = group_gguf_files(list(by_name))
     models = [g for g in groups if g.role == "model"]
@@ -215,6 +266,7 @@ def build_manifest(
     params = n_parameters(header)
     if params <= 0:
         raise ManifestError(f"{probe.files[0].name}: the header lists no tensors")
+    models = _relabel(models, {probe.quant: header}, warnings, skipped)
 
     sums_name, sums = _checksums(listing, source.fetch_text, warnings)
     # Keep the header: planning this quant later needs no network (layouts.layout_for's cache).
@@ -226,11 +278,12 @@ def build_manifest(
         keys.insert(0, sha256_key(first.sha256))
     store_cached_header(settings, keys, header)
     if all_headers:
-        named, unreadable = _read_all_headers(
+        named, unreadable, headers = _read_all_headers(
             source, kind, repo, models, skipped, by_name, settings, on_header, warnings
         )
         skipped += [(g.files[0].name, unreadable[g.quant]) for g in models if g.quant in unreadable]
-        models = [g for g in models if g.quant not in unreadable] + named
+        models = [g for g in models if g.quant not in unreadable]
+        models = _relabel(models, headers, warnings, skipped) + named
         now_named = {m.name for g in named for m in g.files}
         skipped = [(n, why) for n, why in skipped if n not in now_named]
 
@@ -345,6 +398,43 @@ def build_manifest(
     )
 
 
+def _relabel(
+    models: list[Any],
+    headers: dict[str, Any],
+    warnings: list[str],
+    skipped: list[tuple[str, str]],
+) -> list[Any]:
+    """`models` with each quant whose header's general.file_type disagrees with its name named
+    by the header (a note says so); left out (in `skipped`) when that quant is already another
+    file set of the repository."""
+    import dataclasses
+
+    out = []
+    taken = {g.quant.upper() for g in models}
+    for group in models:
+        header = headers.get(group.quant)
+        actual = (
+            named_quant_disagrees(group.quant, header.metadata.get("general.file_type"))
+            if header is not None
+            else None
+        )
+        if actual is None:
+            out.append(group)
+            continue
+        first = group.files[0].name
+        said = f"{first}: named {group.quant}, but its header's general.file_type is {actual}"
+        if actual.upper() in taken:
+            warnings.append(f"{said}, already a quant of this repository: not planned")
+            skipped.append((first, f"its header says {actual}, not {group.quant}"))
+            continue
+        warnings.append(f"{said}: planned as {actual} (the header is what llama.cpp loads)")
+        taken.discard(group.quant.upper())
+        taken.add(actual.upper())
+        files = tuple(dataclasses.replace(m, quant=actual) for m in group.files)
+        out.append(dataclasses.replace(group, quant=actual, files=files))
+    return out
+
+
 def _read_all_headers(
     source: Any,
     kind: str,
@@ -355,10 +445,11 @@ def _read_all_headers(
     settings: Settings,
     on_header: Any,
     warnings: list[str],
-) -> tuple[list[Any], dict[str, str]]:
+) -> tuple[list[Any], dict[str, str], dict[str, Any]]:
     """Read and cache every model quant's header (cache hits cost nothing); returns the groups
-    named by their header's file type for GGUF files the names did not tag, and the quants
-    whose header cannot be read (each with why: left out of the plan, the others still are)."""
+    named by their header's file type for GGUF files the names did not tag, the quants
+    whose header cannot be read (each with why: left out of the plan, the others still are),
+    and each tagged quant's header (by quant)."""
     from concurrent.futures import ThreadPoolExecutor
 
     from quantpick.model.gguf_names import GGUFName, QuantGroup
@@ -379,6 +470,7 @@ def _read_all_headers(
 
     named: list[Any] = []
     unreadable: dict[str, str] = {}
+    headers: dict[str, Any] = {}
     taken = {g.quant.upper() for g in models}
     with ThreadPoolExecutor(max_workers=HEADER_READERS) as pool:
         for quant, names, header in pool.map(read, jobs):
@@ -391,16 +483,17 @@ def _read_all_headers(
                     unreadable[quant] = f"its header cannot be used: {header.message}"
                 continue
             if not quant.startswith("?"):
+                headers[quant] = header
                 continue
             ftype = header.metadata.get("general.file_type")
-            tag = FILE_TYPES.get(ftype) if isinstance(ftype, int) else None
+            tag = header_quant(ftype)
             if tag is None or tag.upper() in taken:
                 why = "already a quant of this repository" if tag else "no known file type"
                 warnings.append(f"{names[0]}: not planned: its header names {tag or ftype} ({why})")
                 continue
             taken.add(tag.upper())
             named.append(QuantGroup(tag, "model", (GGUFName(names[0], tag, "model"),)))
-    return named, unreadable
+    return named, unreadable, headers
 
 
 def cached_or_remote_header(

@@ -92,10 +92,10 @@ class BufferRule:
     """How a backend's buffer sizes one tensor: ggml_backend_buft_get_alloc_size, then padded to
     the buffer's alignment (ggml/src/ggml-alloc.c:1184 ggml_backend_alloc_ctx_tensors_from_buft).
 
-    CPU (and an RPC worker's CPU device): the tensor's bytes, 32-byte aligned (TENSOR_ALIGNMENT,
-    ggml/src/ggml-impl.h:44). CUDA: 128-byte aligned, and a quantized tensor whose rows are not a
-    multiple of MATRIX_ROW_PADDING = 512 elements gets that much more of one row
-    (ggml/src/ggml-cuda/ggml-cuda.cu:897-920, common.cuh:186)."""
+    `alignment` is the buffer type's get_alignment; `row_padding` (0: none) adds to a quantized
+    tensor whose rows are not a multiple of it the rest of one such row, as get_alloc_size does
+    on backends with padded matrix kernels. Each backend's values and their source lines are in
+    quantpick/machine/backends/."""
 
     __slots__ = ("name", "alignment", "row_padding")
 
@@ -114,6 +114,5 @@ class BufferRule:
         return pad(size, self.alignment)
 
 
+# The host's rule; each backend's own is in quantpick/machine/backends/ (its module cites it).
 CPU_BUFFER = BufferRule("CPU", 32, 0)
-CUDA_BUFFER = BufferRule("CUDA", 128, 512)
-BUFFER_RULES = {"CPU": CPU_BUFFER, "CUDA": CUDA_BUFFER}

@@ -5,7 +5,7 @@ from TOML files and found by id, alias or repository.
 from __future__ import annotations
 
 import re
-import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -19,29 +19,31 @@ from quantpick.model.manifest import (
     parse_manifest,
 )
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - exercised on 3.10 only
-    import tomli as tomllib
-
 if TYPE_CHECKING:
     from quantpick.config import Settings
     from quantpick.model.repo_ref import RepoRef
 
 
 def load_manifest_file(path: Path, *, origin: str | None = None) -> Manifest:
-    """Parse and validate one manifest file; ManifestError names the file and the field."""
+    """Parse and validate one manifest file; ManifestError names the file and the field. Read
+    as config files are: a regular file of at most MAX_MANIFEST_BYTES, nested at most
+    config.MAX_NESTING levels (a 20,000-deep one is one error, not a RecursionError)."""
+    from quantpick.config import load_toml_text, read_bounded_text
+    from quantpick.model.manifest import MAX_MANIFEST_BYTES
+
     label = str(path)
     try:
-        raw = Path(path).read_bytes()
+        text = read_bounded_text(Path(path), MAX_MANIFEST_BYTES)
     except OSError as exc:
-        raise ManifestError(f"{label}: cannot read: {exc.strerror or exc}") from None
-    try:
-        data = tomllib.loads(raw.decode("utf-8"))
+        raise ManifestError(f"{label}: cannot read: {exc.strerror or exc}", path=label) from None
     except UnicodeDecodeError:
-        raise ManifestError(f"{label}: not UTF-8 text", hint=MANIFEST_HINT) from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ManifestError(f"{label}: invalid TOML: {exc}", hint=MANIFEST_HINT) from None
+        raise ManifestError(f"{label}: not UTF-8 text", hint=MANIFEST_HINT, path=label) from None
+    try:
+        data = load_toml_text(text)
+    except ValueError as exc:
+        raise ManifestError(
+            f"{label}: invalid TOML: {exc}", hint=MANIFEST_HINT, path=label
+        ) from None
     manifest = parse_manifest(data, label)
     if origin is not None:
         from dataclasses import replace
@@ -115,6 +117,7 @@ def list_manifests(
             except ManifestError as exc:
                 if errors is None:
                     raise
+                exc.path = exc.path or str(path)
                 errors.append(exc)
                 continue
             in_this_dir[manifest.id] = str(path)
@@ -142,14 +145,47 @@ def _check_url_fits(ref: RepoRef, manifest: Manifest) -> None:
         )
 
 
-def find_manifest(model: str, settings: Settings | None = None) -> Manifest:
+def _names(error: ManifestError, want: str) -> bool:
+    """Whether the manifest file that failed to load is the one `want` names: its file name
+    (`<id>.toml`, as `manifest add` writes it) or an `id = "..."` line in its first 64 KiB."""
+    if error.path is None:
+        return False
+    path = Path(error.path)
+    if path.stem.lower() == want:
+        return True
+    from quantpick.local_files import read_small
+
+    try:
+        head = read_small(path, 4 * 1024**2)[: 64 * 1024].decode("utf-8", "replace")
+    except OSError:
+        return False
+    found = re.search(r"""(?m)^\s*id\s*=\s*["']([^"'\n]+)["']""", head)
+    return found is not None and found.group(1).strip().lower() == want
+
+
+def find_manifest(
+    model: str,
+    settings: Settings | None = None,
+    *,
+    on_note: Callable[[str], None] | None = None,
+) -> Manifest:
     """A manifest by id (case-insensitive), alias, or the repo id of an hf/modelscope source,
-    also pasted as the repository's URL (model.repo_ref: /tree/main, a ModelScope page, ...)."""
+    also pasted as the repository's URL (model.repo_ref: /tree/main, a ModelScope page, ...).
+
+    A manifest file that does not load is skipped (`on_note` hears which and why) unless it is
+    the one `model` names: then its error is raised."""
     from quantpick.model.repo_ref import looks_like_url, parse_repo_ref
 
-    manifests = list_manifests(settings)
+    errors: list[ManifestError] = []
+    manifests = list_manifests(settings, errors=errors)
     ref = parse_repo_ref(model) if looks_like_url(model) else None
     want = ref.repo.lower() if ref is not None else model.strip().lower().strip("/")
+    for error in errors:
+        if _names(error, want):
+            raise error
+    if on_note is not None:
+        for error in errors:
+            on_note(f"skipped a manifest that does not load: {error.message}")
     for m in manifests:
         if m.id == want:
             return m

@@ -40,6 +40,9 @@ _COMMIT = re.compile(r"^[0-9a-f]{40}$")
 _PREFIXES = {prefix: k.name for k in KINDS.values() for prefix in k.prefixes}
 
 Progress = Callable[[int, int], None]
+# A repository's notes (files left out, a name its header contradicts), kept beside its cached
+# manifest and said again on every use: a few lines; more than this is not ours.
+MAX_NOTES_BYTES = 256 * 1024
 
 
 def repo_cache_dir(settings: Settings) -> Path:
@@ -78,6 +81,24 @@ def _load(path: Path) -> Manifest | None:
         return None  # damaged: described again
 
 
+def _notes_path(path: Path) -> Path:
+    return path.with_suffix(".notes.json")
+
+
+def _load_notes(path: Path) -> list[str]:
+    import json
+
+    from quantpick.local_files import read_small
+
+    try:
+        notes = json.loads(read_small(_notes_path(path), MAX_NOTES_BYTES))
+    except (OSError, ValueError, RecursionError):
+        return []
+    if not isinstance(notes, list):
+        return []
+    return [n for n in notes if isinstance(n, str)]
+
+
 def _store(path: Path, text: str) -> None:
     """Atomic, best effort: a cache that cannot be written costs the next run a listing."""
     try:
@@ -96,10 +117,12 @@ def repo_manifest(
     settings: Settings,
     network: bool,
     progress: Progress | None = None,
+    on_note: Callable[[str], None] | None = None,
 ) -> Manifest:
     """The Manifest of the repository `model` names (see the module docstring). Raises
     UnknownModelError when offline and never described, and the hub's errors (exit 5) when it
-    cannot be listed."""
+    cannot be listed. `on_note` hears the repository's notes (files left out and why, a name
+    its header contradicts), from the cache too."""
     from quantpick.model.from_repo import build_manifest
     from quantpick.model.repo_ref import looks_like_url, parse_repo_ref
 
@@ -118,6 +141,9 @@ def repo_manifest(
     cached = _load(path)
     offline = not network or settings.offline
     if cached is not None and (offline or (revision is not None and _COMMIT.match(revision))):
+        if on_note is not None:
+            for note in _load_notes(path):
+                on_note(note)
         return cached
     if offline:
         raise UnknownModelError(
@@ -130,7 +156,16 @@ def repo_manifest(
         ref.repo, kind=kind, revision=revision, manifest_id=None, settings=settings,
         all_headers=True, on_header=progress,
     )  # fmt: skip
+    import json
+
+    from quantpick.process import printable
+
+    notes = [printable(w) for w in new.warnings]  # file names from a listing: no escapes
+    _store(_notes_path(path), json.dumps(notes))
     _store(path, new.toml)
+    if on_note is not None:
+        for note in notes:
+            on_note(note)
     loaded = _load(path)
     if loaded is not None:
         return loaded

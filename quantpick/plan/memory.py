@@ -2,7 +2,8 @@
 
 Every rule mirrors llama.cpp (tree of 2026-10-01, commit 0c1e570); the project's llamacpp-memory
 notes cite the functions. Weights, KV cache and recurrent state are deterministic in llama.cpp and
-are computed to the byte; compute buffers and the CUDA context are estimates, labelled as such.
+are computed to the byte; compute buffers and the GPU runtime's context are estimates, labelled
+as such.
 """
 
 from __future__ import annotations
@@ -14,11 +15,10 @@ from functools import lru_cache
 
 from quantpick.arch.base import AttentionKind, LayerView, ModelView
 from quantpick.errors import UsageError
+from quantpick.machine.backends import backend_of, host_buffer_names
 from quantpick.machine.spec import Gpu, Machine
 from quantpick.model.ggml import (
-    BUFFER_RULES,
     CPU_BUFFER,
-    CUDA_BUFFER,
     GGML_TYPES,
     KV_CACHE_TYPES,
     UNQUANTIZED,
@@ -71,6 +71,9 @@ class RunConfig:
     # :2478-2479 gives the draft context these, not -ctk/-ctv)
     spec_cache_type_k: str = "f16"
     spec_cache_type_v: str = "f16"
+    # --spec-type ngram-mod with --spec-ngram-mod-n-min/-n-max N (0: none); no model, no memory
+    # beyond its hash pool in host memory
+    spec_ngram_n: int = 0
     # --device, in its order (None = llama.cpp's default list, see llama_devices): an int is a
     # local GPU's index (CUDA<i>), a str a llama.cpp device name ("RPC0", "CUDA1").
     devices: tuple[int | str, ...] | None = None
@@ -142,6 +145,10 @@ class DeviceEstimate:
     recurrent_layers: tuple[int, ...]  # blocks whose recurrent state lives here
     expert_layers: tuple[int, ...]  # blocks whose routed experts live here
     endpoint: str | None = None  # an RPC device's worker "host:port" (None: a local device)
+    # The ggml backend that holds it ("CUDA", "ROCm", "Metal", "Vulkan", "SYCL"; "RPC" for an RPC
+    # device, "CPU" for the host), and whether its memory is the host's RAM.
+    backend: str = "CPU"
+    unified: bool = False
     correction_bytes: int = 0  # from llama.cpp's own projection (Overheads.device_correction_bytes)
 
     @property
@@ -361,7 +368,10 @@ def llama_devices(machine: Machine, config: RunConfig) -> tuple[LlamaDevice, ...
     match case-insensitively: ggml_backend_dev_by_name).
     """
     remote = rpc_devices(machine, config.rpc_servers)
-    local = [LlamaDevice(f"CUDA{g.index}", g) for g in machine.usable_gpus]
+    local = [
+        LlamaDevice(backend_of(g.backend).device_name(g.index), g) for g in machine.usable_gpus
+    ]
+    local_names = {d.gpu.index: d.name for d in local}
     if config.devices is None:
         return (*remote, *local)
     usable = {g.index for g in machine.usable_gpus}
@@ -370,7 +380,7 @@ def llama_devices(machine: Machine, config: RunConfig) -> tuple[LlamaDevice, ...
     for item in config.devices:
         if isinstance(item, int) and item not in usable:
             raise UsageError(f"--device: no usable GPU with index {item}")
-        name = f"CUDA{item}" if isinstance(item, int) else item.strip().upper()
+        name = local_names[item].upper() if isinstance(item, int) else item.strip().upper()
         device = by_name.get(name)
         if device is None:
             known = ", ".join(d.name for d in (*remote, *local)) or "none"
@@ -403,10 +413,11 @@ _RPC_BUFT = re.compile(r"RPC(\d+)\[(.+)\]")
 
 
 def _buft_to_device(buft: str, devices: tuple[LlamaDevice, ...]) -> int | None:
-    """-ot buffer type -> device position (None = host): CPU, CUDA<n>, or an RPC device's buffer
-    type "RPC<i>[host:port]" (i: its index on that worker; ggml-rpc.cpp:1092)."""
+    """-ot buffer type -> device position (None = host): CPU or a backend's host buffer, a local
+    device's name (CUDA0, ROCm1, MTL0, ...), or an RPC device's buffer type "RPC<i>[host:port]"
+    (i: its index on that worker; ggml-rpc.cpp:1092)."""
     b = buft.strip()
-    if b.upper() in ("CPU", "CPU_MAPPED", "CUDA_HOST", "HOST"):
+    if b.upper() in host_buffer_names():
         return None
     for pos, d in enumerate(devices):
         if d.is_rpc:
@@ -428,9 +439,9 @@ def _f32(value: float) -> float:
 
 
 def device_buffer(device: LlamaDevice) -> BufferRule:
-    """How a device's backend sizes tensors (a local NVIDIA GPU: CUDA; an RPC device: the
-    backend the worker serves, CUDA unless the worker is known to serve its CPU)."""
-    return BUFFER_RULES.get(device.gpu.backend, CUDA_BUFFER)
+    """How a device's backend sizes tensors (machine/backends: each backend's rule; an RPC
+    device: the backend the worker serves, CUDA unless the worker is known to serve another)."""
+    return backend_of(device.gpu.backend).buffer
 
 
 def estimate(
@@ -499,7 +510,7 @@ def estimate(
         return slot in nextn_skipped
 
     # Each device's buffers size their tensors by its backend's rule (model/ggml.py BufferRule:
-    # alignment, CUDA's quantized row padding); the host is the CPU backend.
+    # alignment, quantized row padding: machine/backends); the host is the CPU backend.
     rules = [device_buffer(d) for d in devs] + [CPU_BUFFER]
     host_experts = [0] * n_slots  # routed-expert bytes of each block that live in host memory
     if overrides:
@@ -622,7 +633,12 @@ def estimate(
     mask_bytes = kv_size * ub * ((6 if config.fa_mask_f32 else 2) if fa else 4)
     activations = ub * activation_bytes_per_token(view)
     n_outputs_max = (
-        min(config.batch, max(1, config.n_parallel) * (1 + config.spec_draft_n))
+        # server_output_limits: np x (1 + common_speculative_n_max), the largest draft of the
+        # enabled types (common/speculative.cpp:2315-2350)
+        min(
+            config.batch,
+            max(1, config.n_parallel) * (1 + max(config.spec_draft_n, config.spec_ngram_n)),
+        )
         if config.logits_rows == "server"
         else config.batch
     )
@@ -677,6 +693,10 @@ def estimate(
         notes.append("flash attention off: the KQ matrix is materialised (large at long context)")
     corrections = dict(overheads.device_correction_bytes)
     devices: list[DeviceEstimate] = []
+    # Unified memory (docs/backends.md): a local GPU whose memory is the host's draws on the same
+    # RAM as the host's buffers. Its own budget is the share the OS lets it take (its free_bytes:
+    # Metal's working set, the GTT limit, ...); what it takes is then not the host's.
+    unified_taken = 0
     for pos in range(n_gpu + 1):
         a = acc[pos]
         endpoint: str | None = None
@@ -689,14 +709,19 @@ def estimate(
             if pos == 0 and not rdev.is_rpc and rdev.gpu.free_bytes >= rdev.gpu.total_bytes:
                 budget -= overheads.gpu_desktop_bytes
             gpu_index: int | None = None if rdev.is_rpc else rdev.gpu.index
+            backend = "RPC" if rdev.is_rpc else backend_of(rdev.gpu.backend).label
+            unified = not rdev.is_rpc and rdev.gpu.unified
         else:
             name, kind, device, gpu_index = "Host", "host", "CPU", None
-            free = machine.host.ram_available_bytes
+            backend, unified = "CPU", True
+            free = max(0, machine.host.ram_available_bytes - unified_taken)
             budget = free - host_reserve_bytes(
                 machine.host.ram_total_bytes, machine.host.ram_available_bytes, overheads
             )
         correction = corrections.get(device, 0)
         total = a.weights + a.kv + a.recurrent + a.compute + a.overhead + a.projector + correction
+        if pos < n_gpu and not devs[pos].is_rpc and devs[pos].gpu.unified:
+            unified_taken += total
         devices.append(
             DeviceEstimate(
                 name=name,
@@ -718,6 +743,8 @@ def estimate(
                 expert_layers=tuple(a.experts),
                 endpoint=endpoint,
                 correction_bytes=correction,
+                backend=backend,
+                unified=unified,
             )
         )
     return Estimate(

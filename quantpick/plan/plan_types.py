@@ -14,6 +14,7 @@ from quantpick.plan.memory import (
     RunConfig,
 )
 from quantpick.plan.quality import Quality
+from quantpick.plan.speculative import SpecDecision, SpecRequest
 from quantpick.plan.speed import (
     SpeedEstimate,
 )
@@ -61,6 +62,8 @@ class PlanRequest:
     compute_rule: ComputeRule = CONSERVATIVE
     # This machine's measured speed factors (quantpick bench), applied to every speed figure.
     calibration: Calibration | None = None
+    # Speculative decoding: off, auto or a kind (plan/speculative.py decides on the chosen plan)
+    spec: SpecRequest = field(default_factory=SpecRequest)
 
 
 @dataclass(frozen=True)
@@ -100,6 +103,8 @@ class Plan:
     calibration: Calibration | None = None  # applied to the speed figures, when measured here
     arch: str = ""  # general.architecture of the planned file
     n_slots: int = 0  # llama.cpp's layer slots (-ngl counts them): block_count + 1
+    # The speculative-decoding decision (None: not asked, --spec off by the library's default)
+    speculative: SpecDecision | None = None
 
 
 def expected_tps(speed: SpeedEstimate) -> float:

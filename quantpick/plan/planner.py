@@ -39,6 +39,7 @@ from quantpick.plan.placement import (
     all_workers,
     device_bandwidths,
     overflow,
+    speed_params_for,
 )
 from quantpick.plan.plan_types import (
     POLICIES,
@@ -50,6 +51,7 @@ from quantpick.plan.plan_types import (
 )
 from quantpick.plan.policy import choose, no_fit, speed_may_matter, why_lost
 from quantpick.plan.quality import Quality, model_of, quality_of
+from quantpick.plan.speculative import speculation
 
 GiB = 1024**3
 # llama.cpp's --fit never shrinks below 4096 (fit-ctx default); the planner's smallest context.
@@ -93,6 +95,48 @@ def plan(
     needed) is weighed too: a worker behind a slow network can make every token slower than host
     offload, and then it is left out, with the figures that show why.
     """
+    p = _plan_machine(manifest, machine, layouts, request, overheads=overheads)
+    return _speculate(p, manifest, machine, layouts, request, overheads=overheads)
+
+
+def _speculate(
+    p: Plan,
+    manifest: Manifest,
+    machine: Machine,
+    layouts: Layouts,
+    request: PlanRequest,
+    *,
+    overheads: Overheads | None,
+) -> Plan:
+    """The chosen plan with speculative decoding decided on it: same quant, context and
+    placement (a kind whose memory does not fit them is refused, plan/speculative.py)."""
+    layout = layouts[p.quant]
+    decision, config = speculation(
+        layout, machine, p.config, expected_tps(p.speed), request.spec,
+        model_name=manifest.id, files=tuple(f.name for f in manifest.files),
+        model_file=p.files[0].name if p.files else "", fill=p.speed.target_context,
+        params=speed_params_for(machine), overheads=overheads,
+        projector_bytes=p.projector.size_bytes if p.projector else 0,
+    )  # fmt: skip
+    if not decision.enabled or decision.estimate is None:
+        return replace(p, speculative=decision, config=config)
+    return replace(
+        p,
+        speculative=decision,
+        config=config,
+        estimate=decision.estimate,
+        notes=(*p.notes, "Speculation: " + decision.reason),
+    )
+
+
+def _plan_machine(
+    manifest: Manifest,
+    machine: Machine,
+    layouts: Layouts,
+    request: PlanRequest,
+    *,
+    overheads: Overheads | None = None,
+) -> Plan:
     if not machine.rpc_workers:
         return _plan_once(manifest, machine, layouts, request, overheads=overheads)
     with_workers: Plan | None = None

@@ -22,15 +22,17 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from enum import Enum
 
+from quantpick.machine.spec import Machine
 from quantpick.model.layout import ModelLayout
-from quantpick.model.speculative import SpecKind
-from quantpick.plan.memory import Estimate
+from quantpick.model.speculative import SpecKind, spec_sources
+from quantpick.plan.memory import Estimate, Overheads, RunConfig, estimate
 from quantpick.plan.speed import (
     DEFAULT_SPEED_PARAMS,
     DeviceSpeed,
     LayerKinds,
     SpeedParams,
     decode_seconds,
+    device_speeds,
     layers_seconds,
     speed_work,
     verify_seconds,
@@ -277,8 +279,8 @@ def decide(
 ) -> SpecDecision:
     """Turn speculation on only for a kind that is available, whose memory fits the plan as it
     is (same quant, same context: `refused` says why a kind does not) and whose expected gain
-    reaches `min_gain` (auto) or is a gain at all (a kind asked by name still says when it is a
-    loss, and runs without it)."""
+    reaches `min_gain` (auto). A kind asked by name is used whenever it is available and fits
+    (an override), and the reason says when it is expected to be a loss."""
 
     def off(reason: str) -> SpecDecision:
         return SpecDecision(
@@ -293,23 +295,19 @@ def decide(
             return off(f"--spec {asked.value}: {_unavailable(asked)}; planned without it")
         if asked in refused:
             return off(f"--spec {asked.value}: {refused[asked]}; planned without it")
-        opt = options[asked]
-        if opt.tps <= tps_without:
-            return off(
-                f"--spec {asked.value} would decode slower here ({opt.tps:.1f} vs "
-                f"{tps_without:.1f} tok/s); planned without it"
-            )
-        return _on(opt, tuple(options.values()), asked=True)
+        # asked by name: used (an override), and said when the model expects a loss
+        return _on(options[asked], tuple(options.values()), asked=True)
     usable = [options[k] for k in available if k in options and k not in refused]
     if not usable:
         why = "; ".join(f"{k.value}: {r}" for k, r in refused.items()) or "nothing to draft with"
         return off(f"no speculation: {why}")
     best = max(usable, key=lambda o: o.tps)
     if best.tps < tps_without * min_gain:
+        also = "".join(f"; {k.value}: {r}" for k, r in refused.items())
         return off(
             f"no speculation: the best, {best.kind.value} with {best.draft_n_max} drafts, is "
             f"expected at {best.tps:.1f} vs {tps_without:.1f} tok/s without (under "
-            f"{100 * (min_gain - 1):.0f}% gain) on this machine"
+            f"{100 * (min_gain - 1):.0f}% gain) on this machine" + also
         )
     return _on(best, tuple(options.values()), asked=False)
 
@@ -329,5 +327,106 @@ def _on(opt: SpecOption, options: tuple[SpecOption, ...], *, asked: bool) -> Spe
         f"{opt.tps_without:.1f} tok/s expected (x{gain:.2f}, acceptance "
         f"{100 * rate_from_acceptance(opt.acceptance, opt.draft_n_max):.0f}%)"
         + (" as asked" if asked else "")
+        + ("; expected slower than without it on this machine" if asked and gain < 1 else "")
     )
     return SpecDecision(True, opt.kind, opt.draft_n_max, opt.tps, opt.tps_without, reason, options)
+
+
+# ----------------------------------------------------------------------------------------------
+# Planning: one plan's configuration, with and without speculation, on one machine.
+
+
+@dataclass(frozen=True)
+class SpecRequest:
+    mode: SpecMode = SpecMode.OFF
+    task: Task = Task.MIXED
+    # --spec-type values the installed llama-server lists (serve/flags.py spec_types); None:
+    # not known (the pinned build's, which has them all)
+    server_types: frozenset[str] | None = None
+    verify_efficiency: float = 1.0  # BACKEND_VERIFY_EFFICIENCY of the machine's backend
+
+
+def with_kind(config: RunConfig, kind: SpecKind | None, n: int) -> RunConfig:
+    """`config` running `kind` with n drafts (None: without speculation)."""
+    base = replace(config, spec_draft_n=0, spec_ngram_n=0)
+    if kind is SpecKind.MTP:
+        return replace(base, spec_draft_n=n)
+    if kind is SpecKind.NGRAM:
+        return replace(base, spec_ngram_n=n)
+    return base
+
+
+def speculation(
+    layout: ModelLayout,
+    machine: Machine,
+    config: RunConfig,
+    tps_without: float,
+    request: SpecRequest,
+    *,
+    model_name: str,
+    files: tuple[str, ...] = (),
+    model_file: str = "",
+    fill: int = 0,
+    params: SpeedParams = DEFAULT_SPEED_PARAMS,
+    overheads: Overheads | None = None,
+    projector_bytes: int = 0,
+) -> tuple[SpecDecision, RunConfig]:
+    """The decision for one plan, and its configuration with the decision applied. Each kind is
+    sized on the plan's own placement, quant and context: one that does not fit is refused (it
+    would cost a better quant or the asked context). Speeds are the speed model's step costs,
+    scaled so that the plain step is the plan's own expected decode (`tps_without`)."""
+    base = with_kind(config, None, 0)
+    sources = spec_sources(layout.view, model_name, files=files, model_file=model_file)
+    available = [k for k in sources.kinds if k is not SpecKind.DRAFT]
+    refused: dict[SpecKind, str] = {}
+    if request.server_types is not None:
+        for k in list(available):
+            if k.spec_type not in request.server_types:
+                refused[k] = f"the installed llama-server has no --spec-type {k.spec_type}"
+    if request.mode is SpecMode.OFF:
+        return decide(SpecMode.OFF, tuple(available), {}, refused, tps_without), base
+    if sources.nextn_layers == 0 and sources.sidecar is not None:
+        refused.setdefault(
+            SpecKind.MTP, f"the mtp- sidecar {sources.sidecar} is not sized by quantpick yet"
+        )
+    devices = device_speeds(machine)
+    options: dict[SpecKind, SpecOption] = {}
+    estimates: dict[tuple[SpecKind, int], Estimate] = {}
+    for kind in available:
+        if kind in refused:
+            continue
+        fitting: list[int] = []
+        short = ""
+        for n in DRAFT_N_RANGE:
+            est = estimate(
+                layout, machine, with_kind(base, kind, n),
+                overheads=overheads, projector_bytes=projector_bytes,
+            )  # fmt: skip
+            if est.fits:
+                fitting.append(n)
+                estimates[(kind, n)] = est
+            elif not short:
+                worst = min(est.devices, key=lambda d: d.headroom_bytes)
+                short = (
+                    f"its memory ({kind.value} with {n} drafts) leaves {worst.device} "
+                    f"{-worst.headroom_bytes / 2**20:.0f} MiB short at this quant and context"
+                )
+        if not fitting:
+            refused[kind] = short
+            continue
+        costs = step_costs(
+            layout, estimates[(kind, fitting[0])], devices, kind, fill=fill, params=params,
+            verify_efficiency=request.verify_efficiency,
+        )  # fmt: skip
+        scale = (1.0 / tps_without) / costs.decode_s if tps_without > 0 else 1.0
+        costs = StepCosts(
+            costs.decode_s * scale, costs.draft_s * scale, tuple(v * scale for v in costs.verify_s)
+        )
+        a = ACCEPTANCE[(kind, request.task)]
+        best = max(fitting, key=lambda n: round_speed(costs, a, n))
+        options[kind] = SpecOption(kind, best, a, round_speed(costs, a, best), tps_without)
+    decision = decide(request.mode, tuple(available), options, refused, tps_without)
+    if not decision.enabled or decision.kind is None:
+        return decision, base
+    chosen = with_kind(base, decision.kind, decision.draft_n_max)
+    return replace(decision, estimate=estimates[(decision.kind, decision.draft_n_max)]), chosen

@@ -56,6 +56,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from quantpick.arch.base import AttentionKind
+from quantpick.machine.backends import backend_of
 from quantpick.machine.spec import (
     ASSUMED_GPU_BANDWIDTH_BYTES_PER_S,
     ASSUMED_GPU_FP16_TFLOPS,
@@ -336,15 +337,22 @@ def device_speeds(machine: Machine) -> dict[str, DeviceSpeed]:
     for g in machine.gpus:
         link = (g.pcie_generation, g.pcie_width)
         gen, width = ASSUMED_PCIE
-        known_link = link[0] is not None and link[1] is not None
+        # A unified GPU has no link to cross: host-resident weights are in its own memory.
+        known_link = (link[0] is not None and link[1] is not None) or g.unified
         if link[0] is not None and link[1] is not None:
             gen, width = link[0], link[1]
-        devices[f"CUDA{g.index}"] = DeviceSpeed(
-            device=f"CUDA{g.index}",
+        # The backend's kernels reach a share of what CUDA's reach on the same bus and ALUs
+        # (machine/backends: decode_efficiency, prefill_efficiency, each with its source).
+        backend = backend_of(g.backend)
+        name = backend.device_name(g.index)
+        bandwidth = g.bandwidth_bytes_per_s or DEFAULT_GPU_BANDWIDTH
+        tflops = g.fp16_tflops if g.fp16_tflops is not None else ASSUMED_GPU_FP16_TFLOPS
+        devices[name] = DeviceSpeed(
+            device=name,
             kind="gpu",
-            bandwidth_bytes_per_s=g.bandwidth_bytes_per_s or DEFAULT_GPU_BANDWIDTH,
-            fp16_tflops=g.fp16_tflops if g.fp16_tflops is not None else ASSUMED_GPU_FP16_TFLOPS,
-            pcie_bytes_per_s=pcie_bytes_per_s(gen, width),
+            bandwidth_bytes_per_s=int(bandwidth * backend.decode_efficiency),
+            fp16_tflops=tflops * backend.prefill_efficiency,
+            pcie_bytes_per_s=bandwidth if g.unified else pcie_bytes_per_s(gen, width),
             bandwidth_assumed=not g.bandwidth_bytes_per_s,
             compute_assumed=g.fp16_tflops is None,
             pcie_assumed=not known_link,
@@ -1012,10 +1020,11 @@ def verify_seconds(
     """Seconds for one speculative verify batch of `tokens` tokens (the drafts plus the last
     accepted one) after `fill`: one decode step, plus what the extra rows add. Each MoE layer
     reads the experts `tokens` tokens pick (1 - (1 - used)^tokens of them, not `used`); each
-    extra row costs `token_share` of the step's weight streaming (the quantized mat-vec kernels
-    take a few rows at one pass over the weights: ggml-cuda mmvq up to 8) and attends over the
-    fill. `efficiency` < 1 slows that extra part (a backend whose small-batch kernels are
-    slower than its mat-vec ones)."""
+    extra row costs `token_share` of the step's weight streaming and of its pass over the KV
+    cache (the quantized mat-vec kernels take a few rows at one pass over the weights, ggml-cuda
+    mmvq up to 8; the flash-attention decode kernels a few query columns at one pass over K and
+    V). `efficiency` < 1 slows that extra part (a backend whose small-batch kernels are slower
+    than its mat-vec ones)."""
     seconds = decode_seconds(work, devices, fill, params, server=server)
     if tokens <= 1:
         return seconds
@@ -1033,7 +1042,7 @@ def verify_seconds(
         depth = filled(fill, w.kv_window_bytes, w.kv_depth_bytes, work.n_swa)
         extra += w.expert_resident_bytes * max(0.0, touched - used) / rate
         extra += (tokens - 1) * token_share * w.decode_bytes / rate
-        extra += (tokens - 1) * depth * params.kv_depth_factor * quant / rate
+        extra += (tokens - 1) * token_share * depth * params.kv_depth_factor * quant / rate
     return seconds + extra / max(efficiency, 1e-6)
 
 

@@ -35,6 +35,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from quantpick.errors import QuantpickError, UsageError
+from quantpick.machine.backends import Backend
+from quantpick.machine.backends import backend as backend_named
 from quantpick.model.manifest import Manifest
 from quantpick.plan.memory import RunConfig
 from quantpick.serve.flags import (
@@ -42,6 +44,7 @@ from quantpick.serve.flags import (
     ServerCapabilities,
     check_command,
     raise_for_required,
+    spec_types,
 )
 
 PROGRAM = "llama-server"
@@ -216,25 +219,6 @@ def _version_warnings(caps: ServerCapabilities, arch: str | None) -> list[str]:
     return []
 
 
-def cuda_indices(devices: tuple[int | str, ...] | None) -> tuple[int, ...] | None:
-    """--device's CUDA devices as indices ("CUDA1" -> 1); RPC devices are not this host's."""
-    if devices is None:
-        return None
-    out = []
-    for d in devices:
-        if isinstance(d, int):
-            out.append(d)
-        elif d.upper().startswith("CUDA") and d[4:].isdigit():
-            out.append(int(d[4:]))
-    return tuple(out)
-
-
-def comment_lines(text: str) -> list[str]:
-    # A comment ends at a newline: every line of `text` gets its own '#', so a plan description
-    # cannot smuggle a command into the script.
-    return [f"# {line}".rstrip() for line in (text.splitlines() or [""])]
-
-
 def build_too_old(caps: ServerCapabilities, arch: str | None) -> str | None:
     """Why this llama-server cannot load `arch` at all (its build predates the architecture),
     or None: unknown and shallow-clone builds are let through (build_command warns about them).
@@ -262,14 +246,19 @@ def build_command(
     server: ServerOptions,
     capabilities: ServerCapabilities | None,
     hf: HfModel | None = None,
+    backend: Backend | None = None,
 ) -> ServerCommand:
     """The llama-server argv + env that runs `config` exactly as planned.
+
+    `backend` (machine/backends; default CUDA) names the local devices (CUDA0, ROCm0, MTL0, ...)
+    and gives the variables that select and order them.
 
     block_count is the GGUF's (MTP block included): full offload is written as -ngl block_count+1,
     which every build accepts (`all` is recent). With `capabilities`, optional flags the build lacks
     are dropped with a warning and a missing required one raises QuantpickError.
     """
     caps = capabilities
+    local = backend or backend_named("cuda")
     warnings: list[str] = []
     env: dict[str, str] = {}
     env_from: list[tuple[str, str]] = []
@@ -330,39 +319,49 @@ def build_command(
         ngl = config.n_gpu_layers
     add("-ngl", str(ngl))
 
-    # Device names: llama.cpp calls GPUs CUDA<runtime index>; the plan's indices are NVML's (PCI
-    # bus order). CUDA's default order is fastest-first, so pin PCI order whenever GPUs are named.
+    # Device names: the backend's (CUDA0, ROCm0, MTL0, Vulkan0, SYCL0) with the plan's indices.
+    # CUDA numbers GPUs fastest-first by default while the plan numbers them as NVML does (PCI
+    # bus order): the backend's order variables pin that whenever GPUs are named.
+    def local_index(name: str) -> int | None:
+        return local.device_index(name) if name[-1:].isdigit() else None
+
     gpu_names_matter = False
-    cuda_renumber: dict[int, int] = {}
+    renumber: dict[int, int] = {}
     if config.devices is not None:
-        names = [f"CUDA{d}" if isinstance(d, int) else d for d in config.devices]
+        names = [local.device_name(d) if isinstance(d, int) else d for d in config.devices]
         if has("--device"):
             add("--device", ",".join(names) if names else "none")
-        elif any(isinstance(d, str) and not d.upper().startswith("CUDA") for d in config.devices):
+        elif any(isinstance(d, str) and local_index(d) is None for d in config.devices):
             raise QuantpickError(
                 f"{caps.describe() if caps else 'this llama-server'} has no --device, which "
                 "choosing RPC devices needs",
                 hint="upgrade llama.cpp",
             )
-        else:
-            # CUDA_VISIBLE_DEVICES both selects and orders the GPUs (and "" hides them all);
-            # the survivors are renumbered CUDA0.. in that order.
-            indices = [int(n[4:]) for n in names]
-            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in indices)
-            cuda_renumber = {phys: pos for pos, phys in enumerate(indices)}
-            warnings.append(
-                "this build has no --device; the GPUs are selected with CUDA_VISIBLE_DEVICES"
+        elif local.visibility_env is None:
+            raise QuantpickError(
+                f"{caps.describe() if caps else 'this llama-server'} has no --device, and "
+                f"{local.label} has no variable that selects devices",
+                hint="upgrade llama.cpp",
             )
-        gpu_names_matter = any(n.upper().startswith("CUDA") for n in names)
+        else:
+            # The visibility variable both selects and orders the GPUs (and "" hides them all);
+            # the survivors are renumbered from 0 in that order.
+            indices = [i for i in (local_index(n) for n in names) if i is not None]
+            env.update(local.visibility(tuple(indices)))
+            renumber = {phys: pos for pos, phys in enumerate(indices)}
+            warnings.append(
+                f"this build has no --device; the GPUs are selected with {local.visibility_env}"
+            )
+        gpu_names_matter = any(local_index(n) is not None for n in names)
     if config.tensor_split is not None and not cpu_only:
         add("-ts", ",".join(flag_number(v) for v in config.tensor_split))
-        # -ts covers the local GPUs too (after the RPC devices): their CUDA order matters.
+        # -ts covers the local GPUs too (after the RPC devices): their order matters.
         gpu_names_matter = True
 
     def buft(name: str) -> str:
-        m = re.fullmatch(r"CUDA(\d+)", name)
-        if m and cuda_renumber:
-            return f"CUDA{cuda_renumber.get(int(m.group(1)), int(m.group(1)))}"
+        index = local_index(name)
+        if index is not None and renumber:
+            return local.device_name(renumber.get(index, index))
         return name
 
     for pattern, target in config.override_tensors:
@@ -372,7 +371,7 @@ def build_command(
                 f"-ot pattern {pattern!r} contains ',' or '=', which llama.cpp splits on"
             )
         add("-ot", f"{pattern}={buft(target)}")
-        gpu_names_matter = gpu_names_matter or target.upper().startswith("CUDA")
+        gpu_names_matter = gpu_names_matter or local_index(target) is not None
     # After the explicit -ot (first match wins, in command-line order), as memory.py assumes.
     if config.cpu_moe:
         if has("--cpu-moe") or not has("-ot"):
@@ -388,7 +387,7 @@ def build_command(
             add("-ot", rf"blk\.({blocks}){FFN_EXPS_REGEX}=CPU")
             warnings.append("this build has no --n-cpu-moe; the same override is given as -ot")
     if gpu_names_matter:
-        env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+        env.update(dict(local.order_env))
 
     add("-ctk", config.cache_type_k)
     add("-ctv", config.cache_type_v)
@@ -408,13 +407,26 @@ def build_command(
         add("-b", str(config.batch))
     if not config.kv_offload:
         add("-nkvo")
-    if config.spec_draft_n > 0:
+    spec_type = (
+        "draft-mtp" if config.spec_draft_n > 0 else "ngram-mod" if config.spec_ngram_n else None
+    )
+    known = spec_types(caps) if caps is not None and spec_type else None
+    if spec_type and known is not None and spec_type not in known:
+        # never a flag the build rejects: the plan runs without speculation
+        warnings.append(
+            f"this llama-server has no --spec-type {spec_type}: running without speculation"
+        )
+    elif config.spec_draft_n > 0:
         add("--spec-type", "draft-mtp")
         add("--spec-draft-n-max", str(config.spec_draft_n))
         if config.spec_cache_type_k != "f16":
             add("-ctkd", config.spec_cache_type_k)
         if config.spec_cache_type_v != "f16":
             add("-ctvd", config.spec_cache_type_v)
+    elif config.spec_ngram_n > 0:
+        add("--spec-type", "ngram-mod")
+        add("--spec-ngram-mod-n-min", str(config.spec_ngram_n))
+        add("--spec-ngram-mod-n-max", str(config.spec_ngram_n))
 
     # The placement is explicit, so --fit must not move it. Builds without --fit never adjust.
     if has("--fit"):
@@ -514,6 +526,12 @@ def build_command(
 # whatever it contains (spaces, quotes, $(), backticks, newlines).
 
 
+def comment_lines(text: str) -> list[str]:
+    # A comment ends at a newline: every line of `text` gets its own '#', so a plan description
+    # cannot smuggle a command into the script.
+    return [f"# {line}".rstrip() for line in (text.splitlines() or [""])]
+
+
 # ---- systemd -----------------------------------------------------------------------------------
 # systemd.service(5) "COMMAND LINES" and systemd.syntax(7) "QUOTING": a word may be wrapped in
 # double quotes, inside which C-style escapes apply; "%" starts a specifier everywhere (written
@@ -527,6 +545,19 @@ def build_command(
 # ":server-cuda" (CUDA 12); their entrypoint is /app/llama-server, so `command:` is the argv
 # without the program. Written by hand (no YAML library is a dependency): every string is a
 # double-quoted YAML scalar, and "$" is doubled because compose interpolates every value.
+
+def cuda_indices(devices: tuple[int | str, ...] | None) -> tuple[int, ...] | None:
+    """--device's CUDA devices as indices ("CUDA1" -> 1); RPC devices are not this host's."""
+    if devices is None:
+        return None
+    out = []
+    for d in devices:
+        if isinstance(d, int):
+            out.append(d)
+        elif d.upper().startswith("CUDA") and d[4:].isdigit():
+            out.append(int(d[4:]))
+    return tuple(out)
+
 
 # Flags that say where the model comes from or how the server listens, not how memory is placed.
 _NOT_PLACEMENT = {

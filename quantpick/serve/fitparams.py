@@ -36,6 +36,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from quantpick.errors import ModelRejectedError, QuantpickError
+from quantpick.machine.backends import Backend
+from quantpick.machine.backends import backend as backend_named
 from quantpick.plan.confirm import LlamaDevice, Projection, fit_params_config
 from quantpick.plan.memory import RunConfig
 from quantpick.process import ToolResult, printable, run_tool
@@ -107,12 +109,15 @@ def fit_params_argv(
     block_count: int,
     *,
     extra_args: tuple[str, ...] = (),
+    backend: Backend | None = None,
 ) -> tuple[list[str], dict[str, str]]:
     """(argv, env) asking llama-fit-params for the projection of `config`'s llama-server command.
 
     The flags are taken from the command quantpick writes (serve/command.py), so both agree on
-    every spelling (-ngl as block_count + 1, --device, CUDA_DEVICE_ORDER ...).
+    every spelling (-ngl as block_count + 1, --device and its backend's names, the backend's
+    order variables). `backend`: the machine's (default CUDA's).
     """
+    local = backend or backend_named("cuda")
     cmd = build_command(
         fit_params_config(config),
         model_path=model_path,
@@ -121,6 +126,7 @@ def fit_params_argv(
         block_count=block_count,
         server=ServerOptions(),
         capabilities=None,
+        backend=local,
     )
     argv = [str(binary)]
     words = list(cmd.argv[1:])
@@ -138,8 +144,8 @@ def fit_params_argv(
             argv += [flag] if value is None else [flag, value]
         i += 1 if value is None else 2
     argv += ["--fit", "off", "--fit-print", "on", "--log-jsonl", *extra_args]
-    # CUDA<i> in llama.cpp must be NVML's GPU i, as in the command (PCI bus order).
-    env = {**cmd.env, "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+    # Device i in llama.cpp must be the plan's GPU i, as in the command (CUDA: PCI bus order).
+    env = {**cmd.env, **dict(local.order_env)}
     return argv, env
 
 
@@ -311,6 +317,20 @@ def model_rejected(model: str, lines: list[str]) -> ModelRejectedError:
         hint="nothing was written. The file is damaged (`quantpick verify "
         f"{shlex.quote(str(Path(model).parent))}` checks it against its SHA256SUMS) or of "
         "a kind this llama.cpp build does not load (a newer build may)",
+    )
+
+
+def rejected_before_download(
+    exc: ModelRejectedError, standin: Path, name: str
+) -> ModelRejectedError:
+    """A rejection by llama.cpp's dry run on a sparse stand-in (pipeline.dry_run): it names the
+    hub's file, not the stand-in (already removed), and nothing about a damaged local file: the
+    header llama.cpp read is the hub's own bytes, so only the build can be at fault."""
+    message = exc.message.replace(str(standin), name, 1)
+    return ModelRejectedError(
+        f"{message} (its header, read from the hub before download)",
+        hint="nothing was downloaded: this llama.cpp build does not load this file (a newer "
+        "build may)",
     )
 
 

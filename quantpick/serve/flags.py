@@ -135,6 +135,18 @@ def _choices(hint: str | None, help_text: str) -> tuple[str, ...] | None:
     return None
 
 
+def spec_types(caps: ServerCapabilities) -> frozenset[str] | None:
+    """The --spec-type values this build lists (its value hint is the comma list: common/arg.cpp
+    `--spec-type none,draft-simple,...,ngram-cache`); empty when it has no --spec-type, None
+    when the hint names no values."""
+    info = caps.info("--spec-type")
+    if info is None:
+        return frozenset()
+    if not info.value_hint or "," not in info.value_hint:
+        return None
+    return frozenset(v.strip() for v in info.value_hint.strip("[]{}<>").split(",") if v.strip())
+
+
 def parse_help(text: str) -> ServerCapabilities:
     """Every flag spelling in `llama-server --help` output, with value/choices/env per option.
 
@@ -247,7 +259,8 @@ REQUIRED_FLAGS = frozenset(
         "-nkvo", "--no-kv-offload",
         "-dev", "--device",
         "-mm", "--mmproj",
-        "--spec-type", "--spec-draft-n-max",
+        "--spec-type", "--spec-draft-n-max", "-ctkd", "-ctvd",
+        "--spec-ngram-mod-n-min", "--spec-ngram-mod-n-max",
         "--host", "--port",
     }
 )  # fmt: skip
@@ -257,7 +270,8 @@ REQUIRED_FLAGS = frozenset(
 VALUE_FLAGS = frozenset(
     {
         "-m", "-c", "-np", "-ngl", "-ts", "--n-cpu-moe", "-ot", "-ctk", "-ctv", "-fa", "-ub", "-b",
-        "--device", "--mmproj", "--spec-type", "--spec-draft-n-max", "--fit", "--temp", "--top-p",
+        "--device", "--mmproj", "--spec-type", "--spec-draft-n-max", "-ctkd", "-ctvd",
+        "--spec-ngram-mod-n-min", "--spec-ngram-mod-n-max", "--fit", "--temp", "--top-p",
         "--top-k", "--min-p", "--reasoning-format", "--reasoning", "--host", "--port", "--alias",
         "--api-key-file",
     }

@@ -48,6 +48,7 @@ from pathlib import Path
 from typing import Any
 
 from quantpick.errors import QuantpickError, ServerError, UsageError
+from quantpick.plan.check import PlannedServer
 
 # Seconds to wait for /health: reading a 71 GB BF16 file from a 150 MB/s disk takes ~8 minutes;
 # a cached or NVMe load is seconds. docker compose's start_period here is 15 min for the same
@@ -486,6 +487,18 @@ def verify(record: ServerRecord) -> Verdict:
     return Verdict(Identity.OURS)
 
 
+def process_swap_bytes(pid: int, proc: Path = Path("/proc")) -> int | None:
+    """The process's memory in swap (VmSwap of /proc/PID/status, kB); None off Linux or when it
+    cannot be read."""
+    try:
+        with (proc / str(pid) / "status").open("rb") as f:
+            text = f.read(64 * 1024).decode("ascii", "replace")
+    except OSError:
+        return None
+    m = re.search(r"^VmSwap:\s+(\d+) kB", text, re.MULTILINE)
+    return int(m.group(1)) * 1024 if m else None
+
+
 # ---- records ---------------------------------------------------------------------------------
 
 
@@ -509,6 +522,8 @@ class ServerRecord:
     ctx_size: int = 0
     n_parallel: int = 1
     exe: str | None = None  # /proc/PID/exe when it started (the interpreter, for a script)
+    # what the plan expects of this server, per device (`quantpick check` compares it)
+    plan: PlannedServer | None = None
 
     @property
     def base_url(self) -> str:
@@ -519,6 +534,7 @@ class ServerRecord:
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["argv"] = list(self.argv)
+        data["plan"] = self.plan.to_dict() if self.plan is not None else None
         return data
 
     @staticmethod
@@ -595,7 +611,19 @@ def parse_record(data: Any) -> ServerRecord:
         ctx_size=_int_field(data, "ctx_size", 0, _MAX_INT, 0),
         n_parallel=_int_field(data, "n_parallel", 1, 1 << 20, 1),
         exe=_str_field(data, "exe", optional=True),
+        plan=_plan_field(data),
     )
+
+
+def _plan_field(data: dict[str, Any]) -> PlannedServer | None:
+    """The plan `serve` recorded; a plan that does not parse is no plan (the record stays usable
+    for --status and --stop: `check` then plans without it)."""
+    if data.get("plan") is None:
+        return None
+    try:
+        return PlannedServer.from_dict(data["plan"])
+    except (ValueError, TypeError):
+        return None
 
 
 def read_record(path: Path) -> ServerRecord:

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from quantpick.errors import UsageError
+from quantpick.machine.backends import backend_of
 from quantpick.machine.spec import RpcWorker
 from quantpick.serve.command import comment_lines
 from quantpick.units import human
@@ -95,10 +96,11 @@ def build_worker_commands(
                 "started with -d, keep that -d (the plan uses the devices it serves now)"
             )
         else:
-            argv += ["-d", ",".join(f"CUDA{g.index}" for g in worker.devices)]
+            device_names = [backend_of(g.backend).device_name(g.index) for g in worker.devices]
+            argv += ["-d", ",".join(device_names)]
             notes.append(
-                f"-d assumes the described device(s) are the worker's CUDA0.. in that order; "
-                f"`{program} -d x` lists its devices"
+                f"-d assumes the described device(s) are the worker's {device_names[0]}.. in "
+                f"that order; `{program} -d x` lists its devices"
             )
         if cache:
             argv.append("-c")

@@ -49,7 +49,9 @@ def test_get_confirms_with_the_downloaded_file(tiny: str, tools: Path, tmp_path:
     doc = json.loads(result.stdout)
     confirmation = doc["confirmation"]
     assert confirmation["status"] == "confirmed"
-    (argv,) = calls(tools)
+    # pick's dry run on a stand-in of the hub's header before the download, then the file
+    before, argv = calls(tools)
+    assert Path(before[before.index("-m") + 1]).parent.parent.name == "standins"
     assert argv[argv.index("-m") + 1] == str(dest / "Tiny-Q8_0.gguf")
     assert argv[argv.index("-c") + 1] == "4096" and argv[argv.index("--device") + 1] == "none"
     assert doc["command"]["argv"][doc["command"]["argv"].index("-c") + 1] == "4096"
@@ -70,20 +72,32 @@ def test_cpu_only_on_this_machine_is_still_confirmed(
     doc = json.loads(result.stdout)
     assert doc["confirmation"]["status"] == "confirmed"
     assert "described machine" not in result.stderr
-    (argv,) = calls(tools)
-    assert argv[argv.index("--device") + 1] == "none"
+    for argv in calls(tools):  # the stand-in before the download, then the file
+        assert argv[argv.index("--device") + 1] == "none"
 
 
-def test_get_no_confirm_and_dry_run_do_not_ask(tiny: str, tools: Path, tmp_path: Path) -> None:
-    for extra in (["--no-confirm"], ["--dry-run"]):
-        result = runner.invoke(
-            app,
-            ["get", tiny, "-c", "4096", "--dir", str(tmp_path / "m"), "--llama-bin", str(tools),
-             "--json", *extra],
-        )  # fmt: skip
-        assert result.exit_code == 0, result.stderr
-        assert json.loads(result.stdout)["confirmation"] is None
+def test_get_no_confirm_does_not_ask_and_dry_run_asks_like_pick(
+    tiny: str, tools: Path, tmp_path: Path
+) -> None:
+    args = ["get", tiny, "-c", "4096", "--dir", str(tmp_path / "m"), "--llama-bin", str(tools),
+            "--json"]  # fmt: skip
+    result = runner.invoke(app, [*args, "--no-confirm"])
+    assert result.exit_code == 0, result.stderr
+    assert json.loads(result.stdout)["confirmation"] is None
     assert calls(tools) == []
+    # --dry-run: pick's dry run on the hub's header (a stand-in), nothing downloaded
+    result = runner.invoke(app, [*args, "--dry-run", "--dir", str(tmp_path / "d")])
+    assert result.exit_code == 0, result.stderr
+    doc = json.loads(result.stdout)
+    assert doc["confirmation"]["status"] == "confirmed"
+    assert "before download" in doc["confirmation"]["message"]
+    (argv,) = calls(tools)
+    assert Path(argv[argv.index("-m") + 1]).parent.parent.name == "standins"
+    assert not (tmp_path / "d").exists() or not any((tmp_path / "d").iterdir())
+    pick = runner.invoke(app, ["pick", tiny, "-c", "4096", "--llama-bin", str(tools), "--json"])
+    assert pick.exit_code == 0, pick.stderr
+    # the same plan, the same flags
+    assert doc["plan"]["flags"] == json.loads(pick.stdout)["flags"]
 
 
 def test_no_tool_is_one_line(tiny: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -121,11 +135,21 @@ def test_get_on_a_file_llama_cpp_cannot_load_writes_nothing(tiny: str, tmp_path:
          str(script)],
     )  # fmt: skip
     assert result.exit_code == 7, result.stderr
+    # refused by pick's dry run on the hub's header, before any download (it downloaded the
+    # whole file first, then refused it and blamed a damaged file)
     assert (
-        f"Error: llama.cpp cannot load {dest / 'Tiny-Q8_0.gguf'}: check_tensor_dims: tensor "
-        "'output_norm.weight' has wrong shape; expected 256, got 512"
+        "Error: llama.cpp cannot load Tiny-Q8_0.gguf: check_tensor_dims: tensor "
+        "'output_norm.weight' has wrong shape; expected 256, got 512 (its header, read from the "
+        "hub before download)"
     ) in result.stderr
+    hint = result.stderr.splitlines()[-1]
+    assert hint == (
+        "Hint: nothing was downloaded: this llama.cpp build does not load this file (a newer "
+        "build may)"
+    )
+    assert "damaged" not in result.stderr and "standin" not in result.stderr
     assert not script.exists() and result.stdout == ""
+    assert not dest.exists() or not any(dest.rglob("*.gguf*"))
 
 
 def test_command_human_output_shows_the_comparison(tiny: str, tools: Path, tmp_path: Path) -> None:

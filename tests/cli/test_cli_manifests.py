@@ -272,3 +272,70 @@ def test_planning_commands_accept_the_repositorys_url() -> None:
     assert shown.exit_code == 2 and shown.stderr.endswith("Hint: see `quantpick show --help`\n")
     other = runner.invoke(app, ["show", f"{repo}/tree/deadbeef"])
     assert other.exit_code == 2 and "names revision deadbeef" in other.stderr
+
+
+# ---- hostile manifests in QUANTPICK_MANIFESTS (issue 26) ---------------------------------------
+
+PICK = ["pick", "qwen3.8-35b-a3b-distill", "-c", "4096", "--gpu", "3090", "--ram", "64G",
+        "--no-network", "--json"]  # fmt: skip
+
+
+def _many_quants(n: int) -> str:
+    text = (bundled_manifest_dir() / "qwen3.8-35b-a3b-distill.toml").read_text()
+    head = (
+        text[: text.index("[[files]]")]
+        .replace('id = "qwen3.8-35b-a3b-distill"', 'id = "many"')
+        .replace("aliases = [", 'aliases = ["many-alias", ')
+        .replace("empero-ai/Qwen3.8-35B-A3B-Distill-GGUF", "x/many")
+    )
+    files = "".join(
+        f'[[files]]\nname = "M-Q{i}.gguf"\nquant = "Q{i}"\nsize_bytes = {12 * 10**9 + i}\n'
+        f"size_exact = false\nquality_rank = {i + 1}\n\n"
+        for i in range(n)
+    )
+    return head.replace('"qwen3.8-35b-a3b", "empero-ai/Qwen3.8-35B-A3B-Distill"', "") + files
+
+
+def test_a_hostile_manifest_is_skipped_with_a_note_unless_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before: one manifest nested 20,000 deep broke every command with a RecursionError."""
+    import os
+
+    extra = tmp_path / "manifests"
+    extra.mkdir()
+    (extra / "deep.toml").write_text('id = "deep"\na = ' + "[" * 20_000 + "]" * 20_000 + "\n")
+    (extra / "huge.toml").write_text("# " + "x" * (5 * 1024**2) + "\n")
+    (extra / "many.toml").write_text(_many_quants(300))
+    os.mkfifo(extra / "fifo.toml")
+    monkeypatch.setenv("QUANTPICK_MANIFESTS", str(extra))
+    result = runner.invoke(app, PICK)
+    assert result.exit_code == 0 and result.exception is None, result.output
+    notes = [x for x in result.stderr.splitlines() if "skipped a manifest" in x]
+    assert len(notes) == 4, result.stderr
+    assert any("deep.toml" in x and "nested deeper than 64 levels" in x for x in notes)
+    assert any("huge.toml" in x and "larger than" in x for x in notes)
+    assert any("many.toml" in x and "300 quants; a manifest lists at most 256" in x for x in notes)
+    assert any("fifo.toml" in x and "not a regular file" in x for x in notes)
+    for named in ("deep", "many", "huge", "fifo"):
+        result = runner.invoke(app, [*PICK[:1], named, *PICK[2:]])
+        assert result.exit_code == 1 and result.exception is not None, result.output
+        assert isinstance(result.exception, SystemExit) and "Traceback" not in result.output
+        errors = [x for x in result.stderr.splitlines() if x.startswith("Error:")]
+        assert len(errors) == 1 and f"{named}.toml" in errors[0], result.stderr
+    models = runner.invoke(app, ["models"])
+    assert models.exception is None or isinstance(models.exception, SystemExit)
+
+
+def test_a_manifest_at_the_quant_bound_plans(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from quantpick.model.manifest import MAX_MANIFEST_QUANTS
+
+    extra = tmp_path / "manifests"
+    extra.mkdir()
+    (extra / "many.toml").write_text(_many_quants(MAX_MANIFEST_QUANTS))
+    monkeypatch.setenv("QUANTPICK_MANIFESTS", str(extra))
+    result = runner.invoke(app, [*PICK[:1], "many", *PICK[2:]])
+    assert result.exit_code == 0, result.output
+    assert len({c["quant"] for c in json.loads(result.stdout)["candidates"]}) == MAX_MANIFEST_QUANTS

@@ -146,11 +146,18 @@ def test_models_still_lists_the_others_when_one_is_broken() -> None:
 
 def test_show_fails_on_a_broken_manifest_naming_it() -> None:
     path = _write_broken_user_manifest()
-    result = runner.invoke(app, ["show", "qwen3.8-35b-a3b-distill"])
+    result = runner.invoke(app, ["show", "broken"])
     assert result.exit_code == 1
     assert result.stdout == ""
     assert result.stderr.splitlines()[0] == (
         f"Error: {path}: files[0].size_bytes: must be >= 1, got -1"
+    )
+    # another model: the broken file is skipped with a note (before: every command failed)
+    result = runner.invoke(app, ["show", "qwen3.8-35b-a3b-distill"])
+    assert result.exit_code == 0 and result.stdout
+    assert result.stderr.splitlines()[0] == (
+        f"Note: skipped a manifest that does not load: {path}: files[0].size_bytes: must be >= 1,"
+        " got -1"
     )
 
 

@@ -183,9 +183,7 @@ def test_pick_shows_llamacpp_s_own_projection_before_download(
 
 
 @pytest.mark.llamacpp
-def test_estimate_and_a_second_pick_use_the_dry_run_too(
-    hub: FakeHub, llamacpp_bin: Path
-) -> None:
+def test_estimate_and_a_second_pick_use_the_dry_run_too(hub: FakeHub, llamacpp_bin: Path) -> None:
     tool = ["--llama-bin", str(llamacpp_bin)]
     result = runner.invoke(
         app, ["estimate", "org/Small-Llama-GGUF", "--quant", "Q4_K_M", "-c", "4096", *tool,
@@ -243,3 +241,32 @@ def test_without_sparse_files_the_estimate_stands_alone_with_a_note(
     assert "without sparse files" in doc["dry_run"]["message"]
     text = runner.invoke(app, ["pick", *args])
     assert text.exit_code == 0 and "Note: no llama.cpp dry run, before download" in text.stderr
+
+
+def test_a_file_named_for_another_quant_is_planned_as_its_header_says(
+    fake_hub: FakeHub, tmp_path: Path
+) -> None:
+    """A Q4_K_M file named `-Q8_0` (the issue's was Q4_0): before, labelled Q8_0 without a note."""
+    files = {}
+    for name, quant in (("Small-Llama-BF16.gguf", "BF16"), ("Small-Llama-Q8_0.gguf", "Q4_K_M")):
+        files[name] = tmp_path / name
+        write_header_only(files[name], SMALL_LLAMA, quant)
+    fake_hub.add_repo("org/Mislabelled-GGUF", files)
+    code, doc, err = pick("org/Mislabelled-GGUF", "-c", "8192", *BOX)
+    assert code == 0, err
+    assert {c["quant"] for c in doc["candidates"]} == {"BF16", "Q4_K_M"}
+    assert (
+        "Small-Llama-Q8_0.gguf: named Q8_0, but its header's general.file_type is Q4_K_M: "
+        "planned as Q4_K_M" in err
+    )
+    # the header's quant is already another file of the repository: that one is left out
+    other = tmp_path / "other"
+    other.mkdir()
+    twice = ("Small-Llama-Q4_K_M.gguf", "Small-Llama-Q8_0.gguf")
+    for name in twice:
+        write_header_only(other / name, SMALL_LLAMA, "Q4_K_M")
+    fake_hub.add_repo("org/Twice-GGUF", {n: other / n for n in twice})
+    code, doc, err = pick("org/Twice-GGUF", "-c", "8192", *BOX)
+    assert code == 0, err
+    assert {c["quant"] for c in doc["candidates"]} == {"Q4_K_M"}
+    assert "is Q4_K_M, already a quant of this repository: not planned" in err

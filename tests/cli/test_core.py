@@ -64,8 +64,10 @@ def test_os_error_on_a_path_the_user_gave_is_a_usage_error(
 
     write_conformance_gguf(gguf)
     result = runner.invoke(
-        app, ["command", "--gguf", str(gguf), "-c", "4096", "--cpu-only", "--script", str(target)]
-    )
+        app,
+        ["command", "--gguf", str(gguf), "-c", "4096", "--cpu-only", "--ram", "64GB",
+         "--script", str(target)],
+    )  # fmt: skip
     assert result.exit_code == 2, result.output
     assert result.stderr.splitlines()[-1] == f"Error: Read-only file system: {target}"
 

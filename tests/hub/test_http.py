@@ -322,3 +322,37 @@ def test_a_password_in_hf_endpoint_is_not_in_retry_lines(
     assert result.exit_code == 5, result.output
     assert "retrying" in result.stderr and "http://***@127.0.0.1" in result.stderr
     assert HOSTILE_ENDPOINT_SECRET not in result.stdout + result.stderr
+
+
+# -- OWNER/REPO: the listing gets the planning bound, not the download policy's minutes ---------
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["pick", "org/silent-GGUF", "--gpu", "3090", "--ram", "64G", "-c", "4096"],
+        ["get", "org/silent-GGUF", "--gpu", "3090", "--ram", "64G", "-c", "4096"],
+        ["manifest", "add", "org/silent-GGUF"],
+    ],
+    ids=["pick", "get", "manifest-add"],
+)
+def test_a_repository_on_a_silent_hub_gives_up_at_the_planning_bound(
+    silent_hub: SilentServer, monkeypatch: pytest.MonkeyPatch, args: list[str]
+) -> None:
+    """The bound asserted is the one configured (fetch.http.PLANNING_DEADLINE, the bundled-model
+    path's 5 s), set short here; the download policy would wait its own (2 s) and say "gave up
+    after 1 attempts" instead. No wall-clock assertion."""
+    monkeypatch.setattr(http, "DEFAULT_POLICY", replace(FAST, attempts=1, idle_timeout=2.0))
+    monkeypatch.setattr(http, "PLANNING_DEADLINE", 0.25)
+    result = runner.invoke(app, args)
+    assert result.exit_code == 5, result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith("Error:")]
+    assert errors == [
+        "Error: listing hf:org/silent-GGUF: no answer within 0.25 s (the hub accepts the "
+        "connection but does not answer; gave up)"
+    ], result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_the_repository_bound_is_the_bundled_models() -> None:
+    assert http.PLANNING_DEADLINE == 5.0

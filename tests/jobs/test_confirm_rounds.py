@@ -98,7 +98,7 @@ def test_a_fitting_plan_is_confirmed_in_one_run(q4km, tools: Path) -> None:  # n
 
 def test_an_overflow_is_replanned_with_llama_cpps_figures(q4km, tools: Path) -> None:  # noqa: ANN001
     """The estimate (64 GiB free per GPU) fits -ts 41,1; llama.cpp (24105 MiB free) projects
-    RPC0 over budget. The re-plan gets llama.cpp's excess as a correction on CUDA0."""
+    RPC0 over budget. The re-plan gets llama.cpp's excess as a correction on CPU0."""
     path, layout = q4km
     seen: list[Overheads] = []
 
@@ -113,7 +113,7 @@ def test_an_overflow_is_replanned_with_llama_cpps_figures(q4km, tools: Path) -> 
     (corrected,) = seen
     corrections = dict(corrected.device_correction_bytes)
     first = report.rounds[0].confirmation.checks[0]
-    assert corrections["CUDA0"] == first.correction_bytes > 0
+    assert corrections["CPU0"] == first.correction_bytes > 0
     # with the correction, the estimate of the old plan overflows exactly as llama.cpp said
     est = estimate(layout, rpc_machine(2), OVERFLOWS, overheads=corrected)
     assert est.gpus[0].total_bytes - est.gpus[0].budget_bytes == (
@@ -128,7 +128,7 @@ def test_rounds_are_bounded_and_no_overflowing_plan_comes_back(q4km, tools: Path
     def stubborn(overheads: Overheads) -> Plan:
         return make_plan(layout, rpc_machine(2), OVERFLOWS, overheads=overheads)
 
-    with pytest.raises(NoFitError, match=r"over budget on CUDA0 by \d+ MiB, also after 1 re-plan"):
+    with pytest.raises(NoFitError, match=r"over budget on CPU0 by \d+ MiB, also after 1 re-plan"):
         run(q4km, OVERFLOWS, stubborn, tools, max_rounds=2)
     assert len(calls(tools)) == 2
 
@@ -167,7 +167,7 @@ def test_an_overflow_printed_before_a_failure_is_an_overflow(q4km, tmp_path: Pat
     def nothing(_: Overheads) -> Plan:
         raise NoFitError("nothing of q4km fits at -c 262144")
 
-    with pytest.raises(NoFitError, match=r"will not fit \(CUDA0 by \d+ MiB\)"):
+    with pytest.raises(NoFitError, match=r"will not fit \(CPU0 by \d+ MiB\)"):
         run(q4km, OVERFLOWS, nothing, tmp_path)
 
 
@@ -227,12 +227,12 @@ def test_replan_for_file_steps_the_context_down_when_nothing_fits(q4km) -> None:
                           compute_rule=CURRENT)  # fmt: skip
     replan = replan_for_file(manifest, manifest.files[0].quant, layout, machine, request)
     assert replan(Overheads()).config.ctx_size == 262144
-    heavy = Overheads(device_correction_bytes=(("CUDA0", 52 * 2**30), ("CUDA1", 52 * 2**30)))
+    heavy = Overheads(device_correction_bytes=(("CPU0", 52 * 2**30), ("CPU1", 52 * 2**30)))
     smaller = replan(heavy)
     assert 4096 <= smaller.config.ctx_size < 262144
     assert smaller.estimate.fits
     with pytest.raises(NoFitError):
-        replan(Overheads(device_correction_bytes=(("CUDA0", 80 * 2**30), ("CUDA1", 80 * 2**30))))
+        replan(Overheads(device_correction_bytes=(("CPU0", 80 * 2**30), ("CPU1", 80 * 2**30))))
 
 
 def test_nothing_fitting_with_llama_cpps_figures_says_so(q4km, tools: Path) -> None:  # noqa: ANN001
@@ -240,6 +240,6 @@ def test_nothing_fitting_with_llama_cpps_figures_says_so(q4km, tools: Path) -> N
         raise NoFitError("nothing of q4km fits at -c 262144")
 
     with pytest.raises(
-        NoFitError, match=r"CUDA0 by \d+ MiB\); re-planned with its figures: nothing"
+        NoFitError, match=r"CPU0 by \d+ MiB\); re-planned with its figures: nothing"
     ):
         run(q4km, OVERFLOWS, nothing, tools)

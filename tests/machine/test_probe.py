@@ -184,6 +184,7 @@ def test_count_failure_is_cpu_only_and_shuts_down(monkeypatch: pytest.MonkeyPatc
 # --- Host ---------------------------------------------------------------------------------------
 
 
+@pytest.mark.real_host  # asks this machine's OS for its CPU count
 def test_meminfo_without_cgroup(host_files: dict[str, Path]) -> None:
     host = hardware.probe_host(**host_files)
     assert host.ram_total_bytes == 65536000 * KiB
@@ -247,6 +248,22 @@ def test_physical_cores_from_cpuinfo(tmp_path: Path) -> None:
     assert hardware.physical_cores(path) == 4
     (tmp_path / "arm").write_text("processor\t: 0\nBogoMIPS\t: 50\n\nprocessor\t: 1\n")
     assert hardware.physical_cores(tmp_path / "arm") is None
+
+
+def test_the_suite_probes_the_recorded_host_not_this_one(tmp_path: Path) -> None:
+    """tests/conftest.py points the probe at tests/data/host/: a test that plans on the probed
+    machine sees the recorded 2-core, 24 GiB box, whatever this machine holds or runs now."""
+    host = hardware.probe(disk_path=tmp_path, inspect_server=False).host
+    assert host.ram_total_bytes == 24683792 * KiB
+    assert host.ram_available_bytes == 23634784 * KiB
+    assert (host.cpu_cores, host.cpu_threads, host.cgroup_limit_bytes) == (2, 2, None)
+
+
+@pytest.mark.real_host
+def test_a_real_host_test_reads_this_machine(tmp_path: Path) -> None:
+    host = hardware.probe(disk_path=tmp_path, inspect_server=False).host
+    assert host.cpu_threads == os.cpu_count()
+    assert host.ram_total_bytes > 0
 
 
 def test_missing_meminfo_falls_back_with_a_note(tmp_path: Path) -> None:

@@ -518,8 +518,12 @@ def test_broken_manifest_raises_naming_it_unless_errors_are_collected(tmp_path: 
     with pytest.raises(ManifestError) as info:
         list_manifests()
     assert info.value.message == f"{broken}: files[0].sha256: must be 64 lowercase hex digits"
+    # another model is found, the broken file skipped with a note; the one naming it is an error
+    notes: list[str] = []
+    assert find_manifest("qwen3.8-35b-a3b-distill", on_note=notes.append).id.startswith("qwen3.8")
+    assert notes == [f"skipped a manifest that does not load: {info.value.message}"]
     with pytest.raises(ManifestError, match="broken.toml"):
-        find_manifest("qwen3.8-35b-a3b-distill")
+        find_manifest("broken")
     errors: list[ManifestError] = []
     ids = [m.id for m in list_manifests(errors=errors)]
     assert ids == ["qwen3.6-35b-a3b-unsloth", "qwen3.8-35b-a3b-distill"]

@@ -101,9 +101,9 @@ def test_memory_refusal_and_unknown_kinds_plan_without() -> None:
     assert not decide(SpecMode.OFF, (SpecKind.MTP,), opts, {}, 20.0).enabled
 
 
-def test_asked_kind_that_loses_is_not_used() -> None:
+def test_asked_kind_is_an_override_that_says_when_it_loses() -> None:
     opts = {SpecKind.MTP: _opt(SpecKind.MTP, 15.0)}
     d = decide(SpecMode.MTP, (SpecKind.MTP,), opts, {}, 20.0)
-    assert not d.enabled and "slower" in d.reason
+    assert d.enabled and d.kind is SpecKind.MTP and "expected slower" in d.reason
     d = decide(SpecMode.MTP, (SpecKind.MTP,), {SpecKind.MTP: _opt(SpecKind.MTP, 21.0)}, {}, 20.0)
     assert d.enabled and d.reason.endswith("as asked")

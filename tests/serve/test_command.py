@@ -978,3 +978,22 @@ def test_compose_with_hf_keeps_the_cache_in_a_volume(manifest: Manifest) -> None
     assert service["environment"]["HF_TOKEN"] == "${HF_TOKEN:-}"  # a reference, never a token
     assert service["volumes"] == [{"type": "volume", "source": "hf-cache", "target": "/hf"}]
     assert "hf-cache" in doc["volumes"]
+
+
+def test_spec_type_the_build_lacks_is_never_emitted(manifest: Manifest) -> None:
+    """A --spec-type value missing from the installed --help: no speculation flags, a warning."""
+    from quantpick.serve.flags import parse_help, spec_types
+
+    text = (ROOT / "tests" / "data" / "llama-server-help-current.txt").read_text()
+    caps = parse_help(text)
+    assert spec_types(caps) is not None and {"draft-mtp", "ngram-mod"} <= spec_types(caps)  # type: ignore[operator]
+    ok = build(RunConfig(spec_draft_n=3), manifest, capabilities=caps)
+    assert "--spec-type" in ok.argv and not any("spec-type" in w for w in ok.warnings)
+    ngram = build(RunConfig(spec_ngram_n=4), manifest, capabilities=caps)
+    i = ngram.argv.index("--spec-type")
+    assert ngram.argv[i : i + 6] == ("--spec-type", "ngram-mod", "--spec-ngram-mod-n-min", "4",
+                                     "--spec-ngram-mod-n-max", "4")  # fmt: skip
+    old = parse_help(text.replace("draft-mtp,", ""))
+    cmd = build(RunConfig(spec_draft_n=3), manifest, capabilities=old)
+    assert "--spec-type" not in cmd.argv and "--spec-draft-n-max" not in cmd.argv
+    assert any("no --spec-type draft-mtp" in w for w in cmd.warnings)

@@ -1,0 +1,90 @@
+"""The Backend type (one module per backend fills it in; the registry is the package). Pure."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from enum import Enum
+
+from quantpick.model.ggml import BufferRule
+
+
+class BackendKind(str, Enum):
+    CUDA = "cuda"
+    ROCM = "rocm"
+    METAL = "metal"
+    VULKAN = "vulkan"
+    SYCL = "sycl"
+    CPU = "cpu"
+
+
+class Vendor(str, Enum):
+    NVIDIA = "nvidia"
+    AMD = "amd"
+    APPLE = "apple"
+    INTEL = "intel"
+    NONE = "none"  # the CPU
+
+
+@dataclass(frozen=True)
+class Backend:
+    """One ggml backend as llama.cpp builds it."""
+
+    kind: BackendKind
+    label: str  # how quantpick names it in output: "CUDA", "ROCm", "Metal", ...
+    # llama.cpp's device names are prefix + index (ggml_backend_dev_name); older builds that
+    # printed another spelling are listed in `legacy_prefixes` (parsing only).
+    device_prefix: str
+    host_buffer: str  # the pinned host buffer type's name ("CUDA_Host"): an -ot target = host
+    buffer: BufferRule  # how its device buffers size a tensor (model/ggml.py)
+    # The variable that selects and orders this backend's devices (None: none exists), and
+    # variables set whenever devices are named (CUDA_DEVICE_ORDER=PCI_BUS_ID).
+    visibility_env: str | None
+    order_env: tuple[tuple[str, str], ...]
+    # The GPUs this backend drives (Metal drives Apple GPUs only; Vulkan drives every vendor).
+    vendors: tuple[Vendor, ...]
+    # True: the device's memory is the host's (Metal on Apple Silicon); per device otherwise
+    # (Gpu.unified, from the catalogue or the probe).
+    always_unified: bool
+    # Where llama.cpp's total and free for a device come from (docs/backends.md).
+    memory_source: str
+    # The fraction of the memory bus's bandwidth this backend's decode kernels reach, relative to
+    # CUDA's (1.0), where published runs fit one (benchmarks/speed_accuracy.py).
+    decode_efficiency: float = 1.0
+    # Prompt processing relative to CUDA's compute-bound rate.
+    prefill_efficiency: float = 1.0
+    efficiency_source: str = "not fitted: the CUDA-calibrated model as it is"
+    legacy_prefixes: tuple[str, ...] = ()
+    # The largest single buffer the driver allocates (None: no limit below the memory itself):
+    # a tensor or compute buffer above it fails to allocate.
+    max_alloc_bytes: int | None = None
+    max_alloc_source: str = ""
+    # The llama.cpp build option that enables it (docs, build hints).
+    cmake_option: str = ""
+    # Docker image suffix of ghcr.io/ggml-org/llama.cpp:server-<suffix> ("" = the CPU image).
+    image_suffix: str = ""
+
+    @property
+    def key(self) -> str:
+        return self.kind.value
+
+    def device_name(self, index: int) -> str:
+        """llama.cpp's name for this backend's device `index` ("ROCm1")."""
+        return f"{self.device_prefix}{index}"
+
+    def device_index(self, name: str) -> int | None:
+        """The index in a device name of this backend ("MTL0" -> 0), or None."""
+        for prefix in (self.device_prefix, *self.legacy_prefixes):
+            m = re.fullmatch(re.escape(prefix) + r"(\d*)", name.strip(), re.IGNORECASE)
+            if m:
+                return int(m.group(1)) if m.group(1) else 0
+        return None
+
+    def drives(self, vendor: Vendor) -> bool:
+        return vendor in self.vendors
+
+    def visibility(self, indices: tuple[int, ...]) -> dict[str, str]:
+        """The variables that make exactly `indices` visible, in that order (renumbered from 0)."""
+        if self.visibility_env is None:
+            return {}
+        return {self.visibility_env: ",".join(str(i) for i in indices)}

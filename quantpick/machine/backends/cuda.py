@@ -1,0 +1,34 @@
+"""CUDA: NVIDIA GPUs through ggml-cuda (b11312, commit 0c1e570).
+
+- Device names CUDA<i> (GGML_CUDA_NAME "CUDA", ggml/include/ggml-cuda.h:17), i the CUDA runtime's
+  index: fastest-first unless CUDA_DEVICE_ORDER=PCI_BUS_ID, which makes it NVML's (PCI) order.
+- Buffers: 128-byte aligned (ggml_backend_cuda_buffer_type_get_alignment,
+  ggml/src/ggml-cuda/ggml-cuda.cu:897-901); a quantized tensor whose rows are not a multiple of
+  MATRIX_ROW_PADDING = 512 gets that much more of one row (get_alloc_size, :903-920,
+  common.cuh:186); no maximum size (get_max_size NULL = SIZE_MAX, :926).
+- Memory: cudaMemGetInfo after the context exists; on an integrated GPU (GB10, Jetson) free is
+  the host's MemAvailable (ggml_backend_cuda_get_available_uma_memory).
+"""
+
+from __future__ import annotations
+
+from quantpick.machine.backends.base import Backend, BackendKind, Vendor
+from quantpick.model.ggml import BufferRule
+
+CUDA_BUFFER = BufferRule("CUDA", 128, 512)
+
+BACKEND = Backend(
+    kind=BackendKind.CUDA,
+    label="CUDA",
+    device_prefix="CUDA",
+    host_buffer="CUDA_Host",
+    buffer=CUDA_BUFFER,
+    visibility_env="CUDA_VISIBLE_DEVICES",
+    # CUDA's default order is fastest-first; the plan numbers GPUs as NVML does (PCI bus order).
+    order_env=(("CUDA_DEVICE_ORDER", "PCI_BUS_ID"),),
+    vendors=(Vendor.NVIDIA,),
+    always_unified=False,
+    memory_source="NVML (nvmlDeviceGetMemoryInfo); llama.cpp: cudaMemGetInfo",
+    cmake_option="-DGGML_CUDA=ON",
+    image_suffix="cuda",
+)

@@ -1,0 +1,35 @@
+"""Metal: Apple Silicon GPUs through ggml-metal (b11312, commit 0c1e570).
+
+- Device names MTL<i> (snprintf "%s%d", "MTL", ggml/src/ggml-metal/ggml-metal-device.m:1302);
+  builds of 2025 printed "Metal" (kept for parsing old --list-devices output).
+- Buffers: 32-byte aligned (ggml_backend_metal_buffer_type_shared_get_alignment,
+  ggml/src/ggml-metal/ggml-metal.cpp:269-273), a tensor's plain bytes for weights and caches
+  (get_alloc_size adds only for MUL_MAT_ID/FLASH_ATTN_EXT/CUMSUM/ARGSORT/TOP_K results, i.e.
+  compute, :220-254); largest buffer: the device's maxBufferLength (:275-279).
+- Memory: total = free = recommendedMaxWorkingSetSize (what macOS lets the GPU wire; sysctl
+  iogpu.wired_limit_mb overrides it), minus what this process already allocated.
+- Unified: always on Apple Silicon; with mmap the GGUF mapping itself becomes the MTL0_Mapped
+  buffer (no second copy).
+- No visibility variable: one GPU per machine.
+"""
+
+from __future__ import annotations
+
+from quantpick.machine.backends.base import Backend, BackendKind, Vendor
+from quantpick.model.ggml import BufferRule
+
+BACKEND = Backend(
+    kind=BackendKind.METAL,
+    label="Metal",
+    device_prefix="MTL",
+    host_buffer="Metal_Host",
+    buffer=BufferRule("Metal", 32, 0),
+    visibility_env=None,
+    order_env=(),
+    vendors=(Vendor.APPLE,),
+    always_unified=True,
+    memory_source="sysctl hw.memsize and iogpu.wired_limit_mb; llama.cpp: "
+    "recommendedMaxWorkingSetSize",
+    legacy_prefixes=("Metal",),
+    cmake_option="-DGGML_METAL=ON (default on macOS)",
+)

@@ -1,0 +1,89 @@
+"""Against the real llama.cpp build (marked `llamacpp`): the tiny qwen35moe model with an MTP block
+is served with the flags `quantpick command --spec mtp` chooses, loads its MTP draft context and
+answers a completion; and the memory of that configuration is what llama-server allocates.
+
+Run with: QUANTPICK_TEST_LLAMA_BIN=/path/to/llama.cpp/build/bin pytest -m llamacpp
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from quantpick.cli import app
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tiny_model import write_tiny_model  # noqa: E402
+
+pytestmark = pytest.mark.llamacpp
+runner = CliRunner()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _get(url: str, data: dict | None = None) -> dict:
+    body = json.dumps(data).encode() if data is not None else None
+    req = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=60) as r:  # noqa: S310 - 127.0.0.1 only
+        return json.loads(r.read())
+
+
+def test_tiny_mtp_model_served_with_the_chosen_flags_answers(
+    llamacpp_bin: Path, tmp_path: Path
+) -> None:
+    model = tmp_path / "tiny-mtp.gguf"
+    write_tiny_model(model, mtp=True)
+    server = llamacpp_bin / "llama-server"
+    args = ["command", "--gguf", str(model), "-c", "4096", "--spec", "mtp", "--no-confirm"]
+    result = runner.invoke(app, [*args, "--llama-server", str(server), "--json"])
+    assert result.exit_code == 0, result.stderr
+    doc = json.loads(result.stdout)
+    spec = doc["plan"]["speculative"]
+    assert spec["enabled"] and spec["kind"] == "mtp"
+    argv = list(doc["command"]["argv"])
+    n = spec["draft_n_max"]
+    i = argv.index("--spec-type")
+    assert argv[i : i + 4] == ["--spec-type", "draft-mtp", "--spec-draft-n-max", str(n)]
+    port = _free_port()
+    argv[argv.index("--port") + 1] = str(port)
+    log = tmp_path / "server.log"
+    with log.open("w") as out:
+        proc = subprocess.Popen([*argv, "-lv", "4"], stdout=out, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert proc.poll() is None, log.read_text()[-3000:]
+            try:
+                if _get(f"http://127.0.0.1:{port}/health").get("status") == "ok":
+                    break
+            except OSError:
+                pass
+            assert time.monotonic() < deadline, "llama-server did not become healthy"
+            time.sleep(0.3)
+        answer = _get(
+            f"http://127.0.0.1:{port}/completion",
+            {"prompt": "hello", "n_predict": 16, "temperature": 0},
+        )
+        assert answer["tokens_predicted"] > 0 and isinstance(answer["content"], str)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    text = log.read_text()
+    assert "creating MTP draft context" in text
+    # the draft context's KV: the NextN layer, 4096 cells (the plan's own -c), f16
+    assert (
+        "llama_kv_cache: size =    2.00 MiB (  4096 cells,   1 layers"
+        in text.split("creating MTP draft context")[1]
+    )
