@@ -19,7 +19,7 @@ from quantpick.cli.options import (
 from quantpick.errors import QuantpickError, UsageError, VerificationError
 
 if TYPE_CHECKING:
-    from quantpick.fetch.download import FetchPlan, FetchReport
+    from quantpick.fetch.fetch_plan import FetchPlan, FetchReport
     from quantpick.fetch.transfer import DownloadResult, ProgressSink
     from quantpick.hub.verify import Verification
 
@@ -289,7 +289,7 @@ def _hf_cache_dict(plan: FetchPlan) -> dict[str, Any] | None:
 
 
 def report_to_dict(report: FetchReport) -> dict[str, Any]:
-    from quantpick.fetch.download import report_files
+    from quantpick.fetch.offline import report_files
 
     return {
         "model": report.plan.manifest_id,

@@ -7,8 +7,6 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from quantpick.machine.backends import local_backend
-
 if TYPE_CHECKING:
     from quantpick.machine.spec import Machine
     from quantpick.model.manifest import Manifest
@@ -60,6 +58,7 @@ def bench_plan(
     """Run `p` for real (llama-bench, else llama-server), compare with the uncalibrated
     prediction and build this machine's calibration profile entry for the tool's build."""
     from quantpick.errors import UsageError
+    from quantpick.machine.backends import local_backend
     from quantpick.machine.llamacpp import inspect_llama_server
     from quantpick.model.local import local_layout
     from quantpick.plan.calibration import (

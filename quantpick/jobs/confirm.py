@@ -8,8 +8,6 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from quantpick.machine.backends import local_backend
-
 if TYPE_CHECKING:
     from quantpick.machine.spec import Machine
     from quantpick.model.layout import ModelLayout
@@ -74,6 +72,7 @@ def confirm_plan(
     returned. A projection that cannot be read, or one printed by a run that then failed, is
     "failed" (not confirmed), never "confirmed"."""
     from quantpick.errors import NoFitError
+    from quantpick.machine.backends import local_backend
     from quantpick.plan.confirm import compare
     from quantpick.serve.fitparams import (
         FIT_PARAMS,

@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from quantpick.jobs.confirm import ConfirmRound, confirm_local_plan, overflow_text
-from quantpick.machine.backends import local_backend
 
 if TYPE_CHECKING:
     from quantpick.config import Settings
@@ -87,6 +86,7 @@ def dry_run_config(
 ) -> ConfigCheck | None:
     """`dry_run` for `estimate`'s one configuration of a remote quant: llama-fit-params on the
     stand-in with exactly these flags, compared device by device. None as for `dry_run`."""
+    from quantpick.machine.backends import local_backend
     from quantpick.plan.confirm import compare
     from quantpick.serve.fitparams import FitParamsError, fit_params_argv
 
@@ -227,4 +227,3 @@ class DryRunCache:
             except OSError:
                 pass  # a read-only cache only costs the next dry run its run
         return got
-

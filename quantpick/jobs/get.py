@@ -13,7 +13,7 @@ from quantpick.jobs.plan import PlanInputs, plan_for, plan_on_local_file
 
 if TYPE_CHECKING:
     from quantpick.config import Settings
-    from quantpick.fetch.download import FetchReport
+    from quantpick.fetch.fetch_plan import FetchReport
     from quantpick.fetch.transfer import ProgressSink
     from quantpick.jobs.confirm import ConfirmOptions, ConfirmReport
     from quantpick.jobs.tuning import Tuning
@@ -64,8 +64,8 @@ def get(
     from contextlib import nullcontext
 
     from quantpick.errors import DownloadError
-    from quantpick.fetch.download import (
-        fetch_model,
+    from quantpick.fetch.download import fetch_model
+    from quantpick.fetch.offline import (
         files_in_place,
         report_files,
         verified_hf_cache_files,

@@ -6,7 +6,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from quantpick.jobs.dry_run import dry_run
 from quantpick.jobs.plan import plan_for
 
 if TYPE_CHECKING:
@@ -37,6 +36,8 @@ def pick(
     result = plan_for(inputs, settings=settings)
     if confirm is None:
         return Picked(result, None)
+    from quantpick.jobs.dry_run import dry_run
+
     if settings is None:
         from quantpick.config import load_settings
 

@@ -182,7 +182,7 @@ def _verified_copy(
 
     def copy(quant: str) -> Path | None:
         from quantpick.config import load_settings
-        from quantpick.fetch.download import known_local_copy
+        from quantpick.fetch.offline import known_local_copy
 
         return known_local_copy(inputs.manifest, quant, local_dir, settings or load_settings())
 

@@ -17,7 +17,6 @@ from quantpick.jobs.check import (
 from quantpick.jobs.confirm import confirm_local_plan
 from quantpick.jobs.get import GetRequest, get
 from quantpick.jobs.plan import plan_on_local_file
-from quantpick.machine.backends import local_backend
 
 if TYPE_CHECKING:
     from quantpick.config import Settings
@@ -128,6 +127,8 @@ def serve(
     commands: dict[int, ServerCommand] = {}
 
     def argv_for_port(port: int) -> tuple[tuple[str, ...], dict[str, str]]:
+        from quantpick.machine.backends import local_backend
+
         cmd = build_command(
             p.config,
             model_path=model_path,
