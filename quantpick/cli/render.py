@@ -7,9 +7,9 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from quantpick.machine.spec import Machine
     from quantpick.model.layout import ModelLayout
+    from quantpick.plan.bandwidth_bound import SpeedEstimate
     from quantpick.plan.memory import Estimate
     from quantpick.plan.planner import Plan
-    from quantpick.plan.speed import SpeedEstimate
 
 # ---- pieces -------------------------------------------------------------------------------
 

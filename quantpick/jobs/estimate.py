@@ -19,8 +19,8 @@ if TYPE_CHECKING:
     from quantpick.machine.spec import Machine
     from quantpick.model.layout import ModelLayout
     from quantpick.model.manifest import Manifest
+    from quantpick.plan.bandwidth_bound import SpeedEstimate
     from quantpick.plan.memory import Estimate, Overheads, RunConfig
-    from quantpick.plan.speed import SpeedEstimate
 
 
 @dataclass(frozen=True)
@@ -69,11 +69,12 @@ def estimate_config(
 ) -> EstimateResult:
     """The itemized estimate and speed of `req.config` on `req.machine`."""
     from quantpick.errors import UsageError
+    from quantpick.plan.bandwidth_bound import decode_speed
     from quantpick.plan.build_class import apply_rule
     from quantpick.plan.calibration import calibrate_speed, model_sizes
     from quantpick.plan.memory import estimate
     from quantpick.plan.placement import device_bandwidths, speed_params_for
-    from quantpick.plan.speed import decode_speed, device_speeds, expected_speed
+    from quantpick.plan.speed import device_speeds, expected_speed
 
     layout, manifest, machine = req.layout, req.manifest, req.machine
     projector_bytes = 0

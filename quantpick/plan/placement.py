@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, replace
 
 from quantpick.machine.spec import Machine
 from quantpick.model.layout import ModelLayout
+from quantpick.plan.bandwidth_bound import DEFAULT_GPU_BANDWIDTH, SpeedEstimate, decode_speed
 from quantpick.plan.calibration import Calibration, calibrate_speed
 from quantpick.plan.memory import (
     Estimate,
@@ -25,12 +26,9 @@ from quantpick.plan.plan_types import (
     expected_tps,
 )
 from quantpick.plan.speed import (
-    DEFAULT_GPU_BANDWIDTH,
     DEFAULT_SPEED_PARAMS,
     DeviceSpeed,
-    SpeedEstimate,
     SpeedParams,
-    decode_speed,
     device_speeds,
     expected_speed,
 )

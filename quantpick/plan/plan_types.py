@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 from quantpick.model.manifest import ModelFile
+from quantpick.plan.bandwidth_bound import SpeedEstimate
 from quantpick.plan.build_class import CONSERVATIVE, ComputeRule
 from quantpick.plan.calibration import Calibration
 from quantpick.plan.memory import (
@@ -15,9 +16,6 @@ from quantpick.plan.memory import (
 )
 from quantpick.plan.quality import Quality
 from quantpick.plan.speculative import SpecDecision, SpecRequest
-from quantpick.plan.speed import (
-    SpeedEstimate,
-)
 
 DEFAULT_KV_TYPES = ("f16", "q8_0")
 

@@ -7,6 +7,7 @@ import math
 
 from quantpick.errors import NoFitError
 from quantpick.model.manifest import Manifest
+from quantpick.plan.bandwidth_bound import SpeedEstimate
 from quantpick.plan.placement import (
     TIGHT_FRACTION,
     host_tight,
@@ -19,9 +20,6 @@ from quantpick.plan.plan_types import (
     expected_tps,
 )
 from quantpick.plan.quality import FAMILY, GENERIC, quality_of
-from quantpick.plan.speed import (
-    SpeedEstimate,
-)
 from quantpick.units import GiB
 
 # "balanced": judgment constants (policy choices, documented in the README).

@@ -16,11 +16,11 @@ from quantpick.machine.spec import Machine
 from quantpick.model.gguf import layout_from_header, read_gguf_file
 from quantpick.model.layout import ModelLayout
 from quantpick.model.local import manifest_for_gguf
+from quantpick.plan.bandwidth_bound import decode_speed
 from quantpick.plan.build_class import compute_rule
 from quantpick.plan.memory import Overheads, RunConfig, estimate
 from quantpick.plan.placement import device_bandwidths
 from quantpick.plan.plan_types import Plan, PlanRequest
-from quantpick.plan.speed import decode_speed
 
 CURRENT = compute_rule("0.5.0-dev", 11312, "0c1e57098")
 OVERFLOWS = RunConfig(ctx_size=262144, tensor_split=(41.0, 1.0))

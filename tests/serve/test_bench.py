@@ -17,11 +17,12 @@ from quantpick.errors import ModelRejectedError
 from quantpick.jobs.bench import bench_plan
 from quantpick.model.gguf import layout_from_header, read_gguf_file
 from quantpick.model.local import manifest_for_gguf
+from quantpick.plan.bandwidth_bound import decode_speed
 from quantpick.plan.build_class import compute_rule
 from quantpick.plan.memory import Overheads, RunConfig, estimate
 from quantpick.plan.placement import device_bandwidths, speed_params_for
 from quantpick.plan.plan_types import Plan
-from quantpick.plan.speed import decode_speed, device_speeds, expected_speed
+from quantpick.plan.speed import device_speeds, expected_speed
 from quantpick.serve.bench import (
     BenchError,
     BenchSettings,
