@@ -319,7 +319,8 @@ class LaunchOptions(Group):
         from quantpick.cli.ecosystem import EcosystemOptions, check_ecosystem_options
 
         eco = EcosystemOptions(
-            self.preset, self.swap_config, self.modelfile, self.ttl, dry_run, self.host, self.port
-        )
+            self.preset, self.swap_config, self.modelfile, self.ttl, dry_run, self.host,
+            self.port, self.force,
+        )  # fmt: skip
         check_ecosystem_options(self.fmt, eco)
         return eco

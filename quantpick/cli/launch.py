@@ -248,9 +248,21 @@ def ecosystem_for(
         return None
     from quantpick.cli.ecosystem import ecosystem_target
 
+    name = alias or manifest.id
+    if fmt == "preset" and alias is None:
+        from quantpick.cli import output
+        from quantpick.serve.ecosystem import preset_section_name
+
+        name = preset_section_name(manifest.id)
+        if name != manifest.id:
+            output.note(
+                f"Note: preset section [{name}], derived from the model name {manifest.id!r} "
+                "(a section name is letters, digits and . _ - / @ +; --alias NAME sets another)"
+            )
+
     def make(cmd: ServerCommand) -> Target:
         return ecosystem_target(p, machine, manifest, model_path, mmproj_path,
-                                alias or manifest.id, plan_comment(p, machine), cmd,
+                                name, plan_comment(p, machine), cmd,
                                 with_template=fmt == "ollama")  # fmt: skip
 
     return make, eco

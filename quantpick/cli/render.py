@@ -9,7 +9,7 @@ if TYPE_CHECKING:
     from quantpick.model.layout import ModelLayout
     from quantpick.plan.bandwidth_bound import SpeedEstimate
     from quantpick.plan.memory import Estimate
-    from quantpick.plan.planner import Plan
+    from quantpick.plan.plan_types import Plan
 
 # ---- pieces -------------------------------------------------------------------------------
 

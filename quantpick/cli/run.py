@@ -135,8 +135,10 @@ ForceOpt = Annotated[
     bool,
     typer.Option(
         "--force",
-        help="Let --script replace a file quantpick did not write (never a device, FIFO or "
-        "directory).",
+        help="Let --script and --modelfile replace a file quantpick did not write (or edited "
+        "since), --preset and --swap-config a section or entry of the same name written by "
+        "hand, and any of them a symlink (the link itself; the old file is kept as a backup; "
+        "never a device, FIFO or directory).",
     ),
 ]
 HostOpt = Annotated[str, typer.Option("--host", help="llama-server --host.")]

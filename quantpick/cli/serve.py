@@ -44,6 +44,7 @@ from quantpick.cli.groups import (
 from quantpick.cli.options import (
     DEFAULT_MIN_TPS,
     AllowQ4Opt,
+    BackendOpt,
     CpuOnlyOpt,
     CtxOpt,
     ExactOpt,
@@ -296,6 +297,7 @@ def serve_cmd(
     hf_cache: HfCacheOpt = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-Q", help="No progress on stderr.")] = False,
     cpu_only: CpuOnlyOpt = False,
+    backend: BackendOpt = None,
     rpc: RpcOpt = None,
     llama_server: LlamaServerOpt = None,
     llama_bin: LlamaBinOpt = None,

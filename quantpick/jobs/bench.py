@@ -70,7 +70,7 @@ def bench_plan(
     )
     from quantpick.plan.confirm import server_logits_saving
     from quantpick.plan.memory import estimate
-    from quantpick.plan.planner import speed_params_for
+    from quantpick.plan.placement import speed_params_for
     from quantpick.plan.speed import device_speeds, expected_speed
     from quantpick.serve.bench import (
         BENCH,
@@ -105,7 +105,7 @@ def bench_plan(
         binary = bench_bin
         measurement = run_llama_bench(
             bench_bin, p.config, model_path, block_count, settings,
-            gpu_indices=gpu_indices, progress=progress,
+            gpu_indices=gpu_indices, progress=progress, backend=local_backend(machine.gpus),
         )  # fmt: skip
         ran = bench_config(p.config, settings)
     else:
@@ -114,6 +114,7 @@ def bench_plan(
         measurement = run_llama_server(
             server_bin, p.config, model_path, block_count, settings,
             vocab_size=layout.architecture.vocab_size, gpu_indices=gpu_indices, progress=progress,
+            backend=local_backend(machine.gpus),
         )  # fmt: skip
         ran = p.config
     info = inspect_llama_server(binary)

@@ -11,6 +11,7 @@ from quantpick.jobs.plan import PlanInputs, plan_for
 
 if TYPE_CHECKING:
     from quantpick.config import Settings
+    from quantpick.jobs.tuning import Tuning
     from quantpick.plan.check import PlannedServer
     from quantpick.plan.plan_types import Plan
 
@@ -32,14 +33,16 @@ def check_running(
 SERVER_LOG_VERBOSITY = ("-lv", "4")
 
 
-def planned_server(p: Plan, basis: str) -> PlannedServer:
+def planned_server(p: Plan, basis: str, tuning: Tuning | None = None) -> PlannedServer:
     """What `quantpick check` compares a running server with: the plan's device rows, context
-    and expected decode speed."""
+    and expected decode speed (and the memory calibration its compute already carries)."""
     from quantpick.plan.check import planned_from_estimate
 
     expected = p.speed.expected
     tps = expected.decode_tps_target if expected is not None else None
-    return planned_from_estimate(p.estimate, decode_tps=tps, basis=basis)
+    ratios = tuning.memory.ratios if tuning is not None and tuning.memory is not None else ()
+    return planned_from_estimate(p.estimate, decode_tps=tps, basis=basis, compute_ratios=ratios,
+                                 build=tuning.build if tuning is not None else "")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -52,6 +55,7 @@ class CheckRequest:
     log: Path | None = None  # --log: a llama-server log quantpick did not write
     timed_request: bool = False  # --measure-speed
     servers_dir: Path | None = None
+    learn: bool = False  # --learn: store the measured compute as a memory calibration
 
 
 @dataclass(frozen=True)
@@ -61,6 +65,8 @@ class CheckResult:
     record: Any  # serve.server.ServerRecord | None
     live: Any  # serve.live.LiveServer
     log_path: Path | None
+    learned: Path | None = None  # where --learn stored the memory calibration
+    not_learned: tuple[str, ...] = ()  # why --learn stored nothing
 
 
 def _is_url(text: str) -> bool:
@@ -126,7 +132,8 @@ def check_server(req: CheckRequest, *, settings: Settings) -> CheckResult:
     problems = list(live.problems)
     planned: PlannedServer | None = None
     if req.plan_inputs is not None:
-        planned = planned_server(plan_for(req.plan_inputs).plan, f"planned now: {req.plan_basis}")
+        result = plan_for(req.plan_inputs)
+        planned = planned_server(result.plan, f"planned now: {req.plan_basis}", result.tuning)
     elif record is not None and record.plan is not None:
         planned = record.plan
     props = live.props
@@ -182,4 +189,58 @@ def check_server(req: CheckRequest, *, settings: Settings) -> CheckResult:
         decode_from=decode[1] if decode else None,
         problems=tuple(problems),
     )
-    return CheckResult(compare(planned, observed), url, record, live, log_path)
+    report = compare(planned, observed)
+    if not req.learn:
+        return CheckResult(report, url, record, live, log_path)
+    learned, why = _learn(report, live, record, req, settings)
+    return CheckResult(report, url, record, live, log_path, learned, why)
+
+
+def _learn(
+    report: Any, live: Any, record: Any, req: CheckRequest, settings: Settings
+) -> tuple[Path | None, tuple[str, ...]]:
+    """Store the check's compute buffers as this machine's memory calibration (check --learn)."""
+    import datetime
+    import re
+
+    from quantpick.errors import QuantpickError
+    from quantpick.plan.calibration import build_id, machine_devices
+    from quantpick.plan.memory_calibration import make_entry, report_problems
+    from quantpick.serve.calibration import save_memory_entry
+
+    problems = report_problems(report)
+    if req.plan_inputs is not None and req.plan_inputs.machine.described:
+        problems.append("the plan is for a described machine, not this one")
+    if req.plan_inputs is None and record is None:
+        problems.append("the server's plan is not known (give --gguf FILE and its options)")
+    if any(d.endpoint for d in report.planned.devices):
+        problems.append("RPC devices are not learned")
+    m = re.fullmatch(r"b(\d+)-([0-9a-f]+)", live.props.build_info or "")
+    if m is None:
+        problems.append(f"the server's build ({live.props.build_info!r}) is not b<N>-<commit>")
+    elif report.planned.build != build_id(int(m.group(1)), m.group(2), None):
+        problems.append(
+            f"the plan's compute was estimated for llama.cpp {report.planned.build or 'unknown'},"
+            f" the server runs {live.props.build_info} (plan with --llama-server PATH)"
+        )
+    if problems:
+        return None, tuple(problems)
+    assert m is not None
+    if req.plan_inputs is not None:
+        machine = req.plan_inputs.machine
+    else:
+        from quantpick.machine.probe import probe
+
+        machine = probe(inspect_server=False)
+    entry = make_entry(
+        report,
+        build=build_id(int(m.group(1)), m.group(2), None),
+        devices=machine_devices(machine),
+        model_bytes=sum(d.weights_bytes for d in report.planned.devices),
+        date=datetime.date.today().isoformat(),
+        model=(record.alias if record is not None else None) or live.props.model_alias or "?",
+    )
+    try:
+        return save_memory_entry(machine, entry, settings), ()
+    except QuantpickError as exc:
+        return None, (exc.message,)

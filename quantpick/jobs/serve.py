@@ -16,13 +16,14 @@ from quantpick.jobs.check import (
 )
 from quantpick.jobs.confirm import confirm_local_plan
 from quantpick.jobs.get import GetRequest, get
-from quantpick.jobs.plan import plan_on_local_file
+from quantpick.jobs.plan import plan_for
 
 if TYPE_CHECKING:
     from quantpick.config import Settings
     from quantpick.fetch.transfer import ProgressSink
     from quantpick.jobs.confirm import ConfirmReport
     from quantpick.jobs.get import GetResult
+    from quantpick.jobs.tuning import Tuning
     from quantpick.machine.llamacpp import FoundServer
     from quantpick.machine.spec import Machine
     from quantpick.model.manifest import Manifest
@@ -87,24 +88,40 @@ def serve(
     from quantpick.serve.server import start_server
 
     g = req.get.plan
+    if g.llama_server is None and req.llama_server is None and req.llama_bin is not None:
+        # --llama-bin: the llama-server there is the build the plan's compute rule is for
+        candidate = req.llama_bin / "llama-server"
+        if candidate.is_file():
+            g = replace(g, llama_server=candidate)
     manifest = g.manifest
     fetched: GetResult | None = None
+    tuning: Tuning | None
     if req.local_file is not None:
+        from quantpick.model.local import local_layout
+
         quant = req.local_quant or manifest.files[0].quant
         model_path, mmproj_path = req.local_file, req.mmproj_path
-        p = plan_on_local_file(manifest, quant, model_path, g.machine, g.request, g.overheads)
+        # the plan recipe `command --gguf` uses: the build's compute rule and this machine's
+        # calibrations (speed and memory) apply to a file on disk as to a fetched one
+        planned = plan_for(
+            replace(g, request=replace(g.request, quant=quant),
+                    local=local_layout(model_path, quant)),
+            settings=settings,
+        )  # fmt: skip
+        p, tuning = planned.plan, planned.tuning
         if on_plan is not None:
             on_plan(p)
         confirmation = None
         if req.get.confirm is not None:
             confirmation = confirm_local_plan(
-                p, manifest, model_path, g.machine, g.request, g.overheads, req.get.confirm
-            )
+                p, manifest, model_path, g.machine, planned.inputs.request,
+                planned.inputs.overheads, req.get.confirm,
+            )  # fmt: skip
             p = confirmation.plan
     else:
-        fetched = get(replace(req.get, dry_run=False), settings=settings, progress=progress,
-                      on_plan=on_plan, live=live)  # fmt: skip
-        p, confirmation = fetched.plan, fetched.confirmation
+        fetched = get(replace(req.get, plan=g, dry_run=False), settings=settings,
+                      progress=progress, on_plan=on_plan, live=live)  # fmt: skip
+        p, confirmation, tuning = fetched.plan, fetched.confirmation, fetched.tuning
         model_path, mmproj_path = fetched.model_path, fetched.mmproj_path
     if on_confirmed is not None:
         on_confirmed(confirmation)
@@ -165,7 +182,7 @@ def serve(
             "quant": p.quant,
             "ctx_size": p.config.ctx_size,
             "n_parallel": p.config.n_parallel,
-            "plan": planned_server(p, "the plan `quantpick serve` started it with"),
+            "plan": planned_server(p, "the plan `quantpick serve` started it with", tuning),
         },
     )
     result = ServeResult(running, manifest, g.machine, p, commands[running.record.port], found,

@@ -12,6 +12,7 @@ if TYPE_CHECKING:
     from quantpick.plan.build_class import ComputeRule
     from quantpick.plan.calibration import Calibration
     from quantpick.plan.memory import Overheads
+    from quantpick.plan.memory_calibration import MemoryCalibration
     from quantpick.plan.plan_types import PlanRequest
 
 
@@ -22,6 +23,8 @@ class Tuning:
     rule: ComputeRule
     calibration: Calibration | None = None  # applied (same GPUs, same build)
     notes: tuple[str, ...] = ()  # one line each: what was applied, or why a profile was not
+    memory: MemoryCalibration | None = None  # compute ratios learned by `check --learn`
+    build: str = ""  # build_id of the llama.cpp the compute rule is for ("unknown": none found)
 
 
 def local_tuning(
@@ -59,15 +62,23 @@ def local_tuning(
         rule = compute_rule(server.version, server.build, server.commit)
         build = build_id(server.build, server.commit, server.version)
     if machine.described:
-        return Tuning(rule, notes=tuple(notes))
+        return Tuning(rule, notes=tuple(notes), build=build)
     if not use_calibration:
-        return Tuning(rule, notes=(*notes, "calibration off (--no-calibration): uncalibrated"))
+        return Tuning(rule, notes=(*notes, "calibration off (--no-calibration): uncalibrated"),
+                      build=build)  # fmt: skip
+    from quantpick.serve.calibration import load_memory_calibration
+
+    memory, memory_why = load_memory_calibration(machine, build, sizes=sizes, settings=settings)
+    if memory is not None:
+        notes.append(f"compute {memory.label}")
+    elif memory_why:
+        notes.append(f"memory calibration not applied: {memory_why}")
     calibration, why = load_calibration(machine, build, sizes=sizes, settings=settings)
     if calibration is not None:
-        return Tuning(rule, calibration, (*notes, calibration.label))
+        return Tuning(rule, calibration, (*notes, calibration.label), memory, build)
     if why:
         notes.append(f"calibration not applied: {why}")
-    return Tuning(rule, None, tuple(notes))
+    return Tuning(rule, None, tuple(notes), memory, build)
 
 
 def tuned_overheads(overheads: Overheads, tuning: Tuning, *, gpu_overhead_given: bool) -> Overheads:
@@ -85,4 +96,9 @@ def tune(
 ) -> tuple[PlanRequest, Overheads]:
     """The request and overheads with the build's compute rule and the calibration applied."""
     request = replace(request, compute_rule=tuning.rule, calibration=tuning.calibration)
-    return request, tuned_overheads(overheads, tuning, gpu_overhead_given=gpu_overhead_given)
+    overheads = tuned_overheads(overheads, tuning, gpu_overhead_given=gpu_overhead_given)
+    if tuning.memory is not None:
+        # compute ratios learned by `check --learn` (plan/memory_calibration.py)
+        overheads = replace(overheads, compute_ratio_by_device=tuning.memory.ratios,
+                            compute_basis=tuning.memory.label)  # fmt: skip
+    return request, overheads

@@ -123,11 +123,15 @@ def _store_under_keys(directory: Path, keys: list[str], suffix: str, data: bytes
                 continue
 
 
-def read_remote_header(source: RepoSource, names: list[str]) -> tuple[GGUFHeader, str]:
+def read_remote_header(
+    source: RepoSource, names: list[str], *, policy: RetryPolicy | None = None
+) -> tuple[GGUFHeader, str]:
     """Every shard's header through one RepoSource (its URLs, auth and redirects), merged.
+    `policy`: the retries of these reads (default: the source's).
 
     Returns (header, url of the first shard).
     """
+    from quantpick.errors import redacted
     from quantpick.model.gguf_remote import INITIAL_WINDOW, read_gguf_url
 
     headers = []
@@ -141,10 +145,11 @@ def read_remote_header(source: RepoSource, names: list[str]) -> tuple[GGUFHeader
                 remote.url,
                 headers_for=source.request_headers,
                 initial_window=INITIAL_WINDOW if i == 0 else SHARD_WINDOW,
-                policy=source.policy,
+                policy=policy or source.policy,
             )
         )
-    return merge_split_headers(headers), first_url
+    # the URL is shown (a plan's basis, --json): never with a password from HF_ENDPOINT
+    return merge_split_headers(headers), redacted(first_url)
 
 
 def layout_for(
@@ -428,9 +433,7 @@ def _read_raw(
             repo = open_source(source, settings=settings, policy=planning_policy())
             remote = repo.resolve(name)
             raw = bytearray()
-            read_gguf_url(
-                remote.url, headers_for=repo.request_headers, policy=repo.policy, raw=raw
-            )
+            read_gguf_url(remote.url, headers_for=repo.request_headers, policy=repo.policy, raw=raw)
             return bytes(raw)
         except QuantpickError as exc:
             problems.append(f"{label}: {exc.message}")

@@ -49,9 +49,16 @@ from quantpick.plan.plan_types import (
     PlanRequest,
     expected_tps,
 )
-from quantpick.plan.policy import choose, no_fit, speed_may_matter, why_lost
+from quantpick.plan.policy import (
+    choose,
+    missed_min_tps,
+    no_fit,
+    speed_may_matter,
+    speed_of,
+    why_lost,
+)
 from quantpick.plan.quality import Quality, model_of, quality_of
-from quantpick.plan.speculative import speculation
+from quantpick.plan.speculative import speculation, verify_efficiency
 
 GiB = 1024**3
 # llama.cpp's --fit never shrinks below 4096 (fit-ctx default); the planner's smallest context.
@@ -111,8 +118,11 @@ def _speculate(
     """The chosen plan with speculative decoding decided on it: same quant, context and
     placement (a kind whose memory does not fit them is refused, plan/speculative.py)."""
     layout = layouts[p.quant]
+    spec = request.spec
+    if spec.verify_efficiency == 1.0:
+        spec = replace(spec, verify_efficiency=verify_efficiency(machine))
     decision, config = speculation(
-        layout, machine, p.config, expected_tps(p.speed), request.spec,
+        layout, machine, p.config, expected_tps(p.speed), spec,
         model_name=manifest.id, files=tuple(f.name for f in manifest.files),
         model_file=p.files[0].name if p.files else "", fill=p.speed.target_context,
         params=speed_params_for(machine), overheads=overheads,
@@ -380,9 +390,19 @@ def _plan_once(
                 )
         feasible = [c for c in candidates if c.feasible]
 
+    named_slow = None
+    if not feasible and request.quant is not None:
+        # A quant the user named plans even below --min-tps (with a note): --min-tps picks among
+        # quants, it does not overrule the one asked for.
+        slow = [c for c in candidates if c.fits and not c.feasible]
+        if slow:
+            candidates = [replace(c, feasible=True) if c in slow else c for c in candidates]
+            feasible = [c for c in candidates if c.feasible]
+            named_slow = max(expected_tps(speed_of(c)) for c in feasible)
     if not feasible:
         raise no_fit(manifest, candidates, target, request)
     chosen, why = choose(feasible, request.prefer, request.kv_types)
+    why += missed_min_tps(candidates, chosen, request.min_tps)
     final: list[Candidate] = []
     for c in candidates:
         if c is chosen:
@@ -418,6 +438,11 @@ def _plan_once(
         )
     if chosen.quality.note:
         notes.append(chosen.quality.note)
+    if named_slow is not None:
+        notes.append(
+            f"--quant {chosen.quant}: ~{expected_tps(speed):.1f} tok/s expected at {target} "
+            f"tokens, below --min-tps {request.min_tps:g}; planned because the quant was named"
+        )
     notes.extend(chosen_layout.view.notes)
     return Plan(
         model=manifest.id,

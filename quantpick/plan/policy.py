@@ -120,14 +120,14 @@ def choose(
         pool = floor or feasible
         gpu = [c for c in pool if c.placement is Placement.GPU]
         pool = gpu or pool
-        fastest = max(expected_tps(_s(c)) for c in pool)
-        ties = [c for c in pool if expected_tps(_s(c)) * SPEED_TIE >= fastest]
+        fastest = max(expected_tps(speed_of(c)) for c in pool)
+        ties = [c for c in pool if expected_tps(speed_of(c)) * SPEED_TIE >= fastest]
         c = min(
             ties,
             key=lambda c: (
                 _kld(c),
                 kv_order.index(c.cache_type) if c.cache_type in kv_order else len(kv_order),
-                -expected_tps(_s(c)),
+                -expected_tps(speed_of(c)),
             ),
         )
         tail = "" if floor else " (nothing at or above the quality floor fits)"
@@ -136,7 +136,7 @@ def choose(
     return _choose_balanced(feasible, kv_order)
 
 
-def _s(c: Candidate) -> SpeedEstimate:
+def speed_of(c: Candidate) -> SpeedEstimate:
     assert c.speed is not None
     return c.speed
 
@@ -151,7 +151,7 @@ def _describe(c: Candidate) -> str:
     }
     return (
         f"{c.quant} ({c.quality.verdict.split(':')[0]}, KLD {c.quality.mean_kld:.4f}), "
-        f"{where.get(c.placement, c.placement)}, ~{expected_tps(_s(c)):.0f} tok/s"
+        f"{where.get(c.placement, c.placement)}, ~{expected_tps(speed_of(c)):.0f} tok/s"
     )
 
 
@@ -172,7 +172,7 @@ def balanced_key(
        other plans fit, and a longer context could then raise the pick.
     """
     assert c.quality is not None
-    tps = max(expected_tps(_s(c)), 1e-3)
+    tps = max(expected_tps(speed_of(c)), 1e-3)
     utility = math.log(min(tps, COMFORTABLE_TPS)) - c.quality.mean_kld / KLD_PER_SPEED_LOG
     if kv_order and c.cache_type != kv_order[0]:
         utility -= math.log(MEANINGFUL_SPEEDUP)
@@ -189,7 +189,7 @@ def _choose_balanced(cands: list[Candidate], kv_order: tuple[str, ...]) -> tuple
     better = [c for c in cands if _kld(c) < _kld(pick) and c.quant != pick.quant]
     if better:
         # The best-quality plan it was preferred to, and the reason in the policy's own terms.
-        top = min(better, key=lambda c: (_kld(c), -expected_tps(_s(c))))
+        top = min(better, key=lambda c: (_kld(c), -expected_tps(speed_of(c))))
         assert top.quality is not None
         gap = top.quality.mean_kld
         kt, kp = key(top), key(pick)
@@ -197,13 +197,14 @@ def _choose_balanced(cands: list[Candidate], kv_order: tuple[str, ...]) -> tuple
             reason = f"{top.quant} would leave host RAM tight (under {TIGHT_FRACTION:.0%} free)"
         elif kt[2] != kp[2]:
             reason = (
-                f"{top.quant} would need {_in_ram(top)} in RAM (~{expected_tps(_s(top)):.0f} "
+                f"{top.quant} would need {_in_ram(top)} in RAM (~{expected_tps(speed_of(top)):.0f} "
                 "tok/s) for no quality step a person would notice"
             )
         else:
-            ratio = expected_tps(_s(pick)) / max(expected_tps(_s(top)), 1e-3)
+            ratio = expected_tps(speed_of(pick)) / max(expected_tps(speed_of(top)), 1e-3)
             reason = (
-                f"{top.quant} would be {ratio:.2f}x slower (~{expected_tps(_s(top)):.0f} tok/s) "
+                f"{top.quant} would be {ratio:.2f}x slower "
+                f"(~{expected_tps(speed_of(top)):.0f} tok/s) "
                 "for a difference a person would not notice"
             )
         why += (
@@ -241,6 +242,31 @@ def why_lost(c: Candidate, chosen: Candidate) -> str:
     return f"{chosen.quant} preferred by the {'policy'}"
 
 
+def missed_min_tps(candidates: list[Candidate], chosen: Candidate, min_tps: float) -> str:
+    """ "; Q4_K_M fits at ~4.3 tok/s, below --min-tps 5 (and 2 more better quants)": the better
+    quants that fit but were left out for speed alone, so a low pick says what it cost. "" when
+    none was."""
+    missed: dict[str, float] = {}
+    for c in candidates:
+        if c.fits and not c.feasible and c.speed is not None and _kld(c) < _kld(chosen):
+            missed[c.quant] = max(missed.get(c.quant, 0.0), expected_tps(c.speed))
+    if not missed:
+        return ""
+    best = min(missed, key=lambda q: next(_kld(c) for c in candidates if c.quant == q))
+    more = len(missed) - 1
+    tail = f" (and {more} more better quant{'s' if more > 1 else ''})" if more else ""
+    return f"; {best} fits at ~{missed[best]:.1f} tok/s, below --min-tps {min_tps:g}{tail}"
+
+
+def min_tps_suggestion(tps: float, given: float) -> float | None:
+    """A --min-tps below `given` that `tps` reaches: whole tok/s from 1 up, else tenths; None when
+    nothing useful is (under 0.1 tok/s, or nothing below what was given)."""
+    for value in (math.floor(tps), math.floor(tps * 10) / 10):
+        if 0 < value < given:
+            return float(value)
+    return None
+
+
 def no_fit(
     manifest: Manifest, candidates: list[Candidate], target: int, request: PlanRequest
 ) -> NoFitError:
@@ -253,7 +279,11 @@ def no_fit(
             f"no plan of {manifest.id} reaches --min-tps {request.min_tps:g} at -c {target}: "
             f"the fastest, {fastest.quant} with {fastest.cache_type} KV ({fastest.placement}), "
             f"is expected to decode ~{tps:.1f} tok/s",
-            hint=f"lower --min-tps (e.g. --min-tps {max(1, math.floor(tps))}) or the context",
+            hint=(
+                f"lower --min-tps (e.g. --min-tps {suggest:g}) or the context"
+                if (suggest := min_tps_suggestion(tps, request.min_tps)) is not None
+                else "--min-tps 0 (no floor) or a shorter context"
+            ),
         )
     smallest = min(failing, key=lambda c: c.shortfall_bytes) if failing else None
     if smallest is None:

@@ -22,6 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from enum import Enum
 
+from quantpick.machine.backends import BackendKind, backend_of
 from quantpick.machine.spec import Machine
 from quantpick.model.layout import ModelLayout
 from quantpick.model.speculative import SpecKind, spec_sources
@@ -81,11 +82,32 @@ ROUND_OVERHEAD_MS = 1.0
 # An n-gram lookup drafts on the CPU from the context's hashes: no model step (common/
 # speculative.cpp common_speculative_impl_ngram_*: a hash-map lookup per round).
 NGRAM_DRAFT_MS = 0.05
-# How fast a backend runs the small verify batch relative to its mat-vec decode: CUDA's mmvq
-# takes up to 8 rows at one pass (ggml-cuda/mmvq.cu MMVQ_MAX_BATCH_SIZE); the AMD rows of the
-# data (llama.cpp #23549: RX 7900-class, Vulkan/ROCm, 7.7 tok/s with MTP vs 19.4 without; #23774
-# Strix Halo Vulkan: no gain) ask for ~0.25. An input: the backend is the machine's fact.
-BACKEND_VERIFY_EFFICIENCY = {"cuda": 1.0, "cpu": 1.0, "rpc": 1.0, "rocm": 0.25, "vulkan": 0.25}
+# How fast a backend runs the small verify batch relative to its own mat-vec decode (the extra
+# rows' share of a verify step is divided by it): CUDA's mmvq takes up to 8 rows at one pass over
+# the weights (ggml-cuda/mmvq.cu MMVQ_MAX_BATCH_SIZE), the measure of the other figures. ROCm and
+# Vulkan: 0.35, fitted (grid 0.10-1.00, `benchmarks/spec_accuracy.py --fit`) to the 8 AMD rows of
+# benchmarks/data/spec-measurements.json (Strix Halo ROCm/Vulkan, RX 7900 XTX, Radeon 780M, a
+# HIP card; 5 sources), the acceptance held out by source: refitted without each row's source,
+# median error 4%, worst 1.48x (CUDA's 1.0 gives 18% and 1.57x). Metal, SYCL: no rows, CUDA's
+# figure. An input of the decision: the machine's backend says which.
+BACKEND_VERIFY_EFFICIENCY: dict[BackendKind, float] = {
+    BackendKind.CUDA: 1.0,
+    BackendKind.CPU: 1.0,
+    BackendKind.ROCM: 0.35,
+    BackendKind.VULKAN: 0.35,
+    BackendKind.METAL: 1.0,
+    BackendKind.SYCL: 1.0,
+}
+
+
+def verify_efficiency(machine: Machine) -> float:
+    """The verify efficiency of the machine's GPUs' backend (the slowest of them; 1.0 without)."""
+    return min(
+        (BACKEND_VERIFY_EFFICIENCY[backend_of(g.backend).kind] for g in machine.usable_gpus),
+        default=1.0,
+    )
+
+
 # llama-server's default --spec-draft-n-max (common/common.h: 3) and the range searched.
 DEFAULT_DRAFT_N_MAX = 3
 DRAFT_N_RANGE = range(1, 7)

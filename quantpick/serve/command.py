@@ -145,6 +145,8 @@ class ServerCommand:
     host: str = "127.0.0.1"
     port: int = 8080
     hf: HfModel | None = None  # the model comes from -hf, not a file on disk
+    backend: str = "cuda"  # machine/backends key of the local devices the command names
+    selected_by_env: bool = False  # True: the backend's variable selects the GPUs (no --device)
 
 
 @dataclass
@@ -511,7 +513,9 @@ def build_command(
         target=target,
         env_from=tuple(env_from),
         env_names=env_names,
-        devices=cuda_indices(config.devices),
+        devices=local_indices(config.devices, local),
+        backend=local.key,
+        selected_by_env=local.visibility_env is not None and local.visibility_env in env,
         host=server.host,
         port=server.port,
         hf=hf,
@@ -546,16 +550,18 @@ def comment_lines(text: str) -> list[str]:
 # without the program. Written by hand (no YAML library is a dependency): every string is a
 # double-quoted YAML scalar, and "$" is doubled because compose interpolates every value.
 
-def cuda_indices(devices: tuple[int | str, ...] | None) -> tuple[int, ...] | None:
-    """--device's CUDA devices as indices ("CUDA1" -> 1); RPC devices are not this host's."""
+def local_indices(
+    devices: tuple[int | str, ...] | None, local: Backend
+) -> tuple[int, ...] | None:
+    """--device's local devices as indices ("ROCm1" -> 1); RPC devices are not this host's."""
     if devices is None:
         return None
     out = []
     for d in devices:
         if isinstance(d, int):
             out.append(d)
-        elif d.upper().startswith("CUDA") and d[4:].isdigit():
-            out.append(int(d[4:]))
+        elif d[-1:].isdigit() and (index := local.device_index(d)) is not None:
+            out.append(index)
     return tuple(out)
 
 

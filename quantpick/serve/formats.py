@@ -10,6 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from quantpick.errors import UsageError
+from quantpick.machine.backends import BackendKind
+from quantpick.machine.backends import backend as backend_named
 from quantpick.serve.command import (
     ENV_VARS,
     NEGATIVE_FLAGS,
@@ -281,9 +283,6 @@ def render_systemd(cmd: ServerCommand, plan_comment: str, name: str) -> str:
 COMPOSE_IMAGE_CPU = "ghcr.io/ggml-org/llama.cpp:server"
 
 
-COMPOSE_IMAGE_CUDA = "ghcr.io/ggml-org/llama.cpp:server-cuda"
-
-
 _CONTAINER_HF_HOME = "/hf"
 
 
@@ -319,14 +318,15 @@ def _published(host: str, port: int) -> str:
     return f"{host}:{port}:{port}"
 
 
-def _container_cuda_index(cmd: ServerCommand) -> dict[int, int]:
-    """CUDA index in the argv -> inside the container, where only the reserved GPUs exist and,
+def _container_index(cmd: ServerCommand) -> dict[int, int]:
+    """Device index in the argv -> inside the container, where only the reserved GPUs exist and,
     in PCI bus order (CUDA_DEVICE_ORDER=PCI_BUS_ID), are numbered from 0."""
     if not cmd.devices:
         return {}
     order = sorted(cmd.devices)
-    if "CUDA_VISIBLE_DEVICES" in cmd.env:  # the argv numbers GPUs by their place in that list
-        listed = [int(i) for i in cmd.env["CUDA_VISIBLE_DEVICES"].split(",") if i]
+    variable = backend_named(cmd.backend).visibility_env
+    if cmd.selected_by_env and variable:  # the argv numbers GPUs by their place in that list
+        listed = [int(i) for i in re.findall(r"\d+", cmd.env[variable])]
         return {pos: order.index(phys) for pos, phys in enumerate(listed)}
     return {phys: order.index(phys) for phys in cmd.devices}
 
@@ -341,13 +341,27 @@ def render_compose(
     `machine_gpus`: the NVML indices of the machine's GPUs, reserved when the plan uses them all
     (`cmd.devices` is None); without them the reservation is `count: all`.
     """
+    local = backend_named(cmd.backend)
     gpus = cmd.devices is None or bool(cmd.devices)
     reserved = cmd.devices if cmd.devices is not None else (tuple(machine_gpus or ()) or None)
-    image = COMPOSE_IMAGE_CUDA if gpus else COMPOSE_IMAGE_CPU
-    renumber = _container_cuda_index(cmd)
+    # The image built for the backend (llama.cpp docs/docker.md: server-cuda, server-rocm,
+    # server-vulkan, server-intel); Metal has none (macOS runs no GPU in containers).
+    if gpus and not local.image_suffix:
+        raise UsageError(
+            f"--format compose: llama.cpp publishes no {local.label} image "
+            "(containers on macOS get no GPU)",
+            hint="use --format script or systemd",
+        )
+    image = f"{COMPOSE_IMAGE_CPU}-{local.image_suffix}" if gpus else COMPOSE_IMAGE_CPU
+    renumber = _container_index(cmd)
+    prefix = re.escape(local.device_prefix)
 
-    def cuda(text: str) -> str:
-        return re.sub(r"CUDA(\d+)", lambda m: f"CUDA{renumber.get(int(m[1]), int(m[1]))}", text)
+    def renamed(text: str) -> str:
+        return re.sub(
+            rf"{prefix}(\d+)",
+            lambda m: local.device_name(renumber.get(int(m[1]), int(m[1]))),
+            text,
+        )
 
     mounts: dict[str, str] = {}  # host directory -> container directory
     args: list[str] = []
@@ -369,13 +383,13 @@ def render_compose(
             i += 2
             continue
         if renumber and word in ("--device", "-dev", "-ot", "--override-tensor") and value:
-            args += [word, cuda(value)]
+            args += [word, renamed(value)]
             i += 2
             continue
         args.append(word)
         i += 1
 
-    env = {k: v for k, v in cmd.env.items() if k != "CUDA_VISIBLE_DEVICES"}
+    env = {k: v for k, v in cmd.env.items() if k != local.visibility_env}
     lines = [f"{WRITTEN_BY} Plan:"]
     lines += comment_lines(plan_comment)
     lines += comment_lines(
@@ -385,8 +399,10 @@ def render_compose(
     for warning in cmd.warnings:
         lines += comment_lines(f"Warning: {warning}")
     lines.append("# Run: docker compose -f THIS_FILE up -d")
-    if gpus:
+    if gpus and local.kind is BackendKind.CUDA:
         lines.append("# GPUs need the NVIDIA Container Toolkit on the host.")
+    elif gpus:
+        lines.append(f"# {local.label} reaches the GPUs through the host's device files.")
     for _, src in cmd.env_from:
         lines.append(f"# The API key comes from ${src} (in the shell or an .env file beside this).")
     lines += ["services:", "  llama-server:", f"    image: {yaml_str(image)}", "    command:"]
@@ -427,7 +443,11 @@ def render_compose(
         "      start_period: 15m  # loading tens of GB takes a while",
         "    restart: unless-stopped",
     ]
-    if gpus:
+    if gpus and local.kind is not BackendKind.CUDA:
+        # ROCm needs /dev/kfd and /dev/dri (ROCm's docker docs); Vulkan and SYCL /dev/dri.
+        nodes = ["/dev/kfd", "/dev/dri"] if local.kind is BackendKind.ROCM else ["/dev/dri"]
+        lines += ["    devices:", *(f"      - {yaml_str(n)}" for n in nodes)]
+    elif gpus:
         lines += [
             "    deploy:",
             "      resources:",

@@ -222,10 +222,13 @@ def launch(
     argv: Sequence[str], env: Mapping[str, str], log_path: Path, *, detach: bool
 ) -> subprocess.Popen[bytes]:
     """Start llama-server in its own session and process group, its output into `log_path`
-    (truncated). `detach`: it is meant to outlive quantpick (no parent-death signal)."""
+    (truncated; quantpick.outputs.open_log: never through a symlink, never a FIFO, a device or a
+    hard link). `detach`: it is meant to outlive quantpick (no parent-death signal)."""
+    from quantpick.outputs import open_log
+
     log_path.parent.mkdir(parents=True, exist_ok=True)
     preexec = _die_with_parent if not detach and sys.platform.startswith("linux") else None
-    with log_path.open("wb") as log:
+    with os.fdopen(open_log(log_path), "wb") as log:
         try:
             return subprocess.Popen(
                 list(argv),

@@ -157,6 +157,27 @@ def test_server_started_by_serve_matches_its_plan(llamacpp_bin: Path, model: Pat
         assert server["check"]["as_planned"] is True
         code, out, _ = check(doc["endpoint"]["model"])
         assert code == 0 and "As planned." in out and "KV" in out
+
+        # learning: the measured compute becomes this machine's memory calibration, and the
+        # next plan for this build carries it (named), weights/KV/state untouched
+        code, out, err = check("--learn", "--json")
+        learned = json.loads(out)
+        assert code == 0 and learned["learned"], learned["not_learned"]
+        plan = runner.invoke(app, ["command", "--gguf", str(model), "-c", "4096", "--cpu-only",
+                                   "--llama-server", str(llamacpp_bin / "llama-server"),
+                                   "--no-confirm", "--json"])  # fmt: skip
+        assert plan.exit_code == 0, plan.stderr
+        (host,) = json.loads(plan.stdout)["plan"]["devices"]
+        assert abs(host["compute_bytes"] - measured["compute_bytes"]) <= 1
+        assert host["kv_bytes"] == planned["kv_bytes"]
+        assert "quantpick check --learn" in plan.stderr
+        listed = runner.invoke(app, ["calibration", "list", "--json"])
+        (row,) = json.loads(listed.stdout)["memory"]
+        assert row["this_machine"] and "CPU" in row["entry"]["compute_ratios"]
+        assert runner.invoke(app, ["calibration", "reset"]).exit_code == 0
+        assert (
+            json.loads(runner.invoke(app, ["calibration", "list", "--json"]).stdout)["memory"] == []
+        )
     finally:
         runner.invoke(app, ["serve", "--stop", doc["endpoint"]["model"]])
 

@@ -104,3 +104,17 @@ def test_estimate_spec_sizes_the_nextn_block_and_draft_context(server: str) -> N
     assert ngram["devices"][0]["weights_bytes"] == p["weights_bytes"]
     bad = runner.invoke(app, ["estimate", MODEL, "-q", "Q4_K_M", "--gpu", "3090", "--spec", "x"])
     assert bad.exit_code == 2 and "--spec x: not a speculation kind" in bad.stderr
+
+
+def test_the_backend_decides_too(server: str) -> None:
+    """CUDA's small verify batch is nearly free; ROCm's is not: fewer drafts and a smaller gain on
+    an RX 7900 XTX, and no speculation for Q8_0 on a Strix Halo box (llama.cpp #23774)."""
+    nv = pick(server, "-c", "32768", "--gpu", "3090", "--ram", "64G")["speculative"]
+    amd = pick(server, "-c", "32768", "--gpu", "7900xtx", "--ram", "64G")["speculative"]
+    assert nv["enabled"] and amd["enabled"]
+    gain = {k: d["expected_decode_tps"] / d["expected_decode_tps_without"]
+            for k, d in (("nv", nv), ("amd", amd))}  # fmt: skip
+    assert gain["amd"] < gain["nv"] and amd["draft_n_max"] < nv["draft_n_max"]
+    halo = pick(server, "-c", "32768", "--gpu", "strix-halo", "--ram", "128G")
+    assert halo["quant"] == "Q8_0" and not halo["speculative"]["enabled"]
+    assert "under 15% gain" in halo["speculative"]["reason"]

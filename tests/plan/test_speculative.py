@@ -107,3 +107,17 @@ def test_asked_kind_is_an_override_that_says_when_it_loses() -> None:
     assert d.enabled and d.kind is SpecKind.MTP and "expected slower" in d.reason
     d = decide(SpecMode.MTP, (SpecKind.MTP,), {SpecKind.MTP: _opt(SpecKind.MTP, 21.0)}, {}, 20.0)
     assert d.enabled and d.reason.endswith("as asked")
+
+
+def test_verify_efficiency_follows_the_backend() -> None:
+    from quantpick.plan.speculative import verify_efficiency
+
+    def box(*gpus: str) -> Machine:
+        return Machine(
+            gpus=tuple(describe_gpu(g, index=i) for i, g in enumerate(gpus)),
+            host=Host(64 * GiB, 64 * GiB, 8),
+        )
+
+    assert verify_efficiency(box("3090")) == 1.0
+    assert verify_efficiency(box("7900xtx")) == pytest.approx(0.35)
+    assert verify_efficiency(box()) == 1.0  # the CPU
