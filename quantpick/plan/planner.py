@@ -64,7 +64,7 @@ GiB = 1024**3
 # llama.cpp's --fit never shrinks below 4096 (fit-ctx default); the planner's smallest context.
 MIN_CONTEXT = 4096
 
-# quant -> its layout, resolved by the caller (pipeline) before planning.
+# quant -> its layout, resolved by the caller (jobs.plan) before planning.
 Layouts = Mapping[str, ModelLayout]
 
 

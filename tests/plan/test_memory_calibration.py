@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 from fake_llama_server import fake_llama_server
-from quantpick.pipeline import PlanInputs, plan_for
 
+from quantpick.jobs.plan import PlanInputs, plan_for
 from quantpick.machine.spec import Gpu, Host, Machine
 from quantpick.model.local import local_layout, manifest_for_gguf
 from quantpick.plan.check import Figures, Observed, PlannedServer, compare
