@@ -33,8 +33,10 @@ def main() -> int:
     ap.add_argument("-v", "--verbose", action="store_true")
     ap.add_argument("--only", nargs="*", default=[])
     args = ap.parse_args()
-    print(f"{'config':<22} {'arch':<11} {'cases':>5} {'weights exact':>14} {'KV+state exact':>15}"
-          f" {'max |dW| MiB':>13} {'max |dKV| MiB':>14}  compute MiB: median  under   over")
+    print(
+        f"{'config':<22} {'arch':<11} {'cases':>5} {'weights exact':>14} {'KV+state exact':>15}"
+        f" {'max |dW| MiB':>13} {'max |dKV| MiB':>14}  compute MiB: median  under   over"
+    )
     # fmt: skip
     for path in sorted(DATA.glob("*.json")):
         doc, _layout = load(path)
@@ -50,8 +52,10 @@ def main() -> int:
         if args.verbose:
             for r in got:
                 if not r.exact:
-                    print(f"  {r.config} {r.case} {r.device}: weights {r.weights[0]} vs "
-                          f"{r.weights[1]}, KV+state {r.context[0]} vs {r.context[1]} ({r.unit})")
+                    print(
+                        f"  {r.config} {r.case} {r.device}: weights {r.weights[0]} vs "
+                        f"{r.weights[1]}, KV+state {r.context[0]} vs {r.context[1]} ({r.unit})"
+                    )
         counts = f"{w_ok:>7}/{n:<6} {kv_ok:>8}/{n:<6}"
         dc = sorted((r.compute[0] - r.compute[1]) / scale[r.unit] for r in got) or [0.0]
         print(f"{doc['config']:<22} {doc['arch']:<11} {len(doc['cases']):>5} {counts} "

@@ -57,7 +57,9 @@ def reference(entry: dict[str, Any]) -> tuple[str, dict[str, dict[str, int]]]:
     for row in entry["mib"]:
         if row["kind"] in ("device", "host"):
             out[row["name"]] = {
-                "model": row["model"], "context": row["context"], "compute": row["compute"]
+                "model": row["model"],
+                "context": row["context"],
+                "compute": row["compute"],
             }
     return "MiB", out
 

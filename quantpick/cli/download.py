@@ -443,6 +443,7 @@ def download(
     from quantpick.config import load_settings, with_fetch_flags
     from quantpick.fetch.download import fetch_model
     from quantpick.hub.http import RetryPolicy
+
     if source not in SOURCE_CHOICES:
         raise UsageError(f"--source must be one of {', '.join(SOURCE_CHOICES)}, not {source!r}")
     settings = with_fetch_flags(

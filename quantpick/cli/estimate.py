@@ -229,9 +229,7 @@ def estimate_cmd(
         raise no_fit
 
 
-def _config(
-    given: dict[str, Any], machine: Machine, layout: ModelLayout, label: str
-) -> RunConfig:
+def _config(given: dict[str, Any], machine: Machine, layout: ModelLayout, label: str) -> RunConfig:
     """The configuration llama-server's own flags describe (-ngl, -ts, -ot, -dev, --spec, ...)."""
     from quantpick.errors import UsageError
     from quantpick.plan.memory import RunConfig

@@ -192,9 +192,7 @@ def _show_limits(given: dict[str, Any]) -> None:
     from quantpick.jobs.plan import max_context_for
 
     # -c, -ub, -b and -fa are left at llama-server's defaults: the context is what is searched
-    plan = PlanOptions.of(
-        given, ctx_size=0, ubatch=None, batch=None, flash_attn=None, spec="off"
-    )
+    plan = PlanOptions.of(given, ctx_size=0, ubatch=None, batch=None, flash_attn=None, spec="off")
     manifest = plan.manifest()
     machine = MachineOptions.of(given).machine()
     found = max_context_for(plan.inputs(manifest, machine))

@@ -458,9 +458,7 @@ def render_plan(p: Plan, machine: Machine, n_slots: int) -> None:
             soft_wrap=True,
         )
     con.print(
-        device_table(
-            p.estimate, f"Per device at -c {p.config.ctx_size}, -np {p.config.n_parallel}"
-        )
+        device_table(p.estimate, f"Per device at -c {p.config.ctx_size}, -np {p.config.n_parallel}")
     )
     con.print(speed_line(p.speed))
     if p.speculative is not None:

@@ -401,8 +401,10 @@ def raw_headers(
     for f in files:
         keys = [sha256_key(f.sha256)] if f.sha256 else []
         for source in manifest.sources:
-            if is_repository(source.kind) and source.repo and pinned_revision(
-                source.kind, source.revision
+            if (
+                is_repository(source.kind)
+                and source.repo
+                and pinned_revision(source.kind, source.revision)
             ):
                 assert source.revision is not None
                 keys.append(source_key(source.kind, source.repo, source.revision, f.name))

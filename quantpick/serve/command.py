@@ -550,9 +550,8 @@ def comment_lines(text: str) -> list[str]:
 # without the program. Written by hand (no YAML library is a dependency): every string is a
 # double-quoted YAML scalar, and "$" is doubled because compose interpolates every value.
 
-def local_indices(
-    devices: tuple[int | str, ...] | None, local: Backend
-) -> tuple[int, ...] | None:
+
+def local_indices(devices: tuple[int | str, ...] | None, local: Backend) -> tuple[int, ...] | None:
     """--device's local devices as indices ("ROCm1" -> 1); RPC devices are not this host's."""
     if devices is None:
         return None

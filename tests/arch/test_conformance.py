@@ -113,9 +113,7 @@ def test_llamacpp_refusals_are_quantpicks_too() -> None:
 
 
 @pytest.mark.llamacpp
-def test_live_llamacpp_agrees_on_every_architecture(
-    llamacpp_bin: Path, tmp_path: Path
-) -> None:
+def test_live_llamacpp_agrees_on_every_architecture(llamacpp_bin: Path, tmp_path: Path) -> None:
     """A fresh test-llama-archs run, every model and the whole grid, against llama.cpp now."""
     from rpc_workers import rpc_workers
 

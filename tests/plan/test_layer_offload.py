@@ -44,8 +44,15 @@ def box(*gpu_gib: float, ram_gib: float = 64, bandwidth: float = 900e9) -> Machi
         for i, g in enumerate(gpu_gib)
     )  # fmt: skip
     ram = int(ram_gib * GiB)
-    return Machine(gpus=gpus, host=Host(ram_total_bytes=ram, ram_available_bytes=ram - GiB,
-                                        cpu_cores=8, ram_bandwidth_bytes_per_s=60_000_000_000))
+    return Machine(
+        gpus=gpus,
+        host=Host(
+            ram_total_bytes=ram,
+            ram_available_bytes=ram - GiB,
+            cpu_cores=8,
+            ram_bandwidth_bytes_per_s=60_000_000_000,
+        ),
+    )
 
 
 MISTRAL = manifest_for("mistral-small-24b")
