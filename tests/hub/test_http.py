@@ -339,7 +339,7 @@ def test_a_password_in_hf_endpoint_is_not_in_retry_lines(
 def test_a_repository_on_a_silent_hub_gives_up_at_the_planning_bound(
     silent_hub: SilentServer, monkeypatch: pytest.MonkeyPatch, args: list[str]
 ) -> None:
-    """The bound asserted is the one configured (fetch.http.PLANNING_DEADLINE, the bundled-model
+    """The bound asserted is the one configured (hub.http.PLANNING_DEADLINE, the bundled-model
     path's 5 s), set short here; the download policy would wait its own (2 s) and say "gave up
     after 1 attempts" instead. No wall-clock assertion."""
     monkeypatch.setattr(http, "DEFAULT_POLICY", replace(FAST, attempts=1, idle_timeout=2.0))
