@@ -56,7 +56,7 @@ def test_os_error_on_a_path_the_user_gave_is_a_usage_error(
     target = tmp_path / "ro" / "serve.sh"
     (tmp_path / "ro").mkdir()
     monkeypatch.setattr(
-        "quantpick.serve.command.write_script",
+        "quantpick.serve.script_file.write_script",
         _raise(OSError(errno.EROFS, "Read-only file system", str(target))),
     )
     gguf = tmp_path / "m.gguf"
