@@ -419,7 +419,7 @@ def get_cmd(
         ),
         settings=settings, progress=progress, on_plan=announce, live=live,
     )  # fmt: skip
-    notes(result.tuning.notes if result.tuning is not None else ())
+    notes((*(result.tuning.notes if result.tuning is not None else ()), *result.contradictions))
     for warning in result.warnings:
         output.warn(warning)
     if not dry_run:

@@ -46,6 +46,7 @@ class GetResult:
     warnings: tuple[str, ...] = field(default_factory=tuple)
     confirmation: ConfirmReport | None = None  # llama.cpp's check of `plan` (None: not run)
     tuning: Tuning | None = None  # the compute rule and calibration the plan was made with
+    contradictions: tuple[str, ...] = ()  # PlanResult.contradictions: what `pick` notes too
 
 
 def get(
@@ -101,7 +102,7 @@ def get(
         mmproj = dest / manifest.projector.name if vision and manifest.projector else None
         return GetResult(
             first, first, None, None, model_path, mmproj, planned.header_problems,
-            tuple(warnings), tuning=planned.tuning,
+            tuple(warnings), tuning=planned.tuning, contradictions=planned.contradictions,
         )  # fmt: skip
     try:
         if offline and not req.dry_run:
@@ -183,4 +184,5 @@ def get(
         warnings=tuple(warnings),
         confirmation=confirmation,
         tuning=planned.tuning,
+        contradictions=planned.contradictions,
     )

@@ -98,16 +98,20 @@ class PlanResult:
     inputs: PlanInputs  # with the tuned request and overheads the plan was made with
     tuning: Tuning
     header_problems: tuple[str, ...] = ()
+    # What the chosen quant's exact header contradicts in the manifest (one line each)
+    contradictions: tuple[str, ...] = ()
 
     @property
     def notes(self) -> tuple[str, ...]:
-        """What the CLI says on stderr: the tuning applied (or why not), a missing header."""
+        """What the CLI says on stderr: the tuning applied (or why not), a missing header, a
+        manifest the header contradicts."""
         out = list(self.tuning.notes)
         if self.header_problems:
             out.append(
                 "exact GGUF header unavailable, planned from the manifest: "
                 + self.header_problems[-1]
             )
+        out.extend(self.contradictions)
         return tuple(out)
 
 
@@ -128,7 +132,7 @@ def tuned(inputs: PlanInputs, *, settings: Settings | None = None) -> tuple[Plan
 def plan_for(inputs: PlanInputs, *, settings: Settings | None = None) -> PlanResult:
     """The plan for `inputs`: tuned, then on the file's own header (`local`) or on the exact
     header of the chosen quant when it can be had."""
-    from quantpick.model.headers import LayoutSource
+    from quantpick.model.headers import LayoutSource, manifest_contradictions
     from quantpick.plan.planner import plan
 
     inputs, tuning = tuned(inputs, settings=settings)
@@ -145,7 +149,8 @@ def plan_for(inputs: PlanInputs, *, settings: Settings | None = None) -> PlanRes
         local_copy=_verified_copy(inputs, settings),
     )  # fmt: skip
     p = plan_exact(inputs.manifest, inputs.machine, layouts, inputs.request, inputs.overheads)
-    return PlanResult(p, inputs, tuning, tuple(layouts.problems))
+    contradictions = manifest_contradictions(inputs.manifest, p.quant, layouts(p.quant))
+    return PlanResult(p, inputs, tuning, tuple(layouts.problems), tuple(contradictions))
 
 
 @dataclass(frozen=True)
