@@ -54,7 +54,7 @@ import json, resource, sys, time
 from pathlib import Path
 from quantpick.fetch.transfer import download_file
 from quantpick.fetch.segments import SINGLE_STREAM, SegmentPolicy
-from quantpick.fetch.sources import RemoteFile
+from quantpick.hub.base import RemoteFile
 url, dest, size, sha = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 durable, single = sys.argv[5] == "1", sys.argv[6] == "1"
 remote = RemoteFile("model.gguf", size, sha, url, "hf", None)
@@ -320,7 +320,7 @@ def verify_bench(work: Path, size_mib: int, rounds: int) -> None:
                 [
                     PY,
                     "-c",
-                    "import sys; from quantpick.fetch.verify import verify_files, "
+                    "import sys; from quantpick.hub.verify import verify_files, "
                     "parse_sha256sums; from pathlib import Path; d=Path(sys.argv[1]); "
                     "r=verify_files(d, parse_sha256sums((d/'SHA256SUMS').read_text())); "
                     "sys.exit(0 if r.ok else 4)",

@@ -41,7 +41,7 @@ REPO = "org/Hostile-GGUF"
 MACHINE = ["--gpu", "3090", "--ram", "64G", "--cores", "8", "-c", "8192"]
 # argv[1]: "capped" or "uncapped" (every untagged header, with a download's retries: as before)
 PICK = (
-    "import sys, time, quantpick.model.from_repo as r, quantpick.fetch.http as h\n"
+    "import sys, time, quantpick.model.from_repo as r, quantpick.hub.http as h\n"
     "if sys.argv[1] == 'uncapped':\n"
     "    r.MAX_UNTAGGED_HEADERS = 10**9; h.planning_policy = h.default_policy\n"
     "h.DEFAULT_POLICY = h.RetryPolicy(sleep=lambda s: time.sleep(min(s, 0.2)))\n"

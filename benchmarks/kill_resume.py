@@ -38,7 +38,7 @@ CHILD = r"""
 import json, sys
 from pathlib import Path
 from quantpick.fetch.transfer import download_file
-from quantpick.fetch.sources import RemoteFile
+from quantpick.hub.base import RemoteFile
 url, dest, size, sha = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 r = download_file(RemoteFile("model.gguf", size, sha, url, "hf", None), dest,
                   headers_for=lambda u: {"User-Agent": "kill-bench"})

@@ -73,19 +73,18 @@ from quantpick.machine.spec import Host, Machine  # noqa: E402
 from quantpick.model.layout import ModelLayout, synthesize_layout  # noqa: E402
 from quantpick.model.manifest import Manifest  # noqa: E402
 from quantpick.model.registry import bundled_manifest_dir, load_manifest_file  # noqa: E402
+from quantpick.plan.bandwidth_bound import decode_speed  # noqa: E402
 from quantpick.plan.memory import RunConfig, estimate  # noqa: E402
-from quantpick.plan.planner import device_bandwidths  # noqa: E402
+from quantpick.plan.placement import device_bandwidths  # noqa: E402
 from quantpick.plan.speed import (  # noqa: E402
     DEFAULT_SPEED_PARAMS,
     DeviceSpeed,
     SpeedParams,
-    SpeedWork,
     decode_seconds,
-    decode_speed,
     device_speeds,
     prefill_seconds,
-    speed_work,
 )
+from quantpick.plan.speed_work import SpeedWork, speed_work  # noqa: E402
 
 GiB = 1024**3
 DEFAULT_CORES = 8

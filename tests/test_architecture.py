@@ -2,7 +2,7 @@
 
 - No import cycles between quantpick's modules (imports inside functions count too: a cycle that
   only closes at run time is still a cycle for a reader).
-- One direction: nothing outside `cli/` imports `cli/`; only `cli/` imports `pipeline`.
+- One direction: nothing outside `cli/` imports `cli/`; only `cli/` imports `jobs/`.
 - The planning core (`quantpick/plan/`) and the plain data it reads are pure: no I/O modules, no
   open()/print()/input(), no environment reads, and imports only from the pure set.
 """
@@ -35,6 +35,7 @@ PURE_MODULES = {
     "quantpick.model.ggml",
     "quantpick.model.gguf_names",
     "quantpick.model.speculative",
+    "quantpick.hub.kinds",
 }
 # Standard-library modules that do I/O or read the environment.
 IO_MODULES = {
@@ -91,7 +92,7 @@ def graph() -> dict[str, set[str]]:
 def test_the_graph_is_read() -> None:
     g = graph()
     assert "quantpick.plan.memory" in g["quantpick.plan.planner"]
-    assert "quantpick.plan.planner" in g["quantpick.pipeline"]
+    assert "quantpick.plan.planner" in g["quantpick.jobs.plan"]
 
 
 def test_no_import_cycles() -> None:
@@ -132,7 +133,7 @@ def test_no_import_cycles() -> None:
     assert cycles == []
 
 
-def test_only_the_cli_imports_the_cli_and_the_pipeline() -> None:
+def test_only_the_cli_imports_the_cli_and_the_jobs() -> None:
     offenders = []
     for name, deps in graph().items():
         if name.startswith("quantpick.cli") or name == "quantpick.__main__":
@@ -140,9 +141,53 @@ def test_only_the_cli_imports_the_cli_and_the_pipeline() -> None:
         for dep in deps:
             if dep.startswith("quantpick.cli"):
                 offenders.append(f"{name} -> {dep}")
-            if dep == "quantpick.pipeline" and name != "quantpick.pipeline":
+            if dep.startswith("quantpick.jobs") and not name.startswith("quantpick.jobs"):
                 offenders.append(f"{name} -> {dep}")
     assert offenders == []
+
+
+def test_the_pipeline_module_is_gone() -> None:
+    # one module per job (quantpick/jobs/), not one module doing them all
+    assert not (PACKAGE / "pipeline.py").exists()
+
+
+# The floors of docs/architecture.md, ground first: a package imports only packages on lower
+# floors (and itself). The hub layer (hub/: http, hub kinds, checksums) lies below model/, which
+# reads headers through it before anything is planned; fetch/ is the download stage above both.
+FLOORS = (
+    {"errors", "units", "safe_names", "local_files", "process", "outputs", "config", ""},
+    {"arch", "hub"},
+    {"model"},
+    {"machine"},  # a backend's buffer rules read ggml's type sizes (model/ggml.py)
+    {"plan"},
+    {"fetch"},
+    {"serve"},
+    {"jobs"},
+    {"cli"},
+    {"__main__"},
+)
+
+
+def floor_of(module: str) -> int:
+    package = module.split(".")[1] if "." in module else ""
+    return next(i for i, names in enumerate(FLOORS) if package in names)
+
+
+def test_every_package_has_a_floor() -> None:
+    for name in all_modules():
+        floor_of(name)
+
+
+def test_no_arrow_runs_upward() -> None:
+    upward = [
+        f"{name} -> {dep}"
+        for name, deps in graph().items()
+        for dep in deps
+        if floor_of(dep) > floor_of(name)
+        or (floor_of(dep) == floor_of(name) and dep.split(".")[1:2] != name.split(".")[1:2]
+            and floor_of(name) > 0)
+    ]  # fmt: skip
+    assert upward == []
 
 
 def core_modules() -> list[str]:
@@ -180,3 +225,74 @@ def test_planning_core_is_pure(module: str) -> None:
         if dep not in allowed and dep != "quantpick":
             problems.append(f"imports {dep}, which is not part of the pure core")
     assert problems == [], module
+
+
+# ---- the top floor: a command parses, calls one job, renders ---------------------------------
+
+MAX_COMMAND_BODY_LINES = 60
+
+
+def commands() -> list[tuple[str, ast.FunctionDef]]:
+    """Every CLI command: a function decorated with `<app>.command(...)` or `.callback()`."""
+    found = []
+    for name, path in all_modules().items():
+        if not name.startswith("quantpick.cli"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if not isinstance(node, ast.FunctionDef):
+                continue
+            for d in node.decorator_list:
+                f = d.func if isinstance(d, ast.Call) else d
+                if isinstance(f, ast.Attribute) and f.attr in ("command", "callback"):
+                    found.append((f"{name}.{node.name}", node))
+    return found
+
+
+def body_lines(fn: ast.FunctionDef) -> int:
+    """Lines of a function's body, its docstring left out."""
+    body = fn.body
+    if isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+        body = body[1:]
+    return (fn.end_lineno or fn.lineno) - body[0].lineno + 1 if body else 0
+
+
+def test_commands_are_read() -> None:
+    names = {n.rsplit(".", 1)[1] for n, _ in commands()}
+    assert {"pick_cmd", "get_cmd", "command_cmd", "serve_cmd", "estimate_cmd"} <= names
+
+
+def test_no_command_body_over_60_lines() -> None:
+    long = {n: body_lines(fn) for n, fn in commands() if body_lines(fn) > MAX_COMMAND_BODY_LINES}
+    assert long == {}
+
+
+def test_no_private_names_imported_across_modules() -> None:
+    offenders = []
+    for name, path in all_modules().items():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                if not node.module.startswith("quantpick") or node.module == name:
+                    continue
+                for alias in node.names:
+                    if alias.name.startswith("_") and not alias.name.startswith("__"):
+                        offenders.append(f"{name} <- {node.module}.{alias.name}")
+    assert offenders == []
+
+
+# The core inputs a command needs are built from its options in one place each
+# (quantpick/cli/groups.py): no command builds a machine, a plan request or overheads by hand.
+BUILT_ONCE = {"machine_from_options", "PlanRequest", "Overheads", "PlanInputs", "ConfirmOptions"}
+
+
+def test_core_inputs_are_built_only_by_the_option_groups() -> None:
+    offenders = []
+    for name, path in all_modules().items():
+        if not name.startswith("quantpick.cli") or name == "quantpick.cli.groups":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Call):
+                f = node.func
+                called = f.id if isinstance(f, ast.Name) else getattr(f, "attr", None)
+                if called in BUILT_ONCE:
+                    offenders.append(f"{name}:{node.lineno} {called}(...)")
+    assert offenders == []

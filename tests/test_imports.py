@@ -42,8 +42,13 @@ PURE = (
     "quantpick.machine.spec",
     "quantpick.safe_names",
     "quantpick.serve.command",
-    "quantpick.fetch.verify",
-    "quantpick.pipeline",
+    "quantpick.hub.verify",
+    "quantpick.jobs.plan",
+    "quantpick.jobs.get",
+    "quantpick.jobs.serve",
+    "quantpick.jobs.confirm",
+    "quantpick.jobs.dry_run",
+    "quantpick.jobs.bench",
 )
 
 

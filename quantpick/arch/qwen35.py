@@ -124,8 +124,13 @@ FAMILY = Family(
     min_build={"qwen35moe": 7988, "qwen35": 7988},
     # src/models/qwen35moe.cpp load_arch_hparams: ml.get_key(LLM_KV_SSM_*) without `false`
     required_keys=(
-        "attention.head_count", "attention.head_count_kv", "attention.key_length",
-        "ssm.conv_kernel", "ssm.inner_size", "ssm.state_size", "ssm.time_step_rank",
+        "attention.head_count",
+        "attention.head_count_kv",
+        "attention.key_length",
+        "ssm.conv_kernel",
+        "ssm.inner_size",
+        "ssm.state_size",
+        "ssm.time_step_rank",
         "ssm.group_count",
     ),  # fmt: skip
     manifest_aliases={

@@ -93,8 +93,10 @@ def support(name: str) -> Support:
     if fam is None:
         return Support(name, GENERIC, False, False, GENERIC_NOTE.format(name=name))
     checked = name in fam.checked
-    note = None if checked else (
-        f"{name}: {fam.name} rules, not yet checked against llama.cpp for this architecture"
+    note = (
+        None
+        if checked
+        else (f"{name}: {fam.name} rules, not yet checked against llama.cpp for this architecture")
     )
     return Support(name, fam.name, True, checked, note)
 

@@ -66,7 +66,7 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(name)
 
 
-def _completion_args() -> list[str]:
+def completion_args() -> list[str]:
     """The words before the one being completed (as typer's completion classes read them)."""
     import shlex
 
@@ -89,7 +89,7 @@ def _modules_for(argv: list[str]) -> tuple[str, ...]:
     a command name. Completing inside a command (its options, MODEL, --quant) loads only that
     command's module: each Tab is a new process, and building every command costs ~70 ms."""
     if any(v.endswith("_COMPLETE") for v in os.environ if v.startswith("_QUANTPICK")):
-        argv = _completion_args()
+        argv = completion_args()
     first = next((a for a in argv if not a.startswith("-")), None)
     module = COMMAND_MODULE.get(first or "")
     return (module,) if module else MODULES

@@ -9,12 +9,14 @@ Usage:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
 from quantpick.cli.core import app
+from quantpick.cli.groups import MachineOptions, PlanOptions, notes
 from quantpick.cli.options import (
     DEFAULT_MIN_TPS,
     AllowQ4Opt,
@@ -36,14 +38,11 @@ from quantpick.cli.options import (
     QuantOpt,
     RamBandwidthOpt,
     context_value,
-    machine_from_cli,
-    overheads_from_cli,
-    plan_request,
     tool_timeout,
 )
 
 if TYPE_CHECKING:
-    from quantpick.pipeline import BenchReport
+    from quantpick.jobs.bench import BenchReport
 
 # How long the whole bench may run (llama-bench, or llama-server's load and requests): a 35B model
 # with experts on the CPU and an 8K depth takes minutes; an hour means something is stuck.
@@ -188,13 +187,15 @@ def bench_cmd(
     json_: JsonOpt = False,
 ) -> None:
     """Measure the planned configuration on this machine and store its calibration profile."""
+    given = locals()
     import datetime
 
     from quantpick.cli import output
-    from quantpick.cli.local import resolve_local
+    from quantpick.cli.local import local_model
     from quantpick.cli.render import plan_to_dict
     from quantpick.errors import UsageError
-    from quantpick.pipeline import bench_plan
+    from quantpick.jobs.bench import bench_plan
+    from quantpick.jobs.on_disk import plan_file
     from quantpick.plan.calibration import plausibility_problems
     from quantpick.serve.bench import BenchSettings
     from quantpick.serve.calibration import save_profile
@@ -203,63 +204,51 @@ def bench_cmd(
         raise UsageError("--n-prompt, --n-gen and --reps must be >= 1, --depth >= 0")
     if llama_bin is not None and not llama_bin.is_dir():
         raise UsageError(f"--llama-bin {llama_bin}: not a directory")
-    machine = machine_from_cli(None, None, None, False, llama_server, ram_bandwidth)
-    local = resolve_local(model, quant, gguf, None, dir_, False)
-    request = plan_request(
-        ctx_size, parallel, kv_unified, prefer, local.quant, False, min_tps, allow_q4_kv, kv,
-        512, 2048, "on", no_offload,
-    )  # fmt: skip
-    from quantpick.pipeline import PlanInputs, plan_for
-
-    result = plan_for(
-        PlanInputs(
-            local.manifest, machine, request, overheads_from_cli(gpu_overhead, margin),
-            llama_server=llama_server, gpu_overhead_given=gpu_overhead is not None,
-            local=local.layout,
-        )
-    )  # fmt: skip
-    for line in result.notes:
-        output.note(f"Note: {line}")
-    p, overheads = result.plan, result.inputs.overheads
+    machine = MachineOptions.of(given).machine()
+    local = local_model(given)
+    inputs = PlanOptions.of(given, quant=local.quant).inputs(
+        local.manifest, machine, local=local.layout
+    )
+    planned = plan_file(inputs, local.model_path, None)
+    notes(planned.result.notes)
+    p, overheads = planned.plan, planned.result.inputs.overheads
     if depth is None:
         depth = min(p.config.ctx_size - n_gen - n_prompt, DEFAULT_DEPTH)
     settings = BenchSettings(n_prompt=n_prompt, n_gen=n_gen, depth=max(0, depth), reps=reps,
                              timeout_s=tool_timeout(timeout, BENCH_TIMEOUT_S))  # fmt: skip
 
-    show_progress = output.stderr().is_terminal  # on a terminal only, never on a pipe or log
-
-    def progress(line: str) -> None:
-        if show_progress and line.startswith(("llama-bench:", "starting", "prefill", "decode")):
-            output.note(line)
-
     report = bench_plan(
-        p,
-        local.manifest,
-        local.model_path,
-        machine,
-        overheads,
-        settings=settings,
-        llama_bin=llama_bin,
-        llama_server=llama_server,
-        tool=tool,
-        date=datetime.date.today().isoformat(),
-        progress=progress,
-    )
+        p, local.manifest, local.model_path, machine, overheads, settings=settings,
+        llama_bin=llama_bin, llama_server=llama_server, tool=tool,
+        date=datetime.date.today().isoformat(), progress=_progress_lines(),
+    )  # fmt: skip
     # Only a run that can be true is stored (plan/calibration.py): the README's own bench of a
     # 16 MiB test model once turned the next CPU pick into "nothing reaches 5 tok/s".
     refused = plausibility_problems(report.entry)
     saved = None if no_save or refused else save_profile(machine, report.entry)
     if json_:
-        doc: dict[str, Any] = {
+        output.print_json({
             "plan": plan_to_dict(p, machine, p.n_slots - 1),
             "bench": report.entry,
             "notes": list(report.notes),
             "profile_path": str(saved) if saved else None,
             "saved": saved is not None,
             "not_saved_because": refused,
-        }
-        output.print_json(doc)
+        })  # fmt: skip
         if refused and not no_save:
             output.warn("calibration not saved: " + "; ".join(refused))
         return
     render_bench(report, compare=compare, saved=saved, refused=None if no_save else refused)
+
+
+def _progress_lines() -> Callable[[str], None]:
+    """The measuring tool's progress lines, on a terminal only (never on a pipe or a log)."""
+    from quantpick.cli import output
+
+    show = output.stderr().is_terminal
+
+    def progress(line: str) -> None:
+        if show and line.startswith(("llama-bench:", "starting", "prefill", "decode")):
+            output.note(line)
+
+    return progress

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Optional
 import typer
 
 from quantpick.cli.core import app
+from quantpick.cli.groups import MachineOptions, PlanOptions
 from quantpick.cli.options import (
     CpuOnlyOpt,
     CtxOpt,
@@ -35,13 +36,10 @@ from quantpick.cli.options import (
     NpOpt,
     QuantOpt,
     RamOpt,
-    machine_from_cli,
-    overheads_from_cli,
-    plan_request,
 )
 
 if TYPE_CHECKING:
-    from quantpick.pipeline import CheckResult
+    from quantpick.jobs.check import CheckResult
     from quantpick.plan.check import CheckReport
 
 TargetArg = Annotated[
@@ -102,23 +100,21 @@ def check_cmd(
     """Check a running llama-server against its plan: per device, llama.cpp's own buffers
     beside the plan's, the context it was given, swap, other processes on its GPUs, decode
     speed; findings in plain words with what to do."""
+    given = locals()
     from quantpick.cli import output
     from quantpick.config import load_settings
     from quantpick.errors import ExitCode, UsageError
-    from quantpick.pipeline import CheckRequest, PlanInputs, check_server
+    from quantpick.jobs.check import CheckRequest, check_server
 
     inputs = None
     basis = ""
     if gguf is not None:
-        from quantpick.cli.local import resolve_local
+        from quantpick.cli.local import local_model
 
-        local = resolve_local(None, quant, gguf, None, None, False)
-        machine = machine_from_cli(hardware, gpu, ram, cpu_only, llama_server, None)
-        request = plan_request(ctx_size, parallel, kv_unified, "balanced", local.quant, False,
-                               0.0, False, kv, 512, 2048, "on", False)  # fmt: skip
-        overheads = overheads_from_cli(None, None, None, None)
-        inputs = PlanInputs(local.manifest, machine, request, overheads,
-                            llama_server=llama_server, local=local.layout)  # fmt: skip
+        local = local_model(given)
+        machine = MachineOptions.of(given).machine()
+        plan = PlanOptions.of(given, quant=local.quant, min_tps=0.0)
+        inputs = plan.inputs(local.manifest, machine, local=local.layout)
         basis = f"--gguf {gguf.name}" + (f" -c {ctx_size}" if ctx_size else "")
         basis += f" -np {parallel}" if parallel != 1 else ""
     elif ctx_size or kv or gpu or ram or hardware or cpu_only or quant:

@@ -19,12 +19,14 @@ import re
 import shlex
 from collections.abc import Callable
 
+from quantpick.hub.kinds import REPOSITORY_KINDS, SOURCE_KINDS
+
 Item = tuple[str, "str | None"]  # (value, help shown by zsh and fish)
 
 PREFER_CHOICES = ("balanced", "quality", "speed")
 FLASH_ATTN_CHOICES = ("on", "off", "auto")
-SOURCE_CHOICES = ("auto", "hf", "modelscope", "mirror")
-MANIFEST_SOURCE_CHOICES = ("hf", "modelscope")
+SOURCE_CHOICES = ("auto", *SOURCE_KINDS)  # hub/kinds.py
+MANIFEST_SOURCE_CHOICES = REPOSITORY_KINDS
 FORMATS = (
     "line", "script", "json", "env", "systemd", "compose",
     "preset", "llama-swap", "ollama", "lmstudio",

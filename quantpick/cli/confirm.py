@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from quantpick.cli.core import app
+from quantpick.cli.groups import LlamaCppOptions, MachineOptions, PlanOptions, notes
 from quantpick.cli.options import (
     DEFAULT_MIN_TPS,
     AllowQ4Opt,
@@ -38,15 +39,12 @@ from quantpick.cli.options import (
     RamBandwidthOpt,
     TimeoutOpt,
     VisionOpt,
-    machine_from_cli,
-    overheads_from_cli,
-    plan_request,
-    tool_timeout,
 )
 
 if TYPE_CHECKING:
+    from quantpick.jobs.confirm import ConfirmReport
+    from quantpick.jobs.dry_run import ConfigCheck
     from quantpick.machine.spec import Machine
-    from quantpick.pipeline import ConfigCheck, ConfirmReport
     from quantpick.plan.confirm import DeviceCheck
 
 MiB = 1024**2
@@ -228,47 +226,24 @@ def confirm_cmd(
     json_: JsonOpt = False,
 ) -> None:
     """Ask llama.cpp (llama-fit-params) whether the plan for a file on disk fits this machine."""
+    given = locals()
     from quantpick.cli import output
-    from quantpick.cli.local import resolve_local
+    from quantpick.cli.local import local_model
     from quantpick.cli.render import plan_to_dict
     from quantpick.errors import QuantpickError
-    from quantpick.pipeline import ConfirmOptions, confirm_local_plan
+    from quantpick.jobs.on_disk import plan_file
     from quantpick.serve.command import placement_flags
 
-    machine = machine_from_cli(None, None, None, False, llama_server, ram_bandwidth)
-    local = resolve_local(model, quant, gguf, mmproj, dir_, vision)
-    request = plan_request(
-        ctx_size, parallel, kv_unified, prefer, local.quant, vision, min_tps, allow_q4_kv, kv,
-        512, 2048, "on", no_offload,
-    )  # fmt: skip
-    from quantpick.pipeline import PlanInputs, plan_for
-
-    result = plan_for(
-        PlanInputs(
-            local.manifest, machine, request, overheads_from_cli(gpu_overhead, margin),
-            llama_server=llama_server, gpu_overhead_given=gpu_overhead is not None,
-            calibration=not no_calibration,
-            local=local.layout,
-        )
-    )  # fmt: skip
-    for line in result.notes:
-        output.note(f"Note: {line}")
-    p, request, overheads = result.plan, result.inputs.request, result.inputs.overheads
-    if llama_bin is not None and not llama_bin.is_dir():
-        from quantpick.errors import UsageError
-
-        raise UsageError(f"--llama-bin {llama_bin}: not a directory")
-    report = confirm_local_plan(
-        p,
-        local.manifest,
-        local.model_path,
-        machine,
-        request,
-        overheads,
-        ConfirmOptions(
-            llama_bin=llama_bin, llama_server=llama_server, timeout_s=tool_timeout(timeout)
-        ),
+    machine = MachineOptions.of(given).machine()
+    local = local_model(given)
+    inputs = PlanOptions.of(given, quant=local.quant).inputs(
+        local.manifest, machine, local=local.layout
     )
+    # `confirm` runs llama.cpp whatever --no-confirm elsewhere would say
+    planned = plan_file(inputs, local.model_path, LlamaCppOptions.of(given).tools())
+    notes(planned.result.notes)
+    report = planned.confirmation
+    assert report is not None  # asked for
     if report.status in ("skipped", "failed"):
         raise QuantpickError(report.message, hint="pass --llama-bin DIR (llama.cpp's build/bin)")
     block_count = report.plan.n_slots - 1

@@ -19,9 +19,9 @@ from quantpick.cli.options import (
 from quantpick.errors import QuantpickError, UsageError, VerificationError
 
 if TYPE_CHECKING:
-    from quantpick.fetch.download import FetchPlan, FetchReport
+    from quantpick.fetch.fetch_plan import FetchPlan, FetchReport
     from quantpick.fetch.transfer import DownloadResult, ProgressSink
-    from quantpick.fetch.verify import Verification
+    from quantpick.hub.verify import Verification
 
 
 # Fetch options shared by `download` and `get` (flag > environment > config file > default).
@@ -218,7 +218,7 @@ class _Quiet:
         pass
 
 
-def _progress(quiet: bool) -> tuple[ProgressSink, Any]:
+def transfer_progress(quiet: bool) -> tuple[ProgressSink, Any]:
     from quantpick.fetch.transfer import NullProgress
 
     if quiet:
@@ -289,7 +289,7 @@ def _hf_cache_dict(plan: FetchPlan) -> dict[str, Any] | None:
 
 
 def report_to_dict(report: FetchReport) -> dict[str, Any]:
-    from quantpick.fetch.download import report_files
+    from quantpick.fetch.offline import report_files
 
     return {
         "model": report.plan.manifest_id,
@@ -442,7 +442,8 @@ def download(
     from quantpick.cli.output import print_json
     from quantpick.config import load_settings, with_fetch_flags
     from quantpick.fetch.download import fetch_model
-    from quantpick.fetch.http import RetryPolicy
+    from quantpick.hub.http import RetryPolicy
+
     if source not in SOURCE_CHOICES:
         raise UsageError(f"--source must be one of {', '.join(SOURCE_CHOICES)}, not {source!r}")
     settings = with_fetch_flags(
@@ -455,7 +456,7 @@ def download(
     from quantpick.cli.options import load_manifest
 
     manifest = load_manifest(model)
-    sink, context = _progress(quiet)
+    sink, context = transfer_progress(quiet)
     with context:
         report = fetch_model(
             manifest,
@@ -518,7 +519,7 @@ def verify(
 ) -> None:
     """Check files against DIR/SHA256SUMS (like `sha256sum -c --ignore-missing`), in parallel."""
     from quantpick.cli import output
-    from quantpick.fetch.verify import read_sha256sums, verify_files
+    from quantpick.hub.verify import read_sha256sums, verify_files
 
     sums_path = directory / checksums
     if not directory.is_dir():

@@ -14,7 +14,7 @@ import typer
 if TYPE_CHECKING:
     from quantpick.machine.spec import Machine
     from quantpick.model.manifest import Manifest
-    from quantpick.plan.planner import Plan
+    from quantpick.plan.plan_types import Plan
     from quantpick.serve.command import ServerCommand
     from quantpick.serve.ecosystem import Target
 

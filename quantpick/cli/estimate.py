@@ -8,11 +8,12 @@ Usage:
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from quantpick.cli.core import app
+from quantpick.cli.groups import LlamaCppOptions, MachineOptions, PlanOptions, notes
 from quantpick.cli.options import (
     BackendOpt,
     BOpt,
@@ -50,21 +51,18 @@ from quantpick.cli.options import (
     VisionOpt,
     check_run_options,
     complete_kv,
-    confirm_options,
     load_manifest,
-    machine_from_cli,
-    overheads_from_cli,
 )
 from quantpick.cli.render import (
-    _config_dict,
-    _device_table,
-    _estimate_dict,
-    _flags,
-    _machine_summary,
-    _print_footer,
-    _speed_dict,
     calibration_dict,
+    config_dict,
+    config_flags,
+    device_table,
+    estimate_dict,
+    machine_summary,
+    print_footer,
     rule_dict,
+    speed_dict,
     tuning_lines,
 )
 
@@ -72,6 +70,7 @@ if TYPE_CHECKING:
     from quantpick.machine.spec import Machine
     from quantpick.model.layout import ModelLayout
     from quantpick.model.manifest import Manifest
+    from quantpick.plan.memory import RunConfig
 
 # ---------------------------------------------------------------------------------
 
@@ -168,14 +167,11 @@ def estimate_cmd(
     """Itemize what llama.cpp will allocate on each device for one configuration. For a quant
     still on the hub, with llama.cpp installed, its own projection (a dry run on the real header
     bytes, before download) is shown beside it."""
-    from dataclasses import replace
-
+    given = locals()
     from quantpick.cli import output
     from quantpick.cli.confirm import confirmation_to_dict, print_confirmation
     from quantpick.errors import UsageError
-    from quantpick.plan.memory import RunConfig, estimate
-    from quantpick.plan.planner import device_bandwidths, speed_params_for
-    from quantpick.plan.speed import decode_speed, device_speeds, expected_speed
+    from quantpick.jobs.estimate import EstimateRequest, estimate_config
 
     check_run_options(
         ctx_size, parallel, ubatch, batch, flash_attn=flash_attn,
@@ -183,24 +179,63 @@ def estimate_cmd(
     )  # fmt: skip
     if n_cpu_moe < 0:
         raise UsageError(f"--n-cpu-moe {n_cpu_moe}: 0 or more layers")
-    machine = machine_from_cli(
-        hardware,
-        gpu,
-        ram,
-        cpu_only,
-        llama_server,
-        ram_bandwidth,
-        rpc=rpc,
-        rpc_device=rpc_device,
-        rpc_bandwidth=rpc_bandwidth,
-        rpc_latency=rpc_latency,
-        cores=cores,
-        threads=threads,
-        backend_name=backend,
-    )
+    machine = MachineOptions.of(given).machine()
     layout, manifest, label = _resolve_layout(
         model, quant, gguf, exact=exact, network=not no_network
     )
+    basis = PlanOptions.of(given)
+    result = estimate_config(
+        EstimateRequest(
+            layout, manifest, machine, _config(given, machine, layout, label), basis.overheads(),
+            gpu_overhead_given=gpu_overhead is not None, llama_server=llama_server,
+            calibration=not no_calibration, on_hub=gguf is None, network=not no_network,
+        ),
+        LlamaCppOptions.of(given).confirm(machine),
+    )  # fmt: skip
+    notes(result.tuning.notes)
+    config, est, speed, check, tuning = (
+        result.config, result.estimate, result.speed, result.check, result.tuning
+    )  # fmt: skip
+    # A configuration that does not fit is still itemized (stdout), then ends like `pick`: exit 3.
+    no_fit = result.no_fit()
+    if json_:
+        output.print_json(
+            {
+                "model": label,
+                "quant": layout.quant,
+                "machine": machine_summary(machine),
+                "compute_rule": rule_dict(tuning.rule),
+                "calibration": calibration_dict(tuning.calibration),
+                "config": config_dict(config),
+                "flags": config_flags(config, layout.n_slots),
+                **estimate_dict(est),
+                "speed": speed_dict(speed),
+                "dry_run": confirmation_to_dict(check),
+            }
+        )
+    else:
+        con = output.stdout()
+        where = "described machine" if machine.described else "this machine"
+        ctx = ctx_size or layout.architecture.context_length
+        con.print(device_table(est, f"{label}  -c {ctx} ({where})"))
+        print_footer(con, est, speed, layout)
+        for line in tuning_lines(tuning.rule, tuning.calibration):
+            con.print(line)
+        if check is not None and check.status in ("skipped", "failed"):
+            output.note(f"Note: {check.message}")
+        elif check is not None:
+            print_confirmation(check, stdout=True)
+    if no_fit is not None:
+        raise no_fit
+
+
+def _config(given: dict[str, Any], machine: Machine, layout: ModelLayout, label: str) -> RunConfig:
+    """The configuration llama-server's own flags describe (-ngl, -ts, -ot, -dev, --spec, ...)."""
+    from quantpick.errors import UsageError
+    from quantpick.plan.memory import RunConfig
+    from quantpick.plan.speculative import DEFAULT_DRAFT_N_MAX, SpecMode, with_kind
+
+    n_gpu_layers = given["n_gpu_layers"]
     ngl: int | None
     if n_gpu_layers in (None, "all", "auto", "-1"):
         ngl = None
@@ -209,31 +244,27 @@ def estimate_cmd(
             ngl = int(n_gpu_layers)
         except ValueError:
             raise UsageError(f"-ngl {n_gpu_layers}: use a number, all or auto") from None
-    ts = _parse_split(tensor_split)
-    overrides = _parse_overrides(override_tensor or [])
-    devices = _parse_devices(device, machine)
+    spec, spec_draft = given["spec"], given["spec_draft"]
     config = RunConfig(
-        ctx_size=ctx_size,
-        n_parallel=parallel,
-        kv_unified=kv_unified,
+        ctx_size=given["ctx_size"],
+        n_parallel=given["parallel"],
+        kv_unified=given["kv_unified"],
         n_gpu_layers=ngl,
-        tensor_split=ts,
-        n_cpu_moe=n_cpu_moe,
-        cpu_moe=cpu_moe,
-        override_tensors=overrides,
-        cache_type_k=cache_type_k,
-        cache_type_v=cache_type_v,
-        flash_attn=flash_attn,
-        ubatch=ubatch,
-        batch=batch,
-        kv_offload=not no_kv_offload,
-        vision=vision,
+        tensor_split=_parse_split(given["tensor_split"]),
+        n_cpu_moe=given["n_cpu_moe"],
+        cpu_moe=given["cpu_moe"],
+        override_tensors=_parse_overrides(given["override_tensor"] or []),
+        cache_type_k=given["cache_type_k"],
+        cache_type_v=given["cache_type_v"],
+        flash_attn=given["flash_attn"],
+        ubatch=given["ubatch"],
+        batch=given["batch"],
+        kv_offload=not given["no_kv_offload"],
+        vision=given["vision"],
         spec_draft_n=spec_draft if spec in ("off", "mtp") else 0,
-        devices=devices,
+        devices=_parse_devices(given["device"], machine),
         rpc_servers=tuple(w.endpoint for w in machine.rpc_workers),
     )
-    from quantpick.plan.speculative import DEFAULT_DRAFT_N_MAX, SpecMode, with_kind
-
     if spec not in ("off", SpecMode.MTP.value, SpecMode.NGRAM.value):
         raise UsageError(f"--spec {spec}: not a speculation kind", hint="use off, mtp or ngram")
     spec_mode = SpecMode(spec)
@@ -241,98 +272,7 @@ def estimate_cmd(
         raise UsageError(f"--spec mtp: {label} has no NextN/MTP block")
     if spec_mode.kind is not None:
         config = with_kind(config, spec_mode.kind, spec_draft or DEFAULT_DRAFT_N_MAX)
-    projector_bytes = 0
-    if vision:
-        if manifest is None or manifest.projector is None:
-            raise UsageError("--vision needs a model whose manifest has a projector (mmproj)")
-        projector_bytes = manifest.projector.size_bytes
-    from quantpick.pipeline import local_tuning
-    from quantpick.plan.build_class import apply_rule
-    from quantpick.plan.calibration import apply_overheads, calibrate_speed, model_sizes
-
-    # the one file this configuration runs (a calibration applies to a model of its size)
-    sizes: tuple[int, ...] = (layout.file_bytes,) if layout.file_bytes else ()
-    if not sizes and manifest is not None:
-        sizes = model_sizes(manifest)
-    tuning = local_tuning(machine, llama_server, sizes=sizes, use_calibration=not no_calibration)
-    for line in tuning.notes:
-        output.note(f"Note: {line}")
-    config = apply_rule(config, tuning.rule)
-    overheads = overheads_from_cli(gpu_overhead, margin, ram_reserve, gpu_reserve)
-    if tuning.calibration is not None and gpu_overhead is None:
-        overheads = apply_overheads(overheads, tuning.calibration)
-    est = estimate(layout, machine, config, overheads=overheads, projector_bytes=projector_bytes)
-    speed = decode_speed(layout, est, device_bandwidths(machine))
-    expected = expected_speed(
-        layout,
-        est,
-        device_speeds(machine),
-        target_context=speed.target_context,
-        params=speed_params_for(machine),
-    )
-    if tuning.calibration is not None:
-        expected = calibrate_speed(expected, tuning.calibration)
-    speed = replace(speed, expected=expected)
-    check = None
-    options = confirm_options(no_confirm, llama_bin, llama_server, machine, timeout)
-    if options is not None and manifest is not None and gguf is None:
-        from quantpick.config import load_settings
-        from quantpick.pipeline import dry_run_config
-
-        check = dry_run_config(
-            manifest, layout, machine, config, overheads=overheads, capped=tuning.rule.capped,
-            projector_bytes=projector_bytes, options=options, settings=load_settings(),
-            network=not no_network,
-        )  # fmt: skip
-    # A configuration that does not fit is still itemized (stdout), then ends like `pick`: exit 3.
-    over = [d for d in est.devices if not d.fits]
-    no_fit = None
-    if over or (check is not None and check.status == "overflows"):
-        from quantpick.errors import NoFitError
-        from quantpick.units import human
-
-        why = (
-            "this configuration does not fit: "
-            + ", ".join(f"{d.device} is {human(-d.headroom_bytes)} over budget" for d in over)
-            if over or check is None
-            else check.message  # quantpick's estimate fits, llama.cpp's own projection does not
-        )
-        no_fit = NoFitError(why, hint="`quantpick pick` finds one that fits")
-    if json_:
-        output.print_json(
-            {
-                "model": label,
-                "quant": layout.quant,
-                "machine": _machine_summary(machine),
-                "compute_rule": rule_dict(tuning.rule),
-                "calibration": calibration_dict(tuning.calibration),
-                "config": _config_dict(config),
-                "flags": _flags(config, layout.n_slots),
-                **_estimate_dict(est),
-                "speed": _speed_dict(speed),
-                "dry_run": confirmation_to_dict(check),
-            }
-        )
-        if no_fit is not None:
-            raise no_fit
-        return
-    con = output.stdout()
-    con.print(
-        _device_table(
-            est,
-            f"{label}  -c {ctx_size or layout.architecture.context_length}"
-            f" ({'described machine' if machine.described else 'this machine'})",
-        )
-    )
-    _print_footer(con, est, speed, layout)
-    for line in tuning_lines(tuning.rule, tuning.calibration):
-        con.print(line)
-    if check is not None and check.status in ("skipped", "failed"):
-        output.note(f"Note: {check.message}")
-    elif check is not None:
-        print_confirmation(check, stdout=True)
-    if no_fit is not None:
-        raise no_fit
+    return config
 
 
 def _resolve_layout(

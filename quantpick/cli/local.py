@@ -3,9 +3,10 @@ its exact layout and manifest (from the registry, or built from the file's own h
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from quantpick.cli.options import load_manifest
 
@@ -101,3 +102,12 @@ def quant_of(manifest: Manifest, filename: str) -> str:
         if f.name == filename and f.role == "model":
             return f.quant
     raise UsageError(f"{filename} is not a file of {manifest.id}", hint="pass --quant Q")
+
+
+def local_model(given: Mapping[str, Any]) -> LocalModel:
+    """`resolve_local` from a command's parsed options (MODEL, -q, --gguf, --mmproj, --dir,
+    --vision; an option the command does not take counts as not given)."""
+    return resolve_local(
+        given.get("model"), given.get("quant"), given.get("gguf"), given.get("mmproj"),
+        given.get("dir_"), bool(given.get("vision", False)),
+    )  # fmt: skip

@@ -19,6 +19,7 @@ from quantpick.cli.core import QuantpickTyper, app
 from quantpick.cli.options import JsonOpt
 
 if TYPE_CHECKING:
+    from quantpick.model.from_repo import NewManifest
     from quantpick.model.manifest import Manifest
 
 manifest_app = QuantpickTyper(
@@ -104,8 +105,14 @@ def add_command(
             }
         )
         return
+    _render_added(new, path)
+
+
+def _render_added(new: NewManifest, path: Path) -> None:
+    """`manifest add`'s human rendering: the quants found, projectors and skipped files."""
     from rich.table import Table
 
+    from quantpick.cli import output
     from quantpick.units import human
 
     table = Table(title=f"{new.manifest_id}: {len(new.quants)} quants", show_edge=False)

@@ -19,6 +19,7 @@ from quantpick.cli.options import JsonOpt, complete_model_id
 if TYPE_CHECKING:
     from quantpick.errors import ManifestError
     from quantpick.model.manifest import Manifest
+    from quantpick.plan.quality import Quality
 
 ModelArg = Annotated[
     str,
@@ -130,8 +131,6 @@ def show_command(model: ModelArg, json_: JsonOpt = False) -> None:
     from quantpick.cli.render import quality_dict
     from quantpick.model.manifest import manifest_to_dict
     from quantpick.plan.planner import quality_for
-    from quantpick.plan.quality import TIER_BOUNDS, TIER_WORDS
-    from quantpick.units import GB, GiB
 
     manifest = load_manifest(model)
     quality = {q: quality_for(manifest, q) for q in manifest.quants}
@@ -142,7 +141,17 @@ def show_command(model: ModelArg, json_: JsonOpt = False) -> None:
         output.print_json(doc)
         return
 
+    _render_model(manifest, quality)
+
+
+def _render_model(manifest: Manifest, quality: dict[str, Quality]) -> None:
+    """`show`'s human rendering: the header, the files table with their KLD, the architecture,
+    the sources and the sampling defaults."""
     from rich.table import Table
+
+    from quantpick.cli import output
+    from quantpick.plan.quality import TIER_BOUNDS, TIER_WORDS
+    from quantpick.units import GB, GiB
 
     console = output.stdout()
 

@@ -12,9 +12,7 @@ from quantpick.cli.complete import FLASH_ATTN_CHOICES, PREFER_CHOICES, SOURCE_CH
 from quantpick.model.ggml import KV_CACHE_TYPES  # a plain tuple: no cost at start-up
 
 if TYPE_CHECKING:
-    from quantpick.machine.spec import Machine
     from quantpick.model.manifest import Manifest
-    from quantpick.plan.memory import Overheads
 
 
 # ---- shell completion (each Tab is a new process: keep these light) ---------------------------
@@ -34,12 +32,12 @@ def complete_quant(ctx: typer.Context, incomplete: str) -> list[tuple[str, str |
     """Shell completion for --quant: the quants of the MODEL already on the command line (best
     first), with their size as the help text zsh and fish show."""
     try:
-        from quantpick.cli import _completion_args
+        from quantpick.cli import completion_args
         from quantpick.cli.complete import quant_items
 
         # click stops parsing at the option still waiting for its value (`--quant <Tab>`), so
         # MODEL may not be in ctx.params yet: look at the words typed so far too.
-        return quant_items([ctx.params.get("model") or "", *_completion_args()], incomplete)
+        return quant_items([ctx.params.get("model") or "", *completion_args()], incomplete)
     except Exception:  # a broken manifest: nothing to offer, and no traceback in the shell
         return []
 
@@ -108,7 +106,7 @@ CpuOnlyOpt = Annotated[
 ]
 # llama.cpp RPC workers: other machines' devices, reached by llama-server --rpc. Every command
 # that takes a machine takes these (probe, pick, max-context, estimate, get, command; a future
-# `bench` passes them to machine_from_cli the same way).
+# `bench` passes them to MachineOptions the same way).
 RpcOpt = Annotated[
     Optional[list[str]],  # noqa: UP045
     typer.Option(
@@ -450,102 +448,6 @@ def check_llama_server(path: Path | None) -> None:
         raise UsageError(f"--llama-server {path}: not an executable file")
 
 
-def machine_from_cli(
-    hardware: Path | None,
-    gpu: list[str] | None,
-    ram: str | None,
-    cpu_only: bool,
-    llama_server: Path | None,
-    ram_bandwidth: str | None,
-    rpc: list[str] | None = None,
-    rpc_device: list[str] | None = None,
-    rpc_bandwidth: str | None = None,
-    rpc_latency: str | None = None,
-    cores: int | None = None,
-    threads: int | None = None,
-    backend_name: str | None = None,
-) -> Machine:
-    from quantpick.cli import output
-    from quantpick.machine.describe import machine_from_options
-
-    # llama-server is not run here: planning does not need it, and `get`/`command` inspect the
-    # binary they target when they build the command (server_flags.capabilities_for).
-    check_llama_server(llama_server)
-    machine = machine_from_options(
-        hardware,
-        gpu,
-        ram,
-        cpu_only,
-        llama_server,
-        inspect_server=False,
-        rpc=rpc,
-        rpc_device=rpc_device,
-        rpc_bandwidth=rpc_bandwidth,
-        rpc_latency=rpc_latency,
-        cores=cores,
-        threads=threads,
-        ram_bandwidth=ram_bandwidth,
-        backend_name=backend_name,
-    )
-    for line in machine.notes:
-        output.note(f"Note: {line}")
-    return machine
-
-
-def overheads_from_cli(
-    gpu_overhead: str | None,
-    margin: str | None,
-    ram_reserve: str | None = None,
-    gpu_reserve: str | None = None,
-) -> Overheads:
-    from dataclasses import replace
-
-    from quantpick.cli import output
-    from quantpick.machine.describe import size_notes
-    from quantpick.plan.memory import Overheads
-    from quantpick.units import parse_size
-
-    o = Overheads()
-    for flag, value in (
-        ("--gpu-overhead", gpu_overhead),
-        ("--margin", margin),
-        ("--ram-reserve", ram_reserve),
-        ("--gpu-reserve", gpu_reserve),
-    ):
-        for line in size_notes(f"{flag} {value}", value) if value else []:
-            output.note(f"Note: {line}")
-    if gpu_overhead:
-        o = replace(o, gpu_context_bytes=parse_size(gpu_overhead))
-    if margin:
-        o = replace(o, gpu_margin_bytes=parse_size(margin))
-    if ram_reserve:
-        o = replace(o, host_reserve_bytes=parse_size(ram_reserve))
-    if gpu_reserve:
-        o = replace(o, gpu_desktop_bytes=parse_size(gpu_reserve))
-    return o
-
-
-def confirm_options(
-    no_confirm: bool,
-    llama_bin: Path | None,
-    llama_server: Path | None,
-    machine: Machine,
-    timeout_s: float | None = None,
-) -> Any:
-    """pipeline.ConfirmOptions, or None when confirming is off or the machine is not this one."""
-    from quantpick.errors import UsageError
-    from quantpick.pipeline import ConfirmOptions
-
-    if llama_bin is not None and not llama_bin.is_dir():
-        raise UsageError(f"--llama-bin {llama_bin}: not a directory")
-    if no_confirm or machine.described:
-        # llama.cpp projects on the devices it sees: a described machine is not this one.
-        return None
-    return ConfirmOptions(
-        llama_bin=llama_bin, llama_server=llama_server, timeout_s=tool_timeout(timeout_s)
-    )
-
-
 def load_manifest(model: str | None, *, network: bool = True) -> Manifest:
     """MODEL as a manifest: a bundled or added one by id, alias or repository, else any hub
     repository named by owner/name or URL (model/repos.py: listed, every quant's header read and
@@ -590,52 +492,3 @@ def _header_progress() -> Any:
         sys.stderr.flush()
 
     return show
-
-
-def plan_request(
-    ctx_size: int,
-    parallel: int,
-    kv_unified: bool,
-    prefer: str,
-    quant: str | None,
-    vision: bool,
-    min_tps: float,
-    allow_q4_kv: bool,
-    kv: list[str] | None,
-    ubatch: int,
-    batch: int,
-    flash_attn: str,
-    no_offload: bool,
-    spec: str = "off",
-) -> Any:
-    from quantpick.errors import UsageError
-    from quantpick.model.ggml import KV_CACHE_TYPES
-    from quantpick.plan.planner import DEFAULT_KV_TYPES, PlanRequest
-    from quantpick.plan.speculative import SpecMode, SpecRequest
-
-    modes = [m.value for m in SpecMode if m is not SpecMode.DRAFT]
-    if spec not in modes:
-        raise UsageError(f"--spec {spec}: not a speculation mode", hint="use " + ", ".join(modes))
-
-    check_run_options(ctx_size, parallel, ubatch, batch, min_tps, flash_attn)
-    kv_types = tuple(kv) if kv else DEFAULT_KV_TYPES + (("q4_0",) if allow_q4_kv else ())
-    for t in kv_types:
-        if t not in KV_CACHE_TYPES:
-            raise UsageError(
-                f"--kv {t}: not a KV cache type", hint="use " + ", ".join(KV_CACHE_TYPES)
-            )
-    return PlanRequest(
-        ctx_size=ctx_size,
-        n_parallel=parallel,
-        kv_unified=kv_unified,
-        kv_types=kv_types,
-        prefer=prefer,
-        quant=quant,
-        vision=vision,
-        min_tps=min_tps,
-        ubatch=ubatch,
-        batch=batch,
-        flash_attn=flash_attn,
-        allow_offload=not no_offload,
-        spec=SpecRequest(mode=SpecMode(spec)),
-    )

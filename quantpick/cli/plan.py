@@ -7,11 +7,12 @@ Usage:
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated
+from typing import Annotated, Any
 
 import typer
 
 from quantpick.cli.core import app
+from quantpick.cli.groups import LlamaCppOptions, MachineOptions, PlanOptions, notes
 from quantpick.cli.options import (
     DEFAULT_MIN_TPS,
     AllowQ4Opt,
@@ -53,23 +54,15 @@ from quantpick.cli.options import (
     TimeoutOpt,
     UbOpt,
     VisionOpt,
-    confirm_options,
-    load_manifest,
-    machine_from_cli,
-    overheads_from_cli,
-    plan_request,
 )
 from quantpick.cli.render import (
-    _machine_summary,
     calibration_dict,
+    machine_summary,
     plan_to_dict,
     render_plan,
     rule_dict,
     tuning_lines,
 )
-
-if TYPE_CHECKING:
-    pass
 
 
 @app.command("pick")
@@ -123,102 +116,24 @@ def pick_cmd(
     """Pick the best quant, KV cache type and placement for a target context. With llama.cpp
     installed (beside llama-server, on PATH, --llama-bin, or quantpick's build cache), its own
     projection of the chosen file, before download, is shown beside the estimate."""
+    given = locals()
     if max_context:
-        max_context_cmd(
-            model=model,
-            quant=quant,
-            parallel=parallel,
-            kv_unified=kv_unified,
-            prefer=prefer,
-            vision=vision,
-            min_tps=min_tps,
-            allow_q4_kv=allow_q4_kv,
-            kv=kv,
-            no_offload=no_offload,
-            hardware=hardware,
-            gpu=gpu,
-            ram=ram,
-            cpu_only=cpu_only,
-            llama_server=llama_server,
-            gpu_overhead=gpu_overhead,
-            margin=margin,
-            ram_reserve=ram_reserve,
-            gpu_reserve=gpu_reserve,
-            ram_bandwidth=ram_bandwidth,
-            cores=cores,
-            threads=threads,
-            rpc=rpc,
-            rpc_device=rpc_device,
-            rpc_bandwidth=rpc_bandwidth,
-            rpc_latency=rpc_latency,
-            exact=exact,
-            no_network=no_network,
-            no_calibration=no_calibration,
-            json_=json_,
-        )
+        _show_limits(given)
         return
     from quantpick.cli import output
+    from quantpick.jobs.pick import pick
 
-    manifest = load_manifest(model, network=not no_network)
-    machine = machine_from_cli(
-        hardware,
-        gpu,
-        ram,
-        cpu_only,
-        llama_server,
-        ram_bandwidth,
-        rpc=rpc,
-        rpc_device=rpc_device,
-        rpc_bandwidth=rpc_bandwidth,
-        rpc_latency=rpc_latency,
-        cores=cores,
-        threads=threads,
-        backend_name=backend,
-    )
-    request = plan_request(
-        ctx_size,
-        parallel,
-        kv_unified,
-        prefer,
-        quant,
-        vision,
-        min_tps,
-        allow_q4_kv,
-        kv,
-        ubatch,
-        batch,
-        flash_attn,
-        no_offload,
-        spec,
-    )
-    from quantpick.pipeline import PlanInputs, plan_for
-
-    result = plan_for(
-        PlanInputs(
-            manifest, machine, request,
-            overheads_from_cli(gpu_overhead, margin, ram_reserve, gpu_reserve),
-            llama_server=llama_server, gpu_overhead_given=gpu_overhead is not None,
-            calibration=not no_calibration,
-            exact=exact, network=not no_network,
-        )
-    )  # fmt: skip
-    for line in result.notes:
-        output.note(f"Note: {line}")
-    p = result.plan
-    report = None
-    options = confirm_options(no_confirm, llama_bin, llama_server, machine, timeout)
-    if options is not None:
-        from quantpick.config import load_settings
-        from quantpick.pipeline import dry_run
-
-        report = dry_run(result, options, settings=load_settings())
-        if report is not None and report.status in ("confirmed", "replanned"):
-            p = report.plan  # re-planned on llama.cpp's own figures when a device overflowed
+    plan = PlanOptions.of(given)
+    manifest = plan.manifest()
+    machine = MachineOptions.of(given).machine()
+    picked = pick(plan.inputs(manifest, machine), LlamaCppOptions.of(given).confirm(machine))
+    notes(picked.result.notes)
+    p, report = picked.plan, picked.dry_run
     if json_:
         from quantpick.cli.confirm import confirmation_to_dict
 
         doc = plan_to_dict(p, machine, p.n_slots - 1)
-        doc["header_problems"] = list(result.header_problems)
+        doc["header_problems"] = list(picked.result.header_problems)
         doc["dry_run"] = confirmation_to_dict(report)
         output.print_json(doc)
         return
@@ -268,58 +183,26 @@ def max_context_cmd(
     json_: JsonOpt = False,
 ) -> None:
     """The largest context each quant (or --quant) supports on this machine."""
+    _show_limits(locals())
+
+
+def _show_limits(given: dict[str, Any]) -> None:
+    """max-context (and pick --max-context): the largest context per quant, as a table or JSON."""
     from quantpick.cli import output
+    from quantpick.jobs.plan import max_context_for
 
-    manifest = load_manifest(model, network=not no_network)
-    machine = machine_from_cli(
-        hardware,
-        gpu,
-        ram,
-        cpu_only,
-        llama_server,
-        ram_bandwidth,
-        rpc=rpc,
-        rpc_device=rpc_device,
-        rpc_bandwidth=rpc_bandwidth,
-        rpc_latency=rpc_latency,
-        cores=cores,
-        threads=threads,
-        backend_name=backend,
-    )
-    request = plan_request(
-        0,
-        parallel,
-        kv_unified,
-        prefer,
-        quant,
-        vision,
-        min_tps,
-        allow_q4_kv,
-        kv,
-        512,
-        2048,
-        "on",
-        no_offload,
-    )
-    from quantpick.pipeline import PlanInputs, max_context_for
-
-    found = max_context_for(
-        PlanInputs(
-            manifest, machine, request,
-            overheads_from_cli(gpu_overhead, margin, ram_reserve, gpu_reserve),
-            llama_server=llama_server, gpu_overhead_given=gpu_overhead is not None,
-            calibration=not no_calibration,
-            exact=exact, network=not no_network,
-        )
-    )  # fmt: skip
+    # -c, -ub, -b and -fa are left at llama-server's defaults: the context is what is searched
+    plan = PlanOptions.of(given, ctx_size=0, ubatch=None, batch=None, flash_attn=None, spec="off")
+    manifest = plan.manifest()
+    machine = MachineOptions.of(given).machine()
+    found = max_context_for(plan.inputs(manifest, machine))
     limits, tuning = found.limits, found.tuning
-    for line in tuning.notes:
-        output.note(f"Note: {line}")
-    if json_:
+    notes(tuning.notes)
+    if given["json_"]:
         output.print_json(
             {
                 "model": manifest.id,
-                "machine": _machine_summary(machine),
+                "machine": machine_summary(machine),
                 "compute_rule": rule_dict(tuning.rule),
                 "calibration": calibration_dict(tuning.calibration),
                 "limits": [

@@ -77,28 +77,9 @@ def probe(
 ) -> None:
     """Show the GPUs, RAM, CPU, disk, llama-server and RPC workers that planning will use."""
     from quantpick.cli import output
-    from quantpick.cli.options import check_llama_server
-    from quantpick.machine.describe import machine_from_options
+    from quantpick.cli.groups import MachineOptions
 
-    check_llama_server(llama_server)
-    machine = machine_from_options(
-        hardware,
-        gpu,
-        ram,
-        cpu_only,
-        llama_server,
-        dir_,
-        rpc=rpc,
-        rpc_device=rpc_device,
-        rpc_bandwidth=rpc_bandwidth,
-        rpc_latency=rpc_latency,
-        cores=cores,
-        threads=threads,
-        ram_bandwidth=ram_bandwidth,
-        backend_name=backend,
-    )
-    for line in machine.notes:
-        output.note(f"Note: {line}")
+    machine = MachineOptions.of(locals()).machine(disk=dir_, inspect_server=True)
     if json_:
         output.print_json({"machine": machine.to_dict()})
     else:

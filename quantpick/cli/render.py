@@ -7,9 +7,9 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from quantpick.machine.spec import Machine
     from quantpick.model.layout import ModelLayout
+    from quantpick.plan.bandwidth_bound import SpeedEstimate
     from quantpick.plan.memory import Estimate
-    from quantpick.plan.planner import Plan
-    from quantpick.plan.speed import SpeedEstimate
+    from quantpick.plan.plan_types import Plan
 
 # ---- pieces -------------------------------------------------------------------------------
 
@@ -45,7 +45,7 @@ def _device_dict(d: Any) -> dict[str, Any]:
     }
 
 
-def _config_dict(config: Any) -> dict[str, Any]:
+def config_dict(config: Any) -> dict[str, Any]:
     from dataclasses import asdict
 
     data = asdict(config)
@@ -53,7 +53,7 @@ def _config_dict(config: Any) -> dict[str, Any]:
     return data
 
 
-def _speed_dict(speed: SpeedEstimate) -> dict[str, Any]:
+def speed_dict(speed: SpeedEstimate) -> dict[str, Any]:
     """`expected` (what to expect from llama-server) and `bound` (bandwidth upper bound) are the
     interface; the flat tokens_per_s_* keys repeat the bound and are deprecated (README)."""
     expected = speed.expected
@@ -96,7 +96,7 @@ def _speed_dict(speed: SpeedEstimate) -> dict[str, Any]:
     }
 
 
-def _estimate_dict(est: Estimate) -> dict[str, Any]:
+def estimate_dict(est: Estimate) -> dict[str, Any]:
     return {
         "fits": est.fits,
         "basis": est.basis,
@@ -168,7 +168,7 @@ def host_dict(machine: Machine) -> dict[str, Any]:
     }
 
 
-def _machine_summary(machine: Machine) -> dict[str, Any]:
+def machine_summary(machine: Machine) -> dict[str, Any]:
     from quantpick.units import SIZE_UNITS
 
     return {
@@ -187,13 +187,14 @@ def _machine_summary(machine: Machine) -> dict[str, Any]:
     }
 
 
-def _flags(config: Any, n_slots: int) -> list[str]:
+def config_flags(config: Any, n_slots: int) -> list[str]:
+    """The placement flags of `config` for a model of `n_slots` layer slots."""
     from quantpick.serve.command import placement_flags
 
     return placement_flags(config, n_slots - 1)
 
 
-def _device_table(est: Estimate, title: str) -> Any:
+def device_table(est: Estimate, title: str) -> Any:
     from rich.table import Table
 
     from quantpick.plan.compute import accuracy_legend
@@ -291,7 +292,7 @@ def _print_speed_notes(con: Any, speed: SpeedEstimate) -> None:
         con.print(f"[dim]Speed: {e.basis}[/]")
 
 
-def _print_footer(con: Any, est: Estimate, speed: SpeedEstimate, layout: ModelLayout) -> None:
+def print_footer(con: Any, est: Estimate, speed: SpeedEstimate, layout: ModelLayout) -> None:
     con.print(f"Basis: {est.basis}" + ("" if est.exact_weights else " (estimate)"))
     con.print(
         "* other (the GPU runtime, the output buffer's rows) is an estimate; weights, KV and state"
@@ -387,7 +388,7 @@ def plan_to_dict(p: Plan, machine: Machine, block_count: int) -> dict[str, Any]:
     return {
         "model": p.model,
         "quant": p.quant,
-        "flags": _flags(p.config, block_count + 1),
+        "flags": config_flags(p.config, block_count + 1),
         "files": [
             {"name": f.name, "size_bytes": f.size_bytes, "sha256": f.sha256} for f in p.files
         ],
@@ -403,12 +404,12 @@ def plan_to_dict(p: Plan, machine: Machine, block_count: int) -> dict[str, Any]:
         "why": p.why,
         "quality": quality_dict(p.quality),
         "layout_basis": p.layout_basis,
-        "machine": _machine_summary(machine),
+        "machine": machine_summary(machine),
         "compute_rule": rule_dict(p.compute_rule),
         "calibration": calibration_dict(p.calibration),
-        "config": _config_dict(p.config),
-        **_estimate_dict(p.estimate),
-        "speed": _speed_dict(p.speed),
+        "config": config_dict(p.config),
+        **estimate_dict(p.estimate),
+        "speed": speed_dict(p.speed),
         "speculative": speculative_dict(p),
         "candidates": [
             {
@@ -470,14 +471,12 @@ def render_plan(p: Plan, machine: Machine, n_slots: int) -> None:
             soft_wrap=True,
         )
     con.print(
-        _device_table(
-            p.estimate, f"Per device at -c {p.config.ctx_size}, -np {p.config.n_parallel}"
-        )
+        device_table(p.estimate, f"Per device at -c {p.config.ctx_size}, -np {p.config.n_parallel}")
     )
     con.print(speed_line(p.speed))
     if p.speculative is not None:
         con.print(f"Speculation: {p.speculative.reason}", soft_wrap=True)
-    con.print("llama-server flags: " + " ".join(_flags(p.config, n_slots)))
+    con.print("llama-server flags: " + " ".join(config_flags(p.config, n_slots)))
     con.print(f"Basis: {p.layout_basis}")
     for line in tuning_lines(p.compute_rule, p.calibration):
         con.print(line)

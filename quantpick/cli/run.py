@@ -13,8 +13,7 @@ Usage:
 
 from __future__ import annotations
 
-import sys
-from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Optional
 
@@ -31,11 +30,26 @@ from quantpick.cli.download import (
     SourceOpt,
 )
 from quantpick.cli.ecosystem import (
-    ECOSYSTEM_FORMATS,
     ModelfileOpt,
     PresetOpt,
     SwapConfigOpt,
     TtlOpt,
+)
+from quantpick.cli.groups import (
+    FetchOptions,
+    LaunchOptions,
+    LlamaCppOptions,
+    MachineOptions,
+    OutputOptions,
+    PlanOptions,
+    notes,
+)
+from quantpick.cli.launch import (
+    announce_plan,
+    checked_launch,
+    files_in_place,
+    installed_capabilities,
+    write_command,
 )
 from quantpick.cli.options import (
     DEFAULT_MIN_TPS,
@@ -79,23 +93,14 @@ from quantpick.cli.options import (
     ThreadsOpt,
     TimeoutOpt,
     VisionOpt,
-    confirm_options,
-    load_manifest,
-    machine_from_cli,
-    overheads_from_cli,
-    plan_request,
-    tool_timeout,
 )
 
 if TYPE_CHECKING:
     from quantpick.cli.ecosystem import EcosystemOptions
+    from quantpick.jobs.get import GetResult
     from quantpick.machine.spec import Machine
     from quantpick.model.manifest import Manifest
-    from quantpick.plan.memory import Overheads
-    from quantpick.plan.planner import Plan
-    from quantpick.serve.command import ServerCommand, ServerOptions, WorkerCommand
-    from quantpick.serve.ecosystem import Target
-    from quantpick.serve.flags import ServerCapabilities
+    from quantpick.plan.plan_types import Plan
 
 
 FormatOpt = Annotated[
@@ -150,227 +155,6 @@ ApiKeyEnvOpt = Annotated[
         "(the key itself is never written).",
     ),
 ]
-
-
-def _server_options(
-    host: str, port: int, alias: str | None, api_key_env: str | None
-) -> ServerOptions:
-    from quantpick.errors import UsageError
-    from quantpick.serve.command import ServerOptions
-
-    if not 1 <= port <= 65535:
-        raise UsageError(f"--port {port}: use 1-65535")
-    return ServerOptions(host=host, port=port, alias=alias, api_key_env=api_key_env)
-
-
-def _capabilities(
-    machine: Machine, llama_server: Path | None, timeout_s: float | None = None
-) -> ServerCapabilities | None:
-    """The installed llama-server's flags (--llama-server, PATH, or quantpick's own build
-    cache), or None: the command targets current llama.cpp, and a warning says plainly that no
-    llama-server was found. `timeout_s`: how long its --help may take (--timeout)."""
-    from quantpick.cli import output
-    from quantpick.errors import UsageError
-    from quantpick.machine.llamacpp import find_llama_server, not_found_message
-    from quantpick.serve.flags import capabilities_for
-
-    path = find_llama_server(llama_server)
-    if path is None:
-        if llama_server is not None:
-            raise UsageError(f"--llama-server {llama_server}: not an executable")
-        # (build_command's own "no llama-server was checked" warning says less: _emit_command
-        # leaves it out after this one)
-        output.warn(
-            f"{not_found_message()}: the command targets current llama.cpp and runs "
-            "`llama-server` from PATH when it starts; "
-            "install llama.cpp, run scripts/build-llamacpp.sh, or give --llama-server PATH"
-        )
-        return None
-    if timeout_s is None:
-        return capabilities_for(path)
-    return capabilities_for(path, timeout_s=timeout_s)
-
-
-def _worker_commands(
-    p: Plan, machine: Machine, bind: str | None, cache: bool
-) -> tuple[WorkerCommand, ...]:
-    """The ggml-rpc-server line of every worker the plan uses, in its --rpc order."""
-    from dataclasses import replace
-
-    from quantpick.machine.rpc import local_address_towards, resolve_ipv4
-    from quantpick.serve.command import build_worker_commands
-
-    by_endpoint = {w.endpoint: w for w in machine.rpc_workers}
-    workers = []
-    for endpoint in p.config.rpc_servers:
-        w = by_endpoint[endpoint]
-        # A described worker was never contacted: find its address and this machine's address
-        # towards it here (a name lookup and a routing lookup; nothing is sent to it).
-        address = w.address or resolve_ipv4(w.host)
-        head = w.head_address or (local_address_towards(address, w.port) if address else None)
-        workers.append(replace(w, address=address, head_address=head))
-    weights: dict[str, int] = {}
-    for d in p.estimate.devices:
-        if d.endpoint is not None:
-            weights[d.endpoint] = weights.get(d.endpoint, 0) + d.weights_bytes
-    return build_worker_commands(tuple(workers), bind=bind, cache=cache, weights_bytes=weights)
-
-
-def check_script_destination(script: Path | None, force: bool = False) -> None:
-    """--script's directory must exist and be writable, and the path must be one quantpick may
-    write (serve.command.check_script_target): checked before any download, so a typo costs
-    nothing (the script itself is written atomically at the end)."""
-    import os
-    import shlex
-
-    from quantpick.errors import UsageError
-
-    if script is None:
-        return
-    parent = script.parent
-    if script.is_dir() and not script.is_symlink():
-        raise UsageError(f"--script {script}: is a directory", hint="give a file name")
-    if not parent.is_dir():
-        if parent.exists():
-            raise UsageError(f"--script {script}: {parent} is not a directory")
-        raise UsageError(
-            f"--script {script}: no such directory {parent}",
-            hint=f"create it first: mkdir -p {shlex.quote(str(parent))}",
-        )
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise UsageError(f"--script {script}: cannot write in {parent}")
-    from quantpick.serve.command import check_script_target
-
-    check_script_target(script, force=force)
-
-
-def _check_format(fmt: str, model_source: str = "local") -> None:
-    from quantpick.errors import UsageError
-
-    if fmt not in FORMATS:
-        raise UsageError(f"--format {fmt}: use one of " + ", ".join(FORMATS))
-    if model_source not in MODEL_SOURCES:
-        raise UsageError(f"--model-source {model_source}: use local or hf")
-
-
-def _emit_command(
-    cmd: ServerCommand,
-    *,
-    fmt: str,
-    script: Path | None,
-    comment: str,
-    json_doc: dict[str, Any] | None,
-    name: str,
-    machine_gpus: tuple[int, ...] = (),
-    workers: tuple[WorkerCommand, ...] = (),
-    force: bool = False,
-    ecosystem: tuple[Callable[[ServerCommand], Target], EcosystemOptions] | None = None,
-) -> None:
-    from quantpick.cli import output
-    from quantpick.serve.command import (
-        CURRENT_TARGET,
-        SYSTEMD_UNIT_DIR,
-        UNCHECKED_WARNING,
-        render_compose,
-        render_env,
-        render_json,
-        render_line,
-        render_script,
-        render_systemd,
-        render_worker_json,
-        render_worker_lines,
-        systemd_unit_name,
-        write_script,
-    )
-
-    _check_format(fmt)
-    for warning in cmd.warnings:
-        if cmd.target == CURRENT_TARGET and warning.startswith(UNCHECKED_WARNING):
-            continue  # _capabilities said plainly that no llama-server was found
-        output.warn(warning)
-    for w in workers:
-        for warning in w.warnings:
-            output.warn(warning)
-        for note in w.notes:
-            output.note(f"Note: {note}")
-    if workers:
-        output.note(
-            "Note: start the RPC workers before llama-server; each serves one client, so "
-            "`quantpick probe --rpc` cannot read a worker while llama-server is connected to it"
-        )
-    worker_docs = [render_worker_json(w) for w in workers]
-    if script is not None:
-        write_script(script, render_script(cmd, comment, workers), force=force)
-        output.note(f"Wrote {script}")
-    text: str | None = None
-    if ecosystem is not None and fmt in ECOSYSTEM_FORMATS:
-        from quantpick.cli.ecosystem import emit_ecosystem
-
-        make_target, eco = ecosystem
-        part = emit_ecosystem(fmt, cmd, make_target(cmd), eco, json_doc=json_doc)
-        if json_doc is not None:
-            output.print_json({**json_doc, "command": render_json(cmd), "workers": worker_docs,
-                               "script": str(script) if script else None,
-                               "rendered": {"format": fmt, **part}})  # fmt: skip
-        return
-    if fmt == "script":
-        text = render_script(cmd, comment, workers)
-    elif fmt == "env":
-        # Environment files hold the head's settings; the workers' lines stay comments.
-        lines = render_worker_lines(workers).splitlines()
-        text = "".join((x if x.startswith("#") else f"# {x}") + "\n" for x in lines)
-        text += render_env(cmd)
-    elif fmt == "systemd":
-        text = render_systemd(cmd, comment, name)
-        unit = systemd_unit_name(name)
-        output.note(
-            f"Install: save it as {SYSTEMD_UNIT_DIR}/{unit}.service (mkdir -p "
-            f"{SYSTEMD_UNIT_DIR}), then: systemctl --user daemon-reload && "
-            f"systemctl --user enable --now {unit}.service"
-        )
-    elif fmt == "compose":
-        text = render_compose(cmd, comment, machine_gpus)
-        output.note("Run: save it as compose.yaml, then: docker compose up -d")
-    if workers and fmt in ("systemd", "compose"):
-        output.note("The RPC workers run elsewhere; their lines:\n" + render_worker_lines(workers))
-    if json_doc is not None:
-        doc = {
-            **json_doc,
-            "command": render_json(cmd),
-            "workers": worker_docs,
-            "script": str(script) if script else None,
-        }
-        if text is not None:
-            doc["rendered"] = {"format": fmt, "text": text}
-        output.print_json(doc)
-        return
-    if fmt == "json":
-        output.print_json({"command": render_json(cmd), "workers": worker_docs})
-    elif text is not None:
-        sys.stdout.write(text)
-    elif script is None:
-        if workers:
-            sys.stdout.write(render_worker_lines(workers) + "# then, on this machine:\n")
-        sys.stdout.write(render_line(cmd) + "\n")
-    else:
-        # --script wrote the head's launcher; the workers' lines run elsewhere.
-        sys.stdout.write(render_worker_lines(workers))
-
-
-def _plan_comment(p: Plan, machine: Machine) -> str:
-    where = machine.source if machine.described else "this machine (probed)"
-    gpus = ", ".join(d.name for d in p.estimate.gpus if d.endpoint is None) or "no GPU"
-    if p.config.rpc_servers:
-        gpus += " + RPC workers " + ", ".join(p.config.rpc_servers)
-    e = p.speed.expected
-    assert e is not None  # every plan carries its expected speed
-    return (
-        f"quantpick plan: {p.model} {p.quant}, KV {p.config.cache_type_k}/{p.config.cache_type_v}, "
-        f"-c {p.config.ctx_size}, {p.placement} on {gpus} ({where}); expected decode "
-        f"~{e.decode_tps_empty:.0f} tok/s empty, ~{e.decode_tps_target:.0f} at "
-        f"{p.speed.target_context} tokens (bound {p.speed.tokens_per_s_empty:.0f}); {p.why}"
-        + (f"; speeds {p.calibration.label}" if p.calibration is not None else "")
-    )
 
 
 @app.command("command")
@@ -440,268 +224,94 @@ def command_cmd(
     """Plan for a GGUF already on disk (or, with --model-source hf, one llama-server fetches
     itself) and print the llama-server command that runs it (confirmed by llama.cpp's
     llama-fit-params when it is installed)."""
-    from quantpick.cli import output
+
+    given = locals()
     from quantpick.cli.confirm import confirmation_to_dict, report_confirmation
-    from quantpick.cli.local import canonical_quant, resolve_local
+    from quantpick.cli.local import local_model
     from quantpick.cli.render import plan_to_dict
-    from quantpick.errors import UsageError
-    from quantpick.machine.backends import local_backend
-    from quantpick.serve.command import build_command
+    from quantpick.jobs.on_disk import plan_file
 
-    _check_format(fmt, model_source)
-    check_script_destination(script, force)
-    eco = _ecosystem_options(fmt, preset, swap_config, modelfile, ttl, host, port, False, force)
-    machine = machine_from_cli(
-        hardware,
-        gpu,
-        ram,
-        cpu_only,
-        llama_server,
-        ram_bandwidth,
-        rpc=rpc,
-        rpc_device=rpc_device,
-        rpc_bandwidth=rpc_bandwidth,
-        rpc_latency=rpc_latency,
-        cores=cores,
-        threads=threads,
-        backend_name=backend,
-    )
+    launch = LaunchOptions.of(given)
+    eco = checked_launch(launch)
+    machine = MachineOptions.of(given).machine()
     if model_source == "hf":
-        if gguf is not None:
-            raise UsageError("--model-source hf plans a repository file, not --gguf")
-        manifest = load_manifest(model, network=not no_network)
-        if not quant:
-            raise UsageError("give --quant Q", hint=f"`quantpick get {manifest.id} -c N "
-                             "--model-source hf` picks one")  # fmt: skip
-        q = canonical_quant(manifest, quant)
-        request = plan_request(ctx_size, parallel, kv_unified, prefer, q, vision, min_tps,
-                               allow_q4_kv, kv, 512, 2048, "on", no_offload, spec)  # fmt: skip
-        overheads = overheads_from_cli(gpu_overhead, margin, ram_reserve, gpu_reserve)
-        p = _plan_from_hub(manifest, machine, request, overheads, exact, no_network,
-                           llama_server, gpu_overhead is not None,
-                           calibration=not no_calibration)  # fmt: skip
-        _emit_hf(p, manifest, machine, llama_server, (host, port, alias, api_key_env),
-                 fmt=fmt, script=script, json_doc={} if json_ else None,
-                 timeout_s=tool_timeout(timeout), force=force, eco=eco)  # fmt: skip
+        _command_from_hub(given, machine, launch, eco)
         return
-    local = resolve_local(model, quant, gguf, mmproj, dir_, vision)
-    manifest, q, model_path = local.manifest, local.quant, local.model_path
-    projector = local.projector
-    request = plan_request(
-        ctx_size,
-        parallel,
-        kv_unified,
-        prefer,
-        q,
-        vision,
-        min_tps,
-        allow_q4_kv,
-        kv,
-        512,
-        2048,
-        "on",
-        no_offload,
-        spec,
+    local = local_model(given)
+    inputs = PlanOptions.of(given, quant=local.quant).inputs(
+        local.manifest, machine, local=local.layout
     )
-    from quantpick.pipeline import PlanInputs, plan_for
-
-    planned = plan_for(
-        PlanInputs(
-            manifest, machine, request,
-            overheads_from_cli(gpu_overhead, margin, ram_reserve, gpu_reserve),
-            llama_server=llama_server, gpu_overhead_given=gpu_overhead is not None,
-            calibration=not no_calibration,
-            local=local.layout,
-        )
-    )  # fmt: skip
-    for line in planned.notes:
-        output.note(f"Note: {line}")
-    p, request, overheads = planned.plan, planned.inputs.request, planned.inputs.overheads
-    confirmation = None
-    options = confirm_options(no_confirm, llama_bin, llama_server, machine, timeout)
-    if options is not None:
-        from quantpick.pipeline import confirm_local_plan
-
-        confirmation = confirm_local_plan(
-            p, manifest, model_path, machine, request, overheads, options
-        )
-        p = confirmation.plan
+    llama = LlamaCppOptions.of(given)
+    planned = plan_file(inputs, local.model_path, llama.confirm(machine))
+    notes(planned.result.notes)
+    p, confirmation = planned.plan, planned.confirmation
     report_confirmation(confirmation, machine, no_confirm, quiet=json_)
-    caps = _capabilities(machine, llama_server, tool_timeout(timeout))
-    cmd = build_command(
-        p.config,
-        model_path=model_path,
-        mmproj_path=projector,
-        manifest=manifest,
-        block_count=manifest.architecture.block_count,
-        server=_server_options(host, port, alias, api_key_env),
-        capabilities=caps,
-        backend=local_backend(machine.gpus),
-    )
+    caps = installed_capabilities(machine, llama_server, llama.timeout_s)
     doc = None
     if json_:
         doc = {
-            "plan": plan_to_dict(p, machine, manifest.architecture.block_count),
+            "plan": plan_to_dict(p, machine, local.manifest.architecture.block_count),
             "confirmation": confirmation_to_dict(confirmation),
         }
-    _emit_command(
-        cmd,
-        fmt=fmt,
-        script=script,
-        comment=_plan_comment(p, machine),
-        json_doc=doc,
-        workers=_worker_commands(p, machine, rpc_bind, rpc_cache),
-        name=alias or manifest.id,
-        machine_gpus=tuple(g.index for g in machine.usable_gpus),
-        force=force,
-        ecosystem=_ecosystem(fmt, eco, p, machine, manifest, model_path, projector, alias),
-    )
-
-
-def _ecosystem_options(
-    fmt: str,
-    preset: Path | None,
-    swap_config: Path | None,
-    modelfile: Path | None,
-    ttl: int,
-    host: str,
-    port: int,
-    dry_run: bool,
-    force: bool = False,
-) -> EcosystemOptions:
-    """The ecosystem formats' options, checked before any planning or transfer."""
-    from quantpick.cli.ecosystem import EcosystemOptions, check_ecosystem_options
-
-    eco = EcosystemOptions(preset, swap_config, modelfile, ttl, dry_run, host, port, force)
-    check_ecosystem_options(fmt, eco)
-    return eco
-
-
-def _ecosystem(
-    fmt: str,
-    eco: EcosystemOptions,
-    p: Plan,
-    machine: Machine,
-    manifest: Manifest,
-    model_path: Path | None,
-    mmproj_path: Path | None,
-    alias: str | None,
-) -> tuple[Callable[[ServerCommand], Target], EcosystemOptions] | None:
-    """What `_emit_command` needs for --format preset / llama-swap / ollama / lmstudio."""
-    if fmt not in ECOSYSTEM_FORMATS:
-        return None
-    from quantpick.cli.ecosystem import ecosystem_target
-
-    name = alias or manifest.id
-    if fmt == "preset" and alias is None:
-        from quantpick.cli import output
-        from quantpick.serve.ecosystem import preset_section_name
-
-        name = preset_section_name(manifest.id)
-        if name != manifest.id:
-            output.note(
-                f"Note: preset section [{name}], derived from the model name {manifest.id!r} "
-                "(a section name is letters, digits and . _ - / @ +; --alias NAME sets another)"
-            )
-
-    def make(cmd: ServerCommand) -> Target:
-        return ecosystem_target(p, machine, manifest, model_path, mmproj_path,
-                                name, _plan_comment(p, machine), cmd,
-                                with_template=fmt == "ollama")  # fmt: skip
-
-    return make, eco
-
-
-def _plan_from_hub(
-    manifest: Manifest,
-    machine: Machine,
-    request: Any,
-    overheads: Overheads,
-    exact: bool,
-    no_network: bool,
-    llama_server: Path | None,
-    gpu_overhead_given: bool,
-    *,
-    calibration: bool = True,
-) -> Plan:
-    """The plan for a file that stays on the hub: on its exact header when it can be read (cache
-    or a few range requests), else on the manifest, through the recipe `pick` uses."""
-    from quantpick.cli import output
-    from quantpick.pipeline import PlanInputs, plan_for
-
-    result = plan_for(
-        PlanInputs(
-            manifest, machine, request, overheads, llama_server=llama_server,
-            gpu_overhead_given=gpu_overhead_given, exact=exact, network=not no_network,
-            calibration=calibration,
-        )
+    write_command(
+        p, local.manifest, machine, launch, capabilities=caps, model_path=local.model_path,
+        mmproj_path=local.projector, json_doc=doc, eco=eco, script=script,
     )  # fmt: skip
-    for line in result.notes:
-        output.note(f"Note: {line}")
-    return result.plan
 
 
-def _emit_hf(
-    p: Plan,
+def _command_from_hub(
+    given: dict[str, Any], machine: Machine, launch: LaunchOptions, eco: EcosystemOptions
+) -> None:
+    """`command --model-source hf`: the plan for a repository file llama-server fetches itself
+    (-hf), on its exact header when it can be read, through the recipe `pick` uses."""
+    from quantpick.cli.local import canonical_quant
+    from quantpick.errors import UsageError
+
+    if given["gguf"] is not None:
+        raise UsageError("--model-source hf plans a repository file, not --gguf")
+    plan = PlanOptions.of(given)
+    manifest = plan.manifest()
+    if not plan.quant:
+        raise UsageError("give --quant Q", hint=f"`quantpick get {manifest.id} -c N "
+                         "--model-source hf` picks one")  # fmt: skip
+    plan = replace(plan, quant=canonical_quant(manifest, plan.quant))
+    _write_from_hub(
+        plan, manifest, machine, launch, LlamaCppOptions.of(given), eco,
+        json_doc={} if given["json_"] else None, script=launch.script,
+    )  # fmt: skip
+
+
+def _write_from_hub(
+    plan: PlanOptions,
     manifest: Manifest,
     machine: Machine,
-    llama_server: Path | None,
-    server: tuple[str, int, str | None, str | None],
+    launch: LaunchOptions,
+    llama: LlamaCppOptions,
+    eco: EcosystemOptions,
     *,
-    fmt: str,
-    script: Path | None,
     json_doc: dict[str, Any] | None,
-    timeout_s: float | None = None,
-    force: bool = False,
-    eco: EcosystemOptions | None = None,
+    script: Path | None,
+    announce: bool = False,
 ) -> None:
-    """The command for `-hf REPO:QUANT`: llama-server downloads the file into its HF cache."""
+    """The plan for a file that stays on the hub (llama-server fetches it: -hf) and its command."""
+    from quantpick.cli import output
     from quantpick.cli.render import plan_to_dict
-    from quantpick.machine.backends import local_backend
-    from quantpick.serve.command import build_command, hf_model
+    from quantpick.jobs.plan import plan_for
 
-    host, port, alias, api_key_env = server
-    cmd = build_command(
-        p.config,
-        model_path=None,
-        mmproj_path=None,
-        manifest=manifest,
-        block_count=manifest.architecture.block_count,
-        server=_server_options(host, port, alias, api_key_env),
-        capabilities=_capabilities(machine, llama_server, timeout_s),
-        hf=hf_model(manifest, p.quant),
-        backend=local_backend(machine.gpus),
-    )
-    doc = None
+    result = plan_for(plan.inputs(manifest, machine))
+    notes(result.notes)
+    p = result.plan
+    if announce:
+        output.note(announce_plan(p, hf=True))
     if json_doc is not None:
-        doc = {**json_doc, "plan": plan_to_dict(p, machine, manifest.architecture.block_count),
-               "model_source": "hf"}  # fmt: skip
-    if fmt in ("ollama", "lmstudio"):
-        from quantpick.errors import UsageError
-
-        raise UsageError(f"--format {fmt} needs the file on disk, not --model-source hf",
-                         hint="drop --model-source hf: `quantpick get` downloads it")  # fmt: skip
-    _emit_command(cmd, fmt=fmt, script=script, comment=_plan_comment(p, machine), json_doc=doc,
-                  name=alias or manifest.id, force=force,
-                  machine_gpus=tuple(g.index for g in machine.usable_gpus),
-                  ecosystem=_ecosystem(fmt, eco, p, machine, manifest, None, None, alias)
-                  if eco is not None else None)  # fmt: skip
-
-
-def _files_in_place(
-    manifest: Manifest, quant: str, vision: bool, dest: Path
-) -> list[dict[str, Any]]:
-    """For a dry run that contacted no hub: which planned files are already in `dest` (by name
-    and size; their hashes are checked when a real run uses them)."""
-    wanted = list(manifest.quant_files(quant))
-    if vision and manifest.projector is not None:
-        wanted.append(manifest.projector)
-    out = []
-    for f in wanted:
-        path = dest / f.name
-        present = path.is_file() and (not f.size_exact or path.stat().st_size == f.size_bytes)
-        out.append({"name": f.name, "path": str(path), "present": present})
-    return out
+        block_count = manifest.architecture.block_count
+        json_doc = {**json_doc, "plan": plan_to_dict(p, machine, block_count),
+                    "model_source": "hf"}  # fmt: skip
+    write_command(
+        p, manifest, machine, launch,
+        capabilities=installed_capabilities(machine, llama.llama_server, llama.timeout_s),
+        model_path=None, json_doc=json_doc, eco=eco, script=script,
+    )  # fmt: skip
 
 
 @app.command("get")
@@ -770,158 +380,99 @@ def get_cmd(
     json_: JsonOpt = False,
 ) -> None:
     """Pick, download + verify, and print (or --script) the llama-server command: the whole job."""
-    from quantpick.cli import output
-    from quantpick.cli.confirm import confirmation_to_dict, report_confirmation
-    from quantpick.cli.download import _progress, reuse_lines
-    from quantpick.cli.download import plan_to_dict as fetch_plan_to_dict
-    from quantpick.cli.render import plan_to_dict
-    from quantpick.config import load_settings, with_fetch_flags
-    from quantpick.machine.backends import local_backend
-    from quantpick.pipeline import GetRequest, get
-    from quantpick.serve.command import build_command
 
-    _check_format(fmt, model_source)
-    check_script_destination(script, force)
-    eco = _ecosystem_options(fmt, preset, swap_config, modelfile, ttl, host, port, dry_run, force)
-    settings = with_fetch_flags(
-        load_settings(),
-        reuse=reuse,
-        reuse_from=reuse_from,
-        hf_cache=hf_cache,
-        connections=connections,
-    )
-    manifest = load_manifest(model, network=not no_network)
-    machine = machine_from_cli(
-        hardware,
-        gpu,
-        ram,
-        cpu_only,
-        llama_server,
-        ram_bandwidth,
-        rpc=rpc,
-        rpc_device=rpc_device,
-        rpc_bandwidth=rpc_bandwidth,
-        rpc_latency=rpc_latency,
-        cores=cores,
-        threads=threads,
-        backend_name=backend,
-    )
-    request = plan_request(
-        ctx_size,
-        parallel,
-        kv_unified,
-        prefer,
-        quant,
-        vision,
-        min_tps,
-        allow_q4_kv,
-        kv,
-        512,
-        2048,
-        "on",
-        no_offload,
-        spec,
-    )
+    given = locals()
+    from quantpick.cli import output
+    from quantpick.cli.confirm import report_confirmation
+    from quantpick.cli.download import transfer_progress
+    from quantpick.jobs.get import GetRequest, get
+
+    launch = LaunchOptions.of(given)
+    eco = checked_launch(launch, dry_run=dry_run)
+    fetch = FetchOptions.of(given)
+    settings = fetch.settings()
+    plan = PlanOptions.of(given)
+    manifest = plan.manifest()
+    machine = MachineOptions.of(given).machine()
+    llama = LlamaCppOptions.of(given)
+    shown = OutputOptions.of(given)
     if model_source == "hf":
         # llama-server fetches the file itself: plan (on the hub's header), nothing to download.
-        overheads = overheads_from_cli(gpu_overhead, margin, ram_reserve, gpu_reserve)
-        p = _plan_from_hub(manifest, machine, request, overheads, exact, no_network,
-                           llama_server, gpu_overhead is not None,
-                           calibration=not no_calibration)  # fmt: skip
-        if not (json_ or quiet):
-            output.note(
-                f"Plan: {p.model} {p.quant} (KV {p.config.cache_type_k}, {p.placement}) for "
-                f"-c {p.config.ctx_size}; llama-server downloads it on first start (-hf)"
-            )
-        _emit_hf(
-            p,
-            manifest,
-            machine,
-            llama_server,
-            (host, port, alias, api_key_env),
-            fmt=fmt,
-            script=None if dry_run else script,
+        plan.request()  # its options are checked first, as for a download
+        _write_from_hub(
+            plan, manifest, machine, launch, llama, eco,
             json_doc={"dry_run": dry_run, "fetch": None, "files": None} if json_ else None,
-            timeout_s=tool_timeout(timeout),
-            force=force,
-            eco=eco,
-        )
-        return  # fmt: skip
-    overheads = overheads_from_cli(gpu_overhead, margin, ram_reserve, gpu_reserve)
+            script=None if dry_run else script, announce=not shown.silent,
+        )  # fmt: skip
+        return
+    inputs = plan.inputs(manifest, machine)
 
     def announce(p: Plan) -> None:
-        assert p.speed.expected is not None  # every plan carries its expected speed
-        if not (json_ or quiet):
-            output.note(
-                f"Plan: {p.model} {p.quant} (KV {p.config.cache_type_k}, {p.placement}) for "
-                f"-c {p.config.ctx_size}; expected ~{p.speed.expected.decode_tps_target:.0f} tok/s "
-                f"decode at that context. Why: {p.why}"
-            )
+        if not shown.silent:
+            output.note(announce_plan(p))
 
-    progress, live = _progress(quiet or json_)
+    progress, live = transfer_progress(shown.silent)
     result = get(
         GetRequest(
-            manifest=manifest,
-            machine=machine,
-            plan_request=request,
-            overheads=overheads,
-            dest_dir=dir_,
-            exact=exact,
-            network=not no_network,
-            source=source,
-            allow_unverified=allow_unverified,
-            dry_run=dry_run,
-            confirm=confirm_options(no_confirm, llama_bin, llama_server, machine, timeout),
-            llama_server=llama_server,
-            gpu_overhead_given=gpu_overhead is not None,
-            calibration=not no_calibration,
+            inputs, dest_dir=dir_, source=source, allow_unverified=allow_unverified,
+            dry_run=dry_run, confirm=llama.confirm(machine),
         ),
-        settings=settings,
-        progress=progress,
-        on_plan=announce,
-        live=live,
-    )
-    for line in (*(result.tuning.notes if result.tuning is not None else ()),
-                 *result.contradictions):  # fmt: skip
-        output.note(f"Note: {line}")
+        settings=settings, progress=progress, on_plan=announce, live=live,
+    )  # fmt: skip
+    notes((*(result.tuning.notes if result.tuning is not None else ()), *result.contradictions))
     for warning in result.warnings:
         output.warn(warning)
     if not dry_run:
-        report_confirmation(result.confirmation, machine, no_confirm, quiet=quiet or json_)
-    p, report, files = result.plan, result.report, result.files
-    model_path, mmproj_path = result.model_path, result.mmproj_path
-    caps = _capabilities(machine, llama_server, tool_timeout(timeout))
-    cmd = build_command(
-        p.config,
-        model_path=model_path,
-        mmproj_path=mmproj_path,
-        manifest=manifest,
-        block_count=manifest.architecture.block_count,
-        server=_server_options(host, port, alias, api_key_env),
-        capabilities=caps,
-        backend=local_backend(machine.gpus),
-    )
+        report_confirmation(result.confirmation, machine, no_confirm, quiet=shown.silent)
+    caps = installed_capabilities(machine, llama_server, llama.timeout_s)
     dest = dir_ or settings.models_dir / manifest.id
-    in_place = _files_in_place(manifest, p.quant, vision, dest) if dry_run and not report else []
-    doc = None
+    doc = _report_fetch(result, manifest, machine, dest, dry_run=dry_run, vision=vision,
+                        json_=json_)  # fmt: skip
+    write_command(
+        result.plan, manifest, machine, launch, capabilities=caps,
+        model_path=result.model_path, mmproj_path=result.mmproj_path, json_doc=doc, eco=eco,
+        script=None if dry_run else script,
+    )  # fmt: skip
+
+
+def _report_fetch(
+    result: GetResult,
+    manifest: Manifest,
+    machine: Machine,
+    dest: Path,
+    *,
+    dry_run: bool,
+    vision: bool,
+    json_: bool,
+) -> dict[str, Any] | None:
+    """What `get` fetched (or would): with --json the document's fields (the command and its
+    renderings are added by write_command), else a dry run's lines on stderr."""
+    from quantpick.cli import output
+    from quantpick.cli.confirm import confirmation_to_dict
+    from quantpick.cli.download import plan_to_dict as fetch_plan_to_dict
+    from quantpick.cli.download import reuse_lines
+    from quantpick.cli.render import plan_to_dict
+    from quantpick.units import human
+
+    p, report = result.plan, result.report
+    in_place = files_in_place(manifest, p.quant, vision, dest) if dry_run and not report else []
     if json_:
         doc = {
             "plan": plan_to_dict(p, machine, manifest.architecture.block_count),
             "dry_run": dry_run,
             "fetch": fetch_plan_to_dict(report.plan) if report is not None else None,
-            "files": files,
+            "files": result.files,
             "confirmation": confirmation_to_dict(result.confirmation),
         }
         if in_place:
             doc["in_place"] = in_place
-    elif in_place:
+        return doc
+    if in_place:
         for f in in_place:
             where = "in place (checked against SHA256SUMS when used)" if f["present"] else "not in"
             output.note(f"  {f['name']}: {where} {dest if not f['present'] else ''}".rstrip())
     elif dry_run and report is not None:
         fp = report.plan
-        from quantpick.units import human
-
         output.note(
             f"Would fetch {human(fp.bytes_to_fetch)} from {fp.source} into {fp.dest_dir} "
             f"({human(fp.free_bytes)} free: {'enough' if fp.enough_space else 'NOT enough'})"
@@ -933,15 +484,4 @@ def get_cmd(
             )
         for line in reuse_lines(fp):
             output.note(line)
-    _emit_command(
-        cmd,
-        fmt=fmt,
-        script=None if dry_run else script,
-        comment=_plan_comment(p, machine),
-        json_doc=doc,
-        workers=_worker_commands(p, machine, rpc_bind, rpc_cache),
-        name=alias or manifest.id,
-        machine_gpus=tuple(g.index for g in machine.usable_gpus),
-        force=force,
-        ecosystem=_ecosystem(fmt, eco, p, machine, manifest, model_path, mmproj_path, alias),
-    )
+    return None

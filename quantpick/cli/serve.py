@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Optional
 
@@ -31,6 +32,14 @@ from quantpick.cli.download import (
     ReuseFromOpt,
     ReuseOpt,
     SourceOpt,
+)
+from quantpick.cli.groups import (
+    FetchOptions,
+    LaunchOptions,
+    LlamaCppOptions,
+    MachineOptions,
+    OutputOptions,
+    PlanOptions,
 )
 from quantpick.cli.options import (
     DEFAULT_MIN_TPS,
@@ -60,17 +69,13 @@ from quantpick.cli.options import (
     RpcOpt,
     SpecOpt,
     VisionOpt,
-    confirm_options,
-    load_manifest,
-    machine_from_cli,
-    overheads_from_cli,
-    plan_request,
 )
 
 if TYPE_CHECKING:
     from quantpick.config import Settings
-    from quantpick.pipeline import ServeResult
-    from quantpick.serve.server import ServerRecord
+    from quantpick.jobs.serve import ServeResult
+    from quantpick.serve.command import ServerOptions
+    from quantpick.serve.server import Ended, ServerRecord
 
 DEFAULT_PORT = 8080  # llama-server's own default (common/common.h)
 
@@ -83,15 +88,6 @@ PortOpt = Annotated[
         show_default=False,
     ),
 ]
-
-
-def _server_options(host: str, port: int, alias: str | None, api_key_env: str | None) -> Any:
-    from quantpick.errors import UsageError
-    from quantpick.serve.command import ServerOptions
-
-    if not 0 <= port <= 65535:
-        raise UsageError(f"--port {port}: use 1-65535, or 0 for any free port")
-    return ServerOptions(host=host, port=port, alias=alias, api_key_env=api_key_env)
 
 
 class _ProgressLine:
@@ -192,7 +188,6 @@ def _print_check(check: Any, error: str | None) -> None:
 
 def _status(settings: Settings, alias: str | None, port: int | None, json_: bool) -> None:
     from quantpick.cli import output
-    from quantpick.pipeline import check_running
     from quantpick.process import escaped
     from quantpick.serve.server import scan_records, select_records
 
@@ -201,6 +196,8 @@ def _status(settings: Settings, alias: str | None, port: int | None, json_: bool
         output.note(problem.line())
     records = select_records(scan.records, alias, port)
     if json_:
+        from quantpick.jobs.check import check_running
+
         docs = []
         for r in records:
             check, error = check_running(r.base_url, settings.servers_dir, settings)
@@ -345,23 +342,12 @@ def serve_cmd(
     """Plan, fetch (or reuse) and verify, confirm with llama.cpp, then run llama-server with the
     plan's flags and wait until it answers; print the endpoint (OpenAI base URL, model, context).
     Stays in the foreground until Ctrl-C (exit 130) or SIGTERM (143), unless --detach."""
+    given = locals()
     from quantpick.cli import output
-    from quantpick.config import load_settings, with_fetch_flags
-    from quantpick.errors import ServerError, UsageError
-    from quantpick.process import printable
-    from quantpick.serve.server import (
-        Ended,
-        StopRequested,
-        exit_code_for,
-        remove_record,
-        run_until_stopped,
-        stop_process,
-        stop_signals,
-    )
+    from quantpick.errors import UsageError
+    from quantpick.serve.server import stop_signals
 
-    settings = with_fetch_flags(
-        load_settings(), reuse=reuse, reuse_from=reuse_from, hf_cache=hf_cache
-    )
+    settings = FetchOptions.of(given).settings()
     if status and stop:
         raise UsageError("--status and --stop: give one")
     if status or stop:
@@ -369,75 +355,16 @@ def serve_cmd(
         return
     if not 1 <= timeout <= 86400:
         raise UsageError(f"--timeout {timeout:g}: give 1 to 86400 seconds")
-    server = _server_options(host, DEFAULT_PORT if port is None else port, alias, api_key_env)
-    label = alias or model or (gguf.name if gguf else "the model")
-    progress_line = _ProgressLine(label)
+    PlanOptions.of(given).request()  # the plan's options are checked before anything runs
+    server = LaunchOptions.of(given, port=DEFAULT_PORT if port is None else port).server(
+        any_port=True
+    )
+    progress_line = _ProgressLine(alias or model or (gguf.name if gguf else "the model"))
     with stop_signals():
-        try:
-            result = _start(
-                settings,
-                model=model,
-                gguf=gguf,
-                quant=quant,
-                mmproj=mmproj,
-                request=plan_request(ctx_size, parallel, kv_unified, prefer, quant, vision,
-                                     min_tps, allow_q4_kv, kv, 512, 2048, "on", no_offload,
-                                     spec),
-                dir_=dir_,
-                source=source,
-                allow_unverified=allow_unverified,
-                quiet=quiet or json_,
-                cpu_only=cpu_only,
-                backend=backend,
-                rpc=rpc,
-                llama_server=llama_server,
-                llama_bin=llama_bin,
-                no_confirm=no_confirm,
-                overhead_flags=(gpu_overhead, margin, ram_reserve),
-                exact=exact,
-                no_network=no_network,
-                server=server,
-                detach=detach,
-                timeout=timeout,
-                progress_line=progress_line,
-            )  # fmt: skip
-        except ServerError as exc:
-            progress_line.clear()
-            if exc.log_lines:
-                output.note("llama-server's own lines (the last that say what went wrong):")
-                for line in exc.log_lines:
-                    output.note(f"  {printable(line)}")
-            raise
-        except (KeyboardInterrupt, StopRequested) as stopped:
-            progress_line.clear()
-            output.note("Stopped before llama-server was ready (no process left running).")
-            raise typer.Exit(exit_code_for(stopped)) from None
-        progress_line.clear()
-        running = result.running
-        try:
-            if json_:
-                from quantpick.cli.render import plan_to_dict
-
-                output.print_json(
-                    {
-                        "endpoint": _endpoint_doc(result),
-                        "plan": plan_to_dict(result.plan, result.machine,
-                                             result.manifest.architecture.block_count),
-                        **_check_doc(result.check, result.check_error),
-                    }
-                )  # fmt: skip
-            else:
-                _print_endpoint(result)
-                if not quiet:
-                    _print_check(result.check, result.check_error)
-            if detach:
-                return
-            ended = run_until_stopped(running, settings.servers_dir)
-        except (KeyboardInterrupt, StopRequested) as stopped:
-            # between "ready" and the foreground wait (run_until_stopped handles its own)
-            how = stop_process(running.process.pid, process=running.process)
-            remove_record(settings.servers_dir, running.record)
-            ended = Ended(exit_code_for(stopped), how, running.process.returncode)
+        result = _start(given, settings, server, progress_line)
+        ended = _show_and_wait(result, settings, json_=json_, detach=detach, quiet=quiet)
+    if ended is None:
+        return  # detached: it keeps running
     if ended.how == "exited":
         output.note(f"llama-server ended (exit {ended.returncode}); it was stopped elsewhere.")
         return
@@ -447,113 +374,129 @@ def serve_cmd(
 
 
 def _start(
-    settings: Settings,
-    *,
-    model: str | None,
-    gguf: Path | None,
-    quant: str | None,
-    mmproj: Path | None,
-    request: Any,  # PlanRequest; its quant is canonicalised for --gguf below
-    dir_: Path | None,
-    source: str,
-    allow_unverified: bool,
-    quiet: bool,
-    cpu_only: bool,
-    backend: str | None,
-    rpc: list[str] | None,
-    llama_server: Path | None,
-    llama_bin: Path | None,
-    no_confirm: bool,
-    overhead_flags: tuple[str | None, str | None, str | None],
-    exact: bool,
-    no_network: bool,
-    server: Any,
-    detach: bool,
-    timeout: float,
-    progress_line: _ProgressLine,
+    given: dict[str, Any], settings: Settings, server: ServerOptions, progress_line: _ProgressLine
 ) -> ServeResult:
-    """Build the requests and run pipeline.serve."""
-    from dataclasses import replace
-
+    """Run the serve job until llama-server answers; llama-server's own lines when it fails, one
+    line (and no process left) when stopped before it is ready."""
     from quantpick.cli import output
-    from quantpick.cli.download import _progress
-    from quantpick.pipeline import GetRequest, ServeRequest, serve
+    from quantpick.errors import ServerError
+    from quantpick.process import printable
+    from quantpick.serve.server import StopRequested, exit_code_for
 
-    # Always this machine (probed; --cpu-only leaves its GPUs out; --rpc workers are read now).
-    machine = machine_from_cli(
-        None, None, None, cpu_only, llama_server, None, rpc=rpc, backend_name=backend
+    try:
+        result = _serve(given, settings, server, progress_line)
+    except ServerError as exc:
+        progress_line.clear()
+        if exc.log_lines:
+            output.note("llama-server's own lines (the last that say what went wrong):")
+            for line in exc.log_lines:
+                output.note(f"  {printable(line)}")
+        raise
+    except (KeyboardInterrupt, StopRequested) as stopped:
+        progress_line.clear()
+        output.note("Stopped before llama-server was ready (no process left running).")
+        raise typer.Exit(exit_code_for(stopped)) from None
+    progress_line.clear()
+    return result
+
+
+def _show_and_wait(
+    result: ServeResult, settings: Settings, *, json_: bool, detach: bool, quiet: bool
+) -> Ended | None:
+    """The endpoint on stdout, then (unless --detach: None) the foreground wait until it ends."""
+    from quantpick.cli import output
+    from quantpick.serve.server import (
+        Ended,
+        StopRequested,
+        exit_code_for,
+        remove_record,
+        run_until_stopped,
+        stop_process,
     )
+
+    running = result.running
+    try:
+        if json_:
+            from quantpick.cli.render import plan_to_dict
+
+            output.print_json(
+                {
+                    "endpoint": _endpoint_doc(result),
+                    "plan": plan_to_dict(result.plan, result.machine,
+                                         result.manifest.architecture.block_count),
+                    **_check_doc(result.check, result.check_error),
+                }
+            )  # fmt: skip
+        else:
+            _print_endpoint(result)
+            if not quiet:
+                _print_check(result.check, result.check_error)
+        if detach:
+            return None
+        return run_until_stopped(running, settings.servers_dir)
+    except (KeyboardInterrupt, StopRequested) as stopped:
+        # between "ready" and the foreground wait (run_until_stopped handles its own)
+        how = stop_process(running.process.pid, process=running.process)
+        remove_record(settings.servers_dir, running.record)
+        return Ended(exit_code_for(stopped), how, running.process.returncode)
+
+
+def _serve(
+    given: dict[str, Any], settings: Settings, server: ServerOptions, progress_line: _ProgressLine
+) -> ServeResult:
+    """The serve job's request from the parsed options, and its progress on stderr."""
+    from quantpick.cli import output
+    from quantpick.cli.confirm import report_confirmation
+    from quantpick.cli.download import transfer_progress
+    from quantpick.cli.launch import announce_plan
+    from quantpick.jobs.get import GetRequest
+    from quantpick.jobs.serve import ServeRequest, serve
+
+    quiet = OutputOptions.of(given).silent
+    # Always this machine (probed; --cpu-only leaves its GPUs out; --rpc workers are read now).
+    machine = MachineOptions.of(given).machine()
     local = None
-    if gguf is not None:
-        from quantpick.cli.local import resolve_local
+    plan = PlanOptions.of(given)
+    if given["gguf"] is not None:
+        from quantpick.cli.local import local_model
 
-        local = resolve_local(model, quant, gguf, mmproj, dir_, request.vision)
-        manifest = local.manifest
-        request = replace(request, quant=local.quant)
+        local = local_model(given)
+        manifest, plan = local.manifest, replace(plan, quant=local.quant)
     else:
-        manifest = load_manifest(model, network=not no_network)
-    # the build's compute rule and this machine's calibration: applied by the plan recipe
-    # (pipeline.plan_for, through get)
-    overheads = overheads_from_cli(*overhead_flags)
-
-    def announce(p: Any) -> None:
-        if not quiet:
-            output.note(
-                f"Plan: {p.model} {p.quant} (KV {p.config.cache_type_k}, {p.placement}) for "
-                f"-c {p.config.ctx_size}; expected ~{p.speed.expected.decode_tps_target:.0f} "
-                f"tok/s decode at that context. Why: {p.why}"
-            )
+        manifest = plan.manifest()
+    # --timeout is llama-server's load time here, not the llama.cpp tools'
+    llama = LlamaCppOptions.of(given, timeout=None)
 
     def confirmed(confirmation: Any) -> None:
-        from quantpick.cli.confirm import report_confirmation
-
-        report_confirmation(confirmation, machine, no_confirm, quiet=quiet)
+        report_confirmation(confirmation, machine, llama.no_confirm, quiet=quiet)
 
     def started(port: int, log_path: Path, found: Any, note: str | None) -> None:
         if note:  # not progress: where the server is; shown even with --quiet
             output.note(f"Note: {note}")
-        if quiet:
-            return
-        output.note(
-            f"Starting {found.path} (found: {found.origin}) on {server.host}:{port}; "
-            f"its log: {log_path}"
-        )
+        if not quiet:
+            output.note(f"Starting {found.path} (found: {found.origin}) on {server.host}:{port}; "
+                        f"its log: {log_path}")  # fmt: skip
 
-    progress, live = _progress(quiet)
+    progress, live = transfer_progress(quiet)
+    fetch = FetchOptions.of(given)
     req = ServeRequest(
         get=GetRequest(
-            manifest=manifest,
-            machine=machine,
-            plan_request=request,
-            overheads=overheads,
-            dest_dir=dir_,
-            exact=exact,
-            network=not no_network,
-            source=source,
-            allow_unverified=allow_unverified,
-            confirm=confirm_options(no_confirm, llama_bin, llama_server, machine),
-            llama_server=llama_server,
-            gpu_overhead_given=overhead_flags[0] is not None,
+            plan.inputs(manifest, machine), dest_dir=fetch.dir_, source=fetch.source,
+            allow_unverified=fetch.allow_unverified, confirm=llama.confirm(machine),
         ),
         server=server,
         local_file=local.model_path if local else None,
         local_quant=local.quant if local else None,
         mmproj_path=local.projector if local else None,
-        llama_server=llama_server,
-        llama_bin=llama_bin,
-        detach=detach,
-        timeout_s=timeout,
-    )
+        llama_server=llama.llama_server, llama_bin=llama.llama_bin, detach=given["detach"],
+        timeout_s=given["timeout"],
+    )  # fmt: skip
     result = serve(
-        req,
-        settings=settings,
-        progress=progress,
-        on_plan=announce,
-        live=live,
-        on_confirmed=confirmed,
-        on_start=started,
+        req, settings=settings, progress=progress,
+        on_plan=None if quiet else (lambda p: output.note(announce_plan(p))), live=live,
+        on_confirmed=confirmed, on_start=started,
         on_wait=None if quiet else progress_line.update,
-    )
+    )  # fmt: skip
     progress_line.clear()
     if not quiet:
         for warning in result.command.warnings:

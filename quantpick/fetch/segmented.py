@@ -1,6 +1,6 @@
 """One file over several HTTP connections: ranged GETs against the URL the hub redirects to.
 
-Threads and stdlib http.client, like the single stream (quantpick.fetch.http says why not httpx:
+Threads and stdlib http.client, like the single stream (quantpick.hub.http says why not httpx:
 ~3x the CPU per byte on loopback). The parts:
 * workers (one thread and one keep-alive connection each) take pieces from the Scheduler
   (quantpick.fetch.segments), write them with pwrite into the .part (already of the final size)
@@ -32,7 +32,15 @@ from typing import Any, Protocol
 
 from quantpick.errors import DownloadError
 from quantpick.fetch.atomic import NO_SPACE_ERRNOS, DiskSpaceError, os_error
-from quantpick.fetch.http import (
+from quantpick.fetch.partfile import (
+    CHUNK,
+    Content,
+    PartLayout,
+    check_still_ours,
+    write_sidecar,
+)
+from quantpick.fetch.segments import Concurrency, RangeSet, Scheduler, Segment, SegmentPolicy
+from quantpick.hub.http import (
     HeadersFor,
     KeepAlive,
     RetryPolicy,
@@ -42,14 +50,6 @@ from quantpick.fetch.http import (
     status_error,
     url_label,
 )
-from quantpick.fetch.partfile import (
-    CHUNK,
-    Content,
-    PartLayout,
-    check_still_ours,
-    write_sidecar,
-)
-from quantpick.fetch.segments import Concurrency, RangeSet, Scheduler, Segment, SegmentPolicy
 
 TICK_SECONDS = 0.1  # how often the conductor updates progress, rates and the connection count
 # A checkpoint starts at least this often, so a SIGKILL loses about a second of transfer at

@@ -512,7 +512,7 @@ def sha256_of(
     inode that was hashed, so a caller links that one (link_into) and not whatever the path
     names by then.
     """
-    from quantpick.fetch.verify import hash_open_file
+    from quantpick.hub.verify import hash_open_file
     from quantpick.local_files import open_regular
 
     fd = open_regular(path)

@@ -1,4 +1,4 @@
-"""The transfer engine: one file, resumable and verified, over quantpick.fetch.http.
+"""The transfer engine: one file, resumable and verified, over quantpick.hub.http.
 
 Guarantees:
 * `<name>.part` + `<name>.part.json` (url, size, sha256, commit, and how the .part is laid out).
@@ -51,18 +51,6 @@ from quantpick.fetch.atomic import (
     fsync_dir,
     os_error,
 )
-from quantpick.fetch.http import (
-    HeadersFor,
-    RestartTransfer,
-    RetryPolicy,
-    TransientError,
-    default_policy,
-    open_url,
-    parse_content_range,
-    retry_after_seconds,
-    status_error,
-    url_label,
-)
 from quantpick.fetch.partfile import (
     CHUNK,
     Content,
@@ -80,8 +68,20 @@ from quantpick.fetch.partfile import (
 from quantpick.fetch.segmented import FallBack, SegmentedJob, fetch_segmented
 from quantpick.fetch.segmented import available as segmented_available
 from quantpick.fetch.segments import RangeSet, SegmentPolicy
-from quantpick.fetch.sources import RemoteFile
-from quantpick.fetch.verify import hash_open_file
+from quantpick.hub.base import RemoteFile
+from quantpick.hub.http import (
+    HeadersFor,
+    RestartTransfer,
+    RetryPolicy,
+    TransientError,
+    default_policy,
+    open_url,
+    parse_content_range,
+    retry_after_seconds,
+    status_error,
+    url_label,
+)
+from quantpick.hub.verify import hash_open_file
 
 SPACE_MARGIN = 128 * 1024 * 1024  # keep this much free beyond the bytes still to fetch
 # How long a second process waits while the lock holder makes no visible progress (its .part

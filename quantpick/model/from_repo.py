@@ -24,7 +24,7 @@ from quantpick.errors import ManifestError, QuantpickError, UsageError
 
 if TYPE_CHECKING:
     from quantpick.config import Settings
-    from quantpick.fetch.sources import RemoteFile
+    from quantpick.hub.base import RemoteFile
     from quantpick.model.gguf import GGUFHeader
 
 
@@ -103,8 +103,8 @@ def _checksums(
 ) -> tuple[str | None, dict[str, str]]:
     """The repository's checksums file, if it has a usable one. A file over the size cap or with
     a refused line is left out with a warning: the hub listing still gives every LFS sha256."""
-    from quantpick.fetch.http import BodyTooLarge
-    from quantpick.fetch.verify import CHECKSUMS_MAX_BYTES, parse_sha256sums
+    from quantpick.hub.http import BodyTooLarge
+    from quantpick.hub.verify import CHECKSUMS_MAX_BYTES, parse_sha256sums
 
     names = {f.name for f in files}
     for candidate in CHECKSUM_NAMES:
@@ -175,13 +175,13 @@ MAX_UNTAGGED_HEADERS = 16
 
 
 def _list_within_deadline(open_it: Any, label: str) -> tuple[Any, list[Any]]:
-    """The repository opened (its revision pinned) and listed within fetch.http.PLANNING_DEADLINE
+    """The repository opened (its revision pinned) and listed within hub.http.PLANNING_DEADLINE
     s in all, the bound `pick` of a bundled model gives its optional header read: a hub that
     accepts connections and never answers costs seconds, not the download policy's minutes of
     retries (about 200 s). The listing is a small JSON document a healthy hub sends in well
     under a second, so a hub that has not answered it by then is down for this purpose."""
     from quantpick.errors import DownloadError
-    from quantpick.fetch.http import PLANNING_DEADLINE, DeadlineExceeded, call_within
+    from quantpick.hub.http import PLANNING_DEADLINE, DeadlineExceeded, call_within
 
     def open_and_list() -> tuple[Any, list[Any]]:
         source = open_it()
@@ -216,7 +216,8 @@ def build_manifest(
     and name the GGUF files whose names carry no quant tag by their header's general.file_type
     (`pick OWNER/REPO`); `on_header(done, total)` follows the reads. Untagged files are read
     MAX_UNTAGGED_HEADERS at most, those in `named` (a URL naming one file) first."""
-    from quantpick.fetch.sources import open_source
+    from quantpick.hub.kinds import REPOSITORY_KINDS, is_repository
+    from quantpick.hub.sources import open_source
     from quantpick.model.gguf import layout_from_header, n_parameters
     from quantpick.model.gguf_names import group_gguf_files
     from quantpick.model.headers import (
@@ -227,8 +228,8 @@ def build_manifest(
     )
     from quantpick.model.manifest import Source, parse_manifest
 
-    if kind not in ("hf", "modelscope"):
-        raise UsageError(f"--source must be hf or modelscope, got {kind!r}")
+    if not is_repository(kind):
+        raise UsageError(f"--source must be {' or '.join(REPOSITORY_KINDS)}, got {kind!r}")
     source, listing = _list_within_deadline(
         lambda: open_source(Source(kind=kind, repo=repo, revision=revision), settings=settings),
         f"{kind}:{repo}",
@@ -468,7 +469,7 @@ def _read_all_headers(
     and each tagged quant's header (by quant)."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from quantpick.fetch.http import planning_policy
+    from quantpick.hub.http import planning_policy
     from quantpick.model.gguf_names import GGUFName, QuantGroup
 
     untagged = [n for n, why in skipped if why == "no quant tag in the file name"]

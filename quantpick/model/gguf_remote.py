@@ -2,7 +2,7 @@
 `gguf.py` has the whole header. httpx is imported only when a header is actually read.
 
 Every request has a connect and a read timeout and is retried with the transfer engine's backoff
-(`quantpick.fetch.http.RetryPolicy`: connection errors, timeouts, 5xx, 429). A read that still
+(`quantpick.hub.http.RetryPolicy`: connection errors, timeouts, 5xx, 429). A read that still
 fails is a RemoteHeaderError: a GGUFError (callers that fall back on a missing header keep doing
 so) with the download exit code 5.
 """
@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from quantpick.errors import ExitCode, GGUFError
-from quantpick.fetch.http import (
+from quantpick.hub.http import (
     RetryPolicy,
     TransientError,
     default_policy,

@@ -12,11 +12,13 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from quantpick.errors import GGUFError, QuantpickError, UsageError
+from quantpick.hub.kinds import KINDS, is_repository
 from quantpick.model.gguf import (
     GGUFHeader,
     header_from_json,
@@ -29,8 +31,8 @@ from quantpick.units import GiB
 
 if TYPE_CHECKING:
     from quantpick.config import Settings
-    from quantpick.fetch.http import RetryPolicy
-    from quantpick.fetch.sources import RepoSource
+    from quantpick.hub.base import RepoSource
+    from quantpick.hub.http import RetryPolicy
     from quantpick.model.manifest import Manifest, ModelFile
 
 _COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
@@ -69,7 +71,7 @@ def cache_keys(manifest: Manifest, files: tuple[ModelFile, ...]) -> list[str]:
     keys = [sha256_key(first.sha256)] if first.sha256 else []
     for source in manifest.sources:
         if (
-            source.kind in ("hf", "modelscope")
+            is_repository(source.kind)
             and source.repo
             and pinned_revision(source.kind, source.revision)
         ):
@@ -84,10 +86,8 @@ def pinned_revision(kind: str, revision: str | None) -> bool:
     HF revisions in manifests are commits; ModelScope manifests pin tags or commits, but "master"
     moves (ModelScope listings always carry the sha256, which is the preferred key anyway).
     """
-    revision = revision or ""
-    if _COMMIT_RE.match(revision):
-        return True
-    return kind == "modelscope" and revision not in ("", "master", "main")
+    found = KINDS.get(kind)
+    return found.pinned(revision) if found is not None else bool(_COMMIT_RE.match(revision or ""))
 
 
 def load_cached_header(settings: Settings, key: str) -> GGUFHeader | None:
@@ -110,7 +110,7 @@ def store_cached_header(settings: Settings, keys: list[str], header: GGUFHeader)
 def _store_under_keys(directory: Path, keys: list[str], suffix: str, data: bytes) -> None:
     """`data` as directory/<key><suffix> for every valid key (temp file + rename, not fsynced:
     a cache entry lost in a crash is only a miss). A read-only cache must not break planning."""
-    from quantpick.fetch.atomic import write_atomic
+    from quantpick.outputs import write_atomic
 
     try:
         directory.mkdir(parents=True, exist_ok=True)
@@ -192,7 +192,7 @@ def layout_for(
             problems.append(f"cached header {key}: {exc.message}")
 
     if network:
-        from quantpick.fetch.sources import open_source
+        from quantpick.hub.sources import open_source
 
         for source in manifest.sources:
             label = source.repo or source.name or source.kind
@@ -301,7 +301,7 @@ class LayoutSource:
         exact: bool,
         network: bool,
         settings: Settings | None = None,
-        local_dir: Path | None = None,
+        local_copy: Callable[[str], Path | None] | None = None,
     ) -> None:
         from quantpick.config import load_settings
 
@@ -309,9 +309,9 @@ class LayoutSource:
         self.manifest = manifest
         self.exact = exact
         self.network = network and not self.settings.offline
-        # Where `get` keeps the files: a quant already there, known to be verified, is upgraded
-        # from its own header, with no hub.
-        self.local_dir = local_dir
+        # A quant's verified file already on disk (where `get` keeps the files), or None: it is
+        # upgraded from its own header, with no hub. The caller (jobs/plan.py) knows the stores.
+        self.local_copy = local_copy
         self._cache: dict[str, ModelLayout] = {}
         self.problems: list[str] = []
 
@@ -347,11 +347,10 @@ class LayoutSource:
 
         if self(quant).exact:
             return False
-        if self.local_dir is not None:
-            from quantpick.fetch.download import known_local_copy
+        if self.local_copy is not None:
             from quantpick.model.local import local_layout
 
-            path = known_local_copy(self.manifest, quant, self.local_dir, self.settings)
+            path = self.local_copy(quant)
             if path is not None:
                 try:
                     self._cache[quant] = local_layout(path, quant)
@@ -361,7 +360,7 @@ class LayoutSource:
         if not self.network:
             return False
         # imported here, not above: an offline plan never loads the HTTP stack
-        from quantpick.fetch.http import (
+        from quantpick.hub.http import (
             PLANNING_DEADLINE,
             DeadlineExceeded,
             call_within,
@@ -439,7 +438,7 @@ def raw_headers(
         keys = [sha256_key(f.sha256)] if f.sha256 else []
         for source in manifest.sources:
             if (
-                source.kind in ("hf", "modelscope")
+                is_repository(source.kind)
                 and source.repo
                 and pinned_revision(source.kind, source.revision)
             ):
@@ -460,12 +459,12 @@ def raw_headers(
 def _read_raw(
     manifest: Manifest, name: str, settings: Settings, problems: list[str]
 ) -> bytes | None:
-    from quantpick.fetch.http import planning_policy
-    from quantpick.fetch.sources import open_source
+    from quantpick.hub.http import planning_policy
+    from quantpick.hub.sources import open_source
     from quantpick.model.gguf_remote import read_gguf_url
 
     for source in manifest.sources:
-        if source.kind not in ("hf", "modelscope"):
+        if not is_repository(source.kind):
             continue
         label = source.repo or source.kind
         try:

@@ -321,9 +321,7 @@ def synthesize_layout(arch: Architecture, quant: str, file_bytes: int) -> ModelL
 
     shapes = tensor_shapes(arch)
     if shapes is None:
-        raise NoTensorTable(
-            f"quantpick cannot list {arch.name}'s tensors without its GGUF header"
-        )
+        raise NoTensorTable(f"quantpick cannot list {arch.name}'s tensors without its GGUF header")
     key = normalize_quant(quant)
     base = _BASE_TYPE.get(key, "Q4_K")
     mix = key.endswith(("_M", "_L")) or quant.upper().startswith("UD-")

@@ -12,6 +12,7 @@ from typing import Any, NoReturn
 
 from quantpick.arch.base import Architecture, HValue
 from quantpick.errors import ManifestError
+from quantpick.hub.kinds import KINDS, SOURCE_KINDS
 from quantpick.safe_names import name_problem, path_conflicts
 
 __all__ = ["Architecture", "Manifest", "ModelFile", "Sampling", "Source", "parse_manifest"]
@@ -27,7 +28,7 @@ class Sampling:
 
 @dataclass(frozen=True)
 class Source:
-    kind: str  # "hf" | "modelscope" | "mirror"
+    kind: str  # a hub kind: hub/kinds.py (hf, modelscope, mirror)
     repo: str | None = None  # "owner/name" for hf and modelscope
     revision: str | None = None  # pinned commit (hf) / revision (modelscope)
     url_template: str | None = None  # mirror: "https://host/path/{file}" ({file}, {revision})
@@ -100,10 +101,9 @@ class Manifest:
 
 SCHEMA = 1  # the `schema = N` this quantpick reads
 ROLES = ("model", "mmproj")
-SOURCE_KINDS = ("hf", "modelscope", "mirror")
 ORIGIN_BUNDLED, ORIGIN_USER, ORIGIN_ENV = "bundled", "user", "QUANTPICK_MANIFESTS"
 
-_HINT = (
+MANIFEST_HINT = (
     "fix or remove that file (`quantpick manifest check FILE` re-checks it); "
     "the format is described in manifests/README.md"
 )
@@ -126,11 +126,6 @@ _TOP_KEYS = (
 _ARCH_REQUIRED = ("block_count", "context_length", "embedding_length", "vocab_size")
 _ARCH_MAX_ARRAY = 512  # LLAMA_MAX_LAYERS (src/llama-hparams.h:11): one value per layer at most
 _SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p")
-_SOURCE_KEYS = {
-    "hf": ("kind", "repo", "revision", "name"),
-    "modelscope": ("kind", "repo", "revision", "name"),
-    "mirror": ("kind", "url_template", "revision", "name"),
-}
 _FILE_KEYS = (
     "name", "quant", "size_bytes", "size_exact", "sha256", "bits_per_weight", "quality_rank",
     "role", "shard", "shard_count",
@@ -159,7 +154,7 @@ class _Reader:
 
     def fail(self, key: str | None, message: str) -> NoReturn:
         where = self.path(key) if key is not None else (self.prefix or "(top level)")
-        raise ManifestError(f"{self.file}: {where}: {message}", hint=_HINT)
+        raise ManifestError(f"{self.file}: {where}: {message}", hint=MANIFEST_HINT)
 
     def check_keys(self, allowed: Iterable[str]) -> None:
         allowed = tuple(allowed)
@@ -383,7 +378,7 @@ def _parse_source(r: _Reader) -> Source:
     kind = r.str_("kind")
     if kind not in SOURCE_KINDS:
         r.fail("kind", f"must be one of {', '.join(SOURCE_KINDS)}; got {kind!r}")
-    r.check_keys(_SOURCE_KEYS[kind])
+    r.check_keys(KINDS[kind].manifest_keys)
     revision = r.str_("revision", required=False)
     if revision is not None and revision != revision.strip():
         r.fail("revision", "must not have surrounding whitespace")

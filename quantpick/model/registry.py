@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from quantpick.errors import ManifestError, UnknownModelError, UsageError
 from quantpick.model.manifest import (
-    _HINT,
+    MANIFEST_HINT,
     ORIGIN_BUNDLED,
     ORIGIN_ENV,
     ORIGIN_USER,
@@ -37,11 +37,13 @@ def load_manifest_file(path: Path, *, origin: str | None = None) -> Manifest:
     except OSError as exc:
         raise ManifestError(f"{label}: cannot read: {exc.strerror or exc}", path=label) from None
     except UnicodeDecodeError:
-        raise ManifestError(f"{label}: not UTF-8 text", hint=_HINT, path=label) from None
+        raise ManifestError(f"{label}: not UTF-8 text", hint=MANIFEST_HINT, path=label) from None
     try:
         data = load_toml_text(text)
     except ValueError as exc:
-        raise ManifestError(f"{label}: invalid TOML: {exc}", hint=_HINT, path=label) from None
+        raise ManifestError(
+            f"{label}: invalid TOML: {exc}", hint=MANIFEST_HINT, path=label
+        ) from None
     manifest = parse_manifest(data, label)
     if origin is not None:
         from dataclasses import replace

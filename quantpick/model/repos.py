@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from quantpick.errors import ManifestError, UnknownModelError
+from quantpick.hub.kinds import KINDS
 
 if TYPE_CHECKING:
     from quantpick.config import Settings
@@ -34,7 +35,7 @@ ORIGIN_CACHED = "cached repository"
 _COMMIT = re.compile(r"^[0-9a-f]{40}$")
 # `ms:owner/name` or `modelscope:owner/name` names a ModelScope repository (a bare owner/name is
 # Hugging Face's, as llama.cpp's -hf reads it).
-_PREFIXES = {"hf:": "hf", "ms:": "modelscope", "modelscope:": "modelscope"}
+_PREFIXES = {prefix: k.name for k in KINDS.values() for prefix in k.prefixes}
 
 Progress = Callable[[int, int], None]
 # A repository's notes (files left out, a name its header contradicts), kept beside its cached

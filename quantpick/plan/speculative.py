@@ -30,14 +30,13 @@ from quantpick.plan.memory import Estimate, Overheads, RunConfig, estimate
 from quantpick.plan.speed import (
     DEFAULT_SPEED_PARAMS,
     DeviceSpeed,
-    LayerKinds,
     SpeedParams,
     decode_seconds,
     device_speeds,
     layers_seconds,
-    speed_work,
     verify_seconds,
 )
+from quantpick.plan.speed_work import LayerKinds, speed_work
 
 
 class Task(str, Enum):

@@ -58,7 +58,8 @@ from quantpick.outputs import (
     stamp,
     write_output,
 )
-from quantpick.serve.command import ServerCommand, _comment, yaml_str
+from quantpick.serve.command import ServerCommand, comment_lines
+from quantpick.serve.formats import yaml_str
 from quantpick.units import human
 
 # Flags build_command writes without a value (everything else it writes takes exactly one).
@@ -265,7 +266,7 @@ def preset_section(cmd: ServerCommand, target: Target) -> tuple[list[str], list[
 
 
 def _comment_lines(text: str) -> list[str]:
-    return [line[2:] if line.startswith("# ") else line[1:] for line in _comment(text)]
+    return [line[2:] if line.startswith("# ") else line[1:] for line in comment_lines(text)]
 
 
 @dataclass(frozen=True)
@@ -473,7 +474,7 @@ def swap_entry(cmd: ServerCommand, target: Target, *, ttl: int = SWAP_TTL_S) -> 
     """The `"<id>":` entry (lines, indented as under `models:`): llama-server on 127.0.0.1 at
     llama-swap's ${PORT}, the plan's flags one per line, the plan's environment; its first
     line is quantpick's stamp."""
-    lines = [f"  {line}" for line in _comment(target.plan_comment)]
+    lines = [f"  {line}" for line in comment_lines(target.plan_comment)]
     lines.append(f"  {yaml_str(target.name, interpolate=True)}:")
     body = [_swap_word(cmd.argv[0])]
     for flag, value in options(cmd):
@@ -701,7 +702,7 @@ def ollama_modelfile(cmd: ServerCommand, target: Target) -> tuple[str, list[str]
     if target.kv_unified:
         cannot.append("-kvu (one KV pool for all slots) has no Ollama setting")
     lines = ["# Modelfile written by quantpick. Plan:"]
-    lines += _comment(target.plan_comment)
+    lines += comment_lines(target.plan_comment)
     server_env = [f"OLLAMA_NUM_PARALLEL={target.n_parallel}"]
     if target.cache_type_k != "f16" or target.cache_type_v != "f16":
         server_env.append(f"OLLAMA_KV_CACHE_TYPE={target.cache_type_k}")
@@ -712,33 +713,35 @@ def ollama_modelfile(cmd: ServerCommand, target: Target) -> tuple[str, list[str]
             )
     if target.flash_attn == "on":
         server_env.append("OLLAMA_FLASH_ATTENTION=1")
-    lines += _comment(
+    lines += comment_lines(
         "Ollama server settings for this plan (they apply to every model it runs): "
         + " ".join(server_env)
     )
     for line in cannot:
-        lines += _comment(f"Not expressible in Ollama: {line}")
+        lines += comment_lines(f"Not expressible in Ollama: {line}")
     lines.append(f"FROM {_modelfile_path(target.model_files[0])}")
     if target.chat_template and "<|im_start|>" in target.chat_template:
-        lines += _comment(
+        lines += comment_lines(
             "ChatML, as the GGUF's template; its tool and thinking handling is not carried over"
         )
         lines.append(f'TEMPLATE """{CHATML_TEMPLATE}"""')
         lines.append(f'PARAMETER stop "{CHATML_STOP}"')
     else:
-        lines += _comment("no TEMPLATE: Ollama derives one from the GGUF's tokenizer.chat_template")
+        lines += comment_lines(
+            "no TEMPLATE: Ollama derives one from the GGUF's tokenizer.chat_template"
+        )
     # Ollama's num_ctx is one request's window; with N slots it allocates N of them.
     lines.append(f"PARAMETER num_ctx {max(1, target.ctx_size // max(1, target.n_parallel))}")
     lines.append(f"PARAMETER num_gpu {target.n_gpu_layers}")
     if target.sampling is not None:
-        from quantpick.serve.command import _num
+        from quantpick.serve.command import flag_number
 
         s = target.sampling
         lines += [
-            f"PARAMETER temperature {_num(s.temperature)}",
-            f"PARAMETER top_p {_num(s.top_p)}",
+            f"PARAMETER temperature {flag_number(s.temperature)}",
+            f"PARAMETER top_p {flag_number(s.top_p)}",
             f"PARAMETER top_k {s.top_k}",
-            f"PARAMETER min_p {_num(s.min_p)}",
+            f"PARAMETER min_p {flag_number(s.min_p)}",
         ]
     return "\n".join([stamp("#", lines), *lines]) + "\n", cannot
 

@@ -323,7 +323,7 @@ def model_rejected(model: str, lines: list[str]) -> ModelRejectedError:
 def rejected_before_download(
     exc: ModelRejectedError, standin: Path, name: str
 ) -> ModelRejectedError:
-    """A rejection by llama.cpp's dry run on a sparse stand-in (pipeline.dry_run): it names the
+    """A rejection by llama.cpp's dry run on a sparse stand-in (jobs.dry_run): it names the
     hub's file, not the stand-in (already removed), and nothing about a damaged local file: the
     header llama.cpp read is the hub's own bytes, so only the build can be at fault."""
     message = exc.message.replace(str(standin), name, 1)

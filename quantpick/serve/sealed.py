@@ -1,7 +1,7 @@
 """Cache entries that cannot be edited unnoticed: an HMAC-SHA256 of each entry under a random key
 kept in the state directory (mode 0600), written in the entry's first line.
 
-The dry-run cache (pipeline.DryRunCache) holds llama-fit-params' output for a stand-in; an entry
+The dry-run cache (jobs.dry_run.DryRunCache) holds llama-fit-params' output for a stand-in; an entry
 edited by hand (or by another user of a shared cache folder) could make the next `pick` refuse a
 plan llama.cpp never refused, or accept one it would. A sha256 beside the entry detects an
 accident only (whoever edits the entry can recompute it); a keyed MAC also needs the key, which

@@ -266,7 +266,7 @@ def test_ctrl_c_during_serves_check_stops_the_server(
         seen.append(record["pid"])
         raise KeyboardInterrupt
 
-    monkeypatch.setattr("quantpick.pipeline.check_running", interrupted)
+    monkeypatch.setattr("quantpick.jobs.serve.check_running", interrupted)
     result = runner.invoke(app, ["serve", "--gguf", str(model), "-c", "4096", "--port", "0",
                                  "--llama-server", str(binary), "--no-confirm"])  # fmt: skip
     assert result.exit_code == 130, result.stderr

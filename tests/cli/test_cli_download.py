@@ -217,7 +217,7 @@ def test_progress_bars_on_a_terminal_lines_elsewhere_nothing_when_quiet(
 ) -> None:
     import io
 
-    from quantpick.cli.download import LineProgress, RichProgress, _progress
+    from quantpick.cli.download import LineProgress, RichProgress, transfer_progress
     from quantpick.fetch.transfer import DownloadResult, NullProgress
 
     class Tty(io.StringIO):
@@ -230,7 +230,7 @@ def test_progress_bars_on_a_terminal_lines_elsewhere_nothing_when_quiet(
 
     def drive(stream: io.StringIO, quiet: bool) -> tuple[object, str]:
         monkeypatch.setattr(sys, "stderr", stream)
-        sink, live = _progress(quiet)
+        sink, live = transfer_progress(quiet)
         with live:
             sink.total_started(1, 3 << 20)
             sink.file_started("m.gguf", 3 << 20, 0)
@@ -377,7 +377,7 @@ def test_download_hf_cache(tiny: FakeHub, tmp_path: Path) -> None:
 def test_hashing_a_candidate_shows_progress(monkeypatch: pytest.MonkeyPatch) -> None:
     import io
 
-    from quantpick.cli.download import LineProgress, RichProgress, _progress
+    from quantpick.cli.download import LineProgress, RichProgress, transfer_progress
 
     class Tty(io.StringIO):
         def isatty(self) -> bool:
@@ -385,7 +385,7 @@ def test_hashing_a_candidate_shows_progress(monkeypatch: pytest.MonkeyPatch) -> 
 
     def drive(stream: io.StringIO) -> tuple[object, str]:
         monkeypatch.setattr(sys, "stderr", stream)
-        sink, live = _progress(False)
+        sink, live = transfer_progress(False)
         with live:
             sink.hash_started("m.gguf in ollama", 4 << 20)
             sink.hash_advance("m.gguf in ollama", 4 << 20)
@@ -423,14 +423,14 @@ def test_connection_count_on_a_terminal_nothing_on_a_pipe(
 ) -> None:
     import io
 
-    from quantpick.cli.download import LineProgress, _progress
+    from quantpick.cli.download import LineProgress, transfer_progress
 
     class Tty(io.StringIO):
         def isatty(self) -> bool:
             return True
 
     monkeypatch.setattr(sys, "stderr", Tty())
-    sink, live = _progress(False)
+    sink, live = transfer_progress(False)
     with live:
         sink.file_started("m.gguf", 8 << 20, 0)
         sink.connections("m.gguf", 4)  # type: ignore[attr-defined]

@@ -558,7 +558,7 @@ def test_command_model_source_hf_needs_no_file() -> None:
 def test_the_cli_min_tps_default_is_the_planners() -> None:
     # cli/options.py keeps its own copy so that the CLI need not import the planner at start-up
     from quantpick.cli.options import DEFAULT_MIN_TPS as CLI_DEFAULT
-    from quantpick.plan.planner import DEFAULT_MIN_TPS, PlanRequest
+    from quantpick.plan.plan_types import DEFAULT_MIN_TPS, PlanRequest
 
     assert CLI_DEFAULT == DEFAULT_MIN_TPS == PlanRequest(ctx_size=4096).min_tps
 

@@ -277,7 +277,7 @@ def test_untagged_headers_are_capped_named_and_given_up_on_quickly(
 ) -> None:
     """Before: every untagged .gguf header was read (3,000 files: 115 s, 11.7 GiB), and a file
     the hub cuts short was tried six times. benchmarks/hostile_repo.py prints the costs."""
-    import quantpick.fetch.http as http
+    import quantpick.hub.http as http
     from quantpick.model.from_repo import MAX_UNTAGGED_HEADERS
 
     monkeypatch.setattr(http, "DEFAULT_POLICY", http.RetryPolicy(sleep=lambda s: None))

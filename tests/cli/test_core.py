@@ -56,7 +56,7 @@ def test_os_error_on_a_path_the_user_gave_is_a_usage_error(
     target = tmp_path / "ro" / "serve.sh"
     (tmp_path / "ro").mkdir()
     monkeypatch.setattr(
-        "quantpick.serve.command.write_script",
+        "quantpick.serve.script_file.write_script",
         _raise(OSError(errno.EROFS, "Read-only file system", str(target))),
     )
     gguf = tmp_path / "m.gguf"
@@ -352,7 +352,7 @@ def test_a_hint_naming_an_option_the_command_lacks_is_not_shown(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """`--offline` was offered on `download`, which has no such option."""
-    from quantpick.fetch.http import UnreachableError
+    from quantpick.hub.http import UnreachableError
 
     monkeypatch.setattr(
         "quantpick.model.registry.find_manifest", _raise(UnreachableError("huggingface.co"))

@@ -20,9 +20,9 @@ from quantpick.cli import app
 from quantpick.config import load_settings
 from quantpick.errors import ExitCode, QuantpickError, VerificationError
 from quantpick.fetch.download import fetch_model
-from quantpick.fetch.http import RetryPolicy
 from quantpick.fetch.transfer import DiskSpaceError, LocalFileError
-from quantpick.fetch.verify import CHECKSUMS_MAX_BYTES
+from quantpick.hub.http import RetryPolicy
+from quantpick.hub.verify import CHECKSUMS_MAX_BYTES
 from quantpick.model.manifest import Source
 
 SIZE = 1024 * 1024 + 77
@@ -336,7 +336,7 @@ def test_a_dir_too_long_for_the_file_system_is_one_line(hub: FakeHub, tmp_path: 
 
 
 def test_files_in_place_pinned_by_the_manifest_need_no_sha256sums(tmp_path: Path) -> None:
-    from quantpick.fetch.download import files_in_place
+    from quantpick.fetch.offline import files_in_place
     from quantpick.fetch.transfer import NullProgress
 
     class Notes(NullProgress):
@@ -361,7 +361,7 @@ def test_files_in_place_pinned_by_the_manifest_need_no_sha256sums(tmp_path: Path
 def test_files_in_place_that_do_not_match_are_left_to_the_download(
     hub: FakeHub, tmp_path: Path
 ) -> None:
-    from quantpick.fetch.download import files_in_place, verified_local_files
+    from quantpick.fetch.offline import files_in_place, verified_local_files
 
     dest = tmp_path / "d"
     dest.mkdir()
@@ -376,7 +376,7 @@ def test_files_in_place_that_do_not_match_are_left_to_the_download(
 
 
 def test_files_in_place_unpinned_or_contradicted_are_not_used(tmp_path: Path) -> None:
-    from quantpick.fetch.download import files_in_place, verified_local_files
+    from quantpick.fetch.offline import files_in_place, verified_local_files
 
     dest = tmp_path / "d"
     dest.mkdir()

@@ -22,8 +22,8 @@ from fakehub import FakeHub
 from test_transfer import DATA, NAME, SHA, Notes, fetch, part_paths, seed_part
 
 from quantpick.errors import ExitCode, QuantpickError
-from quantpick.fetch.http import RetryPolicy
 from quantpick.fetch.transfer import NullProgress
+from quantpick.hub.http import RetryPolicy
 
 # test_transfer's fixtures: its fake hub with the file, the retry policy, both transfer modes
 hub, policy, mode, sleeps = (test_transfer.hub, test_transfer.policy, test_transfer.mode,

@@ -19,8 +19,8 @@ from quantpick.config import load_settings
 from quantpick.errors import UsageError, VerificationError
 from quantpick.fetch import stores
 from quantpick.fetch.download import fetch_model
-from quantpick.fetch.http import RetryPolicy
 from quantpick.fetch.transfer import NullProgress, part_paths
+from quantpick.hub.http import RetryPolicy
 from quantpick.model.manifest import Source
 
 SIZE = 2 * 1024 * 1024 + 77
@@ -556,8 +556,8 @@ def test_dir_inside_another_tools_folder_uses_its_verified_file(hub: FakeHub) ->
 
 def test_the_engine_itself_never_moves_a_file_it_does_not_own(tmp_path: Path) -> None:
     """transfer.download_file with `owner` (the guard at the root, whatever the caller planned)."""
-    from quantpick.fetch.sources import RemoteFile
     from quantpick.fetch.transfer import download_file
+    from quantpick.hub.base import RemoteFile
 
     dest = tmp_path / NAME
     for data in (BAD, DATA[:1000]):

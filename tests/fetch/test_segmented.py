@@ -24,10 +24,8 @@ from fakehub import FakeHub, gguf_bytes
 
 import quantpick.fetch.segmented as segmented
 from quantpick.errors import ExitCode
-from quantpick.fetch.http import RetryPolicy
 from quantpick.fetch.partfile import Content, PartLayout, read_sidecar, write_sidecar
 from quantpick.fetch.segments import SINGLE_STREAM, MiB, RangeSet, SegmentPolicy
-from quantpick.fetch.sources import RemoteFile
 from quantpick.fetch.transfer import (
     DiskSpaceError,
     NullProgress,
@@ -35,6 +33,8 @@ from quantpick.fetch.transfer import (
     download_file,
     part_paths,
 )
+from quantpick.hub.base import RemoteFile
+from quantpick.hub.http import RetryPolicy
 
 SIZE = 3 * MiB + 123
 NAME = "m-Q4_K_M.gguf"
@@ -413,7 +413,7 @@ import sys
 from pathlib import Path
 from quantpick.fetch.transfer import download_file
 from quantpick.fetch.segments import SegmentPolicy
-from quantpick.fetch.sources import RemoteFile
+from quantpick.hub.base import RemoteFile
 url, dest, size, sha = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 policy = SegmentPolicy(max_connections=4, initial_connections=2, min_piece=1 << 20,
                        max_piece=1 << 20, min_split=1 << 18, single_stream_below=1 << 20)

@@ -23,9 +23,7 @@ from fakehub import SMALL_ARCH_TOML, FakeHub, gguf_bytes, make_manifest, sha256s
 from quantpick.config import load_settings
 from quantpick.errors import DownloadError, ExitCode, UsageError, VerificationError
 from quantpick.fetch.download import fetch_model
-from quantpick.fetch.http import RetryPolicy
 from quantpick.fetch.segments import SINGLE_STREAM, MiB, SegmentPolicy
-from quantpick.fetch.sources import RemoteFile
 from quantpick.fetch.transfer import (
     DiskSpaceError,
     NullProgress,
@@ -34,6 +32,8 @@ from quantpick.fetch.transfer import (
     lock_path,
     part_paths,
 )
+from quantpick.hub.base import RemoteFile
+from quantpick.hub.http import RetryPolicy
 from quantpick.model.manifest import Source
 
 SIZE = 3 * 1024 * 1024 + 123

@@ -12,7 +12,7 @@ from fakehub import FakeHub
 from gguf_fixtures import TINY, write_gguf
 
 from quantpick.config import load_settings
-from quantpick.fetch.verify import CHECKSUMS_MAX_BYTES
+from quantpick.hub.verify import CHECKSUMS_MAX_BYTES
 from quantpick.model.from_repo import build_manifest
 
 

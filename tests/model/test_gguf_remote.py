@@ -15,7 +15,7 @@ from gguf_fixtures import FULL, TINY, RangeServer, gguf_str, kv, raw_gguf, write
 from quantpick.arch.registry import architecture
 from quantpick.config import load_settings
 from quantpick.errors import ExitCode, GGUFError
-from quantpick.fetch.http import RetryPolicy
+from quantpick.hub.http import RetryPolicy
 from quantpick.model.gguf import read_gguf_file, read_gguf_split
 from quantpick.model.gguf_remote import RemoteHeaderError, read_gguf_url
 from quantpick.model.headers import header_cache_dir, layout_for

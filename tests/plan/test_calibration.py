@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from quantpick.machine.spec import Gpu, Host, Machine
 from quantpick.model.layout import synthesize_layout
 from quantpick.model.registry import find_manifest
+from quantpick.plan.bandwidth_bound import SpeedEstimate, decode_speed
 from quantpick.plan.calibration import (
     FITTED_MODEL_BYTES,
     MODEL_BYTES_RANGE,
@@ -32,8 +33,7 @@ from quantpick.plan.calibration import (
     speed_ratios,
 )
 from quantpick.plan.memory import Overheads, RunConfig, estimate
-from quantpick.plan.planner import device_bandwidths
-from quantpick.plan.speed import SpeedEstimate, decode_speed
+from quantpick.plan.placement import device_bandwidths
 
 GiB = 1024**3
 MiB = 1024**2

@@ -17,7 +17,8 @@ from quantpick.model.ggml import tensor_bytes
 from quantpick.model.layout import synthesized_layouts
 from quantpick.model.manifest import Manifest, ModelFile
 from quantpick.plan.memory import estimate
-from quantpick.plan.planner import Placement, PlanRequest, plan
+from quantpick.plan.plan_types import Placement, PlanRequest
+from quantpick.plan.planner import plan
 
 GiB = 1024**3
 
@@ -43,8 +44,15 @@ def box(*gpu_gib: float, ram_gib: float = 64, bandwidth: float = 900e9) -> Machi
         for i, g in enumerate(gpu_gib)
     )  # fmt: skip
     ram = int(ram_gib * GiB)
-    return Machine(gpus=gpus, host=Host(ram_total_bytes=ram, ram_available_bytes=ram - GiB,
-                                        cpu_cores=8, ram_bandwidth_bytes_per_s=60_000_000_000))
+    return Machine(
+        gpus=gpus,
+        host=Host(
+            ram_total_bytes=ram,
+            ram_available_bytes=ram - GiB,
+            cpu_cores=8,
+            ram_bandwidth_bytes_per_s=60_000_000_000,
+        ),
+    )
 
 
 MISTRAL = manifest_for("mistral-small-24b")

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from fake_llama_server import fake_llama_server
 
+from quantpick.jobs.plan import PlanInputs, plan_for
 from quantpick.machine.spec import Gpu, Host, Machine
 from quantpick.model.local import local_layout, manifest_for_gguf
-from quantpick.pipeline import PlanInputs, plan_for
 from quantpick.plan.check import Figures, Observed, PlannedServer, compare
 from quantpick.plan.memory import Overheads, apply_compute_ratios
 from quantpick.plan.memory_calibration import (
@@ -23,7 +23,7 @@ from quantpick.plan.memory_calibration import (
     make_entry,
     report_problems,
 )
-from quantpick.plan.planner import PlanRequest
+from quantpick.plan.plan_types import PlanRequest
 from quantpick.serve.calibration import (
     CalibrationRefused,
     load_memory_calibration,

@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 from test_planner import LAYOUTS, MANIFEST, gpu, machine
 
 from quantpick.errors import NoFitError
-from quantpick.plan.planner import PlanRequest, expected_tps, plan
+from quantpick.plan.plan_types import PlanRequest, expected_tps
+from quantpick.plan.planner import plan
 
 # A CPU-only box whose RAM bandwidth puts the better quants just under a floor (a 2-core desktop
 # with dual-channel DDR4): the cheaper quants reach it, the better ones do not.
@@ -69,7 +70,7 @@ def test_the_refusal_hint_never_suggests_the_floor_given() -> None:
 
 @given(st.floats(0, 500, allow_nan=False), st.floats(0.01, 500, allow_nan=False))
 def test_a_suggested_floor_is_below_the_given_one_and_reached(tps: float, floor: float) -> None:
-    from quantpick.plan.planner import min_tps_suggestion
+    from quantpick.plan.policy import min_tps_suggestion
 
     s = min_tps_suggestion(tps, floor)
     assert s is None or 0 < s < floor and s <= tps

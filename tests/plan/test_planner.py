@@ -15,20 +15,12 @@ from quantpick.machine.spec import Gpu, Host, Machine
 from quantpick.model.layout import ModelLayout, synthesize_layout
 from quantpick.model.manifest import Manifest
 from quantpick.model.registry import find_manifest
-from quantpick.plan import planner
+from quantpick.plan import placement, planner, policy
 from quantpick.plan.build_class import PINNED, compute_rule
 from quantpick.plan.memory import Overheads, RunConfig, estimate
-from quantpick.plan.planner import (
-    SPEED_FLOOR_TIER,
-    SPEED_TIE,
-    Candidate,
-    Plan,
-    PlanRequest,
-    balanced_key,
-    expected_tps,
-    max_context,
-    plan,
-)
+from quantpick.plan.plan_types import Candidate, Plan, PlanRequest, expected_tps
+from quantpick.plan.planner import max_context, plan
+from quantpick.plan.policy import SPEED_FLOOR_TIER, SPEED_TIE, balanced_key
 
 GiB = 1024**3
 GB = 10**9
@@ -214,13 +206,15 @@ def test_two_gpus_offload_more_experts_to_take_attention_off_a_slow_card(
     # card dominates; more experts in RAM let the fast card hold the attention layers.
     m = machine(gpu(0, 9, 1008), gpu(1, 20, 192), ram_gib=64)
     # every offload candidate searched, not only those whose speed can change the pick
-    monkeypatch.setattr(planner, "_speed_may_matter", lambda *args: True)
+    monkeypatch.setattr(planner, "speed_may_matter", lambda *args: True)
     searched = _offload_speeds(m, 231424)
     with monkeypatch.context() as mp:  # the smallest --n-cpu-moe that fits, as before the search
-        mp.setattr(planner._Search, "_faster_offload", lambda self, base, found, n_layer: found)
+        mp.setattr(
+            placement.PlacementSearch, "_faster_offload", lambda self, base, found, n_layer: found
+        )
         smallest = _offload_speeds(m, 231424)
     with monkeypatch.context() as mp:  # every N tried
-        mp.setattr(planner, "OFFLOAD_WALK", 10_000)
+        mp.setattr(placement, "OFFLOAD_WALK", 10_000)
         every = _offload_speeds(m, 231424)
     assert searched.keys() == smallest.keys() == every.keys() and searched
     for key, (tps, n) in searched.items():
@@ -238,18 +232,20 @@ def test_the_offload_search_never_leaves_the_host_tight_when_the_smallest_n_did_
     m = machine(gpu(0, 11, 936), gpu(1, 23, 192), ram_gib=35)
     request = PlanRequest(ctx_size=225536, prefer="speed")
     # every offload candidate searched, not only those whose speed can change the pick
-    monkeypatch.setattr(planner, "_speed_may_matter", lambda *args: True)
+    monkeypatch.setattr(planner, "speed_may_matter", lambda *args: True)
 
     def offload(p: Plan) -> dict[tuple[str, str], Candidate]:
         return {(c.quant, c.cache_type): c for c in p.candidates if c.placement == "expert-offload"}
 
     searched = offload(plan(MANIFEST, m, LAYOUTS, request))
     with monkeypatch.context() as mp:
-        mp.setattr(planner._Search, "_faster_offload", lambda self, base, found, n_layer: found)
+        mp.setattr(
+            placement.PlacementSearch, "_faster_offload", lambda self, base, found, n_layer: found
+        )
         smallest = offload(plan(MANIFEST, m, LAYOUTS, request))
     assert searched.keys() == smallest.keys() and searched
     for key, c in searched.items():
-        assert planner._tight(c) <= planner._tight(smallest[key]), key
+        assert policy.tight(c) <= policy.tight(smallest[key]), key
     assert any(
         expected_tps(c.speed) > 1.2 * expected_tps(smallest[k].speed) for k, c in searched.items()
     )
@@ -492,12 +488,12 @@ def test_the_offload_search_is_skipped_only_where_it_cannot_change_the_pick(
 ) -> None:
     request = PlanRequest(ctx_size=ctx, prefer=prefer)
     lazy = pick_or_none(m, request)
-    original = planner._speed_may_matter
-    planner._speed_may_matter = lambda *args: True  # type: ignore[assignment]
+    original = planner.speed_may_matter
+    planner.speed_may_matter = lambda *args: True  # type: ignore[assignment]
     try:
         every = pick_or_none(m, request)
     finally:
-        planner._speed_may_matter = original
+        planner.speed_may_matter = original
     assert (lazy is None) == (every is None)
     if lazy is not None and every is not None:
         assert (lazy.quant, lazy.config, lazy.placement) == (
@@ -522,13 +518,13 @@ def test_a_bracket_only_speeds_up_the_two_gpu_split_search(
     """The --n-cpu-moe search passes each N the interval ends of its neighbours; any bracket,
     even a wrong one, must give the split search's own answer."""
     m = machine(gpu(0, a, 936), gpu(1, b, 320))
-    search = planner._Search(
+    search = placement.PlacementSearch(
         layout_of(quant), m, Overheads(), 0, planner.device_bandwidths(m), 1.0, ctx
     )
     config = RunConfig(ctx_size=ctx, n_cpu_moe=n_cpu_moe)
     plain_fit, plain_least = search.best_split(config)
     plain_bounds = search.bounds
-    fit, least = search.best_split(config, planner._Bracket(*bracket))
+    fit, least = search.best_split(config, placement._Bracket(*bracket))
     assert search.bounds == plain_bounds
     assert (fit and fit.config) == (plain_fit and plain_fit.config)
     assert least.config == plain_least.config

@@ -16,17 +16,17 @@ from quantpick.machine.spec import DEFAULT_RPC_BANDWIDTH, Host, Machine, Network
 from quantpick.model.ggml import tensor_bytes
 from quantpick.model.layout import ModelLayout, synthesize_layout
 from quantpick.model.registry import find_manifest
+from quantpick.plan.bandwidth_bound import decode_speed
 from quantpick.plan.memory import RunConfig, estimate
-from quantpick.plan.planner import PlanRequest, plan
+from quantpick.plan.plan_types import PlanRequest
+from quantpick.plan.planner import plan
 from quantpick.plan.speed import (
     DEFAULT_SPEED_PARAMS,
     RECENT_BUILD,
     SERVER_VOCAB,
     TURING_GRAPHS_BUILD,
-    LayerKinds,
     cuda_graphs,
     decode_seconds,
-    decode_speed,
     device_speeds,
     expected_speed,
     kv_cells,
@@ -34,8 +34,8 @@ from quantpick.plan.speed import (
     legacy_build,
     prefill_seconds,
     rpc_seconds,
-    speed_work,
 )
+from quantpick.plan.speed_work import LayerKinds, speed_work
 
 GiB = 1024**3
 MANIFEST = find_manifest("qwen3.6-35b-a3b-unsloth")

@@ -14,13 +14,15 @@ from fake_llamacpp import CURRENT_VERSION, DATA, calls, fake_tool, fixture
 from fake_nvml import FakeGpu, FakeNvml, Memory
 
 from quantpick.errors import ModelRejectedError
+from quantpick.jobs.bench import bench_plan
 from quantpick.model.gguf import layout_from_header, read_gguf_file
 from quantpick.model.local import manifest_for_gguf
-from quantpick.pipeline import bench_plan
+from quantpick.plan.bandwidth_bound import decode_speed
 from quantpick.plan.build_class import compute_rule
 from quantpick.plan.memory import Overheads, RunConfig, estimate
-from quantpick.plan.planner import Plan, device_bandwidths, speed_params_for
-from quantpick.plan.speed import decode_speed, device_speeds, expected_speed
+from quantpick.plan.placement import device_bandwidths, speed_params_for
+from quantpick.plan.plan_types import Plan
+from quantpick.plan.speed import device_speeds, expected_speed
 from quantpick.serve.bench import (
     BenchError,
     BenchSettings,

@@ -19,20 +19,17 @@ from quantpick.errors import UsageError
 from quantpick.model.manifest import Manifest, Sampling
 from quantpick.model.registry import load_manifest_file
 from quantpick.plan.memory import RunConfig
-from quantpick.serve.command import (
-    ServerCommand,
-    ServerOptions,
-    build_command,
-    hf_candidates,
-    hf_model,
+from quantpick.serve.command import ServerCommand, ServerOptions, build_command
+from quantpick.serve.formats import (
     render_compose,
     render_env,
     render_json,
     render_line,
     render_script,
     render_systemd,
-    write_script,
 )
+from quantpick.serve.hf_tag import hf_candidates, hf_model
+from quantpick.serve.script_file import write_script
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL = Path("/models/Qwen3.6-35B-A3B-UD-Q4_K_M.gguf")
@@ -462,7 +459,7 @@ def test_rpc_devices_need_device_support(manifest: Manifest) -> None:
 
 
 def test_worker_lines_bind_the_lan_address_and_pin_described_devices() -> None:
-    from quantpick.serve.command import build_worker_commands, render_worker_json
+    from quantpick.serve.workers import build_worker_commands, render_worker_json
 
     t4, two = build_worker_commands(_workers(), weights_bytes={"192.168.1.20:50052": 12 * 1024**3})
     assert t4.argv == ("ggml-rpc-server", "-H", "192.168.1.20", "-p", "50052", "-d", "CUDA0", "-c")
@@ -481,7 +478,7 @@ def test_worker_lines_bind_the_lan_address_and_pin_described_devices() -> None:
 
 
 def test_probed_worker_keeps_its_devices_and_knows_the_head() -> None:
-    from quantpick.serve.command import build_worker_commands
+    from quantpick.serve.workers import build_worker_commands
 
     (w, _) = build_worker_commands(_workers(probed=True), cache=False)
     assert w.argv == ("ggml-rpc-server", "-H", "192.168.1.20", "-p", "50052")  # no -d, no -c
@@ -490,7 +487,7 @@ def test_probed_worker_keeps_its_devices_and_knows_the_head() -> None:
 
 
 def test_zero_zero_zero_zero_only_when_asked_and_then_loudly() -> None:
-    from quantpick.serve.command import build_worker_commands
+    from quantpick.serve.workers import build_worker_commands
 
     for w in build_worker_commands(_workers()):
         assert w.bind != "0.0.0.0"
@@ -505,7 +502,7 @@ def test_zero_zero_zero_zero_only_when_asked_and_then_loudly() -> None:
 
 def test_loopback_workers_need_no_firewall_and_names_need_an_address() -> None:
     from quantpick.machine.spec import Gpu, RpcWorker
-    from quantpick.serve.command import build_worker_commands
+    from quantpick.serve.workers import build_worker_commands
 
     local = RpcWorker("127.0.0.1", 50052, (Gpu(0, "x", 1, 1),), probed=True, address="127.0.0.1")
     (w,) = build_worker_commands((local,))
@@ -521,7 +518,7 @@ def test_loopback_workers_need_no_firewall_and_names_need_an_address() -> None:
 
 
 def test_script_lists_the_workers_as_comments(manifest: Manifest) -> None:
-    from quantpick.serve.command import build_worker_commands, render_worker_lines
+    from quantpick.serve.workers import build_worker_commands, render_worker_lines
 
     workers = build_worker_commands(_workers())
     cfg = RunConfig(ctx_size=4096, rpc_servers=("192.168.1.20:50052", "192.168.1.21:50100"))
@@ -545,7 +542,7 @@ def test_script_lists_the_workers_as_comments(manifest: Manifest) -> None:
      (0.0, "0"), (1e-05, "1e-05"), (33.0, "33"), (0.05000000074505806, "0.05")],
 )  # fmt: skip
 def test_numbers_are_the_shortest_float32_text(value: float, text: str) -> None:
-    from quantpick.serve.command import _num
+    from quantpick.serve.command import flag_number as _num
 
     assert _num(value) == text
 
@@ -556,7 +553,7 @@ def test_number_text_reads_back_as_the_same_float32(value: float) -> None:
     shorter text would."""
     import struct
 
-    from quantpick.serve.command import _num
+    from quantpick.serve.command import flag_number as _num
 
     def f32(x: float) -> float:
         return struct.unpack("<f", struct.pack("<f", x))[0]

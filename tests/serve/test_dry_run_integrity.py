@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from fake_llamacpp import DATA, fake_tool
 
-from quantpick.pipeline import DryRunCache
+from quantpick.jobs.dry_run import DryRunCache
 from quantpick.serve import sealed, standin
 from quantpick.serve.standin import standins
 

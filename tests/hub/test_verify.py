@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from quantpick.errors import VerificationError
-from quantpick.fetch.verify import (
+from quantpick.hub.verify import (
     format_sha256sums,
     hash_file,
     parse_sha256sums,

@@ -1,4 +1,4 @@
-"""Confirm rounds (pipeline.confirm_plan): llama-fit-params (a fake replaying recorded real
+"""Confirm rounds (jobs.confirm.confirm_plan): llama-fit-params (a fake replaying recorded real
 output) confirms, or projects an overflow and the plan is re-planned with its figures; bounded
 rounds; a missing, failing or hung tool never blocks the command."""
 
@@ -11,15 +11,16 @@ from conformance_model import rpc_machine, write_conformance_gguf
 from fake_llamacpp import calls, fake_tool, fixture
 
 from quantpick.errors import ModelRejectedError, NoFitError
+from quantpick.jobs.confirm import ConfirmOptions, confirm_plan, replan_for_file
 from quantpick.machine.spec import Machine
 from quantpick.model.gguf import layout_from_header, read_gguf_file
 from quantpick.model.layout import ModelLayout
 from quantpick.model.local import manifest_for_gguf
-from quantpick.pipeline import ConfirmOptions, confirm_plan, replan_for_file
+from quantpick.plan.bandwidth_bound import decode_speed
 from quantpick.plan.build_class import compute_rule
 from quantpick.plan.memory import Overheads, RunConfig, estimate
-from quantpick.plan.planner import Plan, PlanRequest, device_bandwidths
-from quantpick.plan.speed import decode_speed
+from quantpick.plan.placement import device_bandwidths
+from quantpick.plan.plan_types import Plan, PlanRequest
 
 CURRENT = compute_rule("0.5.0-dev", 11312, "0c1e57098")
 OVERFLOWS = RunConfig(ctx_size=262144, tensor_split=(41.0, 1.0))

@@ -1,4 +1,4 @@
-"""quantpick.fetch.http: retries and timeouts, and the promise built on them: no network call hangs.
+"""quantpick.hub.http: retries and timeouts, and the promise built on them: no network call hangs.
 
 A hub that accepts connections and never answers (`fakehub.SilentServer`) must make `download`,
 `get` and `manifest add` end with exit 5 and one error line, and a default `pick` (which tries one
@@ -18,10 +18,10 @@ from fakehub import SMALL_ARCH_TOML, FakeHub, SilentServer
 from typer.testing import CliRunner
 
 import quantpick.cli.download  # noqa: F401 - registers the commands
-import quantpick.fetch.http as http
+import quantpick.hub.http as http
 from quantpick.cli import app
 from quantpick.errors import DownloadError
-from quantpick.fetch.http import RetryPolicy, TransientError, with_retries
+from quantpick.hub.http import RetryPolicy, TransientError, with_retries
 
 runner = CliRunner()
 
@@ -135,7 +135,7 @@ def test_a_default_pick_falls_back_to_the_manifest_with_a_note(
 def test_the_planning_policy_is_short_and_follows_the_default(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from quantpick.fetch.http import planning_policy
+    from quantpick.hub.http import planning_policy
 
     policy = planning_policy()
     assert (policy.attempts, policy.connect_timeout, policy.idle_timeout) == (2, 5.0, 10.0)
@@ -150,7 +150,7 @@ def test_a_name_that_does_not_resolve_is_not_retried(monkeypatch: pytest.MonkeyP
     """No network (no DNS): one line at once, not minutes of backoff."""
     import socket
 
-    from quantpick.fetch.http import UnreachableError, fetch_small
+    from quantpick.hub.http import UnreachableError, fetch_small
 
     def no_dns(*args: object, **kwargs: object) -> object:
         raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
@@ -339,7 +339,7 @@ def test_a_password_in_hf_endpoint_is_not_in_retry_lines(
 def test_a_repository_on_a_silent_hub_gives_up_at_the_planning_bound(
     silent_hub: SilentServer, monkeypatch: pytest.MonkeyPatch, args: list[str]
 ) -> None:
-    """The bound asserted is the one configured (fetch.http.PLANNING_DEADLINE, the bundled-model
+    """The bound asserted is the one configured (hub.http.PLANNING_DEADLINE, the bundled-model
     path's 5 s), set short here; the download policy would wait its own (2 s) and say "gave up
     after 1 attempts" instead. No wall-clock assertion."""
     monkeypatch.setattr(http, "DEFAULT_POLICY", replace(FAST, attempts=1, idle_timeout=2.0))

@@ -13,8 +13,8 @@ from fakehub import FakeHub, gguf_bytes, make_manifest, sha256sums
 from quantpick.config import load_settings
 from quantpick.errors import DownloadError, VerificationError
 from quantpick.fetch.download import fetch_model
-from quantpick.fetch.http import RetryPolicy
-from quantpick.fetch.sources import open_source
+from quantpick.hub.http import RetryPolicy
+from quantpick.hub.sources import open_source
 from quantpick.model.manifest import Source
 
 NAME = "sub/m-Q4_K_M.gguf"
@@ -181,7 +181,7 @@ def test_mirror_template(hub: FakeHub) -> None:
 
 def test_hub_libraries_are_not_imported_at_module_level() -> None:
     code = (
-        "import sys, quantpick.fetch.sources, quantpick.fetch.download, quantpick.fetch.verify, "
+        "import sys, quantpick.hub.sources, quantpick.fetch.download, quantpick.hub.verify, "
         "quantpick.cli.download; "
         "print([m for m in ('huggingface_hub', 'modelscope', 'modelscope_hub', 'httpx') "
         "if m in sys.modules])"
@@ -200,7 +200,7 @@ def test_modelscope_against_a_hub_that_never_answers_ends(tmp_path: Path) -> Non
     from fakehub import SilentServer
 
     script = (
-        "from quantpick.fetch.sources import open_source\n"
+        "from quantpick.hub.sources import open_source\n"
         "from quantpick.model.manifest import Source\n"
         "from quantpick.errors import DownloadError\n"
         "try:\n"
