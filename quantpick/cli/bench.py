@@ -35,6 +35,7 @@ from quantpick.cli.options import (
     PreferOpt,
     QuantOpt,
     RamBandwidthOpt,
+    SpecOpt,
     context_value,
     machine_from_cli,
     overheads_from_cli,
@@ -142,6 +143,7 @@ def bench_cmd(
     kv_unified: KvuOpt = False,
     prefer: PreferOpt = "balanced",
     min_tps: MinTpsOpt = DEFAULT_MIN_TPS,
+    spec: SpecOpt = "off",
     allow_q4_kv: AllowQ4Opt = False,
     kv: KvOpt = None,
     no_offload: NoOffloadOpt = False,
@@ -207,7 +209,7 @@ def bench_cmd(
     local = resolve_local(model, quant, gguf, None, dir_, False)
     request = plan_request(
         ctx_size, parallel, kv_unified, prefer, local.quant, False, min_tps, allow_q4_kv, kv,
-        512, 2048, "on", no_offload,
+        512, 2048, "on", no_offload, spec,
     )  # fmt: skip
     from quantpick.pipeline import PlanInputs, plan_for
 
@@ -221,6 +223,17 @@ def bench_cmd(
     for line in result.notes:
         output.note(f"Note: {line}")
     p, overheads = result.plan, result.inputs.overheads
+    # the calibration measures the plan without speculation (the speed model's own figures);
+    # speculation is measured beside it, both ways, and reported
+    speculated = p if p.speculative is not None and p.speculative.enabled else None
+    if speculated is not None:
+        from dataclasses import replace
+
+        from quantpick.plan.speculative import with_kind
+
+        plain = next(c.estimate for c in p.candidates if c.reason.startswith("chosen"))
+        assert plain is not None
+        p = replace(p, config=with_kind(p.config, None, 0), estimate=plain)
     if depth is None:
         depth = min(p.config.ctx_size - n_gen - n_prompt, DEFAULT_DEPTH)
     settings = BenchSettings(n_prompt=n_prompt, n_gen=n_gen, depth=max(0, depth), reps=reps,
@@ -245,6 +258,12 @@ def bench_cmd(
         date=datetime.date.today().isoformat(),
         progress=progress,
     )
+    spec_doc = None
+    if speculated is not None:
+        spec_doc = _bench_speculation(speculated, local, machine, settings, llama_bin,
+                                      llama_server, progress)  # fmt: skip
+    elif spec != "off" and p.speculative is not None:
+        spec_doc = {"measured": False, "reason": p.speculative.reason}
     # Only a run that can be true is stored (plan/calibration.py): the README's own bench of a
     # 16 MiB test model once turned the next CPU pick into "nothing reaches 5 tok/s".
     refused = plausibility_problems(report.entry)
@@ -257,9 +276,69 @@ def bench_cmd(
             "profile_path": str(saved) if saved else None,
             "saved": saved is not None,
             "not_saved_because": refused,
+            "speculative": spec_doc,
         }
         output.print_json(doc)
         if refused and not no_save:
             output.warn("calibration not saved: " + "; ".join(refused))
         return
     render_bench(report, compare=compare, saved=saved, refused=None if no_save else refused)
+    if spec_doc is not None:
+        output.note("Speculation: " + str(spec_doc["reason"]))
+
+
+def _bench_speculation(
+    p: Any,
+    local: Any,
+    machine: Any,
+    settings: Any,
+    llama_bin: Path | None,
+    llama_server: Path | None,
+    progress: Any,
+) -> dict[str, Any]:
+    """The plan's speculation measured both ways through llama-server, beside its prediction.
+    Not stored in the calibration: the speed factors calibrate the plain plan."""
+    from quantpick.errors import UsageError
+    from quantpick.plan.speculative import with_kind
+    from quantpick.serve.bench import SERVER, measure_speculation
+    from quantpick.serve.fitparams import find_tool
+
+    server = find_tool(SERVER, llama_bin=llama_bin, llama_server=llama_server)
+    if server is None:
+        raise UsageError("bench --spec measures through llama-server: none found",
+                         hint="pass --llama-server PATH or --llama-bin DIR")  # fmt: skip
+    d = p.speculative
+    m = measure_speculation(
+        server, p.config, with_kind(p.config, None, 0), local.model_path,
+        local.manifest.architecture.block_count, settings,
+        vocab_size=local.layout.architecture.vocab_size if local.layout else 0,
+        gpu_indices=[g.gpu_index for g in p.estimate.gpus if g.gpu_index is not None],
+        progress=progress,
+    )  # fmt: skip
+    problems = m.problems()
+    acc = m.acceptance
+    measured = (
+        f"measured {m.decode_tps_with:.1f} vs {m.decode_tps_without:.1f} tok/s without "
+        f"(x{m.decode_tps_with / m.decode_tps_without:.2f}"
+        + (f", acceptance {100 * acc:.0f}%" if acc is not None else "")
+        + ")"
+        if not problems
+        else "not usable: " + "; ".join(problems)
+    )
+    return {
+        "measured": not problems,
+        "kind": d.kind.value if d.kind else None,
+        "draft_n_max": d.draft_n_max,
+        "decode_tps_with": m.decode_tps_with,
+        "decode_tps_without": m.decode_tps_without,
+        "drafted": m.drafted,
+        "accepted": m.accepted,
+        "acceptance": acc,
+        "predicted_decode_tps_with": round(d.tps, 2),
+        "predicted_decode_tps_without": round(d.tps_without, 2),
+        "argv": list(m.argv),
+        "problems": problems,
+        "reason": f"{d.kind.value if d.kind else ''} with {d.draft_n_max} drafts: {measured}; "
+        f"predicted {d.tps:.1f} vs {d.tps_without:.1f} (the prediction's depth; "
+        "not stored in the calibration)",
+    }
