@@ -367,7 +367,7 @@ def build_case(row: dict, manifest: Manifest) -> Case:
         model = find_gpu(name, vram)
         if model is None:
             raise Unusable(f"GPU {name!r} not in the catalogue")
-        gpus.append(describe_gpu(model.key, index=i))
+        gpus.append(describe_gpu(model.key, index=i, backend_name=row.get("backend")))
     dev_flag = _other_flag(other, "-dev") or _other_flag(other, "--device")
     if dev_flag == "none":
         gpus = []

@@ -40,8 +40,10 @@ def file_kind(mode: int) -> str:
         return "a symbolic link"
     if stat.S_ISFIFO(mode):
         return "a FIFO"
-    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
-        return "a device"
+    if stat.S_ISCHR(mode):
+        return "a character device"
+    if stat.S_ISBLK(mode):
+        return "a block device"
     if stat.S_ISSOCK(mode):
         return "a socket"
     if stat.S_ISDIR(mode):

@@ -28,10 +28,14 @@ costs.
 from __future__ import annotations
 
 import errno
+import hashlib
 import os
+import re
 import secrets
 import stat
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from enum import Enum
 from pathlib import Path
 
 from quantpick.errors import ExitCode, QuantpickError, UsageError
@@ -219,12 +223,57 @@ def check_output(path: Path, what: str, *, force: bool = False) -> Existing:
     return Existing(data, info.st_mode & 0o777)  # never set-id bits onto a new file
 
 
-def not_written_by_quantpick(what: str, path: Path, why: str) -> OutputRefused:
-    """The refusal for a file (or a part of one) that the user wrote."""
+class Authorship(Enum):
+    """Who wrote a file, or the part of one (a preset section, a llama-swap entry), quantpick
+    would replace."""
+
+    QUANTPICK = "quantpick"  # its stamp, and unchanged since
+    EDITED = "edited"  # its stamp, but edited since: the user's now
+    USER = "user"  # no stamp: written by hand or by another tool
+
+
+# The stamp quantpick puts in every file (or section, or entry) it may later replace:
+# "<comment> written by quantpick 0.1.0, checksum 0123456789ab: replaced only while unchanged".
+_STAMP = re.compile(r"written by quantpick \S+, checksum ([0-9a-f]{12})\b")
+
+
+def checksum(lines: Iterable[str]) -> str:
+    """12 hex digits of sha256 over the lines that are not the stamp, each stripped of the blanks
+    around it, blank lines left out (a file re-indented or given other line endings is
+    unchanged; any other edit is an edit)."""
+    body = "\n".join(line.strip() for line in lines if line.strip() and not _STAMP.search(line))
+    return hashlib.sha256(body.encode("utf-8", "surrogateescape")).hexdigest()[:12]
+
+
+def stamp(comment: str, lines: Iterable[str]) -> str:
+    """The stamp line for `lines` (what quantpick writes besides it), after `comment` ("#", ";")."""
+    from quantpick import __version__
+
+    return (
+        f"{comment} written by quantpick {__version__}, checksum {checksum(lines)}: "
+        "replaced only while unchanged"
+    )
+
+
+def authorship(lines: Sequence[str]) -> Authorship:
+    """Whether `lines` (a whole file, or one section of one) are quantpick's, unchanged."""
+    found = next((m for m in map(_STAMP.search, lines) if m), None)
+    if found is None:
+        return Authorship.USER
+    return Authorship.QUANTPICK if found[1] == checksum(lines) else Authorship.EDITED
+
+
+def refuse_theirs(what: str, found: Authorship, *, other: str = "another path") -> OutputRefused:
+    """The refusal for a file (`what`: "--modelfile PATH", or a part of one: "--preset PATH:
+    the section [x]") that quantpick did not write, or that was edited since."""
+    why = (
+        "was edited since quantpick wrote it"
+        if found is Authorship.EDITED
+        else "was not written by quantpick (no 'written by quantpick' line)"
+    )
     return OutputRefused(
-        f"{what} {path}: {why}; it is left as it is",
-        hint="pass --force to replace it (the old version is kept as a backup), or choose "
-        "another path",
+        f"{what} {why}; it is left as it is",
+        hint=f"pass --force to replace it (the old file is kept as a backup), or choose {other}",
     )
 
 
@@ -293,32 +342,38 @@ def write_output(
 def open_log(path: Path, *, append: bool = False) -> int:
     """A write descriptor for a log at `path` (created 0644 & ~umask, truncated unless `append`),
     never through a symlink, never a FIFO (O_NONBLOCK: opening one cannot hang), a device or a
-    file with other names (a hard link): OutputRefused. Truncation happens after the check on
-    the descriptor. The caller closes it."""
+    file with other names (a hard link): LocalFileError (exit 1) naming what is there instead.
+    Truncation happens after the check on the descriptor. The caller closes it."""
     flags = os.O_WRONLY | os.O_CREAT | _NOFOLLOW | getattr(os, "O_NONBLOCK", 0)
     flags |= getattr(os, "O_NOCTTY", 0) | getattr(os, "O_CLOEXEC", 0) | _BINARY
     if append:
         flags |= os.O_APPEND
+    hint = "remove it (quantpick writes its logs as regular files of their own)"
     try:
         fd = os.open(path, flags, 0o644)
     except OSError as exc:
         if exc.errno == errno.ELOOP:
-            raise OutputRefused(
-                f"the log {path}: is a symbolic link; quantpick never writes a log through one",
-                hint="remove the link, or run from another directory",
+            raise LocalFileError(
+                f"cannot write the log: {path}: is a symbolic link; a log is never written "
+                "through one",
+                hint=hint,
+                path=str(path),
             ) from None
         if exc.errno == errno.ENXIO:  # a FIFO nobody reads: O_NONBLOCK refuses at once
-            raise OutputRefused(
-                f"the log {path}: is a FIFO, not a regular file", hint="remove it"
+            raise LocalFileError(
+                f"cannot write the log: {path}: is a FIFO, not a regular file",
+                hint=hint,
+                path=str(path),
             ) from None
         raise os_error("cannot write the log", path, exc) from None
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1:
             kind = file_kind(info.st_mode) if not stat.S_ISREG(info.st_mode) else "a hard link"
-            raise OutputRefused(
-                f"the log {path}: is {kind}, not a regular file of its own: never written",
-                hint="remove it",
+            raise LocalFileError(
+                f"cannot write the log: {path}: is {kind}, not a regular file of its own",
+                hint=hint,
+                path=str(path),
             )
         os.set_blocking(fd, True)
         if not append:

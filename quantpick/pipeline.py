@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from quantpick.plan.check import PlannedServer
     from quantpick.plan.confirm import Confirmation
     from quantpick.plan.memory import Overheads, RunConfig
+    from quantpick.plan.memory_calibration import MemoryCalibration
     from quantpick.plan.planner import ContextLimit, Plan, PlanRequest
     from quantpick.serve.bench import BenchMeasurement, BenchSettings
     from quantpick.serve.command import ServerCommand, ServerOptions
@@ -114,16 +115,20 @@ class PlanResult:
     inputs: PlanInputs  # with the tuned request and overheads the plan was made with
     tuning: Tuning
     header_problems: tuple[str, ...] = ()
+    # What the chosen quant's exact header contradicts in the manifest (one line each)
+    contradictions: tuple[str, ...] = ()
 
     @property
     def notes(self) -> tuple[str, ...]:
-        """What the CLI says on stderr: the tuning applied (or why not), a missing header."""
+        """What the CLI says on stderr: the tuning applied (or why not), a missing header, a
+        manifest the header contradicts."""
         out = list(self.tuning.notes)
         if self.header_problems:
             out.append(
                 "exact GGUF header unavailable, planned from the manifest: "
                 + self.header_problems[-1]
             )
+        out.extend(self.contradictions)
         return tuple(out)
 
 
@@ -144,7 +149,7 @@ def tuned(inputs: PlanInputs, *, settings: Settings | None = None) -> tuple[Plan
 def plan_for(inputs: PlanInputs, *, settings: Settings | None = None) -> PlanResult:
     """The plan for `inputs`: tuned, then on the file's own header (`local`) or on the exact
     header of the chosen quant when it can be had."""
-    from quantpick.model.headers import LayoutSource
+    from quantpick.model.headers import LayoutSource, manifest_contradictions
     from quantpick.plan.planner import plan
 
     inputs, tuning = tuned(inputs, settings=settings)
@@ -161,7 +166,8 @@ def plan_for(inputs: PlanInputs, *, settings: Settings | None = None) -> PlanRes
         local_dir=inputs.local_dir,
     )  # fmt: skip
     p = plan_exact(inputs.manifest, inputs.machine, layouts, inputs.request, inputs.overheads)
-    return PlanResult(p, inputs, tuning, tuple(layouts.problems))
+    contradictions = manifest_contradictions(inputs.manifest, p.quant, layouts(p.quant))
+    return PlanResult(p, inputs, tuning, tuple(layouts.problems), tuple(contradictions))
 
 
 @dataclass(frozen=True)
@@ -221,6 +227,7 @@ class GetResult:
     warnings: tuple[str, ...] = field(default_factory=tuple)
     confirmation: ConfirmReport | None = None  # llama.cpp's check of `plan` (None: not run)
     tuning: Tuning | None = None  # the compute rule and calibration the plan was made with
+    contradictions: tuple[str, ...] = ()  # PlanResult.contradictions: what `pick` notes too
 
 
 def get(
@@ -284,7 +291,7 @@ def get(
         mmproj = dest / manifest.projector.name if vision and manifest.projector else None
         return GetResult(
             first, first, None, None, model_path, mmproj, planned.header_problems,
-            tuple(warnings), tuning=planned.tuning,
+            tuple(warnings), tuning=planned.tuning, contradictions=planned.contradictions,
         )  # fmt: skip
     try:
         if offline and not req.dry_run:
@@ -366,6 +373,7 @@ def get(
         warnings=tuple(warnings),
         confirmation=confirmation,
         tuning=planned.tuning,
+        contradictions=planned.contradictions,
     )
 
 
@@ -380,6 +388,8 @@ class Tuning:
     rule: ComputeRule
     calibration: Calibration | None = None  # applied (same GPUs, same build)
     notes: tuple[str, ...] = ()  # one line each: what was applied, or why a profile was not
+    memory: MemoryCalibration | None = None  # compute ratios learned by `check --learn`
+    build: str = ""  # build_id of the llama.cpp the compute rule is for ("unknown": none found)
 
 
 def local_tuning(
@@ -417,15 +427,23 @@ def local_tuning(
         rule = compute_rule(server.version, server.build, server.commit)
         build = build_id(server.build, server.commit, server.version)
     if machine.described:
-        return Tuning(rule, notes=tuple(notes))
+        return Tuning(rule, notes=tuple(notes), build=build)
     if not use_calibration:
-        return Tuning(rule, notes=(*notes, "calibration off (--no-calibration): uncalibrated"))
+        return Tuning(rule, notes=(*notes, "calibration off (--no-calibration): uncalibrated"),
+                      build=build)  # fmt: skip
+    from quantpick.serve.calibration import load_memory_calibration
+
+    memory, memory_why = load_memory_calibration(machine, build, sizes=sizes, settings=settings)
+    if memory is not None:
+        notes.append(f"compute {memory.label}")
+    elif memory_why:
+        notes.append(f"memory calibration not applied: {memory_why}")
     calibration, why = load_calibration(machine, build, sizes=sizes, settings=settings)
     if calibration is not None:
-        return Tuning(rule, calibration, (*notes, calibration.label))
+        return Tuning(rule, calibration, (*notes, calibration.label), memory, build)
     if why:
         notes.append(f"calibration not applied: {why}")
-    return Tuning(rule, None, tuple(notes))
+    return Tuning(rule, None, tuple(notes), memory, build)
 
 
 def tune(
@@ -437,6 +455,9 @@ def tune(
     request = replace(request, compute_rule=tuning.rule, calibration=tuning.calibration)
     if tuning.calibration is not None:
         overheads = apply_overheads(overheads, tuning.calibration)
+    if tuning.memory is not None:
+        overheads = replace(overheads, compute_ratio_by_device=tuning.memory.ratios,
+                            compute_basis=tuning.memory.label)  # fmt: skip
     return request, overheads
 
 
@@ -1000,7 +1021,7 @@ def bench_plan(
         binary = bench_bin
         measurement = run_llama_bench(
             bench_bin, p.config, model_path, block_count, settings,
-            gpu_indices=gpu_indices, progress=progress,
+            gpu_indices=gpu_indices, progress=progress, backend=local_backend(machine.gpus),
         )  # fmt: skip
         ran = bench_config(p.config, settings)
     else:
@@ -1009,6 +1030,7 @@ def bench_plan(
         measurement = run_llama_server(
             server_bin, p.config, model_path, block_count, settings,
             vocab_size=layout.architecture.vocab_size, gpu_indices=gpu_indices, progress=progress,
+            backend=local_backend(machine.gpus),
         )  # fmt: skip
         ran = p.config
     info = inspect_llama_server(binary)
@@ -1194,25 +1216,41 @@ def serve(
     from quantpick.serve.server import start_server
 
     g = req.get
+    if g.llama_server is None and req.llama_server is None and req.llama_bin is not None:
+        # --llama-bin: the llama-server there is the build the plan's compute rule is for
+        candidate = req.llama_bin / "llama-server"
+        if candidate.is_file():
+            g = replace(g, llama_server=candidate)
     manifest = g.manifest
     fetched: GetResult | None = None
+    tuning: Tuning | None
     if req.local_file is not None:
         quant = req.local_quant or manifest.files[0].quant
         model_path, mmproj_path = req.local_file, req.mmproj_path
-        p = plan_on_local_file(manifest, quant, model_path, g.machine, g.plan_request,
-                               g.overheads)  # fmt: skip
+        from quantpick.model.local import local_layout
+
+        # the plan recipe `command --gguf` uses: the build's compute rule and this machine's
+        # calibrations (speed and memory) apply to a file on disk as to a fetched one
+        planned = plan_for(
+            PlanInputs(manifest, g.machine, replace(g.plan_request, quant=quant), g.overheads,
+                       llama_server=g.llama_server, gpu_overhead_given=g.gpu_overhead_given,
+                       calibration=g.calibration, local=local_layout(model_path, quant)),
+            settings=settings,
+        )  # fmt: skip
+        p, tuning = planned.plan, planned.tuning
         if on_plan is not None:
             on_plan(p)
         confirmation = None
         if g.confirm is not None:
             confirmation = confirm_local_plan(
-                p, manifest, model_path, g.machine, g.plan_request, g.overheads, g.confirm
-            )
+                p, manifest, model_path, g.machine, planned.inputs.request,
+                planned.inputs.overheads, g.confirm,
+            )  # fmt: skip
             p = confirmation.plan
     else:
         fetched = get(replace(g, dry_run=False), settings=settings, progress=progress,
                       on_plan=on_plan, live=live)  # fmt: skip
-        p, confirmation = fetched.plan, fetched.confirmation
+        p, confirmation, tuning = fetched.plan, fetched.confirmation, fetched.tuning
         model_path, mmproj_path = fetched.model_path, fetched.mmproj_path
     if on_confirmed is not None:
         on_confirmed(confirmation)
@@ -1271,7 +1309,7 @@ def serve(
             "quant": p.quant,
             "ctx_size": p.config.ctx_size,
             "n_parallel": p.config.n_parallel,
-            "plan": planned_server(p, "the plan `quantpick serve` started it with"),
+            "plan": planned_server(p, "the plan `quantpick serve` started it with", tuning),
         },
     )
     result = ServeResult(running, manifest, g.machine, p, commands[running.record.port], found,
@@ -1300,14 +1338,16 @@ def check_running(
 SERVER_LOG_VERBOSITY = ("-lv", "4")
 
 
-def planned_server(p: Plan, basis: str) -> PlannedServer:
+def planned_server(p: Plan, basis: str, tuning: Tuning | None = None) -> PlannedServer:
     """What `quantpick check` compares a running server with: the plan's device rows, context
-    and expected decode speed."""
+    and expected decode speed (and the memory calibration its compute already carries)."""
     from quantpick.plan.check import planned_from_estimate
 
     expected = p.speed.expected
     tps = expected.decode_tps_target if expected is not None else None
-    return planned_from_estimate(p.estimate, decode_tps=tps, basis=basis)
+    ratios = tuning.memory.ratios if tuning is not None and tuning.memory is not None else ()
+    return planned_from_estimate(p.estimate, decode_tps=tps, basis=basis, compute_ratios=ratios,
+                                 build=tuning.build if tuning is not None else "")  # fmt: skip
 
 
 def _env_from(cmd: ServerCommand) -> dict[str, str]:
@@ -1338,6 +1378,7 @@ class CheckRequest:
     log: Path | None = None  # --log: a llama-server log quantpick did not write
     timed_request: bool = False  # --measure-speed
     servers_dir: Path | None = None
+    learn: bool = False  # --learn: store the measured compute as a memory calibration
 
 
 @dataclass(frozen=True)
@@ -1347,6 +1388,8 @@ class CheckResult:
     record: Any  # serve.server.ServerRecord | None
     live: Any  # serve.live.LiveServer
     log_path: Path | None
+    learned: Path | None = None  # where --learn stored the memory calibration
+    not_learned: tuple[str, ...] = ()  # why --learn stored nothing
 
 
 def _is_url(text: str) -> bool:
@@ -1402,7 +1445,7 @@ def check_server(req: CheckRequest, *, settings: Settings) -> CheckResult:
     server's own /props (a comparison of the server with itself: measured figures only)."""
     from quantpick.plan.check import MIN_DECODE_TOKENS, GpuUse, Observed, PlannedServer, compare
     from quantpick.serve.live import read_server
-    from quantpick.serve.server import list_records, process_swap_bytes
+    from quantpick.serve.server import list_records, process_memory
     from quantpick.serve.server_log import read_log
 
     records = list_records(req.servers_dir or settings.servers_dir)
@@ -1412,7 +1455,8 @@ def check_server(req: CheckRequest, *, settings: Settings) -> CheckResult:
     problems = list(live.problems)
     planned: PlannedServer | None = None
     if req.plan_inputs is not None:
-        planned = planned_server(plan_for(req.plan_inputs).plan, f"planned now: {req.plan_basis}")
+        result = plan_for(req.plan_inputs)
+        planned = planned_server(result.plan, f"planned now: {req.plan_basis}", result.tuning)
     elif record is not None and record.plan is not None:
         planned = record.plan
     props = live.props
@@ -1437,10 +1481,10 @@ def check_server(req: CheckRequest, *, settings: Settings) -> CheckResult:
             "no log: llama.cpp's per-device buffers were not read (give --log FILE, the "
             "server's own output with -lv 4)"
         )
-    swap = None
+    rss = swap = None
     gpus: tuple[Any, ...] = ()
     if record is not None:
-        swap = process_swap_bytes(record.pid)
+        rss, swap = process_memory(record.pid)
         if any(d.kind == "gpu" for d in planned.devices):
             from quantpick.machine.probe import gpu_memory_use
 
@@ -1448,12 +1492,13 @@ def check_server(req: CheckRequest, *, settings: Settings) -> CheckResult:
             if note:
                 problems.append(note)
             gpus = tuple(
-                GpuUse(f"CUDA{g.index}", g.total_bytes, g.used_bytes, g.process_bytes)
-                for g in use
+                GpuUse(f"CUDA{g.index}", g.total_bytes, g.used_bytes, g.process_bytes) for g in use
             )
     decode = live.decode_tps
-    if decode is not None and not live.timed_decode_tps and (
-        live.metrics is None or live.metrics.tokens_predicted < MIN_DECODE_TOKENS
+    if (
+        decode is not None
+        and not live.timed_decode_tps
+        and (live.metrics is None or live.metrics.tokens_predicted < MIN_DECODE_TOKENS)
     ):
         decode = None
     observed = Observed(
@@ -1462,9 +1507,64 @@ def check_server(req: CheckRequest, *, settings: Settings) -> CheckResult:
         n_ctx_from=n_ctx_from,
         offloaded=offloaded,
         swap_bytes=swap,
+        rss_bytes=rss,
         gpus=gpus,
         decode_tps=decode[0] if decode else None,
         decode_from=decode[1] if decode else None,
         problems=tuple(problems),
     )
-    return CheckResult(compare(planned, observed), url, record, live, log_path)
+    report = compare(planned, observed)
+    if not req.learn:
+        return CheckResult(report, url, record, live, log_path)
+    learned, why = _learn(report, live, record, req, settings)
+    return CheckResult(report, url, record, live, log_path, learned, why)
+
+
+def _learn(
+    report: Any, live: Any, record: Any, req: CheckRequest, settings: Settings
+) -> tuple[Path | None, tuple[str, ...]]:
+    """Store the check's compute buffers as this machine's memory calibration (check --learn)."""
+    import datetime
+    import re
+
+    from quantpick.errors import QuantpickError
+    from quantpick.plan.calibration import build_id, machine_devices
+    from quantpick.plan.memory_calibration import make_entry, report_problems
+    from quantpick.serve.calibration import save_memory_entry
+
+    problems = report_problems(report)
+    if req.plan_inputs is not None and req.plan_inputs.machine.described:
+        problems.append("the plan is for a described machine, not this one")
+    if req.plan_inputs is None and record is None:
+        problems.append("the server's plan is not known (give --gguf FILE and its options)")
+    if any(d.endpoint for d in report.planned.devices):
+        problems.append("RPC devices are not learned")
+    m = re.fullmatch(r"b(\d+)-([0-9a-f]+)", live.props.build_info or "")
+    if m is None:
+        problems.append(f"the server's build ({live.props.build_info!r}) is not b<N>-<commit>")
+    elif report.planned.build != build_id(int(m.group(1)), m.group(2), None):
+        problems.append(
+            f"the plan's compute was estimated for llama.cpp {report.planned.build or 'unknown'},"
+            f" the server runs {live.props.build_info} (plan with --llama-server PATH)"
+        )
+    if problems:
+        return None, tuple(problems)
+    assert m is not None
+    if req.plan_inputs is not None:
+        machine = req.plan_inputs.machine
+    else:
+        from quantpick.machine.probe import probe
+
+        machine = probe(inspect_server=False)
+    entry = make_entry(
+        report,
+        build=build_id(int(m.group(1)), m.group(2), None),
+        devices=machine_devices(machine),
+        model_bytes=sum(d.weights_bytes for d in report.planned.devices),
+        date=datetime.date.today().isoformat(),
+        model=(record.alias if record is not None else None) or live.props.model_alias or "?",
+    )
+    try:
+        return save_memory_entry(machine, entry, settings), ()
+    except QuantpickError as exc:
+        return None, (exc.message,)

@@ -44,7 +44,7 @@ def test_a_fifo_opens_at_once_and_is_refused(tmp_path: Path) -> None:
 def test_devices_and_directories_are_refused(tmp_path: Path, device: str) -> None:
     link = tmp_path / "settings.json"
     link.symlink_to(device)
-    with pytest.raises(NotARegularFile, match="a device"):
+    with pytest.raises(NotARegularFile, match="a character device"):
         read_small(link, 1 << 20)
     with pytest.raises(NotARegularFile, match="a directory"):
         open_regular(tmp_path)

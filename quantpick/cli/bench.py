@@ -299,6 +299,7 @@ def _bench_speculation(
     """The plan's speculation measured both ways through llama-server, beside its prediction.
     Not stored in the calibration: the speed factors calibrate the plain plan."""
     from quantpick.errors import UsageError
+    from quantpick.machine.backends import local_backend
     from quantpick.plan.speculative import with_kind
     from quantpick.serve.bench import SERVER, measure_speculation
     from quantpick.serve.fitparams import find_tool
@@ -313,7 +314,7 @@ def _bench_speculation(
         local.manifest.architecture.block_count, settings,
         vocab_size=local.layout.architecture.vocab_size if local.layout else 0,
         gpu_indices=[g.gpu_index for g in p.estimate.gpus if g.gpu_index is not None],
-        progress=progress,
+        progress=progress, backend=local_backend(machine.gpus),
     )  # fmt: skip
     problems = m.problems()
     acc = m.acceptance

@@ -92,9 +92,12 @@ def list_cmd(json_: JsonOpt = False) -> None:
 
     here = machine_key(_this_machine())
     rows = [row for path, doc in list_profiles() for row in _entry_rows(path, doc, here)]
+    memory = _memory_rows(here)
     if json_:
-        output.print_json({"directory": str(calibration_dir()), "entries": rows})
+        output.print_json({"directory": str(calibration_dir()), "entries": rows,
+                           "memory": memory})  # fmt: skip
         return
+    _print_memory(memory)
     if not rows:
         output.note(f"No calibration stored ({calibration_dir()}); `quantpick bench` makes one.")
         return
@@ -117,6 +120,54 @@ def list_cmd(json_: JsonOpt = False) -> None:
         table.add_row(machine, str(e["build"]), str(e["date"]), model, devices, decode,
                       _ratio(ratios.get("prefill")), state)  # fmt: skip
     output.stdout().print(table)
+
+
+def _memory_rows(here: str) -> list[dict[str, Any]]:
+    """One row per learned compute calibration (quantpick check --learn)."""
+    from quantpick.plan.memory_calibration import MEMORY_KIND, entry_problems, usable_ratios
+    from quantpick.serve.calibration import list_memory_profiles
+
+    rows: list[dict[str, Any]] = []
+    for path, doc in list_memory_profiles():
+        base = {"machine_key": path.stem, "this_machine": path.stem == here, "path": str(path)}
+        entries = doc.get("entries") if doc and doc.get("kind") == MEMORY_KIND else None
+        if not isinstance(entries, list):
+            rows.append({**base, "entry": None, "problem": "not a readable calibration file"})
+            continue
+        for entry in entries:
+            problems = entry_problems(entry)
+            ok = isinstance(entry, dict) and not problems
+            rows.append(
+                {
+                    **base,
+                    "entry": {
+                        "build_id": entry.get("build_id"),
+                        "date": entry.get("date"),
+                        "model": entry.get("model"),
+                        "model_bytes": entry.get("model_bytes"),
+                        "devices": entry.get("devices"),
+                        "compute_ratios": dict(usable_ratios(entry)) if ok else {},
+                    }
+                    if isinstance(entry, dict)
+                    else None,
+                    "problem": problems[0] if problems else None,
+                }
+            )
+    return rows
+
+
+def _print_memory(rows: list[dict[str, Any]]) -> None:
+    from quantpick.cli import output
+
+    for row in rows:
+        e = row["entry"]
+        where = row["machine_key"] + (" (this one)" if row["this_machine"] else "")
+        if e is None or row["problem"]:
+            output.note(f"Memory calibration {where}: {row['problem']}")
+            continue
+        ratios = ", ".join(f"{d} x{r:.2f}" for d, r in e["compute_ratios"].items())
+        output.note(f"Memory calibration {where}: compute {ratios} (build {e['build_id']}, "
+                    f"{e['model']}, {e['date']}; quantpick check --learn)")  # fmt: skip
 
 
 def _ratio(value: object) -> str:
@@ -161,9 +212,19 @@ def reset_cmd(
 ) -> None:
     """Remove this machine's calibration (later answers are uncalibrated until the next bench)."""
     from quantpick.cli import output
-    from quantpick.serve.calibration import list_profiles, profile_path, remove_profiles
+    from quantpick.serve.calibration import (
+        list_memory_profiles,
+        list_profiles,
+        memory_path,
+        profile_path,
+        remove_profiles,
+    )
 
-    paths = [p for p, _ in list_profiles()] if all_ else [profile_path(_this_machine())]
+    if all_:
+        paths = [p for p, _ in (*list_profiles(), *list_memory_profiles())]
+    else:
+        machine = _this_machine()
+        paths = [profile_path(machine), memory_path(machine)]
     removed = remove_profiles(paths)
     if json_:
         output.print_json({"removed": [str(p) for p in removed]})

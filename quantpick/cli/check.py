@@ -6,6 +6,7 @@ Usage:
     quantpick check http://127.0.0.1:8080 --gguf F.gguf -c 32768   # any llama-server, planned now
     quantpick check http://127.0.0.1:8080 --log server.log          # with its log (-lv 4)
     quantpick check --measure-speed --json
+    quantpick check --learn                           # store the measured compute buffers
 
 Exit codes: 0 as planned; 9 (ExitCode.DIFFERS) when the server runs but a finding costs speed or
 memory (a spill to the CPU, a smaller context, swap, a GPU fuller than planned, slow decode);
@@ -60,6 +61,15 @@ LogOpt = Annotated[
         dir_okay=False,
     ),
 ]
+LearnOpt = Annotated[
+    bool,
+    typer.Option(
+        "--learn",
+        help="Store the compute buffers llama.cpp allocated as this machine's memory "
+        "calibration (for this build, these devices and this size of model) when the server "
+        "runs as planned; `quantpick calibration list/reset` show and remove it.",
+    ),
+]
 MeasureOpt = Annotated[
     bool,
     typer.Option(
@@ -86,6 +96,7 @@ def check_cmd(
     llama_server: LlamaServerOpt = None,
     log: LogOpt = None,
     measure_speed: MeasureOpt = False,
+    learn: LearnOpt = False,
     json_: JsonOpt = False,
 ) -> None:
     """Check a running llama-server against its plan: per device, llama.cpp's own buffers
@@ -113,12 +124,18 @@ def check_cmd(
     elif ctx_size or kv or gpu or ram or hardware or cpu_only or quant:
         raise UsageError("planning options need the file: give --gguf FILE too")
     result = check_server(
-        CheckRequest(target, inputs, basis, log, measure_speed), settings=load_settings()
+        CheckRequest(target, inputs, basis, log, measure_speed, learn=learn),
+        settings=load_settings(),
     )
     if json_:
         output.print_json(check_doc(result))
     else:
         sys.stdout.write(render_text(result))
+        if result.learned is not None:
+            output.note(f"Memory calibration stored: {result.learned} (later plans for this "
+                        "build, these devices and this size of model use it)")  # fmt: skip
+        elif learn:
+            output.note("Memory calibration not stored: " + "; ".join(result.not_learned))
     if not result.report.as_planned:
         raise typer.Exit(int(ExitCode.DIFFERS))
 
@@ -153,6 +170,7 @@ def report_doc(report: CheckReport) -> dict[str, Any]:
         },
         "offloaded_layers": list(o.offloaded) if o.offloaded else None,
         "swap_bytes": o.swap_bytes,
+        "rss_bytes": o.rss_bytes,
         "gpus": [
             {
                 "device": g.device,
@@ -180,6 +198,8 @@ def check_doc(result: CheckResult) -> dict[str, Any]:
         "build_info": props.build_info,
         "log": str(result.log_path) if result.log_path else None,
         **report_doc(result.report),
+        "learned": str(result.learned) if result.learned else None,
+        "not_learned": list(result.not_learned),
     }
 
 
@@ -226,8 +246,10 @@ def report_lines(report: CheckReport) -> list[str]:
     if o.decode_tps:
         expected = f", expected ~{p.decode_tps:.0f}" if p.decode_tps else ""
         lines.append(f"Decode: {o.decode_tps:.1f} tok/s ({o.decode_from}){expected}")
-    if o.swap_bytes is not None:
-        lines.append(f"Swap used by the server: {_mib(o.swap_bytes)} MiB")
+    if o.swap_bytes is not None or o.rss_bytes is not None:
+        lines.append(
+            f"Server process: {_mib(o.rss_bytes)} MiB resident, {_mib(o.swap_bytes)} MiB in swap"
+        )
     costs = [f for f in report.findings if f.severity.value == "costs"]
     info = [f for f in report.findings if f.severity.value != "costs"]
     lines.append("As planned." if not costs else f"Not as planned ({len(costs)}):")

@@ -90,7 +90,7 @@ OPTION_VALUES: dict[str, tuple[tuple[tuple[str, ...], Callable[..., list[Item]]]
     "--cache-type-k": ((("estimate",), _fixed(kv_types)),),
     "-ctv": ((("estimate",), _fixed(kv_types)),),
     "--cache-type-v": ((("estimate",), _fixed(kv_types)),),
-    "--kv": ((PLANNING, _fixed(kv_types)),),
+    "--kv": (((*PLANNING, "check"), _fixed(kv_types)),),
     "--format": ((("command", "get"), _fixed(FORMATS)),),
     "--model-source": ((("command", "get"), _fixed(MODEL_SOURCES)),),
     "--source": (
@@ -99,12 +99,12 @@ OPTION_VALUES: dict[str, tuple[tuple[tuple[str, ...], Callable[..., list[Item]]]
     ),
     "--gpu": (
         (
-            ("probe", "estimate", "pick", "max-context", "command", "get"),
+            ("probe", "estimate", "pick", "max-context", "command", "get", "check"),
             lambda words, incomplete: gpu_items(incomplete),
         ),
     ),
-    "--quant": ((("estimate", "download", *PLANNING), quant_items),),
-    "-q": ((("estimate", *PLANNING), quant_items),),
+    "--quant": ((("estimate", "download", *PLANNING, "check"), quant_items),),
+    "-q": ((("estimate", *PLANNING, "check"), quant_items),),
 }
 
 
@@ -150,7 +150,8 @@ def model_items(incomplete: str) -> list[Item]:
 
 # In `quantpick --help` order (cli.MODULES / COMMAND_MODULE; a test compares with typer's list).
 COMMANDS = ("probe", "models", "show", "estimate", "pick", "max-context", "download", "verify",
-            "command", "get", "serve", "confirm", "bench", "calibration", "manifest")  # fmt: skip
+            "command", "get", "serve", "check", "confirm", "bench", "calibration",
+            "manifest")  # fmt: skip
 MANIFEST_COMMANDS = ("add", "check")
 CALIBRATION_COMMANDS = ("list", "show", "reset")
 

@@ -25,7 +25,8 @@ PresetOpt = Annotated[
     typer.Option(
         "--preset",
         help="--format preset: the llama.cpp router INI file to add this model's section to "
-        "(created if missing; other sections kept byte for byte; the old file kept as .bak).",
+        "(created if missing; other sections kept byte for byte; the old file kept as .bak, "
+        ".bak.1, ...; a section quantpick did not write is replaced only with --force).",
         dir_okay=False,
     ),
 ]
@@ -63,6 +64,7 @@ class EcosystemOptions:
     dry_run: bool = False  # show what would be written, write nothing
     host: str = "127.0.0.1"
     port: int = 8080
+    force: bool = False  # replace a file, section or entry quantpick did not write
 
 
 def check_ecosystem_options(fmt: str, opts: EcosystemOptions) -> None:
@@ -82,11 +84,15 @@ def check_ecosystem_options(fmt: str, opts: EcosystemOptions) -> None:
         )
     if opts.ttl < 0:
         raise UsageError(f"--ttl {opts.ttl}: seconds, 0 or more")
-    for path in (opts.preset, opts.swap_config, opts.modelfile):
+    from quantpick.serve.ecosystem import open_config
+
+    for flag, path in given.items():
         if path is not None and path.is_dir():
             raise UsageError(f"{path}: is a directory", hint="give a file name")
         if path is not None and not path.resolve().parent.is_dir():
             raise UsageError(f"{path}: no such directory {path.resolve().parent}")
+        if path is not None:  # a device, FIFO, link, ...: refused before any planning
+            open_config(path, flag, force=opts.force)
 
 
 def _machine_parts(machine: Machine) -> list[str]:
@@ -183,6 +189,9 @@ def emit_ecosystem(
 def _say_written(what: str, written: Any) -> None:
     from quantpick.cli import output
 
+    if not written.changed:
+        output.note(f"Unchanged: {what} {written.path} already says this")
+        return
     kept = f" (the previous version: {written.backup})" if written.backup else ""
     output.note(f"Wrote {what} {written.path}{kept}")
 
@@ -192,11 +201,10 @@ def _preset(cmd: ServerCommand, target: Target, opts: EcosystemOptions) -> dict[
     from quantpick.serve.ecosystem import (
         merge_preset,
         models_max,
+        open_config,
         planned_sections,
         preset_section,
-        read_text,
         router_line,
-        write_with_backup,
     )
 
     assert opts.preset is not None
@@ -204,14 +212,16 @@ def _preset(cmd: ServerCommand, target: Target, opts: EcosystemOptions) -> dict[
     section, warnings = preset_section(cmd, target)
     for w in warnings:
         output.warn(w)
-    text, replaced = merge_preset(read_text(path), target.name, section)
+    config = open_config(path, "--preset", force=opts.force)
+    text, replaced = merge_preset(config.text, target.name, section, force=opts.force,
+                                  where=f"--preset {path}")  # fmt: skip
     planned, others = planned_sections(text)
     limit = models_max(planned, target)
     written = None
     if not opts.dry_run:
-        written = write_with_backup(path, text)
+        written = config.write(text)
         _say_written(f"[{target.name}] ({'updated' if replaced else 'added'}) in", written)
-    preset_path = written.path if written else path.resolve()
+    preset_path = path.absolute()
     line = router_line(cmd.argv[0], preset_path, limit.value, cmd, opts.host, opts.port)
     output.note(f"--models-max {limit.value}: {limit.reason}")
     if others:
@@ -240,12 +250,7 @@ def _preset(cmd: ServerCommand, target: Target, opts: EcosystemOptions) -> dict[
 
 def _swap(cmd: ServerCommand, target: Target, opts: EcosystemOptions) -> dict[str, Any]:
     from quantpick.cli import output
-    from quantpick.serve.ecosystem import (
-        merge_swap_config,
-        read_text,
-        swap_entry,
-        write_with_backup,
-    )
+    from quantpick.serve.ecosystem import merge_swap_config, open_config, swap_entry
 
     entry = swap_entry(cmd, target, ttl=opts.ttl)
     if cmd.env_from:
@@ -256,10 +261,12 @@ def _swap(cmd: ServerCommand, target: Target, opts: EcosystemOptions) -> dict[st
     stdout = "models:\n" + "\n".join(entry) + "\n"
     doc: dict[str, Any] = {"entry": "\n".join(entry) + "\n", "file": None, "replaced": None}
     if opts.swap_config is not None:
-        text, replaced = merge_swap_config(read_text(opts.swap_config), target.name, entry)
-        doc.update(replaced=replaced, file=str(opts.swap_config.resolve()))
+        config = open_config(opts.swap_config, "--swap-config", force=opts.force)
+        text, replaced = merge_swap_config(config.text, target.name, entry, force=opts.force,
+                                           where=f"--swap-config {opts.swap_config}")  # fmt: skip
+        doc.update(replaced=replaced, file=str(opts.swap_config.absolute()))
         if not opts.dry_run:
-            written = write_with_backup(opts.swap_config, text)
+            written = config.write(text)
             _say_written(f"models.{target.name} ({'updated' if replaced else 'added'}) in",
                          written)  # fmt: skip
             doc["backup"] = str(written.backup) if written.backup else None
@@ -272,7 +279,12 @@ def _swap(cmd: ServerCommand, target: Target, opts: EcosystemOptions) -> dict[st
 
 def _ollama(cmd: ServerCommand, target: Target, opts: EcosystemOptions) -> dict[str, Any]:
     from quantpick.cli import output
-    from quantpick.serve.ecosystem import ollama_modelfile, ollama_name, write_with_backup
+    from quantpick.serve.ecosystem import (
+        check_whole_file,
+        ollama_modelfile,
+        ollama_name,
+        open_config,
+    )
     from quantpick.units import human
 
     text, cannot = ollama_modelfile(cmd, target)
@@ -281,9 +293,12 @@ def _ollama(cmd: ServerCommand, target: Target, opts: EcosystemOptions) -> dict[
     name = ollama_name(target)
     where = opts.modelfile
     stdout = text
-    if where is not None and not opts.dry_run:
-        _say_written("the Modelfile", write_with_backup(where, text))
-        stdout = ""
+    if where is not None:
+        config = open_config(where, "--modelfile", force=opts.force)
+        check_whole_file(config, force=opts.force)  # a Modelfile the user wrote: --force
+        if not opts.dry_run:
+            _say_written("the Modelfile", config.write(text))
+            stdout = ""
     size = target.model_bytes or sum(f.stat().st_size for f in target.model_files if f.is_file())
     create = f"ollama create {name} -f {where if where is not None else 'Modelfile'}"
     output.note(

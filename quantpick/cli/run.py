@@ -130,8 +130,10 @@ ForceOpt = Annotated[
     bool,
     typer.Option(
         "--force",
-        help="Let --script replace a file quantpick did not write (never a device, FIFO or "
-        "directory).",
+        help="Let --script and --modelfile replace a file quantpick did not write (or edited "
+        "since), --preset and --swap-config a section or entry of the same name written by "
+        "hand, and any of them a symlink (the link itself; the old file is kept as a backup; "
+        "never a device, FIFO or directory).",
     ),
 ]
 HostOpt = Annotated[str, typer.Option("--host", help="llama-server --host.")]
@@ -448,7 +450,7 @@ def command_cmd(
 
     _check_format(fmt, model_source)
     check_script_destination(script, force)
-    eco = _ecosystem_options(fmt, preset, swap_config, modelfile, ttl, host, port, False)
+    eco = _ecosystem_options(fmt, preset, swap_config, modelfile, ttl, host, port, False, force)
     machine = machine_from_cli(
         hardware,
         gpu,
@@ -565,11 +567,12 @@ def _ecosystem_options(
     host: str,
     port: int,
     dry_run: bool,
+    force: bool = False,
 ) -> EcosystemOptions:
     """The ecosystem formats' options, checked before any planning or transfer."""
     from quantpick.cli.ecosystem import EcosystemOptions, check_ecosystem_options
 
-    eco = EcosystemOptions(preset, swap_config, modelfile, ttl, dry_run, host, port)
+    eco = EcosystemOptions(preset, swap_config, modelfile, ttl, dry_run, host, port, force)
     check_ecosystem_options(fmt, eco)
     return eco
 
@@ -589,9 +592,21 @@ def _ecosystem(
         return None
     from quantpick.cli.ecosystem import ecosystem_target
 
+    name = alias or manifest.id
+    if fmt == "preset" and alias is None:
+        from quantpick.cli import output
+        from quantpick.serve.ecosystem import preset_section_name
+
+        name = preset_section_name(manifest.id)
+        if name != manifest.id:
+            output.note(
+                f"Note: preset section [{name}], derived from the model name {manifest.id!r} "
+                "(a section name is letters, digits and . _ - / @ +; --alias NAME sets another)"
+            )
+
     def make(cmd: ServerCommand) -> Target:
         return ecosystem_target(p, machine, manifest, model_path, mmproj_path,
-                                alias or manifest.id, _plan_comment(p, machine), cmd,
+                                name, _plan_comment(p, machine), cmd,
                                 with_template=fmt == "ollama")  # fmt: skip
 
     return make, eco
@@ -767,7 +782,7 @@ def get_cmd(
 
     _check_format(fmt, model_source)
     check_script_destination(script, force)
-    eco = _ecosystem_options(fmt, preset, swap_config, modelfile, ttl, host, port, dry_run)
+    eco = _ecosystem_options(fmt, preset, swap_config, modelfile, ttl, host, port, dry_run, force)
     settings = with_fetch_flags(
         load_settings(),
         reuse=reuse,
@@ -866,7 +881,8 @@ def get_cmd(
         on_plan=announce,
         live=live,
     )
-    for line in result.tuning.notes if result.tuning is not None else ():
+    for line in (*(result.tuning.notes if result.tuning is not None else ()),
+                 *result.contradictions):  # fmt: skip
         output.note(f"Note: {line}")
     for warning in result.warnings:
         output.warn(warning)

@@ -35,6 +35,7 @@ from quantpick.cli.download import (
 from quantpick.cli.options import (
     DEFAULT_MIN_TPS,
     AllowQ4Opt,
+    BackendOpt,
     CpuOnlyOpt,
     CtxOpt,
     ExactOpt,
@@ -299,6 +300,7 @@ def serve_cmd(
     hf_cache: HfCacheOpt = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-Q", help="No progress on stderr.")] = False,
     cpu_only: CpuOnlyOpt = False,
+    backend: BackendOpt = None,
     rpc: RpcOpt = None,
     llama_server: LlamaServerOpt = None,
     llama_bin: LlamaBinOpt = None,
@@ -386,6 +388,7 @@ def serve_cmd(
                 allow_unverified=allow_unverified,
                 quiet=quiet or json_,
                 cpu_only=cpu_only,
+                backend=backend,
                 rpc=rpc,
                 llama_server=llama_server,
                 llama_bin=llama_bin,
@@ -456,6 +459,7 @@ def _start(
     allow_unverified: bool,
     quiet: bool,
     cpu_only: bool,
+    backend: str | None,
     rpc: list[str] | None,
     llama_server: Path | None,
     llama_bin: Path | None,
@@ -476,7 +480,9 @@ def _start(
     from quantpick.pipeline import GetRequest, ServeRequest, serve
 
     # Always this machine (probed; --cpu-only leaves its GPUs out; --rpc workers are read now).
-    machine = machine_from_cli(None, None, None, cpu_only, llama_server, None, rpc=rpc)
+    machine = machine_from_cli(
+        None, None, None, cpu_only, llama_server, None, rpc=rpc, backend_name=backend
+    )
     local = None
     if gguf is not None:
         from quantpick.cli.local import resolve_local

@@ -486,7 +486,25 @@ def probe(
     elif server is not None and server.error:
         notes.append(f"llama-server {server.path}: {server.error}")
     listed_none = False
-    if not any(g.usable for g in gpus) and server is not None and not server.error:
+    if any(g.usable for g in gpus) and server is not None and not server.error:
+        # NVIDIA GPUs, but the build may drive them with Vulkan: its device list says which
+        # backend's names the command must use (memory stays NVML's).
+        from quantpick.machine.devices import build_backend, read_list_devices
+
+        try:
+            kind = build_backend(read_list_devices(Path(server.path)))
+        except ValueError as exc:
+            notes.append(f"no device list from llama-server ({exc})")
+        else:
+            if kind is None:
+                notes.append(
+                    "the installed llama-server lists no GPU (a CPU build): its commands will "
+                    "not use the GPUs; install a CUDA or Vulkan build"
+                )
+            elif kind.label != "CUDA":
+                gpus = tuple(dataclasses.replace(g, backend=kind.label) for g in gpus)
+                notes.append(f"the installed llama-server drives the GPUs with {kind.label}")
+    elif server is not None and not server.error:
         # No NVIDIA GPU: the installed build's own device list names what it drives (ROCm,
         # Metal, Vulkan, SYCL) with llama.cpp's memory figures (machine/devices.py).
         from quantpick.machine.devices import build_backend, gpus_from_list, read_list_devices

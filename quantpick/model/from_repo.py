@@ -166,6 +166,12 @@ def named_quant_disagrees(name_quant: str, file_type: object) -> str | None:
 # hide round trips, few enough not to look like a crawler to the hub (each read is 1-4 ranged
 # requests of at most 16 MiB).
 HEADER_READERS = 4
+# GGUF files whose names carry no quant tag, read per repository to name them by their header:
+# each costs a first 4 MiB window (gguf_remote.INITIAL_WINDOW) and a parsed header in memory,
+# and such files are rare in real repositories (a `model.gguf` or two). A hostile repository of
+# 3,000 of them cost 115 s and 11.7 GiB before this cap (benchmarks/hostile_repo.py). The ones
+# left out are named in a note; a URL naming one (`.../blob/REV/FILE.gguf`) has it read first.
+MAX_UNTAGGED_HEADERS = 16
 
 
 def _list_within_deadline(open_it: Any, label: str) -> tuple[Any, list[Any]]:
@@ -202,12 +208,14 @@ def build_manifest(
     settings: Settings,
     all_headers: bool = False,
     on_header: Any = None,
+    named: tuple[str, ...] = (),
 ) -> NewManifest:
     """List `repo`, read one header, and return a validated manifest (not yet written).
 
     `all_headers`: read (and cache) every model quant's header too, HEADER_READERS at a time,
     and name the GGUF files whose names carry no quant tag by their header's general.file_type
-    (`pick OWNER/REPO`); `on_header(done, total)` follows the reads."""
+    (`pick OWNER/REPO`); `on_header(done, total)` follows the reads. Untagged files are read
+    MAX_UNTAGGED_HEADERS at most, those in `named` (a URL naming one file) first."""
     from quantpick.fetch.sources import open_source
     from quantpick.model.gguf import layout_from_header, n_parameters
     from quantpick.model.gguf_names import group_gguf_files
@@ -277,13 +285,13 @@ def build_manifest(
         keys.insert(0, sha256_key(first.sha256))
     store_cached_header(settings, keys, header)
     if all_headers:
-        named, unreadable, headers = _read_all_headers(
-            source, kind, repo, models, skipped, by_name, settings, on_header, warnings
+        from_headers, unreadable, headers = _read_all_headers(
+            source, kind, repo, models, skipped, by_name, settings, on_header, warnings, named
         )
         skipped += [(g.files[0].name, unreadable[g.quant]) for g in models if g.quant in unreadable]
         models = [g for g in models if g.quant not in unreadable]
-        models = _relabel(models, headers, warnings, skipped) + named
-        now_named = {m.name for g in named for m in g.files}
+        models = _relabel(models, headers, warnings, skipped) + from_headers
+        now_named = {m.name for g in from_headers for m in g.files}
         skipped = [(n, why) for n, why in skipped if n not in now_named]
 
     def sha_of(name: str) -> str | None:
@@ -397,6 +405,14 @@ def build_manifest(
     )
 
 
+def _file_url(kind: str, repo: str, revision: str | None) -> str:
+    """The page URL of a file FILE.gguf of `repo`, as the hub's web pages write it."""
+    rev = revision or ("master" if kind == "modelscope" else "main")
+    if kind == "modelscope":
+        return f"https://www.modelscope.cn/models/{repo}/file/view/{rev}/FILE.gguf"
+    return f"https://huggingface.co/{repo}/blob/{rev}/FILE.gguf"
+
+
 def _relabel(
     models: list[Any],
     headers: dict[str, Any],
@@ -444,6 +460,7 @@ def _read_all_headers(
     settings: Settings,
     on_header: Any,
     warnings: list[str],
+    first: tuple[str, ...] = (),
 ) -> tuple[list[Any], dict[str, str], dict[str, Any]]:
     """Read and cache every model quant's header (cache hits cost nothing); returns the groups
     named by their header's file type for GGUF files the names did not tag, the quants
@@ -451,18 +468,37 @@ def _read_all_headers(
     and each tagged quant's header (by quant)."""
     from concurrent.futures import ThreadPoolExecutor
 
+    from quantpick.fetch.http import planning_policy
     from quantpick.model.gguf_names import GGUFName, QuantGroup
 
     untagged = [n for n, why in skipped if why == "no quant tag in the file name"]
+    untagged.sort(key=lambda n: n not in first)  # a file the user named is read first
+    left_out = untagged[MAX_UNTAGGED_HEADERS:]
+    untagged = untagged[:MAX_UNTAGGED_HEADERS]
+    if left_out:
+        shown = ", ".join(left_out[:5]) + (
+            f" and {len(left_out) - 5} more" if len(left_out) > 5 else ""
+        )
+        warnings.append(
+            f"{len(left_out)} GGUF files without a quant tag in their names were not read "
+            f"(at most {MAX_UNTAGGED_HEADERS} per repository): {shown}; to plan one, give its "
+            f"URL: quantpick pick {_file_url(kind, repo, source.revision)}"
+        )
+    # an untagged file is optional (the plan goes on without it): two attempts, short pauses,
+    # not the six a download gets (a hub that cuts every answer short cost 31 s per file)
+    optional = planning_policy()
     jobs: list[tuple[str, list[str]]] = [(g.quant, [m.name for m in g.files]) for g in models]
     jobs += [(f"?{name}", [name]) for name in untagged]
     total = len(jobs)
     done = 0
 
     def read(job: tuple[str, list[str]]) -> tuple[str, list[str], Any]:
-        _quant, names = job
+        quant, names = job
+        policy = optional if quant.startswith("?") else None
         try:
-            header, _url = cached_or_remote_header(source, kind, repo, names, by_name, settings)
+            header, _url = cached_or_remote_header(
+                source, kind, repo, names, by_name, settings, policy=policy
+            )
         except QuantpickError as exc:
             return (*job, exc)
         return (*job, header)
@@ -502,9 +538,12 @@ def cached_or_remote_header(
     names: list[str],
     by_name: dict[str, Any],
     settings: Settings,
+    *,
+    policy: Any = None,
 ) -> tuple[GGUFHeader, str]:
     """The header of one quant (all its shards): from the header cache when a key for this
-    commit or sha256 holds it, else read by range requests, checked usable, and cached."""
+    commit or sha256 holds it, else read by range requests (`policy`: their retries), checked
+    usable, and cached."""
     from quantpick.model.gguf import layout_from_header
     from quantpick.model.headers import (
         cache_keys_for,
@@ -519,7 +558,7 @@ def cached_or_remote_header(
         cached = load_cached_header(settings, key)
         if cached is not None:
             return cached, f"gguf-cache:{key}"
-    header, url = read_remote_header(source, names)
+    header, url = read_remote_header(source, names, policy=policy)
     layout_from_header(header, basis=url)  # a header the planner can use, or an error now
     store_cached_header(settings, keys, header)
     return header, url
@@ -527,8 +566,6 @@ def cached_or_remote_header(
 
 def write_manifest(new: NewManifest, settings: Settings, *, force: bool) -> Path:
     """Write into the user manifest directory atomically; refuse an existing id unless force."""
-    import os
-    import tempfile
 
     from quantpick.model.registry import list_manifests
 
@@ -542,13 +579,9 @@ def write_manifest(new: NewManifest, settings: Settings, *, force: bool) -> Path
                 f"a manifest with id {new.manifest_id!r} already exists ({where})",
                 hint="pass --force to replace it (in the user directory), or choose --id",
             )
+    from quantpick.outputs import write_atomic
+
     directory.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{new.manifest_id}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(new.toml)
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    # quantpick.outputs' policy: never through a link, never over a FIFO or device
+    write_atomic(target, new.toml.encode("utf-8"), durable=False)
     return target

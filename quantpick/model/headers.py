@@ -25,6 +25,7 @@ from quantpick.model.gguf import (
     merge_split_headers,
 )
 from quantpick.model.layout import ModelLayout, NoTensorTable, synthesize_layout
+from quantpick.units import GiB
 
 if TYPE_CHECKING:
     from quantpick.config import Settings
@@ -123,11 +124,15 @@ def _store_under_keys(directory: Path, keys: list[str], suffix: str, data: bytes
                 continue
 
 
-def read_remote_header(source: RepoSource, names: list[str]) -> tuple[GGUFHeader, str]:
+def read_remote_header(
+    source: RepoSource, names: list[str], *, policy: RetryPolicy | None = None
+) -> tuple[GGUFHeader, str]:
     """Every shard's header through one RepoSource (its URLs, auth and redirects), merged.
+    `policy`: the retries of these reads (default: the source's).
 
     Returns (header, url of the first shard).
     """
+    from quantpick.errors import redacted
     from quantpick.model.gguf_remote import INITIAL_WINDOW, read_gguf_url
 
     headers = []
@@ -141,10 +146,11 @@ def read_remote_header(source: RepoSource, names: list[str]) -> tuple[GGUFHeader
                 remote.url,
                 headers_for=source.request_headers,
                 initial_window=INITIAL_WINDOW if i == 0 else SHARD_WINDOW,
-                policy=source.policy,
+                policy=policy or source.policy,
             )
         )
-    return merge_split_headers(headers), first_url
+    # the URL is shown (a plan's basis, --json): never with a password from HF_ENDPOINT
+    return merge_split_headers(headers), redacted(first_url)
 
 
 def layout_for(
@@ -231,6 +237,41 @@ def layout_for(
     if problems:
         layout = replace(layout, basis=f"{layout.basis} (exact header unavailable: {reason})")
     return layout
+
+
+# A header whose weights differ from the manifest's size by more than this factor is not the file
+# the manifest describes (a GGUF is its tensors plus a header of 0.1-12 MB; a size written by
+# hand or from a model card rounds to a few percent, not a factor of 1.25).
+SIZE_CONTRADICTION = 1.25
+
+
+def manifest_contradictions(manifest: Manifest, quant: str, layout: ModelLayout) -> list[str]:
+    """One line per fact of the exact header (`layout`) that the manifest contradicts: the block
+    count, or weights far from the manifest's size (a hub that now serves another file under
+    that name, or a manifest written for another model). Pure."""
+    if not layout.exact:
+        return []
+    out = []
+    files = manifest.quant_files(quant)
+    want = manifest.architecture.block_count
+    got = layout.architecture.block_count
+    if got != want:
+        out.append(
+            f"{manifest.id} {quant}: the hub's GGUF header has {got} blocks, the manifest "
+            f"{want}; planned on the header"
+        )
+    size = sum(f.size_bytes for f in files)
+    weights = sum(t.n_bytes for t in layout.tensors)
+    if (
+        size > 0
+        and weights > 0
+        and not 1 / SIZE_CONTRADICTION <= weights / size <= (SIZE_CONTRADICTION)
+    ):
+        out.append(
+            f"{manifest.id} {quant}: the hub's GGUF header holds {weights / GiB:.2f} GiB of "
+            f"weights, the manifest says the file is {size / GiB:.2f} GiB; planned on the header"
+        )
+    return out
 
 
 def header_summary(header: GGUFHeader) -> dict[str, Any]:
@@ -397,8 +438,10 @@ def raw_headers(
     for f in files:
         keys = [sha256_key(f.sha256)] if f.sha256 else []
         for source in manifest.sources:
-            if source.kind in ("hf", "modelscope") and source.repo and pinned_revision(
-                source.kind, source.revision
+            if (
+                source.kind in ("hf", "modelscope")
+                and source.repo
+                and pinned_revision(source.kind, source.revision)
             ):
                 assert source.revision is not None
                 keys.append(source_key(source.kind, source.repo, source.revision, f.name))
@@ -429,9 +472,7 @@ def _read_raw(
             repo = open_source(source, settings=settings, policy=planning_policy())
             remote = repo.resolve(name)
             raw = bytearray()
-            read_gguf_url(
-                remote.url, headers_for=repo.request_headers, policy=repo.policy, raw=raw
-            )
+            read_gguf_url(remote.url, headers_for=repo.request_headers, policy=repo.policy, raw=raw)
             return bytes(raw)
         except QuantpickError as exc:
             problems.append(f"{label}: {exc.message}")

@@ -18,9 +18,7 @@ already read for its commit cost nothing. Edge module (network, disk).
 from __future__ import annotations
 
 import hashlib
-import os
 import re
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -64,8 +62,11 @@ def is_repo_name(model: str) -> bool:
     return looks_like_url(rest) or re.fullmatch(r"[A-Za-z0-9][\w.-]*/[\w.-]+", rest) is not None
 
 
-def _cache_path(settings: Settings, kind: str, repo: str, revision: str | None) -> Path:
-    digest = hashlib.sha256(f"{kind}:{repo.lower()}@{revision or ''}".encode()).hexdigest()[:32]
+def _cache_path(
+    settings: Settings, kind: str, repo: str, revision: str | None, named: tuple[str, ...] = ()
+) -> Path:
+    key = f"{kind}:{repo.lower()}@{revision or ''}" + "".join(f"#{n}" for n in named)
+    digest = hashlib.sha256(key.encode()).hexdigest()[:32]
     return repo_cache_dir(settings) / f"{kind}-{digest}.toml"
 
 
@@ -100,12 +101,11 @@ def _load_notes(path: Path) -> list[str]:
 
 def _store(path: Path, text: str) -> None:
     """Atomic, best effort: a cache that cannot be written costs the next run a listing."""
+    from quantpick.outputs import write_atomic
+
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=".tmp")
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        os.replace(tmp, path)
+        write_atomic(path, text.encode("utf-8"), durable=False)  # never through a link
     except OSError:
         return
 
@@ -123,11 +123,16 @@ def repo_manifest(
     cannot be listed. `on_note` hears the repository's notes (files left out and why, a name
     its header contradicts), from the cache too."""
     from quantpick.model.from_repo import build_manifest
+    from quantpick.model.gguf_names import parse_gguf_name
     from quantpick.model.repo_ref import looks_like_url, parse_repo_ref
 
     kind_prefix, rest = split_kind(model.strip())
     ref: RepoRef = parse_repo_ref(rest)
-    if looks_like_url(rest) and ref.path is not None:
+    named: tuple[str, ...] = ()
+    parsed = parse_gguf_name(ref.path) if ref.path is not None else None
+    if parsed is not None and parsed.quant is None:
+        named = (ref.path or "",)  # an untagged GGUF: read its header first (from_repo's cap)
+    elif looks_like_url(rest) and ref.path is not None:
         from quantpick.errors import UsageError
 
         raise UsageError(
@@ -136,7 +141,7 @@ def repo_manifest(
         )
     kind = kind_prefix or ref.kind or "hf"
     revision = ref.revision
-    path = _cache_path(settings, kind, ref.repo, revision)
+    path = _cache_path(settings, kind, ref.repo, revision, named)
     cached = _load(path)
     offline = not network or settings.offline
     if cached is not None and (offline or (revision is not None and _COMMIT.match(revision))):
@@ -153,7 +158,7 @@ def repo_manifest(
         )
     new = build_manifest(
         ref.repo, kind=kind, revision=revision, manifest_id=None, settings=settings,
-        all_headers=True, on_header=progress,
+        all_headers=True, on_header=progress, named=named,
     )  # fmt: skip
     import json
 

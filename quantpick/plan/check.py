@@ -108,6 +108,8 @@ class Figures:
     @staticmethod
     def from_dict(data: Mapping[str, Any]) -> Figures:
         """From a record (serve's own file, but read back defensively): ValueError if bad."""
+        if not isinstance(data, Mapping):
+            raise ValueError("a device row is not an object")
 
         def count(key: str, required: bool = False) -> int | None:
             value = data.get(key)
@@ -142,9 +144,14 @@ class PlannedServer:
     n_ctx_seq: int  # one slot's context: n_ctx, or n_ctx / n_parallel without -kvu
     decode_tps: float | None  # expected decode tok/s at the target context
     basis: str  # where the plan comes from, in words
+    # memory calibration ratios the plan's compute figures already carry (device -> ratio)
+    compute_ratios: tuple[tuple[str, float], ...] = ()
+    build: str = ""  # the llama.cpp build the compute estimate is for (build_id), "" unknown
 
     def to_dict(self) -> dict[str, Any]:
         return {
+            "compute_ratios": [[d, r] for d, r in self.compute_ratios],
+            "build": self.build,
             "devices": [d.to_dict() for d in self.devices],
             "n_ctx": self.n_ctx,
             "n_parallel": self.n_parallel,
@@ -172,6 +179,20 @@ class PlannedServer:
         if tps is not None and (not isinstance(tps, (int, float)) or not math.isfinite(tps)):
             raise ValueError("decode_tps")
         basis = data.get("basis")
+        ratios = data.get("compute_ratios") or []
+        if not isinstance(ratios, list) or len(ratios) > 256:
+            raise ValueError("compute_ratios")
+        for item in ratios:
+            if (
+                not isinstance(item, list)
+                or len(item) != 2
+                or not isinstance(item[0], str)
+                or not isinstance(item[1], (int, float))
+                or isinstance(item[1], bool)
+                or not math.isfinite(item[1])
+                or item[1] <= 0
+            ):
+                raise ValueError("compute_ratios")
         return PlannedServer(
             devices=tuple(Figures.from_dict(d) for d in devices),
             n_ctx=n_ctx,
@@ -179,10 +200,19 @@ class PlannedServer:
             n_ctx_seq=n_ctx_seq,
             decode_tps=float(tps) if tps is not None and tps > 0 else None,
             basis=basis[:500] if isinstance(basis, str) else "a recorded plan",
+            compute_ratios=tuple((str(d), float(r)) for d, r in ratios),
+            build=data["build"][:100] if isinstance(data.get("build"), str) else "",
         )
 
 
-def planned_from_estimate(estimate: Any, *, decode_tps: float | None, basis: str) -> PlannedServer:
+def planned_from_estimate(
+    estimate: Any,
+    *,
+    decode_tps: float | None,
+    basis: str,
+    compute_ratios: tuple[tuple[str, float], ...] = (),
+    build: str = "",
+) -> PlannedServer:
     """From plan/memory.py's Estimate: the host's overhead is its output (logits) buffer; a
     GPU's overhead (CUDA context) is no llama.cpp buffer and is left out."""
     rows = []
@@ -210,6 +240,8 @@ def planned_from_estimate(estimate: Any, *, decode_tps: float | None, basis: str
         n_ctx_seq=estimate.n_ctx if config.kv_unified else estimate.n_ctx // n_parallel,
         decode_tps=decode_tps,
         basis=basis,
+        compute_ratios=compute_ratios,
+        build=build,
     )
 
 
@@ -232,6 +264,7 @@ class Observed:
     n_ctx_from: str = ""
     offloaded: tuple[int, int] | None = None  # llama.cpp's "offloaded N/M layers to GPU"
     swap_bytes: int | None = None  # the server process's memory in swap (VmSwap)
+    rss_bytes: int | None = None  # the server process's resident memory (VmRSS)
     gpus: tuple[GpuUse, ...] = ()
     decode_tps: float | None = None
     decode_from: str | None = None

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 import struct
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 
 from quantpick.arch.base import AttentionKind, LayerView, ModelView
@@ -105,6 +105,11 @@ class Overheads:
     # From llama.cpp's own projection (confirm): device -> bytes added to the estimate so that it
     # overflows exactly where llama-fit-params says the device overflows.
     device_correction_bytes: tuple[tuple[str, int], ...] = ()
+    # Measured on this machine (quantpick check --learn, plan/memory_calibration.py): device ->
+    # llama.cpp's compute buffers / this model's estimate, applied to the estimate's output
+    # (apply_compute_ratios), with the basis in `compute_basis`.
+    compute_ratio_by_device: tuple[tuple[str, float], ...] = ()
+    compute_basis: str = ""
 
 
 # Host reserve rule (documented in the README): a probed machine's available RAM already excludes
@@ -444,6 +449,41 @@ def device_buffer(device: LlamaDevice) -> BufferRule:
     return backend_of(device.gpu.backend).buffer
 
 
+def _max_alloc_notes(
+    layout: ModelLayout,
+    devs: tuple[LlamaDevice, ...],
+    slot_device: list[int],
+    n_cpu_moe: int,
+    acc: list[_Acc],
+) -> list[str]:
+    """A backend whose driver caps one allocation (Vulkan: machine/backends/vulkan.py) cannot
+    hold a single tensor or compute buffer above the cap: llama.cpp splits weights over several
+    buffers, but not one tensor, and a compute buffer is one allocation."""
+    notes: list[str] = []
+    for pos, d in enumerate(devs):
+        b = backend_of(d.gpu.backend)
+        cap = None if d.is_rpc else b.max_alloc_bytes
+        if not cap:
+            continue
+        biggest = max(
+            (
+                t.n_bytes
+                for t in layout.tensors
+                if (slot := layout.slot_of(t.name)) != INPUT_SLOT
+                and slot_device[slot] == pos
+                and not (t.is_expert and slot < n_cpu_moe)
+            ),
+            default=0,
+        )
+        for what, size in (("tensor", biggest), ("compute buffer", acc[pos].compute)):
+            if size > cap:
+                notes.append(
+                    f"{d.name}: a {what} of {size / GiB:.2f} GiB is above {b.label}'s "
+                    f"{cap / GiB:.0f} GiB single allocation on some drivers ({b.max_alloc_source})"
+                )
+    return notes
+
+
 def estimate(
     layout: ModelLayout,
     machine: Machine,
@@ -702,6 +742,7 @@ def estimate(
     notes: list[str] = []
     if not fa:
         notes.append("flash attention off: the KQ matrix is materialised (large at long context)")
+    notes += _max_alloc_notes(layout, devs, slot_device, n_cpu_moe, acc)
     corrections = dict(overheads.device_correction_bytes)
     devices: list[DeviceEstimate] = []
     # Unified memory (docs/backends.md): a local GPU whose memory is the host's draws on the same
@@ -758,7 +799,7 @@ def estimate(
                 unified=unified,
             )
         )
-    return Estimate(
+    result = Estimate(
         devices=tuple(devices),
         config=config,
         basis=layout.basis,
@@ -769,3 +810,29 @@ def estimate(
         pipeline_parallel=pipeline,
         notes=tuple(notes),
     )
+    return apply_compute_ratios(result, overheads)
+
+
+def apply_compute_ratios(est: Estimate, overheads: Overheads) -> Estimate:
+    """The estimate with each device's compute buffers scaled by the measured ratio of this
+    machine (Overheads.compute_ratio_by_device), a step on the estimate's output, outside the
+    compute model; totals follow, the basis is named in the notes."""
+    ratios = dict(overheads.compute_ratio_by_device)
+    if not ratios:
+        return est
+    devices = []
+    changed = []
+    for d in est.devices:
+        ratio = ratios.get(d.device)
+        if ratio is None or not d.compute_bytes:
+            devices.append(d)
+            continue
+        compute = round(d.compute_bytes * ratio)
+        devices.append(
+            replace(d, compute_bytes=compute, total_bytes=d.total_bytes - d.compute_bytes + compute)
+        )
+        changed.append(f"{d.device} x{ratio:.2f}")
+    if not changed:
+        return est
+    note = f"compute {', '.join(changed)}: {overheads.compute_basis or 'measured on this machine'}"
+    return replace(est, devices=tuple(devices), notes=(*est.notes, note))

@@ -889,9 +889,19 @@ def _plan_once(
                 )
         feasible = [c for c in candidates if c.feasible]
 
+    named_slow = None
+    if not feasible and request.quant is not None:
+        # A quant the user named plans even below --min-tps (with a note): --min-tps picks among
+        # quants, it does not overrule the one asked for.
+        slow = [c for c in candidates if c.fits and not c.feasible]
+        if slow:
+            candidates = [replace(c, feasible=True) if c in slow else c for c in candidates]
+            feasible = [c for c in candidates if c.feasible]
+            named_slow = max(expected_tps(_s(c)) for c in feasible)
     if not feasible:
         raise _no_fit(manifest, candidates, target, request)
     chosen, why = choose(feasible, request.prefer, request.kv_types)
+    why += _missed_min_tps(candidates, chosen, request.min_tps)
     final: list[Candidate] = []
     for c in candidates:
         if c is chosen:
@@ -927,6 +937,11 @@ def _plan_once(
         )
     if chosen.quality.note:
         notes.append(chosen.quality.note)
+    if named_slow is not None:
+        notes.append(
+            f"--quant {chosen.quant}: ~{expected_tps(speed):.1f} tok/s expected at {target} "
+            f"tokens, below --min-tps {request.min_tps:g}; planned because the quant was named"
+        )
     notes.extend(chosen_layout.view.notes)
     return Plan(
         model=manifest.id,
@@ -1212,6 +1227,31 @@ def _why_lost(c: Candidate, chosen: Candidate) -> str:
     return f"{chosen.quant} preferred by the {'policy'}"
 
 
+def _missed_min_tps(candidates: list[Candidate], chosen: Candidate, min_tps: float) -> str:
+    """ "; Q4_K_M fits at ~4.3 tok/s, below --min-tps 5 (and 2 more better quants)": the better
+    quants that fit but were left out for speed alone, so a low pick says what it cost. "" when
+    none was."""
+    missed: dict[str, float] = {}
+    for c in candidates:
+        if c.fits and not c.feasible and c.speed is not None and _kld(c) < _kld(chosen):
+            missed[c.quant] = max(missed.get(c.quant, 0.0), expected_tps(c.speed))
+    if not missed:
+        return ""
+    best = min(missed, key=lambda q: next(_kld(c) for c in candidates if c.quant == q))
+    more = len(missed) - 1
+    tail = f" (and {more} more better quant{'s' if more > 1 else ''})" if more else ""
+    return f"; {best} fits at ~{missed[best]:.1f} tok/s, below --min-tps {min_tps:g}{tail}"
+
+
+def min_tps_suggestion(tps: float, given: float) -> float | None:
+    """A --min-tps below `given` that `tps` reaches: whole tok/s from 1 up, else tenths; None when
+    nothing useful is (under 0.1 tok/s, or nothing below what was given)."""
+    for value in (math.floor(tps), math.floor(tps * 10) / 10):
+        if 0 < value < given:
+            return float(value)
+    return None
+
+
 def _no_fit(
     manifest: Manifest, candidates: list[Candidate], target: int, request: PlanRequest
 ) -> NoFitError:
@@ -1224,7 +1264,11 @@ def _no_fit(
             f"no plan of {manifest.id} reaches --min-tps {request.min_tps:g} at -c {target}: "
             f"the fastest, {fastest.quant} with {fastest.cache_type} KV ({fastest.placement}), "
             f"is expected to decode ~{tps:.1f} tok/s",
-            hint=f"lower --min-tps (e.g. --min-tps {max(1, math.floor(tps))}) or the context",
+            hint=(
+                f"lower --min-tps (e.g. --min-tps {suggest:g}) or the context"
+                if (suggest := min_tps_suggestion(tps, request.min_tps)) is not None
+                else "--min-tps 0 (no floor) or a shorter context"
+            ),
         )
     smallest = min(failing, key=lambda c: c.shortfall_bytes) if failing else None
     if smallest is None:

@@ -28,6 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from quantpick.errors import QuantpickError
+from quantpick.machine.backends import Backend
+from quantpick.machine.backends import backend as backend_named
 from quantpick.plan.memory import RunConfig
 from quantpick.process import ToolProcess, printable, run_tool
 from quantpick.serve.command import FFN_EXPS_REGEX, ServerOptions, build_command
@@ -166,9 +168,16 @@ class GpuSampler:
 
 
 def bench_argv(
-    binary: Path, config: RunConfig, model_path: Path, block_count: int, settings: BenchSettings
+    binary: Path,
+    config: RunConfig,
+    model_path: Path,
+    block_count: int,
+    settings: BenchSettings,
+    backend: Backend | None = None,
 ) -> tuple[list[str], dict[str, str]]:
-    """llama-bench's spelling of the plan's placement (its own syntax, see the module doc)."""
+    """llama-bench's spelling of the plan's placement (its own syntax, see the module doc), with
+    the backend's device names and order variables (default CUDA's)."""
+    local = backend or backend_named("cuda")
     argv = [str(binary), "-m", str(model_path), "-o", "json", "--progress"]
     argv += ["-p", str(settings.n_prompt), "-n", str(settings.n_gen)]
     argv += ["-d", "0" if settings.depth <= 0 else f"0,{settings.depth}"]
@@ -182,7 +191,9 @@ def bench_argv(
         ngl = config.n_gpu_layers
     argv += ["-ngl", str(ngl)]
     if config.devices is not None:
-        argv += ["-dev", "/".join(f"CUDA{i}" for i in config.devices) or "none"]
+        argv += ["-dev", "/".join(
+            local.device_name(i) if isinstance(i, int) else i for i in config.devices
+        ) or "none"]  # fmt: skip
     if config.tensor_split is not None and not cpu_only:
         argv += ["-ts", "/".join(f"{v:g}" for v in config.tensor_split)]
     overrides = [f"{p}={b}" for p, b in config.override_tensors]
@@ -196,7 +207,7 @@ def bench_argv(
     argv += ["-ub", str(config.ubatch), "-b", str(config.batch)]
     if not config.kv_offload:
         argv += ["-nkvo", "1"]
-    return argv, {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+    return argv, dict(local.order_env)
 
 
 def tool_speed(value: object, what: str, tool: str) -> float:
@@ -275,8 +286,9 @@ def run_llama_bench(
     *,
     gpu_indices: list[int],
     progress: Progress | None = None,
+    backend: Backend | None = None,
 ) -> BenchMeasurement:
-    argv, env = bench_argv(binary, config, model_path, block_count, settings)
+    argv, env = bench_argv(binary, config, model_path, block_count, settings, backend)
     started = time.monotonic()
     with GpuSampler(gpu_indices) as sampler:
         try:
@@ -402,6 +414,7 @@ def run_llama_server(
     vocab_size: int,
     gpu_indices: list[int],
     progress: Progress | None = None,
+    backend: Backend | None = None,
     text: str | None = None,
 ) -> BenchMeasurement:
     """Start llama-server with the plan's command and time /completion requests. `text`: the
@@ -417,6 +430,7 @@ def run_llama_server(
         server=ServerOptions(host="127.0.0.1", port=port, alias="quantpick-bench",
                              program=str(binary)),
         capabilities=None,
+        backend=backend,
     )  # fmt: skip
     slot_ctx = (
         config.ctx_size // max(1, config.n_parallel) if not config.kv_unified else (config.ctx_size)
@@ -566,6 +580,7 @@ def measure_speculation(
     vocab_size: int,
     gpu_indices: list[int],
     progress: Progress | None = None,
+    backend: Backend | None = None,
 ) -> SpecMeasurement:
     """Decode the same text with and without the plan's speculation (llama-server timings:
     predicted_per_second, draft_n, draft_n_accepted)."""

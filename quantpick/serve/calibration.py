@@ -114,7 +114,6 @@ def save_profile(machine: Machine, entry: dict[str, Any], settings: Settings | N
     """Store `entry` (one bench's measurements) in this machine's file, replacing the entry of
     the same scope (build, devices, size class) and keeping the others. Written atomically.
     Raises CalibrationRefused for an entry that cannot be true: nothing is written then."""
-    import tempfile
 
     problems = plausibility_problems(entry)
     if problems:
@@ -143,17 +142,12 @@ def save_profile(machine: Machine, entry: dict[str, Any], settings: Settings | N
         },
         "profiles": profiles,
     }
+    from quantpick.outputs import write_atomic
+
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            # allow_nan=False: plausibility_problems already refused them; never a bare NaN
-            json.dump(doc, f, indent=1, allow_nan=False)
-            f.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    # allow_nan=False: plausibility_problems already refused them; never a bare NaN
+    text = json.dumps(doc, indent=1, allow_nan=False) + "\n"
+    write_atomic(path, text.encode("utf-8"), durable=False)  # never through a link
     return path
 
 
@@ -174,3 +168,87 @@ def remove_profiles(paths: Sequence[Path]) -> list[Path]:
             path.unlink()
             removed.append(path)
     return removed
+
+
+# ---- memory calibration (quantpick check --learn) ---------------------------------------------
+# `<config dir>/calibration/memory/<machine key>.json`: a directory of its own, so that the
+# speed profiles' readers (`*.json` beside it) never see these files.
+
+
+def memory_path(machine: Machine, settings: Settings | None = None) -> Path:
+    return calibration_dir(settings) / "memory" / f"{machine_key(machine)}.json"
+
+
+def _memory_entries(machine: Machine, doc: dict[str, Any] | None) -> list[Any]:
+    from quantpick.plan.memory_calibration import MEMORY_KIND, MEMORY_SCHEMA
+
+    if doc is None or doc.get("kind") != MEMORY_KIND or doc.get("schema_version") != MEMORY_SCHEMA:
+        return []
+    if doc.get("gpus") != gpu_identity(machine):
+        return []
+    entries = doc.get("entries")
+    return list(entries) if isinstance(entries, list) else []
+
+
+def save_memory_entry(
+    machine: Machine, entry: dict[str, Any], settings: Settings | None = None
+) -> Path:
+    """Store one learned check, replacing the entry of the same scope (build, devices, size
+    class). Raises CalibrationRefused for an entry that cannot be true: nothing is written."""
+    import tempfile
+
+    from quantpick.plan.memory_calibration import (
+        MEMORY_KIND,
+        MEMORY_SCHEMA,
+        entry_problems,
+    )
+    from quantpick.plan.memory_calibration import same_scope as same_memory_scope
+
+    problems = entry_problems(entry)
+    if problems:
+        raise CalibrationRefused(problems)
+    path = memory_path(machine, settings)
+    kept = [
+        e
+        for e in _memory_entries(machine, read_profile(path))
+        if isinstance(e, dict) and not same_memory_scope(e, entry)
+    ]
+    doc = {
+        "schema_version": MEMORY_SCHEMA,
+        "kind": MEMORY_KIND,
+        "machine_key": machine_key(machine),
+        "gpus": gpu_identity(machine),
+        "entries": [*kept, entry],
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(doc, f, indent=1, allow_nan=False)
+            f.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def load_memory_calibration(
+    machine: Machine, build: str, *, sizes: Sequence[int] = (), settings: Settings | None = None
+) -> tuple[Any, str | None]:
+    """(the MemoryCalibration for this build, this machine's devices and a model of `sizes`, or
+    None and why; (None, None) when nothing was learned here)."""
+    from quantpick.plan.calibration import machine_devices
+    from quantpick.plan.memory_calibration import calibration_for
+
+    entries = _memory_entries(machine, read_profile(memory_path(machine, settings)))
+    return calibration_for(entries, build, machine_devices(machine), sizes)
+
+
+def list_memory_profiles(
+    settings: Settings | None = None,
+) -> list[tuple[Path, dict[str, Any] | None]]:
+    directory = calibration_dir(settings) / "memory"
+    if not directory.is_dir():
+        return []
+    return [(p, read_profile(p)) for p in sorted(directory.glob("*.json"))]

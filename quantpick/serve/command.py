@@ -28,7 +28,6 @@ Usage:
 
 from __future__ import annotations
 
-import os
 import re
 import shlex
 import struct
@@ -38,10 +37,11 @@ from pathlib import Path
 from typing import Any
 
 from quantpick.errors import QuantpickError, UsageError
-from quantpick.machine.backends import Backend, backend_of
+from quantpick.machine.backends import Backend, BackendKind, backend_of
 from quantpick.machine.backends import backend as backend_named
 from quantpick.machine.spec import RpcWorker
 from quantpick.model.manifest import Manifest
+from quantpick.outputs import Existing
 from quantpick.plan.memory import RunConfig
 from quantpick.serve.flags import (
     Problem,
@@ -150,6 +150,8 @@ class ServerCommand:
     host: str = "127.0.0.1"
     port: int = 8080
     hf: HfModel | None = None  # the model comes from -hf, not a file on disk
+    backend: str = "cuda"  # machine/backends key of the local devices the command names
+    selected_by_env: bool = False  # True: the backend's variable selects the GPUs (no --device)
 
 
 @dataclass
@@ -516,7 +518,9 @@ def build_command(
         target=target,
         env_from=tuple(env_from),
         env_names=env_names,
-        devices=_cuda_indices(config.devices),
+        devices=_local_indices(config.devices, local),
+        backend=local.key,
+        selected_by_env=local.visibility_env is not None and local.visibility_env in env,
         host=server.host,
         port=server.port,
         hf=hf,
@@ -847,7 +851,6 @@ def render_systemd(cmd: ServerCommand, plan_comment: str, name: str) -> str:
 # double-quoted YAML scalar, and "$" is doubled because compose interpolates every value.
 
 COMPOSE_IMAGE_CPU = "ghcr.io/ggml-org/llama.cpp:server"
-COMPOSE_IMAGE_CUDA = "ghcr.io/ggml-org/llama.cpp:server-cuda"
 _CONTAINER_HF_HOME = "/hf"
 _PATH_FLAGS = ("-m", "--mmproj")
 
@@ -881,28 +884,31 @@ def _published(host: str, port: int) -> str:
     return f"{host}:{port}:{port}"
 
 
-def _container_cuda_index(cmd: ServerCommand) -> dict[int, int]:
-    """CUDA index in the argv -> inside the container, where only the reserved GPUs exist and,
+def _container_index(cmd: ServerCommand) -> dict[int, int]:
+    """Device index in the argv -> inside the container, where only the reserved GPUs exist and,
     in PCI bus order (CUDA_DEVICE_ORDER=PCI_BUS_ID), are numbered from 0."""
     if not cmd.devices:
         return {}
     order = sorted(cmd.devices)
-    if "CUDA_VISIBLE_DEVICES" in cmd.env:  # the argv numbers GPUs by their place in that list
-        listed = [int(i) for i in cmd.env["CUDA_VISIBLE_DEVICES"].split(",") if i]
+    variable = backend_named(cmd.backend).visibility_env
+    if cmd.selected_by_env and variable:  # the argv numbers GPUs by their place in that list
+        listed = [int(i) for i in re.findall(r"\d+", cmd.env[variable])]
         return {pos: order.index(phys) for pos, phys in enumerate(listed)}
     return {phys: order.index(phys) for phys in cmd.devices}
 
 
-def _cuda_indices(devices: tuple[int | str, ...] | None) -> tuple[int, ...] | None:
-    """--device's CUDA devices as indices ("CUDA1" -> 1); RPC devices are not this host's."""
+def _local_indices(
+    devices: tuple[int | str, ...] | None, local: Backend
+) -> tuple[int, ...] | None:
+    """--device's local devices as indices ("ROCm1" -> 1); RPC devices are not this host's."""
     if devices is None:
         return None
     out = []
     for d in devices:
         if isinstance(d, int):
             out.append(d)
-        elif d.upper().startswith("CUDA") and d[4:].isdigit():
-            out.append(int(d[4:]))
+        elif d[-1:].isdigit() and (index := local.device_index(d)) is not None:
+            out.append(index)
     return tuple(out)
 
 
@@ -916,13 +922,27 @@ def render_compose(
     `machine_gpus`: the NVML indices of the machine's GPUs, reserved when the plan uses them all
     (`cmd.devices` is None); without them the reservation is `count: all`.
     """
+    local = backend_named(cmd.backend)
     gpus = cmd.devices is None or bool(cmd.devices)
     reserved = cmd.devices if cmd.devices is not None else (tuple(machine_gpus or ()) or None)
-    image = COMPOSE_IMAGE_CUDA if gpus else COMPOSE_IMAGE_CPU
-    renumber = _container_cuda_index(cmd)
+    # The image built for the backend (llama.cpp docs/docker.md: server-cuda, server-rocm,
+    # server-vulkan, server-intel); Metal has none (macOS runs no GPU in containers).
+    if gpus and not local.image_suffix:
+        raise UsageError(
+            f"--format compose: llama.cpp publishes no {local.label} image "
+            "(containers on macOS get no GPU)",
+            hint="use --format script or systemd",
+        )
+    image = f"{COMPOSE_IMAGE_CPU}-{local.image_suffix}" if gpus else COMPOSE_IMAGE_CPU
+    renumber = _container_index(cmd)
+    prefix = re.escape(local.device_prefix)
 
-    def cuda(text: str) -> str:
-        return re.sub(r"CUDA(\d+)", lambda m: f"CUDA{renumber.get(int(m[1]), int(m[1]))}", text)
+    def renamed(text: str) -> str:
+        return re.sub(
+            rf"{prefix}(\d+)",
+            lambda m: local.device_name(renumber.get(int(m[1]), int(m[1]))),
+            text,
+        )
 
     mounts: dict[str, str] = {}  # host directory -> container directory
     args: list[str] = []
@@ -944,13 +964,13 @@ def render_compose(
             i += 2
             continue
         if renumber and word in ("--device", "-dev", "-ot", "--override-tensor") and value:
-            args += [word, cuda(value)]
+            args += [word, renamed(value)]
             i += 2
             continue
         args.append(word)
         i += 1
 
-    env = {k: v for k, v in cmd.env.items() if k != "CUDA_VISIBLE_DEVICES"}
+    env = {k: v for k, v in cmd.env.items() if k != local.visibility_env}
     lines = [f"{WRITTEN_BY} Plan:"]
     lines += _comment(plan_comment)
     lines += _comment(
@@ -960,8 +980,10 @@ def render_compose(
     for warning in cmd.warnings:
         lines += _comment(f"Warning: {warning}")
     lines.append("# Run: docker compose -f THIS_FILE up -d")
-    if gpus:
+    if gpus and local.kind is BackendKind.CUDA:
         lines.append("# GPUs need the NVIDIA Container Toolkit on the host.")
+    elif gpus:
+        lines.append(f"# {local.label} reaches the GPUs through the host's device files.")
     for _, src in cmd.env_from:
         lines.append(f"# The API key comes from ${src} (in the shell or an .env file beside this).")
     lines += ["services:", "  llama-server:", f"    image: {yaml_str(image)}", "    command:"]
@@ -1002,7 +1024,11 @@ def render_compose(
         "      start_period: 15m  # loading tens of GB takes a while",
         "    restart: unless-stopped",
     ]
-    if gpus:
+    if gpus and local.kind is not BackendKind.CUDA:
+        # ROCm needs /dev/kfd and /dev/dri (ROCm's docker docs); Vulkan and SYCL /dev/dri.
+        nodes = ["/dev/kfd", "/dev/dri"] if local.kind is BackendKind.ROCM else ["/dev/dri"]
+        lines += ["    devices:", *(f"      - {yaml_str(n)}" for n in nodes)]
+    elif gpus:
         lines += [
             "    deploy:",
             "      resources:",
@@ -1027,111 +1053,42 @@ WRITTEN_BY = "# Written by quantpick."
 _MARKER_SCAN_BYTES = 4096
 
 
-def _file_kind(mode: int) -> str:
-    import stat
+def check_script_target(path: Path, *, force: bool = False) -> Existing:
+    """What is at `path`, when quantpick may write the script there (quantpick.outputs' policy):
+    absent, a regular file quantpick wrote (its marker line), or, with `force`, any regular file
+    or a symbolic link (the link is replaced, never its target). A device, FIFO, socket or
+    directory is never written over, even with `force` (as root, writing over /dev/null would
+    turn it into a regular file). UsageError (exit 2) otherwise."""
+    from quantpick.outputs import check_output
 
-    for test, kind in ((stat.S_ISDIR, "directory"), (stat.S_ISCHR, "character device"),
-                       (stat.S_ISBLK, "block device"), (stat.S_ISFIFO, "FIFO"),
-                       (stat.S_ISSOCK, "socket")):  # fmt: skip
-        if test(mode):
-            return kind
-    return "special file"
-
-
-def written_by_quantpick(path: Path) -> bool:
-    """Whether `path` is a regular file whose first bytes hold quantpick's marker line (opened
-    without following a link and without blocking, so a FIFO cannot hang the check)."""
-    import stat
-
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
-    except OSError:
-        return False
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return False
-        return WRITTEN_BY.encode() in os.read(fd, _MARKER_SCAN_BYTES)
-    except OSError:
-        return False
-    finally:
-        os.close(fd)
-
-
-def check_script_target(path: Path, *, force: bool = False) -> None:
-    """Raise UsageError unless `path` may be written: absent, a regular file quantpick wrote (its
-    marker line), or, with `force`, any regular file or a symbolic link (the link is replaced,
-    never its target). A device, FIFO, socket or directory is never written over, even with
-    `force` (as root, writing over /dev/null would turn it into a regular file)."""
-    import stat
-
-    try:
-        info = os.lstat(path)
-    except FileNotFoundError:
-        return
-    except OSError as exc:
-        raise QuantpickError(
-            f"cannot write the launch script: {path}: {exc.strerror or exc}"
-        ) from None
-    if stat.S_ISLNK(info.st_mode):
-        if force:
-            return
-        raise UsageError(
-            f"--script {path}: is a symbolic link; quantpick writes a regular file there only "
-            "with --force (the link is replaced, its target left alone)",
-            hint="pass --force, or give the path of the file itself",
-        )
-    if not stat.S_ISREG(info.st_mode):
-        raise UsageError(
-            f"--script {path}: is a {_file_kind(info.st_mode)}, not a regular file: quantpick "
-            "never writes over it",
-            hint="give a file name for the script",
-        )
-    if not force and not written_by_quantpick(path):
+    existing = check_output(path, "--script", force=force)
+    data = existing.data
+    if data is not None and not force and WRITTEN_BY.encode() not in data[:_MARKER_SCAN_BYTES]:
         raise UsageError(
             f"--script {path}: exists and was not written by quantpick (no {WRITTEN_BY!r} line "
             "at its start); it is left as it is",
-            hint="pass --force to replace it, or choose another path",
+            hint="pass --force to replace it (the old file is kept as a backup), or choose "
+            "another path",
         )
+    return existing
 
 
 def write_script(path: Path, text: str, *, force: bool = False) -> None:
-    """Write `text` to `path` atomically with mode 0755 (temp file in the same dir + os.replace),
-    only where `check_script_target` allows (checked again here, just before the write)."""
-    import tempfile  # only when writing: `pick` imports this module for its flags
+    """Write `text` to `path` atomically with mode 0755, only where `check_script_target`
+    allows (checked again here, just before the write). A file quantpick did not write, replaced
+    with `force`, is kept as a backup first (FILE.bak, .bak.1, ...)."""
+    from quantpick.outputs import write_output
 
-    check_script_target(path, force=force)
-
-    directory = path.parent if str(path.parent) else Path(".")
-    try:
-        fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{path.name}.", suffix=".tmp")
-    except OSError as exc:  # a read-only or missing directory: one line naming the path
-        raise QuantpickError(
-            f"cannot write the launch script: {path}: {exc.strerror or exc}",
-            hint="choose a --script path in a directory you can write to",
-            path=str(path),
-            os_errno=exc.errno,
-        ) from None
+    existing = check_script_target(path, force=force)
+    theirs = existing.data is not None and WRITTEN_BY.encode() not in existing.data
     try:
         # surrogateescape: a path that is not UTF-8 (a model directory named in Latin-1) reaches
         # the script as the bytes it is on disk, which bash then opens as they are.
-        with os.fdopen(fd, "w", encoding="utf-8", errors="surrogateescape", newline="\n") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-            # Explicit mode: mkstemp creates 0600 and the umask must not decide executability.
-            os.fchmod(f.fileno(), 0o755)
-        os.replace(tmp, path)
-    except BaseException as exc:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        if isinstance(exc, OSError):
-            raise QuantpickError(
-                f"cannot write the launch script: {path}: {exc.strerror or exc}",
-                path=str(path),
-                os_errno=exc.errno,
-            ) from None
+        data = text.encode("utf-8", "surrogateescape")
+        write_output(path, data, existing, "the launch script", backup=theirs, mode=0o755)
+    except QuantpickError as exc:
+        if exc.hint is None or "choose a file" in exc.hint:
+            exc.hint = "choose a --script path in a directory you can write to"
         raise
 
 

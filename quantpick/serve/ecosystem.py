@@ -3,9 +3,17 @@
 
 Each takes the llama-server command quantpick built for the plan (serve/command.py, so every
 flag is the checked one) and a `Target` (what else the tool needs: file paths, the memory per
-device, sampling, the chat template). Rendering is pure; writing a file goes through
-`write_with_backup` (atomic, the previous version kept as FILE.bak) and linking through
-fetch.stores.link_into (never a move).
+device, sampling, the chat template). Rendering is pure; a file is read and written through
+`ConfigFile` (quantpick.outputs' policy: regular files only, never through a link, read bounded,
+written atomically, the previous version kept under a backup name no later run takes), and
+linking goes through fetch.stores.link_into (never a move).
+
+What quantpick writes carries a stamp (`written by quantpick 0.1.0, checksum ...`): a preset
+section, a llama-swap entry or a Modelfile of the same name is replaced only while it still is
+what quantpick wrote; one written by hand, or edited since, is refused without --force. A
+preset or llama-swap file that its own tool would not read (llama.cpp's INI grammar, YAML) is
+refused, not merged, and the merged file is read back before it is written: every other
+section or entry must come out exactly as it was.
 
 Sources:
 - Router presets: b11312 common/preset.cpp (the INI grammar: a value runs to the end of the line
@@ -35,9 +43,20 @@ import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from quantpick.errors import UsageError
 from quantpick.model.manifest import Sampling
+from quantpick.outputs import (
+    Authorship,
+    Existing,
+    Written,
+    authorship,
+    check_output,
+    refuse_theirs,
+    stamp,
+    write_output,
+)
 from quantpick.serve.command import ServerCommand, _comment, yaml_str
 from quantpick.units import human
 
@@ -84,6 +103,10 @@ class Target:
     notes: tuple[str, ...] = field(default_factory=tuple)
 
 
+# llama-server's router flag (tools/server/server.cpp), named in hints: not a quantpick option
+MODELS_PRESET_FLAG = "--models-preset"
+
+
 def machine_key(parts: Sequence[str]) -> str:
     """A short stable name for a machine from what identifies it (GPU UUIDs or names and sizes,
     host RAM, RPC endpoints)."""
@@ -110,49 +133,46 @@ def options(cmd: ServerCommand) -> list[tuple[str, str | None]]:
 
 
 @dataclass(frozen=True)
-class Written:
+class ConfigFile:
+    """A file the user named (`--preset`, `--swap-config`, `--modelfile`) as it is now."""
+
     path: Path
-    backup: Path | None  # the previous version, kept
-    created: bool
+    what: str  # the option that named it, for messages
+    existing: Existing
+
+    @property
+    def text(self) -> str | None:
+        """Its text, None when there is none yet (or --force replaces a link there)."""
+        if self.existing.data is None:
+            return None
+        try:
+            return self.existing.data.decode("utf-8")
+        except UnicodeDecodeError:
+            raise UsageError(
+                f"{self.what} {self.path}: is not UTF-8 text; it is left as it is",
+                hint="give another file",
+            ) from None
+
+    def write(self, text: str) -> Written:
+        """Replace it by `text` atomically; the previous version kept as FILE.bak (or .bak.1,
+        .bak.2, ...: a backup is never overwritten), its mode kept."""
+        return write_output(self.path, text.encode("utf-8"), self.existing, self.what)
 
 
-def write_with_backup(path: Path, text: str) -> Written:
-    """Replace `path` by `text` atomically; an existing file is first copied to `path`.bak and
-    keeps its mode. A symlink is written through (its target is replaced, the link stays)."""
-    import shutil
-
-    from quantpick.fetch.atomic import os_error, write_atomic
-
-    real = Path(os.path.realpath(path))
-    backup = None
-    mode = None
-    try:
-        if real.exists():
-            backup = real.with_name(real.name + ".bak")
-            shutil.copy2(real, backup)
-            mode = real.stat().st_mode & 0o7777
-        write_atomic(real, text.encode("utf-8"))
-        if mode is not None:
-            os.chmod(real, mode)
-    except OSError as exc:
-        raise os_error("cannot write", real, exc, hint="choose a file you can write") from None
-    return Written(real, backup, backup is None)
+def open_config(path: Path, what: str, *, force: bool = False) -> ConfigFile:
+    """The file at `path`, when quantpick may write there (quantpick.outputs.check_output: no
+    device, FIFO, socket or directory; a symlink only with --force, and then the link itself is
+    replaced); OutputRefused (exit 2) otherwise."""
+    return ConfigFile(path, what, check_output(path, what, force=force))
 
 
-def read_text(path: Path) -> str | None:
-    """A config file's text, None when it does not exist yet."""
-    from quantpick.fetch.atomic import os_error
-
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        return None
-    except OSError as exc:
-        raise os_error("cannot read", path, exc) from None
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError:
-        raise UsageError(f"{path} is not UTF-8 text", hint="give another file") from None
+def check_whole_file(config: ConfigFile, *, force: bool = False) -> None:
+    """A file quantpick replaces whole (the Modelfile) must be quantpick's, unchanged."""
+    if config.existing.data is None or force:
+        return
+    found = authorship((config.text or "").splitlines())
+    if found is not Authorship.QUANTPICK:
+        raise refuse_theirs(f"{config.what} {config.path}", found)
 
 
 # ---- llama.cpp router presets ------------------------------------------------------------------
@@ -178,6 +198,16 @@ _HEADER = re.compile(r"^\[[ \t]*([^\]\r\n]*?)[ \t]*\][ \t]*(?:[;#].*)?$")
 _SECTION_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_./@+-]*$")
 
 
+def preset_section_name(name: str) -> str:
+    """A valid section name for a model name that is not one (`command --gguf "my model.gguf"`):
+    each run of other characters becomes one "-", and the name starts with a letter, digit or
+    "_" (_SECTION_NAME). The name itself when it is valid."""
+    if _SECTION_NAME.match(name):
+        return name
+    derived = re.sub(r"[^A-Za-z0-9_./@+-]+", "-", name).strip("-./@+")
+    return derived if _SECTION_NAME.match(derived) else "model"
+
+
 def ini_value(value: str, what: str) -> str:
     """A value llama.cpp's INI reader gives back unchanged (it has no quoting)."""
     if any(c in value for c in ";#\r\n") or value != value.strip():
@@ -197,14 +227,13 @@ def preset_section(cmd: ServerCommand, target: Target) -> tuple[list[str], list[
             f"--alias {name!r}: a preset section name is letters, digits and . _ - / @ +",
             hint="give --alias NAME",
         )
-    if "CUDA_VISIBLE_DEVICES" in cmd.env:
+    if cmd.selected_by_env:
         raise UsageError(
             "this llama-server has no --device: a router preset cannot choose the GPUs per model",
             hint="upgrade llama.cpp (b6000 or newer has --device)",
         )
     warnings: list[str] = []
-    lines = [f"[{name}]"]
-    lines += [f"; {line}".rstrip() for line in _comment_lines(target.plan_comment)]
+    lines = [f"; {line}".rstrip() for line in _comment_lines(target.plan_comment)]
     if target.devices:
         memory = " ".join(f"{d.device}={d.total_bytes}/{d.budget_bytes}" for d in target.devices)
         lines.append(f"{MEMORY_MARKER} machine={target.machine_key} {memory}")
@@ -226,7 +255,8 @@ def preset_section(cmd: ServerCommand, target: Target) -> tuple[list[str], list[
             "the router drops API keys from presets: start the router itself with the key "
             "(the line below does)"
         )
-    return lines, warnings
+    body = [f"[{name}]", *lines]
+    return [body[0], stamp(";", body), *body[1:]], warnings
 
 
 def _comment_lines(text: str) -> list[str]:
@@ -264,10 +294,35 @@ def _own_end(lines: list[str], section: _Section) -> int:
     return end
 
 
-def merge_preset(text: str | None, name: str, section: list[str]) -> tuple[str, bool]:
+_INI_LINE = re.compile(
+    r"^(?:\[[ \t]*[^\]]+\][ \t]*(?:[;#].*)?"  # header-line
+    r"|[A-Za-z_][A-Za-z0-9_.-]*[ \t]*=[^;#]*(?:[;#].*)?"  # kv-line
+    r"|[ \t]*(?:[;#].*)?)$"  # comment-line, blank-line
+)
+
+
+def check_ini(text: str, where: str) -> None:
+    """Refuse a preset file llama.cpp's router would not read: each line a header, a
+    `key = value` (the key first on its line), a comment or blank (common/preset.cpp:184-224,
+    `parse_ini_from_file`: the router fails on the whole file otherwise)."""
+    for number, line in enumerate(re.split(r"\r\n|\n|\r", text), 1):
+        if not _INI_LINE.match(line):
+            raise UsageError(
+                f"{where}: line {number} is not INI that llama.cpp's router reads "
+                f"({line[:60]!r}); the file is left as it is, nothing merged",
+                hint=f"fix that line (llama-server {MODELS_PRESET_FLAG} refuses the file as it is)",
+            )
+
+
+def merge_preset(
+    text: str | None, name: str, section: list[str], *, force: bool = False, where: str = ""
+) -> tuple[str, bool]:
     """The preset file with `name`'s section replaced by `section` (or appended), every other
     byte unchanged; (new text, whether a section was replaced). A section present twice (the
-    router keeps the last) is replaced where it first appears and its later copies removed."""
+    router keeps the last) is replaced where it first appears and its later copies removed.
+    A file the router cannot read is refused (check_ini), and so is a section of that name that
+    quantpick did not write, or that was edited since (its stamp), unless `force`. `where`
+    names the file in messages."""
     if text is None:
         header = [
             "; llama.cpp router presets: llama-server --models-preset THIS_FILE",
@@ -276,8 +331,15 @@ def merge_preset(text: str | None, name: str, section: list[str]) -> tuple[str, 
         ]
         return "\n".join(header + section) + "\n", False
     newline = "\r\n" if "\r\n" in text else "\n"
+    check_ini(text, where or "the preset")
     lines = text.splitlines(keepends=True)
     mine = [s for s in _sections(lines) if s.name == name]
+    for found in mine:
+        owner = authorship(lines[found.start : _own_end(lines, found)])
+        if owner is not Authorship.QUANTPICK and not force:
+            raise refuse_theirs(
+                f"{where}: the section [{name}]", owner, other="another name (--alias)"
+            )
     block = [line + newline for line in section]
     if not mine:
         prefix = text
@@ -380,7 +442,7 @@ def router_line(
 ) -> str:
     env = [f"{k}={shlex.quote(v)}" for k, v in cmd.env.items()]
     env += [f'{k}="${src}"' for k, src in cmd.env_from]
-    argv = [program, "--models-preset", str(preset), "--models-max", str(limit),
+    argv = [program, MODELS_PRESET_FLAG, str(preset), "--models-max", str(limit),
             "--host", host, "--port", str(port)]  # fmt: skip
     return " ".join([*env, shlex.join(argv)])
 
@@ -404,7 +466,8 @@ def _swap_word(word: str) -> str:
 
 def swap_entry(cmd: ServerCommand, target: Target, *, ttl: int = SWAP_TTL_S) -> list[str]:
     """The `"<id>":` entry (lines, indented as under `models:`): llama-server on 127.0.0.1 at
-    llama-swap's ${PORT}, the plan's flags one per line, the plan's environment."""
+    llama-swap's ${PORT}, the plan's flags one per line, the plan's environment; its first
+    line is quantpick's stamp."""
     lines = [f"  {line}" for line in _comment(target.plan_comment)]
     lines.append(f"  {yaml_str(target.name, interpolate=True)}:")
     body = [_swap_word(cmd.argv[0])]
@@ -425,7 +488,7 @@ def swap_entry(cmd: ServerCommand, target: Target, *, ttl: int = SWAP_TTL_S) -> 
             if "${" in text:
                 raise UsageError(f"env {text!r}: llama-swap reads '${{' as a macro")
             lines.append(f"      - {yaml_str(text, interpolate=True)}")
-    return lines
+    return [f"  {stamp('#', lines)}", *lines]
 
 
 _TOP_KEY = re.compile(r"^([A-Za-z_][A-Za-z0-9_-]*)[ \t]*:(.*)$")
@@ -455,11 +518,59 @@ def _indent(line: str) -> int:
     return len(line) - len(line.lstrip(" "))
 
 
-def merge_swap_config(text: str | None, name: str, entry: list[str]) -> tuple[str, bool]:
+def _yaml(text: str, where: str) -> Any:
+    import yaml  # PyYAML: huggingface_hub's own dependency
+
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        at = f" at line {mark.line + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or type(exc).__name__
+        raise UsageError(
+            f"{where}: is not valid YAML ({problem}{at}); the file is left as it is, nothing "
+            "merged",
+            hint="fix it (llama-swap refuses it as it is), or print the entry without "
+            "--swap-config and add it by hand",
+        ) from None
+
+
+def merge_swap_config(
+    text: str | None, name: str, entry: list[str], *, force: bool = False, where: str = ""
+) -> tuple[str, bool]:
     """The llama-swap config with `models.<name>` replaced by `entry` (or added), every other
-    line unchanged; (text, replaced). Only a block-style `models:` mapping is merged."""
+    line unchanged; (text, replaced). Only a block-style `models:` mapping is merged. A file
+    that is not YAML, or whose top level or `models` is not a mapping, is refused; so is an
+    entry of that name that quantpick did not write, or that was edited since, unless `force`.
+    The result is parsed back: every other key must be what it was, and the entry ours."""
+    where = where or "the llama-swap config"
     if text is None or not text.strip():
         return "models:\n" + "\n".join(entry) + "\n", False
+    before = _yaml(text, where)
+    if not isinstance(before, dict) or not isinstance(before.get("models") or {}, dict):
+        raise UsageError(
+            f"{where}: is not a llama-swap config (a mapping with a `models:` mapping); the "
+            "file is left as it is, nothing merged",
+            hint="print the entry without --swap-config and add it by hand",
+        )
+    merged, replaced = _merge_swap_lines(text, name, entry, force=force, where=where)
+    after = _yaml(merged, where)
+    expected = dict(before)
+    models = dict(expected.get("models") or {})
+    models[name] = _yaml("models:\n" + "\n".join(entry) + "\n", where)["models"][name]
+    expected["models"] = models
+    if after != expected:
+        raise UsageError(
+            f"{where}: quantpick cannot merge models.{name} into this file without changing "
+            "what else it says; the file is left as it is",
+            hint="print the entry without --swap-config and add it by hand",
+        )
+    return merged, replaced
+
+
+def _merge_swap_lines(
+    text: str, name: str, entry: list[str], *, force: bool, where: str
+) -> tuple[str, bool]:
     newline = "\r\n" if "\r\n" in text else "\n"
     lines = text.splitlines(keepends=True)
     start = None
@@ -503,10 +614,16 @@ def merge_swap_config(text: str | None, name: str, entry: list[str]) -> tuple[st
         for j in range(i + 1, stop):
             if lines[j].strip() and _indent(lines[j]) > unit:
                 last = j
-        # our own comment lines just above the key are ours too
+        # our own comment lines just above the key are ours too (the stamp, the plan)
         first = i
-        while first - 1 > start and lines[first - 1].strip().startswith("# quantpick"):
+        while first - 1 > start and lines[first - 1].strip().startswith(
+            ("# quantpick", "# written by quantpick")
+        ):
             first -= 1
+        owner = authorship(lines[first : last + 1])
+        if owner is not Authorship.QUANTPICK and not force:
+            raise refuse_theirs(f"{where}: the entry models.{name}", owner,
+                                other="another name (--alias)")  # fmt: skip
         return "".join(lines[:first] + block + lines[last + 1 :]), True
     last_content = content[-1] if content else start
     after = lines[: last_content + 1]
@@ -618,7 +735,7 @@ def ollama_modelfile(cmd: ServerCommand, target: Target) -> tuple[str, list[str]
             f"PARAMETER top_k {s.top_k}",
             f"PARAMETER min_p {_num(s.min_p)}",
         ]
-    return "\n".join(lines) + "\n", cannot
+    return "\n".join([stamp("#", lines), *lines]) + "\n", cannot
 
 
 # ---- LM Studio -----------------------------------------------------------------------------------

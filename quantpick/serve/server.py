@@ -222,10 +222,13 @@ def launch(
     argv: Sequence[str], env: Mapping[str, str], log_path: Path, *, detach: bool
 ) -> subprocess.Popen[bytes]:
     """Start llama-server in its own session and process group, its output into `log_path`
-    (truncated). `detach`: it is meant to outlive quantpick (no parent-death signal)."""
+    (truncated; quantpick.outputs.open_log: never through a symlink, never a FIFO, a device or a
+    hard link). `detach`: it is meant to outlive quantpick (no parent-death signal)."""
+    from quantpick.outputs import open_log
+
     log_path.parent.mkdir(parents=True, exist_ok=True)
     preexec = _die_with_parent if not detach and sys.platform.startswith("linux") else None
-    with log_path.open("wb") as log:
+    with os.fdopen(open_log(log_path), "wb") as log:
         try:
             return subprocess.Popen(
                 list(argv),
@@ -487,16 +490,25 @@ def verify(record: ServerRecord) -> Verdict:
     return Verdict(Identity.OURS)
 
 
-def process_swap_bytes(pid: int, proc: Path = Path("/proc")) -> int | None:
-    """The process's memory in swap (VmSwap of /proc/PID/status, kB); None off Linux or when it
-    cannot be read."""
+def process_memory(pid: int, proc: Path = Path("/proc")) -> tuple[int | None, int | None]:
+    """(resident, swapped) bytes of the process (VmRSS and VmSwap of /proc/PID/status, kB);
+    None where they cannot be read (off Linux, a process gone)."""
     try:
         with (proc / str(pid) / "status").open("rb") as f:
             text = f.read(64 * 1024).decode("ascii", "replace")
     except OSError:
-        return None
-    m = re.search(r"^VmSwap:\s+(\d+) kB", text, re.MULTILINE)
-    return int(m.group(1)) * 1024 if m else None
+        return None, None
+
+    def field(name: str) -> int | None:
+        m = re.search(rf"^{name}:\s+(\d+) kB", text, re.MULTILINE)
+        return int(m.group(1)) * 1024 if m else None
+
+    return field("VmRSS"), field("VmSwap")
+
+
+def process_swap_bytes(pid: int, proc: Path = Path("/proc")) -> int | None:
+    """The process's memory in swap (VmSwap), None when unknown."""
+    return process_memory(pid, proc)[1]
 
 
 # ---- records ---------------------------------------------------------------------------------

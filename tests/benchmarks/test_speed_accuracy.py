@@ -284,3 +284,16 @@ def test_the_defaults_are_the_fit_of_the_bundled_rows() -> None:
         assert getattr(DEFAULT_SPEED_PARAMS, name) == pytest.approx(
             getattr(fitted, name), rel=0.02
         ), name
+
+
+def test_backend_rows_all_build_as_their_backend() -> None:
+    """Every published non-CUDA run (benchmarks/data/speed-measurements-backends.json) becomes a
+    case on its own backend's device (MTL0 for the M2 Ultra, ROCm0/Vulkan0 for the R9700)."""
+    from backend_speed import DATA, case_backend
+
+    cases, unusable = load_cases(DATA)
+    assert unusable == [] and len(cases) == 32
+    by_backend = {case_backend(c).label: c for c in cases}
+    assert set(by_backend) == {"Metal", "ROCm", "Vulkan"}
+    assert "MTL0" in by_backend["Metal"].devices and "ROCm0" in by_backend["ROCm"].devices
+    assert "Vulkan0" in by_backend["Vulkan"].devices

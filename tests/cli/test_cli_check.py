@@ -157,6 +157,27 @@ def test_server_started_by_serve_matches_its_plan(llamacpp_bin: Path, model: Pat
         assert server["check"]["as_planned"] is True
         code, out, _ = check(doc["endpoint"]["model"])
         assert code == 0 and "As planned." in out and "KV" in out
+
+        # learning: the measured compute becomes this machine's memory calibration, and the
+        # next plan for this build carries it (named), weights/KV/state untouched
+        code, out, err = check("--learn", "--json")
+        learned = json.loads(out)
+        assert code == 0 and learned["learned"], learned["not_learned"]
+        plan = runner.invoke(app, ["command", "--gguf", str(model), "-c", "4096", "--cpu-only",
+                                   "--llama-server", str(llamacpp_bin / "llama-server"),
+                                   "--no-confirm", "--json"])  # fmt: skip
+        assert plan.exit_code == 0, plan.stderr
+        (host,) = json.loads(plan.stdout)["plan"]["devices"]
+        assert abs(host["compute_bytes"] - measured["compute_bytes"]) <= 1
+        assert host["kv_bytes"] == planned["kv_bytes"]
+        assert "quantpick check --learn" in plan.stderr
+        listed = runner.invoke(app, ["calibration", "list", "--json"])
+        (row,) = json.loads(listed.stdout)["memory"]
+        assert row["this_machine"] and "CPU" in row["entry"]["compute_ratios"]
+        assert runner.invoke(app, ["calibration", "reset"]).exit_code == 0
+        assert (
+            json.loads(runner.invoke(app, ["calibration", "list", "--json"]).stdout)["memory"] == []
+        )
     finally:
         runner.invoke(app, ["serve", "--stop", doc["endpoint"]["model"]])
 
@@ -196,3 +217,35 @@ def test_any_server_without_a_plan(by_hand: tuple[str, Path]) -> None:
     assert code == 0, err
     assert "no plan: the server's own /props" in out and "Context per slot: 1024" in out
     assert os.path.basename(url)  # the URL was read, not a record
+
+
+@pytest.mark.llamacpp
+def test_a_gpu_fuller_than_planned(
+    llamacpp_bin: Path, model: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The server `serve` started, checked against a plan for a 24 GB RTX 3090 while NVML (emulated
+    # at the pynvml boundary) shows the server's process with 1 GiB and another with 6 GiB on it.
+    from fake_nvml import FakeNvml, rtx_3090
+
+    serve = runner.invoke(app, ["serve", "--gguf", str(model), "-c", "4096", "--cpu-only",
+                                "--detach", "--port", "0", "--llama-bin", str(llamacpp_bin),
+                                "--json"])  # fmt: skip
+    assert serve.exit_code == 0, serve.stderr
+    endpoint = json.loads(serve.stdout)["endpoint"]
+    try:
+        gib = 1024**3
+        card = rtx_3090(total=24 * gib, free=17 * gib,
+                        processes={endpoint["pid"]: 1 * gib, 99: 6 * gib})  # fmt: skip
+        monkeypatch.setitem(sys.modules, "pynvml", FakeNvml([card]))
+        code, out, err = check(endpoint["base_url"], "--gguf", str(model), "-c", "4096",
+                               "--gpu", "3090:24G", "--ram", "64G", "--json")  # fmt: skip
+        assert code == ExitCode.DIFFERS, err
+        report = json.loads(out)
+        findings = {f["code"]: f for f in report["findings"]}
+        assert findings["gpu-fuller"]["device"] == "CUDA0"
+        assert "6.00 GiB" in findings["gpu-fuller"]["message"]
+        assert report["gpus"] == [{"device": "CUDA0", "total_bytes": 24 * gib,
+                                   "used_bytes": 7 * gib, "server_bytes": gib}]  # fmt: skip
+        assert "weights-on-cpu" in findings  # and the CPU build holds everything in host memory
+    finally:
+        runner.invoke(app, ["serve", "--stop", endpoint["model"]])

@@ -270,3 +270,42 @@ def test_a_file_named_for_another_quant_is_planned_as_its_header_says(
     assert code == 0, err
     assert {c["quant"] for c in doc["candidates"]} == {"Q4_K_M"}
     assert "is Q4_K_M, already a quant of this repository: not planned" in err
+
+
+def test_untagged_headers_are_capped_named_and_given_up_on_quickly(
+    fake_hub: FakeHub, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before: every untagged .gguf header was read (3,000 files: 115 s, 11.7 GiB), and a file
+    the hub cuts short was tried six times. benchmarks/hostile_repo.py prints the costs."""
+    import quantpick.fetch.http as http
+    from quantpick.model.from_repo import MAX_UNTAGGED_HEADERS
+
+    monkeypatch.setattr(http, "DEFAULT_POLICY", http.RetryPolicy(sleep=lambda s: None))
+    real = tmp_path / "Tiny-Q4_K_M.gguf"
+    write_gguf(real, TINY, big="Q8_0")
+    bait = tmp_path / "bait.gguf"  # a header that names its type: Q8_0 (llama_ftype 7)
+    write_gguf(bait, TINY, big="Q8_0", extra=lambda w: w.add_file_type(7))
+    untagged = [f"part-{i:03d}.gguf" for i in range(MAX_UNTAGGED_HEADERS + 24)]
+    fake_hub.add_repo("org/Hostile-GGUF", {real.name: real} | dict.fromkeys(untagged, bait))
+    for name in untagged:
+        fake_hub.faults.add(name, "short", after=2048, times=None)  # every answer cut short
+    code, doc, err = pick("org/Hostile-GGUF", "-c", "8192", *BOX)
+    assert code == 0, err
+    assert {c["quant"] for c in doc["candidates"]} == {"Q4_K_M"}
+    read = [n for n in untagged if fake_hub.requests_for(n)]
+    assert len(read) == MAX_UNTAGGED_HEADERS
+    # two attempts (the hub's redirect, then two ranged reads), not a download's six (7 requests)
+    assert all(len(fake_hub.requests_for(n)) <= 3 for n in read)
+    assert (
+        f"24 GGUF files without a quant tag in their names were not read (at most "
+        f"{MAX_UNTAGGED_HEADERS} per repository): part-016.gguf," in err
+    )
+    assert "give its URL: quantpick pick https://huggingface.co/org/Hostile-GGUF/blob/" in err
+    # naming one by its URL reads it first
+    fake_hub.faults.clear()
+    wanted = untagged[-1]
+    url = f"https://huggingface.co/org/Hostile-GGUF/blob/main/{wanted}"
+    code, doc, err = pick(url, "-c", "8192", *BOX)
+    assert code == 0, err
+    assert fake_hub.requests_for(wanted)
+    assert {c["quant"] for c in doc["candidates"]} == {"Q4_K_M", "Q8_0"}

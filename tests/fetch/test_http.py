@@ -14,7 +14,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from fakehub import SMALL_ARCH_TOML, SilentServer
+from fakehub import SMALL_ARCH_TOML, FakeHub, SilentServer
 from typer.testing import CliRunner
 
 import quantpick.cli.download  # noqa: F401 - registers the commands
@@ -356,3 +356,25 @@ def test_a_repository_on_a_silent_hub_gives_up_at_the_planning_bound(
 
 def test_the_repository_bound_is_the_bundled_models() -> None:
     assert http.PLANNING_DEADLINE == 5.0
+
+
+def test_a_password_in_hf_endpoint_is_not_in_a_plan(
+    fake_hub: FakeHub, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A working hub reached with credentials: nothing printed, nor the repository's cached
+    description, carries the password."""
+    from gguf_fixtures import TINY, write_gguf
+
+    path = tmp_path / "Tiny-Q8_0.gguf"
+    write_gguf(path, TINY, big="Q8_0")
+    fake_hub.add_repo("org/Tiny-GGUF", {path.name: path})
+    endpoint = fake_hub.hf_endpoint.replace("//", f"//me:{HOSTILE_ENDPOINT_SECRET}@")
+    monkeypatch.setenv("HF_ENDPOINT", endpoint)
+    result = runner.invoke(app, ["pick", "org/Tiny-GGUF", "-c", "4096", "--gpu", "3090",
+                                 "--ram", "64G", "--json"])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert HOSTILE_ENDPOINT_SECRET not in result.stdout + result.stderr
+    from quantpick.config import load_settings
+
+    described = load_settings().cache_dir / "repos"
+    assert all(HOSTILE_ENDPOINT_SECRET not in f.read_text() for f in described.iterdir())

@@ -255,3 +255,40 @@ def test_hardware_file_gpu_tables_take_a_backend(tmp_path: Path) -> None:
     bad.write_text('[[gpu]]\nname = "7900xtx"\nbackend = "metal"\n')
     with pytest.raises(Exception, match="cannot drive AMD Radeon RX 7900 XTX"):
         load_hardware_file(bad, default_host=lambda: fake)
+
+
+def test_vulkans_single_allocation_cap_is_noted(q4km: ModelLayout) -> None:
+    from quantpick.plan.memory import estimate
+
+    def notes(backend_label: str, ubatch: int) -> tuple[str, ...]:
+        gpu = Gpu(index=0, name="AMD Radeon RX 7900 XTX", total_bytes=64 * GiB,
+                  free_bytes=64 * GiB, backend=backend_label)  # fmt: skip
+        host = Host(ram_total_bytes=64 * GiB, ram_available_bytes=64 * GiB, cpu_cores=8)
+        config = RunConfig(ctx_size=262144, ubatch=ubatch, batch=ubatch)
+        return estimate(q4km, Machine(gpus=(gpu,), host=host), config).notes
+
+    # A 4096-token ubatch at 262144 cells: a 2 GiB f16 mask alone in the compute buffer.
+    assert any("Vulkan0: a compute buffer of" in n for n in notes("Vulkan", 4096))
+    assert not any("single allocation" in n for n in notes("Vulkan", 512))
+    assert not any("single allocation" in n for n in notes("ROCm", 4096))  # no cap
+
+
+def test_compose_runs_the_backends_image_with_its_device_files() -> None:
+    from quantpick.serve.command import render_compose
+
+    def compose(key: str) -> str:
+        cmd = build_command(
+            RunConfig(ctx_size=4096, devices=(1,)), model_path=Path("/m/model.gguf"),
+            mmproj_path=None, manifest=None, block_count=40, server=ServerOptions(),
+            capabilities=None, backend=backend(key),
+        )  # fmt: skip
+        return render_compose(cmd, "plan")
+
+    rocm = compose("rocm")
+    assert 'image: "ghcr.io/ggml-org/llama.cpp:server-rocm"' in rocm
+    assert '"/dev/kfd"' in rocm and "nvidia" not in rocm
+    assert '"ROCm0"' in rocm  # the one reserved GPU is the container's first
+    assert 'image: "ghcr.io/ggml-org/llama.cpp:server-vulkan"' in compose("vulkan")
+    assert 'driver: "nvidia"' in compose("cuda")
+    with pytest.raises(UsageError, match="no Metal image"):
+        compose("metal")

@@ -213,3 +213,58 @@ def test_amd_sysfs_is_read_when_nvml_and_llama_cpp_name_nothing(
     (gpu,) = machine.gpus
     assert gpu.usable and gpu.backend == "ROCm" and gpu.total_bytes == 24 * GiB
     assert not any("planning for CPU only" in n for n in machine.notes)
+
+
+def _fake_server(tmp_path: Path, listing: str) -> Path:
+    """A llama-server stand-in answering --version and --list-devices with recorded text."""
+    (tmp_path / "list.txt").write_text(listing)
+    exe = tmp_path / "llama-server"
+    exe.write_text(
+        "#!/bin/sh\n"
+        'if [ "$1" = "--list-devices" ]; then cat "$(dirname "$0")/list.txt"; exit 0; fi\n'
+        'echo "version: 0.5.0-dev (build 11312, commit 0c1e57098)"\n'
+    )
+    exe.chmod(0o755)
+    return exe
+
+
+def test_nvidia_gpus_under_a_vulkan_build_are_named_by_vulkan(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    import sys
+
+    from fake_nvml import FakeGpu, FakeNvml
+
+    from quantpick.machine import probe as hardware
+
+    card = FakeGpu("NVIDIA GeForce RTX 2060", 6 * GiB, 5 * GiB, 192, 7001, cc=(7, 5))
+    monkeypatch.setitem(sys.modules, "pynvml", FakeNvml([card]))
+    server = _fake_server(tmp_path, (DATA / "list-devices-vulkan-rtx2060.txt").read_text())
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal:       32768000 kB\nMemAvailable:   30000000 kB\n")
+    machine = hardware.probe(
+        meminfo_path=meminfo, cgroup_root=tmp_path, cpuinfo_path=tmp_path / "x",
+        llama_server=server, drm_path=tmp_path / "nodrm",
+    )  # fmt: skip
+    (gpu,) = machine.gpus
+    assert gpu.backend == "Vulkan" and gpu.total_bytes == 6 * GiB  # NVML's memory stands
+    assert any("drives the GPUs with Vulkan" in n for n in machine.notes)
+
+
+def test_metal_build_is_found_through_its_device_list(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    import sys
+
+    from quantpick.machine import probe as hardware
+
+    monkeypatch.setitem(sys.modules, "pynvml", None)
+    server = _fake_server(tmp_path, (DATA / "list-devices-metal-m4-max.txt").read_text())
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal:       134217728 kB\nMemAvailable:   120000000 kB\n")
+    machine = hardware.probe(
+        meminfo_path=meminfo, cgroup_root=tmp_path, cpuinfo_path=tmp_path / "x",
+        llama_server=server, drm_path=tmp_path / "nodrm",
+    )  # fmt: skip
+    (gpu,) = machine.gpus
+    assert (gpu.backend, gpu.unified, gpu.total_bytes) == ("Metal", True, 96 * GiB)

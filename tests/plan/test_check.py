@@ -151,7 +151,9 @@ def test_planned_server_round_trip() -> None:
 
 
 _KEYS = st.sampled_from(["devices", "n_ctx", "n_parallel", "n_ctx_seq", "decode_tps", "basis"])
-_ROWS = st.lists(st.dictionaries(st.text(max_size=8), st.integers()), max_size=3)
+_ROWS = st.lists(
+    st.one_of(st.integers(), st.dictionaries(st.text(max_size=8), st.integers())), max_size=3
+)
 _VALUES = st.one_of(st.none(), st.integers(-5, 2**70), st.text(max_size=5), st.floats(), _ROWS)
 
 

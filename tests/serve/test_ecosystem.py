@@ -13,6 +13,7 @@ import yaml
 
 from quantpick.errors import QuantpickError, UsageError
 from quantpick.model.manifest import Sampling
+from quantpick.outputs import OutputRefused
 from quantpick.plan.memory import RunConfig
 from quantpick.serve import ecosystem as eco
 from quantpick.serve.command import ServerOptions, build_command
@@ -48,9 +49,10 @@ def test_section_has_the_plans_flags_under_llama_cpp_keys() -> None:
                        kv_unified=True, n_parallel=2, cache_type_k="q8_0",
                        cache_type_v="q8_0")  # fmt: skip
     lines, warnings = eco.preset_section(command(config), target())
-    assert lines[0] == "[tiny]" and lines[1] == "; quantpick plan: tiny Q8_0 on CPU"
-    assert lines[2] == f"; quantpick-memory: machine=box1 CPU={2 * GiB}/{20 * GiB}"
-    keys = dict(line.split(" = ", 1) for line in lines[3:])
+    assert lines[0] == "[tiny]" and lines[1].startswith("; written by quantpick ")
+    assert lines[2] == "; quantpick plan: tiny Q8_0 on CPU"
+    assert lines[3] == f"; quantpick-memory: machine=box1 CPU={2 * GiB}/{20 * GiB}"
+    keys = dict(line.split(" = ", 1) for line in lines[4:])
     assert keys["model"] == str(MODEL) and keys["ctx-size"] == "8192"
     assert keys["tensor-split"] == "27,15" and keys["n-cpu-moe"] == "3"
     assert keys["kv-unified"] == "true" and keys["parallel"] == "2"
@@ -112,11 +114,14 @@ def test_merge_replaces_its_section_in_place_and_drops_later_copies() -> None:
     first, _ = eco.merge_preset(OTHER, "tiny", old)
     duplicated = first + "\n[tiny]\nmodel = /stale.gguf\n"
     new, _ = eco.preset_section(command(RunConfig(ctx_size=16384, devices=())), target())
-    text, replaced = eco.merge_preset(duplicated, "tiny", new)
+    with pytest.raises(OutputRefused, match=r"the section \[tiny\] was not written by quantpick"):
+        eco.merge_preset(duplicated, "tiny", new)  # the second copy was written by hand
+    text, replaced = eco.merge_preset(duplicated, "tiny", new, force=True)
     assert replaced and "ctx-size = 16384" in text and "/stale.gguf" not in text
     assert text.startswith(OTHER) and text.count("[tiny]") == 1
     # the comment that introduces the next section stays where it was
-    moved, _ = eco.merge_preset(OTHER, "other-model", ["[other-model]", "model = /m/new.gguf"])
+    moved, _ = eco.merge_preset(OTHER, "other-model", ["[other-model]", "model = /m/new.gguf"],
+                                force=True)  # fmt: skip
     assert "model = /m/new.gguf\n; a comment about the next one\n\n[ggml-org" in moved
     assert moved.split("[other-model]")[0] == OTHER.split("[other-model]")[0]
 
@@ -162,18 +167,31 @@ def test_models_max_is_the_largest_count_whose_worst_case_fits() -> None:
     assert eco.models_max(planned, roomy).value == 4
 
 
-def test_write_with_backup_keeps_the_old_file_and_its_mode(tmp_path: Path) -> None:
+def test_a_config_file_keeps_the_old_version_and_its_mode(tmp_path: Path) -> None:
     real = tmp_path / "real.ini"
     real.write_text("old\n")
     real.chmod(0o600)
-    link = tmp_path / "link.ini"
-    link.symlink_to(real)
-    written = eco.write_with_backup(link, "new\n")
-    assert written.path == real and link.is_symlink() and real.read_text() == "new\n"
+    written = eco.open_config(real, "--preset").write("new\n")
+    assert written.path == real and real.read_text() == "new\n"
     assert written.backup == tmp_path / "real.ini.bak" and written.backup.read_text() == "old\n"
-    assert (real.stat().st_mode & 0o777) == 0o600
-    fresh = eco.write_with_backup(tmp_path / "fresh.ini", "x\n")
+    assert (real.stat().st_mode & 0o777) == 0o600 and (written.backup.stat().st_mode & 0o077) == 0
+    fresh = eco.open_config(tmp_path / "fresh.ini", "--preset").write("x\n")
     assert fresh.created and fresh.backup is None
+
+
+def test_a_link_at_a_config_path_is_never_written_through(tmp_path: Path) -> None:
+    """A symlink at --preset is refused; with --force the link itself is replaced by a regular
+    file and its target is left as it was (it may be any file, /etc/... as root)."""
+    target_file = tmp_path / "elsewhere.ini"
+    target_file.write_text("theirs\n")
+    link = tmp_path / "link.ini"
+    link.symlink_to(target_file)
+    with pytest.raises(OutputRefused, match="is a symbolic link") as info:
+        eco.open_config(link, "--preset")
+    assert info.value.exit_code == 2 and info.value.hint and "--force" in info.value.hint
+    written = eco.open_config(link, "--preset", force=True).write("new\n")
+    assert not link.is_symlink() and link.read_text() == "new\n" and written.backup is None
+    assert target_file.read_text() == "theirs\n"
 
 
 # ---- llama-swap -----------------------------------------------------------------------------
@@ -222,7 +240,7 @@ groups:
 
 def test_swap_merge_replaces_the_entry_and_nothing_else() -> None:
     entry = eco.swap_entry(command(), target(), ttl=30)
-    text, replaced = eco.merge_swap_config(SWAP, "tiny", entry)
+    text, replaced = eco.merge_swap_config(SWAP, "tiny", entry, force=True)  # SWAP's: by hand
     assert replaced
     before, after = SWAP.split("    'tiny':")
     assert text.startswith(before)

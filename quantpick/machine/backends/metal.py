@@ -30,6 +30,16 @@ BACKEND = Backend(
     always_unified=True,
     memory_source="sysctl hw.memsize and iogpu.wired_limit_mb; llama.cpp: "
     "recommendedMaxWorkingSetSize",
+    # Fitted by benchmarks/backend_speed.py to the 30 runs of llama.cpp's own
+    # benches/mac-m2-ultra/mac-m2-ultra.md (b7948; 6 models, depth 0-32768; rows in
+    # benchmarks/data/speed-measurements-backends.json). Decode: 1.00 (the CUDA-calibrated bandwidth
+    # model as it is), median error 13% held out by model, worst 3.1x: GLM-4.7-Flash's MLA
+    # attention at 8K-32K depth, which Metal runs far slower than the model expects. Prefill: 1.52
+    # x the catalogue's FP16 (= FP32 ALU) figure, median error 38% held out, worst 3.0x.
+    decode_efficiency=1.00,
+    prefill_efficiency=1.52,
+    efficiency_source="fitted: 30 runs of llama.cpp benches/mac-m2-ultra (decode 13% median "
+    "held out by model, worst 3.1x; prefill 38%, worst 3.0x)",
     legacy_prefixes=("Metal",),
     cmake_option="-DGGML_METAL=ON (default on macOS)",
 )
