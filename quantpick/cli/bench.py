@@ -37,6 +37,7 @@ from quantpick.cli.options import (
     PreferOpt,
     QuantOpt,
     RamBandwidthOpt,
+    SpecOpt,
     context_value,
     tool_timeout,
 )
@@ -141,6 +142,7 @@ def bench_cmd(
     kv_unified: KvuOpt = False,
     prefer: PreferOpt = "balanced",
     min_tps: MinTpsOpt = DEFAULT_MIN_TPS,
+    spec: SpecOpt = "off",
     allow_q4_kv: AllowQ4Opt = False,
     kv: KvOpt = None,
     no_offload: NoOffloadOpt = False,
@@ -194,7 +196,7 @@ def bench_cmd(
     from quantpick.cli.local import local_model
     from quantpick.cli.render import plan_to_dict
     from quantpick.errors import UsageError
-    from quantpick.jobs.bench import bench_plan
+    from quantpick.jobs.bench import bench_plan, bench_speculation, split_speculation
     from quantpick.jobs.on_disk import plan_file
     from quantpick.plan.calibration import plausibility_problems
     from quantpick.serve.bench import BenchSettings
@@ -211,7 +213,11 @@ def bench_cmd(
     )
     planned = plan_file(inputs, local.model_path, None)
     notes(planned.result.notes)
-    p, overheads = planned.plan, planned.result.inputs.overheads
+    # the calibration measures the plan without speculation (the speed model's own figures);
+    # speculation is measured beside it, both ways, and reported
+    speculated, p = split_speculation(planned.plan)
+    overheads = planned.result.inputs.overheads
+    progress = _progress_lines()
     if depth is None:
         depth = min(p.config.ctx_size - n_gen - n_prompt, DEFAULT_DEPTH)
     settings = BenchSettings(n_prompt=n_prompt, n_gen=n_gen, depth=max(0, depth), reps=reps,
@@ -220,8 +226,17 @@ def bench_cmd(
     report = bench_plan(
         p, local.manifest, local.model_path, machine, overheads, settings=settings,
         llama_bin=llama_bin, llama_server=llama_server, tool=tool,
-        date=datetime.date.today().isoformat(), progress=_progress_lines(),
+        date=datetime.date.today().isoformat(), progress=progress,
     )  # fmt: skip
+    spec_doc = None
+    if speculated is not None:
+        spec_doc = bench_speculation(
+            speculated, local.manifest, local.model_path, machine, settings,
+            llama_bin=llama_bin, llama_server=llama_server, progress=progress,
+            vocab_size=local.layout.architecture.vocab_size if local.layout else 0,
+        )  # fmt: skip
+    elif spec != "off" and p.speculative is not None:
+        spec_doc = {"measured": False, "reason": p.speculative.reason}
     # Only a run that can be true is stored (plan/calibration.py): the README's own bench of a
     # 16 MiB test model once turned the next CPU pick into "nothing reaches 5 tok/s".
     refused = plausibility_problems(report.entry)
@@ -234,11 +249,14 @@ def bench_cmd(
             "profile_path": str(saved) if saved else None,
             "saved": saved is not None,
             "not_saved_because": refused,
+            "speculative": spec_doc,
         })  # fmt: skip
         if refused and not no_save:
             output.warn("calibration not saved: " + "; ".join(refused))
         return
     render_bench(report, compare=compare, saved=saved, refused=None if no_save else refused)
+    if spec_doc is not None:
+        output.note("Speculation: " + str(spec_doc["reason"]))
 
 
 def _progress_lines() -> Callable[[str], None]:

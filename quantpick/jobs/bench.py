@@ -238,3 +238,77 @@ def bench_plan(
         "samples": {k: list(v) for k, v in measurement.samples.items()},
     }
     return BenchReport(p, measurement, predicted, ratios, gpus, bid, label, entry, tuple(notes))
+
+
+def split_speculation(p: Plan) -> tuple[Plan | None, Plan]:
+    """(the plan with its speculation, if it speculates; the plan without). The calibration
+    measures the plain plan (the speed model's own figures); speculation is measured beside it."""
+    if p.speculative is None or not p.speculative.enabled:
+        return None, p
+    from quantpick.plan.speculative import with_kind
+
+    plain = next(c.estimate for c in p.candidates if c.reason.startswith("chosen"))
+    assert plain is not None
+    return p, replace(p, config=with_kind(p.config, None, 0), estimate=plain)
+
+
+def bench_speculation(
+    p: Plan,
+    manifest: Manifest,
+    model_path: Path,
+    machine: Machine,
+    settings: BenchSettings,
+    *,
+    llama_bin: Path | None,
+    llama_server: Path | None,
+    vocab_size: int = 0,
+    progress: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
+    """The plan's speculation measured both ways through llama-server, beside its prediction.
+    Not stored in the calibration: the speed factors calibrate the plain plan."""
+    from quantpick.errors import UsageError
+    from quantpick.machine.backends import local_backend
+    from quantpick.plan.speculative import with_kind
+    from quantpick.serve.bench import SERVER, measure_speculation
+    from quantpick.serve.fitparams import find_tool
+
+    server = find_tool(SERVER, llama_bin=llama_bin, llama_server=llama_server)
+    if server is None:
+        raise UsageError("bench --spec measures through llama-server: none found",
+                         hint="pass --llama-server PATH or --llama-bin DIR")  # fmt: skip
+    d = p.speculative
+    assert d is not None
+    m = measure_speculation(
+        server, p.config, with_kind(p.config, None, 0), model_path,
+        manifest.architecture.block_count, settings, vocab_size=vocab_size,
+        gpu_indices=[g.gpu_index for g in p.estimate.gpus if g.gpu_index is not None],
+        progress=progress, backend=local_backend(machine.gpus),
+    )  # fmt: skip
+    problems = m.problems()
+    acc = m.acceptance
+    measured = (
+        f"measured {m.decode_tps_with:.1f} vs {m.decode_tps_without:.1f} tok/s without "
+        f"(x{m.decode_tps_with / m.decode_tps_without:.2f}"
+        + (f", acceptance {100 * acc:.0f}%" if acc is not None else "")
+        + ")"
+        if not problems
+        else "not usable: " + "; ".join(problems)
+    )
+    kind = d.kind.value if d.kind else None
+    return {
+        "measured": not problems,
+        "kind": kind,
+        "draft_n_max": d.draft_n_max,
+        "decode_tps_with": m.decode_tps_with,
+        "decode_tps_without": m.decode_tps_without,
+        "drafted": m.drafted,
+        "accepted": m.accepted,
+        "acceptance": acc,
+        "predicted_decode_tps_with": round(d.tps, 2),
+        "predicted_decode_tps_without": round(d.tps_without, 2),
+        "argv": list(m.argv),
+        "problems": problems,
+        "reason": f"{kind or ''} with {d.draft_n_max} drafts: {measured}; "
+        f"predicted {d.tps:.1f} vs {d.tps_without:.1f} (the prediction's depth; "
+        "not stored in the calibration)",
+    }

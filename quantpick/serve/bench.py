@@ -23,7 +23,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -415,8 +415,11 @@ def run_llama_server(
     gpu_indices: list[int],
     progress: Progress | None = None,
     backend: Backend | None = None,
+    text: str | None = None,
 ) -> BenchMeasurement:
-    """Start llama-server with the plan's command and time /completion requests."""
+    """Start llama-server with the plan's command and time /completion requests. `text`: the
+    decode tests continue this text instead of random tokens (speculation drafts from real
+    text); their draft counts, when the server speculates, are kept as samples."""
     port = _free_port()
     cmd = build_command(
         config,
@@ -469,11 +472,11 @@ def run_llama_server(
                     )
                 time.sleep(0.25)
 
-            def complete(n_prompt: int, what: str) -> dict[str, Any]:
+            def complete(n_prompt: int, what: str, prompt: str | None = None) -> dict[str, Any]:
                 if progress:
                     progress(f"{what}: {n_prompt} prompt tokens, {settings.n_gen} generated")
                 body = {
-                    "prompt": prompt_tokens(n_prompt, vocab_size),
+                    "prompt": prompt if prompt is not None else prompt_tokens(n_prompt, vocab_size),
                     "n_predict": settings.n_gen,
                     "cache_prompt": False,
                     "ignore_eos": True,
@@ -501,8 +504,13 @@ def run_llama_server(
             for _ in range(max(1, settings.reps)):
                 first = complete(settings.n_prompt, "prefill")
                 measure("prefill", first, "prompt_per_second", "prefill")
-                empty = complete(8, "decode, empty context")
+                empty = complete(8, "decode, empty context", text)
                 measure("decode_empty", empty, "predicted_per_second", "decode")
+                for field_name in ("draft_n", "draft_n_accepted"):
+                    # llama-server's timings with speculation (tools/server/server-common.cpp:100)
+                    value = empty.get(field_name)
+                    if isinstance(value, int | float) and value >= 0:
+                        samples.setdefault(field_name, []).append(float(value))
                 if depth > 0:
                     deep = complete(depth, f"decode at {depth} tokens")
                     measure("decode_depth", deep, "predicted_per_second", "decode at depth")
@@ -525,4 +533,78 @@ def run_llama_server(
         host_peak_rss_bytes=rss,
         seconds=time.monotonic() - started,
         samples={k: tuple(v) for k, v in samples.items()},
+    )
+
+
+# A prompt whose continuation is ordinary code and prose: what speculation drafts from.
+SPEC_TEXT = (
+    "Write a Python function that returns the n-th Fibonacci number iteratively, with a "
+    "docstring, type hints and three doctest examples.\n\ndef fibonacci(n: int) -> int:\n"
+)
+
+
+@dataclass(frozen=True)
+class SpecMeasurement:
+    """The plan's speculation measured both ways through llama-server."""
+
+    decode_tps_without: float
+    decode_tps_with: float
+    drafted: int
+    accepted: int
+    argv: tuple[str, ...]
+
+    @property
+    def acceptance(self) -> float | None:
+        return self.accepted / self.drafted if self.drafted else None
+
+    def problems(self) -> list[str]:
+        """Why the pair cannot be true (the plausibility rule of a bench run)."""
+        out = []
+        if not (self.decode_tps_with > 0 and self.decode_tps_without > 0):
+            out.append("a decode speed of 0")
+        if self.accepted > self.drafted:
+            out.append(f"{self.accepted} drafts accepted of {self.drafted}")
+        if self.drafted == 0:
+            out.append("llama-server drafted nothing (no draft counts in its timings)")
+        return out
+
+
+def measure_speculation(
+    binary: Path,
+    with_spec: RunConfig,
+    without: RunConfig,
+    model_path: Path,
+    block_count: int,
+    settings: BenchSettings,
+    *,
+    vocab_size: int,
+    gpu_indices: list[int],
+    progress: Progress | None = None,
+    backend: Backend | None = None,
+) -> SpecMeasurement:
+    """Decode the same text with and without the plan's speculation (llama-server timings:
+    predicted_per_second, draft_n, draft_n_accepted)."""
+    quick = replace(settings, depth=0, n_prompt=min(settings.n_prompt, 16))  # decode only
+    runs = []
+    for config in (without, with_spec):
+        runs.append(
+            run_llama_server(
+                binary,
+                config,
+                model_path,
+                block_count,
+                quick,
+                vocab_size=vocab_size,
+                gpu_indices=gpu_indices,
+                progress=progress,
+                text=SPEC_TEXT,
+            )  # fmt: skip
+        )
+    plain, spec = runs
+    return SpecMeasurement(
+        decode_tps_without=plain.decode_tps_empty or 0.0,
+        decode_tps_with=spec.decode_tps_empty or 0.0,
+        drafted=int(sum(spec.samples.get("draft_n", ()))),
+        accepted=int(sum(spec.samples.get("draft_n_accepted", ()))),
+        argv=spec.argv,
     )

@@ -121,3 +121,13 @@ def test_verify_efficiency_follows_the_backend() -> None:
     assert verify_efficiency(box("3090")) == 1.0
     assert verify_efficiency(box("7900xtx")) == pytest.approx(0.35)
     assert verify_efficiency(box()) == 1.0  # the CPU
+
+
+def test_a_speculation_measurement_that_cannot_be_true_is_named() -> None:
+    from quantpick.serve.bench import SpecMeasurement
+
+    ok = SpecMeasurement(30.0, 45.0, drafted=100, accepted=70, argv=())
+    assert ok.problems() == [] and ok.acceptance == pytest.approx(0.7)
+    assert "accepted of" in SpecMeasurement(30.0, 45.0, 10, 11, ()).problems()[0]
+    assert "drafted nothing" in SpecMeasurement(30.0, 45.0, 0, 0, ()).problems()[0]
+    assert "decode speed of 0" in SpecMeasurement(0.0, 45.0, 10, 5, ()).problems()[0]

@@ -87,3 +87,21 @@ def test_tiny_mtp_model_served_with_the_chosen_flags_answers(
         "llama_kv_cache: size =    2.00 MiB (  4096 cells,   1 layers"
         in text.split("creating MTP draft context")[1]
     )
+
+
+def test_bench_spec_measures_both_ways(llamacpp_bin: Path, tmp_path: Path) -> None:
+    """`bench --spec mtp`: the plain plan is benched (and would calibrate), the speculation is
+    measured both ways through llama-server's timings (draft counts included), never stored."""
+    model = tmp_path / "tiny-mtp.gguf"
+    write_tiny_model(model, mtp=True)
+    args = ["bench", "--gguf", str(model), "-c", "4096", "--spec", "mtp", "--reps", "1",
+            "--n-prompt", "32", "--n-gen", "16", "--no-save"]  # fmt: skip
+    result = runner.invoke(app, [*args, "--llama-bin", str(llamacpp_bin), "--json"])
+    assert result.exit_code == 0, result.stderr
+    doc = json.loads(result.stdout)
+    assert "--spec-type" not in doc["bench"]["argv"]  # the calibration run is the plain plan
+    spec = doc["speculative"]
+    assert spec["measured"] and spec["kind"] == "mtp" and spec["problems"] == []
+    assert spec["decode_tps_with"] > 0 and spec["decode_tps_without"] > 0
+    assert spec["drafted"] > 0 and 0 <= spec["accepted"] <= spec["drafted"]
+    assert "--spec-type" in spec["argv"] and "not stored in the calibration" in spec["reason"]
