@@ -1445,7 +1445,7 @@ def check_server(req: CheckRequest, *, settings: Settings) -> CheckResult:
     server's own /props (a comparison of the server with itself: measured figures only)."""
     from quantpick.plan.check import MIN_DECODE_TOKENS, GpuUse, Observed, PlannedServer, compare
     from quantpick.serve.live import read_server
-    from quantpick.serve.server import list_records, process_swap_bytes
+    from quantpick.serve.server import list_records, process_memory
     from quantpick.serve.server_log import read_log
 
     records = list_records(req.servers_dir or settings.servers_dir)
@@ -1481,10 +1481,10 @@ def check_server(req: CheckRequest, *, settings: Settings) -> CheckResult:
             "no log: llama.cpp's per-device buffers were not read (give --log FILE, the "
             "server's own output with -lv 4)"
         )
-    swap = None
+    rss = swap = None
     gpus: tuple[Any, ...] = ()
     if record is not None:
-        swap = process_swap_bytes(record.pid)
+        rss, swap = process_memory(record.pid)
         if any(d.kind == "gpu" for d in planned.devices):
             from quantpick.machine.probe import gpu_memory_use
 
@@ -1507,6 +1507,7 @@ def check_server(req: CheckRequest, *, settings: Settings) -> CheckResult:
         n_ctx_from=n_ctx_from,
         offloaded=offloaded,
         swap_bytes=swap,
+        rss_bytes=rss,
         gpus=gpus,
         decode_tps=decode[0] if decode else None,
         decode_from=decode[1] if decode else None,

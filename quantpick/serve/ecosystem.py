@@ -103,6 +103,10 @@ class Target:
     notes: tuple[str, ...] = field(default_factory=tuple)
 
 
+# llama-server's router flag (tools/server/server.cpp), named in hints: not a quantpick option
+MODELS_PRESET_FLAG = "--models-preset"
+
+
 def machine_key(parts: Sequence[str]) -> str:
     """A short stable name for a machine from what identifies it (GPU UUIDs or names and sizes,
     host RAM, RPC endpoints)."""
@@ -306,7 +310,7 @@ def check_ini(text: str, where: str) -> None:
             raise UsageError(
                 f"{where}: line {number} is not INI that llama.cpp's router reads "
                 f"({line[:60]!r}); the file is left as it is, nothing merged",
-                hint="fix that line (llama-server --models-preset refuses the file as it is)",
+                hint=f"fix that line (llama-server {MODELS_PRESET_FLAG} refuses the file as it is)",
             )
 
 
@@ -438,7 +442,7 @@ def router_line(
 ) -> str:
     env = [f"{k}={shlex.quote(v)}" for k, v in cmd.env.items()]
     env += [f'{k}="${src}"' for k, src in cmd.env_from]
-    argv = [program, "--models-preset", str(preset), "--models-max", str(limit),
+    argv = [program, MODELS_PRESET_FLAG, str(preset), "--models-max", str(limit),
             "--host", host, "--port", str(port)]  # fmt: skip
     return " ".join([*env, shlex.join(argv)])
 

@@ -217,3 +217,35 @@ def test_any_server_without_a_plan(by_hand: tuple[str, Path]) -> None:
     assert code == 0, err
     assert "no plan: the server's own /props" in out and "Context per slot: 1024" in out
     assert os.path.basename(url)  # the URL was read, not a record
+
+
+@pytest.mark.llamacpp
+def test_a_gpu_fuller_than_planned(
+    llamacpp_bin: Path, model: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The server `serve` started, checked against a plan for a 24 GB RTX 3090 while NVML (emulated
+    # at the pynvml boundary) shows the server's process with 1 GiB and another with 6 GiB on it.
+    from fake_nvml import FakeNvml, rtx_3090
+
+    serve = runner.invoke(app, ["serve", "--gguf", str(model), "-c", "4096", "--cpu-only",
+                                "--detach", "--port", "0", "--llama-bin", str(llamacpp_bin),
+                                "--json"])  # fmt: skip
+    assert serve.exit_code == 0, serve.stderr
+    endpoint = json.loads(serve.stdout)["endpoint"]
+    try:
+        gib = 1024**3
+        card = rtx_3090(total=24 * gib, free=17 * gib,
+                        processes={endpoint["pid"]: 1 * gib, 99: 6 * gib})  # fmt: skip
+        monkeypatch.setitem(sys.modules, "pynvml", FakeNvml([card]))
+        code, out, err = check(endpoint["base_url"], "--gguf", str(model), "-c", "4096",
+                               "--gpu", "3090:24G", "--ram", "64G", "--json")  # fmt: skip
+        assert code == ExitCode.DIFFERS, err
+        report = json.loads(out)
+        findings = {f["code"]: f for f in report["findings"]}
+        assert findings["gpu-fuller"]["device"] == "CUDA0"
+        assert "6.00 GiB" in findings["gpu-fuller"]["message"]
+        assert report["gpus"] == [{"device": "CUDA0", "total_bytes": 24 * gib,
+                                   "used_bytes": 7 * gib, "server_bytes": gib}]  # fmt: skip
+        assert "weights-on-cpu" in findings  # and the CPU build holds everything in host memory
+    finally:
+        runner.invoke(app, ["serve", "--stop", endpoint["model"]])
