@@ -1315,9 +1315,19 @@ def serve(
     result = ServeResult(running, manifest, g.machine, p, commands[running.record.port], found,
                          fetched, confirmation, tuple(notes))  # fmt: skip
     if req.check:
-        result.check, result.check_error = check_running(
-            running.record.base_url, req.servers_dir or settings.servers_dir, settings
-        )
+        directory = req.servers_dir or settings.servers_dir
+        try:
+            result.check, result.check_error = check_running(
+                running.record.base_url, directory, settings
+            )
+        except BaseException:
+            # Ctrl-C / SIGTERM while it is checked: nothing has reported the server yet, so it
+            # is stopped like one interrupted while loading (the caller says so)
+            from quantpick.serve.server import remove_record, stop_process
+
+            stop_process(running.process.pid, process=running.process)
+            remove_record(directory, running.record)
+            raise
     return result
 
 

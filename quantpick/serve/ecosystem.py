@@ -53,6 +53,7 @@ from quantpick.outputs import (
     Written,
     authorship,
     check_output,
+    has_stamp,
     refuse_theirs,
     stamp,
     write_output,
@@ -153,10 +154,14 @@ class ConfigFile:
                 hint="give another file",
             ) from None
 
-    def write(self, text: str) -> Written:
-        """Replace it by `text` atomically; the previous version kept as FILE.bak (or .bak.1,
-        .bak.2, ...: a backup is never overwritten), its mode kept."""
-        return write_output(self.path, text.encode("utf-8"), self.existing, self.what)
+    def write(self, text: str, *, force: bool = False) -> Written:
+        """Replace it by `text` atomically, its mode kept. The previous version is kept as
+        FILE.bak (or .bak.1, .bak.2, ...: a backup is never overwritten) when something the user
+        wrote may go: with `force`, or the first time quantpick writes into a file it did not
+        create. Replacing only quantpick's own unchanged sections keeps no backup (nothing of
+        the user's is lost; a preset rewritten by every run would otherwise pile them up)."""
+        keep = force or (self.existing.data is not None and not has_stamp(self.text))
+        return write_output(self.path, text.encode("utf-8"), self.existing, self.what, backup=keep)
 
 
 def open_config(path: Path, what: str, *, force: bool = False) -> ConfigFile:

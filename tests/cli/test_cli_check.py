@@ -22,6 +22,7 @@ import pytest
 from typer.testing import CliRunner
 
 from quantpick.cli import app
+from quantpick.config import load_settings
 from quantpick.errors import ExitCode
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -249,3 +250,39 @@ def test_a_gpu_fuller_than_planned(
         assert "weights-on-cpu" in findings  # and the CPU build holds everything in host memory
     finally:
         runner.invoke(app, ["serve", "--stop", endpoint["model"]])
+
+
+def test_ctrl_c_during_serves_check_stops_the_server(
+    tmp_path: Path, model: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the server is ready but not reported yet: an interruption stops it, as during the load
+    from fake_llama_server import fake_llama_server
+
+    binary = fake_llama_server(tmp_path / "bin", load_s=0.2)
+    seen: list[int] = []
+
+    def interrupted(url: str, directory: Path, settings: object) -> None:
+        [record] = [json.loads(p.read_text()) for p in directory.glob("*.json")]
+        seen.append(record["pid"])
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("quantpick.pipeline.check_running", interrupted)
+    result = runner.invoke(app, ["serve", "--gguf", str(model), "-c", "4096", "--port", "0",
+                                 "--llama-server", str(binary), "--no-confirm"])  # fmt: skip
+    assert result.exit_code == 130, result.stderr
+    assert "no process left running" in result.stderr
+    [pid] = seen
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            break
+        stat = Path(f"/proc/{pid}/stat")
+        if stat.exists() and stat.read_text().rsplit(")", 1)[-1].split()[0] == "Z":
+            break
+        time.sleep(0.1)
+    else:
+        os.kill(pid, signal.SIGKILL)
+        pytest.fail("llama-server left running")
+    assert not list(load_settings().servers_dir.glob("*.json"))
