@@ -195,17 +195,13 @@ def bench_cmd(
     from quantpick.cli import output
     from quantpick.cli.local import local_model
     from quantpick.cli.render import plan_to_dict
-    from quantpick.errors import UsageError
-    from quantpick.jobs.bench import bench_plan, bench_speculation, split_speculation
+    from quantpick.jobs.bench import bench_plan, bench_speculation, plain_plan
     from quantpick.jobs.on_disk import plan_file
     from quantpick.plan.calibration import plausibility_problems
     from quantpick.serve.bench import BenchSettings
     from quantpick.serve.calibration import save_profile
 
-    if n_prompt < 1 or n_gen < 1 or reps < 1 or (depth is not None and depth < 0):
-        raise UsageError("--n-prompt, --n-gen and --reps must be >= 1, --depth >= 0")
-    if llama_bin is not None and not llama_bin.is_dir():
-        raise UsageError(f"--llama-bin {llama_bin}: not a directory")
+    _check_options(n_prompt, n_gen, reps, depth, llama_bin)
     machine = MachineOptions.of(given).machine()
     local = local_model(given)
     inputs = PlanOptions.of(given, quant=local.quant).inputs(
@@ -215,28 +211,22 @@ def bench_cmd(
     notes(planned.result.notes)
     # the calibration measures the plan without speculation (the speed model's own figures);
     # speculation is measured beside it, both ways, and reported
-    speculated, p = split_speculation(planned.plan)
-    overheads = planned.result.inputs.overheads
-    progress = _progress_lines()
+    p, progress = plain_plan(planned.plan), _progress_lines()
     if depth is None:
         depth = min(p.config.ctx_size - n_gen - n_prompt, DEFAULT_DEPTH)
     settings = BenchSettings(n_prompt=n_prompt, n_gen=n_gen, depth=max(0, depth), reps=reps,
                              timeout_s=tool_timeout(timeout, BENCH_TIMEOUT_S))  # fmt: skip
-
     report = bench_plan(
-        p, local.manifest, local.model_path, machine, overheads, settings=settings,
+        p, local.manifest, local.model_path, machine, planned.result.inputs.overheads,
+        settings=settings,
         llama_bin=llama_bin, llama_server=llama_server, tool=tool,
         date=datetime.date.today().isoformat(), progress=progress,
     )  # fmt: skip
-    spec_doc = None
-    if speculated is not None:
-        spec_doc = bench_speculation(
-            speculated, local.manifest, local.model_path, machine, settings,
-            llama_bin=llama_bin, llama_server=llama_server, progress=progress,
-            vocab_size=local.layout.architecture.vocab_size if local.layout else 0,
-        )  # fmt: skip
-    elif spec != "off" and p.speculative is not None:
-        spec_doc = {"measured": False, "reason": p.speculative.reason}
+    spec_doc = bench_speculation(
+        planned.plan, local.manifest, local.model_path, machine, settings, asked=spec != "off",
+        llama_bin=llama_bin, llama_server=llama_server, progress=progress,
+        vocab_size=local.layout.architecture.vocab_size if local.layout else 0,
+    )  # fmt: skip
     # Only a run that can be true is stored (plan/calibration.py): the README's own bench of a
     # 16 MiB test model once turned the next CPU pick into "nothing reaches 5 tok/s".
     refused = plausibility_problems(report.entry)
@@ -257,6 +247,17 @@ def bench_cmd(
     render_bench(report, compare=compare, saved=saved, refused=None if no_save else refused)
     if spec_doc is not None:
         output.note("Speculation: " + str(spec_doc["reason"]))
+
+
+def _check_options(
+    n_prompt: int, n_gen: int, reps: int, depth: int | None, llama_bin: Path | None
+) -> None:
+    from quantpick.errors import UsageError
+
+    if n_prompt < 1 or n_gen < 1 or reps < 1 or (depth is not None and depth < 0):
+        raise UsageError("--n-prompt, --n-gen and --reps must be >= 1, --depth >= 0")
+    if llama_bin is not None and not llama_bin.is_dir():
+        raise UsageError(f"--llama-bin {llama_bin}: not a directory")
 
 
 def _progress_lines() -> Callable[[str], None]:

@@ -240,16 +240,16 @@ def bench_plan(
     return BenchReport(p, measurement, predicted, ratios, gpus, bid, label, entry, tuple(notes))
 
 
-def split_speculation(p: Plan) -> tuple[Plan | None, Plan]:
-    """(the plan with its speculation, if it speculates; the plan without). The calibration
-    measures the plain plan (the speed model's own figures); speculation is measured beside it."""
+def plain_plan(p: Plan) -> Plan:
+    """The plan without its speculation: what the calibration measures (the speed model's own
+    figures); speculation is measured beside it (bench_speculation)."""
     if p.speculative is None or not p.speculative.enabled:
-        return None, p
+        return p
     from quantpick.plan.speculative import with_kind
 
     plain = next(c.estimate for c in p.candidates if c.reason.startswith("chosen"))
     assert plain is not None
-    return p, replace(p, config=with_kind(p.config, None, 0), estimate=plain)
+    return replace(p, config=with_kind(p.config, None, 0), estimate=plain)
 
 
 def bench_speculation(
@@ -259,13 +259,18 @@ def bench_speculation(
     machine: Machine,
     settings: BenchSettings,
     *,
+    asked: bool,
     llama_bin: Path | None,
     llama_server: Path | None,
     vocab_size: int = 0,
     progress: Callable[[str], None] | None = None,
-) -> dict[str, Any]:
-    """The plan's speculation measured both ways through llama-server, beside its prediction.
-    Not stored in the calibration: the speed factors calibrate the plain plan."""
+) -> dict[str, Any] | None:
+    """The plan's speculation measured both ways through llama-server, beside its prediction;
+    when the plan does not speculate, why (if --spec asked for it), else None. Not stored in the
+    calibration: the speed factors calibrate the plain plan."""
+    d = p.speculative
+    if d is None or not d.enabled:
+        return {"measured": False, "reason": d.reason} if asked and d is not None else None
     from quantpick.errors import UsageError
     from quantpick.machine.backends import local_backend
     from quantpick.plan.speculative import with_kind
@@ -276,8 +281,6 @@ def bench_speculation(
     if server is None:
         raise UsageError("bench --spec measures through llama-server: none found",
                          hint="pass --llama-server PATH or --llama-bin DIR")  # fmt: skip
-    d = p.speculative
-    assert d is not None
     m = measure_speculation(
         server, p.config, with_kind(p.config, None, 0), model_path,
         manifest.architecture.block_count, settings, vocab_size=vocab_size,

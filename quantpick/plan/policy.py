@@ -8,6 +8,7 @@ import math
 from quantpick.errors import NoFitError
 from quantpick.model.manifest import Manifest
 from quantpick.plan.bandwidth_bound import SpeedEstimate
+from quantpick.plan.memory import DESCRIBED_HOST_RESERVE, Estimate
 from quantpick.plan.placement import (
     TIGHT_FRACTION,
     host_tight,
@@ -56,6 +57,20 @@ def tight(c: Candidate) -> bool:
     return host_tight(c.estimate)
 
 
+def desktop_room(est: Estimate) -> bool:
+    """Whether a plan leaves the desktop room to work: max(4 GiB, 25 %) of the host's free RAM
+    (all of it on a described machine) still inside the budget after the plan. The figures are
+    plan/memory.py's DESCRIBED_HOST_RESERVE, what a 32 GB desktop has in use (a desktop session
+    and a browser, 4-8 GB): the budget already keeps that much for what runs now, and this keeps
+    as much again for what a person opens next (a second browser, an IDE, a build). Within one
+    quality tier the balanced policy prefers the lighter plan that leaves it over one that fills
+    RAM with experts for a step nobody notices (a 32 GB desktop with a 12 GB card: Q5_K_M's
+    experts, not Q6_K's, which leave 6.4 of the 8 GiB)."""
+    host = est.host
+    floor, share = DESCRIBED_HOST_RESERVE
+    return host.headroom_bytes >= max(floor, share * host.free_bytes)
+
+
 def _kld(c: Candidate) -> float:
     return c.quality.mean_kld if c.quality is not None else 1.0
 
@@ -101,7 +116,7 @@ def speed_may_matter(
         return chosen.placement is not Placement.GPU or (floor_empty and above_floor)
     if prefer == "quality":
         return _kld(c) <= _kld(chosen)
-    return balanced_key(c, kv_order)[:3] >= balanced_key(chosen, kv_order)[:3]
+    return balanced_key(c, kv_order)[:4] >= balanced_key(chosen, kv_order)[:4]
 
 
 def choose(
@@ -157,12 +172,13 @@ def _describe(c: Candidate) -> str:
 
 def balanced_key(
     c: Candidate, kv_order: tuple[str, ...] = DEFAULT_KV_TYPES
-) -> tuple[int, bool, bool, float]:
+) -> tuple[int, bool, bool, bool, float]:
     """The balanced policy's order of plans (higher is better), a fixed key per plan, so that more
     memory can only raise the pick and a longer context only lower it:
 
     1. the quality tier (plan/quality.py): a step the data says a person notices always wins;
     2. host RAM not tight;
+    2b. the desktop keeps its room (desktop_room: a quarter of the RAM free, at least 4 GiB);
     3. fully on the GPUs over experts in host RAM (RAM is used only when it buys a tier);
     4. utility: log expected decode speed, capped at COMFORTABLE_TPS, minus mean KLD weighed by
        KLD_PER_SPEED_LOG (a 25% faster plan is worth the Q8_0 -> Q6_K gap, no more), minus
@@ -176,11 +192,13 @@ def balanced_key(
     utility = math.log(min(tps, COMFORTABLE_TPS)) - c.quality.mean_kld / KLD_PER_SPEED_LOG
     if kv_order and c.cache_type != kv_order[0]:
         utility -= math.log(MEANINGFUL_SPEEDUP)
-    return (-c.quality.tier, not tight(c), c.placement is Placement.GPU, utility)
+    assert c.estimate is not None
+    room = desktop_room(c.estimate)
+    return (-c.quality.tier, not tight(c), room, c.placement is Placement.GPU, utility)
 
 
 def _choose_balanced(cands: list[Candidate], kv_order: tuple[str, ...]) -> tuple[Candidate, str]:
-    def key(c: Candidate) -> tuple[int, bool, bool, float]:
+    def key(c: Candidate) -> tuple[int, bool, bool, bool, float]:
         return balanced_key(c, kv_order)
 
     pick = max(cands, key=lambda c: (key(c), -_kld(c)))
@@ -196,6 +214,12 @@ def _choose_balanced(cands: list[Candidate], kv_order: tuple[str, ...]) -> tuple
         if kt[1] != kp[1]:
             reason = f"{top.quant} would leave host RAM tight (under {TIGHT_FRACTION:.0%} free)"
         elif kt[2] != kp[2]:
+            floor, share = DESCRIBED_HOST_RESERVE
+            reason = (
+                f"{top.quant} would leave the desktop under max({floor / GiB:.0f} GiB, "
+                f"{share:.0%}) of its free RAM, for no quality step a person would notice"
+            )
+        elif kt[3] != kp[3]:
             reason = (
                 f"{top.quant} would need {_in_ram(top)} in RAM (~{expected_tps(speed_of(top)):.0f} "
                 "tok/s) for no quality step a person would notice"

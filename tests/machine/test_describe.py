@@ -836,9 +836,13 @@ def test_a_named_fifo_is_read_bounded_in_size_and_time(
     writer = write(BOX_TOML.encode())  # the writer opens after the reader: waited for
     assert load_hardware_file(fifo).host.cpu_cores == 16
     writer.join(5)
-    write(b"# " + b"x" * (4 * 1024**2))  # endless-looking: stopped at the size cap
+    flood = write(b"# " + b"x" * (4 * 1024**2))  # endless-looking: stopped at the size cap
     with pytest.raises(HardwareError, match="larger than 1048576 bytes"):
         load_hardware_file(fifo)
+    # gone (its write broke on the closed pipe) before the next reader opens the FIFO: on a busy
+    # machine it could still be writing and hand that reader its remaining bytes
+    flood.join(30)
+    assert not flood.is_alive()
     monkeypatch.setattr(local_files, "PIPE_TIMEOUT_S", 0.3)
     with pytest.raises(HardwareError, match="no end of input within 0.3 s"):
         load_hardware_file(fifo)  # nobody writes: a deadline, not a hang

@@ -405,10 +405,10 @@ def at_least_as_good(a: Plan | None, b: Plan | None, prefer: str) -> bool:
     return expected_tps(a.speed) * SPEED_TIE**2 >= expected_tps(b.speed)
 
 
-def balanced_key_of(p: Plan) -> tuple[int, bool, bool, float]:
+def balanced_key_of(p: Plan) -> tuple[int, bool, bool, bool, float]:
     chosen = next(c for c in p.candidates if c.reason.startswith("chosen"))
     key = balanced_key(chosen)
-    return key[:3] + (round(key[3], 9),)
+    return key[:4] + (round(key[4], 9),)
 
 
 # QUANTPICK_PROPERTY_EXAMPLES=500 for a longer search (the default keeps the suite quick).
