@@ -13,7 +13,12 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from quantpick.machine.backends import local_backend
+from quantpick.machine.backends import (
+    default_gpu_backend,
+    device_env_prefixes,
+    local_backend,
+    parse_device_name,
+)
 
 if TYPE_CHECKING:
     from quantpick.config import Settings
@@ -857,7 +862,7 @@ class DryRunCache:
             return run_fit_params(argv, env, timeout_s=timeout_s)
         tool = f"{Path(argv[0]).resolve()}:{st.st_size}:{st.st_mtime_ns}"
         words = [self.file_key if a == self.standin else a for a in argv[1:]]
-        shown = {k: v for k, v in sorted(env.items()) if k.startswith(("CUDA_", "GGML_", "HIP_"))}
+        shown = {k: v for k, v in sorted(env.items()) if k.startswith(device_env_prefixes())}
         digest = hashlib.sha256(json.dumps([tool, words, shown, self.devices]).encode())
         path = self.directory / f"{digest.hexdigest()[:40]}.txt"
         try:
@@ -1484,13 +1489,18 @@ def check_server(req: CheckRequest, *, settings: Settings) -> CheckResult:
             use, note = gpu_memory_use(record.pid)
             if note:
                 problems.append(note)
+            # named as the plan's GPUs are (NVML's index = the backend's in PCI bus order)
+            planned_gpus = (parse_device_name(d.device) for d in planned.devices)
+            named = next((p[0] for p in planned_gpus if p is not None), default_gpu_backend())
             gpus = tuple(
-                GpuUse(f"CUDA{g.index}", g.total_bytes, g.used_bytes, g.process_bytes)
+                GpuUse(named.device_name(g.index), g.total_bytes, g.used_bytes, g.process_bytes)
                 for g in use
             )
     decode = live.decode_tps
-    if decode is not None and not live.timed_decode_tps and (
-        live.metrics is None or live.metrics.tokens_predicted < MIN_DECODE_TOKENS
+    if (
+        decode is not None
+        and not live.timed_decode_tps
+        and (live.metrics is None or live.metrics.tokens_predicted < MIN_DECODE_TOKENS)
     ):
         decode = None
     observed = Observed(

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from quantpick.errors import QuantpickError, UsageError
-from quantpick.machine.backends import Backend, BackendKind, backend_of
+from quantpick.machine.backends import Backend, backend_of, default_gpu_backend
 from quantpick.machine.backends import backend as backend_named
 from quantpick.machine.spec import RpcWorker
 from quantpick.model.manifest import Manifest
@@ -150,7 +150,9 @@ class ServerCommand:
     host: str = "127.0.0.1"
     port: int = 8080
     hf: HfModel | None = None  # the model comes from -hf, not a file on disk
-    backend: str = "cuda"  # machine/backends key of the local devices the command names
+    backend: str = field(
+        default_factory=lambda: default_gpu_backend().key
+    )  # machine/backends key of the local devices the command names
     selected_by_env: bool = False  # True: the backend's variable selects the GPUs (no --device)
 
 
@@ -265,7 +267,7 @@ def build_command(
     are dropped with a warning and a missing required one raises QuantpickError.
     """
     caps = capabilities
-    local = backend or backend_named("cuda")
+    local = backend or default_gpu_backend()
     warnings: list[str] = []
     env: dict[str, str] = {}
     env_from: list[tuple[str, str]] = []
@@ -897,9 +899,7 @@ def _container_index(cmd: ServerCommand) -> dict[int, int]:
     return {phys: order.index(phys) for phys in cmd.devices}
 
 
-def _local_indices(
-    devices: tuple[int | str, ...] | None, local: Backend
-) -> tuple[int, ...] | None:
+def _local_indices(devices: tuple[int | str, ...] | None, local: Backend) -> tuple[int, ...] | None:
     """--device's local devices as indices ("ROCm1" -> 1); RPC devices are not this host's."""
     if devices is None:
         return None
@@ -980,8 +980,8 @@ def render_compose(
     for warning in cmd.warnings:
         lines += _comment(f"Warning: {warning}")
     lines.append("# Run: docker compose -f THIS_FILE up -d")
-    if gpus and local.kind is BackendKind.CUDA:
-        lines.append("# GPUs need the NVIDIA Container Toolkit on the host.")
+    if gpus and local.container_gpu_driver:
+        lines.append(f"# GPUs need {local.container_runtime} on the host.")
     elif gpus:
         lines.append(f"# {local.label} reaches the GPUs through the host's device files.")
     for _, src in cmd.env_from:
@@ -1024,17 +1024,16 @@ def render_compose(
         "      start_period: 15m  # loading tens of GB takes a while",
         "    restart: unless-stopped",
     ]
-    if gpus and local.kind is not BackendKind.CUDA:
-        # ROCm needs /dev/kfd and /dev/dri (ROCm's docker docs); Vulkan and SYCL /dev/dri.
-        nodes = ["/dev/kfd", "/dev/dri"] if local.kind is BackendKind.ROCM else ["/dev/dri"]
-        lines += ["    devices:", *(f"      - {yaml_str(n)}" for n in nodes)]
+    if gpus and not local.container_gpu_driver:
+        # the backend's device files (machine/backends: ROCm /dev/kfd and /dev/dri, ...)
+        lines += ["    devices:", *(f"      - {yaml_str(n)}" for n in local.container_devices)]
     elif gpus:
         lines += [
             "    deploy:",
             "      resources:",
             "        reservations:",
             "          devices:",
-            '            - driver: "nvidia"',
+            f"            - driver: {yaml_str(local.container_gpu_driver or '')}",
         ]
         if reserved is None:
             lines.append('              count: "all"')
