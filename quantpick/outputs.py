@@ -245,6 +245,11 @@ def checksum(lines: Iterable[str]) -> str:
     return hashlib.sha256(body.encode("utf-8", "surrogateescape")).hexdigest()[:12]
 
 
+def has_stamp(text: str | None) -> bool:
+    """Whether quantpick has written into this text before (any of its stamps is there)."""
+    return bool(text) and _STAMP.search(text or "") is not None
+
+
 def stamp(comment: str, lines: Iterable[str]) -> str:
     """The stamp line for `lines` (what quantpick writes besides it), after `comment` ("#", ";")."""
     from quantpick import __version__

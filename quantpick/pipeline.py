@@ -120,16 +120,20 @@ class PlanResult:
     inputs: PlanInputs  # with the tuned request and overheads the plan was made with
     tuning: Tuning
     header_problems: tuple[str, ...] = ()
+    # What the chosen quant's exact header contradicts in the manifest (one line each)
+    contradictions: tuple[str, ...] = ()
 
     @property
     def notes(self) -> tuple[str, ...]:
-        """What the CLI says on stderr: the tuning applied (or why not), a missing header."""
+        """What the CLI says on stderr: the tuning applied (or why not), a missing header, a
+        manifest the header contradicts."""
         out = list(self.tuning.notes)
         if self.header_problems:
             out.append(
                 "exact GGUF header unavailable, planned from the manifest: "
                 + self.header_problems[-1]
             )
+        out.extend(self.contradictions)
         return tuple(out)
 
 
@@ -150,7 +154,7 @@ def tuned(inputs: PlanInputs, *, settings: Settings | None = None) -> tuple[Plan
 def plan_for(inputs: PlanInputs, *, settings: Settings | None = None) -> PlanResult:
     """The plan for `inputs`: tuned, then on the file's own header (`local`) or on the exact
     header of the chosen quant when it can be had."""
-    from quantpick.model.headers import LayoutSource
+    from quantpick.model.headers import LayoutSource, manifest_contradictions
     from quantpick.plan.planner import plan
 
     inputs, tuning = tuned(inputs, settings=settings)
@@ -167,7 +171,8 @@ def plan_for(inputs: PlanInputs, *, settings: Settings | None = None) -> PlanRes
         local_dir=inputs.local_dir,
     )  # fmt: skip
     p = plan_exact(inputs.manifest, inputs.machine, layouts, inputs.request, inputs.overheads)
-    return PlanResult(p, inputs, tuning, tuple(layouts.problems))
+    contradictions = manifest_contradictions(inputs.manifest, p.quant, layouts(p.quant))
+    return PlanResult(p, inputs, tuning, tuple(layouts.problems), tuple(contradictions))
 
 
 @dataclass(frozen=True)
@@ -227,6 +232,7 @@ class GetResult:
     warnings: tuple[str, ...] = field(default_factory=tuple)
     confirmation: ConfirmReport | None = None  # llama.cpp's check of `plan` (None: not run)
     tuning: Tuning | None = None  # the compute rule and calibration the plan was made with
+    contradictions: tuple[str, ...] = ()  # PlanResult.contradictions: what `pick` notes too
 
 
 def get(
@@ -290,7 +296,7 @@ def get(
         mmproj = dest / manifest.projector.name if vision and manifest.projector else None
         return GetResult(
             first, first, None, None, model_path, mmproj, planned.header_problems,
-            tuple(warnings), tuning=planned.tuning,
+            tuple(warnings), tuning=planned.tuning, contradictions=planned.contradictions,
         )  # fmt: skip
     try:
         if offline and not req.dry_run:
@@ -372,6 +378,7 @@ def get(
         warnings=tuple(warnings),
         confirmation=confirmation,
         tuning=planned.tuning,
+        contradictions=planned.contradictions,
     )
 
 
@@ -1313,9 +1320,19 @@ def serve(
     result = ServeResult(running, manifest, g.machine, p, commands[running.record.port], found,
                          fetched, confirmation, tuple(notes))  # fmt: skip
     if req.check:
-        result.check, result.check_error = check_running(
-            running.record.base_url, req.servers_dir or settings.servers_dir, settings
-        )
+        directory = req.servers_dir or settings.servers_dir
+        try:
+            result.check, result.check_error = check_running(
+                running.record.base_url, directory, settings
+            )
+        except BaseException:
+            # Ctrl-C / SIGTERM while it is checked: nothing has reported the server yet, so it
+            # is stopped like one interrupted while loading (the caller says so)
+            from quantpick.serve.server import remove_record, stop_process
+
+            stop_process(running.process.pid, process=running.process)
+            remove_record(directory, running.record)
+            raise
     return result
 
 
@@ -1443,7 +1460,7 @@ def check_server(req: CheckRequest, *, settings: Settings) -> CheckResult:
     server's own /props (a comparison of the server with itself: measured figures only)."""
     from quantpick.plan.check import MIN_DECODE_TOKENS, GpuUse, Observed, PlannedServer, compare
     from quantpick.serve.live import read_server
-    from quantpick.serve.server import list_records, process_swap_bytes
+    from quantpick.serve.server import list_records, process_memory
     from quantpick.serve.server_log import read_log
 
     records = list_records(req.servers_dir or settings.servers_dir)
@@ -1479,10 +1496,10 @@ def check_server(req: CheckRequest, *, settings: Settings) -> CheckResult:
             "no log: llama.cpp's per-device buffers were not read (give --log FILE, the "
             "server's own output with -lv 4)"
         )
-    swap = None
+    rss = swap = None
     gpus: tuple[Any, ...] = ()
     if record is not None:
-        swap = process_swap_bytes(record.pid)
+        rss, swap = process_memory(record.pid)
         if any(d.kind == "gpu" for d in planned.devices):
             from quantpick.machine.probe import gpu_memory_use
 
@@ -1509,6 +1526,7 @@ def check_server(req: CheckRequest, *, settings: Settings) -> CheckResult:
         n_ctx_from=n_ctx_from,
         offloaded=offloaded,
         swap_bytes=swap,
+        rss_bytes=rss,
         gpus=gpus,
         decode_tps=decode[0] if decode else None,
         decode_from=decode[1] if decode else None,

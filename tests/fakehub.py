@@ -172,8 +172,9 @@ class _Server(ThreadingHTTPServer):
 
 
 class FakeHub:
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, *, port: int = 0) -> None:
         self.root = Path(root)
+        self.port = port  # the hub's port (0: any free one); the CDN always takes a free one
         self.repos: dict[str, HubRepo] = {}
         self.faults = Faults()
         self.requests: list[dict[str, Any]] = []
@@ -196,7 +197,7 @@ class FakeHub:
 
     def start(self) -> FakeHub:
         for role in ("hub", "cdn"):
-            server = _Server(("127.0.0.1", 0), _Handler)
+            server = _Server(("127.0.0.1", self.port if role == "hub" else 0), _Handler)
             server.daemon_threads = True
             server.fake = self  # type: ignore[attr-defined]
             server.role = role  # type: ignore[attr-defined]

@@ -170,6 +170,7 @@ def report_doc(report: CheckReport) -> dict[str, Any]:
         },
         "offloaded_layers": list(o.offloaded) if o.offloaded else None,
         "swap_bytes": o.swap_bytes,
+        "rss_bytes": o.rss_bytes,
         "gpus": [
             {
                 "device": g.device,
@@ -245,8 +246,10 @@ def report_lines(report: CheckReport) -> list[str]:
     if o.decode_tps:
         expected = f", expected ~{p.decode_tps:.0f}" if p.decode_tps else ""
         lines.append(f"Decode: {o.decode_tps:.1f} tok/s ({o.decode_from}){expected}")
-    if o.swap_bytes is not None:
-        lines.append(f"Swap used by the server: {_mib(o.swap_bytes)} MiB")
+    if o.swap_bytes is not None or o.rss_bytes is not None:
+        lines.append(
+            f"Server process: {_mib(o.rss_bytes)} MiB resident, {_mib(o.swap_bytes)} MiB in swap"
+        )
     costs = [f for f in report.findings if f.severity.value == "costs"]
     info = [f for f in report.findings if f.severity.value != "costs"]
     lines.append("As planned." if not costs else f"Not as planned ({len(costs)}):")

@@ -219,7 +219,7 @@ def _preset(cmd: ServerCommand, target: Target, opts: EcosystemOptions) -> dict[
     limit = models_max(planned, target)
     written = None
     if not opts.dry_run:
-        written = config.write(text)
+        written = config.write(text, force=opts.force)
         _say_written(f"[{target.name}] ({'updated' if replaced else 'added'}) in", written)
     preset_path = path.absolute()
     line = router_line(cmd.argv[0], preset_path, limit.value, cmd, opts.host, opts.port)
@@ -266,7 +266,7 @@ def _swap(cmd: ServerCommand, target: Target, opts: EcosystemOptions) -> dict[st
                                            where=f"--swap-config {opts.swap_config}")  # fmt: skip
         doc.update(replaced=replaced, file=str(opts.swap_config.absolute()))
         if not opts.dry_run:
-            written = config.write(text)
+            written = config.write(text, force=opts.force)
             _say_written(f"models.{target.name} ({'updated' if replaced else 'added'}) in",
                          written)  # fmt: skip
             doc["backup"] = str(written.backup) if written.backup else None
@@ -297,7 +297,7 @@ def _ollama(cmd: ServerCommand, target: Target, opts: EcosystemOptions) -> dict[
         config = open_config(where, "--modelfile", force=opts.force)
         check_whole_file(config, force=opts.force)  # a Modelfile the user wrote: --force
         if not opts.dry_run:
-            _say_written("the Modelfile", config.write(text))
+            _say_written("the Modelfile", config.write(text, force=opts.force))
             stdout = ""
     size = target.model_bytes or sum(f.stat().st_size for f in target.model_files if f.is_file())
     create = f"ollama create {name} -f {where if where is not None else 'Modelfile'}"

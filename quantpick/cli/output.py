@@ -38,12 +38,51 @@ def stdout() -> Console:
     return _stdout
 
 
+# stderr that is not a terminal (piped, a log file, a CI job) has no reader's width to fit: it is
+# drawn this wide, so tables (llama.cpp's projection) keep every column whole instead of rich's
+# 80-column default, and lines are never wrapped; trailing blanks (a table's padding) are cut.
+LOG_WIDTH = 240
+_stderr_target: Any = None
+
+
+class TrimmedLines:
+    """A text stream that writes each line without its trailing blanks (a partial line waits for
+    its end, or for flush)."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self._partial = ""
+
+    def write(self, text: str) -> int:
+        *lines, self._partial = (self._partial + text).split("\n")
+        for line in lines:
+            self.inner.write(line.rstrip(" ") + "\n")
+        return len(text)
+
+    def flush(self) -> None:
+        if self._partial:
+            self.inner.write(self._partial)
+            self._partial = ""
+        self.inner.flush()
+
+    def isatty(self) -> bool:
+        return False
+
+    def __getattr__(self, name: str) -> Any:  # encoding, fileno, ...
+        return getattr(self.inner, name)
+
+
 def stderr() -> Console:
-    global _stderr
-    if _stderr is None or _stderr.file is not sys.stderr:
+    global _stderr, _stderr_target
+    if _stderr is None or _stderr_target is not sys.stderr:
         from rich.console import Console
 
-        _stderr = Console(file=sys.stderr, highlight=False, soft_wrap=True)
+        _stderr_target = sys.stderr
+        if sys.stderr.isatty():
+            _stderr = Console(file=sys.stderr, highlight=False, soft_wrap=True)
+        else:
+            trimmed: Any = TrimmedLines(sys.stderr)  # a text stream, duck-typed
+            _stderr = Console(file=trimmed, highlight=False, soft_wrap=True, width=LOG_WIDTH)
     return _stderr
 
 

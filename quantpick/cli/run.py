@@ -881,7 +881,8 @@ def get_cmd(
         on_plan=announce,
         live=live,
     )
-    for line in result.tuning.notes if result.tuning is not None else ():
+    for line in (*(result.tuning.notes if result.tuning is not None else ()),
+                 *result.contradictions):  # fmt: skip
         output.note(f"Note: {line}")
     for warning in result.warnings:
         output.warn(warning)

@@ -886,11 +886,14 @@ def _record_checksums(
 
         entries: dict[str, str] = {}
         try:
-            entries.update(parse_sha256sums(read_small_text(path, CHECKSUMS_MAX_BYTES), str(path)))
+            text = read_small_text(path, CHECKSUMS_MAX_BYTES, follow=False)
+            entries.update(parse_sha256sums(text, str(path)))
         except FileNotFoundError:
             pass
         except (OSError, UnicodeDecodeError, VerificationError):
-            return  # not ours to rewrite (a FIFO, a huge or hostile file: never read whole)
+            # not ours to rewrite (a FIFO, a link to another file, a huge or hostile file:
+            # never read whole, never copied into a file others may read)
+            return
         if plan.checksums_text:
             entries.update(read_sha256sums(plan.checksums_text).entries)
         entries.update({r.name: r.sha256 for r in results if r.verified})

@@ -51,6 +51,14 @@ class SegmentPolicy:
     window_seconds: float = 0.5
     # A step up is kept when the aggregate rate grew by at least this fraction.
     min_gain: float = 0.10
+    # Past max_connections, only when each connection is capped by the server (a CDN edge that
+    # holds one TCP stream to a rate): the last doubling at least LINEAR_SHARE x doubled the
+    # rate, so the link still has room and connections are what limit it. Up to this many:
+    # under hf_transfer's 100 (huggingface_hub 0.x constants.HF_TRANSFER_CONCURRENCY), which
+    # the issue saw go past a 16-connection cap that way; a doubling that stops paying still
+    # steps back (the collapse of unbounded concurrency, huggingface/huggingface_hub#4893,
+    # needs growth without that check). `--connections N` makes N the cap of both.
+    capped_max_connections: int = 64
 
     def __post_init__(self) -> None:
         if self.max_connections < 1:
@@ -67,16 +75,21 @@ class SegmentPolicy:
         return max(1, min(self.initial_connections, self.max_connections))
 
 
-SINGLE_STREAM = SegmentPolicy(max_connections=1)
+SINGLE_STREAM = SegmentPolicy(max_connections=1, capped_max_connections=1)
 
 
 def policy_for(connections: int | None) -> SegmentPolicy:
     """The policy of `--connections N` (None: the default)."""
     if connections is None:
         return SegmentPolicy()
-    return SINGLE_STREAM if connections == 1 else SegmentPolicy(max_connections=connections)
+    if connections == 1:
+        return SINGLE_STREAM
+    return SegmentPolicy(max_connections=connections, capped_max_connections=connections)
 
 
+# A doubling of the connections that brought at least this share of a doubled rate (1.6x): each
+# connection holds its own rate, so the server caps connections, not the link.
+LINEAR_SHARE = 0.8
 PIECE_SECONDS = 4.0  # a piece lasts ~4 s on one connection: one round trip idle in 4 s is <= 3 %
 WINDOW_PIECES = 2  # new pieces start at most 2 x connections x piece past the hashed prefix
 
@@ -318,7 +331,8 @@ class Concurrency:
     """Adaptive connection count: step up while the aggregate rate grows, cap it, and step down
     when the server says it is busy (429/503).
 
-    Steps: n -> 2n (4, 8, 16 with the default cap). A step is kept when
+    Steps: n -> 2n (4, 8, 16 with the default cap; 32, 64 when each connection is capped by
+    the server: SegmentPolicy.capped_max_connections). A step is kept when
     the rate over the next full window grew by `min_gain`; otherwise the count goes back one
     step and stays there for the rest of the file. A busy answer sets the count to one less than
     the connections running and makes that the ceiling.
@@ -360,7 +374,15 @@ class Concurrency:
         if self._rate_before is not None and rate < self._rate_before * (1 + self.policy.min_gain):
             self.target, self.frozen = self._previous, True  # the last step did not pay
             return self.target
+        capped = (
+            self._rate_before is not None
+            and self._previous > 0
+            and rate >= self._rate_before * LINEAR_SHARE * self.target / self._previous
+        )
         self._rate_before = rate
+        if capped and self.target >= self.ceiling:
+            # each connection is capped by the server and the link has room: go on past the cap
+            self.ceiling = max(self.ceiling, self.policy.capped_max_connections)
         if self.target < self.ceiling:
             self._previous = self.target
             self.target = min(self.ceiling, 2 * self.target)

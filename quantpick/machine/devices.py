@@ -282,21 +282,24 @@ def amd_sysfs_gpus(drm: Path = Path("/sys/class/drm")) -> tuple[tuple[Gpu, ...],
     return tuple(gpus), tuple(notes)
 
 
-def read_list_devices(binary: Path, timeout_s: float = LIST_DEVICES_TIMEOUT_S) -> DeviceList:
-    """Run `binary --list-devices`, bounded in time and output; ValueError naming the tool when
-    it is slow, fails, or prints what is not a device list."""
-    import subprocess
+LIST_DEVICES_FLAG = "--list-devices"  # common/arg.cpp: prints the backend devices and exits
 
+
+def read_list_devices(binary: Path, timeout_s: float = LIST_DEVICES_TIMEOUT_S) -> DeviceList:
+    """Run `binary --list-devices`, bounded in time and output (process.run_tool: its own
+    process group, stdout capped, killed at the deadline); ValueError naming the tool when it is
+    slow, fails, or prints what is not a device list."""
+    from quantpick.process import run_tool
+
+    flag = LIST_DEVICES_FLAG  # llama-server's flag, not one of quantpick's
     try:
-        done = subprocess.run(
-            [str(binary), "--list-devices"], capture_output=True, timeout=timeout_s, check=False
-        )
-    except subprocess.TimeoutExpired:
-        raise ValueError(f"{binary} --list-devices: no answer in {timeout_s:g} s") from None
+        done = run_tool([str(binary), flag], timeout_s=timeout_s, stdout_cap=MAX_TOOL_OUTPUT_BYTES)
     except OSError as exc:
-        raise ValueError(f"{binary} --list-devices: {exc.strerror or exc}") from None
-    if len(done.stdout) > MAX_TOOL_OUTPUT_BYTES:
-        raise ValueError(f"{binary} --list-devices: more than {MAX_TOOL_OUTPUT_BYTES} bytes")
+        raise ValueError(f"{binary} {flag}: {exc.strerror or exc}") from None
+    if done.timed_out:
+        raise ValueError(f"{binary} {flag}: no answer in {timeout_s:g} s")
+    if done.overflowed:
+        raise ValueError(f"{binary} {flag}: more than {MAX_TOOL_OUTPUT_BYTES} bytes")
     if done.returncode != 0:
-        raise ValueError(f"{binary} --list-devices: exit status {done.returncode}")
-    return parse_list_devices(done.stdout.decode("utf-8", "replace"))
+        raise ValueError(f"{binary} {flag}: exit status {done.returncode}")
+    return parse_list_devices(done.stdout)

@@ -25,6 +25,7 @@ from quantpick.model.gguf import (
     merge_split_headers,
 )
 from quantpick.model.layout import ModelLayout, NoTensorTable, synthesize_layout
+from quantpick.units import GiB
 
 if TYPE_CHECKING:
     from quantpick.config import Settings
@@ -236,6 +237,41 @@ def layout_for(
     if problems:
         layout = replace(layout, basis=f"{layout.basis} (exact header unavailable: {reason})")
     return layout
+
+
+# A header whose weights differ from the manifest's size by more than this factor is not the file
+# the manifest describes (a GGUF is its tensors plus a header of 0.1-12 MB; a size written by
+# hand or from a model card rounds to a few percent, not a factor of 1.25).
+SIZE_CONTRADICTION = 1.25
+
+
+def manifest_contradictions(manifest: Manifest, quant: str, layout: ModelLayout) -> list[str]:
+    """One line per fact of the exact header (`layout`) that the manifest contradicts: the block
+    count, or weights far from the manifest's size (a hub that now serves another file under
+    that name, or a manifest written for another model). Pure."""
+    if not layout.exact:
+        return []
+    out = []
+    files = manifest.quant_files(quant)
+    want = manifest.architecture.block_count
+    got = layout.architecture.block_count
+    if got != want:
+        out.append(
+            f"{manifest.id} {quant}: the hub's GGUF header has {got} blocks, the manifest "
+            f"{want}; planned on the header"
+        )
+    size = sum(f.size_bytes for f in files)
+    weights = sum(t.n_bytes for t in layout.tensors)
+    if (
+        size > 0
+        and weights > 0
+        and not 1 / SIZE_CONTRADICTION <= weights / size <= (SIZE_CONTRADICTION)
+    ):
+        out.append(
+            f"{manifest.id} {quant}: the hub's GGUF header holds {weights / GiB:.2f} GiB of "
+            f"weights, the manifest says the file is {size / GiB:.2f} GiB; planned on the header"
+        )
+    return out
 
 
 def header_summary(header: GGUFHeader) -> dict[str, Any]:

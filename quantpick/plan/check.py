@@ -264,6 +264,7 @@ class Observed:
     n_ctx_from: str = ""
     offloaded: tuple[int, int] | None = None  # llama.cpp's "offloaded N/M layers to GPU"
     swap_bytes: int | None = None  # the server process's memory in swap (VmSwap)
+    rss_bytes: int | None = None  # the server process's resident memory (VmRSS)
     gpus: tuple[GpuUse, ...] = ()
     decode_tps: float | None = None
     decode_from: str | None = None

@@ -53,6 +53,7 @@ from quantpick.outputs import (
     Written,
     authorship,
     check_output,
+    has_stamp,
     refuse_theirs,
     stamp,
     write_output,
@@ -103,6 +104,10 @@ class Target:
     notes: tuple[str, ...] = field(default_factory=tuple)
 
 
+# llama-server's router flag (tools/server/server.cpp), named in hints: not a quantpick option
+MODELS_PRESET_FLAG = "--models-preset"
+
+
 def machine_key(parts: Sequence[str]) -> str:
     """A short stable name for a machine from what identifies it (GPU UUIDs or names and sizes,
     host RAM, RPC endpoints)."""
@@ -149,10 +154,14 @@ class ConfigFile:
                 hint="give another file",
             ) from None
 
-    def write(self, text: str) -> Written:
-        """Replace it by `text` atomically; the previous version kept as FILE.bak (or .bak.1,
-        .bak.2, ...: a backup is never overwritten), its mode kept."""
-        return write_output(self.path, text.encode("utf-8"), self.existing, self.what)
+    def write(self, text: str, *, force: bool = False) -> Written:
+        """Replace it by `text` atomically, its mode kept. The previous version is kept as
+        FILE.bak (or .bak.1, .bak.2, ...: a backup is never overwritten) when something the user
+        wrote may go: with `force`, or the first time quantpick writes into a file it did not
+        create. Replacing only quantpick's own unchanged sections keeps no backup (nothing of
+        the user's is lost; a preset rewritten by every run would otherwise pile them up)."""
+        keep = force or (self.existing.data is not None and not has_stamp(self.text))
+        return write_output(self.path, text.encode("utf-8"), self.existing, self.what, backup=keep)
 
 
 def open_config(path: Path, what: str, *, force: bool = False) -> ConfigFile:
@@ -306,7 +315,7 @@ def check_ini(text: str, where: str) -> None:
             raise UsageError(
                 f"{where}: line {number} is not INI that llama.cpp's router reads "
                 f"({line[:60]!r}); the file is left as it is, nothing merged",
-                hint="fix that line (llama-server --models-preset refuses the file as it is)",
+                hint=f"fix that line (llama-server {MODELS_PRESET_FLAG} refuses the file as it is)",
             )
 
 
@@ -438,7 +447,7 @@ def router_line(
 ) -> str:
     env = [f"{k}={shlex.quote(v)}" for k, v in cmd.env.items()]
     env += [f'{k}="${src}"' for k, src in cmd.env_from]
-    argv = [program, "--models-preset", str(preset), "--models-max", str(limit),
+    argv = [program, MODELS_PRESET_FLAG, str(preset), "--models-max", str(limit),
             "--host", host, "--port", str(port)]  # fmt: skip
     return " ".join([*env, shlex.join(argv)])
 

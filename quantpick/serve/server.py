@@ -490,16 +490,25 @@ def verify(record: ServerRecord) -> Verdict:
     return Verdict(Identity.OURS)
 
 
-def process_swap_bytes(pid: int, proc: Path = Path("/proc")) -> int | None:
-    """The process's memory in swap (VmSwap of /proc/PID/status, kB); None off Linux or when it
-    cannot be read."""
+def process_memory(pid: int, proc: Path = Path("/proc")) -> tuple[int | None, int | None]:
+    """(resident, swapped) bytes of the process (VmRSS and VmSwap of /proc/PID/status, kB);
+    None where they cannot be read (off Linux, a process gone)."""
     try:
         with (proc / str(pid) / "status").open("rb") as f:
             text = f.read(64 * 1024).decode("ascii", "replace")
     except OSError:
-        return None
-    m = re.search(r"^VmSwap:\s+(\d+) kB", text, re.MULTILINE)
-    return int(m.group(1)) * 1024 if m else None
+        return None, None
+
+    def field(name: str) -> int | None:
+        m = re.search(rf"^{name}:\s+(\d+) kB", text, re.MULTILINE)
+        return int(m.group(1)) * 1024 if m else None
+
+    return field("VmRSS"), field("VmSwap")
+
+
+def process_swap_bytes(pid: int, proc: Path = Path("/proc")) -> int | None:
+    """The process's memory in swap (VmSwap), None when unknown."""
+    return process_memory(pid, proc)[1]
 
 
 # ---- records ---------------------------------------------------------------------------------

@@ -22,6 +22,7 @@ import pytest
 from typer.testing import CliRunner
 
 from quantpick.cli import app
+from quantpick.config import load_settings
 from quantpick.errors import ExitCode
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -217,3 +218,71 @@ def test_any_server_without_a_plan(by_hand: tuple[str, Path]) -> None:
     assert code == 0, err
     assert "no plan: the server's own /props" in out and "Context per slot: 1024" in out
     assert os.path.basename(url)  # the URL was read, not a record
+
+
+@pytest.mark.llamacpp
+def test_a_gpu_fuller_than_planned(
+    llamacpp_bin: Path, model: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The server `serve` started, checked against a plan for a 24 GB RTX 3090 while NVML (emulated
+    # at the pynvml boundary) shows the server's process with 1 GiB and another with 6 GiB on it.
+    from fake_nvml import FakeNvml, rtx_3090
+
+    serve = runner.invoke(app, ["serve", "--gguf", str(model), "-c", "4096", "--cpu-only",
+                                "--detach", "--port", "0", "--llama-bin", str(llamacpp_bin),
+                                "--json"])  # fmt: skip
+    assert serve.exit_code == 0, serve.stderr
+    endpoint = json.loads(serve.stdout)["endpoint"]
+    try:
+        gib = 1024**3
+        card = rtx_3090(total=24 * gib, free=17 * gib,
+                        processes={endpoint["pid"]: 1 * gib, 99: 6 * gib})  # fmt: skip
+        monkeypatch.setitem(sys.modules, "pynvml", FakeNvml([card]))
+        code, out, err = check(endpoint["base_url"], "--gguf", str(model), "-c", "4096",
+                               "--gpu", "3090:24G", "--ram", "64G", "--json")  # fmt: skip
+        assert code == ExitCode.DIFFERS, err
+        report = json.loads(out)
+        findings = {f["code"]: f for f in report["findings"]}
+        assert findings["gpu-fuller"]["device"] == "CUDA0"
+        assert "6.00 GiB" in findings["gpu-fuller"]["message"]
+        assert report["gpus"] == [{"device": "CUDA0", "total_bytes": 24 * gib,
+                                   "used_bytes": 7 * gib, "server_bytes": gib}]  # fmt: skip
+        assert "weights-on-cpu" in findings  # and the CPU build holds everything in host memory
+    finally:
+        runner.invoke(app, ["serve", "--stop", endpoint["model"]])
+
+
+def test_ctrl_c_during_serves_check_stops_the_server(
+    tmp_path: Path, model: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the server is ready but not reported yet: an interruption stops it, as during the load
+    from fake_llama_server import fake_llama_server
+
+    binary = fake_llama_server(tmp_path / "bin", load_s=0.2)
+    seen: list[int] = []
+
+    def interrupted(url: str, directory: Path, settings: object) -> None:
+        [record] = [json.loads(p.read_text()) for p in directory.glob("*.json")]
+        seen.append(record["pid"])
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("quantpick.pipeline.check_running", interrupted)
+    result = runner.invoke(app, ["serve", "--gguf", str(model), "-c", "4096", "--port", "0",
+                                 "--llama-server", str(binary), "--no-confirm"])  # fmt: skip
+    assert result.exit_code == 130, result.stderr
+    assert "no process left running" in result.stderr
+    [pid] = seen
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            break
+        stat = Path(f"/proc/{pid}/stat")
+        if stat.exists() and stat.read_text().rsplit(")", 1)[-1].split()[0] == "Z":
+            break
+        time.sleep(0.1)
+    else:
+        os.kill(pid, signal.SIGKILL)
+        pytest.fail("llama-server left running")
+    assert not list(load_settings().servers_dir.glob("*.json"))

@@ -224,7 +224,8 @@ def test_a_symlink_at_the_output_is_never_written_through(
 
 def test_a_planted_bak_link_is_never_written_through(model: Path, tmp_path: Path) -> None:
     preset = tmp_path / "models.ini"
-    assert command(model, "--format", "preset", "--preset", str(preset))[0] == 0
+    original = "version = 1\n\n[mine]\nmodel = /m/mine.gguf\n"
+    preset.write_text(original)  # the user's file: quantpick's first write into it keeps a backup
     victim = tmp_path / "victim"
     victim.write_text("keep me\n")
     (tmp_path / "models.ini.bak").symlink_to(victim)
@@ -232,7 +233,7 @@ def test_a_planted_bak_link_is_never_written_through(model: Path, tmp_path: Path
     assert code == 0, err
     assert victim.read_text() == "keep me\n"
     backup = tmp_path / "models.ini.bak.1"
-    assert "ctx-size = 8192" in backup.read_text() and "ctx-size = 4096" in preset.read_text()
+    assert backup.read_text() == original and "ctx-size = 4096" in preset.read_text()
     assert f"(the previous version: {backup})" in err
 
 
@@ -323,3 +324,17 @@ def test_a_malformed_config_is_refused_not_merged(
         assert code == 2 and says in err and "nothing merged" in err, err
         assert path.read_text() == text
     assert [p.name for p in tmp_path.iterdir() if p.name != model.name] == [name]
+
+
+def test_rerunning_a_preset_keeps_one_backup_not_one_per_run(model: Path, tmp_path: Path) -> None:
+    """Each run rewrites quantpick's own section (its plan, its budgets): only the user's original
+    is kept as a backup, so a preset regenerated from cron does not pile up .bak files."""
+    preset = tmp_path / "models.ini"
+    original = "version = 1\n\n[mine]\nmodel = /m/mine.gguf\n"
+    preset.write_text(original)
+    for ctx in ("4096", "8192", "16384", "4096"):
+        code, _, err = command(model, "-c", ctx, "--format", "preset", "--preset", str(preset))
+        assert code == 0, err
+    assert "ctx-size = 4096" in preset.read_text() and "[mine]" in preset.read_text()
+    assert sorted(p.name for p in tmp_path.glob("models.ini.bak*")) == ["models.ini.bak"]
+    assert (tmp_path / "models.ini.bak").read_text() == original

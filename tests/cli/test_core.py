@@ -193,6 +193,7 @@ FAILING = {
     "bench": ["bench", "--gguf", "/no/such/model.gguf", "-c", "8192"],
     "calibration": ["calibration", "show"],  # nothing stored in the test home
     "serve": ["serve", "--gguf", "/no/such/model.gguf", "-c", "8192"],
+    "check": ["check", "ftp://not-a-llama-server"],
 }
 
 

@@ -174,9 +174,10 @@ def test_ctrl_c_exits_130_and_the_rerun_resumes(
     tiny: str, fake_hub: FakeHub, tmp_path: Path
 ) -> None:
     dest = tmp_path / "models"
-    # times=2: the plan's header read takes the first use; the download must be throttled too, or
-    # it can finish before the SIGINT lands (then the rerun has nothing to resume).
-    fake_hub.faults.add("Tiny-BF16.gguf", "throttle", rate=2_000_000, times=2)
+    # Throttled for the whole first run (header reads, the pre-download dry run, the download),
+    # however many reads planning takes: else the download can finish before the SIGINT lands
+    # (then the rerun has nothing to resume). The rerun is not throttled.
+    fake_hub.faults.add("Tiny-BF16.gguf", "throttle", rate=2_000_000, times=None)
     args = [
         sys.executable,
         "-m",
@@ -202,6 +203,7 @@ def test_ctrl_c_exits_130_and_the_rerun_resumes(
     assert proc.returncode == 130, err
     assert part.exists() and not (dest / "Tiny-BF16.gguf").exists()
     kept = part.stat().st_size
+    fake_hub.faults.clear()
     rerun = subprocess.run(args, capture_output=True, text=True, timeout=60)
     assert rerun.returncode == 0, rerun.stderr
     assert (dest / "Tiny-BF16.gguf").exists() and not part.exists()

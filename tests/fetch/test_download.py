@@ -261,6 +261,24 @@ def test_two_downloads_merge_their_lines_into_one_sha256sums(
     assert f"{SHA}  {NAME}" in text and "o-Q8_0.gguf" in text  # the repository's lines kept
 
 
+def test_a_planted_sha256sums_link_is_neither_copied_nor_written_through(
+    hub: FakeHub, tmp_path: Path
+) -> None:
+    """A shared models folder: another user links SHA256SUMS to a root-only file holding
+    checksum-like lines. Following it would copy those lines into a file others may read, and
+    rewrite the link's target; instead the link is left alone (the download still completes)."""
+    secret = tmp_path / "secret"
+    secret.write_text(f"{'ab' * 32}  root-only-name\n")
+    secret.chmod(0o600)
+    dest = tmp_path / "models"
+    dest.mkdir()
+    (dest / "SHA256SUMS").symlink_to(secret)
+    get(dest)
+    assert (dest / NAME).read_bytes() == DATA
+    assert secret.read_text() == f"{'ab' * 32}  root-only-name\n"
+    assert (dest / "SHA256SUMS").is_symlink()
+
+
 # -- a directory that cannot be written ----------------------------------------------------------
 
 

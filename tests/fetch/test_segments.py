@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from quantpick.fetch.segments import (
     SINGLE_STREAM,
@@ -188,3 +190,56 @@ def test_cap_bounds_everything() -> None:
     assert c.target == 2
     c.observe(0.0, 0, 2)
     assert c.observe(0.2, 100, 2) == 2 and c.frozen
+
+
+# -- a hub that caps each connection (issue 30): the policy, on a simulated link ---------------
+
+
+def simulate(
+    policy: SegmentPolicy, cap: float, link: float, seconds: float = 60.0
+) -> tuple[int, float]:
+    """Concurrency on a link of `link` bytes/s shared by connections the server holds to `cap`
+    bytes/s each: every connection asked for runs at once (ticks of 50 ms). Returns the
+    connections at the end and the rate they then move."""
+    c = Concurrency(policy)
+    c.start()
+    now, total, dt = 0.0, 0.0, 0.05
+    while now < seconds:
+        rate = min(link, c.target * cap)
+        now, total = now + dt, total + rate * dt
+        c.observe(now, int(total), running=c.target)
+    return c.target, min(link, c.target * cap)
+
+
+def test_connections_grow_past_16_when_each_one_is_capped() -> None:
+    """Before: 16 connections at most, so a CDN capping each at 20 MB/s gave 320 MB/s on a link
+    with room for 1.28 GB/s (hf_transfer went past it with ~100 connections)."""
+    policy = SegmentPolicy()
+    n, rate = simulate(policy, cap=20e6, link=10e9)
+    assert n == policy.capped_max_connections > policy.max_connections
+    assert rate >= 0.9 * policy.capped_max_connections * 20e6
+
+
+def test_an_explicit_connections_count_stays_the_cap() -> None:
+    from quantpick.fetch.segments import policy_for
+
+    n, _ = simulate(policy_for(8), cap=20e6, link=10e9)
+    assert n == 8
+
+
+def test_a_link_limited_transfer_does_not_grow_past_16() -> None:
+    n, rate = simulate(SegmentPolicy(), cap=100e6, link=1e9)  # 10 connections fill the link
+    assert n <= 16 and rate >= 0.9 * 1e9
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.floats(1e5, 1e8), st.floats(1.0, 200.0))
+def test_a_capped_link_reaches_90_percent_of_its_ceiling(cap: float, room: float) -> None:
+    """Whatever the per-connection cap and the link (room = link / cap), the connections settle
+    at >= 90 % of the most the link and the policy's connections can carry, never past it."""
+    policy = SegmentPolicy()
+    link = cap * room
+    n, rate = simulate(policy, cap, link)
+    ceiling = min(link, policy.capped_max_connections * cap)
+    assert n <= policy.capped_max_connections
+    assert rate >= 0.9 * ceiling

@@ -61,7 +61,8 @@ def test_swap_of_the_process(tmp_path: Path) -> None:
         "Name:\tllama-server\nVmRSS:\t  100 kB\nVmSwap:\t  2048 kB\n"
     )
     assert srv.process_swap_bytes(77, tmp_path) == 2048 * 1024
-    assert srv.process_swap_bytes(78, tmp_path) is None
+    assert srv.process_memory(77, tmp_path) == (100 * 1024, 2048 * 1024)
+    assert srv.process_memory(78, tmp_path) == (None, None)
 
 
 def test_nvml_per_process_memory(monkeypatch: pytest.MonkeyPatch) -> None:
