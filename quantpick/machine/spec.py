@@ -95,6 +95,9 @@ class Gpu:
     # total/free are then the share the OS lets the GPU take, and the host's RAM is one pool
     # with it (plan/memory.py budgets it once).
     unified: bool = False
+    # The driver's buffer alignment where it is known and differs from the backend's assumed one
+    # (Vulkan: minStorageBufferOffsetAlignment, 4 on RADV, 64 assumed): tensors are padded to it.
+    buffer_alignment: int | None = None
 
     @property
     def usable(self) -> bool:

@@ -445,8 +445,19 @@ def _f32(value: float) -> float:
 
 def device_buffer(device: LlamaDevice) -> BufferRule:
     """How a device's backend sizes tensors (machine/backends: each backend's rule; an RPC
-    device: the backend the worker serves, CUDA unless the worker is known to serve another)."""
-    return backend_of(device.gpu.backend).buffer
+    device: the backend the worker serves, CUDA unless the worker is known to serve another),
+    with the device's own alignment where its driver's is known (Gpu.buffer_alignment)."""
+    rule = backend_of(device.gpu.backend).buffer
+    align = device.gpu.buffer_alignment
+    if (
+        isinstance(align, int)
+        and align > 0
+        and align & (align - 1) == 0  # a power of two, as every driver's is
+        and align != rule.alignment
+    ):
+        # its own name: layouts cache their sizes per rule name (ModelLayout.slots_under)
+        return BufferRule(f"{rule.name}/{align}", align, rule.row_padding)
+    return rule
 
 
 def _max_alloc_notes(

@@ -292,3 +292,23 @@ def test_compose_runs_the_backends_image_with_its_device_files() -> None:
     assert 'driver: "nvidia"' in compose("cuda")
     with pytest.raises(UsageError, match="no Metal image"):
         compose("metal")
+
+
+def test_a_drivers_known_alignment_replaces_the_assumed_one(q4km: ModelLayout) -> None:
+    """Vulkan assumes 64-byte buffer alignment (the largest of the drivers); a GPU whose driver's
+    minStorageBufferOffsetAlignment is known (RADV: 4) pads each tensor to that instead. Before:
+    Gpu had no such field and every Vulkan device was padded to 64."""
+    from quantpick.plan.memory import estimate
+
+    def weights(alignment: int | None) -> int:
+        gpu = Gpu(index=0, name="Radeon", total_bytes=64 * GiB, free_bytes=64 * GiB,
+                  backend="Vulkan", buffer_alignment=alignment)  # fmt: skip
+        host = Host(ram_total_bytes=64 * GiB, ram_available_bytes=64 * GiB, cpu_cores=8)
+        return estimate(q4km, Machine(gpus=(gpu,), host=host), RunConfig()).devices[0].weights_bytes
+
+    # every tensor of this model is a multiple of 64 bytes: 4 and 64 pad nothing; a 4 KiB
+    # alignment pads each tensor to it (more, but less than 4 KiB a tensor)
+    assert weights(4) == weights(64) == weights(None)
+    grown = weights(4096) - weights(64)
+    assert 0 < grown < 4096 * len(q4km.tensors) and weights(4096) % 4096 == 0
+    assert weights(3) == weights(None)  # not a power of two: ignored
