@@ -21,102 +21,30 @@ above quantpick's, and the oracle does not cover those types on a device.
 from __future__ import annotations
 
 import argparse
-import gzip
-import json
 import sys
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURE = ROOT / "tests" / "data" / "vulkan-oracle.json.gz"
 
-from quantpick.machine.spec import Gpu, Host, Machine  # noqa: E402
-from quantpick.model.gguf import header_from_json, layout_from_header  # noqa: E402
-from quantpick.plan.memory import RunConfig, estimate  # noqa: E402
+sys.path.insert(0, str(ROOT / "tests"))
 
-GiB = 1024**3
-MiB = 1024**2
-COMPUTE_REL, COMPUTE_ABS = 0.05, 16 * MiB  # #32's bound
+from vulkan_oracle import MiB, load, rows  # noqa: E402
+
 ALIGNMENTS = (None, 4, 8, 16, 32, 64, 128, 256)  # None: the Vulkan backend's assumed 64
-
-
-@dataclass(frozen=True)
-class Row:
-    config: str
-    case: str
-    device: str
-    weights: tuple[int, int]  # (quantpick, llama.cpp) bytes
-    context: tuple[int, int]  # KV + recurrent state
-    compute: tuple[int, int]
-
-    @property
-    def exact(self) -> bool:
-        return self.weights[0] == self.weights[1] and self.context[0] == self.context[1]
-
-    @property
-    def compute_within(self) -> bool:
-        got, want = self.compute
-        return abs(got - want) <= max(COMPUTE_REL * want, COMPUTE_ABS)
-
-
-def vulkan_machine(n: int, alignment: int | None) -> Machine:
-    gpus = tuple(
-        Gpu(
-            index=i,
-            name="llvmpipe (lavapipe)",
-            total_bytes=64 * GiB,
-            free_bytes=64 * GiB,
-            backend="Vulkan",
-            buffer_alignment=alignment,
-        )  # fmt: skip
-        for i in range(n)
-    )
-    host = Host(ram_total_bytes=256 * GiB, ram_available_bytes=256 * GiB, cpu_cores=2)
-    return Machine(gpus=gpus, host=host)
-
-
-def run_config(case: dict[str, Any]) -> tuple[RunConfig, int]:
-    ngl = case["ngl"]
-    config = RunConfig(
-        ctx_size=case["ctx"],
-        n_parallel=case["np"],
-        cache_type_k=case["ctk"],
-        cache_type_v=case["ctv"],
-        flash_attn=case["fa"],
-        n_gpu_layers=None if ngl == "all" else int(ngl),
-        tensor_split=tuple(float(x) for x in case["ts"].split(",")) if "ts" in case else None,
-        logits_rows="batch",  # llama-fit-params reserves n_ubatch logits rows
-    )
-    return config, len(case["visible"].split(","))
-
-
-def rows(oracle: dict[str, Any], alignment: int | None) -> list[Row]:
-    out = []
-    for doc in oracle["configs"]:
-        header = header_from_json(doc["header"])
-        layout = layout_from_header(header, basis=doc["config"], file_bytes=doc["file_bytes"])
-        for entry in doc["cases"]:
-            ref = entry["bytes"].get("devices")
-            if entry["exit_code"] != 0 or not ref:
-                continue
-            config, n = run_config(entry["config"])
-            est = estimate(layout, vulkan_machine(n, alignment), config)
-            want = {d["name"]: d for d in ref}
-            label = " ".join(f"{k}={v}" for k, v in entry["config"].items())
-            names = [f"Vulkan{i}" for i in range(n)] + ["Host"]
-            for dev, name in zip(est.devices, names, strict=True):
-                w = want.get(name, {"model": 0, "context": 0, "compute": 0})
-                out.append(Row(doc["config"], label, name, (dev.weights_bytes, w["model"]),
-                               (dev.kv_bytes + dev.recurrent_bytes, w["context"]),
-                               (dev.compute_bytes, w["compute"])))  # fmt: skip
-    return out
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--fixture", type=Path, default=FIXTURE)
     ap.add_argument("-v", "--verbose", action="store_true")
+    ap.add_argument(
+        "--max-tensor-mib",
+        type=int,
+        default=128,
+        help="the driver's storage-buffer range: weights above it stay on the host "
+        "(lavapipe: 128; 0: quantpick as it is)",
+    )
     args = ap.parse_args()
     if not args.fixture.exists():
         print(
@@ -124,11 +52,12 @@ def main() -> int:
             "scripts/build-llamacpp-vulkan.sh, record with scripts/record_vulkan_oracle.py"
         )
         return 0
-    oracle = json.loads(gzip.decompress(args.fixture.read_bytes()))
+    oracle = load(args.fixture)
     print(f"llama.cpp: {oracle['llama_cpp']}; driver: {oracle['driver']}")
     best: tuple[int, int | None] = (-1, None)
     for alignment in ALIGNMENTS:
-        got = rows(oracle, alignment)
+        limit = args.max_tensor_mib * MiB or None
+        got = rows(oracle, alignment, limit)
         dev = [r for r in got if r.device != "Host"]
         exact = sum(r.exact for r in dev)
         within = sum(r.compute_within for r in dev)
@@ -141,7 +70,7 @@ def main() -> int:
         )
         best = max(best, (exact, alignment), key=lambda b: b[0])
     if args.verbose:
-        for r in rows(oracle, best[1]):
+        for r in rows(oracle, best[1], args.max_tensor_mib * MiB or None):
             if not r.exact or not r.compute_within:
                 dw, dk = r.weights[0] - r.weights[1], r.context[0] - r.context[1]
                 dc = (r.compute[0] - r.compute[1]) / MiB
