@@ -30,7 +30,7 @@ def load(path: Path = FIXTURE) -> dict[str, Any]:
     return json.loads(gzip.decompress(path.read_bytes()))
 
 
-def vulkan_machine(n: int, alignment: int | None) -> Machine:
+def vulkan_machine(n: int, alignment: int | None, max_tensor_bytes: int | None = None) -> Machine:
     """`n` Vulkan devices on the one software GPU (GGML_VK_VISIBLE_DEVICES=0 or 0,0), large
     enough that nothing is fitted (the recording used -fit off)."""
     gpus = tuple(
@@ -41,7 +41,8 @@ def vulkan_machine(n: int, alignment: int | None) -> Machine:
             free_bytes=64 * GiB,
             backend="Vulkan",
             buffer_alignment=alignment,
-        )  # fmt: skip
+            max_tensor_bytes=max_tensor_bytes,
+        )
         for i in range(n)
     )
     return Machine(
@@ -89,40 +90,20 @@ def layout_of(doc: dict[str, Any]) -> ModelLayout:
     )
 
 
-def kept_on_host(layout: ModelLayout, max_tensor_bytes: int | None) -> tuple[str, ...]:
-    """The weights llama.cpp keeps in host memory on this device: ggml-vulkan's supports_op
-    refuses an op whose tensor exceeds maxStorageBufferRange (without 64-bit indexing) or the
-    largest buffer (ggml_backend_vk_device_supports_op, ggml-vulkan.cpp:15304-15330 at b11312),
-    and the loader then takes the next buffer type, the CPU's (llama-model.cpp
-    select_weight_buft)."""
-    if max_tensor_bytes is None:
-        return ()
-    return tuple(t.name for t in layout.tensors if t.n_bytes > max_tensor_bytes)
-
-
 def rows(
     oracle: dict[str, Any], alignment: int | None, max_tensor_bytes: int | None = None
 ) -> list[Row]:
-    """Device rows; with `max_tensor_bytes`, the weights above it are placed on the host as
-    llama.cpp does (-ot NAME=CPU), which quantpick does not do on its own."""
-    import re
-
+    """Every device row of every case; the Vulkan devices carry the driver's alignment and
+    largest tensor (Gpu.buffer_alignment, Gpu.max_tensor_bytes) where given."""
     out = []
     for doc in oracle["configs"]:
         layout = layout_of(doc)
-        host_only = tuple(
-            (f"^{re.escape(name)}$", "CPU") for name in kept_on_host(layout, max_tensor_bytes)
-        )
         for entry in doc["cases"]:
             ref = entry["bytes"].get("devices")
             if entry["exit_code"] != 0 or not ref:
                 continue
             config, n = run_config(entry["config"])
-            if host_only:
-                from dataclasses import replace
-
-                config = replace(config, override_tensors=host_only)
-            est = estimate(layout, vulkan_machine(n, alignment), config)
+            est = estimate(layout, vulkan_machine(n, alignment, max_tensor_bytes), config)
             want = {d["name"]: d for d in ref}
             label = " ".join(f"{k}={v}" for k, v in entry["config"].items())
             names = [f"Vulkan{i}" for i in range(n)] + ["Host"]

@@ -98,6 +98,10 @@ class Gpu:
     # The driver's buffer alignment where it is known and differs from the backend's assumed one
     # (Vulkan: minStorageBufferOffsetAlignment, 4 on RADV, 64 assumed): tensors are padded to it.
     buffer_alignment: int | None = None
+    # The largest tensor the device's kernels take, where its driver's is known (Vulkan:
+    # maxStorageBufferRange without 64-bit indexing; lavapipe 128 MiB): llama.cpp keeps a larger
+    # weight in host memory (ggml-vulkan supports_op refuses it; the loader takes the CPU buffer).
+    max_tensor_bytes: int | None = None
 
     @property
     def usable(self) -> bool:

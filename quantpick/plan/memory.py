@@ -25,7 +25,7 @@ from quantpick.model.ggml import (
     BufferRule,
     row_size,
 )
-from quantpick.model.layout import INPUT_SLOT, ModelLayout
+from quantpick.model.layout import INPUT_SLOT, ModelLayout, TensorInfo
 
 MiB = 1024**2
 GiB = 1024**3
@@ -564,7 +564,17 @@ def estimate(
     # alignment, quantized row padding: machine/backends); the host is the CPU backend.
     rules = [device_buffer(d) for d in devs] + [CPU_BUFFER]
     host_experts = [0] * n_slots  # routed-expert bytes of each block that live in host memory
-    if overrides:
+    # A device whose driver takes no tensor above a size (Gpu.max_tensor_bytes) leaves larger
+    # weights in host memory: its backend's supports_op refuses them, and the loader takes the
+    # next buffer type, the CPU's (llama-model.cpp select_weight_buft; ggml-vulkan.cpp:15304-15330).
+    limits = [d.gpu.max_tensor_bytes for d in devs] + [None]
+
+    def too_big(t: TensorInfo, pos: int) -> bool:
+        limit = limits[pos]
+        return isinstance(limit, int) and limit > 0 and t.n_bytes > limit
+
+    limited = any(limits) and any(too_big(t, pos) for t in layout.tensors for pos in range(n_gpu))
+    if overrides or limited:
         # -ot: std::regex_search on every tensor name, first match wins, before the normal choice
         # (llama_model_loader::create_tensor); --n-cpu-moe's own patterns come after the user's.
         for t in layout.tensors:
@@ -581,6 +591,8 @@ def estimate(
             else:
                 if slot != INPUT_SLOT and t.is_expert and slot < n_cpu_moe:
                     target = host_pos
+            if too_big(t, target):
+                target = host_pos
             acc[target].weights += layout.tensor_alloc(t, rules[target])
             if t.is_expert and target == host_pos and slot != INPUT_SLOT:
                 host_experts[slot] += t.n_bytes
@@ -609,7 +621,8 @@ def estimate(
     output_dev = slot_device[layout.output_slot]
     if layout.tied_output_bytes and (output_dev != host_pos or view.tied_copy_always):
         embd = next(t for t in layout.tensors if t.name == "token_embd.weight")
-        acc[output_dev].weights += layout.tensor_alloc(embd, rules[output_dev])
+        if not too_big(embd, output_dev):  # else the host's one copy serves the output too
+            acc[output_dev].weights += layout.tensor_alloc(embd, rules[output_dev])
     for slot in range(n_slots):
         if skipped(slot):
             continue
