@@ -50,8 +50,8 @@ OUT = ROOT / "tests" / "data" / "vulkan-oracle.json.gz"
 CTX = (4096, 32768)
 KV = (("f16", "on"), ("q8_0", "on"), ("f16", "off"))  # (-ctk = -ctv, -fa)
 TIMEOUT_S = 600
-# "ggml_vulkan: 0 = llvmpipe (LLVM 15.0.6, 256 bits) (lavapipe) | uma: 0 | fp16: 1 | ..."
-DEVICE_LINE = re.compile(r"ggml_vulkan: \d+ = (.+)$", re.MULTILINE)
+# "  Vulkan0: llvmpipe (LLVM 15.0.6, 256 bits) (2048 MiB, 2048 MiB free)" (--list-devices)
+DEVICE_LINE = re.compile(r"^\s+(Vulkan\d+: .+)$", re.MULTILINE)
 
 
 def grid(cfg: RealConfig) -> list[dict[str, Any]]:
@@ -113,7 +113,7 @@ def memory_bytes(bin_dir: Path, model: Path, case: dict[str, Any]) -> dict[str, 
     return {k: doc[k] for k in ("n_ctx", "n_ctx_seq", "buffer_types", "devices")}
 
 
-def record(cfg: RealConfig, bin_dir: Path, tmp: Path, driver: dict[str, str]) -> dict[str, Any]:
+def record(cfg: RealConfig, bin_dir: Path, tmp: Path) -> dict[str, Any]:
     model = tmp / f"{cfg.name}.gguf"
     size = write_header_only(model, cfg.architecture, cfg.quant, name=cfg.name, file_type=False)
     header = header_to_json(read_gguf_file(model))
@@ -122,9 +122,7 @@ def record(cfg: RealConfig, bin_dir: Path, tmp: Path, driver: dict[str, str]) ->
     try:
         for case in grid(cfg):
             rc, fit = fit_params(bin_dir, model, case)
-            log = fit.pop("log", "")
-            for m in DEVICE_LINE.finditer(log):
-                driver.setdefault("device", m.group(1).strip())
+            fit.pop("log", None)
             entry = {"config": case, "exit_code": rc, **fit,
                      "bytes": memory_bytes(bin_dir, model, case)}  # fmt: skip
             cases.append(entry)
@@ -147,13 +145,19 @@ def main() -> int:
         print(f"Error: unknown config(s): {', '.join(sorted(unknown))}", file=sys.stderr)
         return 2
     configs = [c for c in CONFIGS if not args.only or c.name in args.only]
-    driver: dict[str, str] = {}
+    listed = run([str(args.bin / "llama-fit-params"), "--list-devices"], "0")
+    found = DEVICE_LINE.search(listed.stdout + listed.stderr)
+    driver = {"device": found.group(1).strip() if found else "unknown"}
+    mesa = subprocess.run(["dpkg-query", "-W", "-f=${Version}", "mesa-vulkan-drivers"],
+                          capture_output=True, text=True, check=False)  # fmt: skip
+    if mesa.returncode == 0 and mesa.stdout:
+        driver["device"] += f"; Mesa {mesa.stdout.strip()} (Debian mesa-vulkan-drivers)"
     docs = []
     t_all = time.monotonic()
     with tempfile.TemporaryDirectory() as tmp:
         for cfg in configs:
             t0 = time.monotonic()
-            doc = record(cfg, args.bin, Path(tmp), driver)
+            doc = record(cfg, args.bin, Path(tmp))
             docs.append(doc)
             failed = sum(c["exit_code"] != 0 or "buffer_types" not in c["bytes"]
                          for c in doc["cases"])  # fmt: skip
