@@ -84,6 +84,21 @@ class Row:
         return abs(got - want) <= max(COMPUTE_REL * want, COMPUTE_ABS)
 
 
+def by_device(buffer_types: list[dict[str, Any]]) -> dict[str, dict[str, int]]:
+    """llama.cpp's bytes per device: a device's own buffers, and every host-side buffer type
+    (CPU, CPU_REPACK, Vulkan_Host) as "Host" -- the repacked weights included, which
+    llama-fit-params' rows leave out (tests/arch_real.py reads them the same way)."""
+    out: dict[str, dict[str, int]] = {}
+    for b in buffer_types:
+        dev = "Host" if b["is_host"] or b["device"] in ("", "CPU") else b["device"]
+        if b["name"] == "CPU_REPACK":
+            dev = "Host"
+        acc = out.setdefault(dev, {"model": 0, "context": 0, "compute": 0})
+        for k in acc:
+            acc[k] += b[k]
+    return out
+
+
 def layout_of(doc: dict[str, Any]) -> ModelLayout:
     return layout_from_header(
         header_from_json(doc["header"]), basis=doc["config"], file_bytes=doc["file_bytes"]
@@ -99,12 +114,11 @@ def rows(
     for doc in oracle["configs"]:
         layout = layout_of(doc)
         for entry in doc["cases"]:
-            ref = entry["bytes"].get("devices")
-            if entry["exit_code"] != 0 or not ref:
+            if entry["exit_code"] != 0 or "buffer_types" not in entry["bytes"]:
                 continue
             config, n = run_config(entry["config"])
             est = estimate(layout, vulkan_machine(n, alignment, max_tensor_bytes), config)
-            want = {d["name"]: d for d in ref}
+            want = by_device(entry["bytes"]["buffer_types"])
             label = " ".join(f"{k}={v}" for k, v in entry["config"].items())
             names = [f"Vulkan{i}" for i in range(n)] + ["Host"]
             for dev, name in zip(est.devices, names, strict=True):

@@ -621,8 +621,11 @@ def estimate(
     output_dev = slot_device[layout.output_slot]
     if layout.tied_output_bytes and (output_dev != host_pos or view.tied_copy_always):
         embd = next(t for t in layout.tensors if t.name == "token_embd.weight")
-        if not too_big(embd, output_dev):  # else the host's one copy serves the output too
+        if not too_big(embd, output_dev):
             acc[output_dev].weights += layout.tensor_alloc(embd, rules[output_dev])
+        elif view.tied_copy_always:  # the copy falls back to the host, where it is loaded anyway
+            acc[host_pos].weights += layout.tensor_alloc(embd, rules[host_pos])
+        # else: the host's one copy serves the output too
     for slot in range(n_slots):
         if skipped(slot):
             continue
