@@ -65,6 +65,7 @@ from quantpick.cli.render import (
     speed_dict,
     tuning_lines,
 )
+from quantpick.machine.backends import device_names_example
 
 if TYPE_CHECKING:
     from quantpick.machine.spec import Machine
@@ -120,7 +121,7 @@ def estimate_cmd(
         typer.Option(
             "-dev",
             "--device",
-            help="Devices to use, as llama.cpp names them (CUDA0, ROCm0, MTL0, Vulkan0, SYCL0, "
+            help=f"Devices to use, as llama.cpp names them ({device_names_example()}, "
             "RPC0, ...) or none.",
         ),
     ] = None,  # noqa: UP045
@@ -360,6 +361,6 @@ def _parse_devices(text: str | None, machine: Machine) -> tuple[int | str, ...] 
         else:
             raise UsageError(
                 f"--device {part}: use a device name as llama.cpp prints it "
-                "(CUDA0, ROCm0, MTL0, Vulkan0, SYCL0), RPC0,... or none"
+                f"({device_names_example()}), RPC0,... or none"
             )
     return tuple(out)

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Optional
 import typer
 
 from quantpick.cli.complete import FLASH_ATTN_CHOICES, PREFER_CHOICES, SOURCE_CHOICES
+from quantpick.machine.backends import names as backend_names  # pure data: no start-up cost
 from quantpick.model.ggml import KV_CACHE_TYPES  # a plain tuple: no cost at start-up
 
 if TYPE_CHECKING:
@@ -91,8 +92,9 @@ BackendOpt = Annotated[
     Optional[str],  # noqa: UP045
     typer.Option(
         "--backend",
-        help="llama.cpp's backend for the GPUs: cuda, rocm, metal, vulkan, sycl or cpu "
-        "(default: the installed build's, or for --gpu the vendor's usual one).",
+        help=f"llama.cpp's backend for the GPUs: {', '.join(backend_names()[:-1])} or "
+        f"{backend_names()[-1]} (default: the installed build's, or for --gpu the vendor's usual "
+        "one).",
     ),
 ]
 RamOpt = Annotated[
@@ -274,7 +276,7 @@ GpuOverheadOpt = Annotated[
     Optional[str],  # noqa: UP045
     typer.Option(
         "--gpu-overhead",
-        help="Per-GPU CUDA context + runtime not accounted by llama.cpp (default 384MiB).",
+        help="Per-GPU driver context + runtime not accounted by llama.cpp (default 384MiB).",
     ),
 ]
 MarginOpt = Annotated[

@@ -163,13 +163,19 @@ def check_server(req: CheckRequest, *, settings: Settings) -> CheckResult:
     if record is not None:
         rss, swap = process_memory(record.pid)
         if any(d.kind == "gpu" for d in planned.devices):
+            from quantpick.machine.backends import default_gpu_backend, parse_device_name
             from quantpick.machine.probe import gpu_memory_use
+
+            # named as the plan's GPUs are (NVML's index = the backend's in PCI bus order)
+            planned_gpus = (parse_device_name(d.device) for d in planned.devices)
+            named = next((p[0] for p in planned_gpus if p is not None), default_gpu_backend())
 
             use, note = gpu_memory_use(record.pid)
             if note:
                 problems.append(note)
             gpus = tuple(
-                GpuUse(f"CUDA{g.index}", g.total_bytes, g.used_bytes, g.process_bytes) for g in use
+                GpuUse(named.device_name(g.index), g.total_bytes, g.used_bytes, g.process_bytes)
+                for g in use
             )
     decode = live.decode_tps
     if (

@@ -191,6 +191,7 @@ class DryRunCache:
         import json
 
         from quantpick.errors import QuantpickError
+        from quantpick.machine.backends import device_env_prefixes
         from quantpick.plan.confirm import Projection
         from quantpick.serve.fitparams import FitParamsRun, parse_output, run_fit_params
         from quantpick.serve.sealed import read_sealed, write_sealed
@@ -203,7 +204,7 @@ class DryRunCache:
             return run_fit_params(argv, env, timeout_s=timeout_s)
         tool = f"{Path(argv[0]).resolve()}:{st.st_size}:{st.st_mtime_ns}"
         words = [self.file_key if a == self.standin else a for a in argv[1:]]
-        shown = {k: v for k, v in sorted(env.items()) if k.startswith(("CUDA_", "GGML_", "HIP_"))}
+        shown = {k: v for k, v in sorted(env.items()) if k.startswith(device_env_prefixes())}
         digest = hashlib.sha256(json.dumps([tool, words, shown, self.devices]).encode())
         path = self.directory / f"{digest.hexdigest()[:40]}.txt"
         try:

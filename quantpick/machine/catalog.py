@@ -486,7 +486,7 @@ def unified_share(model: GpuModel, ram_bytes: int) -> tuple[int, str]:
         return share, "Metal's working set: 2/3 of RAM up to 32 GiB, 3/4 above"
     if model.vendor is Vendor.AMD:
         return ram_bytes // 2, "Linux's GTT limit: half of RAM (TTM default)"
-    return ram_bytes, "CUDA on unified memory: the whole pool"
+    return ram_bytes, "the NVIDIA driver on unified memory: the whole pool"
 
 
 # Words that never distinguish two cards: vendor, brand and series names.

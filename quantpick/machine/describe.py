@@ -52,7 +52,14 @@ from pathlib import Path
 from typing import Any
 
 from quantpick.errors import HardwareError, QuantpickError, RpcWorkerError, UsageError
-from quantpick.machine.backends import Backend, BackendKind, backend, default_backend
+from quantpick.machine.backends import (
+    Backend,
+    BackendKind,
+    backend,
+    default_backend,
+    default_gpu_backend,
+)
+from quantpick.machine.backends import names as backend_names
 from quantpick.machine.catalog import (
     GpuModel,
     find_gpu,
@@ -161,10 +168,10 @@ def _gpu_spec_notes(spec: str, label: str | None = None) -> list[str]:
 
 def gpu_backend(model: GpuModel | None, name: str, backend_name: str | None) -> Backend:
     """The backend that drives a described GPU: --backend if given (refused when it cannot drive
-    the card's vendor: Metal on a Radeon), else the vendor's usual one; an unknown card: CUDA
-    unless --backend says otherwise."""
+    the card's vendor: Metal on a Radeon), else the vendor's usual one; an unknown card: the
+    default GPU backend unless --backend says otherwise."""
     if backend_name is None:
-        return default_backend(model.vendor) if model is not None else backend(BackendKind.CUDA)
+        return default_backend(model.vendor) if model is not None else default_gpu_backend()
     chosen = backend(backend_name)
     if chosen.kind is BackendKind.CPU:
         raise UsageError(f"--backend cpu drives no GPU: drop --gpu {name}, or plan with --cpu-only")
@@ -510,7 +517,7 @@ def _toml_gpus(data: dict[str, Any], notes: list[str], prefix: str = "") -> tupl
             raise ValueError(f'{where}: needs name = "..."')
         chosen = table.get("backend")
         if chosen is not None and not isinstance(chosen, str):
-            raise ValueError(f'{where}: backend = "rocm" (cuda, rocm, metal, vulkan, sycl)')
+            raise ValueError(f'{where}: backend = "rocm" ({", ".join(backend_names())})')
         try:
             gpu = describe_gpu(
                 table["name"],

@@ -13,12 +13,14 @@ import dataclasses
 import os
 import re
 import stat
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from quantpick.machine.backends import Backend, parse_device_name
 from quantpick.machine.catalog import find_gpu, unified_share
 from quantpick.machine.spec import Gpu
+from quantpick.machine.vendor_smi import Runner, SmiGpu, rocm_smi_gpus, xpu_smi_gpus
 
 MiB = 1024**2
 # `--list-devices` of 16 devices is about 1.5 KB; its backends' init logs a few KB more.
@@ -198,19 +200,103 @@ def read_sysctl(program: str = "sysctl", timeout_s: float = SYSCTL_TIMEOUT_S) ->
 
 
 def platform_gpus(
-    platform: str, drm: Path = Path("/sys/class/drm"), sysctl: str = "sysctl"
+    platform: str,
+    drm: Path = Path("/sys/class/drm"),
+    sysctl: str = "sysctl",
+    which: Callable[[str], str | None] | None = None,
+    run: Runner | None = None,
 ) -> tuple[tuple[Gpu, ...], tuple[str, ...]]:
     """GPUs the OS itself reports when NVML and llama.cpp named none: an Apple GPU (sysctl) on
-    macOS, AMD GPUs (amdgpu sysfs) on Linux. A source that cannot be read gives a note."""
+    macOS; on Linux AMD GPUs from rocm-smi where installed (it names the card), else amdgpu's
+    sysfs, and without AMD GPUs Intel GPUs from xpu-smi where installed. A source that cannot be
+    read gives a note naming it (and the next source is tried)."""
     if platform == "darwin":
         try:
             gpu, note = apple_gpu(read_sysctl(sysctl))
         except ValueError as exc:
             return (), (f"Apple GPU not read ({exc}); not planned on",)
         return (gpu,), (note,)
-    if platform.startswith("linux") and drm.is_dir():
-        return amd_sysfs_gpus(drm)
-    return (), ()
+    if not platform.startswith("linux"):
+        return (), ()
+    import shutil
+
+    from quantpick.machine.vendor_smi import run_smi
+
+    find = which or shutil.which
+    runner = run or run_smi
+    notes: list[str] = []
+    rocm_smi = find("rocm-smi")
+    if rocm_smi:
+        try:
+            gpus = amd_smi_gpus(rocm_smi_gpus(rocm_smi, runner))
+        except ValueError as exc:
+            notes.append(f"rocm-smi could not be read ({exc}); AMD GPUs from sysfs")
+        else:
+            if gpus:
+                return gpus, (*notes, "AMD GPUs from rocm-smi")
+    if drm.is_dir():
+        gpus, sysfs_notes = amd_sysfs_gpus(drm)
+        notes.extend(sysfs_notes)
+        if gpus:
+            return gpus, tuple(notes)
+    xpu_smi = find("xpu-smi")
+    if xpu_smi:
+        try:
+            found = xpu_smi_gpus(xpu_smi, runner)
+        except ValueError as exc:
+            notes.append(f"xpu-smi could not be read ({exc}); Intel GPUs not planned on")
+        else:
+            if found:
+                return intel_smi_gpus(found), (*notes, "Intel GPUs from xpu-smi")
+    return (), tuple(notes)
+
+
+def amd_smi_gpus(found: tuple[SmiGpu, ...]) -> tuple[Gpu, ...]:
+    """rocm-smi's cards as GPUs, by amdgpu_sysfs_gpus' rule: an APU (small carve-out, GTT above
+    it) is unified and its pool the GTT; a discrete card its VRAM."""
+    gpus = []
+    for i, s in enumerate(found):
+        gtt = s.gtt_total_bytes or 0
+        apu = s.total_bytes <= APU_CARVEOUT_MAX_BYTES and gtt > s.total_bytes
+        total, used = (gtt, s.gtt_used_bytes) if apu else (s.total_bytes, s.used_bytes)
+        model = find_gpu(s.name)
+        gpus.append(
+            Gpu(
+                index=i,
+                name=s.name,
+                total_bytes=total,
+                free_bytes=max(0, total - (used or 0)),
+                used_bytes=used,
+                bandwidth_bytes_per_s=model.bandwidth_bytes_per_s if model else None,
+                fp16_tflops=model.fp16_tflops if model else None,
+                backend="ROCm",
+                unified=apu,
+            )
+        )
+    return tuple(gpus)
+
+
+def intel_smi_gpus(found: tuple[SmiGpu, ...]) -> tuple[Gpu, ...]:
+    """xpu-smi's devices as SYCL GPUs: free is Level Zero sysman's figure where it gave one,
+    else the total (what llama.cpp's SYCL backend itself reports without sysman)."""
+    gpus = []
+    for i, s in enumerate(found):
+        model = find_gpu(s.name)
+        free = s.free_bytes if s.free_bytes is not None else s.total_bytes
+        gpus.append(
+            Gpu(
+                index=i,
+                name=s.name,
+                total_bytes=s.total_bytes,
+                free_bytes=free,
+                used_bytes=s.total_bytes - free,
+                bandwidth_bytes_per_s=model.bandwidth_bytes_per_s if model else None,
+                fp16_tflops=model.fp16_tflops if model else None,
+                backend="SYCL",
+                unified=bool(model and model.unified),
+            )
+        )
+    return tuple(gpus)
 
 
 # --- AMD: sysfs ---------------------------------------------------------------------------------

@@ -489,6 +489,7 @@ def probe(
     if any(g.usable for g in gpus) and server is not None and not server.error:
         # NVIDIA GPUs, but the build may drive them with Vulkan: its device list says which
         # backend's names the command must use (memory stays NVML's).
+        from quantpick.machine.backends import Vendor, all_backends
         from quantpick.machine.devices import build_backend, read_list_devices
 
         try:
@@ -497,11 +498,14 @@ def probe(
             notes.append(f"no device list from llama-server ({exc})")
         else:
             if kind is None:
+                nvidia_builds = " or ".join(
+                    b.label for b in all_backends() if b.drives(Vendor.NVIDIA)
+                )
                 notes.append(
                     "the installed llama-server lists no GPU (a CPU build): its commands will "
-                    "not use the GPUs; install a CUDA or Vulkan build"
+                    f"not use the GPUs; install a {nvidia_builds} build"
                 )
-            elif kind.label != "CUDA":
+            elif any(g.backend != kind.label for g in gpus):
                 gpus = tuple(dataclasses.replace(g, backend=kind.label) for g in gpus)
                 notes.append(f"the installed llama-server drives the GPUs with {kind.label}")
     elif server is not None and not server.error:

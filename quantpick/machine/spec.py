@@ -13,6 +13,8 @@ import re
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+from quantpick.machine.backends import default_gpu_backend
+
 # Figures the speed model uses when a machine does not tell them; whoever fills a machine notes
 # when one is used (describe.gpu_assumption_notes, probe). Each is on the slow side on purpose.
 # A GPU that is neither in the catalogue nor reports bus width and clock: a GTX 1660 / T4-class
@@ -87,11 +89,19 @@ class Gpu:
     error: str | None = None  # a query that failed; the GPU is then not planned on
     # The ggml backend behind the device (machine/backends: its names, buffer rule, variables),
     # by label: "CUDA", "ROCm", "Metal", "Vulkan", "SYCL"; "CPU" for an RPC worker serving its CPU.
-    backend: str = "CUDA"
+    # Default: the backend of a GPU that names none (NVML's GPUs).
+    backend: str = field(default_factory=lambda: default_gpu_backend().label)
     # True: the GPU's memory is the host's RAM (Apple Silicon, Strix Halo, GB10, Jetson, iGPUs);
     # total/free are then the share the OS lets the GPU take, and the host's RAM is one pool
     # with it (plan/memory.py budgets it once).
     unified: bool = False
+    # The driver's buffer alignment where it is known and differs from the backend's assumed one
+    # (Vulkan: minStorageBufferOffsetAlignment, 4 on RADV, 64 assumed): tensors are padded to it.
+    buffer_alignment: int | None = None
+    # The largest tensor the device's kernels take, where its driver's is known (Vulkan:
+    # maxStorageBufferRange without 64-bit indexing; lavapipe 128 MiB): llama.cpp keeps a larger
+    # weight in host memory (ggml-vulkan supports_op refuses it; the loader takes the CPU buffer).
+    max_tensor_bytes: int | None = None
 
     @property
     def usable(self) -> bool:

@@ -433,7 +433,7 @@ def _memory_findings(pairs: Sequence[DeviceComparison], spilled: bool) -> list[F
                     FindingCode.DEVICE_UNPLANNED,
                     f"the server uses {c.device} ({_gib(c.measured.total_bytes)}), which the plan "
                     "does not",
-                    "check --device / CUDA_VISIBLE_DEVICES of the server against the plan",
+                    "check the server's --device and device-visibility variable against the plan",
                     c.device,
                 )
             )

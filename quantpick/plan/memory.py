@@ -26,7 +26,7 @@ from quantpick.model.ggml import (
     BufferRule,
     row_size,
 )
-from quantpick.model.layout import INPUT_SLOT, ModelLayout
+from quantpick.model.layout import INPUT_SLOT, ModelLayout, TensorInfo
 from quantpick.plan.compute import (
     GENERIC,
     GRAPH_RULES,
@@ -472,8 +472,19 @@ def host_weight_tensor(
 
 def device_buffer(device: LlamaDevice) -> BufferRule:
     """How a device's backend sizes tensors (machine/backends: each backend's rule; an RPC
-    device: the backend the worker serves, CUDA unless the worker is known to serve another)."""
-    return backend_of(device.gpu.backend).buffer
+    device: the backend the worker serves, CUDA unless the worker is known to serve another),
+    with the device's own alignment where its driver's is known (Gpu.buffer_alignment)."""
+    rule = backend_of(device.gpu.backend).buffer
+    align = device.gpu.buffer_alignment
+    if (
+        isinstance(align, int)
+        and align > 0
+        and align & (align - 1) == 0  # a power of two, as every driver's is
+        and align != rule.alignment
+    ):
+        # its own name: layouts cache their sizes per rule name (ModelLayout.slots_under)
+        return BufferRule(f"{rule.name}/{align}", align, rule.row_padding)
+    return rule
 
 
 def _max_alloc_notes(
@@ -580,7 +591,17 @@ def estimate(
     # alignment, quantized row padding: machine/backends); the host is the CPU backend.
     rules = [device_buffer(d) for d in devs] + [CPU_BUFFER]
     host_experts = [0] * n_slots  # routed-expert bytes of each block that live in host memory
-    if overrides:
+    # A device whose driver takes no tensor above a size (Gpu.max_tensor_bytes) leaves larger
+    # weights in host memory: its backend's supports_op refuses them, and the loader takes the
+    # next buffer type, the CPU's (llama-model.cpp select_weight_buft; ggml-vulkan.cpp:15304-15330).
+    limits = [d.gpu.max_tensor_bytes for d in devs] + [None]
+
+    def too_big(t: TensorInfo, pos: int) -> bool:
+        limit = limits[pos]
+        return isinstance(limit, int) and limit > 0 and t.n_bytes > limit
+
+    limited = any(limits) and any(too_big(t, pos) for t in layout.tensors for pos in range(n_gpu))
+    if overrides or limited:
         # -ot: std::regex_search on every tensor name, first match wins, before the normal choice
         # (llama_model_loader::create_tensor); --n-cpu-moe's own patterns come after the user's.
         for t in layout.tensors:
@@ -597,6 +618,8 @@ def estimate(
             else:
                 if slot != INPUT_SLOT and t.is_expert and slot < n_cpu_moe:
                     target = host_pos
+            if too_big(t, target):
+                target = host_pos
             acc[target].weights += layout.tensor_alloc(t, rules[target])
             if t.is_expert and target == host_pos and slot != INPUT_SLOT:
                 host_experts[slot] += t.n_bytes
@@ -625,7 +648,11 @@ def estimate(
     output_dev = slot_device[layout.output_slot]
     if layout.tied_output_bytes and (output_dev != host_pos or view.tied_copy_always):
         embd = next(t for t in layout.tensors if t.name == "token_embd.weight")
-        acc[output_dev].weights += layout.tensor_alloc(embd, rules[output_dev])
+        if not too_big(embd, output_dev):
+            acc[output_dev].weights += layout.tensor_alloc(embd, rules[output_dev])
+        elif view.tied_copy_always:  # the copy falls back to the host, where it is loaded anyway
+            acc[host_pos].weights += layout.tensor_alloc(embd, rules[host_pos])
+        # else: the host's one copy serves the output too
     for slot in range(n_slots):
         if skipped(slot):
             continue

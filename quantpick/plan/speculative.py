@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from enum import Enum
 
-from quantpick.machine.backends import BackendKind, backend_of
+from quantpick.machine.backends import BackendKind, all_backends, backend_of
 from quantpick.machine.spec import Machine
 from quantpick.model.layout import ModelLayout
 from quantpick.model.speculative import SpecKind, spec_sources
@@ -83,20 +83,11 @@ ROUND_OVERHEAD_MS = 1.0
 # speculative.cpp common_speculative_impl_ngram_*: a hash-map lookup per round).
 NGRAM_DRAFT_MS = 0.05
 # How fast a backend runs the small verify batch relative to its own mat-vec decode (the extra
-# rows' share of a verify step is divided by it): CUDA's mmvq takes up to 8 rows at one pass over
-# the weights (ggml-cuda/mmvq.cu MMVQ_MAX_BATCH_SIZE), the measure of the other figures. ROCm and
-# Vulkan: 0.35, fitted (grid 0.10-1.00, `benchmarks/spec_accuracy.py --fit`) to the 8 AMD rows of
-# benchmarks/data/spec-measurements.json (Strix Halo ROCm/Vulkan, RX 7900 XTX, Radeon 780M, a
-# HIP card; 5 sources), the acceptance held out by source: refitted without each row's source,
-# median error 4%, worst 1.48x (CUDA's 1.0 gives 18% and 1.57x). Metal, SYCL: no rows, CUDA's
-# figure. An input of the decision: the machine's backend says which.
+# rows' share of a verify step is divided by it): each backend's verify_efficiency
+# (machine/backends, where the fitted figures and their data are). An input of the decision: the
+# machine's backend says which.
 BACKEND_VERIFY_EFFICIENCY: dict[BackendKind, float] = {
-    BackendKind.CUDA: 1.0,
-    BackendKind.CPU: 1.0,
-    BackendKind.ROCM: 0.35,
-    BackendKind.VULKAN: 0.35,
-    BackendKind.METAL: 1.0,
-    BackendKind.SYCL: 1.0,
+    b.kind: b.verify_efficiency for b in all_backends()
 }
 
 

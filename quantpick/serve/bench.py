@@ -28,8 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from quantpick.errors import QuantpickError
-from quantpick.machine.backends import Backend
-from quantpick.machine.backends import backend as backend_named
+from quantpick.machine.backends import Backend, Vendor, default_gpu_backend
 from quantpick.plan.memory import RunConfig
 from quantpick.process import ToolProcess, printable, run_tool
 from quantpick.serve.command import FFN_EXPS_REGEX, ServerOptions, build_command
@@ -66,7 +65,7 @@ class BenchSettings:
 @dataclass(frozen=True)
 class GpuPeak:
     index: int  # NVML index
-    device: str  # llama.cpp's name, CUDA<index> with CUDA_DEVICE_ORDER=PCI_BUS_ID
+    device: str  # llama.cpp's name for the NVML index (the backend's, in PCI bus order)
     baseline_used_bytes: int
     peak_used_bytes: int
 
@@ -98,8 +97,16 @@ class BenchMeasurement:
 class GpuSampler:
     """Peak NVML used memory per GPU index while a block runs (`with GpuSampler([0, 1]) as s`)."""
 
-    def __init__(self, indices: list[int], interval_s: float = SAMPLE_INTERVAL_S) -> None:
+    def __init__(
+        self,
+        indices: list[int],
+        interval_s: float = SAMPLE_INTERVAL_S,
+        backend: Backend | None = None,
+    ) -> None:
         self.indices = indices
+        # names the devices: NVML sees NVIDIA GPUs, so a backend that drives them, else the default
+        nvidia = backend is not None and backend.drives(Vendor.NVIDIA)
+        self.backend = backend if backend is not None and nvidia else default_gpu_backend()
         self.interval_s = interval_s
         self.baseline: dict[int, int] = {}
         self.peak: dict[int, int] = {}
@@ -158,7 +165,9 @@ class GpuSampler:
 
     def peaks(self) -> tuple[GpuPeak, ...]:
         return tuple(
-            GpuPeak(i, f"CUDA{i}", self.baseline[i], self.peak.get(i, self.baseline[i]))
+            GpuPeak(
+                i, self.backend.device_name(i), self.baseline[i], self.peak.get(i, self.baseline[i])
+            )
             for i in self.indices
             if i in self.baseline
         )
@@ -176,8 +185,8 @@ def bench_argv(
     backend: Backend | None = None,
 ) -> tuple[list[str], dict[str, str]]:
     """llama-bench's spelling of the plan's placement (its own syntax, see the module doc), with
-    the backend's device names and order variables (default CUDA's)."""
-    local = backend or backend_named("cuda")
+    the backend's device names and order variables (default: default_gpu_backend())."""
+    local = backend or default_gpu_backend()
     argv = [str(binary), "-m", str(model_path), "-o", "json", "--progress"]
     argv += ["-p", str(settings.n_prompt), "-n", str(settings.n_gen)]
     argv += ["-d", "0" if settings.depth <= 0 else f"0,{settings.depth}"]
@@ -290,7 +299,7 @@ def run_llama_bench(
 ) -> BenchMeasurement:
     argv, env = bench_argv(binary, config, model_path, block_count, settings, backend)
     started = time.monotonic()
-    with GpuSampler(gpu_indices) as sampler:
+    with GpuSampler(gpu_indices, backend=backend) as sampler:
         try:
             child = run_tool(argv, env=env, timeout_s=settings.timeout_s, on_stderr_line=progress)
         except OSError as exc:
@@ -441,7 +450,7 @@ def run_llama_server(
     deadline = started + settings.timeout_s
     figures: dict[str, float | None] = {}
     samples: dict[str, list[float]] = {}
-    with GpuSampler(gpu_indices) as sampler:
+    with GpuSampler(gpu_indices, backend=backend) as sampler:
         try:
             server = ToolProcess(cmd.argv, env=cmd.env, capture_stdout=False)
         except OSError as exc:

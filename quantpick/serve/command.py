@@ -35,8 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from quantpick.errors import QuantpickError, UsageError
-from quantpick.machine.backends import Backend
-from quantpick.machine.backends import backend as backend_named
+from quantpick.machine.backends import Backend, default_gpu_backend
 from quantpick.model.manifest import Manifest
 from quantpick.plan.memory import RunConfig
 from quantpick.serve.flags import (
@@ -145,7 +144,9 @@ class ServerCommand:
     host: str = "127.0.0.1"
     port: int = 8080
     hf: HfModel | None = None  # the model comes from -hf, not a file on disk
-    backend: str = "cuda"  # machine/backends key of the local devices the command names
+    backend: str = field(
+        default_factory=lambda: default_gpu_backend().key
+    )  # machine/backends key of the local devices the command names
     selected_by_env: bool = False  # True: the backend's variable selects the GPUs (no --device)
 
 
@@ -260,7 +261,7 @@ def build_command(
     are dropped with a warning and a missing required one raises QuantpickError.
     """
     caps = capabilities
-    local = backend or backend_named("cuda")
+    local = backend or default_gpu_backend()
     warnings: list[str] = []
     env: dict[str, str] = {}
     env_from: list[tuple[str, str]] = []

@@ -36,8 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from quantpick.errors import ModelRejectedError, QuantpickError
-from quantpick.machine.backends import Backend
-from quantpick.machine.backends import backend as backend_named
+from quantpick.machine.backends import Backend, default_gpu_backend
 from quantpick.plan.confirm import LlamaDevice, Projection, fit_params_config
 from quantpick.plan.memory import RunConfig
 from quantpick.process import ToolResult, printable, run_tool
@@ -115,9 +114,9 @@ def fit_params_argv(
 
     The flags are taken from the command quantpick writes (serve/command.py), so both agree on
     every spelling (-ngl as block_count + 1, --device and its backend's names, the backend's
-    order variables). `backend`: the machine's (default CUDA's).
+    order variables). `backend`: the machine's (default: default_gpu_backend()).
     """
-    local = backend or backend_named("cuda")
+    local = backend or default_gpu_backend()
     cmd = build_command(
         fit_params_config(config),
         model_path=model_path,

@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 from quantpick.errors import UsageError
-from quantpick.machine.backends import BackendKind
 from quantpick.machine.backends import backend as backend_named
 from quantpick.serve.command import (
     ENV_VARS,
@@ -399,8 +398,8 @@ def render_compose(
     for warning in cmd.warnings:
         lines += comment_lines(f"Warning: {warning}")
     lines.append("# Run: docker compose -f THIS_FILE up -d")
-    if gpus and local.kind is BackendKind.CUDA:
-        lines.append("# GPUs need the NVIDIA Container Toolkit on the host.")
+    if gpus and local.container_gpu_driver:
+        lines.append(f"# GPUs need {local.container_runtime} on the host.")
     elif gpus:
         lines.append(f"# {local.label} reaches the GPUs through the host's device files.")
     for _, src in cmd.env_from:
@@ -443,17 +442,16 @@ def render_compose(
         "      start_period: 15m  # loading tens of GB takes a while",
         "    restart: unless-stopped",
     ]
-    if gpus and local.kind is not BackendKind.CUDA:
-        # ROCm needs /dev/kfd and /dev/dri (ROCm's docker docs); Vulkan and SYCL /dev/dri.
-        nodes = ["/dev/kfd", "/dev/dri"] if local.kind is BackendKind.ROCM else ["/dev/dri"]
-        lines += ["    devices:", *(f"      - {yaml_str(n)}" for n in nodes)]
+    if gpus and not local.container_gpu_driver:
+        # the backend's device files (machine/backends: ROCm /dev/kfd and /dev/dri, ...)
+        lines += ["    devices:", *(f"      - {yaml_str(n)}" for n in local.container_devices)]
     elif gpus:
         lines += [
             "    deploy:",
             "      resources:",
             "        reservations:",
             "          devices:",
-            '            - driver: "nvidia"',
+            f"            - driver: {yaml_str(local.container_gpu_driver or '')}",
         ]
         if reserved is None:
             lines.append('              count: "all"')

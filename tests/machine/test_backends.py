@@ -292,3 +292,48 @@ def test_compose_runs_the_backends_image_with_its_device_files() -> None:
     assert 'driver: "nvidia"' in compose("cuda")
     with pytest.raises(UsageError, match="no Metal image"):
         compose("metal")
+
+
+def test_a_drivers_known_alignment_replaces_the_assumed_one(q4km: ModelLayout) -> None:
+    """Vulkan assumes 64-byte buffer alignment (the largest of the drivers); a GPU whose driver's
+    minStorageBufferOffsetAlignment is known (RADV: 4) pads each tensor to that instead. Before:
+    Gpu had no such field and every Vulkan device was padded to 64."""
+    from quantpick.plan.memory import estimate
+
+    def weights(alignment: int | None) -> int:
+        gpu = Gpu(index=0, name="Radeon", total_bytes=64 * GiB, free_bytes=64 * GiB,
+                  backend="Vulkan", buffer_alignment=alignment)  # fmt: skip
+        host = Host(ram_total_bytes=64 * GiB, ram_available_bytes=64 * GiB, cpu_cores=8)
+        return estimate(q4km, Machine(gpus=(gpu,), host=host), RunConfig()).devices[0].weights_bytes
+
+    # every tensor of this model is a multiple of 64 bytes: 4 and 64 pad nothing; a 4 KiB
+    # alignment pads each tensor to it (more, but less than 4 KiB a tensor)
+    assert weights(4) == weights(64) == weights(None)
+    grown = weights(4096) - weights(64)
+    assert 0 < grown < 4096 * len(q4km.tensors) and weights(4096) % 4096 == 0
+    assert weights(3) == weights(None)  # not a power of two: ignored
+
+
+def test_a_weight_above_the_drivers_largest_tensor_stays_on_the_host(q4km: ModelLayout) -> None:
+    """ggml-vulkan refuses an op on a tensor above the driver's storage-buffer range, and the
+    loader keeps that weight in host memory (tests/test_vulkan_oracle.py: lavapipe, 128 MiB).
+    Before Gpu.max_tensor_bytes: counted on the device."""
+    from quantpick.model.ggml import CPU_BUFFER
+    from quantpick.plan.memory import estimate
+
+    host = Host(ram_total_bytes=64 * GiB, ram_available_bytes=64 * GiB, cpu_cores=8)
+
+    def split(limit: int | None) -> tuple[int, int]:
+        gpu = Gpu(index=0, name="Radeon", total_bytes=64 * GiB, free_bytes=64 * GiB,
+                  backend="Vulkan", max_tensor_bytes=limit)  # fmt: skip
+        devices = estimate(q4km, Machine(gpus=(gpu,), host=host), RunConfig()).devices
+        return devices[0].weights_bytes, devices[1].weights_bytes
+
+    on_gpu = [t for t in q4km.tensors if t.name != "token_embd.weight"]
+    biggest = max(on_gpu, key=lambda t: t.n_bytes)
+    gpu_all, host_all = split(None)
+    gpu_cut, host_cut = split(biggest.n_bytes - 1)
+    moved = [t for t in on_gpu if t.n_bytes == biggest.n_bytes]
+    assert gpu_all - gpu_cut == sum(q4km.tensor_alloc(t, backend("vulkan").buffer) for t in moved)
+    assert host_cut - host_all == sum(q4km.tensor_alloc(t, CPU_BUFFER) for t in moved)
+    assert split(biggest.n_bytes) == (gpu_all, host_all)  # at the limit: still on the device

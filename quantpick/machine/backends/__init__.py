@@ -15,10 +15,12 @@ receives a Backend as data.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import Protocol
+
 from quantpick.errors import UsageError
 from quantpick.machine.backends import cpu, cuda, metal, rocm, sycl, vulkan
 from quantpick.machine.backends.base import Backend, BackendKind, Vendor
-from quantpick.machine.spec import Gpu
 
 # The registry: each module's BACKEND, in llama.cpp's registration order
 # (ggml/src/ggml-backend-reg.cpp: CUDA, Metal, SYCL, Vulkan, ..., CPU; ROCm is the CUDA backend
@@ -87,17 +89,49 @@ def default_backend(vendor: Vendor) -> Backend:
     )
 
 
+def default_gpu_backend() -> Backend:
+    """The backend of a GPU that names none: NVML's GPUs, hardware files written before GPUs
+    had a backend, an unknown card, a command for no machine in particular. CUDA: the only
+    backend quantpick knew before backends were a type, and the NVIDIA default."""
+    return default_backend(Vendor.NVIDIA)
+
+
 def backend_of(name: str | None) -> Backend:
-    """The backend a Gpu.backend field names (old hardware files: "CUDA"); unknown: CUDA."""
+    """The backend a Gpu.backend field names; none or an unknown name: default_gpu_backend()."""
     if not name:
-        return backend(BackendKind.CUDA)
+        return default_gpu_backend()
     try:
         return backend(name)
     except UsageError:
-        return backend(BackendKind.CUDA)
+        return default_gpu_backend()
 
 
-def local_backend(gpus: tuple[Gpu, ...]) -> Backend:
+class _LocalGpu(Protocol):
+    """What local_backend reads of a machine.spec.Gpu (a protocol: machine.spec imports this
+    package for its default backend)."""
+
+    @property
+    def backend(self) -> str: ...
+
+    @property
+    def usable(self) -> bool: ...
+
+
+def local_backend(gpus: Iterable[_LocalGpu]) -> Backend:
     """The backend of a machine's local GPUs (one llama-server build drives them): the first
-    usable GPU's; none: CUDA's naming, which a command without GPUs never uses."""
+    usable GPU's; none: the default's naming, which a command without GPUs never uses."""
     return backend_of(next((g.backend for g in gpus if g.usable), None))
+
+
+def device_names_example() -> str:
+    """Every GPU backend's first device name, for help texts: "CUDA0, ROCm0, MTL0, ..."."""
+    return ", ".join(b.device_name(0) for b in all_backends() if b.kind is not BackendKind.CPU)
+
+
+def device_env_prefixes() -> tuple[str, ...]:
+    """Prefixes of the environment variables that choose or order llama.cpp's devices (each
+    backend's visibility and order variables; GGML_ for ggml's own): the variables a cached
+    projection depends on."""
+    names = [b.visibility_env for b in all_backends() if b.visibility_env]
+    names += [k for b in all_backends() for k, _ in b.order_env]
+    return tuple(sorted({"GGML_", *(n.split("_", 1)[0] + "_" for n in names)}))

@@ -8,6 +8,15 @@ from enum import Enum
 
 from quantpick.model.ggml import BufferRule
 
+# The verify-batch efficiency of AMD's kernels (ROCm and Vulkan), relative to the mat-vec decode
+# of the same backend (Backend.verify_efficiency; the reference, 1.0, is a kernel that takes up
+# to 8 rows in one pass over the weights: ggml-cuda/mmvq.cu MMVQ_MAX_BATCH_SIZE): 0.35, fitted
+# (grid 0.10-1.00, `benchmarks/spec_accuracy.py --fit`) to the 8 AMD rows of
+# benchmarks/data/spec-measurements.json (Strix Halo ROCm/Vulkan, RX 7900 XTX, Radeon 780M, a
+# HIP card; 5 sources), the acceptance held out by source: refitted without each row's source,
+# median error 4%, worst 1.48x (1.0 gives 18% and 1.57x). Metal, SYCL: no rows, 1.0.
+VERIFY_EFFICIENCY_AMD = 0.35
+
 
 class BackendKind(str, Enum):
     CUDA = "cuda"
@@ -63,6 +72,14 @@ class Backend:
     cmake_option: str = ""
     # Docker image suffix of ghcr.io/ggml-org/llama.cpp:server-<suffix> ("" = the CPU image).
     image_suffix: str = ""
+    # How a container reaches the GPUs: a compose `deploy` device reservation with this driver,
+    # which `container_runtime` provides on the host, else these device files passed through.
+    container_gpu_driver: str | None = None
+    container_runtime: str = ""
+    container_devices: tuple[str, ...] = ()
+    # How fast it runs a speculative verify batch relative to its own mat-vec decode
+    # (plan/speculative.py; fitted where published runs exist, 1.0 otherwise).
+    verify_efficiency: float = 1.0
 
     @property
     def key(self) -> str:

@@ -31,4 +31,6 @@ BACKEND = Backend(
     memory_source="NVML (nvmlDeviceGetMemoryInfo); llama.cpp: cudaMemGetInfo",
     cmake_option="-DGGML_CUDA=ON",
     image_suffix="cuda",
+    container_gpu_driver="nvidia",
+    container_runtime="the NVIDIA Container Toolkit",
 )

@@ -11,7 +11,12 @@
 
 from __future__ import annotations
 
-from quantpick.machine.backends.base import Backend, BackendKind, Vendor
+from quantpick.machine.backends.base import (
+    VERIFY_EFFICIENCY_AMD,
+    Backend,
+    BackendKind,
+    Vendor,
+)
 from quantpick.model.ggml import BufferRule
 
 BACKEND = Backend(
@@ -28,4 +33,7 @@ BACKEND = Backend(
     "llama.cpp: hipMemGetInfo",
     cmake_option="-DGGML_HIP=ON",
     image_suffix="rocm",
+    # ROCm needs /dev/kfd and /dev/dri (ROCm docs, "Running ROCm Docker containers").
+    container_devices=("/dev/kfd", "/dev/dri"),
+    verify_efficiency=VERIFY_EFFICIENCY_AMD,
 )

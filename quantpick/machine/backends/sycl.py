@@ -32,4 +32,5 @@ BACKEND = _SyclBackend(
     memory_source="sysfs (xe/i915 lmem), xpu-smi; llama.cpp: SYCL global_mem_size",
     cmake_option="-DGGML_SYCL=ON",
     image_suffix="intel",
+    container_devices=("/dev/dri",),
 )

@@ -17,7 +17,12 @@
 
 from __future__ import annotations
 
-from quantpick.machine.backends.base import Backend, BackendKind, Vendor
+from quantpick.machine.backends.base import (
+    VERIFY_EFFICIENCY_AMD,
+    Backend,
+    BackendKind,
+    Vendor,
+)
 from quantpick.model.ggml import BufferRule
 
 GiB = 1024**3
@@ -38,4 +43,6 @@ BACKEND = Backend(
     "(llama.cpp #15054, #14698; AMDVLK #413); the smallest is assumed",
     cmake_option="-DGGML_VULKAN=ON",
     image_suffix="vulkan",
+    container_devices=("/dev/dri",),
+    verify_efficiency=VERIFY_EFFICIENCY_AMD,
 )
