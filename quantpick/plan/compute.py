@@ -83,7 +83,7 @@ MEASURED = ComputeAccuracy(
 )
 # A GPU backend: the CPU backend's phases plus op offload; public CUDA logs of qwen35moe
 # (tests/data/cuda-logs.json, benchmarks/cuda_logs_accuracy.py) within 15%.
-GPU_ESTIMATE = ComputeAccuracy(True, 0.15, EXPECTED_ERROR_FLOOR, "public CUDA logs")
+GPU_ESTIMATE = ComputeAccuracy(True, 0.15, EXPECTED_ERROR_FLOOR, "public GPU-backend logs")
 # An architecture without a module checked against llama.cpp, or a build older than the cap
 # (PR #23861): the generic rule, not checked; the worst recorded fitted-rule row is 25% off.
 UNCHECKED = ComputeAccuracy(True, 0.25, EXPECTED_ERROR_FLOOR, "the generic rule, unchecked")
