@@ -165,6 +165,9 @@ class DeviceGraph:
     mask_f32: int  # its KQ masks without (bytes)
     kq: int  # the widest no-FA KQ matrix of its layers (0 with flash attention)
     flash_attn: bool
+    # its layers' no-FA KQ matrix runs on the host (its backend refuses a tensor that large:
+    # ComputeTraits.ops_capped); the host's DeviceGraph carries that KQ in `kq`
+    kq_elsewhere: bool = False
     host_experts: bool = False  # computes routed experts held in host memory
     offload_weight: int = 0  # op offload: the largest host-resident weight copied in (GPU only)
     copies: int = 1  # PIPELINE_COPIES with pipeline parallelism
@@ -251,8 +254,11 @@ def device_compute(dev: DeviceGraph, shape: GraphShape, rule: GraphRule) -> int:
         if dev.copies == 1:
             live += rule.remote_kv * dev.remote_kv
         phases.append((live, True))
-        if not dev.flash_attn:
+        if not dev.flash_attn and not dev.kq_elsewhere:
             phases.append((dev.kq + rule.no_fa * e + host_e, True))
+    elif dev.kq and not dev.flash_attn:
+        # the KQ of another device's layers, computed here (that device's backend refused it)
+        phases.append((dev.kq + rule.no_fa * e + host_e, True))
     elif dev.offload_weight:
         # op offload on a GPU that holds no layer: the weight and the activations it multiplies
         phases.append((dev.offload_weight + 2 * e, False))

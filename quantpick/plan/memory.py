@@ -455,15 +455,23 @@ def host_weight_tensor(
     host_pos: int,
     host_experts: list[int],
     skipped: Callable[[int], bool],
+    limit: int | None = None,
+    experts_only: bool = False,
 ) -> int:
     """The largest block weight held in host memory (routed experts under --n-cpu-moe / -ot, or
-    whole blocks under -ngl): what op offload copies into the first GPU, one tensor at a time."""
+    whole blocks under -ngl): what op offload copies into the first GPU, one tensor at a time.
+    With `limit` (a backend whose supports_op refuses larger tensors: ComputeTraits.ops_capped)
+    only the weights up to it are offloaded; `experts_only`: the largest routed-expert tensor."""
     best = 0
     for t in layout.tensors:
         if len(t.shape) < 2:
             continue
         slot = layout.slot_of(t.name)
         if slot == INPUT_SLOT or slot == layout.output_slot or skipped(slot):
+            continue
+        if limit is not None and t.n_bytes > limit:
+            continue
+        if experts_only and not (t.is_expert and host_experts[slot]):
             continue
         if slot_device[slot] == host_pos or (t.is_expert and host_experts[slot]):
             best = max(best, t.n_bytes)
@@ -757,6 +765,35 @@ def estimate(
     # input it was cast from: a pre-cap CUDA log's CUDA_Host buffer is the f32 mask + 2E
     # (real-cuda.md, tests/data/cuda-logs.json)
     host_fa_bytes = 4 if config.fa_mask_f32 else 2
+    # A backend whose supports_op refuses ops over the device's largest tensor
+    # (ComputeTraits.ops_capped: Vulkan's maxStorageBufferRange) leaves such ops to the CPU
+    # backend: their live set moves to the host's compute buffer.
+    traits = [backend_of(d.gpu.backend).compute for d in devs]
+    caps: list[int | None] = [
+        lim if t.ops_capped and isinstance(lim, int) and lim > 0 else None
+        for t, lim in ((t, d.gpu.max_tensor_bytes) for t, d in zip(traits, devs, strict=True))
+    ] + [None]
+
+    def refuses(pos: int, nbytes: int) -> bool:
+        cap = caps[pos]
+        return cap is not None and nbytes > cap
+
+    # the output head: its weight (the tied token_embd where there is no output.weight) and the
+    # logits it writes; either above the cap and the matmul runs on the host
+    head = next((t for t in layout.tensors if t.name == "output.weight"), None) or next(
+        (t for t in layout.tensors if t.name == "token_embd.weight"), None
+    )
+    output_compute = output_dev
+    if output_dev != host_pos and (
+        refuses(output_dev, shape.logits) or (head is not None and refuses(output_dev, head.n_bytes))
+    ):
+        output_compute = host_pos
+    # without flash attention, a KQ matrix over the cap (and the softmax and KQV over it) runs on
+    # the host: the largest such is the host's
+    kq_host = 0
+    for pos in range(n_gpu):
+        if not fa and refuses(pos, kq[pos]):
+            kq_host, kq[pos] = max(kq_host, kq[pos]), -1
     # a cache other than f16: a GPU's flash attention converts one layer's K and V to f16
     kv_convert = 0
     if fa and (config.cache_type_k, config.cache_type_v) != ("f16", "f16"):
@@ -770,8 +807,17 @@ def estimate(
     op_offload_pos = next(
         (p for p, d in enumerate(devs) if not d.is_rpc and backends[p] is ComputeBackend.GPU), None
     )
-    offloading = op_offload_pos is not None and ub >= OP_OFFLOAD_MIN_BATCH
-    host_weight = host_weight_tensor(layout, slot_device, host_pos, host_experts, skipped)
+    offloading = op_offload_pos is not None and ub >= traits[op_offload_pos].offload_min_batch
+    op_cap = caps[op_offload_pos] if op_offload_pos is not None else None
+    host_weight = host_weight_tensor(layout, slot_device, host_pos, host_experts, skipped, op_cap)
+    # routed experts in host memory that the offloading device refuses stay the host's to compute
+    experts_offloaded = offloading and not (
+        op_cap is not None
+        and host_weight_tensor(
+            layout, slot_device, host_pos, host_experts, skipped, experts_only=True
+        )
+        > op_cap
+    )
     for pos in range(n_gpu + 1):
         a = acc[pos]
         is_host = pos == host_pos
@@ -783,16 +829,18 @@ def estimate(
                 backend=backends[pos],
                 is_host=is_host,
                 holds_layers=bool(block_layers) or (bool(kinds[pos]) and not is_host),
-                holds_output=pos == output_dev and bool(computes),
+                holds_output=pos == output_compute
+                and (bool(computes) or output_compute != output_dev),
                 mask_f16=mask_cells * ub * (host_fa_bytes if is_host else 2),
                 mask_f32=mask_cells * ub * 4,
-                kq=0 if fa else kq[pos],
+                kq=0 if fa else (max(kq_host, kq[pos]) if is_host else max(kq[pos], 0)),
+                kq_elsewhere=kq[pos] < 0,
                 flash_attn=fa,
-                host_experts=is_host and any(host_experts) and not offloading,
+                host_experts=is_host and any(host_experts) and not experts_offloaded,
                 offload_weight=host_weight if offloading and pos == op_offload_pos else 0,
                 copies=copies,
                 remote_kv=sum(remote[pos].values()),
-                kv_convert=kv_convert,
+                kv_convert=kv_convert if pos < n_gpu and traits[pos].fa_kv_convert else 0,
                 experts=bool(a.experts) or not view.is_moe,
             ),
             shape,

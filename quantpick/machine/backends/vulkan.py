@@ -21,11 +21,30 @@ from quantpick.machine.backends.base import (
     VERIFY_EFFICIENCY_AMD,
     Backend,
     BackendKind,
+    ComputeTraits,
     Vendor,
 )
 from quantpick.model.ggml import BufferRule
 
 GiB = 1024**3
+
+# The Vulkan backend's scheduler callbacks and kernels, as they shape its compute buffer (checked
+# on the lavapipe oracle: tests/data/vulkan-oracle.json.gz, benchmarks/vulkan_oracle_accuracy.py):
+# - offload_op: an op whose batch (ggml_vk_get_op_batch_size) is >= op_offload_min_batch_size
+#   (ggml-vulkan.cpp:15973-15977; default 32 at :16111);
+# - supports_op refuses an op with any source or result larger than max_buffer_size or, without
+#   shader64BitIndexing, maxStorageBufferRange (ggml-vulkan.cpp:15307-15328): the scheduler then
+#   runs it on the CPU backend (ggml-backend.cpp:888-900, 961-981). A device's largest tensor
+#   (Gpu.max_tensor_bytes) is that limit: the logits of a large vocabulary, a no-FA KQ matrix
+#   and the output head over it run on the host, and their live set is the host's buffer;
+# - flash attention over a quantized K/V dequantizes it into a scratch of the backend's own
+#   (prealloc buffers, ggml-vulkan.cpp:8082-8100), not into the graph's compute buffer.
+VULKAN_COMPUTE = ComputeTraits(
+    offload_min_batch=32,
+    ops_capped=True,
+    fa_kv_convert=False,
+    source="ggml-vulkan.cpp:15307-15328 supports_op, :15973-15977 offload_op, :8082-8100",
+)
 
 BACKEND = Backend(
     kind=BackendKind.VULKAN,
@@ -45,4 +64,5 @@ BACKEND = Backend(
     image_suffix="vulkan",
     container_devices=("/dev/dri",),
     verify_efficiency=VERIFY_EFFICIENCY_AMD,
+    compute=VULKAN_COMPUTE,
 )
