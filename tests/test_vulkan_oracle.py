@@ -86,10 +86,65 @@ def test_kv_and_state_need_neither(oracle: dict) -> None:
     assert all(r.context[0] == r.context[1] for r in plain)
 
 
-def test_compute_against_the_bound_is_reported(lavapipe_rows: list[Row]) -> None:
-    """Compute buffers are #32's model (not this issue's): the share within max(5%, 16 MiB) and
-    the median error are pinned here so that a change shows; docs/backends.md gives them."""
+def row_class(r: Row) -> str:
+    if "visible=0,0" in r.case:
+        return "two devices"
+    return "every layer" if "ngl=all" in r.case else "partial"
+
+
+def test_compute_follows_the_vulkan_backends_own_graph(lavapipe_rows: list[Row]) -> None:
+    """Compute on the Vulkan devices with the backend's traits (machine/backends/vulkan.py:
+    ops over maxStorageBufferRange on the host, flash attention's dequantized cache outside the
+    buffer, split inputs copied back per layer): 267 of 384 within max(5%, 16 MiB), median
+    error 0% (the CPU/CUDA rule alone: 38 within, median +93%). docs/compute.md names the rest."""
     within = sum(r.compute_within for r in lavapipe_rows)
     errors = [abs(r.compute[0] - r.compute[1]) / MiB for r in lavapipe_rows]
-    assert within == 38
-    assert 100 < statistics.median(errors) < 1000
+    signed = [(r.compute[0] - r.compute[1]) / r.compute[1] for r in lavapipe_rows]
+    assert within == 267
+    assert statistics.median(errors) < 16
+    assert abs(statistics.median(signed)) < 0.01
+    by_class: dict[str, list[Row]] = {}
+    for r in lavapipe_rows:
+        by_class.setdefault(row_class(r), []).append(r)
+    counts = {k: (sum(r.compute_within for r in v), len(v)) for k, v in by_class.items()}
+    assert counts == {"every layer": (77, 96), "partial": (39, 96), "two devices": (151, 192)}
+
+
+def test_the_rows_left_are_the_named_classes(lavapipe_rows: list[Row]) -> None:
+    """What docs/compute.md says is not matched: routed experts kept in host memory for their size
+    (gpt-oss-20b's MXFP4 experts, deepseek-v3's) and -ngl partial offload. Outside those, 227 of
+    252 rows are within; one is more than 2x off: gemma-4-e2b -fa off on two devices, whose
+    sliding-window layers' KQ stays under the cap while the full ones' does not (4.9x over)."""
+    named = {"gpt-oss-20b", "deepseek-v3"}
+    rest = [r for r in lavapipe_rows if r.config not in named and row_class(r) != "partial"]
+    assert (sum(r.compute_within for r in rest), len(rest)) == (227, 252)
+    far = [r for r in rest if not 0.5 <= r.compute[0] / r.compute[1] <= 2.0]
+    assert [(r.config, r.device, "fa=off" in r.case) for r in far] == [
+        ("gemma-4-e2b", "Vulkan1", True)
+    ]
+
+
+@pytest.mark.parametrize(
+    ("config", "case", "device"),
+    [
+        # the logits (and the head over them) run on the host
+        ("llama-3.1-8b", "ctx=4096 np=1 ctk=f16 ctv=f16 fa=on visible=0 ngl=all", "Vulkan0"),
+        ("llama-3.1-8b", "ctx=4096 np=1 ctk=f16 ctv=f16 fa=on visible=0 ngl=all", "Host"),
+        # the KQ matrix over the cap runs on the host
+        ("qwen3-8b", "ctx=32768 np=1 ctk=f16 ctv=f16 fa=off visible=0 ngl=all", "Vulkan0"),
+        # the quantized cache is dequantized outside the buffer
+        ("llama-3.1-8b", "ctx=32768 np=1 ctk=q8_0 ctv=q8_0 fa=on visible=0 ngl=all", "Vulkan0"),
+        # pipeline parallelism: what the host returns, copied per layer
+        ("llama-3.1-8b", "ctx=4096 np=1 ctk=f16 ctv=f16 fa=off visible=0,0 ngl=all ts=3,1",
+         "Vulkan0"),
+        ("qwen3.6-35b-a3b", "ctx=4096 np=1 ctk=f16 ctv=f16 fa=on visible=0,0 ngl=all ts=3,1",
+         "Vulkan0"),
+    ],
+)  # fmt: skip
+def test_each_vulkan_rule_matches_its_rows(
+    oracle: dict, config: str, case: str, device: str
+) -> None:
+    """One row per rule, each more than 2x off under the CPU/CUDA rule (before the traits)."""
+    got = rows(oracle, LAVAPIPE_ALIGNMENT, LAVAPIPE_MAX_TENSOR_BYTES)
+    (row,) = [r for r in got if r.config == config and r.case == case and r.device == device]
+    assert row.compute_within, (row.compute[0] / MiB, row.compute[1] / MiB)

@@ -22,6 +22,16 @@ E = one ubatch of the residual stream, n_ubatch x n_embd x 4):
   GPU for batches >= 32 (ggml-backend.cpp:972; ggml-cuda.cu:5654, default at :5825); the weight
   is an input of that split, copied into the GPU's compute buffer and freed after
   (ggml-backend.cpp:1311-1411): one weight tensor at a time, also when the GPU holds no layer.
+- ops a backend refuses: the scheduler asks each backend's supports_op and gives an op it
+  refuses to the CPU backend (ggml-backend.cpp:888-900, 961-981). A backend whose supports_op
+  refuses any tensor above the device's largest (machine/backends ComputeTraits.ops_capped: the
+  Vulkan backend's maxStorageBufferRange, ggml-vulkan.cpp:15307-15328) leaves the logits of a
+  large vocabulary, a no-FA KQ matrix over the cap, and the matmuls over weights kept in host
+  memory for their size to the host: those phases are the host's (`DeviceGraph.output_elsewhere`,
+  `kq_elsewhere`), and what comes back to the device is a split input (`returned`), which with
+  pipeline parallelism is copied 4 times and alive for the whole graph. Each backend's traits
+  (its op offload batch, that cap, whether flash attention's f16 copy of a quantized cache is
+  in the graph) live in its machine/backends module, with their llama.cpp lines.
 
 With pipeline parallelism (several devices, every layer offloaded, no tensor overrides:
 src/llama-context.cpp:430-435) the inputs of each split become graph leafs copied
@@ -46,9 +56,6 @@ MiB = 1024**2
 
 # GGML_SCHED_MAX_COPIES (ggml/src/ggml-backend.cpp:772): input copies with pipeline parallelism.
 PIPELINE_COPIES = 4
-# op_offload_min_batch_size (ggml/src/ggml-cuda/ggml-cuda.cu:5654, default 32 at :5825): a GPU
-# backend runs a matmul on host-resident weights only for batches of at least this many tokens.
-OP_OFFLOAD_MIN_BATCH = 32
 
 # The expected error's floor: small buffers are off by a few MiB of the allocator's alignment and
 # fragmentation whatever their size.
@@ -89,12 +96,21 @@ GPU_ESTIMATE = ComputeAccuracy(True, 0.15, EXPECTED_ERROR_FLOOR, "public GPU-bac
 UNCHECKED = ComputeAccuracy(True, 0.25, EXPECTED_ERROR_FLOOR, "the generic rule, unchecked")
 
 
-def accuracy(backend: ComputeBackend, checked: bool) -> ComputeAccuracy:
+def accuracy(
+    backend: ComputeBackend, checked: bool, gpu: ComputeAccuracy = GPU_ESTIMATE
+) -> ComputeAccuracy:
     """The expected error of a device's compute figure: `checked` when the architecture's rule
-    and the build's rule are the ones recorded projections check."""
+    and the build's rule are the ones recorded projections check; `gpu`: a GPU backend's own
+    (machine/backends ComputeTraits.expected_error, via gpu_accuracy)."""
     if not checked:
         return UNCHECKED
-    return MEASURED if backend is ComputeBackend.CPU else GPU_ESTIMATE
+    return MEASURED if backend is ComputeBackend.CPU else gpu
+
+
+def gpu_accuracy(relative: float, basis: str) -> ComputeAccuracy:
+    """A GPU backend's expected error (ComputeTraits.expected_error and error_basis): an estimate,
+    at least the generic GPU rule's."""
+    return ComputeAccuracy(True, max(relative, GPU_ESTIMATE.relative), EXPECTED_ERROR_FLOOR, basis)
 
 
 def within(ours: int, theirs: int, acc: ComputeAccuracy = MEASURED) -> bool:
@@ -168,6 +184,13 @@ class DeviceGraph:
     # its layers' no-FA KQ matrix runs on the host (its backend refuses a tensor that large:
     # ComputeTraits.ops_capped); the host's DeviceGraph carries that KQ in `kq`
     kq_elsewhere: bool = False
+    # it holds the output layer, but the head's matmul runs on the host (its backend refuses the
+    # head's weight or the logits: ComputeTraits.ops_capped); the host's DeviceGraph holds_output
+    output_elsewhere: bool = False
+    # what its layers get back from ops the host ran for them (ComputeTraits.ops_capped: a KQ's
+    # attention output, routed experts' outputs), summed over its layers: split inputs, which
+    # with pipeline parallelism are leafs with `copies` copies alive for the whole graph
+    returned: int = 0
     host_experts: bool = False  # computes routed experts held in host memory
     offload_weight: int = 0  # op offload: the largest host-resident weight copied in (GPU only)
     copies: int = 1  # PIPELINE_COPIES with pipeline parallelism
@@ -253,8 +276,13 @@ def device_compute(dev: DeviceGraph, shape: GraphShape, rule: GraphRule) -> int:
         live += e if dev.is_host else 0
         if dev.copies == 1:
             live += rule.remote_kv * dev.remote_kv
-        phases.append((live, True))
-        if not dev.flash_attn and not dev.kq_elsewhere:
+        if dev.kq_elsewhere and not dev.flash_attn:
+            # the softmax that reads the mask runs on the host; the attention's output (one E)
+            # comes back as a split input
+            phases.append((live + e, dev.kq > 0))
+        else:
+            phases.append((live, True))
+        if not dev.flash_attn and (dev.kq or not dev.kq_elsewhere):
             phases.append((dev.kq + rule.no_fa * e + host_e, True))
     elif dev.kq and not dev.flash_attn:
         # the KQ of another device's layers, computed here (that device's backend refused it)
@@ -264,12 +292,17 @@ def device_compute(dev: DeviceGraph, shape: GraphShape, rule: GraphRule) -> int:
         phases.append((dev.offload_weight + 2 * e, False))
     if dev.host_experts:
         phases.append((2 * e + rule.expert_mid * shape.moe_mid + shape.moe_out, True))
-    if dev.holds_output:
+    if dev.holds_output and not dev.output_elsewhere:
         phases.append((shape.logits + rule.output * e + host_e, False))
     if dev.copies > 1:
         # split inputs are leafs with n_copies copies, alive for the whole graph
-        inputs = mask + e + (shape.per_layer if dev.holds_layers else 0)
-        resident = dev.copies * (inputs + rule.remote_kv * dev.remote_kv)
+        # (the mask is not, where the softmax that reads it runs on the host)
+        inputs = (
+            (0 if dev.kq_elsewhere and not dev.kq else mask)
+            + e
+            + (shape.per_layer if dev.holds_layers else 0)
+        )
+        resident = dev.copies * (inputs + rule.remote_kv * dev.remote_kv + dev.returned)
         if dev.is_host and not dev.holds_layers:
             extra = rule.pipeline_host_masks * dev.copies * mask
             return int(

@@ -29,8 +29,8 @@ from quantpick.model.ggml import (
 from quantpick.model.layout import INPUT_SLOT, ModelLayout, TensorInfo
 from quantpick.plan.compute import (
     GENERIC,
+    GPU_ESTIMATE,
     GRAPH_RULES,
-    OP_OFFLOAD_MIN_BATCH,
     PIPELINE_COPIES,
     UNCHECKED,
     ComputeAccuracy,
@@ -38,6 +38,7 @@ from quantpick.plan.compute import (
     DeviceGraph,
     accuracy,
     device_compute,
+    gpu_accuracy,
     graph_shape,
     output_buffer,
 )
@@ -739,6 +740,11 @@ def estimate(
     graph_rule = GRAPH_RULES.get(arch.name, GENERIC)
     kinds: list[dict[AttentionKind, int]] = [{} for _ in range(n_gpu + 1)]
     kq = [0] * (n_gpu + 1)
+    # a host layer's K and V: with op offload its flash attention runs on the offloading GPU too
+    # (the scheduler spreads a GPU's assignment to the ops around an offloaded matmul:
+    # ggml-backend.cpp ggml_backend_sched_split_graph, pass 2), which copies them in
+    host_layer_kv = 0
+    layer_kq: dict[int, int] = {}  # each attending layer's no-FA KQ matrix (bytes)
     remote: list[dict[int, int]] = [{} for _ in range(n_gpu + 1)]
     no_cache = view.memory is MemoryClass.NONE  # non-causal (diffusion): n_kv = the ubatch
     for layer in view.layers:
@@ -757,7 +763,13 @@ def estimate(
                 config.cache_type_v, fa, CPU_BUFFER,
             )  # fmt: skip
         kinds[pos][layer.attention] = cells
-        kq[pos] = max(kq[pos], cells * ub * max(layer.n_head, 1) * 4)
+        layer_kq[layer.index] = cells * ub * max(layer.n_head, 1) * 4
+        if pos == host_pos and layer.kv and fa:
+            host_layer_kv = max(host_layer_kv, layer_kv_bytes(
+                layer, view, cells * n_stream, config.cache_type_k, config.cache_type_v, fa,
+                CPU_BUFFER,
+            ))  # fmt: skip
+        kq[pos] = max(kq[pos], layer_kq[layer.index])
     all_kinds: dict[AttentionKind, int] = {}
     for k in kinds:
         all_kinds.update(k)
@@ -785,15 +797,38 @@ def estimate(
     )
     output_compute = output_dev
     if output_dev != host_pos and (
-        refuses(output_dev, shape.logits) or (head is not None and refuses(output_dev, head.n_bytes))
+        refuses(output_dev, shape.logits)
+        or (head is not None and refuses(output_dev, head.n_bytes))
     ):
         output_compute = host_pos
     # without flash attention, a KQ matrix over the cap (and the softmax and KQV over it) runs on
     # the host: the largest such is the host's
     kq_host = 0
-    for pos in range(n_gpu):
-        if not fa and refuses(pos, kq[pos]):
-            kq_host, kq[pos] = max(kq_host, kq[pos]), -1
+    kq_moved = [False] * (n_gpu + 1)  # some of its layers' KQ runs on the host
+    if not fa:
+        kept = [0] * (n_gpu + 1)
+        for il, size in layer_kq.items():
+            pos = slot_device[il]
+            if refuses(pos, size):
+                kq_host, kq_moved[pos] = max(kq_host, size), True
+            else:
+                kept[pos] = max(kept[pos], size)
+        kq = [
+            k if moved else kq[p] for p, (k, moved) in enumerate(zip(kept, kq_moved, strict=True))
+        ]
+    # what each device's layers get back from the ops the host ran for them: the attention's
+    # output after a KQ over the cap, the routed experts' outputs where their weights stayed in
+    # host memory over the cap (split inputs: ggml-backend.cpp:1514-1531)
+    returned = [0] * (n_gpu + 1)
+    for layer in view.layers:
+        pos = slot_device[layer.index]
+        if pos == host_pos or skipped(layer.index) or caps[pos] is None:
+            continue
+        if refuses(pos, layer_kq.get(layer.index, 0)) and not fa:
+            per_head = layer.v_width // max(layer.n_head_kv, 1) if layer.v_width else 0
+            returned[pos] += ub * (per_head * layer.n_head or view.n_embd) * 4
+        if host_experts[layer.index]:
+            returned[pos] += shape.moe_out
     # a cache other than f16: a GPU's flash attention converts one layer's K and V to f16
     kv_convert = 0
     if fa and (config.cache_type_k, config.cache_type_v) != ("f16", "f16"):
@@ -829,15 +864,19 @@ def estimate(
                 backend=backends[pos],
                 is_host=is_host,
                 holds_layers=bool(block_layers) or (bool(kinds[pos]) and not is_host),
-                holds_output=pos == output_compute
-                and (bool(computes) or output_compute != output_dev),
+                holds_output=(pos == output_dev and bool(computes))
+                or (pos == output_compute != output_dev),
+                output_elsewhere=pos == output_dev != output_compute,
+                returned=returned[pos],
                 mask_f16=mask_cells * ub * (host_fa_bytes if is_host else 2),
                 mask_f32=mask_cells * ub * 4,
-                kq=0 if fa else (max(kq_host, kq[pos]) if is_host else max(kq[pos], 0)),
-                kq_elsewhere=kq[pos] < 0,
+                kq=0 if fa else (max(kq_host, kq[pos]) if is_host else kq[pos]),
+                kq_elsewhere=kq_moved[pos],
                 flash_attn=fa,
                 host_experts=is_host and any(host_experts) and not experts_offloaded,
-                offload_weight=host_weight if offloading and pos == op_offload_pos else 0,
+                offload_weight=max(host_weight, host_layer_kv)
+                if offloading and pos == op_offload_pos
+                else 0,
                 copies=copies,
                 remote_kv=sum(remote[pos].values()),
                 kv_convert=kv_convert if pos < n_gpu and traits[pos].fa_kv_convert else 0,
@@ -953,7 +992,13 @@ def estimate(
                 expert_layers=tuple(a.experts),
                 endpoint=endpoint,
                 correction_bytes=correction,
-                compute_accuracy=accuracy(backends[pos], checked),
+                compute_accuracy=accuracy(
+                    backends[pos],
+                    checked,
+                    gpu_accuracy(traits[pos].expected_error, traits[pos].error_basis)
+                    if pos < n_gpu
+                    else GPU_ESTIMATE,
+                ),
                 backend=backend,
                 unified=unified,
             )

@@ -37,6 +37,10 @@ class ComputeTraits:
     # graph (in the compute buffer); False: in a scratch buffer of the backend's own, outside it
     fa_kv_convert: bool = False
     source: str = ""
+    # how far its compute figures are expected to be from llama.cpp's (relative; the floor is
+    # plan/compute.py's), and what that was measured on
+    expected_error: float = 0.15
+    error_basis: str = "public GPU-backend logs"
 
 
 class BackendKind(str, Enum):
