@@ -95,29 +95,30 @@ def row_class(r: Row) -> str:
 def test_compute_follows_the_vulkan_backends_own_graph(lavapipe_rows: list[Row]) -> None:
     """Compute on the Vulkan devices with the backend's traits (machine/backends/vulkan.py:
     ops over maxStorageBufferRange on the host, flash attention's dequantized cache outside the
-    buffer, split inputs copied back per layer): 267 of 384 within max(5%, 16 MiB), median
-    error 0% (the CPU/CUDA rule alone: 38 within, median +93%). docs/compute.md names the rest."""
+    buffer, split inputs copied back per layer, gpt-oss's biased expert results): 284 of 384
+    within max(5%, 16 MiB), median error 0% (the CPU/CUDA rule alone: 38 within, median +93%).
+    docs/compute.md names the rest."""
     within = sum(r.compute_within for r in lavapipe_rows)
     errors = [abs(r.compute[0] - r.compute[1]) / MiB for r in lavapipe_rows]
     signed = [(r.compute[0] - r.compute[1]) / r.compute[1] for r in lavapipe_rows]
-    assert within == 267
+    assert within == 284
     assert statistics.median(errors) < 16
     assert abs(statistics.median(signed)) < 0.01
     by_class: dict[str, list[Row]] = {}
     for r in lavapipe_rows:
         by_class.setdefault(row_class(r), []).append(r)
     counts = {k: (sum(r.compute_within for r in v), len(v)) for k, v in by_class.items()}
-    assert counts == {"every layer": (77, 96), "partial": (39, 96), "two devices": (151, 192)}
+    assert counts == {"every layer": (81, 96), "partial": (41, 96), "two devices": (162, 192)}
 
 
 def test_the_rows_left_are_the_named_classes(lavapipe_rows: list[Row]) -> None:
     """What docs/compute.md says is not matched: routed experts kept in host memory for their size
-    (gpt-oss-20b's MXFP4 experts, deepseek-v3's) and -ngl partial offload. Outside those, 227 of
-    252 rows are within; one is more than 2x off: gemma-4-e2b -fa off on two devices, whose
+    (deepseek-v3's: 0/24) and -ngl partial offload. Outside those, 243 of 270 rows are within;
+    one is more than 2x off: gemma-4-e2b -fa off on two devices, whose
     sliding-window layers' KQ stays under the cap while the full ones' does not (4.9x over)."""
-    named = {"gpt-oss-20b", "deepseek-v3"}
+    named = {"deepseek-v3"}
     rest = [r for r in lavapipe_rows if r.config not in named and row_class(r) != "partial"]
-    assert (sum(r.compute_within for r in rest), len(rest)) == (227, 252)
+    assert (sum(r.compute_within for r in rest), len(rest)) == (243, 270)
     far = [r for r in rest if not 0.5 <= r.compute[0] / r.compute[1] <= 2.0]
     assert [(r.config, r.device, "fa=off" in r.case) for r in far] == [
         ("gemma-4-e2b", "Vulkan1", True)
@@ -139,6 +140,10 @@ def test_the_rows_left_are_the_named_classes(lavapipe_rows: list[Row]) -> None:
          "Vulkan0"),
         ("qwen3.6-35b-a3b", "ctx=4096 np=1 ctk=f16 ctv=f16 fa=on visible=0,0 ngl=all ts=3,1",
          "Vulkan0"),
+        # gpt-oss's expert biases: gate and up results come back beside the experts' outputs
+        ("gpt-oss-20b", "ctx=4096 np=1 ctk=f16 ctv=f16 fa=on visible=0 ngl=all", "Vulkan0"),
+        ("gpt-oss-20b", "ctx=4096 np=1 ctk=f16 ctv=f16 fa=on visible=0,0 ngl=all ts=3,1",
+         "Vulkan1"),
     ],
 )  # fmt: skip
 def test_each_vulkan_rule_matches_its_rows(

@@ -191,6 +191,10 @@ class DeviceGraph:
     # attention output, routed experts' outputs), summed over its layers: split inputs, which
     # with pipeline parallelism are leafs with `copies` copies alive for the whole graph
     returned: int = 0
+    # one layer's gate and up results of routed experts the host computed, added to biases here
+    # (gpt-oss: ffn_*_exps.bias live with the device's layer: src/llama-graph.cpp build_moe_ffn
+    # adds them after each expert matmul), alive in its layer beside the experts' outputs
+    experts_back: int = 0
     host_experts: bool = False  # computes routed experts held in host memory
     offload_weight: int = 0  # op offload: the largest host-resident weight copied in (GPU only)
     copies: int = 1  # PIPELINE_COPIES with pipeline parallelism
@@ -272,7 +276,7 @@ def device_compute(dev: DeviceGraph, shape: GraphShape, rule: GraphRule) -> int:
         if dev.backend is ComputeBackend.GPU and dev.flash_attn:
             live += dev.kv_convert
         if not dev.experts and shape.moe_mid:
-            live += rule.no_experts * e
+            live += rule.no_experts * e + dev.experts_back
         live += e if dev.is_host else 0
         if dev.copies == 1:
             live += rule.remote_kv * dev.remote_kv

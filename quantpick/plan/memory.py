@@ -820,6 +820,11 @@ def estimate(
     # output after a KQ over the cap, the routed experts' outputs where their weights stayed in
     # host memory over the cap (split inputs: ggml-backend.cpp:1514-1531)
     returned = [0] * (n_gpu + 1)
+    # expert biases (gpt-oss): the gate and up results come back to be biased here, too
+    expert_bias = any(
+        t.name.endswith(("ffn_gate_exps.bias", "ffn_up_exps.bias")) for t in layout.tensors
+    )
+    experts_back = 2 * shape.moe_mid if expert_bias else 0
     for layer in view.layers:
         pos = slot_device[layer.index]
         if pos == host_pos or skipped(layer.index) or caps[pos] is None:
@@ -828,7 +833,7 @@ def estimate(
             per_head = layer.v_width // max(layer.n_head_kv, 1) if layer.v_width else 0
             returned[pos] += ub * (per_head * layer.n_head or view.n_embd) * 4
         if host_experts[layer.index]:
-            returned[pos] += shape.moe_out
+            returned[pos] += shape.moe_out + experts_back
     # a cache other than f16: a GPU's flash attention converts one layer's K and V to f16
     kv_convert = 0
     if fa and (config.cache_type_k, config.cache_type_v) != ("f16", "f16"):
@@ -868,6 +873,7 @@ def estimate(
                 or (pos == output_compute != output_dev),
                 output_elsewhere=pos == output_dev != output_compute,
                 returned=returned[pos],
+                experts_back=experts_back if pos < n_gpu and caps[pos] is not None else 0,
                 mask_f16=mask_cells * ub * (host_fa_bytes if is_host else 2),
                 mask_f32=mask_cells * ub * 4,
                 kq=0 if fa else (max(kq_host, kq[pos]) if is_host else kq[pos]),
