@@ -28,7 +28,7 @@ E = one ubatch of the residual stream, n_ubatch x n_embd x 4):
   Vulkan backend's maxStorageBufferRange, ggml-vulkan.cpp:15307-15328) leaves the logits of a
   large vocabulary, a no-FA KQ matrix over the cap, and the matmuls over weights kept in host
   memory for their size to the host: those phases are the host's (`DeviceGraph.output_elsewhere`,
-  `kq_elsewhere`), and what comes back to the device is a split input (`returned`), which with
+  `attn_elsewhere`), and what comes back to the device is a split input (`returned`), which with
   pipeline parallelism is copied 4 times and alive for the whole graph. Each backend's traits
   (its op offload batch, that cap, whether flash attention's f16 copy of a quantized cache is
   in the graph) live in its machine/backends module, with their llama.cpp lines.
@@ -183,7 +183,9 @@ class DeviceGraph:
     flash_attn: bool
     # its layers' no-FA KQ matrix runs on the host (its backend refuses a tensor that large:
     # ComputeTraits.ops_capped); the host's DeviceGraph carries that KQ in `kq`
-    kq_elsewhere: bool = False
+    attn_elsewhere: bool = False
+    attn_back: int = 0  # the largest attention output it gets back from the host
+    attn_q_elsewhere: bool = False  # ... because its Q is above the cap
     # it holds the output layer, but the head's matmul runs on the host (its backend refuses the
     # head's weight or the logits: ComputeTraits.ops_capped); the host's DeviceGraph holds_output
     output_elsewhere: bool = False
@@ -270,23 +272,32 @@ def device_compute(dev: DeviceGraph, shape: GraphShape, rule: GraphRule) -> int:
         phases.append((host_e, True))
     if dev.holds_layers:
         scores = rule.kv_scores * dev.mask_f32
+        # the fitted per-architecture terms describe a device that runs its layers' attention
+        # from its Q on; where even the Q is refused (attn_q_elsewhere: deepseek-v3's absorbed
+        # MLA Q on lavapipe) the host runs all of it and they are not this device's (measured:
+        # 268 vs 223 MiB without them, 555 with)
+        fitted = 0.0 if dev.attn_q_elsewhere else 1.0
         live = (
-            layer_live(shape, dev.experts) + rule.layer * e + scores + host_e + dev.offload_weight
+            layer_live(shape, dev.experts)
+            + fitted * rule.layer * e
+            + scores
+            + host_e
+            + dev.offload_weight
         )
         if dev.backend is ComputeBackend.GPU and dev.flash_attn:
             live += dev.kv_convert
         if not dev.experts and shape.moe_mid:
-            live += rule.no_experts * e + dev.experts_back
+            live += fitted * rule.no_experts * e + dev.experts_back
         live += e if dev.is_host else 0
         if dev.copies == 1:
             live += rule.remote_kv * dev.remote_kv
-        if dev.kq_elsewhere and not dev.flash_attn:
-            # the softmax that reads the mask runs on the host; the attention's output (one E)
-            # comes back as a split input
-            phases.append((live + e, dev.kq > 0))
+        if dev.attn_elsewhere:
+            # the attention that reads the mask runs on the host; its output comes back as a
+            # split input (the mask here covers the layers it kept)
+            phases.append((live + dev.attn_back, True))
         else:
             phases.append((live, True))
-        if not dev.flash_attn and (dev.kq or not dev.kq_elsewhere):
+        if not dev.flash_attn and (dev.kq or not dev.attn_elsewhere):
             phases.append((dev.kq + rule.no_fa * e + host_e, True))
     elif dev.kq and not dev.flash_attn:
         # the KQ of another device's layers, computed here (that device's backend refused it)
@@ -300,12 +311,7 @@ def device_compute(dev: DeviceGraph, shape: GraphShape, rule: GraphRule) -> int:
         phases.append((shape.logits + rule.output * e + host_e, False))
     if dev.copies > 1:
         # split inputs are leafs with n_copies copies, alive for the whole graph
-        # (the mask is not, where the softmax that reads it runs on the host)
-        inputs = (
-            (0 if dev.kq_elsewhere and not dev.kq else mask)
-            + e
-            + (shape.per_layer if dev.holds_layers else 0)
-        )
+        inputs = mask + e + (shape.per_layer if dev.holds_layers else 0)
         resident = dev.copies * (inputs + rule.remote_kv * dev.remote_kv + dev.returned)
         if dev.is_host and not dev.holds_layers:
             extra = rule.pipeline_host_masks * dev.copies * mask

@@ -738,8 +738,29 @@ def estimate(
     )
     shape = graph_shape(layout, ub, min(ub, n_outputs_max))
     graph_rule = GRAPH_RULES.get(arch.name, GENERIC)
+    # A backend whose supports_op refuses ops over the device's largest tensor
+    # (ComputeTraits.ops_capped: Vulkan's maxStorageBufferRange) leaves such ops to the CPU
+    # backend: their live set moves to the host's compute buffer.
+    traits = [backend_of(d.gpu.backend).compute for d in devs]
+    caps: list[int | None] = [
+        lim if t.ops_capped and isinstance(lim, int) and lim > 0 else None
+        for t, lim in ((t, d.gpu.max_tensor_bytes) for t, d in zip(traits, devs, strict=True))
+    ] + [None]
+
+    def refuses(pos: int, nbytes: int) -> bool:
+        cap = caps[pos]
+        return cap is not None and nbytes > cap
+
     kinds: list[dict[AttentionKind, int]] = [{} for _ in range(n_gpu + 1)]
     kq = [0] * (n_gpu + 1)
+    # A layer whose attention the device's backend refuses (its Q, its output or, without flash
+    # attention, its KQ matrix above the cap) has it computed on the host: the KQ there, the
+    # output (n_head x head_dim_v x n_ubatch x 4) back here as a split input
+    kq_host = 0
+    attn_moved = [False] * (n_gpu + 1)
+    attn_q_moved = [False] * (n_gpu + 1)
+    attn_back = [0] * (n_gpu + 1)  # the largest attention output a device gets back
+    attn_returned = [0] * (n_gpu + 1)  # summed over its layers
     # a host layer's K and V: with op offload its flash attention runs on the offloading GPU too
     # (the scheduler spreads a GPU's assignment to the ops around an offloaded matmul:
     # ggml-backend.cpp ggml_backend_sched_split_graph, pass 2), which copies them in
@@ -756,6 +777,27 @@ def estimate(
         cells = window_cells if layer.attention is AttentionKind.SLIDING else kv_size
         if no_cache:
             cells = ub
+        layer_kq[layer.index] = cells * ub * max(layer.n_head, 1) * 4
+        head_k = layer.k_width // max(layer.n_head_kv, 1)
+        head_v = (
+            layer.v_width // max(layer.n_head_kv, 1)
+            if layer.v_width
+            else max(view.head_v_sizes, default=head_k)  # MLA: the latent's width
+        )
+        q_bytes = ub * max(layer.n_head, 1) * head_k * 4
+        out_bytes = ub * max(layer.n_head, 1) * head_v * 4
+        if (
+            refuses(pos, q_bytes)
+            or refuses(pos, out_bytes)
+            or (not fa and refuses(pos, layer_kq[layer.index]))
+        ):
+            attn_moved[pos] = True
+            attn_q_moved[pos] = attn_q_moved[pos] or refuses(pos, q_bytes)
+            attn_back[pos] = max(attn_back[pos], out_bytes)
+            attn_returned[pos] += out_bytes
+            kq_host = max(kq_host, layer_kq[layer.index])
+            kinds[host_pos][layer.attention] = cells
+            continue
         src = layer.kv_shared_from
         if src is not None and (slot_device[src] if config.kv_offload else host_pos) != pos:
             remote[pos][src] = layer_kv_bytes(
@@ -763,7 +805,6 @@ def estimate(
                 config.cache_type_v, fa, CPU_BUFFER,
             )  # fmt: skip
         kinds[pos][layer.attention] = cells
-        layer_kq[layer.index] = cells * ub * max(layer.n_head, 1) * 4
         if pos == host_pos and layer.kv and fa:
             host_layer_kv = max(host_layer_kv, layer_kv_bytes(
                 layer, view, cells * n_stream, config.cache_type_k, config.cache_type_v, fa,
@@ -777,19 +818,6 @@ def estimate(
     # input it was cast from: a pre-cap CUDA log's CUDA_Host buffer is the f32 mask + 2E
     # (real-cuda.md, tests/data/cuda-logs.json)
     host_fa_bytes = 4 if config.fa_mask_f32 else 2
-    # A backend whose supports_op refuses ops over the device's largest tensor
-    # (ComputeTraits.ops_capped: Vulkan's maxStorageBufferRange) leaves such ops to the CPU
-    # backend: their live set moves to the host's compute buffer.
-    traits = [backend_of(d.gpu.backend).compute for d in devs]
-    caps: list[int | None] = [
-        lim if t.ops_capped and isinstance(lim, int) and lim > 0 else None
-        for t, lim in ((t, d.gpu.max_tensor_bytes) for t, d in zip(traits, devs, strict=True))
-    ] + [None]
-
-    def refuses(pos: int, nbytes: int) -> bool:
-        cap = caps[pos]
-        return cap is not None and nbytes > cap
-
     # the output head: its weight (the tied token_embd where there is no output.weight) and the
     # logits it writes; either above the cap and the matmul runs on the host
     head = next((t for t in layout.tensors if t.name == "output.weight"), None) or next(
@@ -801,25 +829,10 @@ def estimate(
         or (head is not None and refuses(output_dev, head.n_bytes))
     ):
         output_compute = host_pos
-    # without flash attention, a KQ matrix over the cap (and the softmax and KQV over it) runs on
-    # the host: the largest such is the host's
-    kq_host = 0
-    kq_moved = [False] * (n_gpu + 1)  # some of its layers' KQ runs on the host
-    if not fa:
-        kept = [0] * (n_gpu + 1)
-        for il, size in layer_kq.items():
-            pos = slot_device[il]
-            if refuses(pos, size):
-                kq_host, kq_moved[pos] = max(kq_host, size), True
-            else:
-                kept[pos] = max(kept[pos], size)
-        kq = [
-            k if moved else kq[p] for p, (k, moved) in enumerate(zip(kept, kq_moved, strict=True))
-        ]
     # what each device's layers get back from the ops the host ran for them: the attention's
     # output after a KQ over the cap, the routed experts' outputs where their weights stayed in
     # host memory over the cap (split inputs: ggml-backend.cpp:1514-1531)
-    returned = [0] * (n_gpu + 1)
+    returned = list(attn_returned)
     # expert biases (gpt-oss): the gate and up results come back to be biased here, too
     expert_bias = any(
         t.name.endswith(("ffn_gate_exps.bias", "ffn_up_exps.bias")) for t in layout.tensors
@@ -829,9 +842,6 @@ def estimate(
         pos = slot_device[layer.index]
         if pos == host_pos or skipped(layer.index) or caps[pos] is None:
             continue
-        if refuses(pos, layer_kq.get(layer.index, 0)) and not fa:
-            per_head = layer.v_width // max(layer.n_head_kv, 1) if layer.v_width else 0
-            returned[pos] += ub * (per_head * layer.n_head or view.n_embd) * 4
         if host_experts[layer.index]:
             returned[pos] += shape.moe_out + experts_back
     # a cache other than f16: a GPU's flash attention converts one layer's K and V to f16
@@ -877,7 +887,9 @@ def estimate(
                 mask_f16=mask_cells * ub * (host_fa_bytes if is_host else 2),
                 mask_f32=mask_cells * ub * 4,
                 kq=0 if fa else (max(kq_host, kq[pos]) if is_host else kq[pos]),
-                kq_elsewhere=kq_moved[pos],
+                attn_elsewhere=attn_moved[pos],
+                attn_back=attn_back[pos],
+                attn_q_elsewhere=attn_q_moved[pos],
                 flash_attn=fa,
                 host_experts=is_host and any(host_experts) and not experts_offloaded,
                 offload_weight=max(host_weight, host_layer_kv)
