@@ -186,6 +186,7 @@ class DeviceGraph:
     attn_elsewhere: bool = False
     attn_back: int = 0  # the largest attention output it gets back from the host
     attn_q_elsewhere: bool = False  # ... because its Q is above the cap
+    attn_handoff: int = 0  # the largest Q it hands to the host + the projection it came from
     # it holds the output layer, but the head's matmul runs on the host (its backend refuses the
     # head's weight or the logits: ComputeTraits.ops_capped); the host's DeviceGraph holds_output
     output_elsewhere: bool = False
@@ -291,12 +292,14 @@ def device_compute(dev: DeviceGraph, shape: GraphShape, rule: GraphRule) -> int:
         live += e if dev.is_host else 0
         if dev.copies == 1:
             live += rule.remote_kv * dev.remote_kv
+        phases.append((live, True))
         if dev.attn_elsewhere:
             # the attention that reads the mask runs on the host; its output comes back as a
-            # split input (the mask here covers the layers it kept)
-            phases.append((live + dev.attn_back, True))
-        else:
-            phases.append((live, True))
+            # split input, alive beside the output projection's result and the residual stream
+            # (the mask here covers the layers it kept)
+            # (with op offload, beside the host layers' offloaded attention weight)
+            attn = max(dev.attn_back, dev.attn_handoff) + 2 * e + dev.offload_weight
+            phases.append((attn, False))
         if not dev.flash_attn and (dev.kq or not dev.attn_elsewhere):
             phases.append((dev.kq + rule.no_fa * e + host_e, True))
     elif dev.kq and not dev.flash_attn:

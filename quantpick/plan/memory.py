@@ -760,6 +760,14 @@ def estimate(
     attn_moved = [False] * (n_gpu + 1)
     attn_q_moved = [False] * (n_gpu + 1)
     attn_back = [0] * (n_gpu + 1)  # the largest attention output a device gets back
+    # ... and the largest Q it hands over, beside the Q projection's output it was built from
+    # (attn_q, or MLA's attn_q_b: n_head x (nope + rope) wide)
+    attn_handoff = [0] * (n_gpu + 1)
+    q_proj_rows = {
+        layout.slot_of(t.name): t.shape[1]
+        for t in layout.tensors
+        if len(t.shape) == 2 and t.name.endswith((".attn_q.weight", ".attn_q_b.weight"))
+    }
     attn_returned = [0] * (n_gpu + 1)  # summed over its layers
     # a host layer's K and V: with op offload its flash attention runs on the offloading GPU too
     # (the scheduler spreads a GPU's assignment to the ops around an offloaded matmul:
@@ -794,6 +802,8 @@ def estimate(
             attn_moved[pos] = True
             attn_q_moved[pos] = attn_q_moved[pos] or refuses(pos, q_bytes)
             attn_back[pos] = max(attn_back[pos], out_bytes)
+            q_proj = ub * q_proj_rows.get(layer.index, 0) * 4
+            attn_handoff[pos] = max(attn_handoff[pos], q_bytes + q_proj)
             attn_returned[pos] += out_bytes
             kq_host = max(kq_host, layer_kq[layer.index])
             kinds[host_pos][layer.attention] = cells
@@ -889,6 +899,7 @@ def estimate(
                 kq=0 if fa else (max(kq_host, kq[pos]) if is_host else kq[pos]),
                 attn_elsewhere=attn_moved[pos],
                 attn_back=attn_back[pos],
+                attn_handoff=attn_handoff[pos],
                 attn_q_elsewhere=attn_q_moved[pos],
                 flash_attn=fa,
                 host_experts=is_host and any(host_experts) and not experts_offloaded,
