@@ -26,12 +26,14 @@ E = one ubatch of the residual stream, n_ubatch x n_embd x 4):
   refuses to the CPU backend (ggml-backend.cpp:888-900, 961-981). A backend whose supports_op
   refuses any tensor above the device's largest (machine/backends ComputeTraits.ops_capped: the
   Vulkan backend's maxStorageBufferRange, ggml-vulkan.cpp:15307-15328) leaves the logits of a
-  large vocabulary, a no-FA KQ matrix over the cap, and the matmuls over weights kept in host
-  memory for their size to the host: those phases are the host's (`DeviceGraph.output_elsewhere`,
-  `attn_elsewhere`), and what comes back to the device is a split input (`returned`), which with
-  pipeline parallelism is copied 4 times and alive for the whole graph. Each backend's traits
-  (its op offload batch, that cap, whether flash attention's f16 copy of a quantized cache is
-  in the graph) live in its machine/backends module, with their llama.cpp lines.
+  large vocabulary, a layer's attention whose Q, output or no-FA KQ matrix is over the cap, and
+  the matmuls over weights kept in host memory for their size to the host: those phases are the
+  host's (`DeviceGraph.output_elsewhere`, `attn_elsewhere`); the device keeps what it hands over
+  and gets back (`attn_handoff`, `attn_back`), split inputs (`returned`; the host's: what it
+  receives), which with pipeline parallelism are copied 4 times and alive for the whole graph.
+  Each backend's traits (its op offload batch, that cap, whether flash attention's f16 copy of a
+  quantized cache is in the graph) live in its machine/backends module, with their llama.cpp
+  lines.
 
 With pipeline parallelism (several devices, every layer offloaded, no tensor overrides:
 src/llama-context.cpp:430-435) the inputs of each split become graph leafs copied
@@ -292,7 +294,9 @@ def device_compute(dev: DeviceGraph, shape: GraphShape, rule: GraphRule) -> int:
         live += e if dev.is_host else 0
         if dev.copies == 1:
             live += rule.remote_kv * dev.remote_kv
-        phases.append((live, True))
+        # with pipeline parallelism the returned attention output of the last layer stays beside
+        # the layer's live set (its copies are leafs: measured on the lavapipe oracle, 1 E)
+        phases.append((live + (e if dev.attn_elsewhere and dev.copies > 1 else 0), True))
         if dev.attn_elsewhere:
             # the attention that reads the mask runs on the host; its output comes back as a
             # split input, alive beside the output projection's result and the residual stream
@@ -318,8 +322,11 @@ def device_compute(dev: DeviceGraph, shape: GraphShape, rule: GraphRule) -> int:
         resident = dev.copies * (inputs + rule.remote_kv * dev.remote_kv + dev.returned)
         if dev.is_host and not dev.holds_layers:
             extra = rule.pipeline_host_masks * dev.copies * mask
+            # its own phases: the inputs, and what it runs for a device that refused it (the
+            # logits, a KQ: ComputeTraits.ops_capped)
+            peak = max(p for p, _ in phases)
             return int(
-                resident + host_e + extra + (0 if dev.flash_attn else rule.pipeline_host_no_fa * e)
+                resident + peak + extra + (0 if dev.flash_attn else rule.pipeline_host_no_fa * e)
             )
         extra = rule.pipeline_output if dev.holds_output else rule.pipeline
         return int(resident + max(p for p, _ in phases) + extra * e)

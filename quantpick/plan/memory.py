@@ -763,6 +763,7 @@ def estimate(
     # ... and the largest Q it hands over, beside the Q projection's output it was built from
     # (attn_q, or MLA's attn_q_b: n_head x (nope + rope) wide)
     attn_handoff = [0] * (n_gpu + 1)
+    host_received = 0  # split inputs of the host's part, summed over the layers it runs for others
     q_proj_rows = {
         layout.slot_of(t.name): t.shape[1]
         for t in layout.tensors
@@ -806,6 +807,12 @@ def estimate(
             attn_handoff[pos] = max(attn_handoff[pos], q_bytes + q_proj)
             attn_returned[pos] += out_bytes
             kq_host = max(kq_host, layer_kq[layer.index])
+            # what the host receives for it: the Q, and the layer's K and V (views of a cache
+            # in device memory)
+            host_received += q_bytes + layer_kv_bytes(
+                layer, view, cells * n_stream, config.cache_type_k, config.cache_type_v, fa,
+                CPU_BUFFER,
+            )  # fmt: skip
             kinds[host_pos][layer.attention] = cells
             continue
         src = layer.kv_shared_from
@@ -854,6 +861,9 @@ def estimate(
             continue
         if host_experts[layer.index]:
             returned[pos] += shape.moe_out + experts_back
+            # the host receives the normed hidden state (and the selected experts, small), and
+            # with expert biases the biased gate and up product for the down matmul
+            host_received += shape.e + (shape.moe_mid if expert_bias else 0)
     # a cache other than f16: a GPU's flash attention converts one layer's K and V to f16
     kv_convert = 0
     if fa and (config.cache_type_k, config.cache_type_v) != ("f16", "f16"):
@@ -892,7 +902,7 @@ def estimate(
                 holds_output=(pos == output_dev and bool(computes))
                 or (pos == output_compute != output_dev),
                 output_elsewhere=pos == output_dev != output_compute,
-                returned=returned[pos],
+                returned=host_received if is_host else returned[pos],
                 experts_back=experts_back if pos < n_gpu and caps[pos] is not None else 0,
                 mask_f16=mask_cells * ub * (host_fa_bytes if is_host else 2),
                 mask_f32=mask_cells * ub * 4,
@@ -970,6 +980,16 @@ def estimate(
     corrections = dict(overheads.device_correction_bytes)
     # the rule is checked for a known architecture and the current build class
     checked = view.known and not config.fa_mask_f32
+    # each GPU's expected error: its backend's (machine/backends ComputeTraits), the op-offload
+    # one on the device that runs host-resident layers' matmuls where the backend has one
+    gpu_acc = [GPU_ESTIMATE] * (n_gpu + 1)
+    for pos in range(n_gpu):
+        tr = traits[pos]
+        offloaded_here = offloading and pos == op_offload_pos and host_weight > 0
+        if offloaded_here and tr.offload_expected_error:
+            gpu_acc[pos] = gpu_accuracy(tr.offload_expected_error, tr.offload_error_basis)
+        else:
+            gpu_acc[pos] = gpu_accuracy(tr.expected_error, tr.error_basis)
     devices: list[DeviceEstimate] = []
     # Unified memory (docs/backends.md): a local GPU whose memory is the host's draws on the same
     # RAM as the host's buffers. Its own budget is the share the OS lets it take (its free_bytes:
@@ -1021,13 +1041,7 @@ def estimate(
                 expert_layers=tuple(a.experts),
                 endpoint=endpoint,
                 correction_bytes=correction,
-                compute_accuracy=accuracy(
-                    backends[pos],
-                    checked,
-                    gpu_accuracy(traits[pos].expected_error, traits[pos].error_basis)
-                    if pos < n_gpu
-                    else GPU_ESTIMATE,
-                ),
+                compute_accuracy=accuracy(backends[pos], checked, gpu_acc[pos]),
                 backend=backend,
                 unified=unified,
             )

@@ -251,3 +251,22 @@ def test_each_gpu_backend_carries_its_compute_traits_and_expected_error() -> Non
     acc = vk.gpus[0].compute_accuracy
     assert acc.estimated and acc.relative == traits[BackendKind.VULKAN].expected_error
     assert "lavapipe" in acc.basis
+
+
+def test_a_vulkan_device_running_host_layers_carries_the_offload_error() -> None:
+    """-ngl partial offload: the device runs the host layers' matmuls one weight copy per split,
+    placed by the allocator's best fit (docs/compute.md); its figure carries the backend's
+    op-offload expected error (lavapipe: 54/96 within max(5%, 16 MiB), worst 43%)."""
+    from quantpick.machine.backends import BackendKind, backend
+
+    vk = backend(BackendKind.VULKAN).compute
+    lay = layout("qwen3-8b")
+    partial = estimate(lay, gpu_machine("Vulkan"), RunConfig(ctx_size=4096, n_gpu_layers=18))
+    full = estimate(lay, gpu_machine("Vulkan"), RunConfig(ctx_size=4096))
+    assert partial.gpus[0].compute_accuracy.relative == vk.offload_expected_error == 0.45
+    assert full.gpus[0].compute_accuracy.relative == vk.expected_error == 0.25
+    # below the offload batch nothing runs there by op offload
+    small = estimate(
+        lay, gpu_machine("Vulkan"), RunConfig(ctx_size=4096, n_gpu_layers=18, ubatch=16)
+    )
+    assert small.gpus[0].compute_accuracy.relative == vk.expected_error

@@ -41,6 +41,10 @@ class ComputeTraits:
     # plan/compute.py's), and what that was measured on
     expected_error: float = 0.15
     error_basis: str = "public GPU-backend logs"
+    # ... on the device that runs host-resident layers' matmuls by op offload (-ngl partial
+    # offload), where it differs (0: the same)
+    offload_expected_error: float = 0.0
+    offload_error_basis: str = ""
 
 
 class BackendKind(str, Enum):

@@ -45,11 +45,16 @@ VULKAN_COMPUTE = ComputeTraits(
     fa_kv_convert=False,
     source="ggml-vulkan.cpp:15307-15328 supports_op, :15973-15977 offload_op, :8082-8100",
     # the lavapipe oracle (tests/data/vulkan-oracle.json.gz, benchmarks/vulkan_oracle_accuracy.py):
-    # 284/384 device rows within max(5%, 16 MiB), 337 within 25%, median error 0%; the rows left
-    # are classes docs/compute.md names (deepseek-v3's routed experts kept in host memory over the
-    # cap; -ngl partial offload with op offload; gemma's sliding-window layers without FA)
+    # 318/384 device rows within max(5%, 16 MiB), median error 0%. Every layer offloaded, one or
+    # two devices: 264/288 within, the worst 27% (gemma-4-e2b -fa off on the second device);
+    # -ngl partial offload, where the device runs the host layers' matmuls one weight per split:
+    # 54/96 within, the worst 43% (the allocator's best-fit placement of those copies is not
+    # modelled: docs/compute.md)
     expected_error=0.25,
-    error_basis="llama.cpp b11312 on lavapipe: 284/384 device rows within max(5%, 16 MiB)",
+    error_basis="llama.cpp b11312 on lavapipe: 264/288 device rows within max(5%, 16 MiB)",
+    offload_expected_error=0.45,
+    offload_error_basis="llama.cpp b11312 on lavapipe, -ngl partial offload: 54/96 device rows "
+    "within max(5%, 16 MiB), worst 43%",
 )
 
 BACKEND = Backend(
