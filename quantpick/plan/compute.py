@@ -171,6 +171,12 @@ class DeviceGraph:
     # K and V of another device's cache that layers here attend over (a shared KV cache, gemma3n
     # and gemma4): split inputs copied in (ggml-backend.cpp:1514-1531)
     remote_kv: int = 0
+    # the same, once per layer that reads it: the scheduler copies each layer's view of the
+    # shared cache as its own split input (ggml_backend_sched_split_graph keys input copies by
+    # tensor, ggml-backend.cpp:1311-1411), and the inputs of a split are allocated before its
+    # first node: without flash attention the KQ matrix of the split's last full-attention layer
+    # does not fit in the copies freed before it and lands above all of them
+    remote_kv_views: int = 0
     # a GPU backend's flash attention converts a quantized K and V of one layer to f16 inside the
     # op's own allocation (ggml-cuda.cu:903-907, ggml-cuda/fattn.cu:722-756): n_kv x width x 2 B
     kv_convert: int = 0
@@ -252,7 +258,8 @@ def device_compute(dev: DeviceGraph, shape: GraphShape, rule: GraphRule) -> int:
             live += rule.remote_kv * dev.remote_kv
         phases.append((live, True))
         if not dev.flash_attn:
-            phases.append((dev.kq + rule.no_fa * e + host_e, True))
+            views = dev.remote_kv_views if dev.copies == 1 else 0
+            phases.append((dev.kq + rule.no_fa * e + host_e + views, True))
     elif dev.offload_weight:
         # op offload on a GPU that holds no layer: the weight and the activations it multiplies
         phases.append((dev.offload_weight + 2 * e, False))
@@ -337,7 +344,7 @@ GRAPH_RULES: dict[str, GraphRule] = {
     ),
     "gemma4": GraphRule(
         layer=8.0,
-        no_fa=19.0,
+        no_fa=11.0,
         output=2.0,
         pipeline=5.0,
         pipeline_output=0.0,

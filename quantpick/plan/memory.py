@@ -732,6 +732,7 @@ def estimate(
     kinds: list[dict[AttentionKind, int]] = [{} for _ in range(n_gpu + 1)]
     kq = [0] * (n_gpu + 1)
     remote: list[dict[int, int]] = [{} for _ in range(n_gpu + 1)]
+    remote_views = [0] * (n_gpu + 1)
     no_cache = view.memory is MemoryClass.NONE  # non-causal (diffusion): n_kv = the ubatch
     for layer in view.layers:
         reads_kv = layer.kv or layer.kv_shared_from is not None or no_cache
@@ -748,6 +749,8 @@ def estimate(
                 view.layers[src], view, cells * n_stream, config.cache_type_k,
                 config.cache_type_v, fa, CPU_BUFFER,
             )  # fmt: skip
+            # each layer's view of the shared cache is its own split input (DeviceGraph)
+            remote_views[pos] += remote[pos][src]
         kinds[pos][layer.attention] = cells
         kq[pos] = max(kq[pos], cells * ub * max(layer.n_head, 1) * 4)
     all_kinds: dict[AttentionKind, int] = {}
@@ -792,6 +795,7 @@ def estimate(
                 offload_weight=host_weight if offloading and pos == op_offload_pos else 0,
                 copies=copies,
                 remote_kv=sum(remote[pos].values()),
+                remote_kv_views=remote_views[pos],
                 kv_convert=kv_convert,
                 experts=bool(a.experts) or not view.is_moe,
             ),

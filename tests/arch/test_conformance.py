@@ -175,7 +175,6 @@ def test_every_family_checked_set_is_what_the_recordings_prove() -> None:
 # Architectures with a recorded device row off by more than 25% (and 16 MiB): the allocator's
 # layout of their special attention is not modelled phase by phase (benchmarks/arch_*accuracy.py).
 COMPUTE_BEYOND_25 = {
-    "gemma4": "per-layer embeddings and a shared KV cache across a partial -ngl split",
     # the compute grid: lfm2's short convolutions at -ub 4096
     "lfm2": "-ub 4096: the short convolution's live set",
     "deepseek4": "compressed and hierarchical attention caches (llama-kv-cache-dsv4.cpp)",
