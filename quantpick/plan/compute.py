@@ -40,6 +40,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
+from quantpick.arch.graph import ArchLive
 from quantpick.model.layout import ModelLayout
 
 MiB = 1024**2
@@ -177,6 +178,10 @@ class DeviceGraph:
     # first node: without flash attention the KQ matrix of the split's last full-attention layer
     # does not fit in the copies freed before it and lands above all of them
     remote_kv_views: int = 0
+    # what the architecture's graph keeps alive beyond these phases (its family module's
+    # GraphTrait, quantpick/arch/graph.py): on a device running its attention layers, or only its
+    # inputs on the host that sets them
+    arch_live: ArchLive = ArchLive()
     # a GPU backend's flash attention converts a quantized K and V of one layer to f16 inside the
     # op's own allocation (ggml-cuda.cu:903-907, ggml-cuda/fattn.cu:722-756): n_kv x width x 2 B
     kv_convert: int = 0
@@ -243,11 +248,17 @@ def device_compute(dev: DeviceGraph, shape: GraphShape, rule: GraphRule) -> int:
     # (phase, whether the masks are part of its live set)
     phases: list[tuple[float, bool]] = [(0, False)]
     if dev.is_host:
-        phases.append((host_e, True))
+        phases.append((host_e + dev.arch_live.inputs, True))
     if dev.holds_layers:
         scores = rule.kv_scores * dev.mask_f32
         live = (
-            layer_live(shape, dev.experts) + rule.layer * e + scores + host_e + dev.offload_weight
+            layer_live(shape, dev.experts)
+            + rule.layer * e
+            + scores
+            + host_e
+            + dev.offload_weight
+            + dev.arch_live.layer
+            + (dev.arch_live.inputs_in_layer if dev.copies == 1 else 0)
         )
         if dev.backend is ComputeBackend.GPU and dev.flash_attn:
             live += dev.kv_convert
@@ -270,7 +281,7 @@ def device_compute(dev: DeviceGraph, shape: GraphShape, rule: GraphRule) -> int:
     if dev.copies > 1:
         # split inputs are leafs with n_copies copies, alive for the whole graph
         inputs = mask + e + (shape.per_layer if dev.holds_layers else 0)
-        resident = dev.copies * (inputs + rule.remote_kv * dev.remote_kv)
+        resident = dev.copies * (inputs + rule.remote_kv * dev.remote_kv + dev.arch_live.inputs)
         if dev.is_host and not dev.holds_layers:
             extra = rule.pipeline_host_masks * dev.copies * mask
             return int(
@@ -372,14 +383,9 @@ GRAPH_RULES: dict[str, GraphRule] = {
     ),
     "glm5-next": GraphRule(
         layer=-10.0,
-        no_fa=40.0,
         output=4.5,
-        pipeline=40.0,
         pipeline_output=0.0,
-        kv_scores=7.0,
-        expert_mid=40.0,
-        pipeline_host_masks=4.0,
-        source="14/20 rows within, median 40.1%, 5 beyond 25%",
+        source="20/20 rows within, median 1.4%, 0 beyond 25% (with its GraphTrait)",
     ),
     "gpt-oss": GraphRule(
         layer=-4.5,

@@ -15,6 +15,8 @@ from dataclasses import dataclass, field, replace
 from functools import lru_cache
 
 from quantpick.arch.base import AttentionKind, LayerView, MemoryClass, ModelView
+from quantpick.arch.graph import ArchLive, GraphSizes
+from quantpick.arch.registry import graph_trait
 from quantpick.errors import UsageError
 from quantpick.machine.backends import BackendKind, backend_of, host_buffer_names
 from quantpick.machine.spec import Gpu, Machine
@@ -767,6 +769,12 @@ def estimate(
             (kv_size * n_stream * (lv.k_width + lv.v_width) * 2 for lv in view.layers if lv.kv),
             default=0,
         )
+    # the architecture's own live set in an attention layer (arch/graph.py), on each device
+    # running one; the reserved ubatch is a multiple of n_seq_max (src/llama-context.cpp:2529)
+    trait = graph_trait(arch.name)
+    n_seq = max(1, config.n_parallel)
+    sizes = GraphSizes(-(-ub // n_seq) * n_seq, kv_size, n_stream, n_seq, 2 if fa else 4)
+    arch_live = trait.live(arch, sizes) if trait is not None else ArchLive()
     backends = [backend_kind(d) for d in devs] + [ComputeBackend.CPU]
     # op offload: the first device whose backend takes offloaded ops (a local GPU; an RPC device
     # never does: its offload_op is NULL, ggml-rpc.cpp device interface)
@@ -796,6 +804,13 @@ def estimate(
                 copies=copies,
                 remote_kv=sum(remote[pos].values()),
                 remote_kv_views=remote_views[pos],
+                arch_live=(
+                    arch_live
+                    if kinds[pos]
+                    else ArchLive(inputs=arch_live.inputs)
+                    if is_host
+                    else ArchLive()
+                ),
                 kv_convert=kv_convert,
                 experts=bool(a.experts) or not view.is_moe,
             ),
