@@ -46,9 +46,16 @@ class ArchLive:
     inputs_in_layer: int = 0
 
 
+def every_layer(arch: Architecture, il: int) -> bool:
+    """Every attention layer of the architecture."""
+    return True
+
+
 @dataclass(frozen=True)
 class GraphTrait:
     """An architecture's live set beyond the generic rule."""
 
     live: Callable[[Architecture, GraphSizes], ArchLive]
     source: str  # one line: the graph builder and what the terms are
+    # the attention layers that keep it alive (a device running none of them has none of it)
+    layers: Callable[[Architecture, int], bool] = every_layer

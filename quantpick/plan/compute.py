@@ -423,12 +423,6 @@ GRAPH_RULES: dict[str, GraphRule] = {
         expert_mid=0.0,
         source="241/241 rows within, median 0.2%, 0 beyond 25%",
     ),
-    "minimax-m3": GraphRule(
-        layer=17.5,
-        pipeline_output=0.0,
-        kv_scores=1.0,
-        source="17/20 rows within, median 23.9%, 3 beyond 25%",
-    ),
     "mistral3": GraphRule(
         pipeline=1.0, expert_mid=0.0, source="139/139 rows within, median 0.0%, 0 beyond 25%"
     ),

@@ -732,6 +732,8 @@ def estimate(
     shape = graph_shape(layout, ub, min(ub, n_outputs_max))
     graph_rule = GRAPH_RULES.get(arch.name, GENERIC)
     kinds: list[dict[AttentionKind, int]] = [{} for _ in range(n_gpu + 1)]
+    trait = graph_trait(arch.name)
+    trait_pos: set[int] = set()  # devices running a layer the architecture's trait covers
     kq = [0] * (n_gpu + 1)
     remote: list[dict[int, int]] = [{} for _ in range(n_gpu + 1)]
     remote_views = [0] * (n_gpu + 1)
@@ -754,6 +756,8 @@ def estimate(
             # each layer's view of the shared cache is its own split input (DeviceGraph)
             remote_views[pos] += remote[pos][src]
         kinds[pos][layer.attention] = cells
+        if trait is not None and trait.layers(arch, layer.index):
+            trait_pos.add(pos)
         kq[pos] = max(kq[pos], cells * ub * max(layer.n_head, 1) * 4)
     all_kinds: dict[AttentionKind, int] = {}
     for k in kinds:
@@ -771,7 +775,6 @@ def estimate(
         )
     # the architecture's own live set in an attention layer (arch/graph.py), on each device
     # running one; the reserved ubatch is a multiple of n_seq_max (src/llama-context.cpp:2529)
-    trait = graph_trait(arch.name)
     n_seq = max(1, config.n_parallel)
     sizes = GraphSizes(-(-ub // n_seq) * n_seq, kv_size, n_stream, n_seq, 2 if fa else 4)
     arch_live = trait.live(arch, sizes) if trait is not None else ArchLive()
@@ -806,7 +809,7 @@ def estimate(
                 remote_kv_views=remote_views[pos],
                 arch_live=(
                     arch_live
-                    if kinds[pos]
+                    if pos in trait_pos
                     else ArchLive(inputs=arch_live.inputs)
                     if is_host
                     else ArchLive()

@@ -178,7 +178,6 @@ COMPUTE_BEYOND_25 = {
     # the compute grid: lfm2's short convolutions at -ub 4096
     "lfm2": "-ub 4096: the short convolution's live set",
     "deepseek4": "compressed and hierarchical attention caches (llama-kv-cache-dsv4.cpp)",
-    "minimax-m3": "a sparse indexer on every other layer",
 }
 
 
