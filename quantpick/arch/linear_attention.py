@@ -77,22 +77,22 @@ def kpool_live(arch: Architecture, g: GraphSizes) -> ArchLive:
     Its inputs (build_inp_kpool, :290-345): the slot mask (gather_mask, f32 [n_sel, n_tokens],
     kept allocated whether an op reads it or not, :333-337) and the pool mask ([n_pool,
     n_tokens], f16 for the fused lightning indexer, :303, :310); the index tensors are small.
-    The layer turns the selection into a KQ mask by a scatter (:880-905), alive together per
-    token: the filled mask (mask_all, the KQ mask's type, [n_kv + n_sel, n_tokens], :887-888),
-    the zeros it scatters (f32, :891-892), the live slots (exp of the slot mask, f32, :897), the
-    slot indices as f32 (:899-900; sub, mul and add in place) and the slot mask itself (its last
-    use): (16 + mask bytes) x n_sel + mask bytes x n_kv. The pool mask is freed by then (the
-    indexer read it). Checked with llama-memory-bytes on test-llama-archs' glm5-next at -c 32768,
-    -ub 256/512/1024 and -np 1-8 with and without -kvu (n_sel stops growing at top_k: -np 8 -kvu
-    reserves less than -np 4)."""
+    The layer turns the selection into a KQ mask by a scatter (:885-918), alive together per
+    selected slot and token beside the slot mask (its last use is there): the filled mask's
+    slots (mask_all, f16, :894-895), the zeros it scatters (f32, :897-899), the live slots (exp
+    of the slot mask, f32, :904) and the slot indices as f32 (:905-908; sub, mul and add in
+    place): 14 + 4 = 18 bytes per slot and token. Measured (tests/data/arch-traits.json,
+    llama-memory-bytes on test-llama-archs' glm5-next at -c 8192-32768, -ub 256-1024, -np 1-8
+    with and without -kvu): 18.2-18.5 bytes per slot and token beside the generic KQ mask, no
+    separate term for mask_all's n_kv part; n_sel stops growing at top_k (-np 8 -kvu reserves
+    less than -np 4). Within 2.6% of every row with flash attention, -7.4% without."""
     kpool = max(arch.int_("attention.indexer.kpool"), 1)
     n_pool = max(64, -(-(g.cells // kpool * g.n_seq_max + 1) // 64) * 64)
     n_sel = kpool_selection(arch, g)
     slot_mask = 4 * n_sel * g.ubatch
+    pool_mask = 2 * n_pool * g.ubatch
     return ArchLive(
-        layer=g.ubatch * ((12 + g.mask_bytes) * n_sel + g.mask_bytes * g.cells),
-        inputs=slot_mask + 2 * n_pool * g.ubatch,
-        inputs_in_layer=slot_mask,
+        layer=14 * n_sel * g.ubatch, inputs=slot_mask + pool_mask, inputs_in_layer=slot_mask
     )
 
 

@@ -68,7 +68,7 @@ def msa_live(arch: Architecture, g: GraphSizes) -> ArchLive:
     """minimax-m3's sparse (MSA) layers, il >= leading_dense_block_count (src/models/minimax-m3.cpp
     at b11312). MSA runs only with flash attention and per-sequence streams (one sequence, or no
     unified cache), else every layer is dense (:226-235). Hoisted for every sparse layer: an f32
-    copy of the KQ mask (msa_mf, [n_kv, n_tokens], :256, :293); per stream in turn (:450-522)
+    copy of the KQ mask (msa_mf, [n_kv, n_tokens], :256, :295); per stream in turn (:450-522)
     the block mask expanded to cells (bmc / bmx, f32 [n_kv, n_tokens / n_stream x
     n_indexer_head], :510-513, then cast to the f16 mask4 the flash attention reads, :514-515).
     The position-axis inputs (pos_mask, bias: [n_ps, n_tokens], :279-282) are sized by the
