@@ -68,7 +68,30 @@ class HashPipe:
             self._thread.join()
 
 
-class Flusher:
+class WakeThread:
+    """A daemon thread that waits to be poked (`poke`) and then does its work (`_loop`, in the
+    subclass, which reads `_wake` and `_stopping`); `close` stops it after the work in hand. A
+    subclass sets what its loop reads before calling this __init__, which starts the thread."""
+
+    def __init__(self, name: str) -> None:
+        self._wake = threading.Event()
+        self._stopping = False
+        self._thread = threading.Thread(target=self._loop, daemon=True, name=name)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        raise NotImplementedError
+
+    def poke(self) -> None:
+        self._wake.set()
+
+    def close(self) -> None:
+        self._stopping = True
+        self._wake.set()
+        self._thread.join()
+
+
+class Flusher(WakeThread):
     """Writeback while the download goes on: every FLUSH_EVERY bytes written, fdatasync runs on a
     thread (it releases the GIL), so the fsync before the final rename waits for the tail only,
     not for the whole file. Without it the kernel starts writing back only past its dirty
@@ -77,12 +100,9 @@ class Flusher:
     def __init__(self, fd: int) -> None:
         self._fd = fd
         self._sync = getattr(os, "fdatasync", os.fsync)  # macOS has no fdatasync
-        self._wake = threading.Event()
-        self._stopping = False
-        self._thread = threading.Thread(target=self._run, daemon=True, name="quantpick-flush")
-        self._thread.start()
+        super().__init__("quantpick-flush")
 
-    def _run(self) -> None:
+    def _loop(self) -> None:
         while True:
             self._wake.wait()
             self._wake.clear()
@@ -92,11 +112,3 @@ class Flusher:
                 self._sync(self._fd)
             except OSError:
                 pass  # the final fsync, on the main thread, reports any error
-
-    def poke(self) -> None:
-        self._wake.set()
-
-    def close(self) -> None:
-        self._stopping = True
-        self._wake.set()
-        self._thread.join()
