@@ -5,6 +5,7 @@
     python benchmarks/speed_accuracy.py --family-only    # only the leave-one-architecture-out fits
     python benchmarks/speed_accuracy.py --data FILE      # other runs, in the same schema
     python benchmarks/speed_accuracy.py --no-holdout     # in-sample only (seconds, not minutes)
+    python benchmarks/speed_accuracy.py --named-only     # only issue #30's held-out configurations
 
 For every usable row it builds quantpick's own configuration of that run and predicts it:
 - the model layout is synthesized from the row's file size and quant (`synthesize_layout`) with
@@ -47,6 +48,10 @@ it then predicts, beside the in-sample fit of SpeedParams' defaults:
   family's rows predicted by a fit to every other family's, qwen35moe's included. Issue 20's
   goal applies to the families other than qwen35moe: median error <= 25%, none beyond 2x; the
   per-architecture table shows where the rows are few.
+- issue #30's configurations (`named_case`): qwen3next and gpt-oss with weights in host RAM
+  beside a GPU, and every model split over two GPUs, predicted by one refit without them; with
+  them the rows of speed-measurements-heldout.json, which no fit reads, by SpeedParams'
+  defaults. The goal there: every row within 2x (prefill) and 1.6x (decode).
 The bandwidth bound's error is printed beside. With --data FILE the rows of FILE are predicted by
 SpeedParams' defaults, fitted to the bundled rows only: all of them are held out.
 """
@@ -670,9 +675,7 @@ def held_out(cases: list[Case], groups: dict[int, object]) -> Held:
 def named_case(case: Case) -> bool:
     """Issue #30's configurations: weights in host RAM (routed experts or whole layers) of the
     NAMED_FAMILIES with a GPU, and one model split over two or more GPUs."""
-    host = any(
-        w.kind == "host" and (w.slots or w.expert_resident_bytes) for w in case.work.devices
-    )
+    host = any(w.kind == "host" and (w.slots or w.expert_resident_bytes) for w in case.work.devices)
     if host and case.family in NAMED_FAMILIES and case.devices.keys() - {"CPU"}:
         return True
     return case.work.gpu_transitions > 0

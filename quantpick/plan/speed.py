@@ -39,9 +39,10 @@ Prefill of one ubatch (`prefill_seconds`) is compute-bound on a GPU: 2 x paramet
 (FP16 tensor TFLOPS x `gemm_efficiency`: a dense matmul sees the ubatch, a routed expert the
 ubatch's tokens that pick it, on a lower ceiling; FP4 experts on Blackwell run on its FP4 tensor
 cores), the weights streamed once per MMQ tile of tokens, flash attention over the fill at
-`attention_compute_efficiency`, the same fixed cost; routed experts in RAM cross PCIe once per
-ubatch (llama.cpp copies host weights to the GPU for batches of 32 tokens or more) at
-`pcie_efficiency` of the link; on the CPU it runs at `cpu_core_gflops` per core; RPC stages
+`attention_compute_efficiency`, the same fixed cost; weights in RAM cross PCIe once per ubatch
+(llama.cpp copies host weights to the GPU for batches of 32 tokens or more; of the routed
+experts only those the ubatch's tokens picked: `offload_copy_bytes`) at `pcie_efficiency` of
+the link; on the CPU it runs at `cpu_core_gflops` per core; RPC stages
 exchange the ubatch's activations and mask over the network.
 
 The constants in `SpeedParams` are fitted to published llama.cpp runs of ten architectures by
