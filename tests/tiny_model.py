@@ -53,12 +53,14 @@ def write_tiny_model(
     reshape: dict[str, tuple[int, ...]] | None = None,
     mtp: bool = False,
     hparams: dict[str, int] | None = None,
+    odd_token: int | None = None,
 ) -> int:
     """Write the model to `path`; returns its size in bytes. `reshape`: tensors written with
     another shape (ne order), a file whose header parses but which llama.cpp refuses. `mtp`: with
     an MTP/NextN block (one more block, nextn_predict_layers = 1), as Qwen3.6 GGUFs carry.
     `hparams`: other sizes than TINY (TINY_DRAFT: a smaller model of the same vocabulary, a
-    draft for speculative decoding)."""
+    draft for speculative decoding). `odd_token`: that filler token's text changed (a vocabulary of
+    the same size that llama.cpp's draft check refuses)."""
     h = TINY if hparams is None else hparams
     w = gguf.GGUFWriter(str(path), ARCH)
     w.add_name("quantpick-tiny-qwen35moe")
@@ -70,6 +72,8 @@ def write_tiny_model(
     merged = ["Ġt", "Ġa", "he", "in"]
     specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>"]
     filler = [f"<unused_{i}>" for i in range(vocab - 256 - len(merged) - len(specials))]
+    if odd_token is not None:
+        filler[odd_token - 256 - len(merged)] = "<odd>"
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("qwen35")
     w.add_token_list(byte_tokens + merged + filler + specials)

@@ -34,7 +34,7 @@ FORMATS = (
 MODEL_SOURCES = ("local", "hf")
 # --spec: the speculation modes a planning command takes (plan/speculative.py SpecMode, less
 # those that need what the command cannot give), and the kinds `estimate --spec` sizes.
-SPEC_CHOICES = ("auto", "off", "mtp", "ngram")
+SPEC_CHOICES = ("auto", "off", "mtp", "draft", "ngram")
 ESTIMATE_SPEC_CHOICES = ("off", "mtp", "ngram")
 
 PLANNING = ("pick", "max-context", "command", "get", "confirm", "bench", "serve")

@@ -385,8 +385,18 @@ SpecOpt = Annotated[
         "--spec",
         help="Speculative decoding: auto (on where the expected gain is real on this machine and "
         "its memory costs neither the quant nor the context), off, or a kind: mtp (the model's "
-        "MTP block), ngram.",
+        "MTP block), draft (a draft model: --draft), ngram.",
         autocompletion=complete_spec,
+    ),
+]
+DraftOpt = Annotated[
+    Optional[str],  # noqa: UP045 - typer needs Optional on 3.10
+    typer.Option(
+        "--draft",
+        help="A draft model for speculative decoding: a GGUF file of the same vocabulary (a "
+        "smaller model of the family). Sized, placed and used where it is expected to speed "
+        "decoding up (--spec auto) or as asked (--spec draft).",
+        metavar="PATH",
     ),
 ]
 AllowQ4Opt = Annotated[bool, typer.Option("--allow-q4-kv", help="Also consider a q4_0 KV cache.")]
