@@ -31,16 +31,17 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from quantpick.cli.options import DEFAULT_MIN_TPS, check_llama_server, check_run_options
 
 if TYPE_CHECKING:
-    from quantpick.cli.ecosystem import EcosystemOptions
     from quantpick.config import Settings
     from quantpick.jobs.confirm import ConfirmOptions
     from quantpick.jobs.plan import PlanInputs
     from quantpick.machine.spec import Machine
     from quantpick.model.layout import ModelLayout
     from quantpick.model.manifest import Manifest
+    from quantpick.model.speculative import DraftModel
     from quantpick.plan.memory import Overheads
     from quantpick.plan.plan_types import PlanRequest
     from quantpick.serve.command import ServerOptions
+    from quantpick.serve.formats.base import EcosystemOptions
 
 G = TypeVar("G", bound="Group")
 
@@ -117,7 +118,8 @@ class PlanOptions(Group):
     allow_q4_kv: bool = False
     kv: list[str] | None = None
     no_offload: bool = False
-    spec: str = "off"  # --spec: speculative decoding (off, auto, mtp, ngram)
+    spec: str = "off"  # --spec: speculative decoding (off, auto, mtp, draft, ngram)
+    draft: str | None = None  # --draft PATH: a draft model for --spec auto/draft
     ubatch: int | None = None  # None: llama-server's default (PlanRequest's)
     batch: int | None = None
     flash_attn: str | None = None
@@ -142,7 +144,7 @@ class PlanOptions(Group):
         from quantpick.plan.plan_types import DEFAULT_KV_TYPES, PlanRequest
         from quantpick.plan.speculative import SpecMode, SpecRequest
 
-        modes = [m.value for m in SpecMode if m is not SpecMode.DRAFT]
+        modes = [m.value for m in SpecMode]
         if self.spec not in modes:
             raise UsageError(
                 f"--spec {self.spec}: not a speculation mode", hint="use " + ", ".join(modes)
@@ -160,7 +162,7 @@ class PlanOptions(Group):
             ctx_size=self.ctx_size, n_parallel=self.parallel, kv_unified=self.kv_unified,
             kv_types=kv_types, prefer=self.prefer, quant=self.quant, vision=self.vision,
             min_tps=self.min_tps, allow_offload=not self.no_offload,
-            spec=SpecRequest(mode=SpecMode(self.spec)),
+            spec=SpecRequest(mode=SpecMode(self.spec), draft=self._draft()),
             **{k: v for k, v in batches.items() if v is not None},
         )  # fmt: skip
         check_run_options(
@@ -174,9 +176,17 @@ class PlanOptions(Group):
                 )
         return request
 
+    def _draft(self) -> DraftModel | None:
+        """--draft PATH: the draft model's layout and vocabulary, read from its file."""
+        if self.draft is None or self.spec == "off":
+            return None
+        from quantpick.model.local import load_draft
+
+        return load_draft(Path(self.draft).expanduser())
+
     def overheads(self) -> Overheads:
         from quantpick.cli import output
-        from quantpick.machine.describe import size_notes
+        from quantpick.machine.device_specs import size_notes
         from quantpick.plan.memory import Overheads
         from quantpick.units import parse_size
 
@@ -298,7 +308,7 @@ class LaunchOptions(Group):
     preset: Path | None = None
     swap_config: Path | None = None
     modelfile: Path | None = None
-    ttl: int = 900  # serve.ecosystem.SWAP_TTL_S
+    ttl: int = 900  # serve.formats.llama_swap.SWAP_TTL_S
 
     def server(self, *, any_port: bool = False) -> ServerOptions:
         """`any_port`: --port 0 lets the system choose a free port (`serve` starts the server;
@@ -316,11 +326,15 @@ class LaunchOptions(Group):
 
     def ecosystem(self, *, dry_run: bool = False) -> EcosystemOptions:
         """The ecosystem formats' options, checked before any planning or transfer."""
-        from quantpick.cli.ecosystem import EcosystemOptions, check_ecosystem_options
+        from quantpick.cli.ecosystem import check_ecosystem_options
+        from quantpick.serve.formats import entry
+        from quantpick.serve.formats.base import EcosystemOptions
 
+        files = {"--preset": self.preset, "--swap-config": self.swap_config,
+                 "--modelfile": self.modelfile}  # fmt: skip
+        own = entry(self.fmt).file_option
         eco = EcosystemOptions(
-            self.preset, self.swap_config, self.modelfile, self.ttl, dry_run, self.host,
-            self.port, self.force,
-        )  # fmt: skip
-        check_ecosystem_options(self.fmt, eco)
+            files.get(own) if own else None, self.ttl, dry_run, self.host, self.port, self.force
+        )
+        check_ecosystem_options(self.fmt, files, eco)
         return eco

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
 
-from quantpick.cli.complete import FORMATS, MODEL_SOURCES
+from quantpick.cli.complete import MODEL_SOURCES
 from quantpick.cli.core import app
 from quantpick.cli.download import (
     AllowUnverifiedOpt,
@@ -58,6 +58,7 @@ from quantpick.cli.options import (
     CoresOpt,
     CpuOnlyOpt,
     CtxOpt,
+    DraftOpt,
     ExactOpt,
     GpuOpt,
     GpuOverheadOpt,
@@ -94,24 +95,22 @@ from quantpick.cli.options import (
     TimeoutOpt,
     VisionOpt,
 )
+from quantpick.serve import formats
 
 if TYPE_CHECKING:
-    from quantpick.cli.ecosystem import EcosystemOptions
     from quantpick.jobs.get import GetResult
     from quantpick.machine.spec import Machine
     from quantpick.model.manifest import Manifest
     from quantpick.plan.plan_types import Plan
+    from quantpick.serve.formats.base import EcosystemOptions
 
 
 FormatOpt = Annotated[
     str,
     typer.Option(
         "--format",
-        help="line (default), script, json, env (LLAMA_ARG_*), systemd (a user unit), "
-        "compose (docker compose, official llama.cpp image), preset (a llama.cpp router INI "
-        "section, --preset FILE), llama-swap (a models entry), ollama (a Modelfile) or "
-        "lmstudio (links the file into LM Studio's models folder).",
-        autocompletion=lambda: list(FORMATS),
+        help=formats.help_text(),
+        autocompletion=lambda: list(formats.names()),
     ),
 ]
 ModelSourceOpt = Annotated[
@@ -178,6 +177,7 @@ def command_cmd(
     vision: VisionOpt = False,
     min_tps: MinTpsOpt = DEFAULT_MIN_TPS,
     spec: SpecOpt = "auto",
+    draft: DraftOpt = None,
     allow_q4_kv: AllowQ4Opt = False,
     kv: KvOpt = None,
     no_offload: NoOffloadOpt = False,
@@ -325,6 +325,7 @@ def get_cmd(
     vision: VisionOpt = False,
     min_tps: MinTpsOpt = DEFAULT_MIN_TPS,
     spec: SpecOpt = "auto",
+    draft: DraftOpt = None,
     allow_q4_kv: AllowQ4Opt = False,
     kv: KvOpt = None,
     no_offload: NoOffloadOpt = False,

@@ -47,6 +47,7 @@ from quantpick.cli.options import (
     BackendOpt,
     CpuOnlyOpt,
     CtxOpt,
+    DraftOpt,
     ExactOpt,
     GpuOverheadOpt,
     JsonOpt,
@@ -75,7 +76,8 @@ if TYPE_CHECKING:
     from quantpick.config import Settings
     from quantpick.jobs.serve import ServeResult
     from quantpick.serve.command import ServerOptions
-    from quantpick.serve.server import Ended, ServerRecord
+    from quantpick.serve.server import Ended
+    from quantpick.serve.server_records import ServerRecord
 
 DEFAULT_PORT = 8080  # llama-server's own default (common/common.h)
 
@@ -189,7 +191,7 @@ def _print_check(check: Any, error: str | None) -> None:
 def _status(settings: Settings, alias: str | None, port: int | None, json_: bool) -> None:
     from quantpick.cli import output
     from quantpick.process import escaped
-    from quantpick.serve.server import scan_records, select_records
+    from quantpick.serve.server_records import scan_records, select_records
 
     scan = scan_records(settings.servers_dir)
     for problem in scan.problems:
@@ -234,7 +236,8 @@ def _stop(settings: Settings, alias: str | None, port: int | None, json_: bool) 
     from quantpick.cli import output
     from quantpick.errors import QuantpickError, UsageError
     from quantpick.process import escaped
-    from quantpick.serve.server import scan_records, select_records, stop_record
+    from quantpick.serve.server import stop_record
+    from quantpick.serve.server_records import scan_records, select_records
 
     scan = scan_records(settings.servers_dir)
     for problem in scan.problems:
@@ -286,6 +289,7 @@ def serve_cmd(
     vision: VisionOpt = False,
     min_tps: MinTpsOpt = DEFAULT_MIN_TPS,
     spec: SpecOpt = "auto",
+    draft: DraftOpt = None,
     allow_q4_kv: AllowQ4Opt = False,
     kv: KvOpt = None,
     no_offload: NoOffloadOpt = False,
@@ -409,10 +413,10 @@ def _show_and_wait(
         Ended,
         StopRequested,
         exit_code_for,
-        remove_record,
         run_until_stopped,
         stop_process,
     )
+    from quantpick.serve.server_records import remove_record
 
     running = result.running
     try:

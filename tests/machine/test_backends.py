@@ -274,7 +274,7 @@ def test_vulkans_single_allocation_cap_is_noted(q4km: ModelLayout) -> None:
 
 
 def test_compose_runs_the_backends_image_with_its_device_files() -> None:
-    from quantpick.serve.formats import render_compose
+    from quantpick.serve.formats.compose import render_compose
 
     def compose(key: str) -> str:
         cmd = build_command(
