@@ -10,11 +10,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from quantpick.jobs.confirm import ConfirmRound, confirm_local_plan, overflow_text
+from quantpick.jobs.confirm import ConfirmReport, ConfirmRound, confirm_local_plan, overflow_text
 
 if TYPE_CHECKING:
     from quantpick.config import Settings
-    from quantpick.jobs.confirm import ConfirmOptions, ConfirmReport
+    from quantpick.jobs.confirm import ConfirmOptions
     from quantpick.jobs.plan import PlanResult
     from quantpick.machine.spec import Machine
     from quantpick.model.layout import ModelLayout

@@ -258,6 +258,9 @@ def _check_agreement(projection: Projection, table: list[LlamaDevice]) -> None:
 # model" after it, and llama-fit-params aborts on the uncaught exception: SIGABRT, exit -6).
 _LOAD_ERROR = re.compile(r"error loading model:\s*(?P<why>.+)")
 _LOAD_FAILED = "failed to load model"
+# How often a refused model is asked again for llama.cpp's reason (lost to the log thread's race
+# with the abort; each run ~0.03 s): a CI run under load lost it once in a row (2026-12-03).
+REASON_TRIES = 5
 
 
 # llama.cpp's log prefix on stderr (common/log.cpp with timestamps): "0.00.030.939 E ".
@@ -367,12 +370,15 @@ def run_fit_params(
         raise FitParamsError(f"llama-fit-params {bound}")
     lines = tool_lines(result)
     if refused_model(lines):
-        if "--log-jsonl" in argv and not any(_LOAD_ERROR.search(ln) for ln in lines):
-            # With --log-jsonl llama.cpp logs to stdout, buffered, and the abort loses the
-            # buffer with the reason in it (b11312: only "what(): failed to load model" is
-            # left). Asked again without it, the reason comes on stderr (~0.03 s).
-            again = _run([a for a in argv if a != "--log-jsonl"], env, timeout_s)
-            lines = tool_lines(again) or lines
+        plain = [a for a in argv if a != "--log-jsonl"]
+        for _ in range(REASON_TRIES):
+            if any(_LOAD_ERROR.search(ln) for ln in lines):
+                break
+            # llama.cpp's log is written by a worker thread (common/log.cpp common_log::worker)
+            # and the abort after "failed to load model" can come before it wrote the reason:
+            # always with --log-jsonl (stdout, buffered), on a busy machine without it too.
+            # Asked again without it the reason comes on stderr (~0.03 s a run).
+            lines = tool_lines(_run(plain, env, timeout_s)) or lines
         model = argv[argv.index("-m") + 1] if "-m" in argv[:-1] else "the model"
         raise model_rejected(model, lines)
     if result.returncode != 0:

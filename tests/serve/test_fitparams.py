@@ -207,6 +207,32 @@ def test_llama_cpps_own_reason_is_kept(tmp_path: Path) -> None:
     assert exc.value.exit_code == 7 and "quantpick verify /m" in (exc.value.hint or "")
 
 
+def test_a_reason_lost_to_the_log_threads_race_is_asked_for_again(tmp_path: Path) -> None:
+    """llama.cpp writes its log from a worker thread; under load the abort can come before the
+    reason is written. Before: a CI run printed "cannot load ...: failed to load model" (asked
+    once). The tool here loses the reason on its first two runs."""
+    count = tmp_path / "runs"
+    tool = tmp_path / "llama-fit-params"
+    tool.write_text(
+        "#!/bin/sh\n"
+        f'echo x >> "{count}"\n'
+        f'if [ "$(wc -l < "{count}")" -ge 3 ]; then\n'
+        "  echo \"llama_model_load: error loading model: check_tensor_dims: tensor 'a' has "
+        'wrong shape" >&2\n'
+        "fi\n"
+        "echo 'llama_model_load_from_file_impl: failed to load model' >&2\n"
+        "echo '  what():  failed to load model' >&2\n"
+        "kill -ABRT $$\n"
+    )
+    tool.chmod(0o755)
+    with pytest.raises(ModelRejectedError) as exc:
+        run_fit_params([str(tool), "-m", "/m/x.gguf"], {})
+    assert exc.value.message == (
+        "llama.cpp cannot load /m/x.gguf: check_tensor_dims: tensor 'a' has wrong shape"
+    )
+    assert len(count.read_text().splitlines()) == 3
+
+
 def test_a_failing_tool_says_why(tmp_path: Path) -> None:
     stderr = tmp_path / "stderr.txt"
     stderr.write_text("ggml_cuda_init: failed to initialize CUDA: unknown error\nbye\n")

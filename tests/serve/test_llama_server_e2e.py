@@ -131,10 +131,11 @@ def test_head_and_worker_lines_run_across_two_rpc_workers(
     port = _free_port()
     with rpc_workers(llamacpp_bin, 2, log_dir=tmp_path) as endpoints:
         # The workers are CPUs of this very machine, no faster than it: left to itself the plan
-        # would leave them out (this machine alone is as fast). A head with 32 MiB of RAM to
-        # spare must use them.
+        # would leave them out (this machine alone is as fast). A head with 16 MiB of RAM to
+        # spare (the model alone needs ~30 MiB on one host: weights 16.5, compute ~12) must use
+        # them.
         args = ["command", "--gguf", str(model), "-c", "2048", "--port", str(port),
-                "--ram", "32M", "--ram-reserve", "0",
+                "--ram", "16M", "--ram-reserve", "0",
                 "--llama-server", str(llamacpp_bin / "llama-server"), "--json"]  # fmt: skip
         for endpoint in endpoints:
             args += ["--rpc", endpoint]
