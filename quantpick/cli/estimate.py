@@ -14,38 +14,22 @@ import typer
 
 from quantpick.cli.core import app
 from quantpick.cli.groups import LlamaCppOptions, MachineOptions, PlanOptions, notes
+from quantpick.cli.option_blocks import MACHINE, MACHINE_DETAILS, OptionBlock, with_blocks
 from quantpick.cli.options import (
-    BackendOpt,
     BOpt,
-    CoresOpt,
-    CpuOnlyOpt,
     CtxOpt,
     ExactOpt,
     FaOpt,
     GgufOpt,
-    GpuOpt,
-    GpuOverheadOpt,
-    GpuReserveOpt,
-    HardwareOpt,
     JsonOpt,
     KvuOpt,
     LlamaBinOpt,
-    LlamaServerOpt,
-    MarginOpt,
     ModelArg,
     NoCalibrationOpt,
     NoConfirmOpt,
     NoNetworkOpt,
     NpOpt,
     QuantOpt,
-    RamBandwidthOpt,
-    RamOpt,
-    RamReserveOpt,
-    RpcBandwidthOpt,
-    RpcDeviceOpt,
-    RpcLatencyOpt,
-    RpcOpt,
-    ThreadsOpt,
     TimeoutOpt,
     UbOpt,
     VisionOpt,
@@ -77,6 +61,7 @@ if TYPE_CHECKING:
 
 
 @app.command("estimate")
+@with_blocks
 def estimate_cmd(
     model: ModelArg = None,
     quant: QuantOpt = None,
@@ -140,23 +125,8 @@ def estimate_cmd(
         typer.Option("--spec", help="Size speculative decoding of this kind: off, mtp or ngram."),
     ] = "off",
     vision: VisionOpt = False,
-    hardware: HardwareOpt = None,
-    gpu: GpuOpt = None,
-    ram: RamOpt = None,
-    cpu_only: CpuOnlyOpt = False,
-    llama_server: LlamaServerOpt = None,
-    gpu_overhead: GpuOverheadOpt = None,
-    margin: MarginOpt = None,
-    ram_reserve: RamReserveOpt = None,
-    gpu_reserve: GpuReserveOpt = None,
-    ram_bandwidth: RamBandwidthOpt = None,
-    backend: BackendOpt = None,
-    cores: CoresOpt = None,
-    threads: ThreadsOpt = None,
-    rpc: RpcOpt = None,
-    rpc_device: RpcDeviceOpt = None,
-    rpc_bandwidth: RpcBandwidthOpt = None,
-    rpc_latency: RpcLatencyOpt = None,
+    machine_options: OptionBlock = MACHINE,
+    machine_details: OptionBlock = MACHINE_DETAILS,
     exact: ExactOpt = False,
     no_network: NoNetworkOpt = False,
     no_calibration: NoCalibrationOpt = False,
@@ -164,11 +134,12 @@ def estimate_cmd(
     no_confirm: NoConfirmOpt = False,
     timeout: TimeoutOpt = None,
     json_: JsonOpt = False,
+    **options: Any,
 ) -> None:
     """Itemize what llama.cpp will allocate on each device for one configuration. For a quant
     still on the hub, with llama.cpp installed, its own projection (a dry run on the real header
     bytes, before download) is shown beside it."""
-    given = locals()
+    given = {**locals(), **options}
     from quantpick.cli import output
     from quantpick.cli.confirm import confirmation_to_dict, print_confirmation
     from quantpick.errors import UsageError
@@ -188,7 +159,8 @@ def estimate_cmd(
     result = estimate_config(
         EstimateRequest(
             layout, manifest, machine, _config(given, machine, layout, label), basis.overheads(),
-            gpu_overhead_given=gpu_overhead is not None, llama_server=llama_server,
+            gpu_overhead_given=options["gpu_overhead"] is not None,
+            llama_server=options["llama_server"],
             calibration=not no_calibration, on_hub=gguf is None, network=not no_network,
         ),
         LlamaCppOptions.of(given).confirm(machine),
