@@ -15,6 +15,8 @@ from dataclasses import dataclass, field, replace
 from functools import lru_cache
 
 from quantpick.arch.base import AttentionKind, LayerView, MemoryClass, ModelView
+from quantpick.arch.graph import ArchLive, GraphSizes
+from quantpick.arch.registry import graph_trait
 from quantpick.errors import UsageError
 from quantpick.machine.backends import BackendKind, backend_of, host_buffer_names
 from quantpick.machine.spec import Gpu, Machine
@@ -730,8 +732,11 @@ def estimate(
     shape = graph_shape(layout, ub, min(ub, n_outputs_max))
     graph_rule = GRAPH_RULES.get(arch.name, GENERIC)
     kinds: list[dict[AttentionKind, int]] = [{} for _ in range(n_gpu + 1)]
+    trait = graph_trait(arch.name)
+    trait_pos: set[int] = set()  # devices running a layer the architecture's trait covers
     kq = [0] * (n_gpu + 1)
     remote: list[dict[int, int]] = [{} for _ in range(n_gpu + 1)]
+    remote_views = [0] * (n_gpu + 1)
     no_cache = view.memory is MemoryClass.NONE  # non-causal (diffusion): n_kv = the ubatch
     for layer in view.layers:
         reads_kv = layer.kv or layer.kv_shared_from is not None or no_cache
@@ -748,7 +753,11 @@ def estimate(
                 view.layers[src], view, cells * n_stream, config.cache_type_k,
                 config.cache_type_v, fa, CPU_BUFFER,
             )  # fmt: skip
+            # each layer's view of the shared cache is its own split input (DeviceGraph)
+            remote_views[pos] += remote[pos][src]
         kinds[pos][layer.attention] = cells
+        if trait is not None and trait.layers(arch, layer.index):
+            trait_pos.add(pos)
         kq[pos] = max(kq[pos], cells * ub * max(layer.n_head, 1) * 4)
     all_kinds: dict[AttentionKind, int] = {}
     for k in kinds:
@@ -764,6 +773,11 @@ def estimate(
             (kv_size * n_stream * (lv.k_width + lv.v_width) * 2 for lv in view.layers if lv.kv),
             default=0,
         )
+    # the architecture's own live set in an attention layer (arch/graph.py), on each device
+    # running one; the reserved ubatch is a multiple of n_seq_max (src/llama-context.cpp:2529)
+    n_seq = max(1, config.n_parallel)
+    sizes = GraphSizes(-(-ub // n_seq) * n_seq, kv_size, n_stream, n_seq, 2 if fa else 4)
+    arch_live = trait.live(arch, sizes) if trait is not None else ArchLive()
     backends = [backend_kind(d) for d in devs] + [ComputeBackend.CPU]
     # op offload: the first device whose backend takes offloaded ops (a local GPU; an RPC device
     # never does: its offload_op is NULL, ggml-rpc.cpp device interface)
@@ -792,6 +806,14 @@ def estimate(
                 offload_weight=host_weight if offloading and pos == op_offload_pos else 0,
                 copies=copies,
                 remote_kv=sum(remote[pos].values()),
+                remote_kv_views=remote_views[pos],
+                arch_live=(
+                    arch_live
+                    if pos in trait_pos
+                    else ArchLive(inputs=arch_live.inputs)
+                    if is_host
+                    else ArchLive()
+                ),
                 kv_convert=kv_convert,
                 experts=bool(a.experts) or not view.is_moe,
             ),
