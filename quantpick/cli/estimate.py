@@ -155,15 +155,14 @@ def estimate_cmd(
     layout, manifest, label = _resolve_layout(
         model, quant, gguf, exact=exact, network=not no_network
     )
-    basis = PlanOptions.of(given)
+    basis, llama = PlanOptions.of(given), LlamaCppOptions.of(given)
     result = estimate_config(
         EstimateRequest(
             layout, manifest, machine, _config(given, machine, layout, label), basis.overheads(),
-            gpu_overhead_given=options["gpu_overhead"] is not None,
-            llama_server=options["llama_server"],
+            gpu_overhead_given=basis.gpu_overhead is not None, llama_server=llama.llama_server,
             calibration=not no_calibration, on_hub=gguf is None, network=not no_network,
         ),
-        LlamaCppOptions.of(given).confirm(machine),
+        llama.confirm(machine),
     )  # fmt: skip
     notes(result.tuning.notes)
     config, est, speed, check, tuning = (
