@@ -250,20 +250,27 @@ class LlamaCppOptions(Group):
 
     def tools(self) -> ConfirmOptions:
         """The tools, whether or not confirming is on (`confirm` always runs them)."""
-        from quantpick.errors import UsageError
         from quantpick.jobs.confirm import ConfirmOptions
 
-        if self.llama_bin is not None and not self.llama_bin.is_dir():
-            raise UsageError(f"--llama-bin {self.llama_bin}: not a directory")
+        self.check_llama_bin()
         return ConfirmOptions(
             llama_bin=self.llama_bin, llama_server=self.llama_server, timeout_s=self.timeout_s
         )
 
+    def check_llama_bin(self) -> None:
+        from quantpick.errors import UsageError
+
+        if self.llama_bin is not None and not self.llama_bin.is_dir():
+            raise UsageError(f"--llama-bin {self.llama_bin}: not a directory")
+
     def confirm(self, machine: Machine) -> ConfirmOptions | None:
-        """None when confirming is off or the machine is not this one."""
-        tools = self.tools()
+        """None when confirming is off or the machine is not this one (--llama-bin is checked
+        either way; the confirmation's own modules are not loaded for nothing)."""
         # llama.cpp projects on the devices it sees: a described machine is not this one.
-        return None if self.no_confirm or machine.described else tools
+        if self.no_confirm or machine.described:
+            self.check_llama_bin()
+            return None
+        return self.tools()
 
 
 @dataclass(frozen=True)
