@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from quantpick.machine.describe import load_hardware_file, resolve_machine
+from quantpick.machine.describe import resolve_machine
+from quantpick.machine.hardware_file import load_hardware_file
 from quantpick.units import GiB
 
 README = Path(__file__).resolve().parents[1] / "README.md"

@@ -180,9 +180,20 @@ class PlanOptions(Group):
         """--draft PATH: the draft model's layout and vocabulary, read from its file."""
         if self.draft is None or self.spec == "off":
             return None
+        from quantpick.errors import UsageError
         from quantpick.model.local import load_draft
+        from quantpick.model.repos import hub_draft, is_repo_name
 
-        return load_draft(Path(self.draft).expanduser())
+        path = Path(self.draft).expanduser()
+        if path.exists():
+            return load_draft(path)
+        if is_repo_name(self.draft.rsplit(":", 1)[0]) or is_repo_name(self.draft):
+            from quantpick.config import load_settings
+
+            return hub_draft(self.draft, settings=load_settings(), network=not self.no_network)
+        raise UsageError(
+            f"--draft {self.draft}: no such file, nor a repository (OWNER/REPO[:QUANT])"
+        )
 
     def overheads(self) -> Overheads:
         from quantpick.cli import output
@@ -239,20 +250,27 @@ class LlamaCppOptions(Group):
 
     def tools(self) -> ConfirmOptions:
         """The tools, whether or not confirming is on (`confirm` always runs them)."""
-        from quantpick.errors import UsageError
         from quantpick.jobs.confirm import ConfirmOptions
 
-        if self.llama_bin is not None and not self.llama_bin.is_dir():
-            raise UsageError(f"--llama-bin {self.llama_bin}: not a directory")
+        self.check_llama_bin()
         return ConfirmOptions(
             llama_bin=self.llama_bin, llama_server=self.llama_server, timeout_s=self.timeout_s
         )
 
+    def check_llama_bin(self) -> None:
+        from quantpick.errors import UsageError
+
+        if self.llama_bin is not None and not self.llama_bin.is_dir():
+            raise UsageError(f"--llama-bin {self.llama_bin}: not a directory")
+
     def confirm(self, machine: Machine) -> ConfirmOptions | None:
-        """None when confirming is off or the machine is not this one."""
-        tools = self.tools()
+        """None when confirming is off or the machine is not this one (--llama-bin is checked
+        either way; the confirmation's own modules are not loaded for nothing)."""
         # llama.cpp projects on the devices it sees: a described machine is not this one.
-        return None if self.no_confirm or machine.described else tools
+        if self.no_confirm or machine.described:
+            self.check_llama_bin()
+            return None
+        return self.tools()
 
 
 @dataclass(frozen=True)

@@ -41,35 +41,24 @@ from quantpick.cli.groups import (
     OutputOptions,
     PlanOptions,
 )
+from quantpick.cli.option_blocks import CHOICE, OptionBlock, with_blocks
 from quantpick.cli.options import (
-    DEFAULT_MIN_TPS,
-    AllowQ4Opt,
     BackendOpt,
     CpuOnlyOpt,
     CtxOpt,
-    DraftOpt,
     ExactOpt,
     GpuOverheadOpt,
     JsonOpt,
-    KvOpt,
-    KvuOpt,
     LlamaBinOpt,
     LlamaServerOpt,
     MarginOpt,
-    MinTpsOpt,
     MmprojOpt,
     ModelArg,
-    ModelDirOpt,
     NoConfirmOpt,
     NoNetworkOpt,
-    NoOffloadOpt,
-    NpOpt,
-    PreferOpt,
     QuantOpt,
     RamReserveOpt,
     RpcOpt,
-    SpecOpt,
-    VisionOpt,
 )
 
 if TYPE_CHECKING:
@@ -270,6 +259,7 @@ def _stop(settings: Settings, alias: str | None, port: int | None, json_: bool) 
 
 
 @app.command("serve")
+@with_blocks
 def serve_cmd(
     model: ModelArg = None,
     ctx_size: CtxOpt = 0,
@@ -283,17 +273,7 @@ def serve_cmd(
         ),
     ] = None,
     mmproj: MmprojOpt = None,
-    parallel: NpOpt = 1,
-    kv_unified: KvuOpt = False,
-    prefer: PreferOpt = "balanced",
-    vision: VisionOpt = False,
-    min_tps: MinTpsOpt = DEFAULT_MIN_TPS,
-    spec: SpecOpt = "auto",
-    draft: DraftOpt = None,
-    allow_q4_kv: AllowQ4Opt = False,
-    kv: KvOpt = None,
-    no_offload: NoOffloadOpt = False,
-    dir_: ModelDirOpt = None,
+    choice_options: OptionBlock = CHOICE,
     source: SourceOpt = "auto",
     allow_unverified: AllowUnverifiedOpt = False,
     reuse: ReuseOpt = None,
@@ -342,11 +322,12 @@ def serve_cmd(
         ),
     ] = False,
     json_: JsonOpt = False,
+    **options: Any,
 ) -> None:
     """Plan, fetch (or reuse) and verify, confirm with llama.cpp, then run llama-server with the
     plan's flags and wait until it answers; print the endpoint (OpenAI base URL, model, context).
     Stays in the foreground until Ctrl-C (exit 130) or SIGTERM (143), unless --detach."""
-    given = locals()
+    given = {**locals(), **options}
     from quantpick.cli import output
     from quantpick.errors import UsageError
     from quantpick.serve.server import stop_signals

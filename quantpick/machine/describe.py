@@ -54,7 +54,6 @@ from quantpick.machine.device_specs import (
     unified_ram,
 )
 from quantpick.machine.device_specs import describe_gpu as describe_gpu  # its old home: kept
-from quantpick.machine.hardware_file import DEVICES_HINT, load_hardware_file
 from quantpick.machine.spec import (
     ASSUMED_HOST_BANDWIDTH_BYTES_PER_S,
     ASSUMED_HOST_CORES,
@@ -71,6 +70,8 @@ from quantpick.machine.spec import (
     too_many_devices,
 )
 from quantpick.units import gib, parse_size
+
+DEVICES_HINT = "describe the devices one llama-server is to use"
 
 # The reference box the planner is tuned on: `--gpu 3090 --gpu t4`.
 REFERENCE_GPUS: tuple[str, ...] = ("3090", "t4")
@@ -341,6 +342,8 @@ def resolve_machine(
         notes += gpu_spec_notes(spec.partition("=")[2], f"--rpc-device {spec}")
 
     if hardware_file is not None:
+        from quantpick.machine.hardware_file import load_hardware_file
+
         machine = load_hardware_file(hardware_file, default_host=typical_host)
         how.append(f"--hardware {hardware_file}")
         notes.extend(machine.notes)

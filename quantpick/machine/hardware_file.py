@@ -66,9 +66,6 @@ def _check_endpoints(machine: Machine) -> None:
         parse_endpoint(worker.endpoint)
 
 
-DEVICES_HINT = "describe the devices one llama-server is to use"
-
-
 def _machine_from_json(data: Any, path: Path) -> Machine:
     if not isinstance(data, dict):
         raise ValueError("expected a JSON object")

@@ -58,12 +58,13 @@ class DraftRun:
     says of it. Its own memory is plan/draft.py's (a second model and llama_context); the
     target's configuration only grows its output rows to np x (1 + n_max)."""
 
-    path: str  # -md
+    path: str  # -md (or -hfd's OWNER/REPO:QUANT where `hub`)
     n_max: int  # --spec-draft-n-max
     # -ngld: None = all layers; 0 = none (the host)
     n_gpu_layers: int | None = None
     # -devd, in its order (None: follows --device; (): none, the host)
     devices: tuple[int | str, ...] | None = None
+    hub: bool = False  # -hfd OWNER/REPO:QUANT: llama-server fetches it from Hugging Face
 
 
 @dataclass(frozen=True)
