@@ -147,6 +147,30 @@ class Architecture:
 
 
 @dataclass(frozen=True)
+class CompressedCache:
+    """A K-only cache of one cell per `ratio` tokens beside a layer's own (DeepSeek-V4's CSA, HCA
+    and lightning-indexer caches): pad256(max(1, ceil(kv_size / ratio))) cells per stream of
+    `width` K elements, -ctk type (src/llama-kv-cache-dsv4.cpp:28-30, 1290-1306)."""
+
+    width: int
+    ratio: int
+
+    def cells(self, kv_size: int) -> int:
+        n = max(1, (kv_size + self.ratio - 1) // self.ratio)
+        return (n + 255) // 256 * 256
+
+
+@dataclass(frozen=True)
+class CompressorState:
+    """A compressor's running state beside a layer's cache (DeepSeek-V4): two f32 tensors (kv
+    and score) of `width` x `rows` per stream and rollback plane, n_stream x (1 + n_rs_seq)
+    planes (src/llama-kv-cache-dsv4.cpp:963-965)."""
+
+    width: int
+    rows: int
+
+
+@dataclass(frozen=True)
 class LayerView:
     """One llama.cpp block (index il) as its caches see it."""
 
@@ -164,6 +188,9 @@ class LayerView:
     # MSA V) elements per cell, full context, -ctk/-ctv types (0: none)
     index_k_width: int = 0
     index_v_width: int = 0
+    # compressed caches and compressor states beside the KV (DeepSeek-V4)
+    compressed: tuple[CompressedCache, ...] = ()
+    states: tuple[CompressorState, ...] = ()
 
     @property
     def attends(self) -> bool:
@@ -206,6 +233,10 @@ class ModelView:
     # The tied output is created before token_embd, so the duplicate is never merged: two
     # copies even when the output stays in host memory (gemma3n, gemma4)
     tied_copy_always: bool = False
+    # The caches keep one stream per sequence even with a unified KV cache (-kvu): the window
+    # then holds n_swa + n_ubatch cells per stream (DeepSeek-V4: src/llama-kv-cache-dsv4.cpp
+    # :1238-1241, 1283)
+    split_streams: bool = False
     notes: tuple[str, ...] = ()  # what a generic or partial rule could not check
 
     @property
@@ -305,6 +336,12 @@ class HParams:
     index_filter: LayerFilter | None = None
     index_k_width: int = 0
     index_v_width: int = 0
+    # K-only caches although the model is not MLA (DeepSeek-V4's dsv4_make_k_only)
+    k_only: bool = False
+    split_streams: bool = False  # ModelView.split_streams
+    # per layer: compressed caches and compressor states beside the KV (DeepSeek-V4)
+    compressed: Callable[[int], tuple[CompressedCache, ...]] | None = None
+    states: Callable[[int], tuple[CompressorState, ...]] | None = None
     output_tensors: set[str] = field(default_factory=set)
     flash_attn: bool = True  # llama_init_from_model forces it off for some architectures
     tied_copy_always: bool = False
@@ -467,7 +504,7 @@ def load_hparams(arch: Architecture, *, recurrent_arch: bool = False) -> HParams
 def build_view(hp: HParams, *, family: str, known: bool) -> ModelView:
     """The caches create_memory builds for `hp`, layer by layer."""
     n_all, n_trunk = hp.n_layer_all, hp.n_layer()
-    mla = hp.is_mla()
+    mla = hp.is_mla() or hp.k_only
     memory = hp.memory
     if memory in (MemoryClass.KV, MemoryClass.ISWA):
         memory = MemoryClass.ISWA if hp.swa_type is not SwaType.NONE else MemoryClass.KV
@@ -531,6 +568,8 @@ def build_view(hp: HParams, *, family: str, known: bool) -> ModelView:
                 nextn=nextn,
                 index_k_width=hp.index_k_width if indexed else 0,
                 index_v_width=hp.index_v_width if indexed else 0,
+                compressed=hp.compressed(il) if hp.compressed is not None and kv else (),
+                states=hp.states(il) if hp.states is not None and kv else (),
             )
         )
     v_max = max((hp.n_embd_v_gqa(il) for il in range(n_all)), default=0)
@@ -562,5 +601,6 @@ def build_view(hp: HParams, *, family: str, known: bool) -> ModelView:
         mla=mla,
         flash_attn=hp.flash_attn,
         tied_copy_always=hp.tied_copy_always,
+        split_streams=hp.split_streams,
         notes=tuple(hp.notes),
     )

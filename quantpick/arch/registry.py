@@ -29,6 +29,7 @@ def families() -> tuple[Family, ...]:
     and they are small pure modules). A new family is one module and one line here."""
     from quantpick.arch import (
         deepseek,
+        deepseek4,
         encoder,
         gemma,
         lfm2,
@@ -43,8 +44,8 @@ def families() -> tuple[Family, ...]:
     return tuple(
         m.FAMILY
         for m in (
-            qwen35, transformer, gemma, deepseek, sparse_attention, ssm, linear_attention, lfm2,
-            rwkv, encoder,
+            qwen35, transformer, gemma, deepseek, deepseek4, sparse_attention, ssm,
+            linear_attention, lfm2, rwkv, encoder,
         )
     )  # fmt: skip
 

@@ -702,15 +702,26 @@ def estimate(
     )
     ub = min(config.ubatch, config.batch, n_ctx)
     fa = config.flash_attn != "off" and view.flash_attn
+    if view.split_streams:  # one stream per sequence whatever -kvu says (ModelView)
+        n_stream = max(1, config.n_parallel)
     window_cells = swa_cells(
-        view, kv_size, config.n_parallel, config.kv_unified, ub, config.swa_full
-    )
+        view, kv_size, config.n_parallel, config.kv_unified and not view.split_streams, ub,
+        config.swa_full,
+    )  # fmt: skip
     # one row per sequence, times (1 + drafts) rollback snapshots with MTP speculation
     rows = max(1, config.n_parallel) * (1 + config.spec_draft_n)
     for layer in view.layers:
         il = layer.index
         dev = slot_device[il] if config.kv_offload else host_pos
         rule = rules[dev]
+        for comp in layer.compressed:  # K only, -ctk type, one tensor over the streams
+            acc[dev].kv += rule.alloc(
+                config.cache_type_k, comp.width,
+                row_size(config.cache_type_k, comp.width) * comp.cells(kv_size) * n_stream,
+            )  # fmt: skip
+        for state in layer.states:  # f32 kv and score, per stream and rollback plane
+            plane = state.width * state.rows * 4
+            acc[dev].recurrent += 2 * rule.alloc("F32", state.width, plane * rows)
         if layer.kv:
             cells = window_cells if layer.attention is AttentionKind.SLIDING else kv_size
             acc[dev].kv += layer_kv_bytes(

@@ -29,7 +29,6 @@ DATA = Path(__file__).resolve().parents[1] / "data" / "llamacpp-archs.json.gz"
 # Architectures whose caches quantpick does not model yet, and why (docs/architectures.md). The
 # test expects them to differ: one that starts to match must leave this list.
 NOT_EXACT = {
-    "deepseek4": "DeepSeek-V4's compressed caches (llama_kv_cache_dsv4) are not modelled",
     "dots3note": "the DSA-iSWA cache (an indexer beside a sliding window) is not modelled",
     "qwen4exp": "its PLE convolution rows and hybrid-idx indexer are not modelled",
 }
@@ -92,7 +91,7 @@ def test_the_fixture_covers_the_architectures_and_most_are_exact() -> None:
     archs = {m.rsplit("-", 1)[0] for m in recorded()["models"]}
     assert len(archs) >= 120
     unknown = sorted(a for a in archs if not support(a).known)
-    assert unknown == ["deepseek4", "dots3note", "nanbeige", "qwen4exp"]
+    assert unknown == ["dots3note", "nanbeige", "qwen4exp"]
     assert len(archs - set(NOT_EXACT)) / len(archs) >= 0.9
 
 

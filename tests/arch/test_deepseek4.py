@@ -1,0 +1,88 @@
+"""DeepSeek-V4's caches (quantpick/arch/deepseek4.py) beyond what test-llama-archs records
+(tests/arch/test_conformance.py pins every recorded case to the byte): the byte count of one case
+worked by hand from src/llama-kv-cache-dsv4.cpp, -kvu, --swa-full and the rollback planes of
+speculative decoding."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from llamacpp_archs import machine
+from test_conformance import recorded
+
+from quantpick.arch.base import AttentionKind
+from quantpick.model.gguf import header_from_json, layout_from_header
+from quantpick.model.layout import ModelLayout
+from quantpick.plan.memory import RunConfig, estimate
+
+
+@pytest.fixture(scope="module")
+def layout() -> ModelLayout:
+    entry = recorded()["models"]["deepseek4-moe"]
+    return layout_from_header(header_from_json(entry["header"]), basis="deepseek4-moe")
+
+
+def context(layout: ModelLayout, config: RunConfig) -> tuple[int, int]:
+    host = estimate(layout, machine(False), config).host
+    return host.kv_bytes, host.recurrent_bytes
+
+
+def test_the_view_is_the_dsv4_cache(layout: ModelLayout) -> None:
+    view = layout.view
+    assert view.mla and view.split_streams
+    assert all(lv.attention is AttentionKind.SLIDING and lv.v_width == 0 for lv in view.layers)
+    # compress_ratios [0, 0, 4, 128]: CSA K + indexer K on layer 2, HCA K on layer 3
+    assert [[(c.width, c.ratio) for c in lv.compressed] for lv in view.layers] == [
+        [], [], [(64, 4), (128, 4)], [(64, 128)],
+    ]  # fmt: skip
+    assert [[(s.width, s.rows) for s in lv.states] for lv in view.layers] == [
+        [], [], [(128, 8), (256, 8)], [(64, 128)],
+    ]  # fmt: skip
+
+
+def test_one_case_worked_by_hand(layout: ModelLayout) -> None:
+    """-c 4096 -np 1 f16: raw window pad256(32 + 512) = 768 cells x 4 layers x 64 x 2 bytes; CSA
+    1024 cells x 128 bytes, indexer 1024 x 256, HCA pad256(32) = 256 x 128; states f32 x 2:
+    128 x 8, 256 x 8, 64 x 128 (llama-kv-cache-dsv4.cpp:1253-1321)."""
+    kv, state = context(layout, RunConfig(ctx_size=4096, logits_rows="batch"))
+    assert kv == 768 * 4 * 128 + 1024 * 128 + 1024 * 256 + 256 * 128
+    assert state == 2 * 4 * (128 * 8 + 256 * 8 + 64 * 128)
+
+
+@settings(max_examples=25, deadline=None)
+@given(np=st.integers(1, 6), ctx=st.integers(256, 70000))
+def test_a_unified_cache_keeps_one_stream_per_sequence(
+    layout: ModelLayout, np: int, ctx: int
+) -> None:
+    """-kvu leaves the streams per sequence (unified_raw / unified_compressed false): the window
+    half is the same per stream, and every cache covers n_ctx per stream instead of n_ctx / np."""
+    split = context(layout, RunConfig(ctx_size=ctx, n_parallel=np, logits_rows="batch"))
+    unified = context(
+        layout, RunConfig(ctx_size=ctx, n_parallel=np, kv_unified=True, logits_rows="batch")
+    )
+    assert unified[1] == split[1]  # the states do not depend on the cells
+    assert unified[0] >= split[0]
+    one = context(layout, RunConfig(ctx_size=ctx, logits_rows="batch"))
+    # with -kvu each of the np streams is a whole -np 1 cache of the same context
+    assert unified[0] == np * one[0]
+
+
+def test_swa_full_gives_the_window_the_whole_context(layout: ModelLayout) -> None:
+    base = RunConfig(ctx_size=4096, logits_rows="batch")
+    kv, _ = context(layout, base)
+    full, _ = context(layout, replace(base, swa_full=True))
+    assert full - kv == (4096 - 768) * 4 * 128
+
+
+@pytest.mark.parametrize("drafts", [1, 3, 8])
+def test_speculative_rollback_planes_multiply_the_states(layout: ModelLayout, drafts: int) -> None:
+    """n_rs_seq = --spec-draft-n-max with MTP (common/common.h:396-402): n_stream x (1 +
+    n_rs_seq) planes of each compressor state (llama-kv-cache-dsv4.cpp:963-965)."""
+    base = RunConfig(ctx_size=4096, n_parallel=2, logits_rows="batch")
+    kv, state = context(layout, base)
+    kv_spec, state_spec = context(layout, replace(base, spec_draft_n=drafts))
+    assert kv_spec == kv
+    assert state_spec == state * (1 + drafts)
