@@ -24,12 +24,20 @@ Rules (llama.cpp b11312, src/llama-kv-cache-dsv4.cpp unless named):
 
 from __future__ import annotations
 
-from quantpick.arch.base import CompressedCache, CompressorState, HParams, SwaType
+from quantpick.arch.base import Architecture, CompressedCache, CompressorState, HParams, SwaType
 from quantpick.arch.family import Family
+from quantpick.arch.graph import ArchLive, GraphSizes, GraphTrait
 
 # src/llama-kv-cache-dsv4.cpp:18-19
 CSA_RATIO = 4
 HCA_RATIO = 128
+INDEX_Q_COPIES = 2
+
+
+def _ratios(arch: Architecture) -> list[int]:
+    listed = arch.get("attention.compress_ratios")
+    ratios = [int(v) for v in listed] if isinstance(listed, tuple) else []
+    return ratios + [0] * (arch.block_count - len(ratios))
 
 
 def configure(hp: HParams) -> None:
@@ -40,9 +48,7 @@ def configure(hp: HParams) -> None:
     hp.k_only = True
     hp.split_streams = True
     hp.kv_filter = lambda il: True  # the raw cache's filter is null: every block
-    listed = hp.key("attention.compress_ratios")
-    ratios = [int(v) for v in listed] if isinstance(listed, tuple) else []
-    ratios += [0] * (hp.n_layer_all - len(ratios))
+    ratios = _ratios(hp.arch)
     n_trunk = hp.n_layer()
     head_k = hp.n_embd_head_k(0)  # model.hparams.n_embd_head_k(): layer 0's
     index_k = hp.int_key("attention.indexer.key_length")
@@ -72,6 +78,57 @@ def configure(hp: HParams) -> None:
     hp.states = states
 
 
+def compressed_layer(arch: Architecture, il: int) -> bool:
+    """A layer that attends over a compressed cache (ratio 4 or 128) beside its window."""
+    return _ratios(arch)[il] in (CSA_RATIO, HCA_RATIO)
+
+
+def no_live(arch: Architecture, g: GraphSizes) -> ArchLive:
+    return ArchLive()
+
+
+def layer_live(arch: Architecture, g: GraphSizes, il: int) -> ArchLive:
+    """A compressed layer's own attention (src/models/deepseek4.cpp at b11312), n = its
+    compressed cells per stream in the reserve (plan.n_kv = the cache's size,
+    llama-kv-cache-dsv4.cpp:842-853), T = the ubatch, m = the mask's bytes (f16 with flash
+    attention, else f32), w = the raw window's cells (pad256(min(kv_size, n_swa + T))).
+
+    Inputs (llama-graph.cpp:958-986 dsv4_build_comp_inputs): a CSA layer reads the CSA mask
+    (n x T x m) and the lightning indexer's (n x T, f16: the fused indexer, cparams.fused_lid,
+    src/llama-context.cpp:237, 571), an HCA layer its own mask; the raw window's mask is the
+    generic sliding-window one; the small index vectors (O(T) I32) are left out.
+
+    Temporaries: CSA (build_lid_top_k, build_top_k_mask, build_csa_lid_attention :590-760)
+    the indexer's Q (T x indexer.head_count x indexer.key_length f32, :607-620) beside its f32
+    scores (nT x 4), then ggml_top_k's argsort and its I32 copy (n_top_k = n: top_k is
+    131072), alive two at a time (8nT); then fill + add of the mask (2 x m nT) and its concat
+    with the raw mask (m (w + n) T): the largest of these. (A second copy of the indexer's Q,
+    rope then Hadamard rotation, would put the -np 1 host rows 16% over: measured, not kept.)
+    HCA (:790-815): the concat mask. Without flash attention
+    the KQ matrix is over w + n cells (the generic rule counts the window's w): n x T x n_head
+    x 4 more."""
+    ratio = _ratios(arch)[il]
+    if ratio not in (CSA_RATIO, HCA_RATIO):
+        return ArchLive()
+    n = CompressedCache(0, ratio).cells(g.cells)
+    t, m = g.ubatch, g.mask_bytes
+    window = arch.int_("attention.sliding_window")
+    w = min(g.cells, window + t)
+    w = (w + 255) // 256 * 256
+    concat = m * (w + n) * t
+    no_fa = n * t * arch.head_count * 4 if m == 4 else 0
+    if ratio == CSA_RATIO:
+        masks = n * t * (m + 2)
+        n_index = arch.int_("attention.indexer.head_count")
+        index_q = t * n_index * arch.int_("attention.indexer.key_length") * 4
+        layer = max(index_q + 4 * n * t, 8 * n * t, 2 * m * n * t, m * n * t + concat)
+        layer += no_fa
+    else:
+        masks = n * t * m
+        layer = concat + no_fa
+    return ArchLive(layer=layer, inputs=masks, inputs_in_layer=masks)
+
+
 FAMILY = Family(
     name="deepseek4",
     architectures=("deepseek4",),
@@ -88,4 +145,12 @@ FAMILY = Family(
         "(src/llama-kv-cache-dsv4.cpp:963-965, 1308-1321)",
     ),
     checked=frozenset({"deepseek4"}),
+    graph_traits={
+        "deepseek4": GraphTrait(
+            no_live,
+            "src/models/deepseek4.cpp, llama-graph.cpp:958-986: each compressed layer's masks",
+            layers=compressed_layer,
+            by_layer=layer_live,
+        )
+    },
 )

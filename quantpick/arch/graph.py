@@ -14,7 +14,7 @@ device that runs such a layer.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from quantpick.arch.base import Architecture
@@ -59,3 +59,32 @@ class GraphTrait:
     source: str  # one line: the graph builder and what the terms are
     # the attention layers that keep it alive (a device running none of them has none of it)
     layers: Callable[[Architecture, int], bool] = every_layer
+    # where the layers differ (DeepSeek-V4: each compression ratio reads its own masks): what
+    # layer il keeps alive, in place of `live`; a device's part is `merge` of its layers'
+    by_layer: Callable[[Architecture, GraphSizes, int], ArchLive] | None = None
+
+    def of_layers(self, arch: Architecture, sizes: GraphSizes, layers: Iterable[int]) -> ArchLive:
+        """What a device running `layers` (attention layers) keeps alive for them."""
+        covered = [il for il in layers if self.layers(arch, il)]
+        if self.by_layer is None:
+            return self.live(arch, sizes) if covered else ArchLive()
+        by_layer = self.by_layer
+        return merge(by_layer(arch, sizes, il) for il in covered)
+
+    def host_inputs(self, arch: Architecture, sizes: GraphSizes, layers: Iterable[int]) -> int:
+        """The inputs the host sets for the attention layers `layers` of the whole graph."""
+        if self.by_layer is None:
+            return self.live(arch, sizes).inputs
+        return self.of_layers(arch, sizes, layers).inputs
+
+
+def merge(lives: Iterable[ArchLive]) -> ArchLive:
+    """One device's part of several layers' live sets: the layers run one at a time (the
+    largest temporaries), each distinct set of inputs once (an input is copied once into the
+    split that reads it: ggml-backend.cpp:1311-1411); layers of one kind share theirs."""
+    distinct = set(lives)
+    return ArchLive(
+        layer=max((a.layer for a in distinct), default=0),
+        inputs=sum(a.inputs for a in distinct),
+        inputs_in_layer=sum(a.inputs_in_layer for a in distinct),
+    )

@@ -790,6 +790,7 @@ def estimate(
     kinds: list[dict[AttentionKind, int]] = [{} for _ in range(n_gpu + 1)]
     trait = graph_trait(arch.name)
     trait_pos: set[int] = set()  # devices running a layer the architecture's trait covers
+    attn_layers: list[list[int]] = [[] for _ in range(n_gpu + 1)]  # the attention each runs
     kq = [0] * (n_gpu + 1)
     # A layer whose attention the device's backend refuses (its Q, its output or, without flash
     # attention, its KQ matrix above the cap) has it computed on the host: the KQ there, the
@@ -868,6 +869,7 @@ def estimate(
                 layer, view, cells * n_stream, config.cache_type_k, config.cache_type_v, fa,
                 CPU_BUFFER,
             ))  # fmt: skip
+        attn_layers[pos].append(layer.index)
         if trait is not None and trait.layers(arch, layer.index):
             trait_pos.add(pos)
         kq[pos] = max(kq[pos], layer_kq[layer.index])
@@ -918,7 +920,13 @@ def estimate(
     # running one; the reserved ubatch is a multiple of n_seq_max (src/llama-context.cpp:2529)
     n_seq = max(1, config.n_parallel)
     sizes = GraphSizes(-(-ub // n_seq) * n_seq, kv_size, n_stream, n_seq, 2 if fa else 4)
-    arch_live = trait.live(arch, sizes) if trait is not None else ArchLive()
+    # per device: the merge of its layers' (arch/graph.py GraphTrait.of_layers); the host sets
+    # the inputs of them all
+    dev_live = [ArchLive()] * (n_gpu + 1)
+    host_inputs = 0
+    if trait is not None:
+        dev_live = [trait.of_layers(arch, sizes, attn_layers[pos]) for pos in range(n_gpu + 1)]
+        host_inputs = trait.host_inputs(arch, sizes, sorted(set().union(*attn_layers)))
     backends = [backend_kind(d) for d in devs] + [ComputeBackend.CPU]
     # op offload: the first device whose backend takes offloaded ops (a local GPU; an RPC device
     # never does: its offload_op is NULL, ggml-rpc.cpp device interface)
@@ -968,9 +976,9 @@ def estimate(
                 remote_kv=sum(remote[pos].values()),
                 remote_kv_views=remote_views[pos],
                 arch_live=(
-                    arch_live
+                    dev_live[pos]
                     if pos in trait_pos
-                    else ArchLive(inputs=arch_live.inputs)
+                    else ArchLive(inputs=host_inputs)
                     if is_host
                     else ArchLive()
                 ),

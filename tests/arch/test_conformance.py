@@ -181,14 +181,6 @@ COMPUTE_BEYOND_25 = {
     "-c 4096, 1536 at -c 8192) and not with -np 2 (1088): the logits find no free block and land "
     "above a tensor left high by the last layers (ggml-alloc.c best fit, :202-304); following it "
     "needs the allocator replayed over the graph",
-    # test-llama-archs' deepseek4: -ngl all -ts 1,1 at -c 33000 (Host 134 vs 76 MiB, RPC1 174 vs
-    # 55) and --n-cpu-moe 1 -ts 1,1 (RPC1 45 vs 21)
-    "deepseek4": "its caches are not modelled (NOT_EXACT: llama_kv_cache_dsv4): quantpick sees "
-    "four full-attention layers over the whole context, so the masks a split copies are the "
-    "context's where llama.cpp's layers mask a sliding window (compress ratio 0) or the "
-    "compressed cells (n_ctx / 4 with the CSA indexer, n_ctx / 128 for HCA; "
-    "src/models/deepseek4.cpp:1188-1200), and the layers of each ratio keep different "
-    "temporaries",
 }
 
 

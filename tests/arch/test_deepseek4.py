@@ -86,3 +86,39 @@ def test_speculative_rollback_planes_multiply_the_states(layout: ModelLayout, dr
     kv_spec, state_spec = context(layout, replace(base, spec_draft_n=drafts))
     assert kv_spec == kv
     assert state_spec == state * (1 + drafts)
+
+
+def test_each_device_copies_only_the_masks_its_layers_read(layout: ModelLayout) -> None:
+    """The CSA layer (2) reads the CSA mask and the indexer's, the HCA layer (3) its own, the
+    window-only layers (0, 1) none beyond the generic window mask; a device's part is each kind
+    once, and the host sets them all (llama-graph.cpp:958-986)."""
+    from quantpick.arch.graph import GraphSizes
+    from quantpick.arch.registry import graph_trait
+
+    trait = graph_trait("deepseek4")
+    assert trait is not None
+    arch = layout.architecture
+    g = GraphSizes(ubatch=512, cells=33024, n_stream=1, n_seq_max=1, mask_bytes=2)
+    csa = 8448 * 512 * (2 + 2)  # pad256(33024 / 4) cells x ubatch, f16 CSA + f16 indexer
+    hca = 512 * 512 * 2  # pad256(ceil(33024 / 128))
+    assert trait.of_layers(arch, g, [0, 1]).inputs == 0
+    assert trait.of_layers(arch, g, [3]).inputs == hca
+    assert trait.of_layers(arch, g, [0, 1, 2]).inputs == csa
+    assert trait.host_inputs(arch, g, range(4)) == csa + hca
+    # the CSA layer's temporaries: the indexer's Q (64 heads x 128) and scores, or top-k's
+    assert trait.of_layers(arch, g, [2]).layer >= 8 * 8448 * 512
+
+
+def test_pipeline_rows_follow_the_layers_each_device_runs(layout: ModelLayout) -> None:
+    """-c 33000 -ngl all -ts 1,1 (pipeline parallel, 4 input copies): RPC0 runs the CSA layer
+    and holds 4 copies of its 16.5 MiB of masks, RPC1 the HCA layer (llama.cpp: 143.6 and
+    54.6 MiB; the host 76.4)."""
+    from llamacpp_archs import machine as rpc_machine
+
+    cfg = RunConfig(ctx_size=33000, n_gpu_layers=None, tensor_split=(1.0, 1.0), logits_rows="batch")
+    est = estimate(layout, rpc_machine(True), cfg)
+    MiB = 1024**2
+    rpc0, rpc1 = (d.compute_bytes / MiB for d in est.gpus)
+    assert abs(rpc0 - 143.58) <= 0.1 * 143.58
+    assert abs(rpc1 - 54.60) <= 0.1 * 54.60
+    assert abs(est.host.compute_bytes / MiB - 76.37) <= 0.05 * 76.37
