@@ -16,6 +16,10 @@ from gguf_fixtures import TINY, add_hparams, tensor_list
 
 ARCH = "qwen35moe"
 ALIGN = 32  # GGUF default general.alignment
+# A draft of TINY: the same tokenizer and vocabulary (what llama.cpp's
+# common_speculative_are_compatible compares), half the width and layers, fewer experts.
+TINY_DRAFT: dict[str, int] = dict(TINY, n_embd=128, n_layer=4, n_expert=8, n_expert_used=2,
+                                  n_ff_exp=64, n_ff_shexp=64)  # fmt: skip
 
 
 def _qtype(name: str, ne: tuple[int, ...]) -> T:
@@ -48,11 +52,16 @@ def write_tiny_model(
     seed: int = 0,
     reshape: dict[str, tuple[int, ...]] | None = None,
     mtp: bool = False,
+    hparams: dict[str, int] | None = None,
+    odd_token: int | None = None,
 ) -> int:
     """Write the model to `path`; returns its size in bytes. `reshape`: tensors written with
     another shape (ne order), a file whose header parses but which llama.cpp refuses. `mtp`: with
-    an MTP/NextN block (one more block, nextn_predict_layers = 1), as Qwen3.6 GGUFs carry."""
-    h = TINY
+    an MTP/NextN block (one more block, nextn_predict_layers = 1), as Qwen3.6 GGUFs carry.
+    `hparams`: other sizes than TINY (TINY_DRAFT: a smaller model of the same vocabulary, a
+    draft for speculative decoding). `odd_token`: that filler token's text changed (a vocabulary of
+    the same size that llama.cpp's draft check refuses)."""
+    h = TINY if hparams is None else hparams
     w = gguf.GGUFWriter(str(path), ARCH)
     w.add_name("quantpick-tiny-qwen35moe")
     add_hparams(w, h, mtp=mtp)
@@ -63,6 +72,8 @@ def write_tiny_model(
     merged = ["Ġt", "Ġa", "he", "in"]
     specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>"]
     filler = [f"<unused_{i}>" for i in range(vocab - 256 - len(merged) - len(specials))]
+    if odd_token is not None:
+        filler[odd_token - 256 - len(merged)] = "<odd>"
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("qwen35")
     w.add_token_list(byte_tokens + merged + filler + specials)

@@ -30,6 +30,10 @@ SOURCE_CHOICES = ("auto", *SOURCE_KINDS)  # hub/kinds.py
 MANIFEST_SOURCE_CHOICES = REPOSITORY_KINDS
 FORMATS = formats.names  # serve/formats/__init__.py, the formats' registry
 MODEL_SOURCES = ("local", "hf")
+# --spec: the speculation modes a planning command takes (plan/speculative.py SpecMode, less
+# those that need what the command cannot give), and the kinds `estimate --spec` sizes.
+SPEC_CHOICES = ("auto", "off", "mtp", "draft", "ngram")
+ESTIMATE_SPEC_CHOICES = ("off", "mtp", "ngram")
 
 PLANNING = ("pick", "max-context", "command", "get", "confirm", "bench", "serve")
 
@@ -102,6 +106,10 @@ OPTION_VALUES: dict[str, tuple[tuple[tuple[str, ...], Callable[..., list[Item]]]
             ("probe", "estimate", "pick", "max-context", "command", "get", "check"),
             lambda words, incomplete: gpu_items(incomplete),
         ),
+    ),
+    "--spec": (
+        (("pick", "command", "get", "serve", "bench"), _fixed(SPEC_CHOICES)),
+        (("estimate",), _fixed(ESTIMATE_SPEC_CHOICES)),
     ),
     "--quant": ((("estimate", "download", *PLANNING, "check"), quant_items),),
     "-q": ((("estimate", *PLANNING, "check"), quant_items),),

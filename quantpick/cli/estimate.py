@@ -34,6 +34,7 @@ from quantpick.cli.options import (
     UbOpt,
     VisionOpt,
     check_run_options,
+    complete_estimate_spec,
     complete_kv,
     load_manifest,
 )
@@ -122,7 +123,11 @@ def estimate_cmd(
     ] = 0,
     spec: Annotated[
         str,
-        typer.Option("--spec", help="Size speculative decoding of this kind: off, mtp or ngram."),
+        typer.Option(
+            "--spec",
+            help="Size speculative decoding of this kind: off, mtp or ngram.",
+            autocompletion=complete_estimate_spec,
+        ),
     ] = "off",
     vision: VisionOpt = False,
     machine_options: OptionBlock = MACHINE,

@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from quantpick.machine.spec import Machine
     from quantpick.model.layout import ModelLayout
     from quantpick.model.manifest import Manifest
+    from quantpick.model.speculative import DraftModel
     from quantpick.plan.memory import Overheads
     from quantpick.plan.plan_types import PlanRequest
     from quantpick.serve.command import ServerOptions
@@ -117,7 +118,8 @@ class PlanOptions(Group):
     allow_q4_kv: bool = False
     kv: list[str] | None = None
     no_offload: bool = False
-    spec: str = "off"  # --spec: speculative decoding (off, auto, mtp, ngram)
+    spec: str = "off"  # --spec: speculative decoding (off, auto, mtp, draft, ngram)
+    draft: str | None = None  # --draft PATH: a draft model for --spec auto/draft
     ubatch: int | None = None  # None: llama-server's default (PlanRequest's)
     batch: int | None = None
     flash_attn: str | None = None
@@ -142,7 +144,7 @@ class PlanOptions(Group):
         from quantpick.plan.plan_types import DEFAULT_KV_TYPES, PlanRequest
         from quantpick.plan.speculative import SpecMode, SpecRequest
 
-        modes = [m.value for m in SpecMode if m is not SpecMode.DRAFT]
+        modes = [m.value for m in SpecMode]
         if self.spec not in modes:
             raise UsageError(
                 f"--spec {self.spec}: not a speculation mode", hint="use " + ", ".join(modes)
@@ -160,7 +162,7 @@ class PlanOptions(Group):
             ctx_size=self.ctx_size, n_parallel=self.parallel, kv_unified=self.kv_unified,
             kv_types=kv_types, prefer=self.prefer, quant=self.quant, vision=self.vision,
             min_tps=self.min_tps, allow_offload=not self.no_offload,
-            spec=SpecRequest(mode=SpecMode(self.spec)),
+            spec=SpecRequest(mode=SpecMode(self.spec), draft=self._draft()),
             **{k: v for k, v in batches.items() if v is not None},
         )  # fmt: skip
         check_run_options(
@@ -173,6 +175,14 @@ class PlanOptions(Group):
                     f"--kv {t}: not a KV cache type", hint="use " + ", ".join(KV_CACHE_TYPES)
                 )
         return request
+
+    def _draft(self) -> DraftModel | None:
+        """--draft PATH: the draft model's layout and vocabulary, read from its file."""
+        if self.draft is None or self.spec == "off":
+            return None
+        from quantpick.model.local import load_draft
+
+        return load_draft(Path(self.draft).expanduser())
 
     def overheads(self) -> Overheads:
         from quantpick.cli import output

@@ -8,7 +8,13 @@ from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
 
-from quantpick.cli.complete import FLASH_ATTN_CHOICES, PREFER_CHOICES, SOURCE_CHOICES
+from quantpick.cli.complete import (
+    ESTIMATE_SPEC_CHOICES,
+    FLASH_ATTN_CHOICES,
+    PREFER_CHOICES,
+    SOURCE_CHOICES,
+    SPEC_CHOICES,
+)
 from quantpick.machine.backends import names as backend_names  # pure data: no start-up cost
 from quantpick.model.ggml import KV_CACHE_TYPES  # a plain tuple: no cost at start-up
 
@@ -65,6 +71,8 @@ def _choices(values: tuple[str, ...]) -> Any:
 KV_CHOICES = KV_CACHE_TYPES  # common/arg.cpp kv_cache_types: what -ctk/-ctv accept
 complete_kv = _choices(KV_CHOICES)
 complete_source = _choices(SOURCE_CHOICES)
+complete_spec = _choices(SPEC_CHOICES)
+complete_estimate_spec = _choices(ESTIMATE_SPEC_CHOICES)
 
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")]
@@ -377,7 +385,18 @@ SpecOpt = Annotated[
         "--spec",
         help="Speculative decoding: auto (on where the expected gain is real on this machine and "
         "its memory costs neither the quant nor the context), off, or a kind: mtp (the model's "
-        "MTP block), ngram.",
+        "MTP block), draft (a draft model: --draft), ngram.",
+        autocompletion=complete_spec,
+    ),
+]
+DraftOpt = Annotated[
+    Optional[str],  # noqa: UP045 - typer needs Optional on 3.10
+    typer.Option(
+        "--draft",
+        help="A draft model for speculative decoding: a GGUF file of the same vocabulary (a "
+        "smaller model of the family). Sized, placed and used where it is expected to speed "
+        "decoding up (--spec auto) or as asked (--spec draft).",
+        metavar="PATH",
     ),
 ]
 AllowQ4Opt = Annotated[bool, typer.Option("--allow-q4-kv", help="Also consider a q4_0 KV cache.")]

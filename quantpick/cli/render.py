@@ -379,6 +379,25 @@ def speculative_dict(p: Plan) -> dict[str, Any] | None:
             for o in d.options
         ],
         "devices": devices,
+        "draft_model": _draft_dict(d.draft),
+    }
+
+
+def _draft_dict(placed: Any) -> dict[str, Any] | None:
+    """A draft model's file, where it goes (-devd/-ngld) and its own buffers per device (the
+    second llama_context's: plan/draft.py), keyed as `devices`; None without one."""
+    if placed is None:
+        return None
+    from quantpick.model.speculative import SpecKind
+    from quantpick.plan.speculative import SPEED_ERROR_TEXT
+
+    run = placed.run
+    return {
+        "path": run.path,
+        "on": placed.where,
+        "n_gpu_layers": "all" if run.n_gpu_layers is None else run.n_gpu_layers,
+        "devices": [_device_dict(x) for x in placed.own.devices if x.total_bytes],
+        "speed_error": SPEED_ERROR_TEXT[SpecKind.DRAFT],
     }
 
 

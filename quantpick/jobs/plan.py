@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from quantpick.plan.memory import Overheads
     from quantpick.plan.plan_types import Plan, PlanRequest
     from quantpick.plan.planner import ContextLimit
+    from quantpick.plan.speculative import SpecRequest
 
 
 def plan_exact(
@@ -138,7 +139,7 @@ def plan_for(inputs: PlanInputs, *, settings: Settings | None = None) -> PlanRes
     inputs, tuning = tuned(inputs, settings=settings)
     if inputs.local is not None:
         quant = inputs.request.quant or inputs.local.quant or inputs.manifest.quants[0]
-        request = replace(inputs.request, quant=quant)
+        request = replace(inputs.request, quant=quant, spec=_with_target_vocab(inputs))
         p = plan(
             inputs.manifest, inputs.machine, {quant: inputs.local}, request,
             overheads=inputs.overheads,
@@ -151,6 +152,21 @@ def plan_for(inputs: PlanInputs, *, settings: Settings | None = None) -> PlanRes
     p = plan_exact(inputs.manifest, inputs.machine, layouts, inputs.request, inputs.overheads)
     contradictions = manifest_contradictions(inputs.manifest, p.quant, layouts(p.quant))
     return PlanResult(p, inputs, tuning, tuple(layouts.problems), tuple(contradictions))
+
+
+def _with_target_vocab(inputs: PlanInputs) -> SpecRequest:
+    """The request's speculation with the local file's vocabulary (token texts included) for
+    the draft check, where a draft is given."""
+    spec = inputs.request.spec
+    local = inputs.local
+    if spec.draft is None or local is None or not local.basis.startswith("gguf:"):
+        return spec
+    from quantpick.model.local import local_vocabulary
+
+    path = Path(local.basis[len("gguf:") :])
+    if not path.is_file():
+        return spec
+    return replace(spec, target_vocab=local_vocabulary(path, local))
 
 
 @dataclass(frozen=True)

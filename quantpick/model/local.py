@@ -5,9 +5,13 @@ describes it, a one-file manifest built from its own header (`command --gguf`).
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from quantpick.model.layout import ModelLayout
 from quantpick.model.manifest import Manifest
+
+if TYPE_CHECKING:
+    from quantpick.model.speculative import DraftModel, Vocabulary
 
 
 def local_layout(path: Path, quant: str | None) -> ModelLayout:
@@ -52,3 +56,42 @@ def manifest_for_gguf(path: Path, layout: ModelLayout) -> Manifest:
         reasoning=False,
         checksums_file=None,
     )
+
+
+def token_texts(path: Path) -> tuple[str, ...] | None:
+    """The texts of a GGUF's tokens (tokenizer.ggml.tokens), which llama.cpp's draft
+    compatibility check compares (common/speculative.cpp:115-126). Read with gguf's own reader
+    (it memory-maps the file; quantpick's bounded header parser keeps only the array's length).
+    None: the file has no token list."""
+    import gguf
+
+    field = gguf.GGUFReader(str(path)).get_field("tokenizer.ggml.tokens")
+    if field is None:
+        return None
+    return tuple(bytes(field.parts[i]).decode("utf-8", "replace") for i in field.data)
+
+
+def load_draft(path: Path) -> DraftModel:
+    """A draft model on disk (`--draft PATH`): its exact layout and its vocabulary, token texts
+    included."""
+    from quantpick.errors import UsageError
+    from quantpick.model.gguf import GGUFError
+    from quantpick.model.speculative import DraftModel, vocabulary_of
+
+    try:
+        layout = local_layout(path, None)
+        tokens = token_texts(path)
+    except (GGUFError, OSError, ValueError) as exc:
+        raise UsageError(f"--draft {path}: {exc}", hint="give a GGUF file") from None
+    n_vocab = len(tokens) if tokens is not None else layout.architecture.vocab_size
+    vocab = vocabulary_of(layout.metadata, n_vocab, tokens)
+    return DraftModel(layout, vocab, str(path.resolve()), path.name)
+
+
+def local_vocabulary(path: Path, layout: ModelLayout) -> Vocabulary:
+    """The vocabulary of a model file on disk, token texts included."""
+    from quantpick.model.speculative import vocabulary_of
+
+    tokens = token_texts(path)
+    n_vocab = len(tokens) if tokens is not None else layout.architecture.vocab_size
+    return vocabulary_of(layout.metadata, n_vocab, tokens)

@@ -20,10 +20,11 @@ llama.cpp b11312 (commit 0c1e570), where each rule comes from:
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 
 from quantpick.arch.base import ModelView
+from quantpick.model.layout import ModelLayout
 
 # common/speculative.cpp: SPEC_VOCAB_MAX_SIZE_DIFFERENCE (target and draft vocabularies may
 # differ in size by this much; every token id below the smaller size must match)
@@ -49,33 +50,124 @@ SPEC_TYPES = {
 }
 
 
+# llama_vocab_type by tokenizer.ggml.model (src/llama-vocab.cpp:1949-2143 at b11312), and each
+# type's default special ids and BOS/EOS addition where the file sets none (:1810-1832,
+# :1971-2143, :2434-2452); a file's tokenizer.ggml.add_bos_token / add_eos_token override them
+# (:2640-2646).
+VOCAB_TYPES = {
+    "none": "none", "no_vocab": "none", "llama": "spm", "bert": "wpm", "gpt2": "bpe",
+    "hybriddna": "bpe", "whitespace": "bpe", "gemma4": "bpe", "t5": "ugm", "rwkv": "rwkv",
+    "test": "test", "plamo2": "plamo2",
+}  # fmt: skip
+# type -> (bos, eos, add_bos, add_eos); None: no such token / not known without the pre-tokenizer
+VOCAB_DEFAULTS: dict[str, tuple[int | None, int | None, bool | None, bool | None]] = {
+    "none": (None, None, False, False),
+    "spm": (1, 2, True, False),
+    "wpm": (101, None, True, False),
+    "bpe": (11, 11, None, None),  # some pre-tokenizers turn add_bos on (:2185-2333)
+    "ugm": (None, 1, False, True),
+    "rwkv": (None, None, False, False),
+    "test": (None, None, False, False),
+    "plamo2": (1, 2, False, False),
+}
+# common/speculative.cpp:31 SPEC_VOCAB_CHECK_START_TOKEN_ID: token texts are compared from here on
+SPEC_VOCAB_CHECK_START_TOKEN_ID = 5
+
+
 @dataclass(frozen=True)
 class Vocabulary:
-    """The tokenizer facts llama.cpp's compatibility check compares."""
+    """The tokenizer facts llama.cpp's compatibility check compares (common/speculative.cpp:67-122
+    common_speculative_are_compatible): the vocab type, whether BOS/EOS are added and their ids,
+    the size, and the token texts. `tokens`: the texts, where they were read (None: unknown)."""
 
     model: str  # tokenizer.ggml.model ("gpt2", "llama", ...)
-    pre: str  # tokenizer.ggml.pre ("qwen35", "llama-bpe", ...)
+    pre: str  # tokenizer.ggml.pre ("qwen35", "llama-bpe", ...): not compared by llama.cpp
     n_vocab: int
     bos: int | None = None
     eos: int | None = None
+    add_bos: bool | None = None
+    add_eos: bool | None = None
+    tokens: tuple[str, ...] | None = field(default=None, compare=False, hash=False, repr=False)
+
+    @property
+    def vocab_type(self) -> str:
+        return VOCAB_TYPES.get(self.model, self.model)
+
+
+def vocabulary_of(
+    metadata: dict[str, object], n_vocab: int, tokens: tuple[str, ...] | None = None
+) -> Vocabulary:
+    """A file's Vocabulary from its tokenizer.* metadata (a ModelLayout's `metadata`), with the
+    defaults llama.cpp gives a vocab type where the file sets nothing."""
+    model = str(metadata.get("tokenizer.ggml.model") or "")
+    d_bos, d_eos, d_add_bos, d_add_eos = VOCAB_DEFAULTS.get(
+        VOCAB_TYPES.get(model, ""), (None, None, None, None)
+    )
+
+    def ident(key: str, default: int | None) -> int | None:
+        v = metadata.get(key)
+        return v if isinstance(v, int) and not isinstance(v, bool) else default
+
+    def flag(key: str, default: bool | None) -> bool | None:
+        v = metadata.get(key)
+        return v if isinstance(v, bool) else default
+
+    return Vocabulary(
+        model=model,
+        pre=str(metadata.get("tokenizer.ggml.pre") or ""),
+        n_vocab=n_vocab,
+        bos=ident("tokenizer.ggml.bos_token_id", d_bos),
+        eos=ident("tokenizer.ggml.eos_token_id", d_eos),
+        add_bos=flag("tokenizer.ggml.add_bos_token", d_add_bos),
+        add_eos=flag("tokenizer.ggml.add_eos_token", d_add_eos),
+        tokens=tokens,
+    )
 
 
 def vocab_problem(target: Vocabulary, draft: Vocabulary) -> str | None:
-    """Why llama.cpp would refuse `draft` for `target` (None: compatible), after
-    common_speculative_are_compatible: the vocab type, BOS/EOS and the size within 128 tokens."""
-    if target.model != draft.model:
+    """Why llama.cpp would refuse `draft` for `target` (None: compatible), in the order of
+    common_speculative_are_compatible (common/speculative.cpp:67-122): the vocab type; add-BOS
+    and, when added, the BOS id; the same for EOS; sizes within 128; the texts of every token
+    from id 5 below the smaller size. What a side does not know (a layout without tokenizer
+    metadata, token texts not read) is not compared."""
+    if target.model and draft.model and target.vocab_type != draft.vocab_type:
         return f"tokenizer {draft.model!r} differs from the model's {target.model!r}"
-    if target.pre and draft.pre and target.pre != draft.pre:
-        return f"pre-tokenizer {draft.pre!r} differs from the model's {target.pre!r}"
+    for what, add_t, add_d, id_t, id_d in (
+        ("BOS", target.add_bos, draft.add_bos, target.bos, draft.bos),
+        ("EOS", target.add_eos, draft.add_eos, target.eos, draft.eos),
+    ):
+        if add_t is not None and add_d is not None and add_t != add_d:
+            return f"it {'adds' if add_d else 'does not add'} {what}, the model " + (
+                "does not" if add_d else "does"
+            )
+        if add_t and add_d and id_t is not None and id_d is not None and id_t != id_d:
+            return f"{what} token {id_d} differs from the model's {id_t}"
     if abs(target.n_vocab - draft.n_vocab) > SPEC_VOCAB_MAX_SIZE_DIFFERENCE:
         return (
             f"vocabulary of {draft.n_vocab} tokens differs from the model's {target.n_vocab} "
             f"by more than {SPEC_VOCAB_MAX_SIZE_DIFFERENCE}"
         )
-    for what, a, b in (("BOS", target.bos, draft.bos), ("EOS", target.eos, draft.eos)):
-        if a is not None and b is not None and a != b:
-            return f"{what} token {b} differs from the model's {a}"
+    if target.tokens is not None and draft.tokens is not None:
+        n = min(len(target.tokens), len(draft.tokens))
+        for i in range(SPEC_VOCAB_CHECK_START_TOKEN_ID, n):
+            if target.tokens[i] != draft.tokens[i]:
+                return f"token {i} is {draft.tokens[i]!r}, the model's is {target.tokens[i]!r}"
     return None
+
+
+@dataclass(frozen=True)
+class DraftModel:
+    """A separate GGUF to draft with (llama-server -md): its layout, its vocabulary and what
+    the command names it by (a local path)."""
+
+    layout: ModelLayout
+    vocab: Vocabulary
+    path: str  # -md's value
+    label: str  # how messages name it
+
+    @property
+    def file_bytes(self) -> int:
+        return self.layout.file_bytes or sum(t.n_bytes for t in self.layout.tensors)
 
 
 @dataclass(frozen=True)

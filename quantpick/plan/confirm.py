@@ -30,7 +30,14 @@ from dataclasses import dataclass, field, replace
 
 from quantpick.machine.spec import Machine
 from quantpick.model.layout import ModelLayout
-from quantpick.plan.memory import DeviceEstimate, Estimate, Overheads, RunConfig, estimate
+from quantpick.plan.memory import (
+    DeviceEstimate,
+    Estimate,
+    Overheads,
+    RunConfig,
+    estimate,
+    spec_n_max,
+)
 
 MiB = 1024**2
 # Bytes per saved logits row that stay live beside the logits in llama-fit-params' reservation
@@ -144,14 +151,16 @@ class Confirmation:
 def fit_params_config(config: RunConfig) -> RunConfig:
     """What llama-fit-params actually runs for `config`: no -kvu, no projector or MTP draft, and
     logits for a whole ubatch (it keeps n_outputs_max = n_batch)."""
-    return replace(config, kv_unified=False, spec_draft_n=0, vision=False, logits_rows="batch")
+    return replace(
+        config, kv_unified=False, spec_draft_n=0, draft=None, vision=False, logits_rows="batch"
+    )
 
 
 def server_logits_saving(layout: ModelLayout, config: RunConfig, n_ctx: int) -> int:
     """Bytes llama-server (with the n_outputs_max cap) reserves less than llama-fit-params on the
     output device: measured per saved row (module docstring)."""
     ub = min(config.ubatch, config.batch, n_ctx)
-    rows = min(ub, config.batch, max(1, config.n_parallel) * (1 + config.spec_draft_n))
+    rows = min(ub, config.batch, max(1, config.n_parallel) * (1 + spec_n_max(config)))
     per_row = layout.architecture.vocab_size * 4 - LOGITS_LIVE_BYTES_PER_ROW
     return max(0, (ub - rows) * per_row)
 

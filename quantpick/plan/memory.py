@@ -52,6 +52,20 @@ PROJECTOR_COMPUTE_BYTES = 256 * MiB
 
 
 @dataclass(frozen=True)
+class DraftRun:
+    """A draft model run beside the target (`--spec-type draft-simple -md PATH`): what the command
+    says of it. Its own memory is plan/draft.py's (a second model and llama_context); the
+    target's configuration only grows its output rows to np x (1 + n_max)."""
+
+    path: str  # -md
+    n_max: int  # --spec-draft-n-max
+    # -ngld: None = all layers; 0 = none (the host)
+    n_gpu_layers: int | None = None
+    # -devd, in its order (None: follows --device; (): none, the host)
+    devices: tuple[int | str, ...] | None = None
+
+
+@dataclass(frozen=True)
 class RunConfig:
     """One llama-server configuration, in its own flag spellings (comments name the flag)."""
 
@@ -78,6 +92,8 @@ class RunConfig:
     # --spec-type ngram-mod with --spec-ngram-mod-n-min/-n-max N (0: none); no model, no memory
     # beyond its hash pool in host memory
     spec_ngram_n: int = 0
+    # a draft model (-md ...; its cache types are spec_cache_type_k/v, -ctkd/-ctvd)
+    draft: DraftRun | None = None
     # --device, in its order (None = llama.cpp's default list, see llama_devices): an int is a
     # local GPU's index (CUDA<i>), a str a llama.cpp device name ("RPC0", "CUDA1").
     devices: tuple[int | str, ...] | None = None
@@ -122,6 +138,12 @@ class Overheads:
 # 32 GB desktop typically has in use (a desktop and browser: 4-8 GB).
 PROBED_HOST_RESERVE = (1 * GiB, 0.05)
 DESCRIBED_HOST_RESERVE = (4 * GiB, 0.25)
+
+
+def spec_n_max(config: RunConfig) -> int:
+    """common_speculative_n_max (common/speculative.cpp:2315-2340): the largest draft of the
+    enabled speculation types (MTP, a draft model, n-gram)."""
+    return max(config.spec_draft_n, config.spec_ngram_n, config.draft.n_max if config.draft else 0)
 
 
 def host_reserve_bytes(ram_total_bytes: int, ram_available_bytes: int, overheads: Overheads) -> int:
@@ -724,7 +746,7 @@ def estimate(
         # enabled types (common/speculative.cpp:2315-2350)
         min(
             config.batch,
-            max(1, config.n_parallel) * (1 + max(config.spec_draft_n, config.spec_ngram_n)),
+            max(1, config.n_parallel) * (1 + spec_n_max(config)),
         )
         if config.logits_rows == "server"
         else config.batch

@@ -346,8 +346,8 @@ def bench_config(config: RunConfig, settings: BenchSettings) -> RunConfig:
 
     ctx = max(settings.n_prompt, settings.n_gen) + max(0, settings.depth)
     return replace(
-        config, ctx_size=ctx, n_parallel=1, kv_unified=False, spec_draft_n=0, vision=False,
-        logits_rows="batch",
+        config, ctx_size=ctx, n_parallel=1, kv_unified=False, spec_draft_n=0, draft=None,
+        vision=False, logits_rows="batch",
     )  # fmt: skip
 
 

@@ -411,7 +411,13 @@ def build_command(
     if not config.kv_offload:
         add("-nkvo")
     spec_type = (
-        "draft-mtp" if config.spec_draft_n > 0 else "ngram-mod" if config.spec_ngram_n else None
+        "draft-mtp"
+        if config.spec_draft_n > 0
+        else "draft-simple"
+        if config.draft is not None
+        else "ngram-mod"
+        if config.spec_ngram_n
+        else None
     )
     known = spec_types(caps) if caps is not None and spec_type else None
     if spec_type and known is not None and spec_type not in known:
@@ -422,6 +428,21 @@ def build_command(
     elif config.spec_draft_n > 0:
         add("--spec-type", "draft-mtp")
         add("--spec-draft-n-max", str(config.spec_draft_n))
+        if config.spec_cache_type_k != "f16":
+            add("-ctkd", config.spec_cache_type_k)
+        if config.spec_cache_type_v != "f16":
+            add("-ctvd", config.spec_cache_type_v)
+    elif config.draft is not None:
+        # a draft model (plan/draft.py): its file, its draft count, where it goes (-devd none
+        # -ngld 0: the host; else one GPU, all its layers) and its cache types
+        d = config.draft
+        add("--spec-type", "draft-simple")
+        add("-md", d.path)
+        add("--spec-draft-n-max", str(d.n_max))
+        add("-ngld", "all" if d.n_gpu_layers is None else str(d.n_gpu_layers))
+        if d.devices is not None:
+            names = [local.device_name(x) if isinstance(x, int) else x for x in d.devices]
+            add("-devd", ",".join(buft(n) for n in names) if names else "none")
         if config.spec_cache_type_k != "f16":
             add("-ctkd", config.spec_cache_type_k)
         if config.spec_cache_type_v != "f16":

@@ -98,6 +98,10 @@ VALUE_CASES = [
     (["get", "m", "--format"], "", "systemd"),
     (["command", "m", "--model-source"], "", "hf"),
     (["estimate", "m", "-ctk"], "q", "q8_0"),
+    (["pick", MODEL, "--spec"], "", "auto"),
+    (["serve", MODEL, "--spec"], "m", "mtp"),
+    (["bench", "--spec"], "", "ngram"),
+    (["estimate", MODEL, "--spec"], "", "ngram"),
     (["estimate", "m", "--cache-type-v"], "", "iq4_nl"),
     (["pick", "--kv"], "", "q5_1"),
     (["pick", "m", "-fa"], "", "auto"),
@@ -234,3 +238,22 @@ def test_readme_completion_install_steps_work_in_a_fresh_home(tmp_path: Path) ->
         check = f"source {installed['bash']} && complete -p quantpick"
         done = subprocess.run(["bash", "-c", check], env=env, capture_output=True, text=True)
         assert done.returncode == 0 and "_quantpick_completion" in done.stdout, done.stderr
+
+
+def test_spec_values_are_the_modes_the_commands_take() -> None:
+    """--spec's completions are exactly what the commands accept: every value passes
+    PlanOptions.request() (estimate: its own kinds), and a mode left out is refused."""
+    from quantpick.cli.complete import ESTIMATE_SPEC_CHOICES, SPEC_CHOICES
+    from quantpick.cli.groups import PlanOptions
+    from quantpick.errors import UsageError
+    from quantpick.plan.speculative import SpecMode
+
+    accepted = set()
+    for mode in SpecMode:
+        try:
+            PlanOptions(model="m", spec=mode.value).request()
+        except UsageError:
+            continue
+        accepted.add(mode.value)
+    assert set(SPEC_CHOICES) == accepted
+    assert set(ESTIMATE_SPEC_CHOICES) <= accepted and "auto" not in ESTIMATE_SPEC_CHOICES

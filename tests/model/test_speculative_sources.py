@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from quantpick.model.layout import synthesize_layout
 from quantpick.model.registry import bundled_manifest_dir, load_manifest_file
 from quantpick.model.speculative import (
@@ -48,7 +50,36 @@ def test_vocab_problem_mirrors_common_speculative_are_compatible() -> None:
     assert "differs" in (vocab_problem(qwen, Vocabulary("gpt2", "qwen2", 151936)) or "")
     assert "tokenizer" in (vocab_problem(qwen, Vocabulary("llama", "qwen35", 248320)) or "")
     assert "by more than 128" in (vocab_problem(qwen, Vocabulary("gpt2", "", 248320 + 129)) or "")
-    assert "EOS" in (vocab_problem(qwen, Vocabulary("gpt2", "qwen35", 248320, eos=1)) or "")
+    # the EOS (BOS) id matters only where both add it (llama_vocab_get_add_eos)
+    assert vocab_problem(qwen, Vocabulary("gpt2", "qwen35", 248320, eos=1)) is None
+    adds = Vocabulary("gpt2", "qwen35", 248320, eos=248046, add_eos=True)
+    assert "EOS" in (vocab_problem(adds, replace(adds, eos=1)) or "")
+    no_bos = replace(qwen, add_bos=False)
+    assert "adds BOS" in (vocab_problem(no_bos, replace(qwen, add_bos=True, bos=1)) or "")
+    assert "add" in (vocab_problem(replace(qwen, add_bos=True), replace(qwen, add_bos=False)) or "")
+    # the pre-tokenizer is not compared (llama.cpp does not)
+    assert vocab_problem(qwen, replace(qwen, pre="qwen2")) is None
+    # token texts from id 5 on, below the smaller size
+    t = tuple(f"t{i}" for i in range(300))
+    with_tokens = replace(qwen, n_vocab=300, tokens=t)
+    assert vocab_problem(with_tokens, replace(with_tokens, tokens=("x",) * 5 + t[5:])) is None
+    odd = replace(with_tokens, tokens=t[:7] + ("odd",) + t[8:])
+    assert "token 7" in (vocab_problem(with_tokens, odd) or "")
+    assert vocab_problem(with_tokens, replace(with_tokens, n_vocab=280, tokens=t[:280])) is None
+    # a side whose tokenizer is unknown (a synthesized layout) is not refused for it
+    assert vocab_problem(replace(qwen, model=""), Vocabulary("llama", "", 248320)) is None
+
+
+def test_vocabulary_of_follows_llama_vocab_defaults() -> None:
+    from quantpick.model.speculative import vocabulary_of
+
+    spm = vocabulary_of({"tokenizer.ggml.model": "llama"}, 32000)
+    assert (spm.bos, spm.eos, spm.add_bos, spm.add_eos) == (1, 2, True, False)
+    bpe = vocabulary_of(
+        {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.add_bos_token": False,
+         "tokenizer.ggml.eos_token_id": 7}, 1024,
+    )  # fmt: skip
+    assert (bpe.eos, bpe.add_bos, bpe.add_eos) == (7, False, None)
 
 
 def test_draft_siblings_by_family_and_vocabulary() -> None:

@@ -97,7 +97,7 @@ def test_memory_refusal_and_unknown_kinds_plan_without() -> None:
     d = decide(SpecMode.MTP, (SpecKind.MTP,), opts, refused, 20.0)
     assert not d.enabled and d.reason.startswith("--spec mtp:")
     d = decide(SpecMode.DRAFT, (SpecKind.MTP,), opts, {}, 20.0)
-    assert not d.enabled and "no known draft model" in d.reason
+    assert not d.enabled and "no draft model given (--draft PATH)" in d.reason
     assert not decide(SpecMode.OFF, (SpecKind.MTP,), opts, {}, 20.0).enabled
 
 

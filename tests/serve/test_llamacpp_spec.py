@@ -8,6 +8,7 @@ Run with: QUANTPICK_TEST_LLAMA_BIN=/path/to/llama.cpp/build/bin pytest -m llamac
 from __future__ import annotations
 
 import json
+import re
 import socket
 import subprocess
 import sys
@@ -40,25 +41,11 @@ def _get(url: str, data: dict | None = None) -> dict:
         return json.loads(r.read())
 
 
-def test_tiny_mtp_model_served_with_the_chosen_flags_answers(
-    llamacpp_bin: Path, tmp_path: Path
-) -> None:
-    model = tmp_path / "tiny-mtp.gguf"
-    write_tiny_model(model, mtp=True)
-    server = llamacpp_bin / "llama-server"
-    args = ["command", "--gguf", str(model), "-c", "4096", "--spec", "mtp", "--no-confirm"]
-    result = runner.invoke(app, [*args, "--llama-server", str(server), "--json"])
-    assert result.exit_code == 0, result.stderr
-    doc = json.loads(result.stdout)
-    spec = doc["plan"]["speculative"]
-    assert spec["enabled"] and spec["kind"] == "mtp"
-    argv = list(doc["command"]["argv"])
-    n = spec["draft_n_max"]
-    i = argv.index("--spec-type")
-    assert argv[i : i + 4] == ["--spec-type", "draft-mtp", "--spec-draft-n-max", str(n)]
+def _serve_and_ask(argv: list[str], log: Path) -> str:
+    """Run `argv` (on a free port, -lv 4) until healthy, ask one completion, stop it; the log."""
     port = _free_port()
+    argv = list(argv)
     argv[argv.index("--port") + 1] = str(port)
-    log = tmp_path / "server.log"
     with log.open("w") as out:
         proc = subprocess.Popen([*argv, "-lv", "4"], stdout=out, stderr=subprocess.STDOUT)
     try:
@@ -80,7 +67,26 @@ def test_tiny_mtp_model_served_with_the_chosen_flags_answers(
     finally:
         proc.terminate()
         proc.wait(timeout=30)
-    text = log.read_text()
+    return log.read_text()
+
+
+def test_tiny_mtp_model_served_with_the_chosen_flags_answers(
+    llamacpp_bin: Path, tmp_path: Path
+) -> None:
+    model = tmp_path / "tiny-mtp.gguf"
+    write_tiny_model(model, mtp=True)
+    server = llamacpp_bin / "llama-server"
+    args = ["command", "--gguf", str(model), "-c", "4096", "--spec", "mtp", "--no-confirm"]
+    result = runner.invoke(app, [*args, "--llama-server", str(server), "--json"])
+    assert result.exit_code == 0, result.stderr
+    doc = json.loads(result.stdout)
+    spec = doc["plan"]["speculative"]
+    assert spec["enabled"] and spec["kind"] == "mtp"
+    argv = list(doc["command"]["argv"])
+    n = spec["draft_n_max"]
+    i = argv.index("--spec-type")
+    assert argv[i : i + 4] == ["--spec-type", "draft-mtp", "--spec-draft-n-max", str(n)]
+    text = _serve_and_ask(argv, tmp_path / "server.log")
     assert "creating MTP draft context" in text
     # the draft context's KV: the NextN layer, 4096 cells (the plan's own -c), f16
     assert (
@@ -105,3 +111,42 @@ def test_bench_spec_measures_both_ways(llamacpp_bin: Path, tmp_path: Path) -> No
     assert spec["decode_tps_with"] > 0 and spec["decode_tps_without"] > 0
     assert spec["drafted"] > 0 and 0 <= spec["accepted"] <= spec["drafted"]
     assert "--spec-type" in spec["argv"] and "not stored in the calibration" in spec["reason"]
+
+
+def test_tiny_model_with_a_draft_model_answers_and_allocates_the_plan(
+    llamacpp_bin: Path, tmp_path: Path
+) -> None:
+    """`command --draft FILE --spec draft`: llama-server loads the draft where the plan put it,
+    starts draft-simple speculation (the vocabularies are compatible), answers, and allocates
+    the draft's buffers the plan counted (speculative.draft_model.devices)."""
+    from tiny_model import TINY_DRAFT
+
+    model, draft = tmp_path / "tiny.gguf", tmp_path / "tiny-draft.gguf"
+    write_tiny_model(model)
+    write_tiny_model(draft, hparams=TINY_DRAFT, seed=1)
+    server = llamacpp_bin / "llama-server"
+    args = ["command", "--gguf", str(model), "-c", "4096", "-np", "2", "--spec", "draft",
+            "--draft", str(draft), "--no-confirm", "--llama-server", str(server),
+            "--json"]  # fmt: skip
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.stderr
+    doc = json.loads(result.stdout)
+    spec = doc["plan"]["speculative"]
+    assert spec["enabled"] and spec["kind"] == "draft"
+    argv = list(doc["command"]["argv"])
+    i = argv.index("--spec-type")
+    assert argv[i : i + 4] == ["--spec-type", "draft-simple", "-md", str(draft.resolve())]
+    own = {d["device"]: d for d in spec["draft_model"]["devices"]}
+    text = _serve_and_ask(argv, tmp_path / "server.log")
+    assert "adding speculative implementation 'draft-simple'" in text
+    assert "not compatible" not in text
+    drafted = text.split("loading draft model")[1]
+    host = own["CPU"]
+
+    def printed(pattern: str) -> float:
+        m = re.search(pattern + r"\s+([0-9.]+) MiB", drafted)
+        assert m is not None, pattern
+        return float(m.group(1))
+
+    assert printed("model buffer size =") == round(host["weights_bytes"] / 2**20, 2)
+    assert printed("llama_kv_cache: size =") == round(host["kv_bytes"] / 2**20, 2)

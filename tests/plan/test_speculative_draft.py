@@ -1,0 +1,172 @@
+"""A draft model: where it goes, what it adds, the flags that say so, and the conservative
+decision (its speed is fitted on two published runs only)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from tiny_model import TINY_DRAFT, write_tiny_model
+
+from quantpick.machine.describe import describe_gpu
+from quantpick.machine.spec import Host, Machine
+from quantpick.model.layout import ModelLayout
+from quantpick.model.local import load_draft, local_layout
+from quantpick.model.speculative import DraftModel, SpecKind
+from quantpick.plan.draft import combine, draft_estimate, place_draft
+from quantpick.plan.memory import DraftRun, Overheads, RunConfig, estimate
+from quantpick.plan.speculative import (
+    MIN_GAIN,
+    SPEED_ERROR,
+    SpecMode,
+    SpecOption,
+    SpecRequest,
+    decide,
+    speculation,
+)
+from quantpick.serve.command import placement_flags
+
+GiB = 1024**3
+MiB = 1024**2
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[ModelLayout, DraftModel]:
+    d = tmp_path_factory.mktemp("pair")
+    write_tiny_model(d / "t.gguf")
+    write_tiny_model(d / "d.gguf", hparams=TINY_DRAFT, seed=1)
+    return local_layout(d / "t.gguf", None), load_draft(d / "d.gguf")
+
+
+def box(free_gib: float = 24.0) -> Machine:
+    gpu = describe_gpu("3090", index=0)
+    gpu = replace(gpu, free_bytes=int(free_gib * GiB))
+    return Machine(gpus=(gpu,), host=Host(64 * GiB, 64 * GiB, 8), described=True, source="t")
+
+
+def opt(kind: SpecKind, tps: float) -> SpecOption:
+    return SpecOption(kind, 3, 0.87, tps, 20.0)
+
+
+def test_a_draft_is_offered_only_with_a_clear_predicted_gain() -> None:
+    """auto divides a draft's prediction by its known overshoot before the 15% test: 1.5x
+    predicted is not enough, ~1.9x is; MTP at the same prediction is taken as predicted."""
+    kinds = (SpecKind.DRAFT, SpecKind.NGRAM)
+    modest = decide(SpecMode.AUTO, kinds, {SpecKind.DRAFT: opt(SpecKind.DRAFT, 30.0)}, {}, 20.0)
+    assert not modest.enabled
+    assert "less its 63% expected error" in modest.reason
+    clear_tps = 20.0 * MIN_GAIN * SPEED_ERROR[SpecKind.DRAFT] + 0.1
+    clear = decide(SpecMode.AUTO, kinds, {SpecKind.DRAFT: opt(SpecKind.DRAFT, clear_tps)}, {}, 20.0)
+    assert clear.enabled and clear.kind is SpecKind.DRAFT
+    assert "held-out median error 63%" in clear.reason  # the figure is an estimate, said so
+    mtp = decide(SpecMode.AUTO, (SpecKind.MTP,), {SpecKind.MTP: opt(SpecKind.MTP, 30.0)}, {}, 20.0)
+    assert mtp.enabled
+    # both: MTP's reliable 30 beats a draft's 40 (credited 24.5)
+    both = {SpecKind.MTP: opt(SpecKind.MTP, 30.0), SpecKind.DRAFT: opt(SpecKind.DRAFT, 40.0)}
+    d = decide(SpecMode.AUTO, (SpecKind.MTP, SpecKind.DRAFT), both, {}, 20.0)
+    assert d.kind is SpecKind.MTP
+    # asked by name it is used, with the estimate's error said
+    asked = decide(SpecMode.DRAFT, kinds, {SpecKind.DRAFT: opt(SpecKind.DRAFT, 30.0)}, {}, 20.0)
+    assert asked.enabled and "as asked" in asked.reason and "2 published" in asked.reason
+
+
+def test_the_draft_goes_on_the_targets_gpu_and_adds_its_own_buffers(
+    pair: tuple[ModelLayout, DraftModel],
+) -> None:
+    target, draft = pair
+    machine = box()
+    config = RunConfig(ctx_size=8192, n_parallel=2, draft=DraftRun(draft.path, 3))
+    tgt = estimate(target, machine, config)
+    placed = place_draft(draft, machine, config, tgt, 3)
+    assert placed is not None
+    assert placed.run.devices == (0,) and placed.run.n_gpu_layers is None
+    own = {d.device: d for d in placed.own.devices}
+    gpu = own["CUDA0"]
+    assert gpu.kv_bytes > 0 and gpu.weights_bytes > 0 and gpu.overhead_bytes == 0  # no 2nd context
+    before = {d.device: d for d in tgt.devices}
+    for d in placed.combined.devices:
+        assert d.total_bytes == before[d.device].total_bytes + own[d.device].total_bytes
+    assert placed.where == "CUDA0"
+
+
+def test_a_draft_that_does_not_fit_beside_the_model_goes_to_the_host(
+    pair: tuple[ModelLayout, DraftModel],
+) -> None:
+    target, draft = pair
+    config = RunConfig(ctx_size=8192, draft=DraftRun(draft.path, 3))
+    roomy = estimate(target, box(), config)
+    gpu = roomy.gpus[0]
+    # free memory that holds the target and its 1 GiB margin, and 2 MiB more: less than the
+    # draft needs on the GPU (a card with memory in use keeps no desktop reserve)
+    free = gpu.total_bytes + Overheads().gpu_margin_bytes + 2 * MiB
+    machine = box(free / GiB)
+    tgt = estimate(target, machine, config)
+    assert tgt.fits
+    placed = place_draft(draft, machine, config, tgt, 3)
+    assert placed is not None and placed.run.devices == () and placed.run.n_gpu_layers == 0
+    assert placed.where == "the host"
+    assert sum(d.total_bytes for d in placed.own.gpus) == 0
+
+
+def test_the_draft_context_follows_the_targets_context(
+    pair: tuple[ModelLayout, DraftModel],
+) -> None:
+    """n_ctx = llama_n_ctx(ctx_tgt): the target's padded context, not -c as given; -ctkd."""
+    target, draft = pair
+    machine = box()
+    run = DraftRun(draft.path, 3, 0, ())
+    small = RunConfig(ctx_size=4000, draft=run)
+    padded = RunConfig(ctx_size=4096, draft=run)
+    a = draft_estimate(draft, machine, small, estimate(target, machine, small), run)
+    b = draft_estimate(draft, machine, padded, estimate(target, machine, padded), run)
+    assert a.host.kv_bytes == b.host.kv_bytes
+    q8 = replace(padded, spec_cache_type_k="q8_0", spec_cache_type_v="q8_0")
+    c = draft_estimate(draft, machine, q8, estimate(target, machine, q8), run)
+    assert c.host.kv_bytes < b.host.kv_bytes
+    assert combine(estimate(target, machine, padded), b).fits
+
+
+def test_flags_say_where_the_draft_goes() -> None:
+    gpu = RunConfig(ctx_size=4096, draft=DraftRun("/m/d.gguf", 4, None, (0,)),
+                    spec_cache_type_k="q8_0", spec_cache_type_v="q8_0")  # fmt: skip
+    words = placement_flags(gpu, 8)
+    i = words.index("--spec-type")
+    assert words[i : i + 10] == [
+        "--spec-type", "draft-simple", "-md", "/m/d.gguf", "--spec-draft-n-max", "4",
+        "-ngld", "all", "-devd", "CUDA0",
+    ]  # fmt: skip
+    assert words[i + 10 : i + 14] == ["-ctkd", "q8_0", "-ctvd", "q8_0"]
+    host = placement_flags(RunConfig(ctx_size=4096, draft=DraftRun("/m/d.gguf", 2, 0, ())), 8)
+    j = host.index("-ngld")
+    assert host[j : j + 4] == ["-ngld", "0", "-devd", "none"]
+    assert "draft-mtp" not in host
+
+
+def test_an_incompatible_draft_is_refused_with_the_plan_without_it(
+    pair: tuple[ModelLayout, DraftModel], tmp_path: Path
+) -> None:
+    target, _ = pair
+    odd = tmp_path / "odd.gguf"
+    write_tiny_model(odd, hparams=dict(TINY_DRAFT, n_vocab=2048), seed=2)
+    bad = load_draft(odd)
+    machine = box()
+    config = RunConfig(ctx_size=4096)
+    request = SpecRequest(mode=SpecMode.DRAFT, draft=bad)
+    decision, chosen = speculation(target, machine, config, 50.0, request, model_name="t")
+    assert not decision.enabled and chosen.draft is None
+    assert "odd.gguf" in decision.reason and "by more than 128" in decision.reason
+
+
+def test_speculation_plans_a_given_draft(pair: tuple[ModelLayout, DraftModel]) -> None:
+    target, draft = pair
+    machine = box()
+    request = SpecRequest(mode=SpecMode.DRAFT, draft=draft)
+    decision, chosen = speculation(
+        target, machine, RunConfig(ctx_size=4096), 50.0, request, model_name="t"
+    )
+    assert decision.enabled and decision.kind is SpecKind.DRAFT and decision.draft is not None
+    assert chosen.draft is not None and chosen.draft.n_max == decision.draft_n_max
+    assert chosen.draft.devices == (0,)
+    assert decision.estimate is decision.draft.combined
+    assert "on CUDA0" in decision.reason
