@@ -89,6 +89,7 @@ from quantpick.plan.speed import (  # noqa: E402
     SpeedParams,
     decode_seconds,
     device_speeds,
+    offload_copy_bytes,
     prefill_seconds,
 )
 from quantpick.plan.speed_work import SpeedWork, speed_work  # noqa: E402
@@ -689,6 +690,21 @@ NAMED_FAMILIES = ("qwen3next", "gpt-oss")
 NAMED_GOAL = (2.0, 1.6)  # issue #30: every row within 2x (prefill) and 1.6x (decode)
 
 
+def copy_rate_needed(case: Case) -> tuple[float, float] | None:
+    """For a measured prefill with weights in host RAM: (the bytes/s the per-ubatch copy must
+    reach if the GPU took no time at all, the first GPU's link bytes/s), with each ubatch
+    copying the experts its tokens pick independently (offload_copy_bytes). A first figure
+    above the second means the run copied fewer bytes than independent picks would (its tokens
+    shared experts), or its link is not the one assumed."""
+    host = next((w for w in case.work.devices if w.kind == "host" and w.resident_bytes), None)
+    gpus = [d for d in case.devices.values() if d.kind == "gpu" and d.pcie_bytes_per_s]
+    if host is None or not gpus or case.pp_tps is None or host.resident_bytes < 2**30:
+        return None
+    n = min(case.work.ubatch, case.pp_tokens)
+    seconds = n / case.pp_tps
+    return offload_copy_bytes(host, case.work, n) / seconds, float(gpus[0].pcie_bytes_per_s or 0)
+
+
 def named_report(cases: list[Case], extra: list[Case]) -> list[str]:
     """Issue #30's configurations held out: the bundled rows of `named_case` predicted by a fit
     of scripts/fit_speed.py to the other bundled rows, and the held-out file's rows (`extra`,
@@ -717,8 +733,14 @@ def named_report(cases: list[Case], extra: list[Case]) -> list[str]:
         def f(v: float | None) -> str:
             return f"{v:.1f}" if v is not None else "-"
 
+        need = copy_rate_needed(c)
+        link = (
+            f"  copy needs >= {need[0] / 1e9:.1f} GB/s of a {need[1] / 1e9:.1f} GB/s link"
+            if need
+            else ""
+        )
         lines.append(f"  {c.row_id:>4} {c.label[:44]:<44} {f(c.tg_tps):>8} {f(tg):>7}"
-                     f" {f(c.pp_tps):>8} {f(pp):>7}")  # fmt: skip
+                     f" {f(c.pp_tps):>8} {f(pp):>7}{link}")  # fmt: skip
     lines.append("  " + summary("decode", tg_err, beyond=tg_goal))
     lines.append("  " + summary("prefill", pp_err, beyond=pp_goal))
     return lines

@@ -180,9 +180,20 @@ class PlanOptions(Group):
         """--draft PATH: the draft model's layout and vocabulary, read from its file."""
         if self.draft is None or self.spec == "off":
             return None
+        from quantpick.errors import UsageError
         from quantpick.model.local import load_draft
+        from quantpick.model.repos import hub_draft, is_repo_name
 
-        return load_draft(Path(self.draft).expanduser())
+        path = Path(self.draft).expanduser()
+        if path.exists():
+            return load_draft(path)
+        if is_repo_name(self.draft.rsplit(":", 1)[0]) or is_repo_name(self.draft):
+            from quantpick.config import load_settings
+
+            return hub_draft(self.draft, settings=load_settings(), network=not self.no_network)
+        raise UsageError(
+            f"--draft {self.draft}: no such file, nor a repository (OWNER/REPO[:QUANT])"
+        )
 
     def overheads(self) -> Overheads:
         from quantpick.cli import output

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from quantpick.config import Settings
     from quantpick.model.manifest import Manifest
     from quantpick.model.repo_ref import RepoRef
+    from quantpick.model.speculative import DraftModel
 
 ORIGIN_CACHED = "cached repository"
 _COMMIT = re.compile(r"^[0-9a-f]{40}$")
@@ -198,3 +199,45 @@ def cached_repos(settings: Settings) -> list[Manifest]:
         if manifest is not None:
             out.append(manifest)
     return out
+
+
+# A draft's quant where `--draft OWNER/REPO` names none: the first of these the repository has
+# (a draft's cost is its bytes, its value its acceptance: llama.cpp's own --fim-qwen-*-spec
+# presets draft with Q8_0, common/arg.cpp), else the repository's best-ranked quant.
+DRAFT_QUANTS = ("Q8_0", "Q6_K", "Q5_K_M", "Q4_K_M", "Q4_0")
+
+
+def hub_draft(ref: str, *, settings: Settings, network: bool) -> DraftModel:
+    """A draft model on a hub (`--draft OWNER/REPO[:QUANT]`): the repository listed and the
+    quant's exact header read (cached) as for MODEL; its vocabulary from the header's tokenizer
+    keys (the token texts are not read remotely, so llama.cpp's text comparison is left to it).
+    llama-server fetches it itself (`-hfd OWNER/REPO:QUANT`)."""
+    from quantpick.errors import UsageError
+    from quantpick.model.headers import LayoutSource
+    from quantpick.model.speculative import DraftModel, vocabulary_of
+
+    name, tag = ref, ""
+    head, sep, tail = ref.rpartition(":")
+    if sep and "/" not in tail and "/" in head:  # OWNER/REPO:QUANT (not ms:OWNER/REPO, a URL)
+        name, tag = head, tail
+    manifest = repo_manifest(name, settings=settings, network=network)
+    if any(s.kind != "hf" for s in manifest.sources[:1]):
+        raise UsageError(
+            f"--draft {ref}: llama-server fetches a draft from Hugging Face only (-hfd)",
+            hint="download it and give its path",
+        )
+    quants = {q.upper(): q for q in manifest.quants}
+    if tag:
+        quant = quants.get(tag.upper())
+        if quant is None:
+            raise UsageError(
+                f"--draft {ref}: no quant {tag} in {name}",
+                hint="use one of " + ", ".join(manifest.quants),
+            )
+    else:
+        quant = next((quants[q] for q in DRAFT_QUANTS if q in quants), manifest.quants[0])
+    layout = LayoutSource(manifest, exact=True, network=network, settings=settings)(quant)
+    repo = next((s.repo for s in manifest.sources if s.repo), name)
+    label = f"{repo}:{quant}"
+    vocab = vocabulary_of(layout.metadata, layout.architecture.vocab_size)
+    return DraftModel(layout, vocab, label, label, hub=True)

@@ -157,13 +157,14 @@ def vocab_problem(target: Vocabulary, draft: Vocabulary) -> str | None:
 
 @dataclass(frozen=True)
 class DraftModel:
-    """A separate GGUF to draft with (llama-server -md): its layout, its vocabulary and what
-    the command names it by (a local path)."""
+    """A separate GGUF to draft with (llama-server -md, or -hfd for a hub file): its layout,
+    its vocabulary and what the command names it by."""
 
     layout: ModelLayout
     vocab: Vocabulary
-    path: str  # -md's value
+    path: str  # -md's value (a local path), or -hfd's (OWNER/REPO:QUANT) where `hub`
     label: str  # how messages name it
+    hub: bool = False  # llama-server fetches it from Hugging Face itself (-hfd)
 
     @property
     def file_bytes(self) -> int:

@@ -24,6 +24,18 @@ E = one ubatch of the residual stream, n_ubatch x n_embd x 4):
   GPU for batches >= 32 (ggml-backend.cpp:972; ggml-cuda.cu:5654, default at :5825); the weight
   is an input of that split, copied into the GPU's compute buffer and freed after
   (ggml-backend.cpp:1311-1411): one weight tensor at a time, also when the GPU holds no layer.
+- ops a backend refuses: the scheduler asks each backend's supports_op and gives an op it
+  refuses to the CPU backend (ggml-backend.cpp:888-900, 961-981). A backend whose supports_op
+  refuses any tensor above the device's largest (machine/backends ComputeTraits.ops_capped: the
+  Vulkan backend's maxStorageBufferRange, ggml-vulkan.cpp:15307-15328) leaves the logits of a
+  large vocabulary, a layer's attention whose Q, output or no-FA KQ matrix is over the cap, and
+  the matmuls over weights kept in host memory for their size to the host: those phases are the
+  host's (`DeviceGraph.output_elsewhere`, `attn_elsewhere`); the device keeps what it hands over
+  and gets back (`attn_handoff`, `attn_back`), split inputs (`returned`; the host's: what it
+  receives), which with pipeline parallelism are copied 4 times and alive for the whole graph.
+  Each backend's traits (its op offload batch, that cap, whether flash attention's f16 copy of a
+  quantized cache is in the graph) live in its machine/backends module, with their llama.cpp
+  lines.
 
 With pipeline parallelism (several devices, every layer offloaded, no tensor overrides:
 src/llama-context.cpp:430-435) the inputs of each split become graph leafs copied
@@ -49,9 +61,6 @@ MiB = 1024**2
 
 # GGML_SCHED_MAX_COPIES (ggml/src/ggml-backend.cpp:772): input copies with pipeline parallelism.
 PIPELINE_COPIES = 4
-# op_offload_min_batch_size (ggml/src/ggml-cuda/ggml-cuda.cu:5654, default 32 at :5825): a GPU
-# backend runs a matmul on host-resident weights only for batches of at least this many tokens.
-OP_OFFLOAD_MIN_BATCH = 32
 
 # The expected error's floor: small buffers are off by a few MiB of the allocator's alignment and
 # fragmentation whatever their size.
@@ -92,12 +101,21 @@ GPU_ESTIMATE = ComputeAccuracy(True, 0.15, EXPECTED_ERROR_FLOOR, "public GPU-bac
 UNCHECKED = ComputeAccuracy(True, 0.25, EXPECTED_ERROR_FLOOR, "the generic rule, unchecked")
 
 
-def accuracy(backend: ComputeBackend, checked: bool) -> ComputeAccuracy:
+def accuracy(
+    backend: ComputeBackend, checked: bool, gpu: ComputeAccuracy = GPU_ESTIMATE
+) -> ComputeAccuracy:
     """The expected error of a device's compute figure: `checked` when the architecture's rule
-    and the build's rule are the ones recorded projections check."""
+    and the build's rule are the ones recorded projections check; `gpu`: a GPU backend's own
+    (machine/backends ComputeTraits.expected_error, via gpu_accuracy)."""
     if not checked:
         return UNCHECKED
-    return MEASURED if backend is ComputeBackend.CPU else GPU_ESTIMATE
+    return MEASURED if backend is ComputeBackend.CPU else gpu
+
+
+def gpu_accuracy(relative: float, basis: str) -> ComputeAccuracy:
+    """A GPU backend's expected error (ComputeTraits.expected_error and error_basis): an estimate,
+    at least the generic GPU rule's."""
+    return ComputeAccuracy(True, max(relative, GPU_ESTIMATE.relative), EXPECTED_ERROR_FLOOR, basis)
 
 
 def within(ours: int, theirs: int, acc: ComputeAccuracy = MEASURED) -> bool:
@@ -168,6 +186,23 @@ class DeviceGraph:
     mask_f32: int  # its KQ masks without (bytes)
     kq: int  # the widest no-FA KQ matrix of its layers (0 with flash attention)
     flash_attn: bool
+    # its layers' no-FA KQ matrix runs on the host (its backend refuses a tensor that large:
+    # ComputeTraits.ops_capped); the host's DeviceGraph carries that KQ in `kq`
+    attn_elsewhere: bool = False
+    attn_back: int = 0  # the largest attention output it gets back from the host
+    attn_q_elsewhere: bool = False  # ... because its Q is above the cap
+    attn_handoff: int = 0  # the largest Q it hands to the host + the projection it came from
+    # it holds the output layer, but the head's matmul runs on the host (its backend refuses the
+    # head's weight or the logits: ComputeTraits.ops_capped); the host's DeviceGraph holds_output
+    output_elsewhere: bool = False
+    # what its layers get back from ops the host ran for them (ComputeTraits.ops_capped: a KQ's
+    # attention output, routed experts' outputs), summed over its layers: split inputs, which
+    # with pipeline parallelism are leafs with `copies` copies alive for the whole graph
+    returned: int = 0
+    # one layer's gate and up results of routed experts the host computed, added to biases here
+    # (gpt-oss: ffn_*_exps.bias live with the device's layer: src/llama-graph.cpp build_moe_ffn
+    # adds them after each expert matmul), alive in its layer beside the experts' outputs
+    experts_back: int = 0
     host_experts: bool = False  # computes routed experts held in host memory
     offload_weight: int = 0  # op offload: the largest host-resident weight copied in (GPU only)
     copies: int = 1  # PIPELINE_COPIES with pipeline parallelism
@@ -253,9 +288,14 @@ def device_compute(dev: DeviceGraph, shape: GraphShape, rule: GraphRule) -> int:
         phases.append((host_e + dev.arch_live.inputs, True))
     if dev.holds_layers:
         scores = rule.kv_scores * dev.mask_f32
+        # the fitted per-architecture terms describe a device that runs its layers' attention
+        # from its Q on; where even the Q is refused (attn_q_elsewhere: deepseek-v3's absorbed
+        # MLA Q on lavapipe) the host runs all of it and they are not this device's (measured:
+        # 268 vs 223 MiB without them, 555 with)
+        fitted = 0.0 if dev.attn_q_elsewhere else 1.0
         live = (
             layer_live(shape, dev.experts)
-            + rule.layer * e
+            + fitted * rule.layer * e
             + scores
             + host_e
             + dev.offload_weight
@@ -265,31 +305,49 @@ def device_compute(dev: DeviceGraph, shape: GraphShape, rule: GraphRule) -> int:
         if dev.backend is ComputeBackend.GPU and dev.flash_attn:
             live += dev.kv_convert
         if not dev.experts and shape.moe_mid:
-            live += rule.no_experts * e
+            live += fitted * rule.no_experts * e + dev.experts_back
         live += e if dev.is_host else 0
         if dev.copies == 1:
             live += rule.remote_kv * dev.remote_kv
-        phases.append((live, True))
-        if not dev.flash_attn:
+        # with pipeline parallelism the returned attention output of the last layer stays beside
+        # the layer's live set (its copies are leafs: measured on the lavapipe oracle, 1 E)
+        phases.append((live + (e if dev.attn_elsewhere and dev.copies > 1 else 0), True))
+        if dev.attn_elsewhere:
+            # the attention that reads the mask runs on the host; its output comes back as a
+            # split input, alive beside the output projection's result and the residual stream
+            # (the mask here covers the layers it kept; with op offload, beside the host
+            # layers' offloaded attention weight)
+            attn = max(dev.attn_back, dev.attn_handoff) + 2 * e + dev.offload_weight
+            phases.append((attn, False))
+        if not dev.flash_attn and (dev.kq or not dev.attn_elsewhere):
             views = dev.remote_kv_views if dev.copies == 1 else 0
             # the architecture's own tensors stay below the KQ matrix (it lands above them)
             own = dev.arch_live.layer + (dev.arch_live.inputs_in_layer if dev.copies == 1 else 0)
             phases.append((dev.kq + rule.no_fa * e + host_e + views + own, True))
+    elif dev.kq and not dev.flash_attn:
+        # the KQ of another device's layers, computed here (that device's backend refused it)
+        phases.append((dev.kq + rule.no_fa * e + host_e, True))
     elif dev.offload_weight:
         # op offload on a GPU that holds no layer: the weight and the activations it multiplies
         phases.append((dev.offload_weight + 2 * e, False))
     if dev.host_experts:
         phases.append((2 * e + rule.expert_mid * shape.moe_mid + shape.moe_out, True))
-    if dev.holds_output:
+    if dev.holds_output and not dev.output_elsewhere:
         phases.append((shape.logits + rule.output * e + host_e, False))
     if dev.copies > 1:
         # split inputs are leafs with n_copies copies, alive for the whole graph
         inputs = mask + e + (shape.per_layer if dev.holds_layers else 0)
-        resident = dev.copies * (inputs + rule.remote_kv * dev.remote_kv + dev.arch_live.inputs)
+        resident = dev.copies * (
+            inputs + rule.remote_kv * dev.remote_kv + dev.arch_live.inputs + dev.returned
+        )
         if dev.is_host and not dev.holds_layers:
             extra = rule.pipeline_host_masks * dev.copies * mask
+            # its own phases: the inputs (their architecture part is in `resident`: phases[1]
+            # is the inputs phase), and what it runs for a device that refused it (the logits, a
+            # KQ: ComputeTraits.ops_capped)
+            peak = max([host_e] + [p for p, _ in phases[2:]])
             return int(
-                resident + host_e + extra + (0 if dev.flash_attn else rule.pipeline_host_no_fa * e)
+                resident + peak + extra + (0 if dev.flash_attn else rule.pipeline_host_no_fa * e)
             )
         extra = rule.pipeline_output if dev.holds_output else rule.pipeline
         return int(resident + max(p for p, _ in phases) + extra * e)

@@ -108,7 +108,9 @@ def combine(target: Estimate, draft: Estimate) -> Estimate:
     return replace(target, devices=tuple(devices), notes=(*target.notes, *draft.notes))
 
 
-def placements(target_estimate: Estimate, n_max: int, path: str) -> list[DraftRun]:
+def placements(
+    target_estimate: Estimate, n_max: int, path: str, hub: bool = False
+) -> list[DraftRun]:
     """Where the draft may go, best first: wholly on one of the target's GPUs (the one with the
     most room first), else the host."""
     gpus = sorted(
@@ -116,10 +118,10 @@ def placements(target_estimate: Estimate, n_max: int, path: str) -> list[DraftRu
         key=lambda d: -d.headroom_bytes,
     )
     out = [
-        DraftRun(path, n_max, None, (d.gpu_index if d.gpu_index is not None else d.device,))
+        DraftRun(path, n_max, None, (d.gpu_index if d.gpu_index is not None else d.device,), hub)
         for d in gpus
     ]
-    out.append(DraftRun(path, n_max, 0, ()))
+    out.append(DraftRun(path, n_max, 0, (), hub))
     return out
 
 
@@ -150,7 +152,7 @@ def place_draft(
 ) -> DraftPlan | None:
     """The first placement whose combined estimate fits (None: none does). `target_estimate` is
     the target's estimate with n_max draft rows (its config carries the draft)."""
-    for run in placements(target_estimate, n_max, draft.path):
+    for run in placements(target_estimate, n_max, draft.path, draft.hub):
         own = draft_estimate(draft, machine, target, target_estimate, run, overheads)
         combined = combine(target_estimate, own)
         if combined.fits:

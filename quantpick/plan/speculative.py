@@ -446,8 +446,8 @@ def speculation(
             refused[SpecKind.DRAFT] = problem
     elif sources.drafts:
         available.insert(len(available) - 1, SpecKind.DRAFT)
-        names = ", ".join(f"{d.repo}/{d.file}" for d in sources.drafts)
-        refused[SpecKind.DRAFT] = f"known draft(s) {names} not sized: give one with --draft PATH"
+        names = " or ".join(f"--draft {d.repo}" for d in sources.drafts)
+        refused[SpecKind.DRAFT] = f"a known draft of this family is planned when named: {names}"
     if request.server_types is not None:
         for k in list(available):
             if k.spec_type not in request.server_types:

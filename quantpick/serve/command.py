@@ -437,7 +437,7 @@ def build_command(
         # -ngld 0: the host; else one GPU, all its layers) and its cache types
         d = config.draft
         add("--spec-type", "draft-simple")
-        add("-md", d.path)
+        add("-hfd" if d.hub else "-md", d.path)
         add("--spec-draft-n-max", str(d.n_max))
         add("-ngld", "all" if d.n_gpu_layers is None else str(d.n_gpu_layers))
         if d.devices is not None:

@@ -261,7 +261,8 @@ REQUIRED_FLAGS = frozenset(
         "-mm", "--mmproj",
         "--spec-type", "--spec-draft-n-max", "-ctkd", "-ctvd",
         "--spec-ngram-mod-n-min", "--spec-ngram-mod-n-max",
-        "-md", "--model-draft", "-ngld", "--gpu-layers-draft", "-devd", "--device-draft",
+        "-md", "--model-draft", "-hfd", "--hf-repo-draft",
+        "-ngld", "--gpu-layers-draft", "-devd", "--device-draft",
         "--host", "--port",
     }
 )  # fmt: skip
@@ -272,8 +273,8 @@ VALUE_FLAGS = frozenset(
     {
         "-m", "-c", "-np", "-ngl", "-ts", "--n-cpu-moe", "-ot", "-ctk", "-ctv", "-fa", "-ub", "-b",
         "--device", "--mmproj", "--spec-type", "--spec-draft-n-max", "-ctkd", "-ctvd",
-        "--spec-ngram-mod-n-min", "--spec-ngram-mod-n-max", "-md", "-ngld", "-devd", "--fit",
-        "--temp", "--top-p",
+        "--spec-ngram-mod-n-min", "--spec-ngram-mod-n-max", "-md", "-hfd", "-ngld", "-devd",
+        "--fit", "--temp", "--top-p",
         "--top-k", "--min-p", "--reasoning-format", "--reasoning", "--host", "--port", "--alias",
         "--api-key-file",
     }

@@ -329,3 +329,18 @@ def test_the_named_configurations_are_issue_30s() -> None:
         else:
             assert c.work.gpu_transitions == 0
     assert not {145, 247, 295, 1} & named.keys()
+
+
+def test_the_copy_rate_a_measured_prefill_needs() -> None:
+    """copy_rate_needed: none for a run with every weight in VRAM; for the RTX 3090 sweep the
+    copy at -ub 256 would need more than the PCIe 4.0 x16 link carries (those tokens shared
+    experts: fewer were copied than independent picks give), at -ub 8192 well under it."""
+    from speed_accuracy import HELD_OUT_DATA, copy_rate_needed
+
+    cases = {c.row_id: c for c in load_cases(HELD_OUT_DATA)[0]}
+    bundled = {c.row_id: c for c in load_cases(DEFAULT_DATA)[0]}
+    assert copy_rate_needed(bundled[145]) is None
+    need, link = copy_rate_needed(cases[2001]) or (0.0, 1.0)
+    assert need > link == pytest.approx(31.5e9, rel=0.01)
+    need, link = copy_rate_needed(cases[2005]) or (0.0, 0.0)
+    assert 0 < need < 0.5 * link

@@ -170,3 +170,22 @@ def test_speculation_plans_a_given_draft(pair: tuple[ModelLayout, DraftModel]) -
     assert chosen.draft.devices == (0,)
     assert decision.estimate is decision.draft.combined
     assert "on CUDA0" in decision.reason
+
+
+def test_a_known_sibling_is_named_with_the_flag_that_plans_it() -> None:
+    from quantpick.arch.registry import architecture
+    from quantpick.model.layout import synthesize_layout
+
+    llama = architecture(
+        "llama", block_count=8, context_length=32768, embedding_length=2048,
+        feed_forward_length=5632, head_count=16, head_count_kv=4, vocab_size=128256,
+        rope__dimension_count=128, attention__layer_norm_rms_epsilon=1e-5,
+    )  # fmt: skip
+    layout = synthesize_layout(llama, "Q4_K_M", 2 * 10**9)
+    request = SpecRequest(mode=SpecMode.DRAFT)
+    decision, chosen = speculation(
+        layout, box(), RunConfig(ctx_size=4096), 50.0, request,
+        model_name="meta-llama/Llama-3.1-8B-Instruct",
+    )  # fmt: skip
+    assert not decision.enabled and chosen.draft is None
+    assert "--draft bartowski/Llama-3.2-1B-Instruct-GGUF" in decision.reason
