@@ -31,7 +31,11 @@ from quantpick.arch.graph import ArchLive, GraphSizes, GraphTrait
 # src/llama-kv-cache-dsv4.cpp:18-19
 CSA_RATIO = 4
 HCA_RATIO = 128
-INDEX_Q_COPIES = 2
+# Bytes per compressed cell and token alive in a CSA layer's top-k selection (layer_live): the
+# f32 scores and the argsort, then the argsort and its I32 copy (8), + 2 measured: against
+# llama-memory-bytes on test-llama-archs' deepseek4, 10 puts the recorded rows at a median of
+# 0.5% (8: 1.2%; 12: 1.2%) and -c 100000 at 203 vs 204 MiB (8: 179).
+TOP_K_BYTES = 10
 
 
 def _ratios(arch: Architecture) -> list[int]:
@@ -101,11 +105,11 @@ def layer_live(arch: Architecture, g: GraphSizes, il: int) -> ArchLive:
     Temporaries: CSA (build_lid_top_k, build_top_k_mask, build_csa_lid_attention :590-760)
     the indexer's Q (T x indexer.head_count x indexer.key_length f32, :607-620) beside its f32
     scores (nT x 4), then ggml_top_k's argsort and its I32 copy (n_top_k = n: top_k is
-    131072), alive two at a time (8nT); then fill + add of the mask (2 x m nT) and its concat
-    with the raw mask (m (w + n) T): the largest of these. (A second copy of the indexer's Q,
-    rope then Hadamard rotation, would put the -np 1 host rows 16% over: measured, not kept.)
-    HCA (:790-815): the concat mask. Without flash attention
-    the KQ matrix is over w + n cells (the generic rule counts the window's w): n x T x n_head
+    131072), alive two at a time (TOP_K_BYTES x nT); then fill + add of the mask (2 x m nT)
+    and its concat with the raw mask (m (w + n) T): the largest of these. (A second copy of
+    the indexer's Q, rope then Hadamard rotation, would put the -np 1 host rows 16% over:
+    measured, not kept.) HCA (:790-815): the concat mask. Without flash attention the KQ
+    matrix is over w + n cells (the generic rule counts the window's w): n x T x n_head
     x 4 more."""
     ratio = _ratios(arch)[il]
     if ratio not in (CSA_RATIO, HCA_RATIO):
@@ -121,7 +125,7 @@ def layer_live(arch: Architecture, g: GraphSizes, il: int) -> ArchLive:
         masks = n * t * (m + 2)
         n_index = arch.int_("attention.indexer.head_count")
         index_q = t * n_index * arch.int_("attention.indexer.key_length") * 4
-        layer = max(index_q + 4 * n * t, 8 * n * t, 2 * m * n * t, m * n * t + concat)
+        layer = max(index_q + 4 * n * t, TOP_K_BYTES * n * t, 2 * m * n * t, m * n * t + concat)
         layer += no_fa
     else:
         masks = n * t * m

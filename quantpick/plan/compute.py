@@ -396,7 +396,7 @@ GRAPH_RULES: dict[str, GraphRule] = {
         output=10.0,
         pipeline=0.5,
         pipeline_output=16.5,
-        source="20/20 rows within, median 1.2%, 0 beyond 25% (beside its GraphTrait)",
+        source="20/20 rows within, median 0.5%, 0 beyond 25% (beside its GraphTrait)",
     ),
     "dots3note": GraphRule(
         layer=40.0,

@@ -6,11 +6,12 @@ speculative decoding."""
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from llamacpp_archs import machine
+from llamacpp_archs import Case, machine
 from test_conformance import recorded
 
 from quantpick.arch.base import AttentionKind
@@ -122,3 +123,51 @@ def test_pipeline_rows_follow_the_layers_each_device_runs(layout: ModelLayout) -
     assert abs(rpc0 - 143.58) <= 0.1 * 143.58
     assert abs(rpc1 - 54.60) <= 0.1 * 54.60
     assert abs(est.host.compute_bytes / MiB - 76.37) <= 0.05 * 76.37
+
+
+# configurations beyond the recorded grid: more sequences, -ub, larger contexts, FA off
+LIVE = [
+    (Case(ctx=8192, np=2), ()),
+    (Case(ctx=8192, np=4, kvu=True), ()),
+    (Case(ctx=100000), ()),
+    (Case(ctx=33000, fa="off"), ()),
+    (Case(ctx=16384, np=2, swa_full=True), ()),
+    (Case(ctx=16384), ("-ub", "256")),
+    (Case(ctx=16384), ("-ub", "1024")),
+    (Case(ctx=65536, np=2, kv="q8_0"), ()),
+    (Case(ctx=2048), ("-ub", "2048")),
+    (Case(ctx=33000, np=3, fa="off"), ()),
+]
+
+
+@pytest.mark.llamacpp
+def test_live_llamacpp_agrees_beyond_the_grid(llamacpp_bin: Path, tmp_path: Path) -> None:
+    """llama-memory-bytes on test-llama-archs' deepseek4 at configurations the recorded grid
+    lacks: KV+state to the byte, compute within max(5%, 16 MiB) (measured: all 10)."""
+    import json
+    import subprocess
+
+    from llamacpp_archs import generate_models
+
+    from quantpick.model.gguf import read_gguf_file
+    from quantpick.plan.compute import within
+
+    path = generate_models(llamacpp_bin, tmp_path)["deepseek4-moe"]
+    layout = layout_from_header(read_gguf_file(path), basis="deepseek4-moe")
+    problems = []
+    for case, extra in LIVE:
+        argv = [str(llamacpp_bin / "llama-memory-bytes"), "-m", str(path), "--log-disable"]
+        run = subprocess.run(
+            [*argv, *case.flags(), *extra], capture_output=True, text=True, timeout=600
+        )
+        line = next(x for x in run.stdout.splitlines() if x.startswith("{"))
+        theirs = {d["name"]: d for d in json.loads(line)["devices"]}["Host"]
+        config = case.config()
+        if extra:
+            config = replace(config, ubatch=int(extra[1]))
+        host = estimate(layout, machine(False), config).host
+        if host.kv_bytes + host.recurrent_bytes != theirs["context"]:
+            problems.append(f"{case.flags()} {extra}: context")
+        if not within(host.compute_bytes, theirs["compute"]):
+            problems.append(f"{case.flags()} {extra}: compute {host.compute_bytes}")
+    assert problems == []
