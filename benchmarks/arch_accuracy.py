@@ -4,7 +4,8 @@ architecture, the cases and the device rows exact to the byte for weights and KV
 compute buffers' error.
 
     python benchmarks/arch_accuracy.py            # one line per architecture, then the totals
-    python benchmarks/arch_accuracy.py -v         # and every mismatching row
+    python benchmarks/arch_accuracy.py -v         # and every mismatching row (compute: outside
+                                                  # max(5%, 16 MiB))
 
 The reference is tests/data/llamacpp-archs.json.gz (scripts/record_arch_conformance.py: llama.cpp
 b11312's test-llama-archs models, projected by llama-memory-bytes over tests/llamacpp_archs.py's
@@ -74,6 +75,10 @@ def main() -> int:
                     print(f"    {' '.join(case.flags())} {name}: weights {d.weights_bytes} vs "
                           f"{theirs['model']}, KV+state {d.kv_bytes + d.recurrent_bytes} vs "
                           f"{theirs['context']}")  # fmt: skip
+                if args.verbose and not within(d.compute_bytes, theirs["compute"]):
+                    got, want = d.compute_bytes / MiB, theirs["compute"] / MiB
+                    print(f"    {' '.join(case.flags())} {name}: compute {got:.2f} vs "
+                          f"{want:.2f} MiB")  # fmt: skip
         compute.sort()
         arch = layout.architecture.name
         archs += 1

@@ -107,9 +107,12 @@ def _run_cpu(
     return wall, cpu, proc
 
 
-def _goal_ratio(rounds: int, env: dict[str, str]) -> None:
-    """The start-up goal: GOAL's median CPU time over `hf version`'s, interleaved."""
+def _goal_ratio(rounds: int, env: dict[str, str], ref_env: dict[str, str] | None = None) -> None:
+    """The start-up goal: GOAL's median CPU time over `hf version`'s, interleaved (with
+    --reference, the other tree's GOAL in the same rounds, so that both ratios share the same
+    moments of a busy machine)."""
     goal_cpu: list[float] = []
+    ref_cpu: list[float] = []
     hf_cpu: list[float] = []
     hf_env = {**env, "HF_HUB_DISABLE_TELEMETRY": "1", "HF_HUB_OFFLINE": "1"}
     _, _, probe = _run_cpu(_argv([HF_VERSION]), hf_env)
@@ -119,11 +122,16 @@ def _goal_ratio(rounds: int, env: dict[str, str]) -> None:
     for _ in range(rounds):
         goal_cpu.append(_run_cpu(_argv(GOAL), env)[1])
         hf_cpu.append(_run_cpu(_argv([HF_VERSION]), hf_env)[1])
+        if ref_env is not None:
+            ref_cpu.append(_run_cpu(_argv(GOAL), ref_env)[1])
     goal, hf = statistics.median(goal_cpu), statistics.median(hf_cpu)
     print(
         f"start-up goal: {_label(GOAL)}: {goal * 1000:.0f} ms CPU; {HF_VERSION}: "
         f"{hf * 1000:.0f} ms CPU; ratio {goal / hf:.2f} (goal <= 0.5)"
     )
+    if ref_cpu:
+        ref = statistics.median(ref_cpu)
+        print(f"  reference tree: {ref * 1000:.0f} ms CPU; ratio {ref / hf:.2f}")
 
 
 def main() -> None:
@@ -186,7 +194,7 @@ def main() -> None:
             f"{label:<{width}}  {median * 1000:9.0f}  {min(samples) * 1000:8.0f}{ref_cols}"
             f"  {imported}"
         )
-    _goal_ratio(opts.rounds, env)
+    _goal_ratio(opts.rounds, env, ref_env)
     ref_note = f"; reference: {opts.reference}" if opts.reference else ""
     print(f"({opts.rounds} interleaved rounds, {sys.executable}{ref_note})")
     shutil.rmtree(home, ignore_errors=True)

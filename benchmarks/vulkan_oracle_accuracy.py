@@ -69,6 +69,18 @@ def main() -> int:
             f"{host_exact}/{len(got) - len(dev)}"
         )
         best = max(best, (exact, alignment), key=lambda b: b[0])
+    dev = [
+        r for r in rows(oracle, best[1], args.max_tensor_mib * MiB or None) if r.device != "Host"
+    ]
+    for label, keep in (
+        ("every layer, one device", lambda c: "visible=0 " in c and "ngl=all" in c),
+        ("-ngl partial offload", lambda c: "ngl=all" not in c),
+        ("every layer, two devices (-ts 3,1)", lambda c: "visible=0,0" in c),
+    ):
+        part = [r for r in dev if keep(r.case)]
+        worst = max(abs(r.compute[0] / r.compute[1] - 1) for r in part)
+        print(f"  {label}: compute within {sum(r.compute_within for r in part)}/{len(part)}, "
+              f"worst {worst:.0%}")  # fmt: skip
     if args.verbose:
         for r in rows(oracle, best[1], args.max_tensor_mib * MiB or None):
             if not r.exact or not r.compute_within:

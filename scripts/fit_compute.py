@@ -12,9 +12,10 @@ Every recorded device row is rebuilt as quantpick sees it (tests/arch_real.py): 
 once per row and records each device's part of the graph (plan/compute.py DeviceGraph); the rule's
 coefficients (multiples of E = n_ubatch x n_embd x 4 B, on a 0.5 grid) are then searched by
 coordinate descent, from the generic rule, to maximise the rows within max(5%, 16 MiB) of
-llama.cpp (ties: the smallest summed relative error). It prints one GRAPH_RULES line per
-architecture with the rows within, the median and the worst error: paste them into
-quantpick/plan/compute.py.
+llama.cpp (ties: the smallest summed relative error), beside what an architecture's GraphTrait
+(quantpick/arch/graph.py) adds (read from its graph builder, not fitted here). It prints one
+GRAPH_RULES line per architecture with the rows within, the median and the worst error: paste
+them into quantpick/plan/compute.py.
 """
 
 from __future__ import annotations

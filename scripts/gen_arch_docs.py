@@ -57,7 +57,9 @@ quantpick synthesizes before a header is read, and the rules at real sizes.
 One module in `quantpick/arch/` (or one entry in a family's table) with its `configure` (and a
 `tensor_shapes` to plan before the header is read), one line in `arch/registry.py`'s `families`,
 one recorded projection (`scripts/record_arch_conformance.py`, or `scripts/record_arch_real.py` for
-a full-size config), then `python scripts/gen_arch_docs.py`.
+a full-size config), then `python scripts/gen_arch_docs.py`. Where its graph keeps alive what the
+generic compute phases do not (a sparse indexer's masks, ...), the family gives it a `GraphTrait`
+(`quantpick/arch/graph.py`, `Family.graph_traits`; docs/compute.md).
 """
 
 

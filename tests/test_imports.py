@@ -6,8 +6,10 @@ Each check runs in a fresh interpreter, since this test process has imported eve
 from __future__ import annotations
 
 import importlib.util
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -69,3 +71,46 @@ def test_described_probe_never_imports_pynvml() -> None:
         "resolve_machine(gpus=['3090', 't4'])"
     )
     assert imported_after(statement) == []
+
+
+def modules_loaded_by(args: list[str], home: str) -> set[str]:
+    """quantpick's modules (and rich) in sys.modules after `quantpick ARGS` runs to its end."""
+    code = (
+        "import atexit, sys\n"
+        "atexit.register(lambda: sys.__stderr__.write('LOADED=' + ','.join(m for m in "
+        "sys.modules if m.startswith(('quantpick', 'rich'))) + '\\n'))\n"
+        f"sys.argv = ['quantpick', *{args!r}]\n"
+        "from quantpick.cli import main\n"
+        "main()\n"
+    )
+    env = {**os.environ, "QUANTPICK_HOME": home, "NO_COLOR": "1"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                         timeout=120)  # fmt: skip
+    line = next(x for x in out.stderr.splitlines() if x.startswith("LOADED="))
+    return set(line.removeprefix("LOADED=").split(","))
+
+
+# benchmarks/startup.py's goal row: a described machine, from the manifest, offline
+GOAL = ["pick", "qwen3.8-35b-a3b-distill", "-c", "32768", "--gpu", "3090", "--gpu", "t4",
+        "--ram", "64G", "--offline"]  # fmt: skip
+
+
+def test_help_loads_no_planning_and_no_rich(tmp_path: Path) -> None:
+    loaded = modules_loaded_by(["--help"], str(tmp_path))
+    assert "quantpick.cli" in loaded
+    heavy = ("quantpick.plan", "quantpick.machine.describe", "rich", "quantpick.serve.formats.")
+    assert not {m for m in loaded if m.startswith(heavy)}
+
+
+def test_a_described_pick_loads_only_what_it_uses(tmp_path: Path) -> None:
+    """Start-up time: a plan for a described machine reads no hardware file, runs no llama.cpp
+    dry run (it projects this box, not the described one), reads no calibration profile (they
+    are this machine's) and fetches nothing."""
+    loaded = modules_loaded_by(GOAL, str(tmp_path))
+    assert "quantpick.plan.planner" in loaded
+    unused = {
+        "quantpick.machine.hardware_file", "quantpick.jobs.confirm", "quantpick.jobs.dry_run",
+        "quantpick.serve.calibration", "quantpick.hub.http", "quantpick.fetch.transfer",
+        "quantpick.serve.formats.base",
+    }  # fmt: skip
+    assert loaded & unused == set()

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from quantpick.machine.describe import load_hardware_file, resolve_machine
+from quantpick.machine.describe import resolve_machine
+from quantpick.machine.hardware_file import load_hardware_file
 from quantpick.units import GiB
 
 README = Path(__file__).resolve().parents[1] / "README.md"
@@ -66,3 +67,36 @@ def test_the_exit_code_table_lists_every_exit_code() -> None:
 
     table = {int(m) for m in re.findall(r"^\| (\d+) \|", section("Exit codes"), flags=re.M)}
     assert table == {int(c) for c in ExitCode}
+
+
+def _recorder():  # scripts/ is not a package: load the recorder by path
+    import importlib.util
+
+    path = README.parent / "scripts" / "record_readme_sessions.py"
+    spec = importlib.util.spec_from_file_location("record_readme_sessions", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.llamacpp
+def test_the_offline_sessions_print_what_the_readme_shows(
+    llamacpp_bin: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every offline `$ quantpick ...` session (bundled manifest, described machine) prints what
+    the README shows, as the README shows it; re-record with scripts/record_readme_sessions.py.
+    The sessions were recorded with the pinned llama.cpp on PATH (their compute rule is its)."""
+    import os
+
+    monkeypatch.setenv("PATH", f"{llamacpp_bin}{os.pathsep}{os.environ.get('PATH', '')}")
+    rec = _recorder()
+    lines = README.read_text(encoding="utf-8").split("\n")
+    found = rec.sessions(lines)
+    assert len(found) >= 10
+    moved = []
+    for start, end in found:
+        old = lines[start + 1 : end]
+        if rec.rerecorded(old, rec.run(lines[start][2:])) != old:
+            moved.append(f"README.md:{start + 1}: {lines[start]}")
+    assert moved == [], "run scripts/record_readme_sessions.py:\n" + "\n".join(moved)

@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from quantpick.arch.base import Architecture, HParams
+from quantpick.arch.graph import GraphTrait
 
 # (tensor name, ne): ne in ggml order, ne[0] the row length.
 TensorShapes = tuple[tuple[str, tuple[int, ...]], ...]
@@ -42,3 +43,6 @@ class Family:
     # GGUF keys this family's loader requires (llama.cpp's get_key without `false`) and which
     # must be >= 1: a manifest without them is refused at load, naming the key.
     required_keys: tuple[str, ...] = ()
+    # What an architecture's graph keeps alive beyond plan/compute.py's generic phases
+    # (arch/graph.py), per architecture of the family that has such a term.
+    graph_traits: Mapping[str, GraphTrait] = field(default_factory=dict)

@@ -13,6 +13,7 @@ from functools import lru_cache
 
 from quantpick.arch.base import Architecture, HValue, ModelView, build_view, load_hparams
 from quantpick.arch.family import Family, TensorShapes
+from quantpick.arch.graph import GraphTrait
 
 GENERIC = "generic"
 GENERIC_NOTE = (
@@ -121,6 +122,13 @@ def tensor_shapes(arch: Architecture) -> TensorShapes | None:
     if fam is None or fam.tensor_shapes is None:
         return None
     return fam.tensor_shapes(arch)
+
+
+def graph_trait(name: str) -> GraphTrait | None:
+    """What `name`'s graph keeps alive beyond the generic compute phases (None: nothing known
+    beyond them, or the architecture is unknown)."""
+    fam = family_of(name)
+    return None if fam is None else fam.graph_traits.get(name)
 
 
 def min_build(name: str) -> int | None:

@@ -15,8 +15,9 @@ Rules (llama.cpp b11312):
 
 from __future__ import annotations
 
-from quantpick.arch.base import HParams
+from quantpick.arch.base import Architecture, HParams
 from quantpick.arch.family import Family
+from quantpick.arch.graph import ArchLive, GraphSizes, GraphTrait
 
 # src/models/glm-dsa.cpp:6-22 GLM_5_2_DEFAULT_INDEXER_TYPES: 1, 1, then one in four.
 GLM_5_2_FIRST_FULL = 2
@@ -63,6 +64,30 @@ def configure(hp: HParams) -> None:
         hp.index_filter = lambda il: il >= lead
 
 
+def msa_live(arch: Architecture, g: GraphSizes) -> ArchLive:
+    """minimax-m3's sparse (MSA) layers, il >= leading_dense_block_count (src/models/minimax-m3.cpp
+    at b11312). MSA runs only with flash attention and per-sequence streams (one sequence, or no
+    unified cache), else every layer is dense (:226-235). Hoisted for every sparse layer: an f32
+    copy of the KQ mask (msa_mf, [n_kv, n_tokens], :256, :295); per stream in turn (:450-522)
+    the block mask expanded to cells (bmc / bmx, f32 [n_kv, n_tokens / n_stream x
+    n_indexer_head], :510-513, then cast to the f16 mask4 the flash attention reads, :514-515).
+    The position-axis inputs (pos_mask, bias: [n_ps, n_tokens], :279-282) are sized by the
+    positions in the cache, none in the reserve. llama-memory-bytes on test-llama-archs'
+    minimax-m3 (2 indexer heads) at -c 4096-32768, -ub 256-1024, -np 1 and 2, and two RPC devices
+    with pipeline copies: 18 bytes per cell and token at -np 1, 14 at -np 2, i.e. beside the f16
+    KQ mask 8 per cell and token over the ubatch + 4 x n_indexer_head per cell and token of one
+    stream; dense (nothing extra) with -kvu and more than one sequence, and with -fa off."""
+    if g.mask_bytes != 2 or (g.n_seq_max > 1 and g.n_stream == 1):
+        return ArchLive()
+    per_stream = 4 * arch.int_("attention.indexer.head_count") * (g.ubatch // g.n_stream)
+    return ArchLive(layer=g.cells * (8 * g.ubatch + per_stream))
+
+
+def msa_layer(arch: Architecture, il: int) -> bool:
+    """minimax-m3's sparse layers: every one from leading_dense_block_count on (:332)."""
+    return il >= arch.int_("leading_dense_block_count")
+
+
 FAMILY_ARCHS = ("deepseek32", "glm-dsa", "hy_v4", "minimax-m3")
 
 FAMILY = Family(
@@ -76,4 +101,11 @@ FAMILY = Family(
     ),
     # every one proven by tests/arch
     checked=frozenset(FAMILY_ARCHS),
+    graph_traits={
+        "minimax-m3": GraphTrait(
+            msa_live,
+            "src/models/minimax-m3.cpp: MSA's f32 mask copy, position mask and block scores",
+            layers=msa_layer,
+        )
+    },
 )

@@ -23,19 +23,15 @@ import typer
 
 from quantpick.cli.core import app
 from quantpick.cli.groups import MachineOptions, PlanOptions
+from quantpick.cli.option_blocks import MACHINE, OptionBlock, with_blocks
 from quantpick.cli.options import (
-    CpuOnlyOpt,
     CtxOpt,
     GgufOpt,
-    GpuOpt,
-    HardwareOpt,
     JsonOpt,
     KvOpt,
     KvuOpt,
-    LlamaServerOpt,
     NpOpt,
     QuantOpt,
-    RamOpt,
 )
 
 if TYPE_CHECKING:
@@ -79,6 +75,7 @@ MeasureOpt = Annotated[
 
 
 @app.command("check")
+@with_blocks
 def check_cmd(
     target: TargetArg = None,
     gguf: GgufOpt = None,
@@ -87,20 +84,17 @@ def check_cmd(
     parallel: NpOpt = 1,
     kv_unified: KvuOpt = False,
     kv: KvOpt = None,
-    hardware: HardwareOpt = None,
-    gpu: GpuOpt = None,
-    ram: RamOpt = None,
-    cpu_only: CpuOnlyOpt = False,
-    llama_server: LlamaServerOpt = None,
+    machine_options: OptionBlock = MACHINE,
     log: LogOpt = None,
     measure_speed: MeasureOpt = False,
     learn: LearnOpt = False,
     json_: JsonOpt = False,
+    **options: Any,
 ) -> None:
     """Check a running llama-server against its plan: per device, llama.cpp's own buffers
     beside the plan's, the context it was given, swap, other processes on its GPUs, decode
     speed; findings in plain words with what to do."""
-    given = locals()
+    given = {**locals(), **options}
     from quantpick.cli import output
     from quantpick.config import load_settings
     from quantpick.errors import ExitCode, UsageError
@@ -117,7 +111,7 @@ def check_cmd(
         inputs = plan.inputs(local.manifest, machine, local=local.layout)
         basis = f"--gguf {gguf.name}" + (f" -c {ctx_size}" if ctx_size else "")
         basis += f" -np {parallel}" if parallel != 1 else ""
-    elif ctx_size or kv or gpu or ram or hardware or cpu_only or quant:
+    elif ctx_size or kv or quant or any(options[k] for k in ("gpu", "ram", "hardware", "cpu_only")):
         raise UsageError("planning options need the file: give --gguf FILE too")
     result = check_server(
         CheckRequest(target, inputs, basis, log, measure_speed, learn=learn),

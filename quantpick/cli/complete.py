@@ -20,6 +20,7 @@ import shlex
 from collections.abc import Callable
 
 from quantpick.hub.kinds import REPOSITORY_KINDS, SOURCE_KINDS
+from quantpick.serve import formats
 
 Item = tuple[str, "str | None"]  # (value, help shown by zsh and fish)
 
@@ -27,10 +28,7 @@ PREFER_CHOICES = ("balanced", "quality", "speed")
 FLASH_ATTN_CHOICES = ("on", "off", "auto")
 SOURCE_CHOICES = ("auto", *SOURCE_KINDS)  # hub/kinds.py
 MANIFEST_SOURCE_CHOICES = REPOSITORY_KINDS
-FORMATS = (
-    "line", "script", "json", "env", "systemd", "compose",
-    "preset", "llama-swap", "ollama", "lmstudio",
-)  # fmt: skip
+FORMATS = formats.names  # serve/formats/__init__.py, the formats' registry
 MODEL_SOURCES = ("local", "hf")
 # --spec: the speculation modes a planning command takes (plan/speculative.py SpecMode, less
 # those that need what the command cannot give), and the kinds `estimate --spec` sizes.

@@ -20,7 +20,7 @@ from quantpick.errors import QuantpickError, UsageError, VerificationError
 
 if TYPE_CHECKING:
     from quantpick.fetch.fetch_plan import FetchPlan, FetchReport
-    from quantpick.fetch.transfer import DownloadResult, ProgressSink
+    from quantpick.fetch.progress import DownloadResult, ProgressSink
     from quantpick.hub.verify import Verification
 
 
@@ -219,7 +219,7 @@ class _Quiet:
 
 
 def transfer_progress(quiet: bool) -> tuple[ProgressSink, Any]:
-    from quantpick.fetch.transfer import NullProgress
+    from quantpick.fetch.progress import NullProgress
 
     if quiet:
         return NullProgress(), _Quiet()

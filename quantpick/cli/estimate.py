@@ -14,38 +14,22 @@ import typer
 
 from quantpick.cli.core import app
 from quantpick.cli.groups import LlamaCppOptions, MachineOptions, PlanOptions, notes
+from quantpick.cli.option_blocks import MACHINE, MACHINE_DETAILS, OptionBlock, with_blocks
 from quantpick.cli.options import (
-    BackendOpt,
     BOpt,
-    CoresOpt,
-    CpuOnlyOpt,
     CtxOpt,
     ExactOpt,
     FaOpt,
     GgufOpt,
-    GpuOpt,
-    GpuOverheadOpt,
-    GpuReserveOpt,
-    HardwareOpt,
     JsonOpt,
     KvuOpt,
     LlamaBinOpt,
-    LlamaServerOpt,
-    MarginOpt,
     ModelArg,
     NoCalibrationOpt,
     NoConfirmOpt,
     NoNetworkOpt,
     NpOpt,
     QuantOpt,
-    RamBandwidthOpt,
-    RamOpt,
-    RamReserveOpt,
-    RpcBandwidthOpt,
-    RpcDeviceOpt,
-    RpcLatencyOpt,
-    RpcOpt,
-    ThreadsOpt,
     TimeoutOpt,
     UbOpt,
     VisionOpt,
@@ -78,6 +62,7 @@ if TYPE_CHECKING:
 
 
 @app.command("estimate")
+@with_blocks
 def estimate_cmd(
     model: ModelArg = None,
     quant: QuantOpt = None,
@@ -145,23 +130,8 @@ def estimate_cmd(
         ),
     ] = "off",
     vision: VisionOpt = False,
-    hardware: HardwareOpt = None,
-    gpu: GpuOpt = None,
-    ram: RamOpt = None,
-    cpu_only: CpuOnlyOpt = False,
-    llama_server: LlamaServerOpt = None,
-    gpu_overhead: GpuOverheadOpt = None,
-    margin: MarginOpt = None,
-    ram_reserve: RamReserveOpt = None,
-    gpu_reserve: GpuReserveOpt = None,
-    ram_bandwidth: RamBandwidthOpt = None,
-    backend: BackendOpt = None,
-    cores: CoresOpt = None,
-    threads: ThreadsOpt = None,
-    rpc: RpcOpt = None,
-    rpc_device: RpcDeviceOpt = None,
-    rpc_bandwidth: RpcBandwidthOpt = None,
-    rpc_latency: RpcLatencyOpt = None,
+    machine_options: OptionBlock = MACHINE,
+    machine_details: OptionBlock = MACHINE_DETAILS,
     exact: ExactOpt = False,
     no_network: NoNetworkOpt = False,
     no_calibration: NoCalibrationOpt = False,
@@ -169,11 +139,12 @@ def estimate_cmd(
     no_confirm: NoConfirmOpt = False,
     timeout: TimeoutOpt = None,
     json_: JsonOpt = False,
+    **options: Any,
 ) -> None:
     """Itemize what llama.cpp will allocate on each device for one configuration. For a quant
     still on the hub, with llama.cpp installed, its own projection (a dry run on the real header
     bytes, before download) is shown beside it."""
-    given = locals()
+    given = {**locals(), **options}
     from quantpick.cli import output
     from quantpick.cli.confirm import confirmation_to_dict, print_confirmation
     from quantpick.errors import UsageError
@@ -189,14 +160,14 @@ def estimate_cmd(
     layout, manifest, label = _resolve_layout(
         model, quant, gguf, exact=exact, network=not no_network
     )
-    basis = PlanOptions.of(given)
+    basis, llama = PlanOptions.of(given), LlamaCppOptions.of(given)
     result = estimate_config(
         EstimateRequest(
             layout, manifest, machine, _config(given, machine, layout, label), basis.overheads(),
-            gpu_overhead_given=gpu_overhead is not None, llama_server=llama_server,
+            gpu_overhead_given=basis.gpu_overhead is not None, llama_server=llama.llama_server,
             calibration=not no_calibration, on_hub=gguf is None, network=not no_network,
         ),
-        LlamaCppOptions.of(given).confirm(machine),
+        llama.confirm(machine),
     )  # fmt: skip
     notes(result.tuning.notes)
     config, est, speed, check, tuning = (

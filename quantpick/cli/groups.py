@@ -31,7 +31,6 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from quantpick.cli.options import DEFAULT_MIN_TPS, check_llama_server, check_run_options
 
 if TYPE_CHECKING:
-    from quantpick.cli.ecosystem import EcosystemOptions
     from quantpick.config import Settings
     from quantpick.jobs.confirm import ConfirmOptions
     from quantpick.jobs.plan import PlanInputs
@@ -42,6 +41,7 @@ if TYPE_CHECKING:
     from quantpick.plan.memory import Overheads
     from quantpick.plan.plan_types import PlanRequest
     from quantpick.serve.command import ServerOptions
+    from quantpick.serve.formats.base import EcosystemOptions
 
 G = TypeVar("G", bound="Group")
 
@@ -197,7 +197,7 @@ class PlanOptions(Group):
 
     def overheads(self) -> Overheads:
         from quantpick.cli import output
-        from quantpick.machine.describe import size_notes
+        from quantpick.machine.device_specs import size_notes
         from quantpick.plan.memory import Overheads
         from quantpick.units import parse_size
 
@@ -250,20 +250,27 @@ class LlamaCppOptions(Group):
 
     def tools(self) -> ConfirmOptions:
         """The tools, whether or not confirming is on (`confirm` always runs them)."""
-        from quantpick.errors import UsageError
         from quantpick.jobs.confirm import ConfirmOptions
 
-        if self.llama_bin is not None and not self.llama_bin.is_dir():
-            raise UsageError(f"--llama-bin {self.llama_bin}: not a directory")
+        self.check_llama_bin()
         return ConfirmOptions(
             llama_bin=self.llama_bin, llama_server=self.llama_server, timeout_s=self.timeout_s
         )
 
+    def check_llama_bin(self) -> None:
+        from quantpick.errors import UsageError
+
+        if self.llama_bin is not None and not self.llama_bin.is_dir():
+            raise UsageError(f"--llama-bin {self.llama_bin}: not a directory")
+
     def confirm(self, machine: Machine) -> ConfirmOptions | None:
-        """None when confirming is off or the machine is not this one."""
-        tools = self.tools()
+        """None when confirming is off or the machine is not this one (--llama-bin is checked
+        either way; the confirmation's own modules are not loaded for nothing)."""
         # llama.cpp projects on the devices it sees: a described machine is not this one.
-        return None if self.no_confirm or machine.described else tools
+        if self.no_confirm or machine.described:
+            self.check_llama_bin()
+            return None
+        return self.tools()
 
 
 @dataclass(frozen=True)
@@ -319,7 +326,7 @@ class LaunchOptions(Group):
     preset: Path | None = None
     swap_config: Path | None = None
     modelfile: Path | None = None
-    ttl: int = 900  # serve.ecosystem.SWAP_TTL_S
+    ttl: int = 900  # serve.formats.llama_swap.SWAP_TTL_S
 
     def server(self, *, any_port: bool = False) -> ServerOptions:
         """`any_port`: --port 0 lets the system choose a free port (`serve` starts the server;
@@ -337,11 +344,15 @@ class LaunchOptions(Group):
 
     def ecosystem(self, *, dry_run: bool = False) -> EcosystemOptions:
         """The ecosystem formats' options, checked before any planning or transfer."""
-        from quantpick.cli.ecosystem import EcosystemOptions, check_ecosystem_options
+        from quantpick.cli.ecosystem import check_ecosystem_options
+        from quantpick.serve.formats import entry
+        from quantpick.serve.formats.base import EcosystemOptions
 
+        files = {"--preset": self.preset, "--swap-config": self.swap_config,
+                 "--modelfile": self.modelfile}  # fmt: skip
+        own = entry(self.fmt).file_option
         eco = EcosystemOptions(
-            self.preset, self.swap_config, self.modelfile, self.ttl, dry_run, self.host,
-            self.port, self.force,
-        )  # fmt: skip
-        check_ecosystem_options(self.fmt, eco)
+            files.get(own) if own else None, self.ttl, dry_run, self.host, self.port, self.force
+        )
+        check_ecosystem_options(self.fmt, files, eco)
         return eco

@@ -10,18 +10,17 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from quantpick.cli.complete import FORMATS, MODEL_SOURCES
-from quantpick.cli.ecosystem import ECOSYSTEM_FORMATS
+from quantpick.cli.complete import MODEL_SOURCES
 
 if TYPE_CHECKING:
-    from quantpick.cli.ecosystem import EcosystemOptions
     from quantpick.cli.groups import LaunchOptions
     from quantpick.machine.spec import Machine
     from quantpick.model.manifest import Manifest
     from quantpick.plan.plan_types import Plan
     from quantpick.serve.command import ServerCommand
-    from quantpick.serve.ecosystem import Target
     from quantpick.serve.flags import ServerCapabilities
+    from quantpick.serve.formats.base import EcosystemOptions, Emission, OutputFormat, Reporter
+    from quantpick.serve.formats.target import Target
     from quantpick.serve.workers import WorkerCommand
 
 
@@ -108,42 +107,33 @@ def check_script_destination(script: Path | None, force: bool = False) -> None:
 
 def check_format(fmt: str, model_source: str = "local") -> None:
     from quantpick.errors import UsageError
+    from quantpick.serve.formats import entry
 
-    if fmt not in FORMATS:
-        raise UsageError(f"--format {fmt}: use one of " + ", ".join(FORMATS))
+    entry(fmt)  # an unknown format: "--format X: use one of ..."
     if model_source not in MODEL_SOURCES:
         raise UsageError(f"--model-source {model_source}: use local or hf")
 
 
-def emit_command(
-    cmd: ServerCommand,
-    *,
-    fmt: str,
-    script: Path | None,
-    comment: str,
-    json_doc: dict[str, Any] | None,
-    name: str,
-    machine_gpus: tuple[int, ...] = (),
-    workers: tuple[WorkerCommand, ...] = (),
-    force: bool = False,
-    ecosystem: tuple[Callable[[ServerCommand], Target], EcosystemOptions] | None = None,
-) -> None:
+def reporter() -> Reporter:
+    """The formats' warnings and notes, on stderr."""
+    from quantpick.cli import output
+    from quantpick.serve.formats.base import Reporter
+
+    return Reporter(warn=output.warn, note=output.note)
+
+
+def emit_command(fmt: OutputFormat, job: Emission, *, json_doc: dict[str, Any] | None,
+                 force: bool = False) -> None:  # fmt: skip
+    """The command's warnings, --script, then the format's output: on stdout, or as the
+    `rendered` part of the --json document."""
     from quantpick.cli import output
     from quantpick.serve.command import CURRENT_TARGET, UNCHECKED_WARNING
-    from quantpick.serve.formats import (
-        SYSTEMD_UNIT_DIR,
-        render_compose,
-        render_env,
-        render_json,
-        render_line,
-        render_script,
-        render_systemd,
-        systemd_unit_name,
-    )
+    from quantpick.serve.formats.json_doc import render_json
+    from quantpick.serve.formats.script import render_script
     from quantpick.serve.script_file import write_script
-    from quantpick.serve.workers import render_worker_json, render_worker_lines
+    from quantpick.serve.workers import render_worker_json
 
-    check_format(fmt)
+    cmd, workers, script = job.cmd, job.workers, job.script
     for warning in cmd.warnings:
         if cmd.target == CURRENT_TARGET and warning.startswith(UNCHECKED_WARNING):
             continue  # installed_capabilities said plainly that no llama-server was found
@@ -158,63 +148,21 @@ def emit_command(
             "Note: start the RPC workers before llama-server; each serves one client, so "
             "`quantpick probe --rpc` cannot read a worker while llama-server is connected to it"
         )
-    worker_docs = [render_worker_json(w) for w in workers]
     if script is not None:
-        write_script(script, render_script(cmd, comment, workers), force=force)
+        write_script(script, render_script(cmd, job.comment, workers), force=force)
         output.note(f"Wrote {script}")
-    text: str | None = None
-    if ecosystem is not None and fmt in ECOSYSTEM_FORMATS:
-        from quantpick.cli.ecosystem import emit_ecosystem
-
-        make_target, eco = ecosystem
-        part = emit_ecosystem(fmt, cmd, make_target(cmd), eco, json_doc=json_doc)
-        if json_doc is not None:
-            output.print_json({**json_doc, "command": render_json(cmd), "workers": worker_docs,
-                               "script": str(script) if script else None,
-                               "rendered": {"format": fmt, **part}})  # fmt: skip
-        return
-    if fmt == "script":
-        text = render_script(cmd, comment, workers)
-    elif fmt == "env":
-        # Environment files hold the head's settings; the workers' lines stay comments.
-        lines = render_worker_lines(workers).splitlines()
-        text = "".join((x if x.startswith("#") else f"# {x}") + "\n" for x in lines)
-        text += render_env(cmd)
-    elif fmt == "systemd":
-        text = render_systemd(cmd, comment, name)
-        unit = systemd_unit_name(name)
-        output.note(
-            f"Install: save it as {SYSTEMD_UNIT_DIR}/{unit}.service (mkdir -p "
-            f"{SYSTEMD_UNIT_DIR}), then: systemctl --user daemon-reload && "
-            f"systemctl --user enable --now {unit}.service"
-        )
-    elif fmt == "compose":
-        text = render_compose(cmd, comment, machine_gpus)
-        output.note("Run: save it as compose.yaml, then: docker compose up -d")
-    if workers and fmt in ("systemd", "compose"):
-        output.note("The RPC workers run elsewhere; their lines:\n" + render_worker_lines(workers))
+    emitted = fmt.emit(job, reporter())
     if json_doc is not None:
-        doc = {
-            **json_doc,
-            "command": render_json(cmd),
-            "workers": worker_docs,
-            "script": str(script) if script else None,
-        }
-        if text is not None:
-            doc["rendered"] = {"format": fmt, "text": text}
+        doc = {**json_doc, "command": render_json(cmd),
+               "workers": [render_worker_json(w) for w in workers],
+               "script": str(script) if script else None}  # fmt: skip
+        if emitted.rendered is not None:
+            doc["rendered"] = {"format": fmt.name, **emitted.rendered}
         output.print_json(doc)
-        return
-    if fmt == "json":
-        output.print_json({"command": render_json(cmd), "workers": worker_docs})
-    elif text is not None:
-        sys.stdout.write(text)
-    elif script is None:
-        if workers:
-            sys.stdout.write(render_worker_lines(workers) + "# then, on this machine:\n")
-        sys.stdout.write(render_line(cmd) + "\n")
+    elif emitted.document is not None:
+        output.print_json(emitted.document)
     else:
-        # --script wrote the head's launcher; the workers' lines run elsewhere.
-        sys.stdout.write(render_worker_lines(workers))
+        sys.stdout.write(emitted.stdout)
 
 
 def plan_comment(p: Plan, machine: Machine) -> str:
@@ -233,39 +181,29 @@ def plan_comment(p: Plan, machine: Machine) -> str:
     )
 
 
-def ecosystem_for(
-    fmt: str,
-    eco: EcosystemOptions,
+def target_maker(
+    fmt: OutputFormat,
     p: Plan,
     machine: Machine,
     manifest: Manifest,
     model_path: Path | None,
     mmproj_path: Path | None,
     alias: str | None,
-) -> tuple[Callable[[ServerCommand], Target], EcosystemOptions] | None:
-    """What `emit_command` needs for --format preset / llama-swap / ollama / lmstudio."""
-    if fmt not in ECOSYSTEM_FORMATS:
+) -> Callable[[ServerCommand], Target] | None:
+    """For a format that hands the plan to another tool: how its Target is made from the
+    command (None for the others)."""
+    if not fmt.uses_target:
         return None
     from quantpick.cli.ecosystem import ecosystem_target
 
-    name = alias or manifest.id
-    if fmt == "preset" and alias is None:
-        from quantpick.cli import output
-        from quantpick.serve.ecosystem import preset_section_name
-
-        name = preset_section_name(manifest.id)
-        if name != manifest.id:
-            output.note(
-                f"Note: preset section [{name}], derived from the model name {manifest.id!r} "
-                "(a section name is letters, digits and . _ - / @ +; --alias NAME sets another)"
-            )
+    name = fmt.target_name(manifest.id, alias, reporter())
 
     def make(cmd: ServerCommand) -> Target:
         return ecosystem_target(p, machine, manifest, model_path, mmproj_path,
                                 name, plan_comment(p, machine), cmd,
-                                with_template=fmt == "ollama")  # fmt: skip
+                                with_template=fmt.reads_template)  # fmt: skip
 
-    return make, eco
+    return make
 
 
 def files_in_place(
@@ -310,6 +248,8 @@ def write_command(
     from quantpick.errors import UsageError
     from quantpick.machine.backends import local_backend
     from quantpick.serve.command import build_command
+    from quantpick.serve.formats import output_format
+    from quantpick.serve.formats.base import Emission
     from quantpick.serve.hf_tag import hf_model
 
     hf = hf_model(manifest, p.quant) if model_path is None else None
@@ -318,18 +258,17 @@ def write_command(
         block_count=manifest.architecture.block_count, server=launch.server(),
         capabilities=capabilities, hf=hf, backend=local_backend(machine.gpus),
     )  # fmt: skip
-    if hf is not None and launch.fmt in ("ollama", "lmstudio"):
+    fmt = output_format(launch.fmt)
+    if hf is not None and fmt.needs_file:
         raise UsageError(f"--format {launch.fmt} needs the file on disk, not --model-source hf",
                          hint="drop --model-source hf: `quantpick get` downloads it")  # fmt: skip
     workers = () if hf else worker_commands(p, machine, launch.rpc_bind, launch.rpc_cache)
-    emit_command(
-        cmd, fmt=launch.fmt, script=script, comment=plan_comment(p, machine), json_doc=json_doc,
-        workers=workers, name=launch.alias or manifest.id,
-        machine_gpus=tuple(g.index for g in machine.usable_gpus), force=launch.force,
-        ecosystem=ecosystem_for(
-            launch.fmt, eco, p, machine, manifest, model_path, mmproj_path, launch.alias
-        ),
+    target_of = target_maker(fmt, p, machine, manifest, model_path, mmproj_path, launch.alias)
+    job = Emission(
+        cmd, plan_comment(p, machine), launch.alias or manifest.id, workers,
+        tuple(g.index for g in machine.usable_gpus), script, eco, target_of,
     )  # fmt: skip
+    emit_command(fmt, job, json_doc=json_doc, force=launch.force)
 
 
 def announce_plan(p: Plan, *, hf: bool = False) -> str:

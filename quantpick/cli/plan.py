@@ -13,27 +13,19 @@ import typer
 
 from quantpick.cli.core import app
 from quantpick.cli.groups import LlamaCppOptions, MachineOptions, PlanOptions, notes
+from quantpick.cli.option_blocks import MACHINE, MACHINE_DETAILS, OptionBlock, with_blocks
 from quantpick.cli.options import (
     DEFAULT_MIN_TPS,
     AllowQ4Opt,
-    BackendOpt,
     BOpt,
-    CoresOpt,
-    CpuOnlyOpt,
     CtxOpt,
     DraftOpt,
     ExactOpt,
     FaOpt,
-    GpuOpt,
-    GpuOverheadOpt,
-    GpuReserveOpt,
-    HardwareOpt,
     JsonOpt,
     KvOpt,
     KvuOpt,
     LlamaBinOpt,
-    LlamaServerOpt,
-    MarginOpt,
     MinTpsOpt,
     ModelArg,
     NoCalibrationOpt,
@@ -43,15 +35,7 @@ from quantpick.cli.options import (
     NpOpt,
     PreferOpt,
     QuantOpt,
-    RamBandwidthOpt,
-    RamOpt,
-    RamReserveOpt,
-    RpcBandwidthOpt,
-    RpcDeviceOpt,
-    RpcLatencyOpt,
-    RpcOpt,
     SpecOpt,
-    ThreadsOpt,
     TimeoutOpt,
     UbOpt,
     VisionOpt,
@@ -67,6 +51,7 @@ from quantpick.cli.render import (
 
 
 @app.command("pick")
+@with_blocks
 def pick_cmd(
     model: ModelArg = None,
     ctx_size: CtxOpt = 0,
@@ -90,23 +75,8 @@ def pick_cmd(
             "--max-context", help="Print the largest context each quant supports instead."
         ),
     ] = False,
-    hardware: HardwareOpt = None,
-    gpu: GpuOpt = None,
-    ram: RamOpt = None,
-    cpu_only: CpuOnlyOpt = False,
-    llama_server: LlamaServerOpt = None,
-    gpu_overhead: GpuOverheadOpt = None,
-    margin: MarginOpt = None,
-    ram_reserve: RamReserveOpt = None,
-    gpu_reserve: GpuReserveOpt = None,
-    ram_bandwidth: RamBandwidthOpt = None,
-    backend: BackendOpt = None,
-    cores: CoresOpt = None,
-    threads: ThreadsOpt = None,
-    rpc: RpcOpt = None,
-    rpc_device: RpcDeviceOpt = None,
-    rpc_bandwidth: RpcBandwidthOpt = None,
-    rpc_latency: RpcLatencyOpt = None,
+    machine_options: OptionBlock = MACHINE,
+    machine_details: OptionBlock = MACHINE_DETAILS,
     exact: ExactOpt = False,
     no_network: NoNetworkOpt = False,
     no_calibration: NoCalibrationOpt = False,
@@ -114,11 +84,12 @@ def pick_cmd(
     no_confirm: NoConfirmOpt = False,
     timeout: TimeoutOpt = None,
     json_: JsonOpt = False,
+    **options: Any,
 ) -> None:
     """Pick the best quant, KV cache type and placement for a target context. With llama.cpp
     installed (beside llama-server, on PATH, --llama-bin, or quantpick's build cache), its own
     projection of the chosen file, before download, is shown beside the estimate."""
-    given = locals()
+    given = {**locals(), **options}
     if max_context:
         _show_limits(given)
         return
@@ -151,6 +122,7 @@ def pick_cmd(
 
 
 @app.command("max-context")
+@with_blocks
 def max_context_cmd(
     model: ModelArg = None,
     quant: QuantOpt = None,
@@ -162,30 +134,16 @@ def max_context_cmd(
     allow_q4_kv: AllowQ4Opt = False,
     kv: KvOpt = None,
     no_offload: NoOffloadOpt = False,
-    hardware: HardwareOpt = None,
-    gpu: GpuOpt = None,
-    ram: RamOpt = None,
-    cpu_only: CpuOnlyOpt = False,
-    llama_server: LlamaServerOpt = None,
-    gpu_overhead: GpuOverheadOpt = None,
-    margin: MarginOpt = None,
-    ram_reserve: RamReserveOpt = None,
-    gpu_reserve: GpuReserveOpt = None,
-    ram_bandwidth: RamBandwidthOpt = None,
-    backend: BackendOpt = None,
-    cores: CoresOpt = None,
-    threads: ThreadsOpt = None,
-    rpc: RpcOpt = None,
-    rpc_device: RpcDeviceOpt = None,
-    rpc_bandwidth: RpcBandwidthOpt = None,
-    rpc_latency: RpcLatencyOpt = None,
+    machine_options: OptionBlock = MACHINE,
+    machine_details: OptionBlock = MACHINE_DETAILS,
     exact: ExactOpt = False,
     no_network: NoNetworkOpt = False,
     no_calibration: NoCalibrationOpt = False,
     json_: JsonOpt = False,
+    **options: Any,
 ) -> None:
     """The largest context each quant (or --quant) supports on this machine."""
-    _show_limits(locals())
+    _show_limits({**locals(), **options})
 
 
 def _show_limits(given: dict[str, Any]) -> None:

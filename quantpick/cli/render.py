@@ -515,5 +515,8 @@ def render_plan(p: Plan, machine: Machine, n_slots: int) -> None:
         table.add_row(c.quant, kld, c.cache_type, c.placement, tps, c.reason)
     con.print(table)
     _print_speed_notes(con, p.speed)
+    # the plan's own Speculation line above says it; the note is for commands that show no plan
+    said = f"Speculation: {p.speculative.reason}" if p.speculative is not None else None
     for note in p.notes:
-        output.note(f"Note: {note}")
+        if note != said:
+            output.note(f"Note: {note}")

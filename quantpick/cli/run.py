@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
 
-from quantpick.cli.complete import FORMATS, MODEL_SOURCES
+from quantpick.cli.complete import MODEL_SOURCES
 from quantpick.cli.core import app
 from quantpick.cli.download import (
     AllowUnverifiedOpt,
@@ -51,68 +51,38 @@ from quantpick.cli.launch import (
     installed_capabilities,
     write_command,
 )
+from quantpick.cli.option_blocks import CHOICE, MACHINE, MACHINE_DETAILS, OptionBlock, with_blocks
 from quantpick.cli.options import (
-    DEFAULT_MIN_TPS,
-    AllowQ4Opt,
-    BackendOpt,
-    CoresOpt,
-    CpuOnlyOpt,
     CtxOpt,
-    DraftOpt,
     ExactOpt,
-    GpuOpt,
-    GpuOverheadOpt,
-    GpuReserveOpt,
-    HardwareOpt,
     JsonOpt,
-    KvOpt,
-    KvuOpt,
     LlamaBinOpt,
-    LlamaServerOpt,
-    MarginOpt,
-    MinTpsOpt,
     MmprojOpt,
     ModelArg,
-    ModelDirOpt,
     NoCalibrationOpt,
     NoConfirmOpt,
     NoNetworkOpt,
-    NoOffloadOpt,
-    NpOpt,
-    PreferOpt,
     QuantOpt,
-    RamBandwidthOpt,
-    RamOpt,
-    RamReserveOpt,
-    RpcBandwidthOpt,
     RpcBindOpt,
     RpcCacheOpt,
-    RpcDeviceOpt,
-    RpcLatencyOpt,
-    RpcOpt,
-    SpecOpt,
-    ThreadsOpt,
     TimeoutOpt,
-    VisionOpt,
 )
+from quantpick.serve import formats
 
 if TYPE_CHECKING:
-    from quantpick.cli.ecosystem import EcosystemOptions
     from quantpick.jobs.get import GetResult
     from quantpick.machine.spec import Machine
     from quantpick.model.manifest import Manifest
     from quantpick.plan.plan_types import Plan
+    from quantpick.serve.formats.base import EcosystemOptions
 
 
 FormatOpt = Annotated[
     str,
     typer.Option(
         "--format",
-        help="line (default), script, json, env (LLAMA_ARG_*), systemd (a user unit), "
-        "compose (docker compose, official llama.cpp image), preset (a llama.cpp router INI "
-        "section, --preset FILE), llama-swap (a models entry), ollama (a Modelfile) or "
-        "lmstudio (links the file into LM Studio's models folder).",
-        autocompletion=lambda: list(FORMATS),
+        help=formats.help_text(),
+        autocompletion=lambda: list(formats.names()),
     ),
 ]
 ModelSourceOpt = Annotated[
@@ -158,7 +128,46 @@ ApiKeyEnvOpt = Annotated[
 ]
 
 
+def _llama_tools(
+    llama_bin: LlamaBinOpt = None,
+    no_confirm: NoConfirmOpt = False,
+    no_calibration: NoCalibrationOpt = False,
+    timeout: TimeoutOpt = None,
+) -> None:
+    """llama.cpp's tools: where they are, whether they confirm the plan, how long they may run."""
+
+
+def _launch(
+    host: HostOpt = "127.0.0.1",
+    port: PortOpt = 8080,
+    alias: AliasOpt = None,
+    api_key_env: ApiKeyEnvOpt = None,
+    rpc_bind: RpcBindOpt = None,
+    rpc_cache: RpcCacheOpt = True,
+    fmt: FormatOpt = "line",
+    model_source: ModelSourceOpt = "local",
+) -> None:
+    """How the written command serves: its address, name, key, RPC workers, format, model."""
+
+
+def _launch_files(
+    script: ScriptOpt = None,
+    force: ForceOpt = False,
+    preset: PresetOpt = None,
+    swap_config: SwapConfigOpt = None,
+    modelfile: ModelfileOpt = None,
+    ttl: TtlOpt = 900,
+) -> None:
+    """Where the command is written: a launch script, another tool's file (--format)."""
+
+
+RUN_TOOLS = OptionBlock(_llama_tools)
+LAUNCH = OptionBlock(_launch)
+LAUNCH_FILES = OptionBlock(_launch_files)
+
+
 @app.command("command")
+@with_blocks
 def command_cmd(
     model: ModelArg = None,
     quant: QuantOpt = None,
@@ -173,61 +182,22 @@ def command_cmd(
     ] = None,
     mmproj: MmprojOpt = None,
     ctx_size: CtxOpt = 0,
-    parallel: NpOpt = 1,
-    kv_unified: KvuOpt = False,
-    prefer: PreferOpt = "balanced",
-    vision: VisionOpt = False,
-    min_tps: MinTpsOpt = DEFAULT_MIN_TPS,
-    spec: SpecOpt = "auto",
-    draft: DraftOpt = None,
-    allow_q4_kv: AllowQ4Opt = False,
-    kv: KvOpt = None,
-    no_offload: NoOffloadOpt = False,
-    dir_: ModelDirOpt = None,
-    hardware: HardwareOpt = None,
-    gpu: GpuOpt = None,
-    ram: RamOpt = None,
-    cpu_only: CpuOnlyOpt = False,
-    llama_server: LlamaServerOpt = None,
-    llama_bin: LlamaBinOpt = None,
-    no_confirm: NoConfirmOpt = False,
-    no_calibration: NoCalibrationOpt = False,
-    timeout: TimeoutOpt = None,
-    gpu_overhead: GpuOverheadOpt = None,
-    margin: MarginOpt = None,
-    ram_reserve: RamReserveOpt = None,
-    gpu_reserve: GpuReserveOpt = None,
-    ram_bandwidth: RamBandwidthOpt = None,
-    backend: BackendOpt = None,
-    cores: CoresOpt = None,
-    threads: ThreadsOpt = None,
-    rpc: RpcOpt = None,
-    rpc_device: RpcDeviceOpt = None,
-    rpc_bandwidth: RpcBandwidthOpt = None,
-    rpc_latency: RpcLatencyOpt = None,
-    host: HostOpt = "127.0.0.1",
-    port: PortOpt = 8080,
-    alias: AliasOpt = None,
-    api_key_env: ApiKeyEnvOpt = None,
-    rpc_bind: RpcBindOpt = None,
-    rpc_cache: RpcCacheOpt = True,
-    fmt: FormatOpt = "line",
-    model_source: ModelSourceOpt = "local",
+    choice_options: OptionBlock = CHOICE,
+    machine_options: OptionBlock = MACHINE,
+    llama_options: OptionBlock = RUN_TOOLS,
+    machine_details: OptionBlock = MACHINE_DETAILS,
+    launch_options: OptionBlock = LAUNCH,
     exact: ExactOpt = False,
     no_network: NoNetworkOpt = False,
-    script: ScriptOpt = None,
-    force: ForceOpt = False,
-    preset: PresetOpt = None,
-    swap_config: SwapConfigOpt = None,
-    modelfile: ModelfileOpt = None,
-    ttl: TtlOpt = 900,
+    file_options: OptionBlock = LAUNCH_FILES,
     json_: JsonOpt = False,
+    **options: Any,
 ) -> None:
     """Plan for a GGUF already on disk (or, with --model-source hf, one llama-server fetches
     itself) and print the llama-server command that runs it (confirmed by llama.cpp's
     llama-fit-params when it is installed)."""
 
-    given = locals()
+    given = {**locals(), **options}
     from quantpick.cli.confirm import confirmation_to_dict, report_confirmation
     from quantpick.cli.local import local_model
     from quantpick.cli.render import plan_to_dict
@@ -236,7 +206,7 @@ def command_cmd(
     launch = LaunchOptions.of(given)
     eco = checked_launch(launch)
     machine = MachineOptions.of(given).machine()
-    if model_source == "hf":
+    if launch.model_source == "hf":
         _command_from_hub(given, machine, launch, eco)
         return
     local = local_model(given)
@@ -247,8 +217,8 @@ def command_cmd(
     planned = plan_file(inputs, local.model_path, llama.confirm(machine))
     notes(planned.result.notes)
     p, confirmation = planned.plan, planned.confirmation
-    report_confirmation(confirmation, machine, no_confirm, quiet=json_)
-    caps = installed_capabilities(machine, llama_server, llama.timeout_s)
+    report_confirmation(confirmation, machine, llama.no_confirm, quiet=json_)
+    caps = installed_capabilities(machine, llama.llama_server, llama.timeout_s)
     doc = None
     if json_:
         doc = {
@@ -257,7 +227,7 @@ def command_cmd(
         }
     write_command(
         p, local.manifest, machine, launch, capabilities=caps, model_path=local.model_path,
-        mmproj_path=local.projector, json_doc=doc, eco=eco, script=script,
+        mmproj_path=local.projector, json_doc=doc, eco=eco, script=launch.script,
     )  # fmt: skip
 
 
@@ -317,21 +287,12 @@ def _write_from_hub(
 
 
 @app.command("get")
+@with_blocks
 def get_cmd(
     model: ModelArg = None,
     ctx_size: CtxOpt = 0,
     quant: QuantOpt = None,
-    parallel: NpOpt = 1,
-    kv_unified: KvuOpt = False,
-    prefer: PreferOpt = "balanced",
-    vision: VisionOpt = False,
-    min_tps: MinTpsOpt = DEFAULT_MIN_TPS,
-    spec: SpecOpt = "auto",
-    draft: DraftOpt = None,
-    allow_q4_kv: AllowQ4Opt = False,
-    kv: KvOpt = None,
-    no_offload: NoOffloadOpt = False,
-    dir_: ModelDirOpt = None,
+    choice_options: OptionBlock = CHOICE,
     source: SourceOpt = "auto",
     allow_unverified: AllowUnverifiedOpt = False,
     dry_run: Annotated[
@@ -343,48 +304,19 @@ def get_cmd(
     hf_cache: HfCacheOpt = None,
     connections: ConnectionsOpt = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-Q", help="No progress on stderr.")] = False,
-    hardware: HardwareOpt = None,
-    gpu: GpuOpt = None,
-    ram: RamOpt = None,
-    cpu_only: CpuOnlyOpt = False,
-    llama_server: LlamaServerOpt = None,
-    llama_bin: LlamaBinOpt = None,
-    no_confirm: NoConfirmOpt = False,
-    no_calibration: NoCalibrationOpt = False,
-    timeout: TimeoutOpt = None,
-    gpu_overhead: GpuOverheadOpt = None,
-    margin: MarginOpt = None,
-    ram_reserve: RamReserveOpt = None,
-    gpu_reserve: GpuReserveOpt = None,
-    ram_bandwidth: RamBandwidthOpt = None,
-    backend: BackendOpt = None,
-    cores: CoresOpt = None,
-    threads: ThreadsOpt = None,
-    rpc: RpcOpt = None,
-    rpc_device: RpcDeviceOpt = None,
-    rpc_bandwidth: RpcBandwidthOpt = None,
-    rpc_latency: RpcLatencyOpt = None,
+    machine_options: OptionBlock = MACHINE,
+    llama_options: OptionBlock = RUN_TOOLS,
+    machine_details: OptionBlock = MACHINE_DETAILS,
     exact: ExactOpt = False,
     no_network: NoNetworkOpt = False,
-    host: HostOpt = "127.0.0.1",
-    port: PortOpt = 8080,
-    alias: AliasOpt = None,
-    api_key_env: ApiKeyEnvOpt = None,
-    rpc_bind: RpcBindOpt = None,
-    rpc_cache: RpcCacheOpt = True,
-    fmt: FormatOpt = "line",
-    model_source: ModelSourceOpt = "local",
-    script: ScriptOpt = None,
-    force: ForceOpt = False,
-    preset: PresetOpt = None,
-    swap_config: SwapConfigOpt = None,
-    modelfile: ModelfileOpt = None,
-    ttl: TtlOpt = 900,
+    launch_options: OptionBlock = LAUNCH,
+    file_options: OptionBlock = LAUNCH_FILES,
     json_: JsonOpt = False,
+    **options: Any,
 ) -> None:
     """Pick, download + verify, and print (or --script) the llama-server command: the whole job."""
 
-    given = locals()
+    given = {**locals(), **options}
     from quantpick.cli import output
     from quantpick.cli.confirm import report_confirmation
     from quantpick.cli.download import transfer_progress
@@ -399,13 +331,13 @@ def get_cmd(
     machine = MachineOptions.of(given).machine()
     llama = LlamaCppOptions.of(given)
     shown = OutputOptions.of(given)
-    if model_source == "hf":
+    if launch.model_source == "hf":
         # llama-server fetches the file itself: plan (on the hub's header), nothing to download.
         plan.request()  # its options are checked first, as for a download
         _write_from_hub(
             plan, manifest, machine, launch, llama, eco,
             json_doc={"dry_run": dry_run, "fetch": None, "files": None} if json_ else None,
-            script=None if dry_run else script, announce=not shown.silent,
+            script=None if dry_run else launch.script, announce=not shown.silent,
         )  # fmt: skip
         return
     inputs = plan.inputs(manifest, machine)
@@ -417,7 +349,7 @@ def get_cmd(
     progress, live = transfer_progress(shown.silent)
     result = get(
         GetRequest(
-            inputs, dest_dir=dir_, source=source, allow_unverified=allow_unverified,
+            inputs, dest_dir=fetch.dir_, source=source, allow_unverified=allow_unverified,
             dry_run=dry_run, confirm=llama.confirm(machine),
         ),
         settings=settings, progress=progress, on_plan=announce, live=live,
@@ -426,15 +358,15 @@ def get_cmd(
     for warning in result.warnings:
         output.warn(warning)
     if not dry_run:
-        report_confirmation(result.confirmation, machine, no_confirm, quiet=shown.silent)
-    caps = installed_capabilities(machine, llama_server, llama.timeout_s)
-    dest = dir_ or settings.models_dir / manifest.id
-    doc = _report_fetch(result, manifest, machine, dest, dry_run=dry_run, vision=vision,
+        report_confirmation(result.confirmation, machine, llama.no_confirm, quiet=shown.silent)
+    caps = installed_capabilities(machine, llama.llama_server, llama.timeout_s)
+    dest = fetch.dir_ or settings.models_dir / manifest.id
+    doc = _report_fetch(result, manifest, machine, dest, dry_run=dry_run, vision=plan.vision,
                         json_=json_)  # fmt: skip
     write_command(
         result.plan, manifest, machine, launch, capabilities=caps,
         model_path=result.model_path, mmproj_path=result.mmproj_path, json_doc=doc, eco=eco,
-        script=None if dry_run else script,
+        script=None if dry_run else launch.script,
     )  # fmt: skip
 
 

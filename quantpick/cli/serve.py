@@ -41,42 +41,32 @@ from quantpick.cli.groups import (
     OutputOptions,
     PlanOptions,
 )
+from quantpick.cli.option_blocks import CHOICE, OptionBlock, with_blocks
 from quantpick.cli.options import (
-    DEFAULT_MIN_TPS,
-    AllowQ4Opt,
     BackendOpt,
     CpuOnlyOpt,
     CtxOpt,
-    DraftOpt,
     ExactOpt,
     GpuOverheadOpt,
     JsonOpt,
-    KvOpt,
-    KvuOpt,
     LlamaBinOpt,
     LlamaServerOpt,
     MarginOpt,
-    MinTpsOpt,
     MmprojOpt,
     ModelArg,
-    ModelDirOpt,
     NoConfirmOpt,
     NoNetworkOpt,
-    NoOffloadOpt,
-    NpOpt,
-    PreferOpt,
     QuantOpt,
     RamReserveOpt,
     RpcOpt,
-    SpecOpt,
-    VisionOpt,
 )
 
 if TYPE_CHECKING:
     from quantpick.config import Settings
     from quantpick.jobs.serve import ServeResult
     from quantpick.serve.command import ServerOptions
-    from quantpick.serve.server import Ended, ServerRecord
+    from quantpick.serve.server import Ended
+    from quantpick.serve.server_records import ServerRecord
 
 DEFAULT_PORT = 8080  # llama-server's own default (common/common.h)
 
@@ -190,7 +180,7 @@ def _print_check(check: Any, error: str | None) -> None:
 def _status(settings: Settings, alias: str | None, port: int | None, json_: bool) -> None:
     from quantpick.cli import output
     from quantpick.process import escaped
-    from quantpick.serve.server import scan_records, select_records
+    from quantpick.serve.server_records import scan_records, select_records
 
     scan = scan_records(settings.servers_dir)
     for problem in scan.problems:
@@ -235,7 +225,8 @@ def _stop(settings: Settings, alias: str | None, port: int | None, json_: bool) 
     from quantpick.cli import output
     from quantpick.errors import QuantpickError, UsageError
     from quantpick.process import escaped
-    from quantpick.serve.server import scan_records, select_records, stop_record
+    from quantpick.serve.server import stop_record
+    from quantpick.serve.server_records import scan_records, select_records
 
     scan = scan_records(settings.servers_dir)
     for problem in scan.problems:
@@ -268,6 +259,7 @@ def _stop(settings: Settings, alias: str | None, port: int | None, json_: bool) 
 
 
 @app.command("serve")
+@with_blocks
 def serve_cmd(
     model: ModelArg = None,
     ctx_size: CtxOpt = 0,
@@ -281,17 +273,7 @@ def serve_cmd(
         ),
     ] = None,
     mmproj: MmprojOpt = None,
-    parallel: NpOpt = 1,
-    kv_unified: KvuOpt = False,
-    prefer: PreferOpt = "balanced",
-    vision: VisionOpt = False,
-    min_tps: MinTpsOpt = DEFAULT_MIN_TPS,
-    spec: SpecOpt = "auto",
-    draft: DraftOpt = None,
-    allow_q4_kv: AllowQ4Opt = False,
-    kv: KvOpt = None,
-    no_offload: NoOffloadOpt = False,
-    dir_: ModelDirOpt = None,
+    choice_options: OptionBlock = CHOICE,
     source: SourceOpt = "auto",
     allow_unverified: AllowUnverifiedOpt = False,
     reuse: ReuseOpt = None,
@@ -340,11 +322,12 @@ def serve_cmd(
         ),
     ] = False,
     json_: JsonOpt = False,
+    **options: Any,
 ) -> None:
     """Plan, fetch (or reuse) and verify, confirm with llama.cpp, then run llama-server with the
     plan's flags and wait until it answers; print the endpoint (OpenAI base URL, model, context).
     Stays in the foreground until Ctrl-C (exit 130) or SIGTERM (143), unless --detach."""
-    given = locals()
+    given = {**locals(), **options}
     from quantpick.cli import output
     from quantpick.errors import UsageError
     from quantpick.serve.server import stop_signals
@@ -411,10 +394,10 @@ def _show_and_wait(
         Ended,
         StopRequested,
         exit_code_for,
-        remove_record,
         run_until_stopped,
         stop_process,
     )
+    from quantpick.serve.server_records import remove_record
 
     running = result.running
     try:

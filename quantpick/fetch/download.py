@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from quantpick.errors import DownloadError, QuantpickError, UsageError, VerificationError
 from quantpick.fetch.atomic import os_error, write_atomic
+from quantpick.fetch.download_dir import SPACE_MARGIN, make_dir
 from quantpick.fetch.fetch_plan import (
     FetchPlan,
     FetchReport,
@@ -28,19 +29,10 @@ from quantpick.fetch.fetch_plan import (
     plan_fetch,
     wanted_files,
 )
+from quantpick.fetch.file_lock import DEFAULT_LOCK_TIMEOUT, acquire_file_lock
+from quantpick.fetch.progress import DownloadResult, NullProgress, ProgressSink
 from quantpick.fetch.segments import policy_for
-from quantpick.fetch.transfer import (
-    DEFAULT_LOCK_TIMEOUT,
-    SPACE_MARGIN,
-    DiskSpaceError,
-    DownloadResult,
-    NullProgress,
-    ProgressSink,
-    acquire_file_lock,
-    download_file,
-    make_dir,
-    part_paths,
-)
+from quantpick.fetch.transfer import DiskSpaceError, download_file, part_paths
 from quantpick.hub.base import RemoteFile, RepoSource
 from quantpick.hub.http import RetryPolicy, UnreachableError, default_policy
 from quantpick.hub.sources import open_source

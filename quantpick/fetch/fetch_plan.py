@@ -13,16 +13,10 @@ from typing import TYPE_CHECKING, Any
 
 from quantpick.errors import UsageError, VerificationError
 from quantpick.fetch.atomic import os_error
+from quantpick.fetch.download_dir import SPACE_MARGIN, existing_parent, free_bytes
 from quantpick.fetch.partfile import part_bytes
-from quantpick.fetch.transfer import (
-    SPACE_MARGIN,
-    DownloadResult,
-    NullProgress,
-    ProgressSink,
-    existing_parent,
-    free_bytes,
-    part_paths,
-)
+from quantpick.fetch.progress import DownloadResult, NullProgress, ProgressSink
+from quantpick.fetch.transfer import part_paths
 from quantpick.hub.base import RepoSource
 from quantpick.hub.http import BodyTooLarge
 from quantpick.hub.verify import (

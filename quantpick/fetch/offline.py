@@ -9,10 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from quantpick.errors import VerificationError
-from quantpick.fetch.transfer import (
-    NullProgress,
-    ProgressSink,
-)
+from quantpick.fetch.progress import NullProgress, ProgressSink
 from quantpick.hub.verify import (
     CHECKSUMS_MAX_BYTES,
     parse_sha256sums,

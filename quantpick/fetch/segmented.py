@@ -40,6 +40,7 @@ from quantpick.fetch.partfile import (
     write_sidecar,
 )
 from quantpick.fetch.segments import Concurrency, RangeSet, Scheduler, Segment, SegmentPolicy
+from quantpick.fetch.write_behind import WakeThread
 from quantpick.hub.http import (
     HeadersFor,
     KeepAlive,
@@ -367,15 +368,12 @@ class _Run:
             return self.fetched - self._saved_at_bytes >= CHECKPOINT_BYTES
 
 
-class _Checkpoints:
+class _Checkpoints(WakeThread):
     """Starts a save every CHECKPOINT_SECONDS, or sooner when poked (CHECKPOINT_BYTES written)."""
 
     def __init__(self, run: _Run) -> None:
         self._run = run
-        self._wake = threading.Event()
-        self._stopping = False
-        self._thread = threading.Thread(target=self._loop, daemon=True, name="quantpick-ckpt")
-        self._thread.start()
+        super().__init__("quantpick-ckpt")
 
     def _loop(self) -> None:
         started = time.monotonic()
@@ -390,14 +388,6 @@ class _Checkpoints:
             except BaseException as exc:  # noqa: BLE001 - re-raised by the conductor
                 self._run.fail(exc)
                 return
-
-    def poke(self) -> None:
-        self._wake.set()
-
-    def close(self) -> None:
-        self._stopping = True
-        self._wake.set()
-        self._thread.join()
 
 
 # ---------------------------------------------------------------------------------------------

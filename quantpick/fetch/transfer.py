@@ -28,20 +28,17 @@ Guarantees:
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import http.client
 import os
-import queue
 import shutil
 import stat
-import threading
 import time
 from collections.abc import Callable
 from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from quantpick.errors import DownloadError, VerificationError
 from quantpick.fetch.atomic import (
@@ -51,6 +48,8 @@ from quantpick.fetch.atomic import (
     fsync_dir,
     os_error,
 )
+from quantpick.fetch.download_dir import SPACE_MARGIN, free_bytes, make_dir
+from quantpick.fetch.file_lock import DEFAULT_LOCK_TIMEOUT, acquire_file_lock
 from quantpick.fetch.partfile import (
     CHUNK,
     Content,
@@ -65,9 +64,11 @@ from quantpick.fetch.partfile import (
     write_sidecar,
     written_ranges,
 )
+from quantpick.fetch.progress import DownloadResult, NullProgress, ProgressSink
 from quantpick.fetch.segmented import FallBack, SegmentedJob, fetch_segmented
 from quantpick.fetch.segmented import available as segmented_available
 from quantpick.fetch.segments import RangeSet, SegmentPolicy
+from quantpick.fetch.write_behind import Flusher, HashPipe
 from quantpick.hub.base import RemoteFile
 from quantpick.hub.http import (
     HeadersFor,
@@ -83,214 +84,12 @@ from quantpick.hub.http import (
 )
 from quantpick.hub.verify import hash_open_file
 
-SPACE_MARGIN = 128 * 1024 * 1024  # keep this much free beyond the bytes still to fetch
-# How long a second process waits while the lock holder makes no visible progress (its .part
-# neither grows nor changes, no final file appears) before it gives up. A live holder can be quiet
-# for a while without being stuck: a 300 s Retry-After (RetryPolicy.max_retry_after) plus its
-# backoff, or hashing a 20 GB file on a 150 MB/s disk (~130 s). 600 s covers both.
-DEFAULT_LOCK_TIMEOUT = 600.0
-LOCK_POLL_SECONDS = 1.0  # how often a waiter retries the lock and looks at the holder's progress
 # re-exported: callers import them from here
 __all__ = ["CHUNK", "DiskSpaceError", "LocalFileError", "part_paths"]
 
 
-class ProgressSink(Protocol):
-    def message(self, text: str) -> None: ...
-    def total_started(self, n_files: int, total_bytes: int) -> None: ...
-    def file_started(self, name: str, total: int | None, done: int) -> None: ...
-    def advance(self, name: str, n_bytes: int) -> None: ...
-    def file_finished(self, name: str, result: DownloadResult) -> None: ...
-
-    # Optional (looked up with getattr): `connections(name, n)`, the connection count of a
-    # segmented transfer when it changes (quantpick.cli.download's terminal bars show it).
-
-
-class NullProgress:
-    def message(self, text: str) -> None:
-        pass
-
-    def total_started(self, n_files: int, total_bytes: int) -> None:
-        pass
-
-    def file_started(self, name: str, total: int | None, done: int) -> None:
-        pass
-
-    def advance(self, name: str, n_bytes: int) -> None:
-        pass
-
-    def file_finished(self, name: str, result: DownloadResult) -> None:
-        pass
-
-
-@dataclass(frozen=True)
-class DownloadResult:
-    name: str
-    path: Path
-    size: int
-    sha256: str
-    verified: bool  # the sha256 matched a known hash (False only with --allow-unverified)
-    bytes_fetched: int  # bytes transferred by this run (0 when the file was already there)
-    resumed_from: int  # bytes of an earlier run kept (0: started from scratch)
-    source: str  # label of the source used, e.g. "hf:org/name@1a2b3c4d5e6f"
-    reused: bool  # the final file was already present and verified
-    connections: int = 0  # most connections used at once (0: nothing transferred)
-    seconds: float = 0.0  # wall time of the transfer, verification and fsync included
-
-    @property
-    def rate(self) -> float | None:
-        """Bytes per second of this run's transfer (None when nothing was transferred)."""
-        if not self.bytes_fetched or self.seconds <= 0:
-            return None
-        return self.bytes_fetched / self.seconds
-
-    def as_dict(self) -> dict[str, Any]:
-        """The JSON form (`--json` of download and get)."""
-        rate = self.rate
-        return {
-            "name": self.name,
-            "path": str(self.path),
-            "size": self.size,
-            "sha256": self.sha256,
-            "verified": self.verified,
-            "bytes_fetched": self.bytes_fetched,
-            "resumed_from": self.resumed_from,
-            "reused": self.reused,
-            "source": self.source,
-            "connections": self.connections,
-            "seconds": round(self.seconds, 3),
-            "rate_bytes_per_s": round(rate) if rate is not None else None,
-        }
-
-
 # ---------------------------------------------------------------------------------------------
-# Locks, directories, free space
-
-
-def lock_path(dest: Path) -> Path:
-    """The lock of a target file: beside it (hidden), so every process that writes the file sees
-    it, whatever its user or QUANTPICK_HOME. It stays after use, empty, as filelock's UnixFileLock
-    leaves it ("the file stays in place on release so waiters share the same inode"): unlinking
-    a flock file that others may be waiting on lets a waiter lock a dead inode."""
-    return dest.with_name(f".{dest.name}.lock")
-
-
-def shared_mode(directory: Path) -> int:
-    """The mode for a lock file in `directory`: rw-r--r--, plus group/other write when the
-    directory grants them. Whoever may create files there (two users sharing a models volume
-    through a group, or a world-writable one) can then open the lock and wait on it; nobody else
-    gains anything. Applied with fchmod after creation (filelock's explicit `mode`), so the
-    creator's umask (typically 022) does not narrow it."""
-    mode = 0o644
-    try:
-        dir_mode = os.stat(directory).st_mode
-    except OSError:
-        return mode
-    if dir_mode & stat.S_IWGRP:
-        mode |= stat.S_IWGRP
-    if dir_mode & stat.S_IWOTH:
-        mode |= stat.S_IWOTH
-    return mode
-
-
-def make_dir(directory: Path) -> None:
-    """Create `directory` (and parents), or say precisely why it cannot be."""
-    with os_step("cannot create the download directory", directory):
-        directory.mkdir(parents=True, exist_ok=True)
-    if not os.access(directory, os.W_OK | os.X_OK):
-        read_only = _read_only(directory)
-        raise LocalFileError(
-            f"cannot write in the download directory: {directory}: "
-            + ("Read-only file system" if read_only else "Permission denied"),
-            hint="choose a directory you can write to (--dir)",
-            path=str(directory),
-            os_errno=errno.EROFS if read_only else errno.EACCES,
-        )
-
-
-def _read_only(directory: Path) -> bool:
-    try:
-        return bool(os.statvfs(directory).f_flag & os.ST_RDONLY)
-    except (OSError, AttributeError):
-        return False
-
-
-def _progress_mark(dest: Path, part: Path) -> tuple[Any, ...]:
-    """What a waiter watches to tell a working lock holder from a stuck one."""
-    marks: list[Any] = []
-    for path in (part, dest):
-        try:
-            st = path.stat()
-            marks.append((st.st_ino, st.st_size, st.st_mtime_ns))
-        except OSError:
-            marks.append(None)
-    return tuple(marks)
-
-
-def acquire_file_lock(
-    dest: Path,
-    *,
-    stall_timeout: float = DEFAULT_LOCK_TIMEOUT,
-    progress: ProgressSink | None = None,
-    poll: float = LOCK_POLL_SECONDS,
-    clock: Callable[[], float] = time.monotonic,
-) -> Any:
-    """Hold `<dest>.lock`; wait while another holder makes progress on dest's .part.
-
-    Returns the acquired filelock.FileLock (release it). Raises DownloadError when the holder
-    shows no progress for `stall_timeout` seconds, LocalFileError when the lock cannot be opened.
-    """
-    from filelock import FileLock, Timeout
-
-    progress = progress or NullProgress()
-    path = lock_path(dest)
-    part, _ = part_paths(dest)
-    lock = FileLock(str(path), mode=shared_mode(dest.parent))
-    mark = _progress_mark(dest, part)
-    quiet_since = clock()
-    announced = False
-    while True:
-        try:
-            lock.acquire(timeout=poll)
-            return lock
-        except Timeout:  # a TimeoutError, hence an OSError: caught first
-            pass
-        except OSError as exc:
-            raise os_error(
-                "cannot open the lock file",
-                path,
-                exc,
-                hint="it must be writable by every user who downloads into this directory",
-            ) from None
-        now = _progress_mark(dest, part)
-        if now != mark:
-            mark, quiet_since = now, clock()
-        elif clock() - quiet_since >= stall_timeout:
-            raise DownloadError(
-                f"another quantpick process is downloading {dest} and has made no progress for "
-                f"{stall_timeout:g} s (it holds {path})",
-                hint="if that process is stuck, stop it and run the command again; if it is "
-                "working (hashing a large file, waiting out a hub's Retry-After), run again later",
-            )
-        if not announced:
-            progress.message(
-                f"{dest.name}: another quantpick process is downloading it; waiting while it "
-                "makes progress"
-            )
-            announced = True
-
-
-def existing_parent(where: Path) -> Path:
-    """`where`, or its nearest ancestor that exists (what a not-yet-created directory is on)."""
-    probe = where
-    while not probe.exists() and probe != probe.parent:
-        probe = probe.parent
-    return probe
-
-
-def free_bytes(where: Path, disk_usage: Callable[[str], Any]) -> int:
-    probe = existing_parent(where)
-    with os_step("cannot read the free space of", probe):
-        return int(disk_usage(str(probe)).free)
+# The file at its final name: hashed, moved aside on a mismatch; the .part opened unbuffered
 
 
 def _hash_named_file(path: Path) -> str | None:
@@ -327,97 +126,6 @@ def _open_part(path: Path) -> Any:
     return open(open_part(path, os.O_RDWR), "r+b", buffering=0)  # noqa: SIM115 - caller closes
 
 
-# ---------------------------------------------------------------------------------------------
-# The single stream's helpers
-
-
-class _HashPipe:
-    """sha256 on a second thread, overlapping the socket reads and file writes.
-
-    hashlib releases the GIL on large updates, so on 2+ cores hashing costs no wall time (the
-    notes measured hashing in line at ~0.6 s of CPU per GiB, over half of a loopback transfer).
-    Buffers circulate: buffer() -> readinto -> write -> feed() -> hashed -> back to the pool.
-    """
-
-    def __init__(self, hasher: Any, n_buffers: int = 4) -> None:
-        self._hasher = hasher
-        self._free: queue.SimpleQueue[bytearray] = queue.SimpleQueue()
-        for _ in range(n_buffers):
-            self._free.put(bytearray(CHUNK))
-        self._work: queue.Queue[tuple[bytearray, int] | None] = queue.Queue()
-        self._thread = threading.Thread(target=self._run, daemon=True, name="quantpick-sha256")
-        self._thread.start()
-
-    def _run(self) -> None:
-        while True:
-            item = self._work.get()
-            try:
-                if item is None:
-                    return
-                buffer, n = item
-                self._hasher.update(memoryview(buffer)[:n])
-                self._free.put(buffer)
-            finally:
-                self._work.task_done()
-
-    def buffer(self) -> bytearray:
-        return self._free.get()
-
-    def give_back(self, buffer: bytearray) -> None:
-        self._free.put(buffer)
-
-    def feed(self, buffer: bytearray, n: int) -> None:
-        self._work.put((buffer, n))
-
-    def reset(self) -> None:
-        """Start over from byte 0 (after everything queued so far is done)."""
-        self._work.join()
-        self._hasher = hashlib.sha256()
-
-    def hexdigest(self) -> str:
-        self._work.join()
-        return str(self._hasher.hexdigest())
-
-    def close(self) -> None:
-        if self._thread.is_alive():
-            self._work.put(None)
-            self._thread.join()
-
-
-class _Flusher:
-    """Writeback while the download goes on: every FLUSH_EVERY bytes written, fdatasync runs on a
-    thread (it releases the GIL), so the fsync before the final rename waits for the tail only,
-    not for the whole file. Without it the kernel starts writing back only past its dirty
-    threshold (10 % of RAM by default), and on a fast link the whole file waits at the end."""
-
-    def __init__(self, fd: int) -> None:
-        self._fd = fd
-        self._sync = getattr(os, "fdatasync", os.fsync)  # macOS has no fdatasync
-        self._wake = threading.Event()
-        self._stopping = False
-        self._thread = threading.Thread(target=self._run, daemon=True, name="quantpick-flush")
-        self._thread.start()
-
-    def _run(self) -> None:
-        while True:
-            self._wake.wait()
-            self._wake.clear()
-            if self._stopping:
-                return
-            try:
-                self._sync(self._fd)
-            except OSError:
-                pass  # the final fsync, on the main thread, reports any error
-
-    def poke(self) -> None:
-        self._wake.set()
-
-    def close(self) -> None:
-        self._stopping = True
-        self._wake.set()
-        self._thread.join()
-
-
 # Bytes between background fdatasyncs. benchmarks/download.py, 1 GiB on loopback, cost of
 # durability (median of 5, durable minus not): +2.32 s with no background flush, +1.22 s every
 # 256 MiB, +1.01 s every 64 MiB; at 100 MB/s, +0.10 s per 512 MiB.
@@ -427,12 +135,12 @@ FLUSH_EVERY = 64 * 1024 * 1024
 @dataclass
 class _State:
     offset: int
-    hasher: _HashPipe
+    hasher: HashPipe
     fetched: int = 0
     # Bytes of an earlier run that this one kept (the .part it started from); 0 once it had to
     # start again from byte 0. Right even when the .part was complete and no request was made.
     resumed_from: int = 0
-    flusher: _Flusher | None = None
+    flusher: Flusher | None = None
     next_flush: int = FLUSH_EVERY
 
 
@@ -721,7 +429,7 @@ class FileTransfer:
                 self._hash_prefix(hasher, offset)
         state = _State(
             offset=offset,
-            hasher=_HashPipe(hasher),
+            hasher=HashPipe(hasher),
             fetched=fetched,
             resumed_from=min(offset, self.resumed_from),
         )
@@ -732,7 +440,7 @@ class FileTransfer:
             with os_step("cannot open the partial download", self.part):
                 handle = _open_part(self.part)
             if self.durable:
-                state.flusher = _Flusher(handle.fileno())
+                state.flusher = Flusher(handle.fileno())
                 state.next_flush = state.offset + FLUSH_EVERY
             try:
                 self._fetch_into(handle, state)

@@ -122,8 +122,9 @@ def check_server(req: CheckRequest, *, settings: Settings) -> CheckResult:
     server's own /props (a comparison of the server with itself: measured figures only)."""
     from quantpick.plan.check import MIN_DECODE_TOKENS, GpuUse, Observed, PlannedServer, compare
     from quantpick.serve.live import read_server
-    from quantpick.serve.server import list_records, process_memory
+    from quantpick.serve.processes import process_memory
     from quantpick.serve.server_log import read_log
+    from quantpick.serve.server_records import list_records
 
     records = list_records(req.servers_dir or settings.servers_dir)
     record = find_record(records, req.target)

@@ -14,7 +14,7 @@ from quantpick.jobs.plan import PlanInputs, plan_for, plan_on_local_file
 if TYPE_CHECKING:
     from quantpick.config import Settings
     from quantpick.fetch.fetch_plan import FetchReport
-    from quantpick.fetch.transfer import ProgressSink
+    from quantpick.fetch.progress import ProgressSink
     from quantpick.jobs.confirm import ConfirmOptions, ConfirmReport
     from quantpick.jobs.tuning import Tuning
     from quantpick.plan.plan_types import Plan

@@ -20,7 +20,7 @@ from quantpick.jobs.plan import plan_for
 
 if TYPE_CHECKING:
     from quantpick.config import Settings
-    from quantpick.fetch.transfer import ProgressSink
+    from quantpick.fetch.progress import ProgressSink
     from quantpick.jobs.confirm import ConfirmReport
     from quantpick.jobs.get import GetResult
     from quantpick.jobs.tuning import Tuning
@@ -196,7 +196,8 @@ def serve(
         except BaseException:
             # Ctrl-C / SIGTERM while it is checked: nothing has reported the server yet, so it
             # is stopped like one interrupted while loading (the caller says so)
-            from quantpick.serve.server import remove_record, stop_process
+            from quantpick.serve.server import stop_process
+            from quantpick.serve.server_records import remove_record
 
             stop_process(running.process.pid, process=running.process)
             remove_record(directory, running.record)

@@ -44,7 +44,6 @@ def local_tuning(
     from quantpick.machine.llamacpp import find_llama_server, inspect_llama_server
     from quantpick.plan.build_class import PINNED, compute_rule
     from quantpick.plan.calibration import build_id
-    from quantpick.serve.calibration import load_calibration
 
     notes: list[str] = []
     recorded = machine.llama_server
@@ -67,7 +66,8 @@ def local_tuning(
     if not use_calibration:
         return Tuning(rule, notes=(*notes, "calibration off (--no-calibration): uncalibrated"),
                       build=build)  # fmt: skip
-    from quantpick.serve.calibration import load_memory_calibration
+    # a profile is this machine's: read only when planning for it
+    from quantpick.serve.calibration import load_calibration, load_memory_calibration
 
     memory, memory_why = load_memory_calibration(machine, build, sizes=sizes, settings=settings)
     if memory is not None:

@@ -22,6 +22,7 @@ Usage:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -502,6 +503,7 @@ def normalize_gpu_name(text: str) -> str:
     return _NOISE.sub("", s)
 
 
+@functools.cache
 def _index() -> dict[str, tuple[GpuModel, ...]]:
     """Normalized name -> the entries it names (an NVML name can cover two memory sizes)."""
     table: dict[str, list[GpuModel]] = {}
@@ -513,9 +515,6 @@ def _index() -> dict[str, tuple[GpuModel, ...]]:
     return {k: tuple(v) for k, v in table.items()}
 
 
-_BY_NAME = _index()
-
-
 def find_gpu(name: str, total_bytes: int | None = None) -> GpuModel | None:
     """The catalog entry for a forgiving name, or None.
 
@@ -525,8 +524,8 @@ def find_gpu(name: str, total_bytes: int | None = None) -> GpuModel | None:
     key = normalize_gpu_name(name)
     if not key:
         return None
-    if key in _BY_NAME:
-        entries = _BY_NAME[key]
+    if key in _index():
+        entries = _index()[key]
         if total_bytes is None or len(entries) == 1:
             return entries[0]
         return min(entries, key=lambda m: abs(m.total_bytes - total_bytes))
@@ -534,8 +533,8 @@ def find_gpu(name: str, total_bytes: int | None = None) -> GpuModel | None:
     # digits too, so try every split point ("309024g" -> "3090" + "24g").
     for cut in range(1, len(key)):
         prefix, suffix = key[:cut], key[cut:]
-        if prefix in _BY_NAME and re.fullmatch(r"\d+g", suffix):
-            for model in _BY_NAME[prefix]:
+        if prefix in _index() and re.fullmatch(r"\d+g", suffix):
+            for model in _index()[prefix]:
                 if model.total_bytes == int(suffix[:-1]) * _GiB:
                     return model
     return None

@@ -66,9 +66,13 @@ def cache_keys_for(
 
 
 def cache_keys(manifest: Manifest, files: tuple[ModelFile, ...]) -> list[str]:
-    """Keys that may hold this quant's header, most specific first."""
-    first = files[0]
-    keys = [sha256_key(first.sha256)] if first.sha256 else []
+    """Keys that may hold this quant's header (its first file's), most specific first."""
+    return file_cache_keys(manifest, files[0])
+
+
+def file_cache_keys(manifest: Manifest, file: ModelFile) -> list[str]:
+    """Keys that may hold one file's header: its sha256, then each pinned repository source."""
+    keys = [sha256_key(file.sha256)] if file.sha256 else []
     for source in manifest.sources:
         if (
             is_repository(source.kind)
@@ -76,7 +80,7 @@ def cache_keys(manifest: Manifest, files: tuple[ModelFile, ...]) -> list[str]:
             and pinned_revision(source.kind, source.revision)
         ):
             assert source.revision is not None
-            keys.append(source_key(source.kind, source.repo, source.revision, first.name))
+            keys.append(source_key(source.kind, source.repo, source.revision, file.name))
     return keys
 
 
@@ -435,15 +439,7 @@ def raw_headers(
     out: list[tuple[str, bytes, int]] = []
     problems: list[str] = []
     for f in files:
-        keys = [sha256_key(f.sha256)] if f.sha256 else []
-        for source in manifest.sources:
-            if (
-                is_repository(source.kind)
-                and source.repo
-                and pinned_revision(source.kind, source.revision)
-            ):
-                assert source.revision is not None
-                keys.append(source_key(source.kind, source.repo, source.revision, f.name))
+        keys = file_cache_keys(manifest, f)
         data = next((d for d in (load_raw_header(settings, k) for k in keys) if d), None)
         if data is None and network and not settings.offline:
             data = _read_raw(manifest, f.name, settings, problems)

@@ -15,6 +15,8 @@ from dataclasses import dataclass, field, replace
 from functools import lru_cache
 
 from quantpick.arch.base import AttentionKind, LayerView, MemoryClass, ModelView
+from quantpick.arch.graph import ArchLive, GraphSizes
+from quantpick.arch.registry import graph_trait
 from quantpick.errors import UsageError
 from quantpick.machine.backends import BackendKind, backend_of, host_buffer_names
 from quantpick.machine.spec import Gpu, Machine
@@ -29,8 +31,8 @@ from quantpick.model.ggml import (
 from quantpick.model.layout import INPUT_SLOT, ModelLayout, TensorInfo
 from quantpick.plan.compute import (
     GENERIC,
+    GPU_ESTIMATE,
     GRAPH_RULES,
-    OP_OFFLOAD_MIN_BATCH,
     PIPELINE_COPIES,
     UNCHECKED,
     ComputeAccuracy,
@@ -38,6 +40,7 @@ from quantpick.plan.compute import (
     DeviceGraph,
     accuracy,
     device_compute,
+    gpu_accuracy,
     graph_shape,
     output_buffer,
 )
@@ -478,15 +481,23 @@ def host_weight_tensor(
     host_pos: int,
     host_experts: list[int],
     skipped: Callable[[int], bool],
+    limit: int | None = None,
+    experts_only: bool = False,
 ) -> int:
     """The largest block weight held in host memory (routed experts under --n-cpu-moe / -ot, or
-    whole blocks under -ngl): what op offload copies into the first GPU, one tensor at a time."""
+    whole blocks under -ngl): what op offload copies into the first GPU, one tensor at a time.
+    With `limit` (a backend whose supports_op refuses larger tensors: ComputeTraits.ops_capped)
+    only the weights up to it are offloaded; `experts_only`: the largest routed-expert tensor."""
     best = 0
     for t in layout.tensors:
         if len(t.shape) < 2:
             continue
         slot = layout.slot_of(t.name)
         if slot == INPUT_SLOT or slot == layout.output_slot or skipped(slot):
+            continue
+        if limit is not None and t.n_bytes > limit:
+            continue
+        if experts_only and not (t.is_expert and host_experts[slot]):
             continue
         if slot_device[slot] == host_pos or (t.is_expert and host_experts[slot]):
             best = max(best, t.n_bytes)
@@ -752,9 +763,47 @@ def estimate(
     )
     shape = graph_shape(layout, ub, min(ub, n_outputs_max))
     graph_rule = GRAPH_RULES.get(arch.name, GENERIC)
+    # A backend whose supports_op refuses ops over the device's largest tensor
+    # (ComputeTraits.ops_capped: Vulkan's maxStorageBufferRange) leaves such ops to the CPU
+    # backend: their live set moves to the host's compute buffer.
+    traits = [backend_of(d.gpu.backend).compute for d in devs]
+    caps: list[int | None] = [
+        lim if t.ops_capped and isinstance(lim, int) and lim > 0 else None
+        for t, lim in ((t, d.gpu.max_tensor_bytes) for t, d in zip(traits, devs, strict=True))
+    ] + [None]
+
+    def refuses(pos: int, nbytes: int) -> bool:
+        cap = caps[pos]
+        return cap is not None and nbytes > cap
+
     kinds: list[dict[AttentionKind, int]] = [{} for _ in range(n_gpu + 1)]
+    trait = graph_trait(arch.name)
+    trait_pos: set[int] = set()  # devices running a layer the architecture's trait covers
     kq = [0] * (n_gpu + 1)
+    # A layer whose attention the device's backend refuses (its Q, its output or, without flash
+    # attention, its KQ matrix above the cap) has it computed on the host: the KQ there, the
+    # output (n_head x head_dim_v x n_ubatch x 4) back here as a split input
+    kq_host = 0
+    attn_moved = [False] * (n_gpu + 1)
+    attn_q_moved = [False] * (n_gpu + 1)
+    attn_back = [0] * (n_gpu + 1)  # the largest attention output a device gets back
+    # ... and the largest Q it hands over, beside the Q projection's output it was built from
+    # (attn_q, or MLA's attn_q_b: n_head x (nope + rope) wide)
+    attn_handoff = [0] * (n_gpu + 1)
+    host_received = 0  # split inputs of the host's part, summed over the layers it runs for others
+    q_proj_rows = {
+        layout.slot_of(t.name): t.shape[1]
+        for t in layout.tensors
+        if len(t.shape) == 2 and t.name.endswith((".attn_q.weight", ".attn_q_b.weight"))
+    }
+    attn_returned = [0] * (n_gpu + 1)  # summed over its layers
+    # a host layer's K and V: with op offload its flash attention runs on the offloading GPU too
+    # (the scheduler spreads a GPU's assignment to the ops around an offloaded matmul:
+    # ggml-backend.cpp ggml_backend_sched_split_graph, pass 2), which copies them in
+    host_layer_kv = 0
+    layer_kq: dict[int, int] = {}  # each attending layer's no-FA KQ matrix (bytes)
     remote: list[dict[int, int]] = [{} for _ in range(n_gpu + 1)]
+    remote_views = [0] * (n_gpu + 1)
     no_cache = view.memory is MemoryClass.NONE  # non-causal (diffusion): n_kv = the ubatch
     for layer in view.layers:
         reads_kv = layer.kv or layer.kv_shared_from is not None or no_cache
@@ -765,14 +814,52 @@ def estimate(
         cells = window_cells if layer.attention is AttentionKind.SLIDING else kv_size
         if no_cache:
             cells = ub
+        layer_kq[layer.index] = cells * ub * max(layer.n_head, 1) * 4
+        head_k = layer.k_width // max(layer.n_head_kv, 1)
+        head_v = (
+            layer.v_width // max(layer.n_head_kv, 1)
+            if layer.v_width
+            else max(view.head_v_sizes, default=head_k)  # MLA: the latent's width
+        )
+        q_bytes = ub * max(layer.n_head, 1) * head_k * 4
+        out_bytes = ub * max(layer.n_head, 1) * head_v * 4
+        if (
+            refuses(pos, q_bytes)
+            or refuses(pos, out_bytes)
+            or (not fa and refuses(pos, layer_kq[layer.index]))
+        ):
+            attn_moved[pos] = True
+            attn_q_moved[pos] = attn_q_moved[pos] or refuses(pos, q_bytes)
+            attn_back[pos] = max(attn_back[pos], out_bytes)
+            q_proj = ub * q_proj_rows.get(layer.index, 0) * 4
+            attn_handoff[pos] = max(attn_handoff[pos], q_bytes + q_proj)
+            attn_returned[pos] += out_bytes
+            kq_host = max(kq_host, layer_kq[layer.index])
+            # what the host receives for it: the Q, and the layer's K and V (views of a cache
+            # in device memory)
+            host_received += q_bytes + layer_kv_bytes(
+                layer, view, cells * n_stream, config.cache_type_k, config.cache_type_v, fa,
+                CPU_BUFFER,
+            )  # fmt: skip
+            kinds[host_pos][layer.attention] = cells
+            continue
         src = layer.kv_shared_from
         if src is not None and (slot_device[src] if config.kv_offload else host_pos) != pos:
             remote[pos][src] = layer_kv_bytes(
                 view.layers[src], view, cells * n_stream, config.cache_type_k,
                 config.cache_type_v, fa, CPU_BUFFER,
             )  # fmt: skip
+            # each layer's view of the shared cache is its own split input (DeviceGraph)
+            remote_views[pos] += remote[pos][src]
         kinds[pos][layer.attention] = cells
-        kq[pos] = max(kq[pos], cells * ub * max(layer.n_head, 1) * 4)
+        if pos == host_pos and layer.kv and fa:
+            host_layer_kv = max(host_layer_kv, layer_kv_bytes(
+                layer, view, cells * n_stream, config.cache_type_k, config.cache_type_v, fa,
+                CPU_BUFFER,
+            ))  # fmt: skip
+        if trait is not None and trait.layers(arch, layer.index):
+            trait_pos.add(pos)
+        kq[pos] = max(kq[pos], layer_kq[layer.index])
     all_kinds: dict[AttentionKind, int] = {}
     for k in kinds:
         all_kinds.update(k)
@@ -780,6 +867,35 @@ def estimate(
     # input it was cast from: a pre-cap CUDA log's CUDA_Host buffer is the f32 mask + 2E
     # (real-cuda.md, tests/data/cuda-logs.json)
     host_fa_bytes = 4 if config.fa_mask_f32 else 2
+    # the output head: its weight (the tied token_embd where there is no output.weight) and the
+    # logits it writes; either above the cap and the matmul runs on the host
+    head = next((t for t in layout.tensors if t.name == "output.weight"), None) or next(
+        (t for t in layout.tensors if t.name == "token_embd.weight"), None
+    )
+    output_compute = output_dev
+    if output_dev != host_pos and (
+        refuses(output_dev, shape.logits)
+        or (head is not None and refuses(output_dev, head.n_bytes))
+    ):
+        output_compute = host_pos
+    # what each device's layers get back from the ops the host ran for them: the attention's
+    # output after a KQ over the cap, the routed experts' outputs where their weights stayed in
+    # host memory over the cap (split inputs: ggml-backend.cpp:1514-1531)
+    returned = list(attn_returned)
+    # expert biases (gpt-oss): the gate and up results come back to be biased here, too
+    expert_bias = any(
+        t.name.endswith(("ffn_gate_exps.bias", "ffn_up_exps.bias")) for t in layout.tensors
+    )
+    experts_back = 2 * shape.moe_mid if expert_bias else 0
+    for layer in view.layers:
+        pos = slot_device[layer.index]
+        if pos == host_pos or skipped(layer.index) or caps[pos] is None:
+            continue
+        if host_experts[layer.index]:
+            returned[pos] += shape.moe_out + experts_back
+            # the host receives the normed hidden state (and the selected experts, small), and
+            # with expert biases the biased gate and up product for the down matmul
+            host_received += shape.e + (shape.moe_mid if expert_bias else 0)
     # a cache other than f16: a GPU's flash attention converts one layer's K and V to f16
     kv_convert = 0
     if fa and (config.cache_type_k, config.cache_type_v) != ("f16", "f16"):
@@ -787,14 +903,28 @@ def estimate(
             (kv_size * n_stream * (lv.k_width + lv.v_width) * 2 for lv in view.layers if lv.kv),
             default=0,
         )
+    # the architecture's own live set in an attention layer (arch/graph.py), on each device
+    # running one; the reserved ubatch is a multiple of n_seq_max (src/llama-context.cpp:2529)
+    n_seq = max(1, config.n_parallel)
+    sizes = GraphSizes(-(-ub // n_seq) * n_seq, kv_size, n_stream, n_seq, 2 if fa else 4)
+    arch_live = trait.live(arch, sizes) if trait is not None else ArchLive()
     backends = [backend_kind(d) for d in devs] + [ComputeBackend.CPU]
     # op offload: the first device whose backend takes offloaded ops (a local GPU; an RPC device
     # never does: its offload_op is NULL, ggml-rpc.cpp device interface)
     op_offload_pos = next(
         (p for p, d in enumerate(devs) if not d.is_rpc and backends[p] is ComputeBackend.GPU), None
     )
-    offloading = op_offload_pos is not None and ub >= OP_OFFLOAD_MIN_BATCH
-    host_weight = host_weight_tensor(layout, slot_device, host_pos, host_experts, skipped)
+    offloading = op_offload_pos is not None and ub >= traits[op_offload_pos].offload_min_batch
+    op_cap = caps[op_offload_pos] if op_offload_pos is not None else None
+    host_weight = host_weight_tensor(layout, slot_device, host_pos, host_experts, skipped, op_cap)
+    # routed experts in host memory that the offloading device refuses stay the host's to compute
+    experts_offloaded = offloading and not (
+        op_cap is not None
+        and host_weight_tensor(
+            layout, slot_device, host_pos, host_experts, skipped, experts_only=True
+        )
+        > op_cap
+    )
     for pos in range(n_gpu + 1):
         a = acc[pos]
         is_host = pos == host_pos
@@ -806,16 +936,34 @@ def estimate(
                 backend=backends[pos],
                 is_host=is_host,
                 holds_layers=bool(block_layers) or (bool(kinds[pos]) and not is_host),
-                holds_output=pos == output_dev and bool(computes),
+                holds_output=(pos == output_dev and bool(computes))
+                or (pos == output_compute != output_dev),
+                output_elsewhere=pos == output_dev != output_compute,
+                returned=host_received if is_host else returned[pos],
+                experts_back=experts_back if pos < n_gpu and caps[pos] is not None else 0,
                 mask_f16=mask_cells * ub * (host_fa_bytes if is_host else 2),
                 mask_f32=mask_cells * ub * 4,
-                kq=0 if fa else kq[pos],
+                kq=0 if fa else (max(kq_host, kq[pos]) if is_host else kq[pos]),
+                attn_elsewhere=attn_moved[pos],
+                attn_back=attn_back[pos],
+                attn_handoff=attn_handoff[pos],
+                attn_q_elsewhere=attn_q_moved[pos],
                 flash_attn=fa,
-                host_experts=is_host and any(host_experts) and not offloading,
-                offload_weight=host_weight if offloading and pos == op_offload_pos else 0,
+                host_experts=is_host and any(host_experts) and not experts_offloaded,
+                offload_weight=max(host_weight, host_layer_kv)
+                if offloading and pos == op_offload_pos
+                else 0,
                 copies=copies,
                 remote_kv=sum(remote[pos].values()),
-                kv_convert=kv_convert,
+                remote_kv_views=remote_views[pos],
+                arch_live=(
+                    arch_live
+                    if pos in trait_pos
+                    else ArchLive(inputs=arch_live.inputs)
+                    if is_host
+                    else ArchLive()
+                ),
+                kv_convert=kv_convert if pos < n_gpu and traits[pos].fa_kv_convert else 0,
                 experts=bool(a.experts) or not view.is_moe,
             ),
             shape,
@@ -877,6 +1025,16 @@ def estimate(
     corrections = dict(overheads.device_correction_bytes)
     # the rule is checked for a known architecture and the current build class
     checked = view.known and not config.fa_mask_f32
+    # each GPU's expected error: its backend's (machine/backends ComputeTraits), the op-offload
+    # one on the device that runs host-resident layers' matmuls where the backend has one
+    gpu_acc = [GPU_ESTIMATE] * (n_gpu + 1)
+    for pos in range(n_gpu):
+        tr = traits[pos]
+        offloaded_here = offloading and pos == op_offload_pos and host_weight > 0
+        if offloaded_here and tr.offload_expected_error:
+            gpu_acc[pos] = gpu_accuracy(tr.offload_expected_error, tr.offload_error_basis)
+        else:
+            gpu_acc[pos] = gpu_accuracy(tr.expected_error, tr.error_basis)
     devices: list[DeviceEstimate] = []
     # Unified memory (docs/backends.md): a local GPU whose memory is the host's draws on the same
     # RAM as the host's buffers. Its own budget is the share the OS lets it take (its free_bytes:
@@ -928,7 +1086,7 @@ def estimate(
                 expert_layers=tuple(a.experts),
                 endpoint=endpoint,
                 correction_bytes=correction,
-                compute_accuracy=accuracy(backends[pos], checked),
+                compute_accuracy=accuracy(backends[pos], checked, gpu_acc[pos]),
                 backend=backend,
                 unified=unified,
             )

@@ -39,9 +39,10 @@ Prefill of one ubatch (`prefill_seconds`) is compute-bound on a GPU: 2 x paramet
 (FP16 tensor TFLOPS x `gemm_efficiency`: a dense matmul sees the ubatch, a routed expert the
 ubatch's tokens that pick it, on a lower ceiling; FP4 experts on Blackwell run on its FP4 tensor
 cores), the weights streamed once per MMQ tile of tokens, flash attention over the fill at
-`attention_compute_efficiency`, the same fixed cost; routed experts in RAM cross PCIe once per
-ubatch (llama.cpp copies host weights to the GPU for batches of 32 tokens or more) at
-`pcie_efficiency` of the link; on the CPU it runs at `cpu_core_gflops` per core; RPC stages
+`attention_compute_efficiency`, the same fixed cost; weights in RAM cross PCIe once per ubatch
+(llama.cpp copies host weights to the GPU for batches of 32 tokens or more; of the routed
+experts only those the ubatch's tokens picked: `offload_copy_bytes`) at `pcie_efficiency` of
+the link; on the CPU it runs at `cpu_core_gflops` per core; RPC stages
 exchange the ubatch's activations and mask over the network.
 
 The constants in `SpeedParams` are fitted to published llama.cpp runs of ten architectures by
@@ -689,11 +690,12 @@ def prefill_seconds(
             )
             seconds += streamed / (dev.bandwidth_bytes_per_s * params.gpu_bandwidth_efficiency)
         elif first_gpu is not None and n >= OP_OFFLOAD_MIN_BATCH:
-            # host weights cross PCIe once per ubatch; the first GPU multiplies them
+            # host weights cross PCIe once per ubatch, the routed experts only those the ubatch's
+            # tokens picked; the first GPU multiplies them
             link = (
                 first_gpu.pcie_bytes_per_s or pcie_bytes_per_s(*ASSUMED_PCIE)
             ) * params.pcie_efficiency
-            seconds += w.resident_bytes / link
+            seconds += offload_copy_bytes(w, work, n) / link
             peak = _gpu_flops(first_gpu)
             seconds += dense_flops / (peak * dense_eff)
             seconds += expert_flops / (peak * expert_eff * _fp4_speedup(first_gpu, work))
@@ -707,6 +709,25 @@ def prefill_seconds(
                 dev.bandwidth_bytes_per_s * params.host_bandwidth_efficiency
             )
     return seconds
+
+
+def touched_experts(used: float, tokens: int) -> float:
+    """The share of a layer's routed experts that `tokens` prompt tokens pick, each token
+    `used` of them, picked independently: 1 - (1 - used)^tokens (a 512-token ubatch of a
+    4-of-128 model touches all of them, a 32-token one 64%)."""
+    if used >= 1.0:
+        return 1.0
+    return 1.0 - (1.0 - used) ** max(tokens, 1)
+
+
+def offload_copy_bytes(w: DeviceWork, work: SpeedWork, tokens: int) -> float:
+    """Bytes of host-resident weights a ubatch of `tokens` copies to the GPU that multiplies
+    them (llama.cpp's op offload): every dense weight, and of each routed-expert tensor only the
+    experts the ubatch's tokens picked (ggml-backend.cpp:1709-1797 at b11312: "copying only
+    the experts that are used", from the ids of the MUL_MAT_ID)."""
+    dense = max(0, w.resident_bytes - w.expert_read_bytes)
+    touched = touched_experts(work.expert_used_fraction, tokens)
+    return dense + w.expert_resident_bytes * touched
 
 
 def _fallback(w: DeviceWork) -> DeviceSpeed:

@@ -218,7 +218,7 @@ def test_progress_bars_on_a_terminal_lines_elsewhere_nothing_when_quiet(
     import io
 
     from quantpick.cli.download import LineProgress, RichProgress, transfer_progress
-    from quantpick.fetch.transfer import DownloadResult, NullProgress
+    from quantpick.fetch.progress import DownloadResult, NullProgress
 
     class Tty(io.StringIO):
         def isatty(self) -> bool:

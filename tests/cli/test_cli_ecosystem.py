@@ -75,7 +75,7 @@ def test_a_file_name_with_a_space_gets_a_derived_section_name(tmp_path: Path) ->
      ("é", "model"), ("a;b#c", "a-b-c")],
 )  # fmt: skip
 def test_preset_section_names(name: str, section: str) -> None:
-    from quantpick.serve.ecosystem import preset_section_name
+    from quantpick.serve.formats.preset import preset_section_name
 
     assert preset_section_name(name) == section
 

@@ -191,7 +191,7 @@ def test_estimate_and_a_second_pick_use_the_dry_run_too(hub: FakeHub, llamacpp_b
     )  # fmt: skip
     assert result.exit_code == 0, result.stderr
     dry = json.loads(result.stdout)["dry_run"]
-    assert dry["status"] == "fits" and "before download" in dry["message"]
+    assert dry["status"] == "fits" and "before download" in dry["message"], dry["message"]
     (host,) = dry["rounds"][0]["devices"]
     assert host["agrees"]["model"] and host["agrees"]["context"]
     # the same plan again: llama.cpp's projection is read back, not run again

@@ -397,16 +397,18 @@ def test_a_missing_file_given_on_the_command_line_is_exit_2(args: list[str]) -> 
 
 def test_a_read_only_dir_is_exit_2(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """`get --dir /read-only` exited 1: the directory error did not say which path it was."""
-    from quantpick.fetch import transfer
+    from quantpick.fetch import download_dir
 
     target = tmp_path / "ro"
     target.mkdir()
     real_access = os.access
-    with monkeypatch.context() as patch, pytest.raises(transfer.LocalFileError) as info:
+    with monkeypatch.context() as patch, pytest.raises(download_dir.LocalFileError) as info:
         # root writes anywhere: play a read-only mount (os.access says no, statvfs says ro)
-        patch.setattr(transfer, "_read_only", lambda directory: True)
-        patch.setattr(transfer.os, "access", lambda p, m: Path(p) != target and real_access(p, m))
-        transfer.make_dir(target)
+        patch.setattr(download_dir, "_read_only", lambda directory: True)
+        patch.setattr(
+            download_dir.os, "access", lambda p, m: Path(p) != target and real_access(p, m)
+        )
+        download_dir.make_dir(target)
     assert info.value.path == str(target) and info.value.os_errno == errno.EROFS
 
     monkeypatch.setattr(

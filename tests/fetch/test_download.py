@@ -337,7 +337,7 @@ def test_a_dir_too_long_for_the_file_system_is_one_line(hub: FakeHub, tmp_path: 
 
 def test_files_in_place_pinned_by_the_manifest_need_no_sha256sums(tmp_path: Path) -> None:
     from quantpick.fetch.offline import files_in_place
-    from quantpick.fetch.transfer import NullProgress
+    from quantpick.fetch.progress import NullProgress
 
     class Notes(NullProgress):
         def __init__(self) -> None:

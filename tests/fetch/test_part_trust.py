@@ -22,7 +22,7 @@ from fakehub import FakeHub
 from test_transfer import DATA, NAME, SHA, Notes, fetch, part_paths, seed_part
 
 from quantpick.errors import ExitCode, QuantpickError
-from quantpick.fetch.transfer import NullProgress
+from quantpick.fetch.progress import NullProgress
 from quantpick.hub.http import RetryPolicy
 
 # test_transfer's fixtures: its fake hub with the file, the retry policy, both transfer modes

@@ -19,7 +19,8 @@ from quantpick.config import load_settings
 from quantpick.errors import UsageError, VerificationError
 from quantpick.fetch import stores
 from quantpick.fetch.download import fetch_model
-from quantpick.fetch.transfer import NullProgress, part_paths
+from quantpick.fetch.progress import NullProgress
+from quantpick.fetch.transfer import part_paths
 from quantpick.hub.http import RetryPolicy
 from quantpick.model.manifest import Source
 

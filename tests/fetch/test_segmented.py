@@ -24,15 +24,11 @@ from fakehub import FakeHub, gguf_bytes
 
 import quantpick.fetch.segmented as segmented
 from quantpick.errors import ExitCode
+from quantpick.fetch.file_lock import progress_mark
 from quantpick.fetch.partfile import Content, PartLayout, read_sidecar, write_sidecar
+from quantpick.fetch.progress import NullProgress
 from quantpick.fetch.segments import SINGLE_STREAM, MiB, RangeSet, SegmentPolicy
-from quantpick.fetch.transfer import (
-    DiskSpaceError,
-    NullProgress,
-    _progress_mark,
-    download_file,
-    part_paths,
-)
+from quantpick.fetch.transfer import DiskSpaceError, download_file, part_paths
 from quantpick.hub.base import RemoteFile
 from quantpick.hub.http import RetryPolicy
 
@@ -398,14 +394,14 @@ def test_the_lock_waiter_sees_pieces_land_as_progress(tmp_path: Path) -> None:
     part = part_paths(dest)[0]
     with open(part, "wb") as handle:
         handle.truncate(SIZE)
-    before = _progress_mark(dest, part)
+    before = progress_mark(dest, part)
     time.sleep(0.01)
     fd = os.open(part, os.O_RDWR)
     try:
         os.pwrite(fd, b"x" * 4096, MiB)  # same size, new bytes
     finally:
         os.close(fd)
-    assert _progress_mark(dest, part) != before
+    assert progress_mark(dest, part) != before
 
 
 CHILD = r"""

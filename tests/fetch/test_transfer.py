@@ -23,15 +23,10 @@ from fakehub import SMALL_ARCH_TOML, FakeHub, gguf_bytes, make_manifest, sha256s
 from quantpick.config import load_settings
 from quantpick.errors import DownloadError, ExitCode, UsageError, VerificationError
 from quantpick.fetch.download import fetch_model
+from quantpick.fetch.file_lock import acquire_file_lock, lock_path
+from quantpick.fetch.progress import NullProgress
 from quantpick.fetch.segments import SINGLE_STREAM, MiB, SegmentPolicy
-from quantpick.fetch.transfer import (
-    DiskSpaceError,
-    NullProgress,
-    acquire_file_lock,
-    download_file,
-    lock_path,
-    part_paths,
-)
+from quantpick.fetch.transfer import DiskSpaceError, download_file, part_paths
 from quantpick.hub.base import RemoteFile
 from quantpick.hub.http import RetryPolicy
 from quantpick.model.manifest import Source

@@ -245,7 +245,7 @@ def test_an_old_build_selects_with_the_backends_variable() -> None:
 
 
 def test_hardware_file_gpu_tables_take_a_backend(tmp_path: Path) -> None:
-    from quantpick.machine.describe import load_hardware_file
+    from quantpick.machine.hardware_file import load_hardware_file
 
     fake = Host(ram_total_bytes=32 * GiB, ram_available_bytes=32 * GiB, cpu_cores=8)
     good = tmp_path / "box.toml"
@@ -274,7 +274,7 @@ def test_vulkans_single_allocation_cap_is_noted(q4km: ModelLayout) -> None:
 
 
 def test_compose_runs_the_backends_image_with_its_device_files() -> None:
-    from quantpick.serve.formats import render_compose
+    from quantpick.serve.formats.compose import render_compose
 
     def compose(key: str) -> str:
         cmd = build_command(

@@ -15,14 +15,9 @@ from fake_nvml import FakeNvml, rtx_3090, tesla_t4
 from quantpick.errors import HardwareError, UsageError
 from quantpick.machine import probe as hardware
 from quantpick.machine.catalog import CATALOG, find_gpu, lookup_gpu, theoretical_bandwidth
-from quantpick.machine.describe import (
-    REFERENCE_GPUS,
-    load_hardware_file,
-    machine_from_options,
-    parse_bandwidth,
-    parse_gpu_spec,
-    resolve_machine,
-)
+from quantpick.machine.describe import REFERENCE_GPUS, machine_from_options, resolve_machine
+from quantpick.machine.device_specs import parse_bandwidth, parse_gpu_spec
+from quantpick.machine.hardware_file import load_hardware_file
 from quantpick.machine.spec import Host, Machine, machine_from_dict
 
 GiB = 1024**3
@@ -376,7 +371,7 @@ def test_machine_from_dict_round_trip_of_described_machine(fake_host: Host) -> N
 
 
 def test_rpc_device_spec() -> None:
-    from quantpick.machine.describe import parse_rpc_device_spec
+    from quantpick.machine.device_specs import parse_rpc_device_spec
 
     host, port, gpu = parse_rpc_device_spec("192.168.1.20:50052=t4")
     assert (host, port, gpu.name, gpu.total_bytes) == ("192.168.1.20", 50052, "Tesla T4", 15 * GiB)
@@ -395,14 +390,14 @@ def test_rpc_device_spec() -> None:
     ("text", "seconds"), [("0.3ms", 0.0003), ("300us", 0.0003), ("2 s", 2.0), ("150µs", 0.00015)]
 )
 def test_parse_duration(text: str, seconds: float) -> None:
-    from quantpick.machine.describe import parse_duration
+    from quantpick.machine.device_specs import parse_duration
 
     assert parse_duration(text) == pytest.approx(seconds)
 
 
 @pytest.mark.parametrize("text", ["0.3", "ms", "-1ms", "3 minutes"])
 def test_parse_duration_needs_a_unit(text: str) -> None:
-    from quantpick.machine.describe import parse_duration
+    from quantpick.machine.device_specs import parse_duration
 
     with pytest.raises(UsageError, match="duration"):
         parse_duration(text)

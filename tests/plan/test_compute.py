@@ -164,3 +164,109 @@ def test_public_cuda_logs_within_15_percent(row: object) -> None:
     assert isinstance(row, LogRow)
     if row.flags_complete:
         assert abs(row.error) <= 0.15
+
+
+# --- a backend's own compute traits (machine/backends ComputeTraits) -------------------------
+
+LAVAPIPE_RANGE = 128 * MiB  # lavapipe's maxStorageBufferRange (tests/test_vulkan_oracle.py)
+
+
+def gpu_machine(backend: str, n: int = 1, max_tensor: int | None = LAVAPIPE_RANGE) -> Machine:
+    gpus = tuple(
+        Gpu(index=i, name=f"GPU{i}", total_bytes=64 * GiB, free_bytes=64 * GiB, backend=backend,
+            max_tensor_bytes=max_tensor)
+        for i in range(n)
+    )  # fmt: skip
+    return Machine(gpus=gpus, host=Host(256 * GiB, 256 * GiB, 8))
+
+
+def test_a_capped_backend_computes_logits_above_its_cap_on_the_host() -> None:
+    """The Vulkan backend's supports_op refuses an op whose result is above the device's
+    maxStorageBufferRange (ggml-vulkan.cpp:15307-15328): qwen3-8b's 297 MiB of logits at -ub 512
+    are computed by the CPU backend, so they are in the host's buffer, not the device's (llama.cpp
+    on lavapipe: 94.0 MiB on Vulkan0). CUDA's supports_op has no such cap."""
+    lay = layout("qwen3-8b")
+    cfg = RunConfig(ctx_size=4096, logits_rows="batch")
+    logits = 151936 * 512 * 4
+    vk = estimate(lay, gpu_machine("Vulkan"), cfg)
+    assert vk.gpus[0].compute_bytes < 100 * MiB < logits <= vk.host.compute_bytes
+    cu = estimate(lay, gpu_machine("CUDA"), cfg)
+    assert cu.gpus[0].compute_bytes >= logits > cu.host.compute_bytes
+
+
+def test_a_capped_backend_leaves_a_kq_matrix_above_its_cap_to_the_host() -> None:
+    """-fa off at 32768: qwen3-8b's KQ (2 GiB a layer) is above lavapipe's range; the KQ matmul,
+    softmax and KQV run on the host, the device keeps its layer's live set and gets the attention
+    output back (llama.cpp: 96 MiB on Vulkan0, 2156+ MiB on the host)."""
+    lay = layout("qwen3-8b")
+    cfg = RunConfig(ctx_size=32768, flash_attn="off", logits_rows="batch")
+    kq = 32768 * 512 * 32 * 4
+    est = estimate(lay, gpu_machine("Vulkan"), cfg)
+    assert abs(est.gpus[0].compute_bytes - 96 * MiB) <= 16 * MiB
+    assert est.host.compute_bytes > kq
+    # without the cap (a driver with 64-bit indexing) the device computes it
+    uncapped = estimate(lay, gpu_machine("Vulkan", max_tensor=None), cfg)
+    assert uncapped.gpus[0].compute_bytes > kq > uncapped.host.compute_bytes
+
+
+def test_with_pipeline_parallelism_what_the_host_returns_is_copied_per_layer() -> None:
+    """Two capped devices, every layer offloaded, -fa off: each layer's attention output comes
+    back from the host as a split input, a leaf copied GGML_SCHED_MAX_COPIES = 4 times
+    (ggml-backend.cpp:1379-1411): llama.cpp on lavapipe, llama-3.1-8b -ts 3,1 at 4096: Vulkan0
+    956 MiB for 25 layers (not the 148 MiB with flash attention)."""
+    lay = load(DATA / "llama-3.1-8b.json")[1]
+    cfg = RunConfig(ctx_size=4096, flash_attn="off", logits_rows="batch", tensor_split=(3.0, 1.0))
+    est = estimate(lay, gpu_machine("Vulkan", 2), cfg)
+    first = est.gpus[0]
+    e_attn = 512 * 4096 * 4
+    assert sum(1 for s in first.layers if 0 <= s < 32) == 25
+    assert 4 * 25 * e_attn <= first.compute_bytes
+    assert abs(first.compute_bytes - 956 * MiB) <= 0.05 * 956 * MiB
+
+
+def test_vulkan_flash_attention_dequantizes_the_cache_outside_the_compute_buffer() -> None:
+    """CUDA converts a quantized K/V to f16 in the graph's allocation; the Vulkan backend into a
+    prealloc scratch of its own (ggml-vulkan.cpp:8082-8100): the compute buffer does not grow."""
+    lay = layout("qwen3.6-35b-a3b")
+    base = RunConfig(ctx_size=262144, ubatch=1024, batch=1024)
+    q4 = replace(base, cache_type_k="q4_0", cache_type_v="q4_0")
+
+    def gpu0(backend: str, cfg: RunConfig) -> int:
+        return estimate(lay, gpu_machine(backend, max_tensor=None), cfg).gpus[0].compute_bytes
+
+    assert gpu0("Vulkan", q4) == gpu0("Vulkan", base)
+    assert gpu0("CUDA", q4) - gpu0("CUDA", base) == 262144 * (512 + 512) * 2
+
+
+def test_each_gpu_backend_carries_its_compute_traits_and_expected_error() -> None:
+    from quantpick.machine.backends import BackendKind, all_backends
+
+    traits = {b.kind: b.compute for b in all_backends()}
+    assert traits[BackendKind.VULKAN].ops_capped and not traits[BackendKind.CUDA].ops_capped
+    assert traits[BackendKind.ROCM] == traits[BackendKind.CUDA]  # ggml-cuda built for HIP
+    assert all(t.offload_min_batch == 32 for t in traits.values())
+    for kind, t in traits.items():
+        assert kind is BackendKind.CPU or "ggml-" in t.source
+    vk = estimate(layout("qwen3-8b"), gpu_machine("Vulkan"), RunConfig(ctx_size=4096))
+    acc = vk.gpus[0].compute_accuracy
+    assert acc.estimated and acc.relative == traits[BackendKind.VULKAN].expected_error
+    assert "lavapipe" in acc.basis
+
+
+def test_a_vulkan_device_running_host_layers_carries_the_offload_error() -> None:
+    """-ngl partial offload: the device runs the host layers' matmuls one weight copy per split,
+    placed by the allocator's best fit (docs/compute.md); its figure carries the backend's
+    op-offload expected error (lavapipe: 54/96 within max(5%, 16 MiB), worst 43%)."""
+    from quantpick.machine.backends import BackendKind, backend
+
+    vk = backend(BackendKind.VULKAN).compute
+    lay = layout("qwen3-8b")
+    partial = estimate(lay, gpu_machine("Vulkan"), RunConfig(ctx_size=4096, n_gpu_layers=18))
+    full = estimate(lay, gpu_machine("Vulkan"), RunConfig(ctx_size=4096))
+    assert partial.gpus[0].compute_accuracy.relative == vk.offload_expected_error == 0.45
+    assert full.gpus[0].compute_accuracy.relative == vk.expected_error == 0.25
+    # below the offload batch nothing runs there by op offload
+    small = estimate(
+        lay, gpu_machine("Vulkan"), RunConfig(ctx_size=4096, n_gpu_layers=18, ubatch=16)
+    )
+    assert small.gpus[0].compute_accuracy.relative == vk.expected_error

@@ -12,7 +12,8 @@ from fake_nvml import FakeNvml, NVMLError_NotSupported, rtx_3090
 
 from quantpick.machine.probe import gpu_memory_use
 from quantpick.plan.check import Figures, PlannedServer
-from quantpick.serve import server as srv
+from quantpick.serve import processes as srv_procs
+from quantpick.serve import server_records as srv_records
 
 GiB = 1024**3
 PLAN = PlannedServer(
@@ -24,7 +25,7 @@ PLAN = PlannedServer(
 
 
 def _record(**changes: object) -> dict:
-    record = srv.ServerRecord(
+    record = srv_records.ServerRecord(
         alias="m", pid=4242, host="127.0.0.1", port=8080, log="/x.log", argv=("llama-server",),
         started=1.0, detached=True, quantpick_pid=4241, start_ticks=1, plan=PLAN,
     )  # fmt: skip
@@ -32,7 +33,7 @@ def _record(**changes: object) -> dict:
 
 
 def test_the_plan_round_trips_through_the_record() -> None:
-    assert srv.parse_record(_record()).plan == PLAN
+    assert srv_records.parse_record(_record()).plan == PLAN
 
 
 @pytest.mark.parametrize(
@@ -45,14 +46,14 @@ def test_the_plan_round_trips_through_the_record() -> None:
     ],
 )  # fmt: skip
 def test_a_bad_plan_is_no_plan_and_the_record_stays(plan: object) -> None:
-    record = srv.parse_record(_record(plan=plan))
+    record = srv_records.parse_record(_record(plan=plan))
     assert record.plan is None and record.pid == 4242
 
 
 def test_a_record_without_a_plan(tmp_path: Path) -> None:
     data = _record()
     del data["plan"]
-    assert srv.parse_record(data).plan is None
+    assert srv_records.parse_record(data).plan is None
 
 
 def test_swap_of_the_process(tmp_path: Path) -> None:
@@ -60,9 +61,9 @@ def test_swap_of_the_process(tmp_path: Path) -> None:
     (tmp_path / "77" / "status").write_text(
         "Name:\tllama-server\nVmRSS:\t  100 kB\nVmSwap:\t  2048 kB\n"
     )
-    assert srv.process_swap_bytes(77, tmp_path) == 2048 * 1024
-    assert srv.process_memory(77, tmp_path) == (100 * 1024, 2048 * 1024)
-    assert srv.process_memory(78, tmp_path) == (None, None)
+    assert srv_procs.process_swap_bytes(77, tmp_path) == 2048 * 1024
+    assert srv_procs.process_memory(77, tmp_path) == (100 * 1024, 2048 * 1024)
+    assert srv_procs.process_memory(78, tmp_path) == (None, None)
 
 
 def test_nvml_per_process_memory(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -20,14 +20,12 @@ from quantpick.model.manifest import Manifest, Sampling
 from quantpick.model.registry import load_manifest_file
 from quantpick.plan.memory import RunConfig
 from quantpick.serve.command import ServerCommand, ServerOptions, build_command
-from quantpick.serve.formats import (
-    render_compose,
-    render_env,
-    render_json,
-    render_line,
-    render_script,
-    render_systemd,
-)
+from quantpick.serve.formats.compose import render_compose
+from quantpick.serve.formats.env import render_env
+from quantpick.serve.formats.json_doc import render_json
+from quantpick.serve.formats.line import render_line
+from quantpick.serve.formats.script import render_script
+from quantpick.serve.formats.systemd import render_systemd
 from quantpick.serve.hf_tag import hf_candidates, hf_model
 from quantpick.serve.script_file import write_script
 

@@ -17,7 +17,10 @@ import pytest
 from fake_llama_server import fake_llama_server
 
 from quantpick.errors import ServerError
+from quantpick.serve import ports as srv_ports
+from quantpick.serve import processes as srv_procs
 from quantpick.serve import server as srv
+from quantpick.serve import server_records as srv_records
 
 
 def _listener(*, reuseport: bool = False) -> socket.socket:
@@ -49,9 +52,9 @@ def _gone(pid: int) -> bool:
 
 
 def test_a_free_port_is_kept_and_port_0_picks_one() -> None:
-    port = srv.free_port("127.0.0.1")
-    assert srv.choose_port("127.0.0.1", port) == (port, None)
-    chosen, note = srv.choose_port("127.0.0.1", 0)
+    port = srv_ports.free_port("127.0.0.1")
+    assert srv_ports.choose_port("127.0.0.1", port) == (port, None)
+    chosen, note = srv_ports.choose_port("127.0.0.1", 0)
     assert chosen > 0 and note == f"--port 0: using free port {chosen}"
 
 
@@ -61,8 +64,8 @@ def test_a_port_held_by_a_reuseport_listener_is_busy() -> None:
     the port silently: the check must see the first one."""
     with _listener(reuseport=True) as held:
         port = held.getsockname()[1]
-        assert not srv.port_is_free("127.0.0.1", port)
-        chosen, note = srv.choose_port("127.0.0.1", port)
+        assert not srv_ports.port_is_free("127.0.0.1", port)
+        chosen, note = srv_ports.choose_port("127.0.0.1", port)
         assert chosen != port and note == (
             f"port {port} is in use on 127.0.0.1: using free port {chosen}"
         )
@@ -72,7 +75,7 @@ def test_unix_socket_hosts_are_refused() -> None:
     from quantpick.errors import UsageError
 
     with pytest.raises(UsageError, match="over TCP"):
-        srv.check_host("/tmp/llama.sock")
+        srv_ports.check_host("/tmp/llama.sock")
 
 
 # ---- the log ---------------------------------------------------------------------------------
@@ -106,13 +109,13 @@ def test_start_waits_for_health_and_writes_a_record(tmp_path: Path) -> None:
     try:
         assert running.ready_s >= 0.5 and seen  # it answered 503 while "loading"
         assert srv.health_status(f"{running.record.base_url}/health") == 200
-        [record] = srv.list_records(tmp_path / "run")
+        [record] = srv_records.list_records(tmp_path / "run")
         assert record.pid == running.process.pid and record.port == running.record.port
-        assert srv.is_alive(record)
+        assert srv_records.is_alive(record)
     finally:
         assert srv.stop_process(running.process.pid) == "stopped"
         running.process.wait()
-    assert srv.list_records(tmp_path / "run") == []  # a stale record is pruned
+    assert srv_records.list_records(tmp_path / "run") == []  # a stale record is pruned
 
 
 def test_a_failed_load_shows_llama_cpps_lines_and_leaves_no_process(tmp_path: Path) -> None:
@@ -126,7 +129,7 @@ def test_a_failed_load_shows_llama_cpps_lines_and_leaves_no_process(tmp_path: Pa
     assert err.exit_code == 8 and "exited with code 1" in err.message
     assert any("unknown model architecture" in line for line in err.log_lines)
     assert err.log_lines[-1] == "main: exiting due to model loading error"
-    assert srv.list_records(tmp_path / "run") == []
+    assert srv_records.list_records(tmp_path / "run") == []
 
 
 def test_a_port_taken_before_llama_server_binds_it_is_retried(tmp_path: Path) -> None:
@@ -187,11 +190,11 @@ def test_run_until_stopped_returns_0_when_stopped_elsewhere(tmp_path: Path) -> N
     directory = tmp_path / "run"
     running = srv.start_server(_argv(binary), host="127.0.0.1", port=0, alias="tiny",
                                directory=directory, detach=True)  # fmt: skip
-    [record] = srv.list_records(directory)
+    [record] = srv_records.list_records(directory)
     os.killpg(record.pid, signal.SIGTERM)  # what `serve --stop` in another terminal does
     ended = srv.run_until_stopped(running, directory)
     assert ended.exit_code == 0 and ended.how == "exited"
-    assert srv.list_records(directory) == []
+    assert srv_records.list_records(directory) == []
 
 
 def test_a_crash_after_start_is_an_error_with_its_lines(tmp_path: Path) -> None:
@@ -200,9 +203,9 @@ def test_a_crash_after_start_is_an_error_with_its_lines(tmp_path: Path) -> None:
     crash.chmod(0o755)
     log = tmp_path / "c.log"
     process = srv.launch([str(crash)], {}, log, detach=False)
-    record = srv.ServerRecord(alias="x", pid=process.pid, host="127.0.0.1", port=1, log=str(log),
-                              argv=(str(crash),), started=0.0, detached=False,
-                              quantpick_pid=os.getpid())  # fmt: skip
+    record = srv_records.ServerRecord(alias="x", pid=process.pid, host="127.0.0.1", port=1,
+                                      log=str(log), argv=(str(crash),), started=0.0,
+                                      detached=False, quantpick_pid=os.getpid())  # fmt: skip
     running = srv.RunningServer(process, record, log)
     with pytest.raises(ServerError, match="exited with code 134") as info:
         srv.run_until_stopped(running, tmp_path / "run")
@@ -225,25 +228,25 @@ def test_records_of_reused_pids_are_not_alive(tmp_path: Path) -> None:
     sleep = shutil.which("sleep") or "/bin/sleep"
     process = subprocess.Popen([sleep, "60"], start_new_session=True)  # as quantpick starts one
     try:
-        me = srv.ServerRecord(alias="a b/c", pid=process.pid, host="0.0.0.0", port=9000,
+        me = srv_records.ServerRecord(alias="a b/c", pid=process.pid, host="0.0.0.0", port=9000,
                               log="l", argv=(sleep, "60"), started=0.0, detached=True,
                               quantpick_pid=1,
-                              start_ticks=srv.process_start_ticks(process.pid))  # fmt: skip
-        assert srv.record_name(me.alias, me.port) == "a-b-c-9000"
+                              start_ticks=srv_procs.process_start_ticks(process.pid))  # fmt: skip
+        assert srv_records.record_name(me.alias, me.port) == "a-b-c-9000"
         assert me.base_url == "http://127.0.0.1:9000"
-        srv.write_record(tmp_path, me)
+        srv_records.write_record(tmp_path, me)
         if me.start_ticks is None:  # no /proc: nothing can be proven, so nothing is listed
-            assert srv.list_records(tmp_path) == []
+            assert srv_records.list_records(tmp_path) == []
             return
-        assert [r.alias for r in srv.list_records(tmp_path)] == ["a b/c"]
+        assert [r.alias for r in srv_records.list_records(tmp_path)] == ["a b/c"]
         # a pid now held by another process is not ours
-        other = srv.ServerRecord(**{**me.to_dict(), "argv": ("x",), "alias": "other",
+        other = srv_records.ServerRecord(**{**me.to_dict(), "argv": ("x",), "alias": "other",
                                     "start_ticks": me.start_ticks + 1})  # fmt: skip
-        srv.write_record(tmp_path, other)
-        assert [r.alias for r in srv.list_records(tmp_path)] == ["a b/c"]
-        assert not srv.record_path(tmp_path, "other", 9000).exists()
-        assert srv.select_records(srv.list_records(tmp_path), "nope", None) == []
-        assert len(srv.select_records(srv.list_records(tmp_path), None, 9000)) == 1
+        srv_records.write_record(tmp_path, other)
+        assert [r.alias for r in srv_records.list_records(tmp_path)] == ["a b/c"]
+        assert not srv_records.record_path(tmp_path, "other", 9000).exists()
+        assert srv_records.select_records(srv_records.list_records(tmp_path), "nope", None) == []
+        assert len(srv_records.select_records(srv_records.list_records(tmp_path), None, 9000)) == 1
     finally:
         process.kill()
         process.wait()

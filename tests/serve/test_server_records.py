@@ -23,7 +23,9 @@ from typer.testing import CliRunner
 from quantpick.cli import app
 from quantpick.config import load_settings
 from quantpick.errors import QuantpickError
+from quantpick.serve import processes as srv_procs
 from quantpick.serve import server as srv
+from quantpick.serve import server_records as srv_records
 
 linux_only = pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs /proc")
 SLEEP = shutil.which("sleep") or "/bin/sleep"
@@ -61,14 +63,14 @@ def no_signals(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int, int]]:
     return sent
 
 
-def _record(pid: int, argv: tuple[str, ...], **extra: Any) -> srv.ServerRecord:
+def _record(pid: int, argv: tuple[str, ...], **extra: Any) -> srv_records.ServerRecord:
     values: dict[str, Any] = {
         "alias": "tiny", "pid": pid, "host": "127.0.0.1", "port": 8080, "log": "l",
         "argv": argv, "started": 0.0, "detached": True, "quantpick_pid": 1,
-        "start_ticks": srv.process_start_ticks(pid) if pid > 0 else None,
+        "start_ticks": srv_procs.process_start_ticks(pid) if pid > 0 else None,
     }  # fmt: skip
     values.update(extra)
-    return srv.ServerRecord(**values)
+    return srv_records.ServerRecord(**values)
 
 
 def _own_argv() -> tuple[str, ...]:
@@ -80,7 +82,7 @@ def _own_argv() -> tuple[str, ...]:
 def test_pid_1_0_and_negative_are_never_signalled(
     pid: int, tmp_path: Path, no_signals: list[tuple[str, int, int]]
 ) -> None:
-    record = _record(pid, (SLEEP, "60"), start_ticks=srv.process_start_ticks(1))
+    record = _record(pid, (SLEEP, "60"), start_ticks=srv_procs.process_start_ticks(1))
     with pytest.raises(QuantpickError, match=f"pid {pid} cannot be a server"):
         srv.stop_record(record, tmp_path)
     assert no_signals == []
@@ -107,11 +109,11 @@ def test_a_record_without_a_start_time_is_refused_with_what_to_do(
         srv.stop_record(record, tmp_path)
     assert f"kill {sleeper.pid}" in (info.value.hint or "")
     assert _alive(sleeper)
-    srv.write_record(tmp_path, record)
-    scan = srv.scan_records(tmp_path)
+    srv_records.write_record(tmp_path, record)
+    scan = srv_records.scan_records(tmp_path)
     assert scan.records == [] and len(scan.problems) == 1
     assert "no start time" in scan.problems[0].line()
-    assert srv.record_path(tmp_path, "tiny", 8080).exists()
+    assert srv_records.record_path(tmp_path, "tiny", 8080).exists()
 
 
 @linux_only
@@ -149,7 +151,7 @@ def test_a_process_in_a_group_quantpick_did_not_create_is_never_signalled(tmp_pa
             record = _record(pid, (SLEEP, "60"))
             with pytest.raises(QuantpickError, match="not the session of its own"):
                 srv.stop_record(record, tmp_path)
-            assert srv.proc_stat(pid) is not None and srv.proc_stat(pid).state != "Z"  # type: ignore[union-attr]
+            assert srv_procs.proc_stat(pid) is not None and srv_procs.proc_stat(pid).state != "Z"  # type: ignore[union-attr]
         assert _alive(same_group) and _alive(shell)
     finally:
         for process in (same_group, shell):
@@ -162,11 +164,11 @@ def test_the_server_the_record_names_is_stopped(
     sleeper: subprocess.Popen[bytes], tmp_path: Path
 ) -> None:
     record = _record(sleeper.pid, (SLEEP, "60"))
-    srv.write_record(tmp_path, record)
-    assert srv.list_records(tmp_path) == [record]
+    srv_records.write_record(tmp_path, record)
+    assert srv_records.list_records(tmp_path) == [record]
     assert srv.stop_record(record, tmp_path, grace_s=5) == "stopped"
-    assert srv.proc_stat(sleeper.pid) is None  # ended (and reaped by stop_process)
-    assert srv.list_records(tmp_path) == [] and not any(tmp_path.iterdir())
+    assert srv_procs.proc_stat(sleeper.pid) is None  # ended (and reaped by stop_process)
+    assert srv_records.list_records(tmp_path) == [] and not any(tmp_path.iterdir())
 
 
 # ---- malformed records -------------------------------------------------------------------------
@@ -194,8 +196,8 @@ BAD = {
 
 @pytest.mark.parametrize("name", sorted(BAD))
 def test_malformed_records_are_refused_by_the_parser(name: str) -> None:
-    with pytest.raises(srv.RecordError):
-        srv.parse_record(BAD[name])
+    with pytest.raises(srv_records.RecordError):
+        srv_records.parse_record(BAD[name])
 
 
 def _write_hostile_records(directory: Path) -> None:
@@ -205,7 +207,7 @@ def _write_hostile_records(directory: Path) -> None:
     (directory / "deep.json").write_text("[" * 50_000 + "]" * 50_000)
     (directory / "digits.json").write_text('{"pid": ' + "9" * 5000 + "}")
     (directory / "binary.json").write_bytes(b"\xff\xfe\x00junk")
-    (directory / "big.json").write_bytes(b" " * (srv.MAX_RECORD_BYTES + 10))
+    (directory / "big.json").write_bytes(b" " * (srv_records.MAX_RECORD_BYTES + 10))
     os.mkfifo(directory / "fifo.json")
     (directory / "dir.json").mkdir()
 
@@ -235,7 +237,9 @@ def test_aliases_and_log_lines_with_terminal_escapes_are_shown_escaped(
 ) -> None:
     directory = load_settings().servers_dir
     alias = "x\x1b]0;pwned\x07\x1b[2J\x9b31m\u202eevil"
-    srv.write_record(directory, _record(sleeper.pid, (SLEEP, "60"), alias=alias, log="l\x1b[1A"))
+    srv_records.write_record(
+        directory, _record(sleeper.pid, (SLEEP, "60"), alias=alias, log="l\x1b[1A")
+    )
     result = runner.invoke(app, ["serve", "--status"])
     assert result.exit_code == 0, result.output
     for raw in ("\x1b", "\x07", "\x9b", "\u202e"):

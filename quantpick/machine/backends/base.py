@@ -18,6 +18,35 @@ from quantpick.model.ggml import BufferRule
 VERIFY_EFFICIENCY_AMD = 0.35
 
 
+@dataclass(frozen=True)
+class ComputeTraits:
+    """How a backend's part of the graph lands in its compute buffer (plan/compute.py, applied by
+    plan/memory.py): what its scheduler callbacks accept (ggml-backend.cpp's
+    ggml_backend_sched_split_graph asks supports_op and offload_op of every node) and what its
+    kernels allocate inside the graph rather than in a scratch of their own. Each backend module
+    cites its llama.cpp lines."""
+
+    # offload_op: a matmul (any op for some backends) whose weight lives in host memory runs on
+    # this device when its batch is at least this many rows (GGML_OP_OFFLOAD_MIN_BATCH, default 32)
+    offload_min_batch: int = 32
+    # supports_op refuses an op any of whose sources or result is larger than the device's
+    # largest tensor (Gpu.max_tensor_bytes): the scheduler gives the op to the CPU backend, so
+    # its live set (the logits, a no-FA KQ matrix, an offloaded weight) is the host's
+    ops_capped: bool = False
+    # flash attention over a quantized K/V converts one layer's K and V to f16 in a tensor of the
+    # graph (in the compute buffer); False: in a scratch buffer of the backend's own, outside it
+    fa_kv_convert: bool = False
+    source: str = ""
+    # how far its compute figures are expected to be from llama.cpp's (relative; the floor is
+    # plan/compute.py's), and what that was measured on
+    expected_error: float = 0.15
+    error_basis: str = "public GPU-backend logs"
+    # ... on the device that runs host-resident layers' matmuls by op offload (-ngl partial
+    # offload), where it differs (0: the same)
+    offload_expected_error: float = 0.0
+    offload_error_basis: str = ""
+
+
 class BackendKind(str, Enum):
     CUDA = "cuda"
     ROCM = "rocm"
@@ -77,6 +106,8 @@ class Backend:
     container_gpu_driver: str | None = None
     container_runtime: str = ""
     container_devices: tuple[str, ...] = ()
+    # How its graph lands in its compute buffer (plan/compute.py).
+    compute: ComputeTraits = ComputeTraits()
     # How fast it runs a speculative verify batch relative to its own mat-vec decode
     # (plan/speculative.py; fitted where published runs exist, 1.0 otherwise).
     verify_efficiency: float = 1.0

@@ -12,10 +12,22 @@
 
 from __future__ import annotations
 
-from quantpick.machine.backends.base import Backend, BackendKind, Vendor
+from quantpick.machine.backends.base import Backend, BackendKind, ComputeTraits, Vendor
 from quantpick.model.ggml import BufferRule
 
 CUDA_BUFFER = BufferRule("CUDA", 128, 512)
+
+# The CUDA backend's scheduler callbacks: offload_op takes an op whose batch (get_op_batch_size:
+# a matmul's ne[1], MUL_MAT_ID's ne[2]) is >= op_offload_min_batch_size (ggml-cuda.cu:5636-5655,
+# default 32 at :5825); supports_op has no size limit; flash attention over a quantized K/V
+# converts it to f16 in the graph's allocation (ggml-cuda.cu:903-907, ggml-cuda/fattn.cu:722-756).
+# Checked on public logs (tests/data/cuda-logs.json, benchmarks/cuda_logs_accuracy.py).
+CUDA_COMPUTE = ComputeTraits(
+    offload_min_batch=32,
+    ops_capped=False,
+    fa_kv_convert=True,
+    source="ggml-cuda.cu:5636-5655 offload_op, :5825 min batch; fattn.cu:722-756",
+)
 
 BACKEND = Backend(
     kind=BackendKind.CUDA,
@@ -33,4 +45,5 @@ BACKEND = Backend(
     image_suffix="cuda",
     container_gpu_driver="nvidia",
     container_runtime="the NVIDIA Container Toolkit",
+    compute=CUDA_COMPUTE,
 )

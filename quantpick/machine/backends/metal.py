@@ -15,7 +15,7 @@
 
 from __future__ import annotations
 
-from quantpick.machine.backends.base import Backend, BackendKind, Vendor
+from quantpick.machine.backends.base import Backend, BackendKind, ComputeTraits, Vendor
 from quantpick.model.ggml import BufferRule
 
 BACKEND = Backend(
@@ -42,4 +42,11 @@ BACKEND = Backend(
     "held out by model, worst 3.1x; prefill 38%, worst 3.0x)",
     legacy_prefixes=("Metal",),
     cmake_option="-DGGML_METAL=ON (default on macOS)",
+    # offload_op takes a matmul (MUL_MAT, MUL_MAT_ID) of >= 32 rows (ggml-metal.cpp:774-780); the
+    # rest is the CUDA-fitted GPU rule, not checked against this backend's own allocations
+    compute=ComputeTraits(
+        offload_min_batch=32,
+        fa_kv_convert=True,
+        source="ggml-metal.cpp:774-780; otherwise unchecked",
+    ),
 )

@@ -17,6 +17,7 @@ from quantpick.machine.backends.base import (
     BackendKind,
     Vendor,
 )
+from quantpick.machine.backends.cuda import CUDA_COMPUTE
 from quantpick.model.ggml import BufferRule
 
 BACKEND = Backend(
@@ -36,4 +37,6 @@ BACKEND = Backend(
     # ROCm needs /dev/kfd and /dev/dri (ROCm docs, "Running ROCm Docker containers").
     container_devices=("/dev/kfd", "/dev/dri"),
     verify_efficiency=VERIFY_EFFICIENCY_AMD,
+    # the CUDA backend's code built for HIP: the same scheduler callbacks and kernels
+    compute=CUDA_COMPUTE,
 )

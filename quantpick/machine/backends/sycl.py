@@ -10,7 +10,7 @@
 
 from __future__ import annotations
 
-from quantpick.machine.backends.base import Backend, BackendKind, Vendor
+from quantpick.machine.backends.base import Backend, BackendKind, ComputeTraits, Vendor
 from quantpick.model.ggml import BufferRule
 
 
@@ -33,4 +33,11 @@ BACKEND = _SyclBackend(
     cmake_option="-DGGML_SYCL=ON",
     image_suffix="intel",
     container_devices=("/dev/dri",),
+    # offload_op takes a batch of >= 32 rows (ggml-sycl.cpp:6863-6866); the rest is the
+    # CUDA-fitted GPU rule, not checked against this backend's own allocations
+    compute=ComputeTraits(
+        offload_min_batch=32,
+        fa_kv_convert=True,
+        source="ggml-sycl.cpp:6863-6866; otherwise unchecked",
+    ),
 )

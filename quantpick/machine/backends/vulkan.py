@@ -21,11 +21,41 @@ from quantpick.machine.backends.base import (
     VERIFY_EFFICIENCY_AMD,
     Backend,
     BackendKind,
+    ComputeTraits,
     Vendor,
 )
 from quantpick.model.ggml import BufferRule
 
 GiB = 1024**3
+
+# The Vulkan backend's scheduler callbacks and kernels, as they shape its compute buffer (checked
+# on the lavapipe oracle: tests/data/vulkan-oracle.json.gz, benchmarks/vulkan_oracle_accuracy.py):
+# - offload_op: an op whose batch (ggml_vk_get_op_batch_size) is >= op_offload_min_batch_size
+#   (ggml-vulkan.cpp:15973-15977; default 32 at :16111);
+# - supports_op refuses an op with any source or result larger than max_buffer_size or, without
+#   shader64BitIndexing, maxStorageBufferRange (ggml-vulkan.cpp:15307-15328): the scheduler then
+#   runs it on the CPU backend (ggml-backend.cpp:888-900, 961-981). A device's largest tensor
+#   (Gpu.max_tensor_bytes) is that limit: the logits of a large vocabulary, a no-FA KQ matrix
+#   and the output head over it run on the host, and their live set is the host's buffer;
+# - flash attention over a quantized K/V dequantizes it into a scratch of the backend's own
+#   (prealloc buffers, ggml-vulkan.cpp:8082-8100), not into the graph's compute buffer.
+VULKAN_COMPUTE = ComputeTraits(
+    offload_min_batch=32,
+    ops_capped=True,
+    fa_kv_convert=False,
+    source="ggml-vulkan.cpp:15307-15328 supports_op, :15973-15977 offload_op, :8082-8100",
+    # the lavapipe oracle (tests/data/vulkan-oracle.json.gz, benchmarks/vulkan_oracle_accuracy.py):
+    # 318/384 device rows within max(5%, 16 MiB), median error 0%. Every layer offloaded, one or
+    # two devices: 264/288 within, the worst 27% (gemma-4-e2b -fa off on the second device);
+    # -ngl partial offload, where the device runs the host layers' matmuls one weight per split:
+    # 54/96 within, the worst 43% (the allocator's best-fit placement of those copies is not
+    # modelled: docs/compute.md)
+    expected_error=0.25,
+    error_basis="llama.cpp b11312 on lavapipe: 264/288 device rows within max(5%, 16 MiB)",
+    offload_expected_error=0.45,
+    offload_error_basis="llama.cpp b11312 on lavapipe, -ngl partial offload: 54/96 device rows "
+    "within max(5%, 16 MiB), worst 43%",
+)
 
 BACKEND = Backend(
     kind=BackendKind.VULKAN,
@@ -45,4 +75,5 @@ BACKEND = Backend(
     image_suffix="vulkan",
     container_devices=("/dev/dri",),
     verify_efficiency=VERIFY_EFFICIENCY_AMD,
+    compute=VULKAN_COMPUTE,
 )
