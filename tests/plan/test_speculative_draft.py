@@ -226,3 +226,18 @@ def test_an_mtp_sidecar_drafts_as_mtp_with_its_own_file(
     d, _ = speculation(target, box(), RunConfig(ctx_size=4096), 50.0,
                        SpecRequest(mode=SpecMode.MTP), model_name="t")  # fmt: skip
     assert not d.enabled and "no NextN/MTP block" in d.reason
+
+
+def test_the_draft_flags_have_their_environment_names() -> None:
+    """--format env writes llama-server's own variables (common/arg.cpp set_env, the pinned
+    build's --help): the draft's file, layers and cache types."""
+    from quantpick.serve.command import ENV_VARS
+
+    assert ENV_VARS["-md"] == "LLAMA_ARG_SPEC_DRAFT_MODEL"
+    assert ENV_VARS["-hfd"] == "LLAMA_ARG_SPEC_DRAFT_HF_REPO"
+    assert ENV_VARS["-ngld"] == "LLAMA_ARG_N_GPU_LAYERS_DRAFT"
+    assert ENV_VARS["-ctkd"] == "LLAMA_ARG_SPEC_DRAFT_CACHE_TYPE_K"
+    help_text = (Path(__file__).parents[1] / "data" / "llama-server-help-current.txt").read_text()
+    for name in ("LLAMA_ARG_SPEC_DRAFT_MODEL", "LLAMA_ARG_N_GPU_LAYERS_DRAFT",
+                 "LLAMA_ARG_SPEC_DRAFT_HF_REPO", "LLAMA_ARG_SPEC_DRAFT_CACHE_TYPE_V"):  # fmt: skip
+        assert f"(env: {name})" in help_text
