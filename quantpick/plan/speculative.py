@@ -340,7 +340,12 @@ def decide(
         return off(f"no speculation: {why}")
     best = max(usable, key=credited_tps)
     if credited_tps(best) < tps_without * min_gain:
-        also = "".join(f"; {k.value}: {r}" for k, r in refused.items())
+        also = "".join(
+            f"; {o.kind.value} with {o.draft_n_max} drafts: {o.tps:.1f} expected"
+            + (f" ({credited_tps(o):.1f} less its error)" if o.kind in SPEED_ERROR else "")
+            for o in usable
+            if o is not best
+        ) + "".join(f"; {k.value}: {r}" for k, r in refused.items())
         error = SPEED_ERROR.get(best.kind, 1.0)
         margin = f", less its {100 * (error - 1):.0f}% expected error," if error > 1 else ""
         return off(

@@ -56,6 +56,14 @@ def test_a_draft_is_offered_only_with_a_clear_predicted_gain() -> None:
     modest = decide(SpecMode.AUTO, kinds, {SpecKind.DRAFT: opt(SpecKind.DRAFT, 30.0)}, {}, 20.0)
     assert not modest.enabled
     assert "less its 63% expected error" in modest.reason
+    # a draft weighed beside a better kind is still named with its figure
+    weighed = decide(
+        SpecMode.AUTO, kinds,
+        {SpecKind.DRAFT: opt(SpecKind.DRAFT, 30.0), SpecKind.NGRAM: opt(SpecKind.NGRAM, 21.0)},
+        {}, 20.0,
+    )  # fmt: skip
+    assert not weighed.enabled and "the best, ngram" in weighed.reason
+    assert "draft with 3 drafts: 30.0 expected (18.4 less its error)" in weighed.reason
     clear_tps = 20.0 * MIN_GAIN * SPEED_ERROR[SpecKind.DRAFT] + 0.1
     clear = decide(SpecMode.AUTO, kinds, {SpecKind.DRAFT: opt(SpecKind.DRAFT, clear_tps)}, {}, 20.0)
     assert clear.enabled and clear.kind is SpecKind.DRAFT
