@@ -197,7 +197,7 @@ def bench_cmd(
     from quantpick.cli import output
     from quantpick.cli.local import local_model
     from quantpick.cli.render import plan_to_dict
-    from quantpick.jobs.bench import bench_plan, bench_speculation, plain_plan
+    from quantpick.jobs.bench import bench_plan, bench_speculation, plain_plan, with_speculation
     from quantpick.jobs.on_disk import plan_file
     from quantpick.plan.calibration import plausibility_problems
     from quantpick.serve.bench import BenchSettings
@@ -220,8 +220,7 @@ def bench_cmd(
                              timeout_s=tool_timeout(timeout, BENCH_TIMEOUT_S))  # fmt: skip
     report = bench_plan(
         p, local.manifest, local.model_path, machine, planned.result.inputs.overheads,
-        settings=settings,
-        llama_bin=llama_bin, llama_server=llama_server, tool=tool,
+        settings=settings, llama_bin=llama_bin, llama_server=llama_server, tool=tool,
         date=datetime.date.today().isoformat(), progress=progress,
     )  # fmt: skip
     spec_doc = bench_speculation(
@@ -231,6 +230,7 @@ def bench_cmd(
     )  # fmt: skip
     # Only a run that can be true is stored (plan/calibration.py): the README's own bench of a
     # 16 MiB test model once turned the next CPU pick into "nothing reaches 5 tok/s".
+    report = with_speculation(report, spec_doc)  # its acceptance, when it measured one
     refused = plausibility_problems(report.entry)
     saved = None if no_save or refused else save_profile(machine, report.entry)
     if json_:

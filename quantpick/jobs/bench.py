@@ -313,5 +313,41 @@ def bench_speculation(
         "problems": problems,
         "reason": f"{kind or ''} with {d.draft_n_max} drafts: {measured}; "
         f"predicted {d.tps:.1f} vs {d.tps_without:.1f} (the prediction's depth; "
-        "not stored in the calibration)",
+        + (
+            "the acceptance is stored with the calibration for later plans)"
+            if not problems and acc is not None and _storable(acc, d.draft_n_max)
+            else "nothing stored)"
+        ),
     }
+
+
+def _storable(rate: float, n: int) -> bool:
+    """Whether a measured acceptance rate gives a per-token acceptance to plan with: a run that
+    accepted no draft, or every one, does not (0 or 1 would be a certainty, not a measurement)."""
+    from quantpick.plan.speculative import acceptance_from_rate
+
+    return 0 < round(acceptance_from_rate(rate, n), 4) < 1
+
+
+def with_speculation(report: BenchReport, spec_doc: dict[str, Any] | None) -> BenchReport:
+    """The report whose profile entry carries the per-token acceptance `bench --spec` measured
+    (docs/calibration.md "speculation"), when it measured one: later plans on this machine and
+    build decide speculation with it (plan/speculative.py SpecRequest.measured_acceptance).
+    Speed factors stay the plain plan's; plausibility_problems checks the acceptance too."""
+    if not spec_doc or not spec_doc.get("measured") or spec_doc.get("acceptance") is None:
+        return report
+    from quantpick.plan.speculative import acceptance_from_rate
+
+    rate, n = float(spec_doc["acceptance"]), int(spec_doc["draft_n_max"])
+    if not _storable(rate, n):
+        return report
+    a = round(acceptance_from_rate(rate, n), 4)
+    measured = {
+        "acceptance": a,  # per token, as plan/speculative.py uses it
+        "rate": round(rate, 4),  # llama-server's accepted / drafted
+        "draft_n_max": n,
+        "decode_tps_with": spec_doc["decode_tps_with"],
+        "decode_tps_without": spec_doc["decode_tps_without"],
+    }
+    entry = {**report.entry, "speculation": {str(spec_doc["kind"]): measured}}
+    return replace(report, entry=entry)

@@ -86,6 +86,9 @@ class Calibration:
     speed: SpeedFactors
     gpu_overhead_bytes: tuple[tuple[str, int], ...] = ()  # device ("CUDA0") -> bytes
     measured_on: str = ""  # what the bench ran: "Q4_K_M, 19.7 GiB, on CUDA0"
+    # speculation kind ("mtp") -> per-token acceptance `bench --spec` measured (entry
+    # "speculation"); later plans decide speculation with it instead of the fitted figure
+    acceptance: tuple[tuple[str, float], ...] = ()
 
     @property
     def label(self) -> str:
@@ -197,6 +200,14 @@ def shape_problems(entry: object) -> list[str]:
         value = entry.get(key)
         if value is not None and not isinstance(value, list):
             problems.append(f"{key} is a {type(value).__name__}, not a list")
+    spec = entry.get("speculation")
+    if spec is not None and not isinstance(spec, dict):
+        problems.append(f"speculation is a {type(spec).__name__}, not an object")
+    elif spec:
+        for kind, value in spec.items():
+            why = _acceptance_problem(value.get("acceptance") if isinstance(value, dict) else None)
+            if why is not None:
+                problems.append(f"speculation {kind} acceptance {why}")
     return problems
 
 
@@ -480,7 +491,27 @@ def calibration_from_profile(
     )
     label = entry.get("build_label") or build
     return Calibration(str(entry.get("date", "?")), str(label), factors, overhead,
-                       _measured_on(entry)), None  # fmt: skip
+                       _measured_on(entry), speculation_acceptance(entry)), None  # fmt: skip
+
+
+def speculation_acceptance(entry: dict[str, Any]) -> tuple[tuple[str, float], ...]:
+    """The per-token acceptance by kind a `bench --spec` entry stored ("speculation":
+    {"mtp": {"acceptance": a, ...}}); entries plausibility_problems refused never get here."""
+    spec = entry.get("speculation")
+    if not isinstance(spec, dict):
+        return ()
+    return tuple(
+        (str(kind), float(v["acceptance"]))
+        for kind, v in sorted(spec.items())
+        if isinstance(v, dict) and _acceptance_problem(v.get("acceptance")) is None
+    )
+
+
+def _acceptance_problem(value: Any) -> str | None:
+    number = _number(value)
+    if number is None or not math.isfinite(number) or not 0 < number < 1:
+        return f"is {_shown(value)}, not a probability between 0 and 1"
+    return None
 
 
 # A driver's own share of a GPU beyond llama.cpp's buffers is a few hundred MiB (CUDA context,

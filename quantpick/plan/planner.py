@@ -121,6 +121,8 @@ def _speculate(
     spec = request.spec
     if spec.verify_efficiency == 1.0:
         spec = replace(spec, verify_efficiency=verify_efficiency(machine))
+    if request.calibration is not None and request.calibration.acceptance:
+        spec = replace(spec, measured_acceptance=request.calibration.acceptance)
     decision, config = speculation(
         layout, machine, p.config, expected_tps(p.speed), spec,
         model_name=manifest.id, files=tuple(f.name for f in manifest.files),

@@ -260,6 +260,7 @@ class SpecOption:
     acceptance: float  # per-token a
     tps: float  # expected decode tok/s with it
     tps_without: float
+    measured: bool = False  # the acceptance is this machine's (quantpick bench --spec), not fitted
 
 
 def best_option(
@@ -369,7 +370,9 @@ def _on(opt: SpecOption, options: tuple[SpecOption, ...], *, asked: bool) -> Spe
     reason = (
         f"{opt.kind.value} speculation, {opt.draft_n_max} drafts: {opt.tps:.1f} vs "
         f"{opt.tps_without:.1f} tok/s expected (x{gain:.2f}, acceptance "
-        f"{100 * rate_from_acceptance(opt.acceptance, opt.draft_n_max):.0f}%)"
+        f"{100 * rate_from_acceptance(opt.acceptance, opt.draft_n_max):.0f}%"
+        + (", measured here by quantpick bench --spec" if opt.measured else "")
+        + ")"
         + (" as asked" if asked else "")
         + ("; expected slower than without it on this machine" if asked and gain < 1 else "")
         + (f"; {SPEED_ERROR_TEXT[opt.kind]}" if opt.kind in SPEED_ERROR_TEXT else "")
@@ -393,6 +396,9 @@ class SpecRequest:
     # the target's vocabulary as read from its file (token texts included); None: from the
     # layout's metadata (no token texts)
     target_vocab: Vocabulary | None = None
+    # per-token acceptance by kind ("mtp" -> a) that `quantpick bench --spec` measured on this
+    # machine (plan/calibration.py Calibration.acceptance): used instead of the fitted ACCEPTANCE
+    measured_acceptance: tuple[tuple[str, float], ...] = ()
 
 
 def draft_refusal(layout: ModelLayout, request: SpecRequest) -> str | None:
@@ -533,9 +539,12 @@ def speculation(
         costs = StepCosts(
             costs.decode_s * scale, costs.draft_s * scale, tuple(v * scale for v in costs.verify_s)
         )
-        a = ACCEPTANCE[(kind, request.task)]
+        measured = dict(request.measured_acceptance).get(kind.value)
+        a = ACCEPTANCE[(kind, request.task)] if measured is None else measured
         best = max(fitting, key=lambda n: round_speed(costs, a, n))
-        options[kind] = SpecOption(kind, best, a, round_speed(costs, a, best), tps_without)
+        options[kind] = SpecOption(
+            kind, best, a, round_speed(costs, a, best), tps_without, measured is not None
+        )
     decision = decide(request.mode, tuple(available), options, refused, tps_without)
     if not decision.enabled or decision.kind is None:
         return decision, base

@@ -324,3 +324,26 @@ def test_machine_key_names_the_gpus_and_changes_with_them() -> None:
     assert machine_key(box(uuid1="GPU-c")) != key
     cpu = Machine(gpus=(), host=Host(64 * GiB, 60 * GiB, 8))
     assert machine_key(cpu).startswith("cpu-")
+
+
+def test_a_measured_speculation_acceptance_is_read_back() -> None:
+    """`bench --spec` stores its acceptance per kind (docs/calibration.md "speculation"): the
+    calibration carries it for the planner (before: measured, printed and forgotten)."""
+    machine = box()
+    entry = good_entry(speculation={"mtp": {"acceptance": 0.42, "rate": 0.3, "draft_n_max": 4}})
+    cal, why = calibration_from_profile(stored(machine, [entry]), machine, BID, SIZES)
+    assert cal is not None, why
+    assert cal.acceptance == (("mtp", 0.42),)
+    cal, _ = calibration_from_profile(stored(machine, [good_entry()]), machine, BID, SIZES)
+    assert cal is not None and cal.acceptance == ()
+
+
+@pytest.mark.parametrize("value", [0.0, 1.0, -0.2, float("nan"), "0.5", None, 7])
+def test_an_impossible_speculation_acceptance_refuses_the_entry(value: object) -> None:
+    entry = good_entry(speculation={"mtp": {"acceptance": value}})
+    assert any("speculation mtp acceptance" in p for p in plausibility_problems(entry))
+
+
+def test_a_speculation_that_is_not_an_object_refuses_the_entry() -> None:
+    problems = plausibility_problems(good_entry(speculation=[0.5]))
+    assert any("speculation is a list, not an object" in p for p in problems)

@@ -99,7 +99,8 @@ def test_tiny_mtp_model_served_with_the_chosen_flags_answers(
 def test_bench_spec_measures_both_ways(llamacpp_bin: Path, tmp_path: Path, kind: str) -> None:
     """`bench --spec mtp` (the model's NextN block) and `bench --spec draft --draft FILE`: the
     plain plan is benched (and would calibrate), the speculation is measured both ways through
-    llama-server's timings (draft counts included), never stored."""
+    llama-server's timings (draft counts included); its acceptance is stored with the
+    calibration when there is one to plan with (the tiny random model's drafts: 0 or some)."""
     from tiny_model import TINY_DRAFT
 
     model = tmp_path / "tiny-mtp.gguf"
@@ -120,7 +121,13 @@ def test_bench_spec_measures_both_ways(llamacpp_bin: Path, tmp_path: Path, kind:
     assert spec["measured"] and spec["kind"] == kind and spec["problems"] == []
     assert spec["decode_tps_with"] > 0 and spec["decode_tps_without"] > 0
     assert spec["drafted"] > 0 and 0 <= spec["accepted"] <= spec["drafted"]
-    assert "--spec-type" in spec["argv"] and "not stored in the calibration" in spec["reason"]
+    assert "--spec-type" in spec["argv"]
+    some = 0 < spec["accepted"] < spec["drafted"]
+    assert ("stored with the calibration" in spec["reason"]) == some
+    assert ("speculation" in doc["bench"]) == some
+    if some:
+        stored = doc["bench"]["speculation"][kind]
+        assert stored["rate"] == pytest.approx(spec["acceptance"], abs=1e-4)
 
 
 @pytest.mark.parametrize(
