@@ -127,8 +127,9 @@ SPEED_ERROR_TEXT: dict[SpecKind, str] = {
 
 
 def credited_tps(opt: SpecOption) -> float:
-    """The option's predicted decode less its kind's expected overshoot (SPEED_ERROR)."""
-    return opt.tps / SPEED_ERROR.get(opt.kind, 1.0)
+    """The option's predicted decode less its kind's expected overshoot (SPEED_ERROR); an
+    acceptance measured on this machine (quantpick bench --spec) is taken as it is."""
+    return opt.tps if opt.measured else opt.tps / SPEED_ERROR.get(opt.kind, 1.0)
 
 
 def accepted_per_round(a: float, n: int) -> float:
@@ -375,7 +376,11 @@ def _on(opt: SpecOption, options: tuple[SpecOption, ...], *, asked: bool) -> Spe
         + ")"
         + (" as asked" if asked else "")
         + ("; expected slower than without it on this machine" if asked and gain < 1 else "")
-        + (f"; {SPEED_ERROR_TEXT[opt.kind]}" if opt.kind in SPEED_ERROR_TEXT else "")
+        + (
+            f"; {SPEED_ERROR_TEXT[opt.kind]}"
+            if opt.kind in SPEED_ERROR_TEXT and not opt.measured
+            else ""
+        )
     )
     return SpecDecision(True, opt.kind, opt.draft_n_max, opt.tps, opt.tps_without, reason, options)
 

@@ -74,6 +74,10 @@ def test_a_draft_is_offered_only_with_a_clear_predicted_gain() -> None:
     both = {SpecKind.MTP: opt(SpecKind.MTP, 30.0), SpecKind.DRAFT: opt(SpecKind.DRAFT, 40.0)}
     d = decide(SpecMode.AUTO, (SpecKind.MTP, SpecKind.DRAFT), both, {}, 20.0)
     assert d.kind is SpecKind.MTP
+    # an acceptance measured here (bench --spec) is not discounted, nor called an estimate
+    measured = replace(opt(SpecKind.DRAFT, 30.0), measured=True)
+    here = decide(SpecMode.AUTO, kinds, {SpecKind.DRAFT: measured}, {}, 20.0)
+    assert here.enabled and "2 published" not in here.reason
     # asked by name it is used, with the estimate's error said
     asked = decide(SpecMode.DRAFT, kinds, {SpecKind.DRAFT: opt(SpecKind.DRAFT, 30.0)}, {}, 20.0)
     assert asked.enabled and "as asked" in asked.reason and "2 published" in asked.reason
