@@ -127,8 +127,9 @@ SPEED_ERROR_TEXT: dict[SpecKind, str] = {
 
 
 def credited_tps(opt: SpecOption) -> float:
-    """The option's predicted decode less its kind's expected overshoot (SPEED_ERROR)."""
-    return opt.tps / SPEED_ERROR.get(opt.kind, 1.0)
+    """The option's predicted decode less its kind's expected overshoot (SPEED_ERROR); an
+    acceptance measured on this machine (quantpick bench --spec) is taken as it is."""
+    return opt.tps if opt.measured else opt.tps / SPEED_ERROR.get(opt.kind, 1.0)
 
 
 def accepted_per_round(a: float, n: int) -> float:
@@ -341,7 +342,12 @@ def decide(
         return off(f"no speculation: {why}")
     best = max(usable, key=credited_tps)
     if credited_tps(best) < tps_without * min_gain:
-        also = "".join(f"; {k.value}: {r}" for k, r in refused.items())
+        also = "".join(
+            f"; {o.kind.value} with {o.draft_n_max} drafts: {o.tps:.1f} expected"
+            + (f" ({credited_tps(o):.1f} less its error)" if o.kind in SPEED_ERROR else "")
+            for o in usable
+            if o is not best
+        ) + "".join(f"; {k.value}: {r}" for k, r in refused.items())
         error = SPEED_ERROR.get(best.kind, 1.0)
         margin = f", less its {100 * (error - 1):.0f}% expected error," if error > 1 else ""
         return off(
@@ -370,7 +376,11 @@ def _on(opt: SpecOption, options: tuple[SpecOption, ...], *, asked: bool) -> Spe
         + ")"
         + (" as asked" if asked else "")
         + ("; expected slower than without it on this machine" if asked and gain < 1 else "")
-        + (f"; {SPEED_ERROR_TEXT[opt.kind]}" if opt.kind in SPEED_ERROR_TEXT else "")
+        + (
+            f"; {SPEED_ERROR_TEXT[opt.kind]}"
+            if opt.kind in SPEED_ERROR_TEXT and not opt.measured
+            else ""
+        )
     )
     return SpecDecision(True, opt.kind, opt.draft_n_max, opt.tps, opt.tps_without, reason, options)
 

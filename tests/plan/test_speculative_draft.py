@@ -56,6 +56,14 @@ def test_a_draft_is_offered_only_with_a_clear_predicted_gain() -> None:
     modest = decide(SpecMode.AUTO, kinds, {SpecKind.DRAFT: opt(SpecKind.DRAFT, 30.0)}, {}, 20.0)
     assert not modest.enabled
     assert "less its 63% expected error" in modest.reason
+    # a draft weighed beside a better kind is still named with its figure
+    weighed = decide(
+        SpecMode.AUTO, kinds,
+        {SpecKind.DRAFT: opt(SpecKind.DRAFT, 30.0), SpecKind.NGRAM: opt(SpecKind.NGRAM, 21.0)},
+        {}, 20.0,
+    )  # fmt: skip
+    assert not weighed.enabled and "the best, ngram" in weighed.reason
+    assert "draft with 3 drafts: 30.0 expected (18.4 less its error)" in weighed.reason
     clear_tps = 20.0 * MIN_GAIN * SPEED_ERROR[SpecKind.DRAFT] + 0.1
     clear = decide(SpecMode.AUTO, kinds, {SpecKind.DRAFT: opt(SpecKind.DRAFT, clear_tps)}, {}, 20.0)
     assert clear.enabled and clear.kind is SpecKind.DRAFT
@@ -66,6 +74,10 @@ def test_a_draft_is_offered_only_with_a_clear_predicted_gain() -> None:
     both = {SpecKind.MTP: opt(SpecKind.MTP, 30.0), SpecKind.DRAFT: opt(SpecKind.DRAFT, 40.0)}
     d = decide(SpecMode.AUTO, (SpecKind.MTP, SpecKind.DRAFT), both, {}, 20.0)
     assert d.kind is SpecKind.MTP
+    # an acceptance measured here (bench --spec) is not discounted, nor called an estimate
+    measured = replace(opt(SpecKind.DRAFT, 30.0), measured=True)
+    here = decide(SpecMode.AUTO, kinds, {SpecKind.DRAFT: measured}, {}, 20.0)
+    assert here.enabled and "2 published" not in here.reason
     # asked by name it is used, with the estimate's error said
     asked = decide(SpecMode.DRAFT, kinds, {SpecKind.DRAFT: opt(SpecKind.DRAFT, 30.0)}, {}, 20.0)
     assert asked.enabled and "as asked" in asked.reason and "2 published" in asked.reason
@@ -226,3 +238,18 @@ def test_an_mtp_sidecar_drafts_as_mtp_with_its_own_file(
     d, _ = speculation(target, box(), RunConfig(ctx_size=4096), 50.0,
                        SpecRequest(mode=SpecMode.MTP), model_name="t")  # fmt: skip
     assert not d.enabled and "no NextN/MTP block" in d.reason
+
+
+def test_the_draft_flags_have_their_environment_names() -> None:
+    """--format env writes llama-server's own variables (common/arg.cpp set_env, the pinned
+    build's --help): the draft's file, layers and cache types."""
+    from quantpick.serve.command import ENV_VARS
+
+    assert ENV_VARS["-md"] == "LLAMA_ARG_SPEC_DRAFT_MODEL"
+    assert ENV_VARS["-hfd"] == "LLAMA_ARG_SPEC_DRAFT_HF_REPO"
+    assert ENV_VARS["-ngld"] == "LLAMA_ARG_N_GPU_LAYERS_DRAFT"
+    assert ENV_VARS["-ctkd"] == "LLAMA_ARG_SPEC_DRAFT_CACHE_TYPE_K"
+    help_text = (Path(__file__).parents[1] / "data" / "llama-server-help-current.txt").read_text()
+    for name in ("LLAMA_ARG_SPEC_DRAFT_MODEL", "LLAMA_ARG_N_GPU_LAYERS_DRAFT",
+                 "LLAMA_ARG_SPEC_DRAFT_HF_REPO", "LLAMA_ARG_SPEC_DRAFT_CACHE_TYPE_V"):  # fmt: skip
+        assert f"(env: {name})" in help_text
