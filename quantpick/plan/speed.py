@@ -24,7 +24,10 @@ below the bound. One token of decode costs, in seconds (`decode_seconds`):
                    (bandwidth x `gpu_bandwidth_efficiency`), plus the context-depth term: fill x
                    f16-sized KV bytes x `kv_depth_factor` / bandwidth, times `kv_quant_factor`
                    when the KV cache is quantized (on CUDA flash attention dequantizes it: slower
-                   at depth, never faster);
+                   at depth, never faster); where the backend's decode attention kernel runs
+                   each query head on its own, the heads' FLOPs over the fill at that kernel's
+                   rate when slower (`attention_depth_seconds`: MLA's many heads over one
+                   latent are compute-bound there);
     on the host    routed experts (or whole layers) kept in RAM: bytes / min(RAM bandwidth x
                    `host_bandwidth_efficiency`, cores x `host_core_bytes_per_s`);
     between them   `hop_ms` per change between a GPU and the host along the layers (an expert
@@ -306,6 +309,10 @@ class DeviceSpeed:
     network_bytes_per_s: int | None = None
     network_rtt_s: float | None = None
     network_assumed: bool = False  # the link's figures are quantpick's defaults (1 GbE)
+    # GPU: the FLOP/s its decode attention kernel reaches over the KV cache when that kernel runs
+    # each query head on its own (Backend.decode_attention_efficiency x the catalogue's FP16
+    # figure); None: decode attention costs the cache bytes it reads.
+    attention_flops_per_s: float | None = None
 
     @property
     def assumed(self) -> tuple[str, ...]:
@@ -341,6 +348,7 @@ def device_speeds(machine: Machine) -> dict[str, DeviceSpeed]:
         name = backend.device_name(g.index)
         bandwidth = g.bandwidth_bytes_per_s or DEFAULT_GPU_BANDWIDTH
         tflops = g.fp16_tflops if g.fp16_tflops is not None else ASSUMED_GPU_FP16_TFLOPS
+        attention = backend.decode_attention_efficiency
         devices[name] = DeviceSpeed(
             device=name,
             kind="gpu",
@@ -351,6 +359,7 @@ def device_speeds(machine: Machine) -> dict[str, DeviceSpeed]:
             compute_assumed=g.fp16_tflops is None,
             pcie_assumed=not known_link,
             compute_capability=g.compute_capability,
+            attention_flops_per_s=tflops * 1e12 * attention if attention is not None else None,
         )
     # RPC devices, named as llama-server names them with every worker in --rpc (the planner's
     # default); speed_work finds a device of an Estimate by its worker and position, so a plan
@@ -576,11 +585,35 @@ def decode_seconds(
             seconds += _gpu_fixed_seconds(w.layer_kinds, dev, params)
             bw = dev.bandwidth_bytes_per_s * params.gpu_bandwidth_efficiency
             seconds += w.decode_bytes / bw
-            seconds += depth * params.kv_depth_factor * quant / bw
+            seconds += attention_depth_seconds(w, dev, fill, work.n_swa, quant, params)
         else:
             rate = _host_rate(dev, params)
             seconds += w.decode_bytes / rate
             seconds += depth * params.kv_depth_factor / rate
+    return seconds
+
+
+def attention_depth_seconds(
+    w: DeviceWork,
+    dev: DeviceSpeed,
+    fill: int,
+    n_swa: int,
+    quant: float = 1.0,
+    params: SpeedParams = DEFAULT_SPEED_PARAMS,
+) -> float:
+    """Seconds one decoded token spends on a GPU attending over `fill` tokens of cache: the
+    f16-sized KV bytes its attention layers read (x kv_depth_factor, x `quant` for a quantized
+    cache) at the card's bandwidth, or, where the backend's decode kernel runs each query head
+    on its own (`DeviceSpeed.attention_flops_per_s`), the heads' arithmetic over those cells
+    (2 x n_head x (K + V head size) per layer and cell) at that kernel's rate, whichever is
+    slower. The arithmetic grows with the query heads, the bytes with the KV heads: MLA (one
+    576-wide latent under 20-128 query heads) is 5x a GQA layer's FLOPs per byte."""
+    depth = filled(fill, w.kv_window_bytes, w.kv_depth_bytes, n_swa)
+    bw = dev.bandwidth_bytes_per_s * params.gpu_bandwidth_efficiency
+    seconds = depth * params.kv_depth_factor * quant / bw
+    if dev.attention_flops_per_s:
+        flops = filled(fill, w.attention_flops_window, w.attention_flops_full, n_swa)
+        seconds = max(seconds, flops / dev.attention_flops_per_s)
     return seconds
 
 
@@ -617,10 +650,14 @@ def verify_seconds(
             rate = dev.bandwidth_bytes_per_s * params.gpu_bandwidth_efficiency
         else:
             rate = _host_rate(dev, params)
-        depth = filled(fill, w.kv_window_bytes, w.kv_depth_bytes, work.n_swa)
+        if w.kind == "gpu":
+            depth_s = attention_depth_seconds(w, dev, fill, work.n_swa, quant, params)
+        else:
+            depth = filled(fill, w.kv_window_bytes, w.kv_depth_bytes, work.n_swa)
+            depth_s = depth * params.kv_depth_factor * quant / rate
         extra += w.expert_resident_bytes * max(0.0, touched - used) / rate
         extra += (tokens - 1) * token_share * w.decode_bytes / rate
-        extra += (tokens - 1) * token_share * depth * params.kv_depth_factor * quant / rate
+        extra += (tokens - 1) * token_share * depth_s
     return seconds + extra / max(efficiency, 1e-6)
 
 
