@@ -8,9 +8,11 @@ For each backend it prints:
 - held out: the backend's rows predicted by the CUDA/CPU-fitted model with no backend term (the
   backend never seen);
 - fitted, held out by model: a decode (prefill) efficiency for the backend, the bandwidth
-  (compute) share its kernels reach relative to CUDA's, fitted on the backend's other models'
-  rows and applied to each model's rows (rows of one model at several depths are not
-  independent, so a model is the unit held out);
+  (compute) share its kernels reach relative to CUDA's (decode's at most 1.0: the bus is a
+  bound), and, where the backend's decode attention kernel runs each query head on its own
+  (Backend.decode_attention_efficiency), that kernel's share of the catalogue's FP16 figure,
+  fitted on the backend's other models' rows and applied to each model's rows (rows of one
+  model at several depths are not independent, so a model is the unit held out);
 - the efficiency fitted on all its rows, beside the value machine/backends/<backend>.py carries.
 
 Goal (issue #31): per backend, decode median error <= 25% and every row within 2x, held out.
@@ -148,18 +150,20 @@ def model_key(case: Case) -> str:
     return f"{case.label.split(' d')[0]} {size:.1f}GiB"
 
 
-def main() -> None:
+def report() -> list[str]:
+    """The per-backend figures, one line each (main prints them; speed_accuracy.py too)."""
+    out: list[str] = []
     cases, unusable = load_cases(DATA)
     for row, why in unusable:
-        print(f"unusable row {row['id']}: {why}")
+        out.append(f"unusable row {row['id']}: {why}")
     by_backend: dict[str, list[Case]] = defaultdict(list)
     backends: dict[str, Backend] = {}
     for c in cases:
         b = case_backend(c)
         by_backend[b.label].append(c)
         backends[b.label] = b
-    print(f"SpeedParams: {DEFAULT_SPEED_PARAMS.basis}")
-    print(f"{len(cases)} rows from {DATA.name}\n")
+    out.append(f"SpeedParams: {DEFAULT_SPEED_PARAMS.basis}")
+    out.append(f"{len(cases)} rows from {DATA.name}\n")
     for label, rows in sorted(by_backend.items()):
         b = backends[label]
         models = sorted({model_key(c) for c in rows})
@@ -176,30 +180,36 @@ def main() -> None:
             held_pp += pp
             per_model.append((model, eff_tg, eff_pp, eff_at, tg, pp))
         all_tg, all_pp, all_at = fit(rows, b)
-        print(f"== {label}: {len(rows)} rows, {len(models)} models")
+        out.append(f"== {label}: {len(rows)} rows, {len(models)} models")
         for name, errs in (
             ("decode, backend held out (CUDA-fitted, no backend term)", unseen_tg),
             ("prefill, backend held out (CUDA-fitted, no backend term)", unseen_pp),
             ("decode, efficiency fitted on the other models [goal]", held_tg),
             ("prefill, efficiency fitted on the other models", held_pp),
         ):
-            print("  " + summary(name, errs, GOAL_WORST))
+            out.append("  " + summary(name, errs, GOAL_WORST))
         for model, eff_tg, eff_pp, eff_at, tg, pp in per_model:
             worst_tg = max(tg) if tg else float("nan")
             worst_pp = max(pp) if pp else float("nan")
             at = f" attention {eff_at:.3f}" if eff_at is not None else ""
-            print(f"    {model:<44} decode eff {eff_tg:.2f}{at} worst {worst_tg:.2f}x   "
+            out.append(f"    {model:<44} decode eff {eff_tg:.2f}{at} worst {worst_tg:.2f}x   "
                   f"prefill eff {eff_pp:.2f} worst {worst_pp:.2f}x")  # fmt: skip
         med = statistics.median(held_tg) if held_tg else math.inf
         ok = med <= GOAL_MEDIAN and (max(held_tg) if held_tg else math.inf) <= GOAL_WORST
         carried_at = b.decode_attention_efficiency
         at_fit = f", decode_attention_efficiency {all_at:.3f}" if all_at is not None else ""
         at_now = f", {carried_at:.3f}" if carried_at is not None else ""
-        print(f"  fitted on all rows: decode_efficiency {all_tg:.2f}, prefill_efficiency "
+        out.append(f"  fitted on all rows: decode_efficiency {all_tg:.2f}, prefill_efficiency "
               f"{all_pp:.2f}{at_fit}; machine/backends carries {b.decode_efficiency:.2f}, "
               f"{b.prefill_efficiency:.2f}{at_now}")  # fmt: skip
-        print(f"  goal (decode median <= 25%, every row within 2x, held out): "
+        out.append(f"  goal (decode median <= 25%, every row within 2x, held out): "
               f"{'met' if ok else 'NOT met'}\n")  # fmt: skip
+
+    return out
+
+
+def main() -> None:
+    print("\n".join(report()))
 
 
 if __name__ == "__main__":
