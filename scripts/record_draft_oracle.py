@@ -12,7 +12,10 @@ the CPU build, stops it once the slots exist, and keeps the target's and the dra
 cells, layers), recurrent state, output and compute buffers, in MiB as printed (two decimals),
 and whether the speculation started ("adding speculative implementation 'draft-simple'"). Two
 drafts llama.cpp must refuse are recorded too: a vocabulary 1024 tokens larger, and one token's
-text changed (common_speculative_are_compatible, common/speculative.cpp:67-122).
+text changed (common_speculative_are_compatible, common/speculative.cpp:67-122). And an `mtp-`
+sidecar (tests/tiny_model.py sidecar=True: the NextN block, embeddings and output head alone) run
+with `--spec-type draft-mtp -md SIDECAR` over the grid without -kvu ("sidecar_cases"): llama.cpp
+loads it as the draft model with an MTP context.
 """
 
 from __future__ import annotations
@@ -46,7 +49,7 @@ PATTERNS = {
     "recurrent": re.compile(r"llama_memory_recurrent: size =\s+" + MIB),
     "compute": re.compile(r"sched_reserve:\s+\S+ compute buffer size =\s+" + MIB),
 }
-STARTED = "adding speculative implementation 'draft-simple'"
+STARTED = "adding speculative implementation 'draft-"
 REFUSED = "the target and draft vocabs are not compatible"
 
 
@@ -69,9 +72,11 @@ def parse(log: str) -> dict[str, object]:
     return out
 
 
-def run(server: Path, model: Path, draft: Path, args: list[str], port: int) -> str:
+def run(
+    server: Path, model: Path, draft: Path, args: list[str], port: int, kind: str = "draft-simple"
+) -> str:
     cmd = [str(server), "-m", str(model), "--port", str(port), "-lv", "4", "-fit", "off",
-           "--spec-type", "draft-simple", "-md", str(draft), "-ngld", "0", "-devd", "none",
+           "--spec-type", kind, "-md", str(draft), "-ngld", "0", "-devd", "none",
            *args]  # fmt: skip
     with tempfile.TemporaryFile("w+") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
@@ -105,13 +110,26 @@ def main() -> None:
                 raise SystemExit(f"no draft context in the log of {args}")
             cases.append({"ctx": ctx, "np": np_, "n_max": n, "ctkd": ctkd, "kvu": kvu, **rec})
             print(ctx, np_, n, ctkd, kvu, rec["draft"])
+        sidecar = Path(tmp) / "mtp-tiny-Q8_0.gguf"
+        write_tiny_model(sidecar, sidecar=True, seed=3)
+        sidecar_cases = []
+        for i, (ctx, np_, n, ctkd, kvu) in enumerate(itertools.product(*GRID.values())):
+            if kvu:
+                continue
+            args = ["-c", str(ctx), "-np", str(np_), "--spec-draft-n-max", str(n),
+                    "-ctkd", ctkd, "-ctvd", ctkd]  # fmt: skip
+            rec = parse(run(server, model, sidecar, args, 18700 + i, kind="draft-mtp"))
+            if not rec["started"] or "kv" not in rec["draft"]:  # type: ignore[operator]
+                raise SystemExit(f"no MTP sidecar context in the log of {args}")
+            sidecar_cases.append({"ctx": ctx, "np": np_, "n_max": n, "ctkd": ctkd, **rec})
+            print("sidecar", ctx, np_, n, ctkd, rec["draft"])
         refusals = []
         for name, kwargs in (
             ("vocab-1024-larger", {"hparams": dict(TINY_DRAFT, n_vocab=2048)}),
             ("token-600-text", {"hparams": TINY_DRAFT, "odd_token": 600}),
         ):
             odd = Path(tmp) / f"{name}.gguf"
-            write_tiny_model(odd, seed=2, **kwargs)  # type: ignore[arg-type]
+            write_tiny_model(odd, seed=2, **kwargs)
             rec = parse(run(server, model, odd, ["-c", "4096"], 18600 + len(refusals)))
             refusals.append({"draft": name, "started": rec["started"], "refused": rec["refused"]})
             print(name, refusals[-1])
@@ -119,7 +137,9 @@ def main() -> None:
         "model": "tests/tiny_model.py write_tiny_model()",
         "draft": "tests/tiny_model.py write_tiny_model(hparams=TINY_DRAFT, seed=1)",
         "flags": "-fit off --spec-type draft-simple -md DRAFT -ngld 0 -devd none",
+        "sidecar": "tests/tiny_model.py write_tiny_model(sidecar=True, seed=3), draft-mtp",
         "cases": cases,
+        "sidecar_cases": sidecar_cases,
         "refusals": refusals,
     }
     out.write_text(json.dumps(doc, indent=1) + "\n")

@@ -54,17 +54,20 @@ def write_tiny_model(
     mtp: bool = False,
     hparams: dict[str, int] | None = None,
     odd_token: int | None = None,
+    sidecar: bool = False,
 ) -> int:
     """Write the model to `path`; returns its size in bytes. `reshape`: tensors written with
     another shape (ne order), a file whose header parses but which llama.cpp refuses. `mtp`: with
     an MTP/NextN block (one more block, nextn_predict_layers = 1), as Qwen3.6 GGUFs carry.
     `hparams`: other sizes than TINY (TINY_DRAFT: a smaller model of the same vocabulary, a
     draft for speculative decoding). `odd_token`: that filler token's text changed (a vocabulary of
-    the same size that llama.cpp's draft check refuses)."""
+    the same size that llama.cpp's draft check refuses). `sidecar`: an MTP-only file (an `mtp-`
+    sidecar: the NextN block, the embeddings and the output head, no trunk blocks), which
+    llama.cpp loads as a draft model (src/models/qwen35moe.cpp:39 mtp_only)."""
     h = TINY if hparams is None else hparams
     w = gguf.GGUFWriter(str(path), ARCH)
     w.add_name("quantpick-tiny-qwen35moe")
-    add_hparams(w, h, mtp=mtp)
+    add_hparams(w, h, mtp=mtp or sidecar)
 
     vocab = h["n_vocab"]
     byte_map = _bytes_to_unicode()
@@ -89,7 +92,9 @@ def write_tiny_model(
     )
 
     entries: list[tuple[str, T, int]] = []
-    for name, ne in tensor_list(h, mtp=mtp):
+    for name, ne in tensor_list(h, mtp=mtp or sidecar):
+        if sidecar and name.startswith("blk.") and int(name.split(".")[1]) < h["n_layer"]:
+            continue
         ne = (reshape or {}).get(name, ne)
         qt = _qtype(name, ne)
         block, type_size = gguf.GGML_QUANT_SIZES[qt]

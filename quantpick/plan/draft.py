@@ -16,6 +16,13 @@ The target keeps its own memory, except that its output rows grow to np x (1 + n
 draft needs no rollback snapshots of the target's recurrent state (need_n_rs_seq counts MTP,
 Eagle3, DFlash and DSpark only: common/common.h:396-402).
 
+An `mtp-` sidecar (a GGUF of the NextN block alone, with the embeddings and the output head) is
+such a draft file run with `--spec-type draft-mtp`: llama.cpp loads it as the draft model
+(src/models/qwen35moe.cpp:39: `mtp_only` when the file has NextN blocks and no blk.0) and gives
+its context the MTP type (common/speculative.cpp:2525-2527): the NextN layers' KV only (no
+recurrent state), np output rows, its compute; the target keeps n_max rollback snapshots of its
+recurrent state (need_n_rs_seq counts MTP). `mtp_context` sizes that.
+
 Placement (quantpick's choice, written as -devd/-ngld): the whole draft on one GPU the target
 already uses (no second runtime context), the one with the most room left, else on the host
 (-devd none -ngld 0).
@@ -26,7 +33,9 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from quantpick.machine.spec import Machine
+from quantpick.model.layout import ModelLayout
 from quantpick.model.speculative import DraftModel
+from quantpick.plan.compute import output_buffer
 from quantpick.plan.memory import DeviceEstimate, DraftRun, Estimate, Overheads, RunConfig, estimate
 from quantpick.plan.speed import DEFAULT_SPEED_PARAMS, DeviceSpeed, SpeedParams, decode_seconds
 from quantpick.plan.speed_work import speed_work
@@ -43,6 +52,9 @@ def draft_config(target: RunConfig, n_ctx: int, run: DraftRun) -> RunConfig:
         n_gpu_layers=run.n_gpu_layers,
         cache_type_k=target.spec_cache_type_k,
         cache_type_v=target.spec_cache_type_v,
+        # an mtp- sidecar's context is the MTP one, whose KV plan/memory.py types by these
+        spec_cache_type_k=target.spec_cache_type_k,
+        spec_cache_type_v=target.spec_cache_type_v,
         flash_attn=target.flash_attn,
         ubatch=target.ubatch,
         batch=target.batch,
@@ -77,9 +89,51 @@ def draft_estimate(
     run: DraftRun,
     overheads: Overheads | None = None,
 ) -> Estimate:
-    """The draft's own buffers on each device (its second llama_context included)."""
+    """The draft file's own buffers on each device: a draft model's second llama_context, or an
+    mtp- sidecar's MTP context (`mtp_context`)."""
     config = draft_config(target, target_estimate.n_ctx, run)
-    return estimate(draft.layout, machine, config, overheads=draft_overheads(overheads))
+    o = draft_overheads(overheads)
+    if is_sidecar(draft.layout):
+        return mtp_context(draft.layout, machine, replace(config, spec_draft_n=run.n_max), o)
+    return estimate(draft.layout, machine, config, overheads=o)
+
+
+def is_sidecar(layout: ModelLayout) -> bool:
+    """An MTP-only file (src/models/qwen35moe.cpp:39 and the other MTP architectures: NextN
+    blocks and no blk.0.attn_norm.weight)."""
+    return layout.architecture.nextn_predict_layers > 0 and not any(
+        t.name == "blk.0.attn_norm.weight" for t in layout.tensors
+    )
+
+
+def mtp_context(
+    sidecar: ModelLayout, machine: Machine, config: RunConfig, overheads: Overheads
+) -> Estimate:
+    """An `mtp-` sidecar's own buffers: its tensors (the NextN block, embeddings, output head),
+    the MTP context's KV of the NextN layers at the target's n_ctx and -ctkd/-ctvd, np output
+    rows and its compute (plan/memory.py's MTP draft context, on the sidecar's layout, whose
+    trunk layers hold nothing). llama-server -lv 4: tests/data/llama-server-draft-buffers.json
+    sidecar_cases."""
+    with_mtp = estimate(sidecar, machine, config, overheads=overheads)
+    plain = estimate(sidecar, machine, replace(config, spec_draft_n=0), overheads=overheads)
+    out = output_buffer(sidecar.architecture.vocab_size, config.n_parallel)
+    rows = []
+    for w, p in zip(with_mtp.devices, plain.devices, strict=True):
+        overhead = out if w.kind == "host" else 0
+        kv, compute = w.kv_bytes - p.kv_bytes, w.compute_bytes - p.compute_bytes
+        rows.append(
+            replace(
+                w,
+                kv_bytes=kv,
+                recurrent_bytes=0,
+                compute_bytes=compute,
+                overhead_bytes=overhead,
+                total_bytes=w.weights_bytes + kv + compute + overhead,
+                attention_layers=(),
+                recurrent_layers=(),
+            )  # fmt: skip
+        )
+    return replace(with_mtp, devices=tuple(rows))
 
 
 def combine(target: Estimate, draft: Estimate) -> Estimate:

@@ -33,7 +33,7 @@ from quantpick.model.speculative import (
     vocab_problem,
     vocabulary_of,
 )
-from quantpick.plan.draft import DraftPlan, draft_step_seconds, place_draft
+from quantpick.plan.draft import DraftPlan, draft_step_seconds, is_sidecar, place_draft
 from quantpick.plan.memory import DraftRun, Estimate, Overheads, RunConfig, estimate
 from quantpick.plan.speed import (
     DEFAULT_SPEED_PARAMS,
@@ -228,8 +228,8 @@ def step_costs(
     token_share: float = VERIFY_TOKEN_SHARE,
 ) -> StepCosts:
     """The step costs of `kind` on this machine for the placement of `estimate` (its config with
-    or without speculation: the trunk's work is the same). `draft_s`: a draft model's own decode
-    step (SpecKind.DRAFT), from its own estimate."""
+    or without speculation: the trunk's work is the same). `draft_s`: the decode step of a
+    separate draft file (a draft model; an mtp- sidecar), from its own estimate."""
     trunk = replace(estimate, config=replace(estimate.config, spec_draft_n=0))
     work = speed_work(layout, trunk)
     decode = decode_seconds(work, devices, fill, params)
@@ -239,15 +239,15 @@ def step_costs(
         )
         for k in range(1, max_tokens + 1)
     )
-    if kind is SpecKind.MTP:
+    if draft_s is not None:  # a separate file drafts: a draft model, an mtp- sidecar
+        draft = draft_s
+    elif kind is SpecKind.MTP:
         mtp_work = speed_work(layout, replace(trunk, config=replace(trunk.config, spec_draft_n=1)))
         draft = layers_seconds(mtp_work, devices, mtp_draft_slots(layout, estimate), params)
     elif kind is SpecKind.NGRAM:
         draft = NGRAM_DRAFT_MS * 1e-3
     else:
-        if draft_s is None:
-            raise ValueError("a draft model's step cost is needed for SpecKind.DRAFT")
-        draft = draft_s
+        raise ValueError("a draft model's step cost is needed for SpecKind.DRAFT")
     return StepCosts(decode, draft, verify)
 
 
@@ -408,7 +408,8 @@ def with_kind(
     `run` says (its placement)."""
     base = replace(config, spec_draft_n=0, spec_ngram_n=0, draft=None)
     if kind is SpecKind.MTP:
-        return replace(base, spec_draft_n=n)
+        # the model's own NextN block, or an mtp- sidecar run as the draft file (`run`)
+        return replace(base, spec_draft_n=n, draft=replace(run, n_max=n) if run else None)
     if kind is SpecKind.NGRAM:
         return replace(base, spec_ngram_n=n)
     if kind is SpecKind.DRAFT and run is not None:
@@ -439,7 +440,17 @@ def speculation(
     sources = spec_sources(layout.view, model_name, files=files, model_file=model_file)
     available: list[SpecKind] = [k for k in sources.kinds if k is not SpecKind.DRAFT]
     refused: dict[SpecKind, str] = {}
-    if request.draft is not None:
+    # a --draft that is an mtp- sidecar drafts as MTP (--spec-type draft-mtp -md FILE)
+    sidecar = request.draft if request.draft and is_sidecar(request.draft.layout) else None
+    file_kind = SpecKind.MTP if sidecar else SpecKind.DRAFT
+    if sidecar is not None:
+        if sources.nextn_layers:
+            refused[SpecKind.MTP] = (
+                f"{sidecar.label} is an mtp- sidecar and the model has its own NextN block"
+            )
+        elif SpecKind.MTP not in available:
+            available.insert(0, SpecKind.MTP)
+    elif request.draft is not None:
         available.insert(len(available) - 1, SpecKind.DRAFT)
         problem = draft_refusal(layout, request)
         if problem is not None:
@@ -456,9 +467,11 @@ def speculation(
                 )
     if request.mode is SpecMode.OFF:
         return decide(SpecMode.OFF, tuple(available), {}, refused, tps_without), base
-    if sources.nextn_layers == 0 and sources.sidecar is not None:
+    if sources.nextn_layers == 0 and sources.sidecar is not None and sidecar is None:
         refused.setdefault(
-            SpecKind.MTP, f"the mtp- sidecar {sources.sidecar} is not sized by quantpick yet"
+            SpecKind.MTP,
+            f"the mtp- sidecar {sources.sidecar} is sized once given: download it and pass "
+            "--draft PATH",
         )
     devices = device_speeds(machine)
     options: dict[SpecKind, SpecOption] = {}
@@ -470,8 +483,7 @@ def speculation(
         fitting: list[int] = []
         short = ""
         for n in DRAFT_N_RANGE:
-            if kind is SpecKind.DRAFT:
-                assert request.draft is not None
+            if kind is file_kind and request.draft is not None:
                 target = estimate(
                     layout, machine, with_kind(base, kind, n, DraftRun(request.draft.path, n)),
                     overheads=overheads, projector_bytes=projector_bytes,
@@ -505,8 +517,7 @@ def speculation(
             refused[kind] = short
             continue
         draft_s = None
-        if kind is SpecKind.DRAFT:
-            assert request.draft is not None
+        if kind is file_kind and request.draft is not None:
             own = drafts[fitting[0]].own
             draft_s = draft_step_seconds(request.draft, own, devices, fill, params)
         costs = step_costs(
@@ -524,11 +535,12 @@ def speculation(
     if not decision.enabled or decision.kind is None:
         return decision, base
     n = decision.draft_n_max
-    if decision.kind is SpecKind.DRAFT:
+    if decision.kind is file_kind and request.draft is not None:
         placed = drafts[n]
-        where = f"; the draft ({request.draft.label if request.draft else ''}) on {placed.where}"
+        what = "the sidecar" if sidecar else "the draft"
+        where = f"; {what} ({request.draft.label}) on {placed.where}"
         return replace(
             decision, estimate=placed.combined, draft=placed, reason=decision.reason + where
-        ), with_kind(base, SpecKind.DRAFT, n, placed.run)
+        ), with_kind(base, decision.kind, n, placed.run)
     chosen = with_kind(base, decision.kind, n)
     return replace(decision, estimate=estimates[(decision.kind, n)]), chosen

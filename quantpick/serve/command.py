@@ -425,24 +425,20 @@ def build_command(
         warnings.append(
             f"this llama-server has no --spec-type {spec_type}: running without speculation"
         )
-    elif config.spec_draft_n > 0:
-        add("--spec-type", "draft-mtp")
-        add("--spec-draft-n-max", str(config.spec_draft_n))
-        if config.spec_cache_type_k != "f16":
-            add("-ctkd", config.spec_cache_type_k)
-        if config.spec_cache_type_v != "f16":
-            add("-ctvd", config.spec_cache_type_v)
-    elif config.draft is not None:
-        # a draft model (plan/draft.py): its file, its draft count, where it goes (-devd none
-        # -ngld 0: the host; else one GPU, all its layers) and its cache types
+    elif spec_type is not None and spec_type.startswith("draft-"):
+        # MTP (the model's NextN block, or an mtp- sidecar given as the draft file) or a draft
+        # model (plan/draft.py): the draft file, where it goes (-devd none -ngld 0: the host;
+        # else one GPU, all its layers), the draft count and the draft context's cache types
+        add("--spec-type", spec_type)
         d = config.draft
-        add("--spec-type", "draft-simple")
-        add("-hfd" if d.hub else "-md", d.path)
-        add("--spec-draft-n-max", str(d.n_max))
-        add("-ngld", "all" if d.n_gpu_layers is None else str(d.n_gpu_layers))
-        if d.devices is not None:
-            names = [local.device_name(x) if isinstance(x, int) else x for x in d.devices]
-            add("-devd", ",".join(buft(n) for n in names) if names else "none")
+        if d is not None:
+            add("-hfd" if d.hub else "-md", d.path)
+        add("--spec-draft-n-max", str(config.spec_draft_n or (d.n_max if d else 0)))
+        if d is not None:
+            add("-ngld", "all" if d.n_gpu_layers is None else str(d.n_gpu_layers))
+            if d.devices is not None:
+                names = [local.device_name(x) if isinstance(x, int) else x for x in d.devices]
+                add("-devd", ",".join(buft(n) for n in names) if names else "none")
         if config.spec_cache_type_k != "f16":
             add("-ctkd", config.spec_cache_type_k)
         if config.spec_cache_type_v != "f16":

@@ -313,8 +313,12 @@ def test_sidecar_for_other_content_means_restart(
     seed_part(hub, dest, 1_000_000, sha="0" * 64)
     result = fetch(hub, dest, policy, mode)
     assert_complete(dest)
-    first = byte_gets(hub)[0]["range"]
-    assert first == (None if mode == "stream" else "bytes=0-1048575")
+    ranges = [g["range"] for g in byte_gets(hub)]
+    if mode == "stream":
+        assert ranges[0] is None
+    else:  # segments run in parallel: which is recorded first depends on the machine's load
+        assert "bytes=0-1048575" in ranges
+        assert not any(r and r.startswith("bytes=1000000-") for r in ranges)
     assert (result.resumed_from, result.bytes_fetched) == (0, SIZE)
 
 

@@ -114,3 +114,47 @@ def test_the_recorded_draft_is_compatible(files: tuple[Path, Path]) -> None:
     draft: DraftModel = load_draft(draft_path)
     assert all(c["started"] for c in DOC["cases"])
     assert vocab_problem(target, draft.vocab) is None
+
+
+@pytest.fixture(scope="module")
+def sidecar(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("sidecar") / "mtp-tiny-Q8_0.gguf"
+    write_tiny_model(path, sidecar=True, seed=3)
+    return path
+
+
+@pytest.mark.parametrize(
+    "case",
+    DOC["sidecar_cases"],
+    ids=lambda c: f"c{c['ctx']}-np{c['np']}-n{c['n_max']}-{c['ctkd']}",
+)
+def test_an_mtp_sidecar_matches_llama_server(
+    files: tuple[Path, Path], sidecar: Path, case: dict
+) -> None:
+    """--spec-type draft-mtp -md mtp-FILE: the sidecar's tensors, the MTP context's NextN KV at
+    the target's n_ctx and -ctkd, np output rows, no recurrent state; the target keeps n_max
+    rollback snapshots of its recurrent state."""
+    from quantpick.plan.draft import is_sidecar
+
+    target = local_layout(files[0], None)
+    side = load_draft(sidecar)
+    assert is_sidecar(side.layout) and not is_sidecar(target)
+    run = DraftRun(str(sidecar), case["n_max"], 0, ())
+    config = RunConfig(
+        ctx_size=case["ctx"], n_parallel=case["np"], spec_draft_n=case["n_max"], draft=run,
+        spec_cache_type_k=case["ctkd"], spec_cache_type_v=case["ctkd"], devices=(),
+    )  # fmt: skip
+    tgt = estimate(target, HOST_ONLY, config)
+    own = draft_estimate(side, HOST_ONLY, config, tgt, run).host
+    real, main = case["draft"], case["main"]
+    assert mib(own.weights_bytes) == real["model"]
+    assert mib(own.kv_bytes) == real["kv"]
+    assert own.recurrent_bytes == 0 and "recurrent" not in real
+    assert mib(own.overhead_bytes) == real["output"]
+    # the MTP context's compute: the same estimate as the NextN block's own MTP context
+    # (tests/plan/test_spec_memory.py): never under llama-server's, at most 2.5x on this model
+    assert 1.0 <= own.compute_bytes / MiB / real["compute"] <= 2.5
+    assert within_compute_bounds(own.compute_bytes, real["compute"])
+    assert mib(tgt.host.weights_bytes) == main["model"]  # the target has no NextN block
+    assert mib(tgt.host.kv_bytes) == main["kv"]
+    assert mib(tgt.host.recurrent_bytes) == main["recurrent"]  # with the rollback snapshots

@@ -15,7 +15,7 @@ from quantpick.model.layout import ModelLayout
 from quantpick.model.local import load_draft, local_layout
 from quantpick.model.speculative import DraftModel, SpecKind
 from quantpick.plan.draft import combine, draft_estimate, place_draft
-from quantpick.plan.memory import DraftRun, Overheads, RunConfig, estimate
+from quantpick.plan.memory import DraftRun, Estimate, Overheads, RunConfig, estimate
 from quantpick.plan.speculative import (
     MIN_GAIN,
     SPEED_ERROR,
@@ -189,3 +189,40 @@ def test_a_known_sibling_is_named_with_the_flag_that_plans_it() -> None:
     )  # fmt: skip
     assert not decision.enabled and chosen.draft is None
     assert "--draft bartowski/Llama-3.2-1B-Instruct-GGUF" in decision.reason
+
+
+def test_an_mtp_sidecar_drafts_as_mtp_with_its_own_file(
+    pair: tuple[ModelLayout, DraftModel], tmp_path: Path
+) -> None:
+    """--draft mtp-FILE for a model without a NextN block: MTP through the sidecar
+    (--spec-type draft-mtp -md FILE), sized with the target's rollback snapshots."""
+    target, _ = pair
+    path = tmp_path / "mtp-tiny-Q8_0.gguf"
+    write_tiny_model(path, sidecar=True, seed=3)
+    side = load_draft(path)
+    request = SpecRequest(mode=SpecMode.MTP, draft=side)
+    decision, chosen = speculation(
+        target, box(), RunConfig(ctx_size=4096), 50.0, request, model_name="t"
+    )
+    assert decision.enabled and decision.kind is SpecKind.MTP and decision.draft is not None
+    assert chosen.spec_draft_n == decision.draft_n_max and chosen.draft is not None
+    assert "the sidecar (mtp-tiny-Q8_0.gguf) on CUDA0" in decision.reason
+    words = placement_flags(chosen, 8)
+    i = words.index("--spec-type")
+    assert words[i : i + 6] == [
+        "--spec-type", "draft-mtp", "-md", str(path.resolve()), "--spec-draft-n-max",
+        str(decision.draft_n_max),
+    ]  # fmt: skip
+    # the plan's memory: the target with its rollback snapshots, plus the sidecar's context
+    plain = estimate(target, box(), replace(chosen, draft=None, spec_draft_n=0))
+    assert decision.estimate is not None
+
+    def state(e: Estimate) -> int:
+        return sum(d.recurrent_bytes for d in e.devices)
+
+    assert state(decision.estimate) > state(plain)
+    assert decision.estimate.gpus[0].kv_bytes > plain.gpus[0].kv_bytes
+    # without a sidecar the model has no MTP to offer
+    d, _ = speculation(target, box(), RunConfig(ctx_size=4096), 50.0,
+                       SpecRequest(mode=SpecMode.MTP), model_name="t")  # fmt: skip
+    assert not d.enabled and "no NextN/MTP block" in d.reason

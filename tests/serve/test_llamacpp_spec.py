@@ -95,58 +95,74 @@ def test_tiny_mtp_model_served_with_the_chosen_flags_answers(
     )
 
 
-def test_bench_spec_measures_both_ways(llamacpp_bin: Path, tmp_path: Path) -> None:
-    """`bench --spec mtp`: the plain plan is benched (and would calibrate), the speculation is
-    measured both ways through llama-server's timings (draft counts included), never stored."""
+@pytest.mark.parametrize("kind", ["mtp", "draft"])
+def test_bench_spec_measures_both_ways(llamacpp_bin: Path, tmp_path: Path, kind: str) -> None:
+    """`bench --spec mtp` (the model's NextN block) and `bench --spec draft --draft FILE`: the
+    plain plan is benched (and would calibrate), the speculation is measured both ways through
+    llama-server's timings (draft counts included), never stored."""
+    from tiny_model import TINY_DRAFT
+
     model = tmp_path / "tiny-mtp.gguf"
-    write_tiny_model(model, mtp=True)
-    args = ["bench", "--gguf", str(model), "-c", "4096", "--spec", "mtp", "--reps", "1",
+    write_tiny_model(model, mtp=kind == "mtp")
+    extra: list[str] = []
+    if kind == "draft":
+        draft = tmp_path / "tiny-draft.gguf"
+        write_tiny_model(draft, hparams=TINY_DRAFT, seed=1)
+        extra = ["--draft", str(draft)]
+    args = ["bench", "--gguf", str(model), "-c", "4096", "--spec", kind, *extra, "--reps", "1",
             "--n-prompt", "32", "--n-gen", "16", "--no-save"]  # fmt: skip
     result = runner.invoke(app, [*args, "--llama-bin", str(llamacpp_bin), "--json"])
     assert result.exit_code == 0, result.stderr
     doc = json.loads(result.stdout)
     assert "--spec-type" not in doc["bench"]["argv"]  # the calibration run is the plain plan
+    assert "-md" not in doc["bench"]["argv"]
     spec = doc["speculative"]
-    assert spec["measured"] and spec["kind"] == "mtp" and spec["problems"] == []
+    assert spec["measured"] and spec["kind"] == kind and spec["problems"] == []
     assert spec["decode_tps_with"] > 0 and spec["decode_tps_without"] > 0
     assert spec["drafted"] > 0 and 0 <= spec["accepted"] <= spec["drafted"]
     assert "--spec-type" in spec["argv"] and "not stored in the calibration" in spec["reason"]
 
 
-def test_tiny_model_with_a_draft_model_answers_and_allocates_the_plan(
-    llamacpp_bin: Path, tmp_path: Path
+@pytest.mark.parametrize(
+    ("spec", "kind", "spec_type"),
+    [("draft", "draft", "draft-simple"), ("mtp", "mtp", "draft-mtp")],
+    ids=["draft-model", "mtp-sidecar"],
+)
+def test_tiny_model_with_a_draft_file_answers_and_allocates_the_plan(
+    llamacpp_bin: Path, tmp_path: Path, spec: str, kind: str, spec_type: str
 ) -> None:
-    """`command --draft FILE --spec draft`: llama-server loads the draft where the plan put it,
-    starts draft-simple speculation (the vocabularies are compatible), answers, and allocates
-    the draft's buffers the plan counted (speculative.draft_model.devices)."""
+    """`command --draft FILE --spec draft` (a smaller model of the same vocabulary) and
+    `--spec mtp` with an mtp- sidecar (for a model without a NextN block): llama-server loads
+    the file where the plan put it, starts that speculation (the vocabularies are compatible),
+    answers, and allocates the draft's model and KV buffers the plan counted
+    (speculative.draft_model.devices)."""
     from tiny_model import TINY_DRAFT
 
-    model, draft = tmp_path / "tiny.gguf", tmp_path / "tiny-draft.gguf"
+    model, draft = tmp_path / "tiny.gguf", tmp_path / "mtp-tiny-Q8_0.gguf"
     write_tiny_model(model)
-    write_tiny_model(draft, hparams=TINY_DRAFT, seed=1)
+    if kind == "mtp":
+        write_tiny_model(draft, sidecar=True, seed=3)
+    else:
+        draft = tmp_path / "tiny-draft.gguf"
+        write_tiny_model(draft, hparams=TINY_DRAFT, seed=1)
     server = llamacpp_bin / "llama-server"
-    args = ["command", "--gguf", str(model), "-c", "4096", "-np", "2", "--spec", "draft",
+    args = ["command", "--gguf", str(model), "-c", "4096", "-np", "2", "--spec", spec,
             "--draft", str(draft), "--no-confirm", "--llama-server", str(server),
             "--json"]  # fmt: skip
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.stderr
     doc = json.loads(result.stdout)
-    spec = doc["plan"]["speculative"]
-    assert spec["enabled"] and spec["kind"] == "draft"
+    plan_spec = doc["plan"]["speculative"]
+    assert plan_spec["enabled"] and plan_spec["kind"] == kind
     argv = list(doc["command"]["argv"])
     i = argv.index("--spec-type")
-    assert argv[i : i + 4] == ["--spec-type", "draft-simple", "-md", str(draft.resolve())]
-    own = {d["device"]: d for d in spec["draft_model"]["devices"]}
+    assert argv[i : i + 4] == ["--spec-type", spec_type, "-md", str(draft.resolve())]
+    host = {d["device"]: d for d in plan_spec["draft_model"]["devices"]}["CPU"]
     text = _serve_and_ask(argv, tmp_path / "server.log")
-    assert "adding speculative implementation 'draft-simple'" in text
+    assert f"adding speculative implementation '{spec_type}'" in text
     assert "not compatible" not in text
     drafted = text.split("loading draft model")[1]
-    host = own["CPU"]
-
-    def printed(pattern: str) -> float:
+    for pattern, key in (("model buffer size =", "weights_bytes"),
+                         ("llama_kv_cache: size =", "kv_bytes")):  # fmt: skip
         m = re.search(pattern + r"\s+([0-9.]+) MiB", drafted)
-        assert m is not None, pattern
-        return float(m.group(1))
-
-    assert printed("model buffer size =") == round(host["weights_bytes"] / 2**20, 2)
-    assert printed("llama_kv_cache: size =") == round(host["kv_bytes"] / 2**20, 2)
+        assert m is not None and float(m.group(1)) == round(host[key] / 2**20, 2), pattern
