@@ -24,10 +24,8 @@ below the bound. One token of decode costs, in seconds (`decode_seconds`):
                    (bandwidth x `gpu_bandwidth_efficiency`), plus the context-depth term: fill x
                    f16-sized KV bytes x `kv_depth_factor` / bandwidth, times `kv_quant_factor`
                    when the KV cache is quantized (on CUDA flash attention dequantizes it: slower
-                   at depth, never faster); where the backend's decode attention kernel runs
-                   each query head on its own, the heads' FLOPs over the fill at that kernel's
-                   rate when slower (`attention_depth_seconds`: MLA's many heads over one
-                   latent are compute-bound there);
+                   at depth, never faster), or the heads' FLOPs over the fill where the
+                   backend's kernel runs each query head alone (`attention_depth_seconds`);
     on the host    routed experts (or whole layers) kept in RAM: bytes / min(RAM bandwidth x
                    `host_bandwidth_efficiency`, cores x `host_core_bytes_per_s`);
     between them   `hop_ms` per change between a GPU and the host along the layers (an expert
@@ -309,9 +307,8 @@ class DeviceSpeed:
     network_bytes_per_s: int | None = None
     network_rtt_s: float | None = None
     network_assumed: bool = False  # the link's figures are quantpick's defaults (1 GbE)
-    # GPU: the FLOP/s its decode attention kernel reaches over the KV cache when that kernel runs
-    # each query head on its own (Backend.decode_attention_efficiency x the catalogue's FP16
-    # figure); None: decode attention costs the cache bytes it reads.
+    # GPU: its decode attention kernel's FLOP/s where it runs each query head on its own
+    # (Backend.decode_attention_efficiency x FP16 figure); None: attention costs its bytes.
     attention_flops_per_s: float | None = None
 
     @property
@@ -580,37 +577,28 @@ def decode_seconds(
     find = _lookup(devices)
     for w in work.devices:
         dev = find(w)
-        depth = filled(fill, w.kv_window_bytes, w.kv_depth_bytes, work.n_swa)
         if w.kind == "gpu":
             seconds += _gpu_fixed_seconds(w.layer_kinds, dev, params)
             bw = dev.bandwidth_bytes_per_s * params.gpu_bandwidth_efficiency
             seconds += w.decode_bytes / bw
-            seconds += attention_depth_seconds(w, dev, fill, work.n_swa, quant, params)
-        else:
+            kv_factor = params.kv_depth_factor * quant
+            seconds += attention_depth_seconds(w, dev, fill, work.n_swa, bw, kv_factor)
+        else:  # the CPU backend: the bytes, at the host's rate, no quantized-cache factor
             rate = _host_rate(dev, params)
             seconds += w.decode_bytes / rate
-            seconds += depth * params.kv_depth_factor / rate
+            seconds += attention_depth_seconds(
+                w, dev, fill, work.n_swa, rate, params.kv_depth_factor
+            )
     return seconds
 
 
 def attention_depth_seconds(
-    w: DeviceWork,
-    dev: DeviceSpeed,
-    fill: int,
-    n_swa: int,
-    quant: float = 1.0,
-    params: SpeedParams = DEFAULT_SPEED_PARAMS,
+    w: DeviceWork, dev: DeviceSpeed, fill: int, n_swa: int, bandwidth: float, kv_factor: float
 ) -> float:
-    """Seconds one decoded token spends on a GPU attending over `fill` tokens of cache: the
-    f16-sized KV bytes its attention layers read (x kv_depth_factor, x `quant` for a quantized
-    cache) at the card's bandwidth, or, where the backend's decode kernel runs each query head
-    on its own (`DeviceSpeed.attention_flops_per_s`), the heads' arithmetic over those cells
-    (2 x n_head x (K + V head size) per layer and cell) at that kernel's rate, whichever is
-    slower. The arithmetic grows with the query heads, the bytes with the KV heads: MLA (one
-    576-wide latent under 20-128 query heads) is 5x a GQA layer's FLOPs per byte."""
-    depth = filled(fill, w.kv_window_bytes, w.kv_depth_bytes, n_swa)
-    bw = dev.bandwidth_bytes_per_s * params.gpu_bandwidth_efficiency
-    seconds = depth * params.kv_depth_factor * quant / bw
+    """Seconds a decoded token attends over `fill` cells on `w`'s device: its f16-sized KV bytes
+    x `kv_factor` at `bandwidth`, or, where the backend's decode kernel runs each query head on
+    its own (`DeviceSpeed.attention_flops_per_s`), the heads' FLOPs over the cells if slower."""
+    seconds = filled(fill, w.kv_window_bytes, w.kv_depth_bytes, n_swa) * kv_factor / bandwidth
     if dev.attention_flops_per_s:
         flops = filled(fill, w.attention_flops_window, w.attention_flops_full, n_swa)
         seconds = max(seconds, flops / dev.attention_flops_per_s)
@@ -650,11 +638,8 @@ def verify_seconds(
             rate = dev.bandwidth_bytes_per_s * params.gpu_bandwidth_efficiency
         else:
             rate = _host_rate(dev, params)
-        if w.kind == "gpu":
-            depth_s = attention_depth_seconds(w, dev, fill, work.n_swa, quant, params)
-        else:
-            depth = filled(fill, w.kv_window_bytes, w.kv_depth_bytes, work.n_swa)
-            depth_s = depth * params.kv_depth_factor * quant / rate
+        kv_factor = params.kv_depth_factor * quant
+        depth_s = attention_depth_seconds(w, dev, fill, work.n_swa, rate, kv_factor)
         extra += w.expert_resident_bytes * max(0.0, touched - used) / rate
         extra += (tokens - 1) * token_share * w.decode_bytes / rate
         extra += (tokens - 1) * token_share * depth_s

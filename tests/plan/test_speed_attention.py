@@ -142,8 +142,10 @@ def test_the_depth_cost_is_never_below_either_bound(
         attention_flops_per_s=rate,
     )
     bytes_only = dataclasses.replace(dev, attention_flops_per_s=None)
-    seconds = attention_depth_seconds(g, dev, fill, work.n_swa, quant)
-    bytes_term = attention_depth_seconds(g, bytes_only, fill, work.n_swa, quant)
+    factor = DEFAULT_SPEED_PARAMS.kv_depth_factor * quant
+    bw = dev.bandwidth_bytes_per_s
+    seconds = attention_depth_seconds(g, dev, fill, work.n_swa, bw, factor)
+    bytes_term = attention_depth_seconds(g, bytes_only, fill, work.n_swa, bw, factor)
     flops = filled(fill, g.attention_flops_window, g.attention_flops_full, work.n_swa)
     assert bytes_term == pytest.approx(
         filled(fill, g.kv_window_bytes, g.kv_depth_bytes, work.n_swa)
@@ -173,11 +175,10 @@ def test_more_query_heads_over_the_same_cache_are_never_faster_on_metal(
         attention_flops_full=g.attention_flops_full * (1 + heads),
         attention_flops_window=g.attention_flops_window * (1 + heads),
     )
-    assert attention_depth_seconds(more, dev, fill, work.n_swa) >= attention_depth_seconds(
-        g, dev, fill, work.n_swa
-    )
-    assert (
-        attention_depth_seconds(more, dev, fill, work.n_swa)
-        > attention_depth_seconds(g, dev, fill, work.n_swa)
-        or fill == 0
+    bw, factor = dev.bandwidth_bytes_per_s, DEFAULT_SPEED_PARAMS.kv_depth_factor
+    slower = attention_depth_seconds(more, dev, fill, work.n_swa, bw, factor)
+    assert slower > attention_depth_seconds(g, dev, fill, work.n_swa, bw, factor)
+    cuda = next(d for d in device_speeds(box(CUDA_CARD)).values() if d.kind == "gpu")
+    assert attention_depth_seconds(more, cuda, fill, work.n_swa, bw, factor) == (
+        attention_depth_seconds(g, cuda, fill, work.n_swa, bw, factor)
     )
