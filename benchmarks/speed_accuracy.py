@@ -882,6 +882,12 @@ def main() -> None:
         extra, _ = load_cases(HELD_OUT_DATA)
         print()
         print("\n".join(named_report(cases, extra)))
+        # each backend held out of the CUDA/CPU fit, and its own terms held out by model
+        from backend_speed import report
+
+        print()
+        print("Per backend (benchmarks/backend_speed.py):")
+        print("\n".join(report()))
     print(f"({time.monotonic() - started:.0f} s)")
 
 

@@ -82,9 +82,9 @@ def attention_reads(
     return full, window
 
 
-def filled(fill: int, window_bytes: int, full_bytes: int, n_swa: int) -> float:
+def filled(fill: int, window_bytes: float, full_bytes: float, n_swa: int) -> float:
     """KV bytes attention reads at `fill` tokens: every cell of a full layer, at most n_swa of a
-    sliding one."""
+    sliding one (or any other per-cell cost: the heads' FLOPs per cell)."""
     return (
         fill * full_bytes + min(fill, n_swa) * window_bytes
         if n_swa

@@ -24,7 +24,8 @@ below the bound. One token of decode costs, in seconds (`decode_seconds`):
                    (bandwidth x `gpu_bandwidth_efficiency`), plus the context-depth term: fill x
                    f16-sized KV bytes x `kv_depth_factor` / bandwidth, times `kv_quant_factor`
                    when the KV cache is quantized (on CUDA flash attention dequantizes it: slower
-                   at depth, never faster);
+                   at depth, never faster), or the heads' FLOPs over the fill where the
+                   backend's kernel runs each query head alone (`attention_depth_seconds`);
     on the host    routed experts (or whole layers) kept in RAM: bytes / min(RAM bandwidth x
                    `host_bandwidth_efficiency`, cores x `host_core_bytes_per_s`);
     between them   `hop_ms` per change between a GPU and the host along the layers (an expert
@@ -306,6 +307,9 @@ class DeviceSpeed:
     network_bytes_per_s: int | None = None
     network_rtt_s: float | None = None
     network_assumed: bool = False  # the link's figures are quantpick's defaults (1 GbE)
+    # GPU: its decode attention kernel's FLOP/s where it runs each query head on its own
+    # (Backend.decode_attention_efficiency x FP16 figure); None: attention costs its bytes.
+    attention_flops_per_s: float | None = None
 
     @property
     def assumed(self) -> tuple[str, ...]:
@@ -341,6 +345,7 @@ def device_speeds(machine: Machine) -> dict[str, DeviceSpeed]:
         name = backend.device_name(g.index)
         bandwidth = g.bandwidth_bytes_per_s or DEFAULT_GPU_BANDWIDTH
         tflops = g.fp16_tflops if g.fp16_tflops is not None else ASSUMED_GPU_FP16_TFLOPS
+        attention = backend.decode_attention_efficiency
         devices[name] = DeviceSpeed(
             device=name,
             kind="gpu",
@@ -351,6 +356,7 @@ def device_speeds(machine: Machine) -> dict[str, DeviceSpeed]:
             compute_assumed=g.fp16_tflops is None,
             pcie_assumed=not known_link,
             compute_capability=g.compute_capability,
+            attention_flops_per_s=tflops * 1e12 * attention if attention is not None else None,
         )
     # RPC devices, named as llama-server names them with every worker in --rpc (the planner's
     # default); speed_work finds a device of an Estimate by its worker and position, so a plan
@@ -571,16 +577,31 @@ def decode_seconds(
     find = _lookup(devices)
     for w in work.devices:
         dev = find(w)
-        depth = filled(fill, w.kv_window_bytes, w.kv_depth_bytes, work.n_swa)
         if w.kind == "gpu":
             seconds += _gpu_fixed_seconds(w.layer_kinds, dev, params)
             bw = dev.bandwidth_bytes_per_s * params.gpu_bandwidth_efficiency
             seconds += w.decode_bytes / bw
-            seconds += depth * params.kv_depth_factor * quant / bw
-        else:
+            kv_factor = params.kv_depth_factor * quant
+            seconds += attention_depth_seconds(w, dev, fill, work.n_swa, bw, kv_factor)
+        else:  # the CPU backend: the bytes, at the host's rate, no quantized-cache factor
             rate = _host_rate(dev, params)
             seconds += w.decode_bytes / rate
-            seconds += depth * params.kv_depth_factor / rate
+            seconds += attention_depth_seconds(
+                w, dev, fill, work.n_swa, rate, params.kv_depth_factor
+            )
+    return seconds
+
+
+def attention_depth_seconds(
+    w: DeviceWork, dev: DeviceSpeed, fill: int, n_swa: int, bandwidth: float, kv_factor: float
+) -> float:
+    """Seconds a decoded token attends over `fill` cells on `w`'s device: its f16-sized KV bytes
+    x `kv_factor` at `bandwidth`, or, where the backend's decode kernel runs each query head on
+    its own (`DeviceSpeed.attention_flops_per_s`), the heads' FLOPs over the cells if slower."""
+    seconds = filled(fill, w.kv_window_bytes, w.kv_depth_bytes, n_swa) * kv_factor / bandwidth
+    if dev.attention_flops_per_s:
+        flops = filled(fill, w.attention_flops_window, w.attention_flops_full, n_swa)
+        seconds = max(seconds, flops / dev.attention_flops_per_s)
     return seconds
 
 
@@ -617,10 +638,11 @@ def verify_seconds(
             rate = dev.bandwidth_bytes_per_s * params.gpu_bandwidth_efficiency
         else:
             rate = _host_rate(dev, params)
-        depth = filled(fill, w.kv_window_bytes, w.kv_depth_bytes, work.n_swa)
+        kv_factor = params.kv_depth_factor * quant
+        depth_s = attention_depth_seconds(w, dev, fill, work.n_swa, rate, kv_factor)
         extra += w.expert_resident_bytes * max(0.0, touched - used) / rate
         extra += (tokens - 1) * token_share * w.decode_bytes / rate
-        extra += (tokens - 1) * token_share * depth * params.kv_depth_factor * quant / rate
+        extra += (tokens - 1) * token_share * depth_s
     return seconds + extra / max(efficiency, 1e-6)
 
 

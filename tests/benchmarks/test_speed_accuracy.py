@@ -299,6 +299,37 @@ def test_backend_rows_all_build_as_their_backend() -> None:
     assert "Vulkan0" in by_backend["Vulkan"].devices
 
 
+def metal_rows():  # type: ignore[no-untyped-def]
+    from backend_speed import DATA, case_backend
+
+    rows = [c for c in load_cases(DATA)[0] if case_backend(c).label == "Metal"]
+    return rows, case_backend(rows[0])
+
+
+def test_metal_carries_the_fit_of_its_rows() -> None:
+    """machine/backends/metal.py's decode, prefill and decode-attention efficiencies are what
+    backend_speed.py fits on the 30 M2 Ultra rows (refresh them after a change)."""
+    from backend_speed import fit
+
+    rows, metal = metal_rows()
+    decode, prefill, attention = fit(rows, metal)
+    assert metal.decode_efficiency == pytest.approx(decode, abs=0.01)
+    assert metal.prefill_efficiency == pytest.approx(prefill, abs=0.01)
+    assert metal.decode_attention_efficiency == pytest.approx(attention, rel=0.02)
+
+
+def test_mla_depth_on_metal_is_predicted_from_the_gqa_models_alone() -> None:
+    """GLM-4.7-Flash (MLA) held out: the Metal terms fitted on the five GQA models' rows predict
+    its depth series within 2x (the bytes model was 2.7-3.1x slow at 8K-32K)."""
+    from backend_speed import errors, fit
+
+    rows, metal = metal_rows()
+    glm = [c for c in rows if c.label.startswith("deepseek2")]
+    decode, prefill, attention = fit([c for c in rows if c not in glm], metal)
+    tg, _ = errors(glm, metal, decode, prefill, attention, with_prefill=False)
+    assert len(tg) == 5 and max(tg) < 2.0
+
+
 def test_the_held_out_rows_all_build_and_no_fit_reads_them() -> None:
     """Issue #30's held-out runs: every row usable, none in the fitted file."""
     from speed_accuracy import HELD_OUT_DATA

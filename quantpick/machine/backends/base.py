@@ -92,6 +92,13 @@ class Backend:
     # Prompt processing relative to CUDA's compute-bound rate.
     prefill_efficiency: float = 1.0
     efficiency_source: str = "not fitted: the CUDA-calibrated model as it is"
+    # Decode attention over the KV cache, where the backend's flash-attention decode kernel runs
+    # each query head on its own (it reads and multiplies a shared KV head once per query head,
+    # so its cost per cell of fill is the heads' arithmetic, 2 x n_head x (K + V head size)
+    # FLOPs per layer, not the cache's bytes): the share of the catalogue's FP16 figure that
+    # kernel reaches. None: the kernel packs the query heads of a KV head together (CUDA's
+    # tensor-core kernels), the depth cost is the bytes read (SpeedParams.kv_depth_factor).
+    decode_attention_efficiency: float | None = None
     legacy_prefixes: tuple[str, ...] = ()
     # The largest single buffer the driver allocates (None: no limit below the memory itself):
     # a tensor or compute buffer above it fails to allocate.

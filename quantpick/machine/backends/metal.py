@@ -31,15 +31,26 @@ BACKEND = Backend(
     memory_source="sysctl hw.memsize and iogpu.wired_limit_mb; llama.cpp: "
     "recommendedMaxWorkingSetSize",
     # Fitted by benchmarks/backend_speed.py to the 30 runs of llama.cpp's own
-    # benches/mac-m2-ultra/mac-m2-ultra.md (b7948; 6 models, depth 0-32768; rows in
-    # benchmarks/data/speed-measurements-backends.json). Decode: 1.00 (the CUDA-calibrated bandwidth
-    # model as it is), median error 13% held out by model, worst 3.1x: GLM-4.7-Flash's MLA
-    # attention at 8K-32K depth, which Metal runs far slower than the model expects. Prefill: 1.52
-    # x the catalogue's FP16 (= FP32 ALU) figure, median error 38% held out, worst 3.0x.
+    # benches/mac-m2-ultra/mac-m2-ultra.md (b7948; 6 models, depth 0-32768; rows 1001-1030 of
+    # benchmarks/data/speed-measurements-backends.json). Decode: 1.00 of the bandwidth (the
+    # CUDA-calibrated bandwidth model as it is, at its bound). Decode attention over the cache:
+    # ggml-metal's vector flash-attention kernel, which decode uses (fewer than 20 query rows,
+    # ggml-metal-ops.cpp:2949-2956 at b11312), runs one query head per threadgroup
+    # (nhptg = 1, :3588; dispatched over (queries, heads, workgroups), :3790), so the query heads
+    # of a shared KV head each read and multiply its cells: the depth cost is the heads'
+    # arithmetic, 2 x n_head x (K + V head size) FLOPs per layer and cell, at 0.086 of the
+    # catalogue's FP16 figure (fitted on the rows at depth > 0). Head size 576 (MLA's latent)
+    # is supported (ggml-metal-device.m:1742), so GLM-4.7-Flash's 20 heads over one latent take
+    # this kernel: 5x the FLOPs per cache byte of a GQA layer, the 2.7-3.1x the bytes model
+    # missed at 8K-32K. Held out by model (the rate fitted on the other five models' rows),
+    # decode median error 4%, worst 1.54x (GLM-4.7-Flash at depth 0, its fixed cost); the
+    # rate held out from GLM-4.7-Flash is 0.097. Prefill: 1.52 x the catalogue's FP16 (= FP32
+    # ALU) figure, median error 37% held out, worst 3.0x.
     decode_efficiency=1.00,
     prefill_efficiency=1.52,
-    efficiency_source="fitted: 30 runs of llama.cpp benches/mac-m2-ultra (decode 13% median "
-    "held out by model, worst 3.1x; prefill 38%, worst 3.0x)",
+    decode_attention_efficiency=0.086,
+    efficiency_source="fitted: 30 runs of llama.cpp benches/mac-m2-ultra (decode 4% median "
+    "held out by model, worst 1.5x; prefill 37%, worst 3.0x)",
     legacy_prefixes=("Metal",),
     cmake_option="-DGGML_METAL=ON (default on macOS)",
     # offload_op takes a matmul (MUL_MAT, MUL_MAT_ID) of >= 32 rows (ggml-metal.cpp:774-780); the
