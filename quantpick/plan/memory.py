@@ -10,22 +10,15 @@ from __future__ import annotations
 
 import re
 import struct
-from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from functools import lru_cache
 
-from quantpick.arch.base import AttentionKind, LayerView, MemoryClass, ModelView
+from quantpick.arch.base import AttentionKind, MemoryClass
 from quantpick.arch.graph import ArchLive, GraphSizes
 from quantpick.arch.registry import graph_trait
-from quantpick.errors import UsageError
-from quantpick.machine.backends import BackendKind, backend_of, host_buffer_names
-from quantpick.machine.spec import Gpu, Machine
+from quantpick.machine.backends import backend_of
+from quantpick.machine.spec import Machine
 from quantpick.model.ggml import (
     CPU_BUFFER,
-    GGML_TYPES,
-    KV_CACHE_TYPES,
-    UNQUANTIZED,
-    BufferRule,
     row_size,
 )
 from quantpick.model.layout import INPUT_SLOT, ModelLayout, TensorInfo
@@ -34,8 +27,6 @@ from quantpick.plan.compute import (
     GPU_ESTIMATE,
     GRAPH_RULES,
     PIPELINE_COPIES,
-    UNCHECKED,
-    ComputeAccuracy,
     ComputeBackend,
     DeviceGraph,
     accuracy,
@@ -44,382 +35,74 @@ from quantpick.plan.compute import (
     graph_shape,
     output_buffer,
 )
+from quantpick.plan.kv_cache import (
+    context_cells,
+    kv_bytes_per_cell_per_layer,
+    kv_type_problem,
+    layer_kv_bytes,
+    layer_kv_bytes_per_cell,
+    pad,
+    recurrent_bytes_per_layer_per_row,
+    swa_cells,
+    validate_config,
+)
+from quantpick.plan.llama_devices import (
+    LlamaDevice,
+    backend_kind,
+    buffer_device,
+    device_buffer,
+    host_weight_tensor,
+    llama_devices,
+    rpc_devices,
+)
+from quantpick.plan.memory_types import (
+    DESCRIBED_HOST_RESERVE,
+    PROBED_HOST_RESERVE,
+    PROJECTOR_COMPUTE_BYTES,
+    DeviceEstimate,
+    DraftRun,
+    Estimate,
+    Overheads,
+    RunConfig,
+    host_reserve_bytes,
+    spec_n_max,
+)
 
 MiB = 1024**2
 GiB = 1024**3
 
-# The vision projector's own compute buffer (LlamaFit calibration: ~248 MiB). Estimate.
-PROJECTOR_COMPUTE_BYTES = 256 * MiB
-
-
-@dataclass(frozen=True)
-class DraftRun:
-    """A draft model run beside the target (`--spec-type draft-simple -md PATH`): what the command
-    says of it. Its own memory is plan/draft.py's (a second model and llama_context); the
-    target's configuration only grows its output rows to np x (1 + n_max)."""
-
-    path: str  # -md (or -hfd's OWNER/REPO:QUANT where `hub`)
-    n_max: int  # --spec-draft-n-max
-    # -ngld: None = all layers; 0 = none (the host)
-    n_gpu_layers: int | None = None
-    # -devd, in its order (None: follows --device; (): none, the host)
-    devices: tuple[int | str, ...] | None = None
-    hub: bool = False  # -hfd OWNER/REPO:QUANT: llama-server fetches it from Hugging Face
-
-
-@dataclass(frozen=True)
-class RunConfig:
-    """One llama-server configuration, in its own flag spellings (comments name the flag)."""
-
-    ctx_size: int = 0  # -c (0 = the model's context_length)
-    n_parallel: int = 1  # -np
-    kv_unified: bool = False  # -kvu
-    n_gpu_layers: int | None = None  # -ngl (None = all slots: -ngl all / auto with full offload)
-    tensor_split: tuple[float, ...] | None = None  # -ts (proportions; a plan writes layer counts)
-    n_cpu_moe: int = 0  # --n-cpu-moe N: routed experts of blocks 0..N-1 in host memory
-    cpu_moe: bool = False  # --cpu-moe: all routed experts in host memory
-    override_tensors: tuple[tuple[str, str], ...] = ()  # -ot "regex=BUFT" in order
-    cache_type_k: str = "f16"  # -ctk
-    cache_type_v: str = "f16"  # -ctv
-    flash_attn: str = "on"  # -fa on|off|auto
-    ubatch: int = 512  # -ub
-    batch: int = 2048  # -b
-    kv_offload: bool = True  # -nkvo turns it off
-    vision: bool = False  # --mmproj with the manifest's projector
-    spec_draft_n: int = 0  # --spec-type draft-mtp --spec-draft-n-max N (0 = no MTP speculation)
-    # -ctkd/-ctvd: the draft context's own cache types (default f16; common/speculative.cpp
-    # :2478-2479 gives the draft context these, not -ctk/-ctv)
-    spec_cache_type_k: str = "f16"
-    spec_cache_type_v: str = "f16"
-    # --spec-type ngram-mod with --spec-ngram-mod-n-min/-n-max N (0: none); no model, no memory
-    # beyond its hash pool in host memory
-    spec_ngram_n: int = 0
-    # a draft model (-md ...; its cache types are spec_cache_type_k/v, -ctkd/-ctvd)
-    draft: DraftRun | None = None
-    # --device, in its order (None = llama.cpp's default list, see llama_devices): an int is a
-    # local GPU's index (CUDA<i>), a str a llama.cpp device name ("RPC0", "CUDA1").
-    devices: tuple[int | str, ...] | None = None
-    rpc_servers: tuple[str, ...] = ()  # --rpc HOST:PORT,...: workers of machine.rpc_workers
-    logits_rows: str = "server"  # "server": np*(1+draft) rows; "batch": n_ubatch rows (fit-params)
-    # Builds before PR #23764 (2026-05-29) keep the f32 KQ mask beside its f16 cast with flash
-    # attention (plan/build_class.py chooses this per installed build).
-    fa_mask_f32: bool = False
-    swa_full: bool = False  # --swa-full: the sliding-window layers get the full cache
-
-
-@dataclass(frozen=True)
-class Overheads:
-    """What llama.cpp does not account for, and what the rest of the machine needs (all
-    configurable: --gpu-overhead, --margin, --gpu-reserve, --ram-reserve)."""
-
-    gpu_context_bytes: int = 384 * MiB  # CUDA context + cuBLAS + kernels (notes: 0.3-0.6 GiB)
-    # safety margin kept free (VMM pool growth, fragmentation): llama.cpp --fit-target default
-    gpu_margin_bytes: int = 1 * GiB
-    # A desktop session on the display card takes 0.3-2.5 GiB (real-cuda.md). A probed card
-    # shows it as used memory; a described card with nothing known in use keeps this much on the
-    # first GPU (the usual display card). 0 for a headless box.
-    gpu_desktop_bytes: int = 512 * MiB
-    # Host RAM kept for everything but the model. None: the rule of `host_reserve_bytes`.
-    host_reserve_bytes: int | None = None
-    # Measured on this machine (quantpick bench, calibration profile): device -> bytes the driver
-    # takes beyond llama.cpp's buffers; replaces gpu_context_bytes for that GPU.
-    gpu_context_by_device: tuple[tuple[str, int], ...] = ()
-    # From llama.cpp's own projection (confirm): device -> bytes added to the estimate so that it
-    # overflows exactly where llama-fit-params says the device overflows.
-    device_correction_bytes: tuple[tuple[str, int], ...] = ()
-    # Measured on this machine (quantpick check --learn, plan/memory_calibration.py): device ->
-    # llama.cpp's compute buffers / this model's estimate, applied to the estimate's output
-    # (apply_compute_ratios), with the basis in `compute_basis`.
-    compute_ratio_by_device: tuple[tuple[str, float], ...] = ()
-    compute_basis: str = ""
-
-
-# Host reserve rule (documented in the README): a probed machine's available RAM already excludes
-# what runs now, so keep max(1 GiB, 5%) for growth; a described machine (nothing known in use)
-# keeps max(4 GiB, 25%) for the OS, a desktop session with a browser and the page cache -- what a
-# 32 GB desktop typically has in use (a desktop and browser: 4-8 GB).
-PROBED_HOST_RESERVE = (1 * GiB, 0.05)
-DESCRIBED_HOST_RESERVE = (4 * GiB, 0.25)
-
-
-def spec_n_max(config: RunConfig) -> int:
-    """common_speculative_n_max (common/speculative.cpp:2315-2340): the largest draft of the
-    enabled speculation types (MTP, a draft model, n-gram)."""
-    return max(config.spec_draft_n, config.spec_ngram_n, config.draft.n_max if config.draft else 0)
-
-
-def host_reserve_bytes(ram_total_bytes: int, ram_available_bytes: int, overheads: Overheads) -> int:
-    """RAM the plan leaves to the rest of the machine."""
-    if overheads.host_reserve_bytes is not None:
-        return overheads.host_reserve_bytes
-    floor, share = (
-        PROBED_HOST_RESERVE if ram_available_bytes < ram_total_bytes else DESCRIBED_HOST_RESERVE
-    )
-    return max(floor, int(share * ram_total_bytes))
-
-
-@dataclass(frozen=True)
-class DeviceEstimate:
-    name: str  # "NVIDIA GeForce RTX 3090" / "Host"
-    kind: str  # "gpu" | "host"
-    device: str  # llama.cpp's name: "CUDA0", ..., "CPU"
-    gpu_index: int | None
-    weights_bytes: int
-    kv_bytes: int
-    recurrent_bytes: int
-    compute_bytes: int  # the graph allocator's peak (plan/compute.py); see compute_accuracy
-    overhead_bytes: int  # CUDA context (GPU) / output buffer (host); estimate
-    projector_bytes: int  # vision projector weights + its compute (estimate)
-    total_bytes: int
-    free_bytes: int
-    budget_bytes: int  # free minus the safety margin
-    layers: tuple[int, ...]  # slots held (block indices; block_count = the output layer)
-    attention_layers: tuple[int, ...]  # blocks whose KV cache lives here
-    recurrent_layers: tuple[int, ...]  # blocks whose recurrent state lives here
-    expert_layers: tuple[int, ...]  # blocks whose routed experts live here
-    endpoint: str | None = None  # an RPC device's worker "host:port" (None: a local device)
-    # The ggml backend that holds it ("CUDA", "ROCm", "Metal", "Vulkan", "SYCL"; "RPC" for an RPC
-    # device, "CPU" for the host), and whether its memory is the host's RAM.
-    backend: str = "CPU"
-    unified: bool = False
-    correction_bytes: int = 0  # from llama.cpp's own projection (Overheads.device_correction_bytes)
-    # how far compute_bytes is expected to be from llama.cpp's reservation (plan/compute.py)
-    compute_accuracy: ComputeAccuracy = UNCHECKED
-
-    @property
-    def headroom_bytes(self) -> int:
-        return self.budget_bytes - self.total_bytes
-
-    @property
-    def fits(self) -> bool:
-        return self.total_bytes <= self.budget_bytes
-
-
-@dataclass(frozen=True)
-class Estimate:
-    devices: tuple[DeviceEstimate, ...]  # llama.cpp device order, the host last
-    config: RunConfig
-    basis: str
-    exact_weights: bool
-    n_ctx: int  # after padding (and rounding for non-unified streams)
-    kv_size: int  # cells per stream
-    n_stream: int
-    pipeline_parallel: bool
-    notes: tuple[str, ...] = field(default_factory=tuple)
-
-    @property
-    def fits(self) -> bool:
-        return all(d.fits for d in self.devices)
-
-    @property
-    def gpus(self) -> tuple[DeviceEstimate, ...]:
-        return tuple(d for d in self.devices if d.kind == "gpu")
-
-    @property
-    def host(self) -> DeviceEstimate:
-        return self.devices[-1]
-
-
-# ----------------------------------------------------------------------------------------------
-# Context sizing (src/llama-context.cpp: llama_context ctor).
-
-
-def pad(value: int, multiple: int) -> int:
-    return (value + multiple - 1) // multiple * multiple
-
-
-def context_cells(
-    ctx_size: int, n_ctx_train: int, n_parallel: int, kv_unified: bool
-) -> tuple[int, int, int]:
-    """(n_ctx, kv_size per stream, n_stream): n_ctx padded to 256; non-unified splits per slot."""
-    n_ctx = pad(ctx_size if ctx_size > 0 else n_ctx_train, 256)
-    n_seq = max(1, n_parallel)
-    if kv_unified or n_seq == 1:
-        return n_ctx, n_ctx, 1
-    n_ctx_seq = pad(n_ctx // n_seq, 256)
-    return n_ctx_seq * n_seq, n_ctx_seq, n_seq
-
-
-def swa_cells(view: ModelView, kv_size: int, n_parallel: int, kv_unified: bool, ubatch: int,
-              swa_full: bool) -> int:  # fmt: skip
-    """Cells per stream of a sliding-window layer: pad256(min(kv_size, n_swa x (unified ?
-    n_seq : 1) + n_ubatch)), the full cache with --swa-full (src/llama-kv-cache-iswa.cpp:73-80)."""
-    if swa_full or view.n_swa <= 0:
-        return kv_size
-    return pad(min(kv_size, view.n_swa * (max(1, n_parallel) if kv_unified else 1) + ubatch), 256)
-
-
-def layer_kv_bytes_per_cell(
-    layer: LayerView, view: ModelView, type_k: str, type_v: str, flash_attn: bool = True
-) -> int:
-    """K + V bytes one cell of `layer` takes (src/llama-kv-cache.cpp:200-237): V is padded to the
-    widest layer without flash attention (V is stored transposed then), and absent for MLA."""
-    v_width = layer.v_width if flash_attn or not layer.v_width else view.v_width_max
-    return row_size(type_k, layer.k_width) + row_size(type_v, v_width)
-
-
-def layer_kv_bytes(
-    layer: LayerView,
-    view: ModelView,
-    cells: int,
-    type_k: str,
-    type_v: str,
-    flash_attn: bool,
-    rule: BufferRule,
-) -> int:
-    """The K and V tensors of one layer's cache, `cells` cells (x streams), as a buffer holds
-    them: [row(type, width), cells] each, padded by the device's rule (src/llama-kv-cache.cpp
-    :226-237; V absent for MLA, padded to the widest layer without flash attention)."""
-    v_width = layer.v_width if flash_attn or not layer.v_width else view.v_width_max
-    k = rule.alloc(type_k, layer.k_width, row_size(type_k, layer.k_width) * cells)
-    v = rule.alloc(type_v, v_width, row_size(type_v, v_width) * cells) if v_width else 0
-    return k + v
-
-
-def kv_bytes_per_cell_per_layer(layout: ModelLayout, type_k: str, type_v: str) -> int:
-    """K + V bytes per cell of the widest KV layer (speed's and compute's yardstick)."""
-    view = layout.view
-    layers = [view.layers[il] for il in view.kv_layers] or list(view.layers[:1])
-    return max((layer_kv_bytes_per_cell(lv, view, type_k, type_v) for lv in layers), default=0)
-
-
-def recurrent_bytes_per_layer_per_row(layout: ModelLayout) -> int:
-    """One sequence's recurrent state of one layer: n_embd_r + n_embd_s, always f32
-    (src/llama-hparams.cpp:218-270; create_memory passes GGML_TYPE_F32)."""
-    return layout.view.state_bytes_per_row
-
-
-def kv_type_problem(view: ModelView, type_k: str, type_v: str, flash_attn: str) -> str | None:
-    """Why llama.cpp refuses these cache types for this model (None: it takes them), as
-    llama_init_from_model checks (src/llama-context.cpp:3816-3871)."""
-    fa = flash_attn != "off" and view.flash_attn
-    if view.mla and type_k != type_v:
-        return f"-ctk {type_k} -ctv {type_v}: this model's cache (MLA) needs -ctk equal to -ctv"
-    for flag, kind, sizes in (("-ctk", type_k, view.head_k_sizes),
-                              ("-ctv", type_v, view.head_v_sizes)):  # fmt: skip
-        block = GGML_TYPES[kind.upper()][1]
-        if block > 1 and fa:
-            bad = sorted(n for n in sizes if n % block)
-            if bad:
-                return (
-                    f"{flag} {kind}: its {block}-value blocks do not divide this model's head "
-                    f"size {bad[0]}"
-                )
-    if not view.flash_attn and type_v.upper() not in UNQUANTIZED:
-        return (
-            f"-ctv {type_v}: llama.cpp runs {view.arch} without flash attention, which a "
-            "quantized V cache needs"
-        )
-    return None
-
-
-def validate_config(config: RunConfig, layout: ModelLayout) -> None:
-    for flag, value in (("-ctk", config.cache_type_k), ("-ctv", config.cache_type_v)):
-        if value not in KV_CACHE_TYPES:
-            raise UsageError(
-                f"{flag} {value}: not a KV cache type",
-                hint="use one of " + ", ".join(KV_CACHE_TYPES),
-            )
-    if config.flash_attn not in ("on", "off", "auto"):
-        raise UsageError(f"-fa {config.flash_attn}: use on, off or auto")
-    if config.flash_attn == "off" and config.cache_type_v not in ("f16", "f32", "bf16"):
-        # llama_context ctor: "quantized V cache was requested, but this requires Flash Attention"
-        raise UsageError(
-            f"-ctv {config.cache_type_v} needs flash attention, and -fa is off",
-            hint="use -fa on (or auto), or an unquantized V cache",
-        )
-    problem = kv_type_problem(
-        layout.view, config.cache_type_k, config.cache_type_v, config.flash_attn
-    )
-    if problem is not None:
-        raise UsageError(problem, hint="use f16 (or another cache type that divides it)")
-    if config.ctx_size < 0 or config.n_parallel < 1 or config.ubatch < 1 or config.batch < 1:
-        raise UsageError("-c must be >= 0, -np, -ub and -b >= 1")
-    if config.n_gpu_layers is not None and config.n_gpu_layers < 0:
-        raise UsageError("-ngl must be >= 0 (omit it for all layers)")
-    if config.n_cpu_moe < 0:
-        raise UsageError("--n-cpu-moe must be >= 0")
-    if config.tensor_split is not None and (
-        any(v < 0 for v in config.tensor_split) or sum(config.tensor_split) <= 0
-    ):
-        raise UsageError("-ts needs non-negative proportions with a positive sum")
-
-
-# ----------------------------------------------------------------------------------------------
-# The device list (src/llama.cpp: llama_prepare_model_devices; ggml-rpc.cpp: ggml_backend_rpc_*).
-
-
-@dataclass(frozen=True)
-class LlamaDevice:
-    """One device in llama.cpp's list for the model: a local GPU or a device of an RPC worker."""
-
-    name: str  # llama.cpp's device name: "CUDA1", "RPC0"
-    gpu: Gpu  # the card; for an RPC device, `index` is its position on the worker
-    endpoint: str | None = None  # the RPC worker's "host:port"
-    # The device's free memory was read after its runtime (CUDA context, cuBLAS) was created: a
-    # probed worker creates its backends before it listens (ggml_backend_rpc_start_server), so
-    # llama.cpp's accounting needs no context on top of what the worker reports.
-    context_in_free: bool = False
-
-    @property
-    def is_rpc(self) -> bool:
-        return self.endpoint is not None
-
-
-def rpc_devices(machine: Machine, endpoints: tuple[str, ...]) -> tuple[LlamaDevice, ...]:
-    """The devices llama-server creates for `--rpc` = `endpoints`, named as it names them.
-
-    ggml_backend_rpc_add_server (ggml/src/ggml-rpc/ggml-rpc.cpp:2338-2372 at b11312) asks each
-    endpoint for its device count and names the devices "RPC" + a counter shared by all
-    endpoints, in --rpc order (common/arg.cpp add_rpc_devices), each worker's devices in its
-    own order: two one-device workers are RPC0 and RPC1. Their buffer types are
-    "RPC<i>[host:port]" with i the worker-local index (ggml_backend_rpc_buffer_type, :1092).
-    """
-    if len(set(endpoints)) != len(endpoints):
-        raise UsageError("--rpc names a worker twice")
-    workers = {w.endpoint: w for w in machine.rpc_workers}
-    out: list[LlamaDevice] = []
-    for endpoint in endpoints:
-        worker = workers.get(endpoint)
-        if worker is None:
-            known = ", ".join(workers) or "none"
-            raise UsageError(f"--rpc {endpoint}: not a worker of this machine (known: {known})")
-        for gpu in worker.devices:
-            out.append(LlamaDevice(f"RPC{len(out)}", gpu, endpoint, worker.probed))
-    return tuple(out)
-
-
-def llama_devices(machine: Machine, config: RunConfig) -> tuple[LlamaDevice, ...]:
-    """The devices llama.cpp places the model on, in its order.
-
-    Default (src/llama.cpp: llama_prepare_model_devices): RPC devices first ("add RPC servers
-    at the front of the list to minimize network transfers"), then the local GPUs; the CPU is
-    never in the list. With --device: exactly the named devices, in the given order (names
-    match case-insensitively: ggml_backend_dev_by_name).
-    """
-    remote = rpc_devices(machine, config.rpc_servers)
-    local = [
-        LlamaDevice(backend_of(g.backend).device_name(g.index), g) for g in machine.usable_gpus
-    ]
-    local_names = {d.gpu.index: d.name for d in local}
-    if config.devices is None:
-        return (*remote, *local)
-    usable = {g.index for g in machine.usable_gpus}
-    by_name = {d.name.upper(): d for d in (*remote, *local)}
-    chosen: list[LlamaDevice] = []
-    for item in config.devices:
-        if isinstance(item, int) and item not in usable:
-            raise UsageError(f"--device: no usable GPU with index {item}")
-        name = local_names[item].upper() if isinstance(item, int) else item.strip().upper()
-        device = by_name.get(name)
-        if device is None:
-            known = ", ".join(d.name for d in (*remote, *local)) or "none"
-            raise UsageError(f"--device {item}: not a device here (devices: {known})")
-        if device in chosen:
-            raise UsageError(f"--device names {device.name} twice")
-        chosen.append(device)
-    return tuple(chosen)
-
+# The memory model's inputs, outputs, KV sizing and device list live in their own modules
+# (plan/memory_types.py, plan/kv_cache.py, plan/llama_devices.py); their names are this
+# module's too, as they were before the split.
+__all__ = [
+    "DESCRIBED_HOST_RESERVE",
+    "DeviceEstimate",
+    "DraftRun",
+    "Estimate",
+    "LlamaDevice",
+    "Overheads",
+    "PROBED_HOST_RESERVE",
+    "PROJECTOR_COMPUTE_BYTES",
+    "RunConfig",
+    "context_cells",
+    "host_reserve_bytes",
+    "kv_bytes_per_cell_per_layer",
+    "kv_type_problem",
+    "layer_kv_bytes",
+    "layer_kv_bytes_per_cell",
+    "llama_devices",
+    "pad",
+    "recurrent_bytes_per_layer_per_row",
+    "rpc_devices",
+    "spec_n_max",
+    "swa_cells",
+    "validate_config",
+    "apply_compute_ratios",
+    "backend_kind",
+    "device_buffer",
+    "estimate",
+    "host_weight_tensor",
+]
 
 # ----------------------------------------------------------------------------------------------
 # The estimate.
@@ -439,86 +122,9 @@ class _Acc:
     experts: list[int] = field(default_factory=list)
 
 
-_RPC_BUFT = re.compile(r"RPC(\d+)\[(.+)\]")
-
-
-def _buft_to_device(buft: str, devices: tuple[LlamaDevice, ...]) -> int | None:
-    """-ot buffer type -> device position (None = host): CPU or a backend's host buffer, a local
-    device's name (CUDA0, ROCm1, MTL0, ...), or an RPC device's buffer type "RPC<i>[host:port]"
-    (i: its index on that worker; ggml-rpc.cpp:1092)."""
-    b = buft.strip()
-    if b.upper() in host_buffer_names():
-        return None
-    for pos, d in enumerate(devices):
-        if d.is_rpc:
-            if b == f"RPC{d.gpu.index}[{d.endpoint}]":
-                return pos
-        elif b == d.name:
-            return pos
-    names = [f"RPC{d.gpu.index}[{d.endpoint}]" if d.is_rpc else d.name for d in devices]
-    hint = "use CPU or " + ", ".join(names)
-    if _RPC_BUFT.fullmatch(b) is None and b.startswith("RPC"):
-        hint += " (an RPC device's buffer type carries its worker: RPC0[host:port])"
-    raise UsageError(f"-ot buffer type {b!r} is not a device here", hint=hint)
-
-
-@lru_cache(maxsize=4096)
 def _f32(value: float) -> float:
     """`value` rounded to single precision (C++ float); memoized (a plan asks ~10^4 times)."""
     return float(struct.unpack("f", struct.pack("f", value))[0])
-
-
-def backend_kind(device: LlamaDevice) -> ComputeBackend:
-    """The compute rule of a device's backend (machine/backends): an RPC worker serving its CPU
-    runs the CPU backend's graph; a local GPU, or a worker serving one, a GPU backend's."""
-    cpu = backend_of(device.gpu.backend).kind is BackendKind.CPU
-    return ComputeBackend.CPU if cpu else ComputeBackend.GPU
-
-
-def host_weight_tensor(
-    layout: ModelLayout,
-    slot_device: list[int],
-    host_pos: int,
-    host_experts: list[int],
-    skipped: Callable[[int], bool],
-    limit: int | None = None,
-    experts_only: bool = False,
-) -> int:
-    """The largest block weight held in host memory (routed experts under --n-cpu-moe / -ot, or
-    whole blocks under -ngl): what op offload copies into the first GPU, one tensor at a time.
-    With `limit` (a backend whose supports_op refuses larger tensors: ComputeTraits.ops_capped)
-    only the weights up to it are offloaded; `experts_only`: the largest routed-expert tensor."""
-    best = 0
-    for t in layout.tensors:
-        if len(t.shape) < 2:
-            continue
-        slot = layout.slot_of(t.name)
-        if slot == INPUT_SLOT or slot == layout.output_slot or skipped(slot):
-            continue
-        if limit is not None and t.n_bytes > limit:
-            continue
-        if experts_only and not (t.is_expert and host_experts[slot]):
-            continue
-        if slot_device[slot] == host_pos or (t.is_expert and host_experts[slot]):
-            best = max(best, t.n_bytes)
-    return best
-
-
-def device_buffer(device: LlamaDevice) -> BufferRule:
-    """How a device's backend sizes tensors (machine/backends: each backend's rule; an RPC
-    device: the backend the worker serves, CUDA unless the worker is known to serve another),
-    with the device's own alignment where its driver's is known (Gpu.buffer_alignment)."""
-    rule = backend_of(device.gpu.backend).buffer
-    align = device.gpu.buffer_alignment
-    if (
-        isinstance(align, int)
-        and align > 0
-        and align & (align - 1) == 0  # a power of two, as every driver's is
-        and align != rule.alignment
-    ):
-        # its own name: layouts cache their sizes per rule name (ModelLayout.slots_under)
-        return BufferRule(f"{rule.name}/{align}", align, rule.row_padding)
-    return rule
 
 
 def _max_alloc_notes(
@@ -613,7 +219,7 @@ def estimate(
     mtp_loaded = config.spec_draft_n > 0 and arch.nextn_predict_layers > 0
 
     # Weights. The NextN/MTP block is skipped (never allocated) unless MTP speculation loads it.
-    overrides = [(re.compile(p), _buft_to_device(b, devs)) for p, b in config.override_tensors]
+    overrides = [(re.compile(p), buffer_device(b, devs)) for p, b in config.override_tensors]
     n_cpu_moe = arch.block_count if config.cpu_moe else config.n_cpu_moe
 
     nextn_skipped = frozenset() if mtp_loaded else frozenset(range(arch.n_layer, arch.block_count))
