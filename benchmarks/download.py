@@ -6,7 +6,7 @@
 Hubs:
   * capped   - the fake CDN caps every connection at --per-connection-mbps (a token bucket per
                connection, as a CDN edge caps one TCP stream: published Hugging Face figures run
-               from 8.7 to ~60 MB/s per connection, see /work/shared/notes/serving-ecosystem.md).
+               from 8.7 to ~60 MB/s per connection, see ../shared/notes/serving-ecosystem.md).
   * loopback - no cap: as fast as sendfile and the client's CPU go.
 Methods, interleaved round-robin (one round = each method once), each client in a fresh
 subprocess timed around the transfer only (imports excluded), output deleted and `sync` run

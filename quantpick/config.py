@@ -40,7 +40,7 @@ CONFIG_KEYS = ("reuse", "hf_cache", "stores", "connections")
 # real file reaches and that keeps a hostile one (a link to /dev/zero) from filling memory.
 CONFIG_MAX_BYTES = 1024 * 1024
 # --connections N: 1 (one stream) to 64 (hf_xet's own upper bound in its normal mode, see
-# /work/shared/notes/serving-ecosystem.md; beyond it concurrency has collapsed downloads).
+# ../shared/notes/serving-ecosystem.md; beyond it concurrency has collapsed downloads).
 MAX_CONNECTIONS = 64
 
 

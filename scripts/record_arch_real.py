@@ -14,7 +14,8 @@ and on two local RPC workers (ggml-rpc-server, tests/rpc_workers.py) with -ngl a
 quantpick stores it (quantpick.model.gguf.header_to_json), so tests rebuild the layout without
 the file, and per case the argv (ports generalised), llama-fit-params' fit_memory_breakdown rows
 (MiB floored; the machine-dependent total/free left out) and, with --oracle-mem, the exact bytes
-per device and buffer type from /work/oracle/tools/oracle-mem (same loader, same libraries).
+per device and buffer type from a memory-probe tool built against the same llama.cpp libraries
+(PATH; scripts/llamacpp-memory/ builds the llama-memory-bytes tool of the same kind).
 Re-running rewrites the fixtures; llama.cpp is deterministic here, so they only change when the
 table, a config or the pinned llama.cpp does.
 """

@@ -141,7 +141,7 @@ CONFIGS: tuple[RealConfig, ...] = (
         },
         vocab_size=248320,
         tied=False,
-        source="Qwen/Qwen3.5-27B text_config, /work/shared/notes/model-and-hubs.md §1.2 "
+        source="Qwen/Qwen3.5-27B text_config, ../shared/notes/model-and-hubs.md §1.2 "
         "(5120 hidden, 17408 FFN, 64 layers 48 linear + 16 full, 24/4 heads x 256, linear "
         "16/48 heads x 128, 1 MTP layer, untied)",
     ),
@@ -164,7 +164,7 @@ CONFIGS: tuple[RealConfig, ...] = (
         },
         vocab_size=248320,
         tied=False,
-        source="Qwen/Qwen3.6-35B-A3B text_config, /work/shared/notes/model-and-hubs.md §1.1 "
+        source="Qwen/Qwen3.6-35B-A3B text_config, ../shared/notes/model-and-hubs.md §1.1 "
         "(40 layers 30 linear + 10 full, 16/2 heads x 256, linear 16/32 heads x 128, 256 "
         "experts top-8 x 512, shared 512, 1 MTP layer, untied)",
     ),
@@ -185,7 +185,7 @@ CONFIGS: tuple[RealConfig, ...] = (
         },
         vocab_size=151936,
         tied=False,
-        source="Qwen/Qwen3-Next-80B-A3B-Instruct, /work/shared/notes/model-and-hubs.md §1.3 "
+        source="Qwen/Qwen3-Next-80B-A3B-Instruct, ../shared/notes/model-and-hubs.md §1.3 "
         "(no layer_types: full_attention_interval 4; MTP shipped as mtp.*); vocab 151936 from "
         "vLLM's Qwen3NextConfig defaults (docs.vllm.ai transformers_utils/configs/qwen3_next)",
     ),

@@ -2,7 +2,7 @@
 
 Real HTTP/1.1 servers (stdlib ThreadingHTTPServer): the "hub" origin serves the HF and ModelScope
 APIs, a separate "CDN" origin (another port, so clients see a foreign-origin redirect) serves LFS
-bytes and plain mirror paths. Shapes follow /work/shared/notes/downloads-and-hubs.md §2.7 and §3.2:
+bytes and plain mirror paths. Shapes follow ../shared/notes/downloads-and-hubs.md §2.7 and §3.2:
 they are what huggingface_hub 2.x and modelscope-hub 0.5 actually parse.
 
 Use through the `fake_hub` pytest fixture (points HF_ENDPOINT / MODELSCOPE_ENDPOINT at it), or

@@ -1,6 +1,6 @@
 """Write qwen35moe-shaped GGUF files with the `gguf` package for the header tests.
 
-Modelled on /work/shared/tools/synth_gguf.py: the exact metadata keys and tensor table llama.cpp's
+Modelled on ../shared/tools/synth_gguf.py: the exact metadata keys and tensor table llama.cpp's
 qwen35moe loader reads, with the tensor data either a sparse hole (`data="sparse"`, the full-size
 architecture costs no disk) or random bytes (`data="random"`, tiny models only).
 """

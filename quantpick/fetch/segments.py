@@ -10,7 +10,7 @@ few pieces of the hashed prefix: the hash follows the transfer through the page 
 tail left to hash at the end is about one window (`window_bytes`), not the file.
 
 Sources of the numbers are in SegmentPolicy; the field's practice is in
-/work/shared/notes/serving-ecosystem.md ("How big files travel").
+../shared/notes/serving-ecosystem.md ("How big files travel").
 """
 
 from __future__ import annotations
