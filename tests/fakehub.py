@@ -342,6 +342,9 @@ class _Handler(BaseHTTPRequestHandler):
         file: str | None = None,
     ) -> None:
         body = json.dumps(document).encode()
+        # logged before the answer goes out: a client that fails on it (a 403) may return before
+        # this thread runs again, and a test reading the log then must see the request
+        self._entry(status, file=file)
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(body)))
@@ -350,7 +353,6 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         if self.command != "HEAD":
             self.wfile.write(body)
-        self._entry(status, file=file)
 
     def _error(
         self,
