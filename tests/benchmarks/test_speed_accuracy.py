@@ -292,16 +292,16 @@ def test_the_defaults_are_the_fit_of_the_bundled_rows() -> None:
 def test_backend_rows_all_build_as_their_backend() -> None:
     """Every published non-CUDA run (benchmarks/data/speed-measurements-backends.json) becomes a
     case on its own backend's device (MTL0 for the M2 Ultra, ROCm0/Vulkan0 for the R9700 and the
-    Strix Halo): 30 Metal rows, 22 ROCm and 22 Vulkan."""
+    Strix Halo, Vulkan0/SYCL0 for the Arc Pro B70): 30 Metal rows, 22 ROCm, 30 Vulkan, 8 SYCL."""
     from backend_speed import DATA, case_backend
 
     cases, unusable = load_cases(DATA)
-    assert unusable == [] and len(cases) == 74
+    assert unusable == [] and len(cases) == 90
     counts = Counter(case_backend(c).label for c in cases)
-    assert counts == {"Metal": 30, "ROCm": 22, "Vulkan": 22}
+    assert counts == {"Metal": 30, "ROCm": 22, "Vulkan": 30, "SYCL": 8}
     by_backend = {case_backend(c).label: c for c in cases}
     assert "MTL0" in by_backend["Metal"].devices and "ROCm0" in by_backend["ROCm"].devices
-    assert "Vulkan0" in by_backend["Vulkan"].devices
+    assert "Vulkan0" in by_backend["Vulkan"].devices and "SYCL0" in by_backend["SYCL"].devices
 
 
 def test_backend_rows_each_name_their_source() -> None:
@@ -316,7 +316,9 @@ def test_backend_rows_each_name_their_source() -> None:
         assert row["source_url"].startswith("https://github.com/"), row["id"]
         assert row["source_file"]["path"] and row["source_file"]["commit"], row["id"]
         assert row["source_file"]["path"] in row["source_url"], row["id"]
-        assert row["llama_cpp_build"] and row["backend"] in {"Metal", "ROCm", "Vulkan"}, row["id"]
+        assert row["llama_cpp_build"] and row["backend"] in {"Metal", "ROCm", "Vulkan", "SYCL"}, (
+            row["id"]
+        )
         assert row["quant"] and row["model"], row["id"]
         for key in ("tg", "pp"):
             assert str(row[f"{key}_tps"]) in row[f"{key}_printed"], row["id"]
