@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import statistics
 import sys
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -288,15 +291,55 @@ def test_the_defaults_are_the_fit_of_the_bundled_rows() -> None:
 
 def test_backend_rows_all_build_as_their_backend() -> None:
     """Every published non-CUDA run (benchmarks/data/speed-measurements-backends.json) becomes a
-    case on its own backend's device (MTL0 for the M2 Ultra, ROCm0/Vulkan0 for the R9700)."""
+    case on its own backend's device (MTL0 for the M2 Ultra, ROCm0/Vulkan0 for the R9700 and the
+    Strix Halo, Vulkan0/SYCL0 for the Arc Pro B70): 30 Metal rows, 22 ROCm, 30 Vulkan, 8 SYCL."""
     from backend_speed import DATA, case_backend
 
     cases, unusable = load_cases(DATA)
-    assert unusable == [] and len(cases) == 32
+    assert unusable == [] and len(cases) == 90
+    counts = Counter(case_backend(c).label for c in cases)
+    assert counts == {"Metal": 30, "ROCm": 22, "Vulkan": 30, "SYCL": 8}
     by_backend = {case_backend(c).label: c for c in cases}
-    assert set(by_backend) == {"Metal", "ROCm", "Vulkan"}
     assert "MTL0" in by_backend["Metal"].devices and "ROCm0" in by_backend["ROCm"].devices
-    assert "Vulkan0" in by_backend["Vulkan"].devices
+    assert "Vulkan0" in by_backend["Vulkan"].devices and "SYCL0" in by_backend["SYCL"].devices
+
+
+def test_backend_rows_each_name_their_source() -> None:
+    """Every backend row names where its figures were published (a URL, and a path with a
+    commit or tag), its llama.cpp build, backend, model and quant, and the printed figures its
+    numbers come from."""
+    from backend_speed import DATA
+
+    rows = json.loads(DATA.read_text())
+    assert len({r["id"] for r in rows}) == len(rows)
+    for row in rows:
+        assert row["source_url"].startswith("https://github.com/"), row["id"]
+        assert row["source_file"]["path"] and row["source_file"]["commit"], row["id"]
+        assert row["source_file"]["path"] in row["source_url"], row["id"]
+        assert row["llama_cpp_build"] and row["backend"] in {"Metal", "ROCm", "Vulkan", "SYCL"}, (
+            row["id"]
+        )
+        assert row["quant"] and row["model"], row["id"]
+        for key in ("tg", "pp"):
+            assert str(row[f"{key}_tps"]) in row[f"{key}_printed"], row["id"]
+
+
+def test_rocm_carries_the_decode_fit_of_its_rows() -> None:
+    """machine/backends/rocm.py's decode efficiency is what backend_speed.py fits on the 22 ROCm
+    rows (Strix Halo and R9700), and the fit held out by model meets issue #31's goal."""
+    from backend_speed import DATA, GOAL_MEDIAN, GOAL_WORST, case_backend, errors, fit, model_key
+
+    rows = [c for c in load_cases(DATA)[0] if case_backend(c).label == "ROCm"]
+    rocm = case_backend(rows[0])
+    decode, _, _ = fit(rows, rocm)
+    assert rocm.decode_efficiency == pytest.approx(decode, abs=0.01)
+    held: list[float] = []
+    for model in {model_key(c) for c in rows}:
+        train = [c for c in rows if model_key(c) != model]
+        d, p, a = fit(train, rocm)
+        held += errors([c for c in rows if model_key(c) == model], rocm, d, p, a)[0]
+    assert len(held) == 22
+    assert statistics.median(held) <= GOAL_MEDIAN and max(held) <= GOAL_WORST
 
 
 def metal_rows():  # type: ignore[no-untyped-def]
