@@ -233,6 +233,29 @@ def test_a_reason_lost_to_the_log_threads_race_is_asked_for_again(tmp_path: Path
     assert len(count.read_text().splitlines()) == 3
 
 
+def test_a_json_record_lost_to_the_log_thread_is_asked_for_again(tmp_path: Path) -> None:
+    """The table is printed at once, the JSON record by llama.cpp's log thread; on a busy machine
+    the process can exit first. Before: the table alone was read, without the host's repacked
+    weights, and a CI run's dry run said "llama.cpp projects 86 MiB of model weights, the file
+    holds 280 MiB". The tool here prints the table alone on its first run."""
+    count = tmp_path / "runs"
+    tool = tmp_path / "llama-fit-params"
+    tool.write_text(
+        "#!/bin/sh\n"
+        f'echo x >> "{count}"\n'
+        f'if [ "$(wc -l < "{count}")" -ge 2 ]; then cat "{fixture("tiny-host")}"; '
+        f'else cat "{fixture("tiny-host-table")}"; fi\n'
+    )
+    tool.chmod(0o755)
+    run = run_fit_params([str(tool), "-c", "4096", "--log-jsonl"], {})
+    assert '"fit_memory_breakdown"' in run.stdout  # the projection read is the record's
+    assert len(count.read_text().splitlines()) == 2
+    # without --log-jsonl the table is all there is: asked once
+    count.unlink()
+    run_fit_params([str(tool), "-c", "4096"], {})
+    assert len(count.read_text().splitlines()) == 1
+
+
 def test_a_failing_tool_says_why(tmp_path: Path) -> None:
     stderr = tmp_path / "stderr.txt"
     stderr.write_text("ggml_cuda_init: failed to initialize CUDA: unknown error\nbye\n")
