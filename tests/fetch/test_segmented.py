@@ -168,7 +168,10 @@ def test_a_200_for_a_206_midway_falls_back_to_one_stream(
     result = fetch(hub, dest, policy)
     assert_complete(dest)
     gets = cdn_gets(hub)
-    assert [g["status"] for g in gets[:3]] == [206, 206, 200]
+    # the pieces before the fallback: 206s and the one 200 (logged when each ends, so in the
+    # order they ended, which depends on the machine's load)
+    pieces = [g["status"] for g in gets[:-1]]
+    assert pieces.count(200) == 1 and set(pieces) == {200, 206} and len(pieces) >= 3
     last = gets[-1]
     # One stream from the contiguous prefix written so far (0 or more bytes).
     assert last["status"] in (200, 206) and (last["range"] or "bytes=0-").endswith("-")
@@ -282,7 +285,7 @@ def test_a_torn_sidecar_starts_again(hub: FakeHub, tmp_path: Path, policy: Retry
     sidecar.write_bytes(sidecar.read_bytes()[:40])
     result = fetch(hub, dest, policy)
     assert_complete(dest)
-    assert result.resumed_from == 0 and cdn_gets(hub)[0]["range"] == "bytes=0-1048575"
+    assert result.resumed_from == 0 and "bytes=0-1048575" in [g["range"] for g in cdn_gets(hub)]
 
 
 def test_one_connection_continues_a_segmented_part_as_a_stream(

@@ -106,6 +106,14 @@ def byte_gets(hub: FakeHub) -> list[dict[str, Any]]:
     return [r for r in hub.requests_for(NAME) if r["server"] == "cdn"]
 
 
+def first_offset(gets: list[dict[str, Any]]) -> int | None:
+    """The lowest byte asked for (segments run in parallel and are logged as each ends, so the
+    log's order is the machine's, not the client's); None when a GET had no Range."""
+    if any(g["range"] is None for g in gets):
+        return None
+    return min(int(g["range"].split("=")[1].split("-")[0]) for g in gets)
+
+
 def seed_part(hub: FakeHub, dest: Path, n: int, *, sha: str = SHA) -> None:
     """A .part holding the first n bytes, with the sidecar a previous run would have left."""
     part, sidecar = part_paths(dest)
@@ -156,7 +164,8 @@ def test_connection_cut_resumes_with_range(
     result = fetch(hub, dest, policy, mode)
     assert_complete(dest)
     gets = byte_gets(hub)
-    assert gets[0]["cut"] and gets[0]["sent"] == 1_000_000
+    (cut,) = [g for g in gets if g.get("cut")]
+    assert cut["sent"] == 1_000_000
     # Only the cut piece is asked again, from where it stopped.
     again = "bytes=1000000-" if mode == "stream" else "bytes=1000000-1048575"
     assert [g["status"] for g in gets if g["range"] == again] == [206]
@@ -222,8 +231,8 @@ def test_wrong_content_length_is_retried(
     if mode == "stream":
         assert len(gets) == 2
     else:
-        assert gets[0]["faults"] == ["wrong_length"]
-        assert [g["range"] for g in gets].count(gets[0]["range"]) == 2  # that piece again
+        (bad,) = [g for g in gets if g.get("faults") == ["wrong_length"]]
+        assert [g["range"] for g in gets].count(bad["range"]) == 2  # that piece again
 
 
 def test_persistent_wrong_content_length_fails_with_exit_5(
@@ -302,7 +311,7 @@ def test_resume_rehashes_the_prefix_on_disk(
     part.write_bytes(bytes(corrupted))
     with pytest.raises(VerificationError):
         fetch(hub, dest, policy, mode)
-    assert byte_gets(hub)[0]["range"].startswith("bytes=1000000-")
+    assert first_offset(byte_gets(hub)) == 1_000_000
     assert not dest.exists()
 
 
@@ -344,7 +353,7 @@ def test_modelscope_200_with_content_range_is_a_valid_resume(
         assert (get["status"], get["range"], get["sent"]) == (200, "bytes=2000000-", SIZE - 2e6)
     else:
         # The rest is one piece (the crumb joins it), which the second connection may split.
-        assert gets[0]["range"] == f"bytes=2000000-{SIZE - 1}"
+        assert f"bytes=2000000-{SIZE - 1}" in [g["range"] for g in gets]
         assert {g["status"] for g in gets} == {200}
     assert (result.resumed_from, result.bytes_fetched) == (2_000_000, SIZE - 2_000_000)
 
@@ -425,7 +434,7 @@ def test_truncated_final_file_is_resumed(
     dest.write_bytes(DATA[:1_000_000])
     result = fetch(hub, dest, policy, mode)
     assert_complete(dest)
-    assert byte_gets(hub)[0]["range"].startswith("bytes=1000000-")
+    assert first_offset(byte_gets(hub)) == 1_000_000
     assert result.bytes_fetched == SIZE - 1_000_000
 
 
