@@ -104,6 +104,39 @@ class ModelLayout:
     def _slots(self) -> dict[str, int]:
         return {}
 
+    @cached_property
+    def ffn_widths(self) -> tuple[int, int, int]:
+        """(the widest dense FFN: ffn_up / ffn_gate rows; the routed experts' intermediate:
+        ffn_up_exps rows, or half of a fused ffn_gate_up_exps; the per-layer embedding width:
+        per_layer_token_embd rows, 0 without), read once from the tensor shapes."""
+        ffn = n_ff_exp = per_layer = 0
+        for t in self.tensors:
+            if t.name == "per_layer_token_embd.weight":
+                per_layer = t.shape[0]
+            if len(t.shape) < 2 or not t.name.startswith("blk."):
+                continue
+            stem = t.name.rsplit(".", 2)[-2]
+            if stem in ("ffn_up", "ffn_gate"):
+                ffn = max(ffn, t.shape[1])
+            elif stem in ("ffn_up_exps", "ffn_gate_exps"):
+                n_ff_exp = max(n_ff_exp, t.shape[1])
+            elif stem == "ffn_gate_up_exps":
+                n_ff_exp = max(n_ff_exp, t.shape[1] // 2)
+        return ffn, n_ff_exp, per_layer
+
+    @cached_property
+    def block_matrices(self) -> tuple[tuple[int, int, bool], ...]:
+        """(slot, bytes, is_expert) of every block weight with two or more dimensions (what op
+        offload may copy to a GPU), largest first: the planner asks once per estimate."""
+        found = [
+            (slot, t.n_bytes, t.is_expert)
+            for t in self.tensors
+            if len(t.shape) >= 2
+            and (slot := self.slot_of(t.name)) != INPUT_SLOT
+            and slot != self.output_slot
+        ]
+        return tuple(sorted(found, key=lambda x: -x[1]))
+
     def slot_of(self, name: str) -> int:
         """The layer slot a tensor belongs to (memoized: the planner asks some 10^4 times)."""
         found = self._slots.get(name)

@@ -232,20 +232,7 @@ def graph_shape(layout: ModelLayout, ubatch: int, logits_rows: int) -> GraphShap
     (ffn_up / ffn_gate rows) and the routed experts' intermediate (ffn_up_exps rows, or half of a
     fused ffn_gate_up_exps) x n_expert_used, read from the tensor shapes."""
     view = layout.view
-    ffn = n_ff_exp = 0
-    for t in layout.tensors:
-        if len(t.shape) < 2 or not t.name.startswith("blk."):
-            continue
-        stem = t.name.rsplit(".", 2)[-2]
-        if stem in ("ffn_up", "ffn_gate"):
-            ffn = max(ffn, t.shape[1])
-        elif stem in ("ffn_up_exps", "ffn_gate_exps"):
-            n_ff_exp = max(n_ff_exp, t.shape[1])
-        elif stem == "ffn_gate_up_exps":
-            n_ff_exp = max(n_ff_exp, t.shape[1] // 2)
-    per_layer = next(
-        (t.shape[0] for t in layout.tensors if t.name == "per_layer_token_embd.weight"), 0
-    )
+    ffn, n_ff_exp, per_layer = layout.ffn_widths
     used = max(view.expert_used_count, 1) if n_ff_exp else 0
     return GraphShape(
         e=ubatch * view.n_embd * 4,

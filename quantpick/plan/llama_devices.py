@@ -15,7 +15,7 @@ from quantpick.machine.spec import Gpu, Machine
 from quantpick.model.ggml import (
     BufferRule,
 )
-from quantpick.model.layout import INPUT_SLOT, ModelLayout
+from quantpick.model.layout import ModelLayout
 from quantpick.plan.compute import (
     ComputeBackend,
 )
@@ -141,20 +141,14 @@ def host_weight_tensor(
     whole blocks under -ngl): what op offload copies into the first GPU, one tensor at a time.
     With `limit` (a backend whose supports_op refuses larger tensors: ComputeTraits.ops_capped)
     only the weights up to it are offloaded; `experts_only`: the largest routed-expert tensor."""
-    best = 0
-    for t in layout.tensors:
-        if len(t.shape) < 2:
+    for slot, n_bytes, is_expert in layout.block_matrices:  # largest first: the first one wins
+        if skipped(slot) or (limit is not None and n_bytes > limit):
             continue
-        slot = layout.slot_of(t.name)
-        if slot == INPUT_SLOT or slot == layout.output_slot or skipped(slot):
+        if experts_only and not (is_expert and host_experts[slot]):
             continue
-        if limit is not None and t.n_bytes > limit:
-            continue
-        if experts_only and not (t.is_expert and host_experts[slot]):
-            continue
-        if slot_device[slot] == host_pos or (t.is_expert and host_experts[slot]):
-            best = max(best, t.n_bytes)
-    return best
+        if slot_device[slot] == host_pos or (is_expert and host_experts[slot]):
+            return n_bytes
+    return 0
 
 
 def device_buffer(device: LlamaDevice) -> BufferRule:
