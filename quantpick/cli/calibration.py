@@ -14,18 +14,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from quantpick.cli.core import QuantpickTyper, app
+from quantpick.cli.core import command_group
 from quantpick.cli.option_blocks import takes
 
 if TYPE_CHECKING:
     from quantpick.machine.spec import Machine
 
-calibration_app = QuantpickTyper(
-    help="Show or remove the calibration profiles `quantpick bench` stored.",
-    no_args_is_help=True,
-    rich_markup_mode=None,
+calibration_app = command_group(
+    "calibration", "Show or remove the calibration profiles `quantpick bench` stored."
 )
-app.add_typer(calibration_app, name="calibration")
 
 
 def _this_machine() -> Machine:

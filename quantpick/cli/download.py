@@ -172,20 +172,16 @@ def transfer_progress(quiet: bool) -> tuple[ProgressSink, Any]:
 
 
 def plan_to_dict(plan: FetchPlan) -> dict[str, Any]:
+    from quantpick.json_view import attrs
+
     return {
         "model": plan.manifest_id,
         "quant": plan.quant,
         "dir": str(plan.dest_dir),
-        "source": plan.source,
-        "source_kind": plan.source_kind,
-        "revision": plan.revision,
-        "checksums_file": plan.checksums_file,
+        **attrs(plan, "source source_kind revision checksums_file"),
         # store copies not yet verified count as to fetch; bytes_to_verify are hashed first
-        "bytes_to_fetch": plan.bytes_to_fetch,
-        "bytes_to_verify": plan.bytes_to_verify,
-        "bytes_to_fetch_if_verified": plan.bytes_to_fetch_if_verified,
-        "free_bytes": plan.free_bytes,
-        "enough_space": plan.enough_space,
+        **attrs(plan, "bytes_to_fetch bytes_to_verify bytes_to_fetch_if_verified free_bytes "
+                      "enough_space"),
         "reuse_from": {
             "origin": plan.reuse_origin,  # the setting that chose the stores
             "stores": list(plan.reuse_stores),
@@ -194,24 +190,18 @@ def plan_to_dict(plan: FetchPlan) -> dict[str, Any]:
         "hf_cache": _hf_cache_dict(plan),
         "files": [
             {
-                "name": f.name,
-                "role": f.role,
-                "url": f.url,
+                **attrs(f, "name role url"),
                 "path": str(f.path),
-                "size": f.size,
-                "sha256": f.sha256,
+                **attrs(f, "size sha256"),
                 "sha256_from": list(f.sha256_from),
-                "state": f.state,
-                "local_bytes": f.local_bytes,
-                "bytes_to_fetch": f.bytes_to_fetch,
-                "bytes_to_verify": f.bytes_to_verify,
+                **attrs(f, "state local_bytes bytes_to_fetch bytes_to_verify"),
                 # the other tool's copy a run would use (hashed first unless `verified`), or null
                 "reuse": f.reuse.as_dict() if f.reuse and f.state != "present" else None,
                 "reuse_rejected": [r.as_dict() for r in f.reuse_rejected],
             }
             for f in plan.files
         ],
-    }
+    }  # fmt: skip
 
 
 def _hf_cache_dict(plan: FetchPlan) -> dict[str, Any] | None:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from quantpick.cli.core import QuantpickTyper, app
+from quantpick.cli.core import command_group
 from quantpick.cli.option_blocks import takes
 from quantpick.cli.option_table import ManifestForceOpt, ManifestSourceOpt
 
@@ -22,12 +22,9 @@ if TYPE_CHECKING:
     from quantpick.model.from_repo import NewManifest
     from quantpick.model.manifest import Manifest
 
-manifest_app = QuantpickTyper(
-    help="Create and check model manifests (TOML descriptions of GGUF repositories).",
-    no_args_is_help=True,
-    rich_markup_mode=None,
+manifest_app = command_group(
+    "manifest", "Create and check model manifests (TOML descriptions of GGUF repositories)."
 )
-app.add_typer(manifest_app, name="manifest")
 
 
 @manifest_app.command("add")
