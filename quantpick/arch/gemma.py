@@ -77,9 +77,7 @@ def _gemma3(arch: Architecture) -> TensorShapes:
     n_ff = per_layer(arch, "feed_forward_length")[0]
     for il in range(arch.n_layer):
         p = f"blk.{il}."
-        t.add(p + "attn_norm.weight", n_embd)
-        t.qkv(p, n_embd, hk * n_head, hk * n_kv, hv * n_kv)
-        t.add(p + "attn_output.weight", hk * n_head, n_embd)
+        t.attention(p, n_embd, hk * n_head, hk * n_kv, hv * n_kv)
         t.add(p + "post_attention_norm.weight", n_embd)
         t.add(p + "attn_k_norm.weight", hk)
         t.add(p + "attn_q_norm.weight", hk)
