@@ -57,6 +57,11 @@ class Table:
         self.qkv(p, n_embd, n_q, n_k, n_v, bias=bias)
         self.add(p + "attn_output.weight", n_q, n_embd)
 
+    def qk_norms(self, p: str, head_dim: int) -> None:
+        """Per-head RMS norms of Q and K (over the head dimension, e.g. src/models/qwen3.cpp)."""
+        self.add(p + "attn_q_norm.weight", head_dim)
+        self.add(p + "attn_k_norm.weight", head_dim)
+
     def swiglu(self, p: str, n_embd: int, n_ff: int) -> None:
         """A dense gate/up/down FFN."""
         self.add(p + "ffn_gate.weight", n_embd, n_ff)

@@ -181,8 +181,7 @@ def _qwen3(arch: Architecture) -> TensorShapes:
     for il in range(arch.n_layer):
         p = f"blk.{il}."
         t.attention(p, n_embd, hk * n_head, hk * n_kv, hv * n_kv)
-        t.add(p + "attn_k_norm.weight", hk)
-        t.add(p + "attn_q_norm.weight", hk)
+        t.qk_norms(p, hk)
         t.add(p + "ffn_norm.weight", n_embd)
         if arch.name == "qwen3moe":
             t.add(p + "ffn_gate_inp.weight", n_embd, n_expert)
@@ -213,8 +212,7 @@ def _glm4moe(arch: Architecture) -> TensorShapes:
         p = f"blk.{il}."
         t.attention(p, n_embd, hk * n_head, hk * n_kv, hv * n_kv, bias=True)
         if qk_norm:
-            t.add(p + "attn_q_norm.weight", hk)
-            t.add(p + "attn_k_norm.weight", hk)
+            t.qk_norms(p, hk)
         t.add(p + "post_attention_norm.weight", n_embd)
         if il >= dense_lead:
             t.add(p + "ffn_gate_inp.weight", n_embd, n_expert)
