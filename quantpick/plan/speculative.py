@@ -121,10 +121,14 @@ VERIFY_TOKEN_SHARE = 0.05
 ROUND_OVERHEAD_MS = 1.0
 # What one drafted token of a draft model costs llama-server beyond the draft's own decode step
 # (plan/draft.py draft_step_seconds): its sampling, the host round trip of each draft step, the
-# draft context's bookkeeping. Fitted: the median over the draft-model rows that print their
-# rate of (the measured round - the modelled verify and draft steps) / the drafts per round
-# (`python benchmarks/spec_accuracy.py --fit`; the benchmark refits it without each row's
-# source).
+# draft context's bookkeeping. Fitted: the median over the draft-model rows of
+# benchmarks/data/spec-measurements.json that print their rate of (the measured round - the
+# modelled verify and draft steps) / the drafts per round: rows 18 (3.2 ms, llama-speculative
+# 2024-11, RTX 3060), 21 (3.4, b9789 RTX 5060 Ti CUDA), 22 (2.9, 5060 Ti Vulkan), 24 (5.3, GTX
+# 1080 Ti CUDA), 25 (8.7, 1080 Ti Vulkan), 27 (11.3, b9430 M3 Max Metal), 19 (-10.9, M4 Pro: its
+# verify and draft steps modelled ~1.25x too slow) (`python benchmarks/spec_accuracy.py --fit`;
+# the benchmark refits it without each row's source; with it the draft rows' held-out median
+# error is 14%). No row measures the pinned build (b11312).
 DRAFT_TOKEN_OVERHEAD_MS = 3.37
 # An n-gram lookup drafts on the CPU from the context's hashes: no model step (common/
 # speculative.cpp common_speculative_impl_ngram_*: a hash-map lookup per round).
