@@ -70,6 +70,21 @@ class TensorInfo:
         return EXPERT_TENSOR_RE.search(self.name) is not None
 
 
+class _NameFacts(NamedTuple):
+    """What a tensor's name says under one architecture."""
+
+    slot: int  # ModelLayout.slot_of
+    per_device: bool  # one copy per device holding a trunk layer (PER_DEVICE_TENSORS)
+    expert: bool  # a routed-expert tensor (EXPERT_TENSOR_RE: TensorInfo.is_expert)
+
+
+@lru_cache(maxsize=16)
+def _name_facts(arch: Architecture) -> dict[str, _NameFacts]:
+    """The memo of `_NameFacts` by tensor name, one per architecture: a name's slot depends on
+    the name and the architecture only (its block count, its view's output tensors)."""
+    return {}
+
+
 @dataclass(frozen=True)
 class SlotWeights:
     """Bytes of one llama.cpp layer slot (a block, or the output layer)."""
@@ -105,8 +120,9 @@ class ModelLayout:
         return view_of(self.architecture)
 
     @cached_property
-    def _slots(self) -> dict[str, int]:
-        return {}
+    def _names(self) -> dict[str, _NameFacts]:
+        # shared by every layout of the architecture (a pick's quants have the same names)
+        return _name_facts(self.architecture)
 
     @cached_property
     def ffn_widths(self) -> tuple[int, int, int]:
@@ -133,8 +149,8 @@ class ModelLayout:
         """(slot, bytes, is_expert) of every block weight with two or more dimensions (what op
         offload may copy to a GPU), largest first: the planner asks once per estimate."""
         found = [
-            (slot, t.n_bytes, t.is_expert)
-            for t, slot in zip(self.tensors, self.tensor_slots, strict=True)
+            (slot, t.n_bytes, is_expert)
+            for t, (slot, _, is_expert) in self._rows
             if len(t.shape) >= 2 and slot != INPUT_SLOT and slot != self.output_slot
         ]
         return tuple(sorted(found, key=lambda x: -x[1]))
@@ -155,7 +171,13 @@ class ModelLayout:
     def tensor_slots(self) -> tuple[int, ...]:
         """The slot of each tensor, in `tensors` order (read once: every per-slot total walks
         the table)."""
-        return tuple(self.slot_of(t.name) for t in self.tensors)
+        return tuple(facts.slot for _, facts in self._rows)
+
+    @cached_property
+    def _rows(self) -> tuple[tuple[TensorInfo, _NameFacts], ...]:
+        """Every tensor with what its name says: what the per-slot totals read."""
+        facts = self._facts
+        return tuple((t, facts(t.name)) for t in self.tensors)
 
     @cached_property
     def q_proj_rows(self) -> dict[int, int]:
@@ -198,9 +220,14 @@ class ModelLayout:
 
     def slot_of(self, name: str) -> int:
         """The layer slot a tensor belongs to (memoized: the planner asks some 10^4 times)."""
-        found = self._slots.get(name)
+        return self._facts(name).slot
+
+    def _facts(self, name: str) -> _NameFacts:
+        found = self._names.get(name)
         if found is None:
-            found = self._slots[name] = self._slot_of(name)
+            per_device = _stem(name) in PER_DEVICE_TENSORS
+            expert = EXPERT_TENSOR_RE.search(name) is not None
+            found = self._names[name] = _NameFacts(self._slot_of(name), per_device, expert)
         return found
 
     def _slot_of(self, name: str) -> int:
@@ -233,24 +260,17 @@ class ModelLayout:
     @cached_property
     def slots(self) -> tuple[SlotWeights, ...]:
         """Per-slot byte totals, index = slot (0..block_count); the input is `input_bytes`."""
-        dense = [0] * self.n_slots
-        expert = [0] * self.n_slots
-        for t, slot, per_device in self._slot_rows:
-            if slot == INPUT_SLOT or slot >= self.n_slots or per_device:
+        n_slots = self.n_slots
+        dense = [0] * n_slots
+        expert = [0] * n_slots
+        for t, (slot, per_device, is_expert) in self._rows:
+            if slot == INPUT_SLOT or slot >= n_slots or per_device:
                 continue
-            if t.is_expert:
+            if is_expert:
                 expert[slot] += t.n_bytes
             else:
                 dense[slot] += t.n_bytes
         return tuple(SlotWeights(d, e) for d, e in zip(dense, expert, strict=False))
-
-    @cached_property
-    def _slot_rows(self) -> tuple[tuple[TensorInfo, int, bool], ...]:
-        """(tensor, slot, one copy per device) for every tensor: what the per-slot totals read."""
-        return tuple(
-            (t, slot, _stem(t.name) in PER_DEVICE_TENSORS)
-            for t, slot in zip(self.tensors, self.tensor_slots, strict=True)
-        )
 
     @cached_property
     def _under(self) -> dict[str, tuple[tuple[SlotWeights, ...], int]]:
@@ -267,15 +287,17 @@ class ModelLayout:
         found = self._under.get(rule.name)
         if found is not None:
             return found
-        dense = [0] * self.n_slots
-        expert = [0] * self.n_slots
+        n_slots = self.n_slots
+        dense = [0] * n_slots
+        expert = [0] * n_slots
         inputs = 0
-        for t, slot, per_device in self._slot_rows:
-            size = rule.alloc(t.ggml_type, t.shape[0] if t.shape else 1, t.n_bytes)
+        alloc = rule.alloc
+        for t, (slot, per_device, is_expert) in self._rows:
+            size = alloc(t.ggml_type, t.shape[0] if t.shape else 1, t.n_bytes)
             if slot == INPUT_SLOT:
                 inputs += size
-            elif slot < self.n_slots and not per_device:
-                if t.is_expert:
+            elif slot < n_slots and not per_device:
+                if is_expert:
                     expert[slot] += size
                 else:
                     dense[slot] += size
@@ -290,15 +312,16 @@ class ModelLayout:
     def slot_elements(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
         """(dense, routed-expert) parameter counts per slot, the output head left out of dense
         (the speed model's FLOPs; computed once per layout)."""
-        dense = [0] * self.n_slots
-        expert = [0] * self.n_slots
-        for t, slot in zip(self.tensors, self.tensor_slots, strict=True):
-            if slot == INPUT_SLOT or slot >= self.n_slots or t.name.startswith("output."):
+        n_slots = self.n_slots
+        dense = [0] * n_slots
+        expert = [0] * n_slots
+        for t, (slot, _, is_expert) in self._rows:
+            if slot == INPUT_SLOT or slot >= n_slots or t.name.startswith("output."):
                 continue
             n = 1
             for dim in t.shape:
                 n *= dim
-            if t.is_expert:
+            if is_expert:
                 expert[slot] += n
             else:
                 dense[slot] += n
