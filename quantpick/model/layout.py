@@ -65,9 +65,16 @@ class TensorInfo:
     shape: tuple[int, ...]  # ggml ne order: ne[0] is the row length
     n_bytes: int
 
-    @cached_property
+    @property
     def is_expert(self) -> bool:
-        return EXPERT_TENSOR_RE.search(self.name) is not None
+        return is_expert_name(self.name)
+
+
+@lru_cache(maxsize=8192)
+def is_expert_name(name: str) -> bool:
+    """A routed-expert tensor (EXPERT_TENSOR_RE), memoized by name: the quants of one model share
+    their names, and a cached_property would be computed again on every layout's tensors."""
+    return EXPERT_TENSOR_RE.search(name) is not None
 
 
 class _NameFacts(NamedTuple):
@@ -226,7 +233,7 @@ class ModelLayout:
         found = self._names.get(name)
         if found is None:
             per_device = _stem(name) in PER_DEVICE_TENSORS
-            expert = EXPERT_TENSOR_RE.search(name) is not None
+            expert = is_expert_name(name)
             found = self._names[name] = _NameFacts(self._slot_of(name), per_device, expert)
         return found
 
@@ -482,7 +489,7 @@ def _skeleton(arch: Architecture) -> tuple[_SkeletonRow, ...] | None:
             more_bits = _use_more_bits(block, arch.block_count)
         elif name in ordinal and name.endswith(("attn_v.weight", "attn_qkv.weight")):
             more_bits = _use_more_bits(ordinal[name], counts[kind_of[name]])
-        expert = EXPERT_TENSOR_RE.search(name) is not None
+        expert = is_expert_name(name)
         rows.append(_SkeletonRow(name, shape, _unquantized(name, shape), more_bits, expert))
     return tuple(rows)
 

@@ -205,7 +205,8 @@ def estimate(
     def device_of_slot(slot: int) -> int:
         if n_gpu == 0 or slot < i_gpu_start or slot - i_gpu_start >= act_gpu_layers:
             return host_pos
-        frac = _f32(_f32(slot - i_gpu_start) / act_gpu_layers)
+        # (float)(il - i_gpu_start) is exact for a layer index: the one rounding is the quotient's
+        frac = _f32((slot - i_gpu_start) / act_gpu_layers)
         # std::upper_bound: the first split strictly greater than frac
         for pos, edge in enumerate(splits):
             if edge > frac:
