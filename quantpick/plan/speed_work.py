@@ -109,7 +109,8 @@ class SpeedWork:
 
 def _tensor_facts(layout: ModelLayout) -> tuple[frozenset[int], float]:
     """(slots with a dense feed-forward block: ffn_up / ffn_down that are not routed experts,
-    the share of the routed experts' parameters stored as FP4: MXFP4, NVFP4)."""
+    the share of the routed experts' parameters stored as FP4: MXFP4, NVFP4); read once per
+    layout (ModelLayout.derived)."""
     ffn: set[int] = set()
     experts = fp4 = 0
     for t in layout.tensors:
@@ -179,7 +180,7 @@ def speed_work(layout: ModelLayout, estimate: Estimate) -> SpeedWork:
     state_row = view.state_bytes_per_row
     slots = layout.slots
     dense_el, expert_el = layout.slot_elements
-    ffn, fp4_share = _tensor_facts(layout)
+    ffn, fp4_share = layout.derived(_tensor_facts)
     ubatch = max(1, min(config.ubatch, config.batch))
     # A ubatch touches this share of the routed experts (each token picks expert_used of them).
     touched = 1.0 - (1.0 - used) ** ubatch
