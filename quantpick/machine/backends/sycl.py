@@ -10,7 +10,14 @@
 
 from __future__ import annotations
 
-from quantpick.machine.backends.base import Backend, BackendKind, ComputeTraits, Vendor
+from quantpick.machine.backends.base import (
+    HALF_TYPES,
+    Backend,
+    BackendKind,
+    ComputeTraits,
+    KernelPath,
+    Vendor,
+)
 from quantpick.model.ggml import BufferRule
 
 
@@ -18,6 +25,40 @@ class _SyclBackend(Backend):
     def visibility(self, indices: tuple[int, ...]) -> dict[str, str]:
         return {"ONEAPI_DEVICE_SELECTOR": ",".join(f"level_zero:{i}" for i in indices)}
 
+
+# Decode on SYCL, fitted by benchmarks/backend_speed.py to the 8 published runs of one source
+# (kyuz0/intel-b70-ai-toolboxes, Arc Pro B70, b9039; rows 2203-2216): in sample median 6%, worst
+# 1.14x (without the paths 109%, worst 6.4x); held out by model 73%, worst 6.2x (each path
+# has only two or three models to be fitted from); no other source publishes SYCL runs of a
+# 2026 build, so held out by source the paths are unfitted (109%, worst 6.4x).
+SYCL_DECODE_EVIDENCE = (
+    "fitted: 8 Arc Pro B70 runs of one source (decode 6% median in sample, worst 1.1x; 73% / "
+    "6.2x held out by model; no second source)"
+)
+SYCL_DECODE_PATHS = (
+    # quantized weights: the reordered MMVQ/DMMV kernels (ggml_sycl_supports_reorder_mmvq /
+    # _dmmv, ggml-sycl.cpp:4060-4090 at b11312) and, for types they do not reorder (MXFP4),
+    # plain MMVQ (mmvq.cpp:946-999): 0.59 of the bus, fitted on gpt-oss-20b, Qwen3.6-27B and
+    # Qwen3.6-35B-A3B (6 rows)
+    KernelPath(
+        Vendor.INTEL,
+        frozenset(),
+        0.59,
+        source="ggml-sycl.cpp:4060-4090; mmvq.cpp:946-999",
+        basis="6 Arc Pro B70 runs, 3 models (kyuz0/intel-b70-ai-toolboxes, b9039)",
+    ),
+    # F16/BF16 weights: 0.14, fitted on Ministral-3-8B BF16 and gpt-oss-20b's F16 attention
+    # (4 rows). At b9039 a BF16 mat-vec went through oneDNN's GEMM (the "Fast path for bf16
+    # src0", ggml-sycl.cpp:2959-2975); b11312 also has a BF16 DMMV kernel (dmmv.cpp:240), so
+    # this figure may understate b11312's BF16 decode: no run of it has been published.
+    KernelPath(
+        Vendor.INTEL,
+        HALF_TYPES,
+        0.14,
+        source="ggml-sycl.cpp:2959-2975 (oneDNN BF16 GEMM); dmmv.cpp:240 (b11312's BF16 DMMV)",
+        basis="4 Arc Pro B70 runs, 2 models (kyuz0/intel-b70-ai-toolboxes, b9039)",
+    ),
+)
 
 BACKEND = _SyclBackend(
     kind=BackendKind.SYCL,
@@ -32,6 +73,8 @@ BACKEND = _SyclBackend(
     memory_source="sysfs (xe/i915 lmem), xpu-smi; llama.cpp: SYCL global_mem_size",
     cmake_option="-DGGML_SYCL=ON",
     image_suffix="intel",
+    efficiency_source=SYCL_DECODE_EVIDENCE,
+    decode_paths=SYCL_DECODE_PATHS,
     container_devices=("/dev/dri",),
     # offload_op takes a batch of >= 32 rows (ggml-sycl.cpp:6863-6866); the rest is the
     # CUDA-fitted GPU rule, not checked against this backend's own allocations
