@@ -27,12 +27,12 @@ class _SyclBackend(Backend):
 
 
 # Decode on SYCL, fitted by benchmarks/backend_speed.py to the 8 published runs of one source
-# (kyuz0/intel-b70-ai-toolboxes, Arc Pro B70, b9039; rows 2203-2216): in sample median 6%, worst
-# 1.14x (without the paths 109%, worst 6.4x); held out by model 73%, worst 6.2x (each path
+# (kyuz0/intel-b70-ai-toolboxes, Arc Pro B70, b9039; rows 2203-2216): in sample median 4%, worst
+# 1.32x (without the paths 109%, worst 6.4x); held out by model 73%, worst 6.2x (each path
 # has only two or three models to be fitted from); no other source publishes SYCL runs of a
 # 2026 build, so held out by source the paths are unfitted (109%, worst 6.4x).
 SYCL_DECODE_EVIDENCE = (
-    "fitted: 8 Arc Pro B70 runs of one source (decode 6% median in sample, worst 1.1x; 73% / "
+    "fitted: 8 Arc Pro B70 runs of one source (decode 4% median in sample, worst 1.3x; 73% / "
     "6.2x held out by model; no second source)"
 )
 SYCL_DECODE_PATHS = (

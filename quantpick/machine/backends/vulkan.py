@@ -65,7 +65,7 @@ VULKAN_COMPUTE = ComputeTraits(
 # amd-strix-halo-toolboxes, amd-r9700-ai-toolboxes and intel-b70-ai-toolboxes; rows 2002-2219 of
 # benchmarks/data/speed-measurements-backends.json; b9039-b9193): 0.97 of the bus on the rows no
 # path below reads (AMD: Radeon 8060S, R9700). In sample the terms leave a median error of 12%,
-# worst 1.6x (without them 27%, worst 4.3x); held out by model 30%, worst 2.9x; held out by
+# worst 1.65x (without them 27%, worst 4.3x); held out by model 30%, worst 2.9x; held out by
 # source the Intel and the AMD BF16-expert terms have no other source to be fitted from (every
 # Intel Vulkan run of 2026 builds found is the B70 repository's): 41%, worst 4.1x.
 VULKAN_DECODE_EVIDENCE = (
