@@ -346,13 +346,13 @@ def backend_report(label: str, rows: list[Case], b: Backend) -> list[str]:
     for group, per in (("model", per_model), ("source", per_source)):
         out.append(f"  held out by {group}:")
         for key, f, tg, pp in per:
-            worst_tg = max(tg) if tg else float("nan")
-            worst_pp = max(pp) if pp else float("nan")
+            worst_tg = f"{max(tg):.2f}x" if tg else "-"
+            worst_pp = f"{max(pp):.2f}x" if pp else "-"
             at = f" attention {f.attention:.3f}" if f.attention is not None else ""
             ps = "".join(f", {path_label(p)} {p.efficiency:.2f}" for p in f.paths)
             ps += "".join(f", {x.vendor.value} fixed x{x.factor:.2f}" for x in f.fixed)
-            out.append(f"    {key:<52} decode eff {f.decode:.2f}{at}{ps} worst {worst_tg:.2f}x"
-                       f"   prefill eff {f.prefill:.2f} worst {worst_pp:.2f}x")  # fmt: skip
+            out.append(f"    {key:<52} decode eff {f.decode:.2f}{at}{ps} worst {worst_tg}"
+                       f"   prefill eff {f.prefill:.2f} worst {worst_pp}")  # fmt: skip
     f = fit_all(rows, b)
     at_fit = f", decode_attention_efficiency {f.attention:.3f}" if f.attention is not None else ""
     carried_at = b.decode_attention_efficiency

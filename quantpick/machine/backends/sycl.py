@@ -26,26 +26,29 @@ class _SyclBackend(Backend):
         return {"ONEAPI_DEVICE_SELECTOR": ",".join(f"level_zero:{i}" for i in indices)}
 
 
-# Decode on SYCL, fitted by benchmarks/backend_speed.py to the 8 published runs of one source
-# (kyuz0/intel-b70-ai-toolboxes, Arc Pro B70, b9039; rows 2203-2216): in sample median 4%, worst
-# 1.32x (without the paths 109%, worst 6.4x); held out by model 73%, worst 6.2x (each path
-# has only two or three models to be fitted from); no other source publishes SYCL runs of a
-# 2026 build, so held out by source the paths are unfitted (109%, worst 6.4x).
+# Decode on SYCL, fitted by benchmarks/backend_speed.py to 11 published runs of two sources on
+# the Arc Pro B70 (kyuz0/intel-b70-ai-toolboxes, llama-bench, b9039, rows 2203-2216;
+# steveseguin/b70-optimization-lab, llama-server, b9763, rows 2223-2225): in sample median 3%,
+# worst 2.05x (GLM-4.7-Flash, MLA, which that source finds "much slower" on SYCL than Qwen3's
+# 30B-A3B; without the paths 66%, worst 6.4x); held out by model 8%, worst 1.8x; held out by
+# source 24%, worst 6.2x: the F16/BF16 path has no BF16 model in the second source, so held out
+# from the first Ministral-3-8B BF16 is predicted without it (6.2x at depth 0 and 16K).
 SYCL_DECODE_EVIDENCE = (
-    "fitted: 8 Arc Pro B70 runs of one source (decode 4% median in sample, worst 1.3x; 73% / "
-    "6.2x held out by model; no second source)"
+    "fitted: 11 Arc Pro B70 runs of two sources (decode 3% median in sample, worst 2.05x; 8% / "
+    "1.8x held out by model; 24% / 6.2x held out by source: BF16 in one source only)"
 )
 SYCL_DECODE_PATHS = (
     # quantized weights: the reordered MMVQ/DMMV kernels (ggml_sycl_supports_reorder_mmvq /
     # _dmmv, ggml-sycl.cpp:4060-4090 at b11312) and, for types they do not reorder (MXFP4),
-    # plain MMVQ (mmvq.cpp:946-999): 0.59 of the bus, fitted on gpt-oss-20b, Qwen3.6-27B and
-    # Qwen3.6-35B-A3B (6 rows)
+    # plain MMVQ (mmvq.cpp:946-999): 0.63 of the bus, fitted on gpt-oss-20b, Qwen3.6-27B,
+    # Qwen3.6-35B-A3B (kyuz0), Qwen3-30B-A3B, Mistral-Small-3.2-24B and GLM-4.7-Flash (steveseguin)
     KernelPath(
         Vendor.INTEL,
         frozenset(),
-        0.59,
+        0.63,
         source="ggml-sycl.cpp:4060-4090; mmvq.cpp:946-999",
-        basis="6 Arc Pro B70 runs, 3 models (kyuz0/intel-b70-ai-toolboxes, b9039)",
+        basis="9 Arc Pro B70 runs, 6 models, 2 sources (kyuz0/intel-b70-ai-toolboxes b9039; "
+        "steveseguin/b70-optimization-lab b9763)",
     ),
     # F16/BF16 weights: 0.14, fitted on Ministral-3-8B BF16 and gpt-oss-20b's F16 attention
     # (4 rows). At b9039 a BF16 mat-vec went through oneDNN's GEMM (the "Fast path for bf16
