@@ -62,6 +62,9 @@ class DeviceWork:
     # here and over the sliding-window ones (2 x heads x (K + V head size) per layer)
     attention_flops_full: float = 0.0
     attention_flops_window: float = 0.0
+    # decode_bytes' weights by ggml type and routed-expert flag, (type, expert, bytes read per
+    # token): a backend's decode kernel path can differ per type (Backend.decode_paths)
+    decode_type_bytes: tuple[tuple[str, bool, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -125,6 +128,33 @@ def _tensor_facts(layout: ModelLayout) -> tuple[frozenset[int], float]:
         elif ".ffn_down." in t.name or ".ffn_up." in t.name:
             ffn.add(layout.slot_of(t.name))
     return frozenset(ffn), fp4 / experts if experts else 0.0
+
+
+def decode_type_bytes(
+    layout: ModelLayout, layers: set[int], expert_layers: set[int], used: float, tied: int
+) -> tuple[tuple[str, bool, int], ...]:
+    """The weight bytes a decoded token reads on a device holding `layers` (dense parts) and
+    `expert_layers` (routed experts, `used` of them per token), by (ggml type, expert): the
+    same tensors as DeviceWork.decode_bytes (per-device copies and the input excepted), plus a
+    tied output head's `tied` bytes of token_embd's type."""
+    totals: dict[tuple[str, bool], float] = {}
+    for t in layout.tensors:
+        slot = layout.slot_of(t.name)
+        if t.is_expert:
+            if slot not in expert_layers:
+                continue
+            n = t.n_bytes * used
+        elif slot in layers and t not in layout.per_device_tensors:
+            n = t.n_bytes
+        else:
+            continue
+        key = (t.ggml_type.upper(), t.is_expert)
+        totals[key] = totals.get(key, 0.0) + n
+    if tied:
+        embd = next((t.ggml_type for t in layout.tensors if t.name == "token_embd.weight"), "F16")
+        key = (embd.upper(), False)
+        totals[key] = totals.get(key, 0.0) + tied
+    return tuple(sorted((k[0], k[1], int(v)) for k, v in totals.items()))
 
 
 def layer_kinds(layout: ModelLayout, slots: list[int], ffn: frozenset[int]) -> LayerKinds:
@@ -248,6 +278,9 @@ def speed_work(layout: ModelLayout, estimate: Estimate) -> SpeedWork:
                 expert_read_bytes=int(expert_resident * touched),
                 attention_flops_full=full_flops,
                 attention_flops_window=window_flops,
+                decode_type_bytes=decode_type_bytes(
+                    layout, set(layers), set(expert_layers), used, tied
+                ),
             )
         )
     sequence: list[str] = []
