@@ -130,6 +130,22 @@ def _tensor_facts(layout: ModelLayout) -> tuple[frozenset[int], float]:
     return frozenset(ffn), fp4 / experts if experts else 0.0
 
 
+def _type_bytes_by_slot(layout: ModelLayout) -> tuple[tuple[int, tuple[str, bool], int], ...]:
+    """(slot, (ggml type, expert), bytes) summed per slot, once per layout (ModelLayout.derived):
+    per-device copies left out, as DeviceWork.decode_bytes leaves them."""
+    sums: dict[tuple[int, tuple[str, bool]], int] = {}
+    for t in layout.tensors:
+        if not t.is_expert and t in layout.per_device_tensors:
+            continue
+        k = (layout.slot_of(t.name), (t.ggml_type.upper(), t.is_expert))
+        sums[k] = sums.get(k, 0) + t.n_bytes
+    return tuple((slot, key, n) for (slot, key), n in sums.items())
+
+
+def _embd_type(layout: ModelLayout) -> str:
+    return next((t.ggml_type for t in layout.tensors if t.name == "token_embd.weight"), "F16")
+
+
 def decode_type_bytes(
     layout: ModelLayout, layers: set[int], expert_layers: set[int], used: float, tied: int
 ) -> tuple[tuple[str, bool, int], ...]:
@@ -138,20 +154,18 @@ def decode_type_bytes(
     same tensors as DeviceWork.decode_bytes (per-device copies and the input excepted), plus a
     tied output head's `tied` bytes of token_embd's type."""
     totals: dict[tuple[str, bool], float] = {}
-    for t in layout.tensors:
-        slot = layout.slot_of(t.name)
-        if t.is_expert:
+    for slot, key, nbytes in layout.derived(_type_bytes_by_slot):
+        if key[1]:
             if slot not in expert_layers:
                 continue
-            n = t.n_bytes * used
-        elif slot in layers and t not in layout.per_device_tensors:
-            n = t.n_bytes
+            n = nbytes * used
+        elif slot in layers:
+            n = nbytes
         else:
             continue
-        key = (t.ggml_type.upper(), t.is_expert)
         totals[key] = totals.get(key, 0.0) + n
     if tied:
-        embd = next((t.ggml_type for t in layout.tensors if t.name == "token_embd.weight"), "F16")
+        embd = layout.derived(_embd_type)
         key = (embd.upper(), False)
         totals[key] = totals.get(key, 0.0) + tied
     return tuple(sorted((k[0], k[1], int(v)) for k, v in totals.items()))
