@@ -172,6 +172,11 @@ SPEED_ERROR_TEXT: dict[SpecKind, str] = {
 }
 
 
+def draft_count(n: int) -> str:
+    """'1 draft', '3 drafts'."""
+    return f"{n} draft" if n == 1 else f"{n} drafts"
+
+
 def credited_tps(opt: SpecOption) -> float:
     """The option's predicted decode less its kind's expected overshoot (SPEED_ERROR); an
     acceptance measured on this machine (quantpick bench --spec) is taken as it is."""
@@ -459,7 +464,7 @@ def decide(
     best = max(usable, key=credited_tps)
     if credited_tps(best) < tps_without * min_gain:
         also = "".join(
-            f"; {o.kind.value} with {o.draft_n_max} drafts: {o.tps:.1f} expected"
+            f"; {o.kind.value} with {draft_count(o.draft_n_max)}: {o.tps:.1f} expected"
             + (f" ({credited_tps(o):.1f} less its error)" if o.kind in SPEED_ERROR else "")
             for o in usable
             if o is not best
@@ -467,7 +472,7 @@ def decide(
         error = SPEED_ERROR.get(best.kind, 1.0)
         margin = f", less its {100 * (error - 1):.0f}% expected error," if error > 1 else ""
         return off(
-            f"no speculation: the best, {best.kind.value} with {best.draft_n_max} drafts, is "
+            f"no speculation: the best, {best.kind.value} with {draft_count(best.draft_n_max)}, is "
             f"expected at {best.tps:.1f} vs {tps_without:.1f} tok/s without{margin} (under "
             f"{100 * (min_gain - 1):.0f}% gain) on this machine" + also
         )
@@ -485,7 +490,7 @@ def _unavailable(kind: SpecKind) -> str:
 def _on(opt: SpecOption, options: tuple[SpecOption, ...], *, asked: bool) -> SpecDecision:
     gain = opt.tps / opt.tps_without if opt.tps_without else 1.0
     reason = (
-        f"{opt.kind.value} speculation, {opt.draft_n_max} drafts: {opt.tps:.1f} vs "
+        f"{opt.kind.value} speculation, {draft_count(opt.draft_n_max)}: {opt.tps:.1f} vs "
         f"{opt.tps_without:.1f} tok/s expected (x{gain:.2f}, acceptance "
         f"{100 * rate_from_acceptance(opt.acceptance, opt.draft_n_max):.0f}%"
         + (", measured here by quantpick bench --spec" if opt.measured else "")
@@ -642,7 +647,7 @@ def speculation(
             elif not short:
                 worst = min(est.devices, key=lambda d: d.headroom_bytes)
                 short = (
-                    f"its memory ({kind.value} with {n} drafts) leaves {worst.device} "
+                    f"its memory ({kind.value} with {draft_count(n)}) leaves {worst.device} "
                     f"{-worst.headroom_bytes / 2**20:.0f} MiB short at this quant and context"
                 )
         if not fitting:

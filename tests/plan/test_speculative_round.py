@@ -158,3 +158,10 @@ def test_a_draft_models_step_carries_its_per_token_overhead() -> None:
         layout, est, devices, SpecKind.DRAFT, fill=0, draft_s=0.004, draft_overhead_ms=0.0
     )
     assert bare.draft_s == pytest.approx(0.004)
+
+
+def test_the_draft_count_reads_as_english() -> None:
+    from quantpick.plan.speculative import draft_count
+
+    assert draft_count(1) == "1 draft"
+    assert draft_count(3) == "3 drafts"
