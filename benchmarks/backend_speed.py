@@ -229,6 +229,16 @@ def fit_all(cases: list[Case], backend: Backend) -> Fit:
         kw: dict = {"paths": paths, "fixed": fixed, **terms}  # type: ignore[type-arg]
         return mean_log(errors(rows, backend, best_tg, 1.0, attention, with_prefill=False, **kw)[0])
 
+    def refit(items: tuple, i: int, rows: list[Case], grid: object, field: str, term: str) -> tuple:  # type: ignore[type-arg]
+        """`items` with item i's `field` set to the grid value of least decode loss on `rows`
+        (the term passed to the model as `term`: a vendor's fixed cost, a decode path)."""
+
+        def loss(x: float) -> float:
+            return tg_loss(rows, **{term: _swap(items, i, replace(items[i], **{field: x}))})
+
+        best = min(grid, key=loss)  # type: ignore[call-overload]
+        return _swap(items, i, replace(items[i], **{field: best}))
+
     for _ in range(FIT_ROUNDS):
         attention = fit_attention(cases, backend, best_tg, paths)
         touched = {id(c) for p in paths for c in path_rows(cases, p, paths)}
@@ -252,23 +262,11 @@ def fit_all(cases: list[Case], backend: Backend) -> Fit:
         for i, f in enumerate(fixed):
             rows = [c for c in cases if c.tg_tps is not None and case_vendor(c) is f.vendor]
             if informs(rows):
-                factor = min(
-                    FIXED_GRID,
-                    key=lambda x, i=i, f=f, rows=rows: tg_loss(
-                        rows, fixed=_swap(fixed, i, replace(f, factor=x))
-                    ),
-                )
-                fixed = _swap(fixed, i, replace(f, factor=factor))
+                fixed = refit(fixed, i, rows, FIXED_GRID, "factor", "fixed")
         for i, path in enumerate(paths):
             rows = path_rows(cases, path, paths)
             if informs(rows):
-                eff = min(
-                    PATH_GRID,
-                    key=lambda e, i=i, path=path, rows=rows: tg_loss(
-                        rows, paths=_swap(paths, i, replace(path, efficiency=e))
-                    ),
-                )
-                paths = _swap(paths, i, replace(path, efficiency=eff))
+                paths = refit(paths, i, rows, PATH_GRID, "efficiency", "paths")
         if attention is None and not paths and not fixed:
             break
     best_pp = min(
