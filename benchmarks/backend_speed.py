@@ -26,7 +26,8 @@ import math
 import statistics
 import sys
 from collections import defaultdict
-from dataclasses import replace
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -36,6 +37,7 @@ DATA = ROOT / "benchmarks" / "data" / "speed-measurements-backends.json"
 from speed_accuracy import Case, load_cases, predict, ratio, summary  # noqa: E402
 
 from quantpick.machine.backends import Backend, parse_device_name  # noqa: E402
+from quantpick.machine.backends.base import FixedCost, KernelPath  # noqa: E402
 from quantpick.plan.speed import DEFAULT_SPEED_PARAMS  # noqa: E402
 
 GRID = [round(0.30 + 0.01 * i, 2) for i in range(171)]  # 0.30 .. 2.00
@@ -44,7 +46,15 @@ GRID = [round(0.30 + 0.01 * i, 2) for i in range(171)]  # 0.30 .. 2.00
 DECODE_GRID = [e for e in GRID if e <= 1.0]
 # decode attention efficiency: 0.010 .. 0.500, 4% steps
 ATTENTION_GRID = [round(0.01 * 1.04**i, 4) for i in range(100) if 0.01 * 1.04**i <= 0.5]
+# a decode path's share of the backend's efficiency (Backend.decode_paths): 0.05 .. 1.50
+PATH_GRID = [round(0.05 + 0.01 * i, 2) for i in range(146)]
+# a vendor's factor on the decode graph's fixed cost (Backend.decode_fixed): 1.0 .. 16.0
+FIXED_GRID = [round(1.0 + 0.25 * i, 2) for i in range(61)]
 FIT_ROUNDS = 3
+# A term is fitted only to rows of at least this many models: one model's rows cannot tell the
+# backend's term from that model's own error (its rows at several depths share it); with fewer,
+# the term stays 1.0 (none).
+MIN_MODELS = 2
 GOAL_MEDIAN, GOAL_WORST = 1.25, 2.0
 
 
@@ -57,10 +67,17 @@ def case_backend(case: Case) -> Backend:
 
 
 def with_efficiency(
-    case: Case, backend: Backend, decode: float, prefill: float, attention: float | None
+    case: Case,
+    backend: Backend,
+    decode: float,
+    prefill: float,
+    attention: float | None,
+    paths: tuple[KernelPath, ...] | None = None,
+    fixed: tuple[FixedCost, ...] | None = None,
 ) -> Case:
     """The case with the backend's GPU figures scaled to efficiencies (decode, prefill, decode
-    attention: None for none) in place of the module's (device_speeds applied those)."""
+    attention: None for none; decode paths: None for the module's) in place of the module's
+    (device_speeds applied those)."""
     devices = {}
     for name, d in case.devices.items():
         if parse_device_name(name) is not None:
@@ -73,8 +90,30 @@ def with_efficiency(
                 fp16_tflops=catalogue * prefill,
                 attention_flops_per_s=catalogue * 1e12 * attention if attention else None,
             )
+            vendor = case_vendor(case)
+            if paths is not None:
+                mine = tuple(p for p in paths if p.vendor is vendor)
+                d = replace(d, terms=replace(d.terms, paths=mine))
+            if fixed is not None:
+                factor = next((f.factor for f in fixed if f.vendor is vendor), 1.0)
+                d = replace(d, terms=replace(d.terms, fixed_factor=factor))
         devices[name] = d
     return replace(case, devices=devices)
+
+
+_ROW_GPU: dict[int, str] = {}
+
+
+def case_vendor(case: Case):  # type: ignore[no-untyped-def]
+    """The vendor of the row's GPU (its text in the data file)."""
+    from quantpick.machine.backends.base import vendor_of_name
+
+    if not _ROW_GPU:
+        import json
+
+        rows = json.loads(DATA.read_text())
+        _ROW_GPU.update({int(r["id"]): str(r.get("gpu") or "") for r in rows})
+    return vendor_of_name(_ROW_GPU.get(case.row_id, ""))
 
 
 def errors(
@@ -85,11 +124,13 @@ def errors(
     attention: float | None = None,
     *,
     with_prefill: bool = True,
+    paths: tuple[KernelPath, ...] | None = None,
+    fixed: tuple[FixedCost, ...] | None = None,
 ) -> tuple[list[float], list[float]]:
     tg_err: list[float] = []
     pp_err: list[float] = []
     for c in cases:
-        case = with_efficiency(c, backend, decode, prefill, attention)
+        case = with_efficiency(c, backend, decode, prefill, attention, paths, fixed)
         if not with_prefill:
             case = replace(case, pp_tps=None)
         tg, pp = predict(case, DEFAULT_SPEED_PARAMS)
@@ -108,7 +149,12 @@ def mean_log(errs: list[float]) -> float:
     return statistics.fmean(math.log(e) for e in errs) if errs else math.inf
 
 
-def fit_attention(cases: list[Case], backend: Backend, decode: float = 1.0) -> float | None:
+def fit_attention(
+    cases: list[Case],
+    backend: Backend,
+    decode: float = 1.0,
+    paths: tuple[KernelPath, ...] | None = None,
+) -> float | None:
     """The decode attention efficiency (share of the catalogue FP16 figure the backend's
     per-head decode attention kernel reaches) minimising the mean log error of decode over the
     rows with a filled cache (at depth 0 the term is nil), or None where the backend's module
@@ -120,28 +166,140 @@ def fit_attention(cases: list[Case], backend: Backend, decode: float = 1.0) -> f
         return backend.decode_attention_efficiency
     return min(
         ATTENTION_GRID,
-        key=lambda a: mean_log(errors(deep, backend, decode, 1.0, a, with_prefill=False)[0]),
+        key=lambda a: mean_log(
+            errors(deep, backend, decode, 1.0, a, with_prefill=False, paths=paths)[0]
+        ),
     )
 
 
-def fit(cases: list[Case], backend: Backend) -> tuple[float, float, float | None]:
-    """The decode efficiency, prefill efficiency and decode attention efficiency fitted to
-    `cases`: the decode efficiency minimising the median log error and the attention rate
-    minimising the mean log error of the depth rows, in turn (FIT_ROUNDS times, from the
-    bandwidth model as it is), then the prefill efficiency."""
-    best_tg, attention = 1.0, None
-    for _ in range(FIT_ROUNDS):
-        attention = fit_attention(cases, backend, best_tg)
-        best_tg = min(
-            DECODE_GRID,
-            key=lambda e: log_loss(
-                errors(cases, backend, e, 1.0, attention, with_prefill=False)[0]
-            ),
+def path_rows(cases: list[Case], path: KernelPath, paths: tuple[KernelPath, ...]) -> list[Case]:
+    """The decode rows some of whose weights `path` reads (resolved among `paths`, on the row
+    GPU's vendor)."""
+    from quantpick.machine.backends.base import resolve_path
+
+    paths = tuple(p for p in paths if p.vendor is path.vendor)
+    return [
+        c
+        for c in cases
+        if c.tg_tps is not None
+        and case_vendor(c) is path.vendor
+        and any(
+            resolve_path(paths, t, e) is path
+            for w in c.work.devices
+            for t, e, n in w.decode_type_bytes
+            if n > 0
         )
-        if attention is None:
+    ]
+
+
+@dataclass(frozen=True)
+class Fit:
+    """A backend's terms fitted to some rows: decode, prefill and decode-attention efficiency,
+    its decode paths' efficiencies and its vendors' fixed-cost factors (a term no row informs:
+    1.0, none)."""
+
+    decode: float
+    prefill: float
+    attention: float | None
+    paths: tuple[KernelPath, ...] = ()
+    fixed: tuple[FixedCost, ...] = ()
+
+
+def informs(rows: list[Case]) -> bool:
+    """Whether `rows` may fit a term: decode rows of at least MIN_MODELS models."""
+    return len({model_key(c) for c in rows if c.tg_tps is not None}) >= MIN_MODELS
+
+
+def _swap(items: tuple, i: int, item: object) -> tuple:  # type: ignore[type-arg]
+    return items[:i] + (item,) + items[i + 1 :]
+
+
+def fit_all(cases: list[Case], backend: Backend) -> Fit:
+    """The backend's terms fitted to `cases`, in turn (FIT_ROUNDS times): the decode attention
+    efficiency minimising the mean log error of the depth rows; the decode efficiency minimising
+    the median log error of the rows no decode path reads (none: 1.0, the paths carry it); each
+    vendor's fixed-cost factor and each decode path's efficiency minimising the mean log error
+    of the rows on that vendor / that the path reads (from 1.0, the bandwidth model as it is).
+    Then the prefill efficiency."""
+    paths = tuple(replace(p, efficiency=1.0) for p in backend.decode_paths)
+    fixed = tuple(replace(f, factor=1.0) for f in backend.decode_fixed)
+    best_tg, attention = 1.0, None
+
+    def tg_loss(rows: list[Case], **terms: object) -> float:
+        kw: dict = {"paths": paths, "fixed": fixed, **terms}  # type: ignore[type-arg]
+        return mean_log(errors(rows, backend, best_tg, 1.0, attention, with_prefill=False, **kw)[0])
+
+    def refit(items: tuple, i: int, rows: list[Case], grid: object, field: str, term: str) -> tuple:  # type: ignore[type-arg]
+        """`items` with item i's `field` set to the grid value of least decode loss on `rows`
+        (the term passed to the model as `term`: a vendor's fixed cost, a decode path)."""
+
+        def loss(x: float) -> float:
+            return tg_loss(rows, **{term: _swap(items, i, replace(items[i], **{field: x}))})
+
+        best = min(grid, key=loss)  # type: ignore[call-overload]
+        return _swap(items, i, replace(items[i], **{field: best}))
+
+    for _ in range(FIT_ROUNDS):
+        attention = fit_attention(cases, backend, best_tg, paths)
+        touched = {id(c) for p in paths for c in path_rows(cases, p, paths)}
+        plain = [c for c in cases if id(c) not in touched]
+        if informs(plain):
+            best_tg = min(
+                DECODE_GRID,
+                key=lambda e: log_loss(
+                    errors(
+                        plain,
+                        backend,
+                        e,
+                        1.0,
+                        attention,
+                        with_prefill=False,
+                        paths=paths,
+                        fixed=fixed,
+                    )[0]
+                ),
+            )
+        for i, f in enumerate(fixed):
+            rows = [c for c in cases if c.tg_tps is not None and case_vendor(c) is f.vendor]
+            if informs(rows):
+                fixed = refit(fixed, i, rows, FIXED_GRID, "factor", "fixed")
+        for i, path in enumerate(paths):
+            rows = path_rows(cases, path, paths)
+            if informs(rows):
+                paths = refit(paths, i, rows, PATH_GRID, "efficiency", "paths")
+        if attention is None and not paths and not fixed:
             break
-    best_pp = min(GRID, key=lambda e: log_loss(errors(cases, backend, 1.0, e)[1]))
-    return best_tg, best_pp, attention
+    best_pp = min(
+        GRID, key=lambda e: log_loss(errors(cases, backend, 1.0, e, paths=paths, fixed=fixed)[1])
+    )
+    return Fit(best_tg, best_pp, attention, paths, fixed)
+
+
+def fit(cases: list[Case], backend: Backend) -> tuple[float, float, float | None]:
+    """(decode, prefill, decode attention) efficiencies fitted to `cases` (fit_all)."""
+    f = fit_all(cases, backend)
+    return f.decode, f.prefill, f.attention
+
+
+def held_errors(
+    rows: list[Case], backend: Backend, group: Callable[[Case], str]
+) -> tuple[list[float], list[float], list[tuple[str, Fit, list[float], list[float]]]]:
+    """Decode and prefill errors of `rows`, each group (by `group`) predicted by the terms
+    fitted to the other groups' rows, and each group's fit and errors."""
+    held_tg: list[float] = []
+    held_pp: list[float] = []
+    per: list[tuple[str, Fit, list[float], list[float]]] = []
+    for key in sorted({group(c) for c in rows}):
+        test = [c for c in rows if group(c) == key]
+        train = [c for c in rows if group(c) != key]
+        f = fit_all(train, backend) if train else Fit(1.0, 1.0, None)
+        tg, pp = errors(
+            test, backend, f.decode, f.prefill, f.attention, paths=f.paths, fixed=f.fixed
+        )
+        held_tg += tg
+        held_pp += pp
+        per.append((key, f, tg, pp))
+    return held_tg, held_pp, per
 
 
 def model_key(case: Case) -> str:
@@ -150,8 +308,73 @@ def model_key(case: Case) -> str:
     return f"{case.label.split(' d')[0]} {size:.1f}GiB"
 
 
-def report() -> list[str]:
-    """The per-backend figures, one line each (main prints them; speed_accuracy.py too)."""
+def path_label(p: KernelPath) -> str:
+    types = "+".join(sorted(p.types)) or "quantized"
+    weights = "" if p.weights.value == "any" else f" {p.weights.value}"
+    return f"{p.vendor.value} {types}{weights}"
+
+
+def goal_met(errs: list[float]) -> bool:
+    return bool(errs) and statistics.median(errs) <= GOAL_MEDIAN and max(errs) <= GOAL_WORST
+
+
+def backend_report(label: str, rows: list[Case], b: Backend) -> list[str]:
+    """One backend's figures: its rows with no backend term, with the module's terms as carried
+    (in sample), and held out by model and by source (the goal), and the fit on all rows."""
+    out: list[str] = []
+    models = sorted({model_key(c) for c in rows})
+    sources = sorted({c.source for c in rows})
+    unseen_tg, unseen_pp = errors(rows, b, 1.0, 1.0, paths=(), fixed=())
+    carried_tg, _ = errors(
+        rows, b, b.decode_efficiency, b.prefill_efficiency, b.decode_attention_efficiency
+    )
+    model_tg, model_pp, per_model = held_errors(rows, b, model_key)
+    source_tg, source_pp, per_source = held_errors(rows, b, lambda c: c.source)
+    out.append(f"== {label}: {len(rows)} rows, {len(models)} models, {len(sources)} sources")
+    for name, errs in (
+        ("decode, backend held out (CUDA-fitted, no backend term)", unseen_tg),
+        ("prefill, backend held out (CUDA-fitted, no backend term)", unseen_pp),
+        ("decode, the module's terms as carried (in sample)", carried_tg),
+        ("decode, terms fitted on the other models", model_tg),
+        ("prefill, terms fitted on the other models", model_pp),
+        ("decode, terms fitted on the other sources [goal]", source_tg),
+        ("prefill, terms fitted on the other sources", source_pp),
+    ):
+        out.append("  " + summary(name, errs, GOAL_WORST))
+    for group, per in (("model", per_model), ("source", per_source)):
+        out.append(f"  held out by {group}:")
+        for key, f, tg, pp in per:
+            worst_tg = f"{max(tg):.2f}x" if tg else "-"
+            worst_pp = f"{max(pp):.2f}x" if pp else "-"
+            at = f" attention {f.attention:.3f}" if f.attention is not None else ""
+            ps = "".join(f", {path_label(p)} {p.efficiency:.2f}" for p in f.paths)
+            ps += "".join(f", {x.vendor.value} fixed x{x.factor:.2f}" for x in f.fixed)
+            out.append(f"    {key:<52} decode eff {f.decode:.2f}{at}{ps} worst {worst_tg}"
+                       f"   prefill eff {f.prefill:.2f} worst {worst_pp}")  # fmt: skip
+    f = fit_all(rows, b)
+    at_fit = f", decode_attention_efficiency {f.attention:.3f}" if f.attention is not None else ""
+    carried_at = b.decode_attention_efficiency
+    at_now = f", {carried_at:.3f}" if carried_at is not None else ""
+    out.append(f"  fitted on all rows: decode_efficiency {f.decode:.2f}, prefill_efficiency "
+               f"{f.prefill:.2f}{at_fit}; machine/backends carries {b.decode_efficiency:.2f}, "
+               f"{b.prefill_efficiency:.2f}{at_now}")  # fmt: skip
+    for fitted, carried in zip(f.paths, b.decode_paths, strict=True):
+        n = len(path_rows(rows, fitted, f.paths))
+        out.append(f"    decode path {path_label(fitted)}: fitted {fitted.efficiency:.2f} on "
+                   f"{n} rows; carried {carried.efficiency:.2f}")  # fmt: skip
+    for fitted_f, carried_f in zip(f.fixed, b.decode_fixed, strict=True):
+        vendor = fitted_f.vendor.value
+        out.append(f"    decode fixed cost on {vendor}: fitted x{fitted_f.factor:.2f}; "
+                   f"carried x{carried_f.factor:.2f}")  # fmt: skip
+    out.append(f"  goal (decode median <= 25%, every row within 2x, held out by source): "
+               f"{'met' if goal_met(source_tg) else 'NOT met'}; held out by model: "
+               f"{'met' if goal_met(model_tg) else 'NOT met'}\n")  # fmt: skip
+    return out
+
+
+def report(only: str | None = None) -> list[str]:
+    """The per-backend figures, one line each (main prints them; speed_accuracy.py too);
+    `only`: one backend's (its label)."""
     out: list[str] = []
     cases, unusable = load_cases(DATA)
     for row, why in unusable:
@@ -165,51 +388,18 @@ def report() -> list[str]:
     out.append(f"SpeedParams: {DEFAULT_SPEED_PARAMS.basis}")
     out.append(f"{len(cases)} rows from {DATA.name}\n")
     for label, rows in sorted(by_backend.items()):
-        b = backends[label]
-        models = sorted({model_key(c) for c in rows})
-        unseen_tg, unseen_pp = errors(rows, b, 1.0, 1.0)
-        held_tg: list[float] = []
-        held_pp: list[float] = []
-        per_model = []
-        for model in models:
-            test = [c for c in rows if model_key(c) == model]
-            train = [c for c in rows if model_key(c) != model]
-            eff_tg, eff_pp, eff_at = fit(train, b) if train else (1.0, 1.0, None)
-            tg, pp = errors(test, b, eff_tg, eff_pp, eff_at)
-            held_tg += tg
-            held_pp += pp
-            per_model.append((model, eff_tg, eff_pp, eff_at, tg, pp))
-        all_tg, all_pp, all_at = fit(rows, b)
-        out.append(f"== {label}: {len(rows)} rows, {len(models)} models")
-        for name, errs in (
-            ("decode, backend held out (CUDA-fitted, no backend term)", unseen_tg),
-            ("prefill, backend held out (CUDA-fitted, no backend term)", unseen_pp),
-            ("decode, efficiency fitted on the other models [goal]", held_tg),
-            ("prefill, efficiency fitted on the other models", held_pp),
-        ):
-            out.append("  " + summary(name, errs, GOAL_WORST))
-        for model, eff_tg, eff_pp, eff_at, tg, pp in per_model:
-            worst_tg = max(tg) if tg else float("nan")
-            worst_pp = max(pp) if pp else float("nan")
-            at = f" attention {eff_at:.3f}" if eff_at is not None else ""
-            out.append(f"    {model:<44} decode eff {eff_tg:.2f}{at} worst {worst_tg:.2f}x   "
-                  f"prefill eff {eff_pp:.2f} worst {worst_pp:.2f}x")  # fmt: skip
-        med = statistics.median(held_tg) if held_tg else math.inf
-        ok = med <= GOAL_MEDIAN and (max(held_tg) if held_tg else math.inf) <= GOAL_WORST
-        carried_at = b.decode_attention_efficiency
-        at_fit = f", decode_attention_efficiency {all_at:.3f}" if all_at is not None else ""
-        at_now = f", {carried_at:.3f}" if carried_at is not None else ""
-        out.append(f"  fitted on all rows: decode_efficiency {all_tg:.2f}, prefill_efficiency "
-              f"{all_pp:.2f}{at_fit}; machine/backends carries {b.decode_efficiency:.2f}, "
-              f"{b.prefill_efficiency:.2f}{at_now}")  # fmt: skip
-        out.append(f"  goal (decode median <= 25%, every row within 2x, held out): "
-              f"{'met' if ok else 'NOT met'}\n")  # fmt: skip
-
+        if only and label.lower() != only.lower():
+            continue
+        out += backend_report(label, rows, backends[label])
     return out
 
 
 def main() -> None:
-    print("\n".join(report()))
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--backend", help="one backend only (Metal, ROCm, Vulkan, SYCL)")
+    print("\n".join(report(parser.parse_args().backend)))
 
 
 if __name__ == "__main__":

@@ -116,9 +116,11 @@ def view_of(arch: Architecture) -> ModelView:
     return build_view(hp, family=fam.name, known=True)
 
 
+@lru_cache(maxsize=64)
 def tensor_shapes(arch: Architecture) -> TensorShapes | None:
     """The tensors the family's loader expects (None: the family cannot say, or it is unknown;
-    a layout then needs the GGUF header)."""
+    a layout then needs the GGUF header). Memoized: a pick synthesizes every quant of one
+    architecture from the same table (a tuple, and the architecture is frozen)."""
     fam = family_of(arch.name)
     if fam is None or fam.tensor_shapes is None:
         return None

@@ -52,7 +52,7 @@ def plan_exact(
     for _ in range(3):
         if not layouts.upgrade(p.quant):
             break
-        resolved[p.quant] = layouts(p.quant)
+        # `resolved` reads the upgraded layout from `layouts` (PlanLayouts)
         p = plan(manifest, machine, resolved, request, overheads=overheads)
     return p
 

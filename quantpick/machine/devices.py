@@ -20,7 +20,13 @@ from pathlib import Path
 from quantpick.machine.backends import Backend, parse_device_name
 from quantpick.machine.catalog import find_gpu, unified_share
 from quantpick.machine.spec import Gpu
-from quantpick.machine.vendor_smi import Runner, SmiGpu, rocm_smi_gpus, xpu_smi_gpus
+from quantpick.machine.vendor_smi import (
+    Runner,
+    SmiGpu,
+    amd_smi_static,
+    rocm_smi_gpus,
+    xpu_smi_gpus,
+)
 
 MiB = 1024**2
 # `--list-devices` of 16 devices is about 1.5 KB; its backends' init logs a few KB more.
@@ -234,10 +240,19 @@ def platform_gpus(
         else:
             if gpus:
                 return gpus, (*notes, "AMD GPUs from rocm-smi")
+    names: dict[str, str] = {}
+    amd_smi = None if rocm_smi else find("amd-smi")
+    if amd_smi:
+        try:
+            names = {g.bdf: g.name for g in amd_smi_static(amd_smi, runner) if g.bdf}
+        except ValueError as exc:
+            notes.append(f"amd-smi could not be read ({exc}); AMD GPUs from sysfs, unnamed")
     if drm.is_dir():
-        gpus, sysfs_notes = amd_sysfs_gpus(drm)
+        gpus, sysfs_notes = amd_sysfs_gpus(drm, names)
         notes.extend(sysfs_notes)
         if gpus:
+            if any(g.name in names.values() for g in gpus):
+                notes.append("AMD GPUs from sysfs, named by amd-smi")
             return gpus, tuple(notes)
     xpu_smi = find("xpu-smi")
     if xpu_smi:
@@ -331,11 +346,14 @@ def _int_file(path: Path) -> int:
 APU_CARVEOUT_MAX_BYTES = 4 * 1024**3
 
 
-def amd_sysfs_gpus(drm: Path = Path("/sys/class/drm")) -> tuple[tuple[Gpu, ...], tuple[str, ...]]:
+def amd_sysfs_gpus(
+    drm: Path = Path("/sys/class/drm"), names: dict[str, str] | None = None
+) -> tuple[tuple[Gpu, ...], tuple[str, ...]]:
     """AMD GPUs from amdgpu's sysfs (card*/device/mem_info_vram_total|used, mem_info_gtt_*).
     A discrete card: VRAM. An APU (small carve-out, GTT above it): unified, its pool the GTT's
     total (what ROCm and RADV allocate from). A card whose files cannot be read is left out
-    with a note naming the file."""
+    with a note naming the file. `names`: PCI address -> a tool's name for the card (card*/device
+    links to the PCI device's directory, named by its address)."""
     gpus: list[Gpu] = []
     notes: list[str] = []
     cards = sorted(p for p in drm.glob("card[0-9]*") if re.fullmatch(r"card\d+", p.name))
@@ -354,6 +372,7 @@ def amd_sysfs_gpus(drm: Path = Path("/sys/class/drm")) -> tuple[tuple[Gpu, ...],
         apu = vram_total <= APU_CARVEOUT_MAX_BYTES and gtt_total > vram_total
         total, used = (gtt_total, gtt_used) if apu else (vram_total, vram_used)
         name = "AMD Radeon Graphics (APU)" if apu else "AMD Radeon GPU"
+        name = (names or {}).get(dev.resolve().name.lower(), name)
         gpus.append(
             Gpu(
                 index=len(gpus),

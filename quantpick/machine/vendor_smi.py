@@ -7,9 +7,11 @@ deadline); a tool that is slow, fails, prints too much or prints what is not its
 in a note and its GPUs are not taken from it (the caller falls back to sysfs, or plans without
 them). The parsers are pure and tested on recorded real outputs (tests/data/backends/README.md).
 
-AMD's newer `amd-smi` is not read: no complete real `amd-smi metric --json` output with memory
-was found to test a parser against (its two shapes, a list and {"gpu_data": [...]}, and its
-{"value", "unit"} fields are known only from other projects' hand-written fixtures).
+AMD's newer `amd-smi` (which replaces rocm-smi) is read for what a recorded real output shows:
+`amd-smi static --json` names each GPU and its PCI address and states its VRAM (on an APU the
+carve-out only), so it names the cards sysfs measures (devices.platform_gpus). No real
+`amd-smi metric --json` output with memory use has been found, so amd-smi's figures never size
+a GPU.
 """
 
 from __future__ import annotations
@@ -26,6 +28,11 @@ MAX_SMI_OUTPUT_BYTES = 256 * 1024
 SMI_TIMEOUT_S = 10.0
 ROCM_SMI_ARGS = ("--showproductname", "--showmeminfo", "vram", "gtt", "--json")
 XPU_SMI_LIST_ARGS = ("discovery", "-j")
+AMD_SMI_STATIC_ARGS = ("static", "--asic", "--bus", "--vram", "--json")
+# amd-smi's {"value", "unit"} sizes: "MB" is MiB (a Strix Halo's 32 GiB carve-out prints 32768 MB
+# in the recorded output, tests/data/backends/amd-smi-static-strix-halo.json).
+AMD_SMI_UNITS = {"B": 1, "KB": 1024, "MB": 1024**2, "GB": 1024**3}
+MAX_AMD_SMI_GPUS = 64
 MAX_XPU_DEVICES = 64
 
 
@@ -40,6 +47,7 @@ class SmiGpu:
     free_bytes: int | None = None
     gtt_total_bytes: int | None = None  # AMD: the GTT pool (an APU's real pool)
     gtt_used_bytes: int | None = None
+    bdf: str | None = None  # the PCI address ("0000:c4:00.0"), where the tool states it
 
 
 def _bytes(value: Any, where: str) -> int:
@@ -60,15 +68,21 @@ def _optional_bytes(doc: dict[str, Any], key: str, where: str) -> int | None:
     return _bytes(value, f"{where} {key}")
 
 
-def _json_object(text: str, tool: str) -> dict[str, Any]:
-    """The JSON object in a tool's stdout (rocm-smi may print a WARNING line before it)."""
-    start = text.find("{")
+def _json_value(text: str, tool: str) -> Any:
+    """The JSON value in a tool's stdout, from its first bracket (rocm-smi may print a WARNING
+    line before it)."""
+    start = min((i for i in (text.find("{"), text.find("[")) if i >= 0), default=-1)
     if start < 0:
         raise ValueError(f"{tool}: no JSON in its output")
     try:
-        doc = json.loads(text[start:])
+        return json.loads(text[start:])
     except json.JSONDecodeError as exc:
         raise ValueError(f"{tool}: not JSON ({exc.msg} at line {exc.lineno})") from None
+
+
+def _json_object(text: str, tool: str) -> dict[str, Any]:
+    """The JSON object in a tool's stdout."""
+    doc = _json_value(text, tool)
     if not isinstance(doc, dict):
         raise ValueError(f"{tool}: not a JSON object")
     return doc
@@ -101,6 +115,47 @@ def parse_rocm_smi_json(text: str) -> tuple[SmiGpu, ...]:
                 used_bytes=_optional_bytes(card, "VRAM Total Used Memory (B)", where),
                 gtt_total_bytes=_optional_bytes(card, "GTT Total Memory (B)", where),
                 gtt_used_bytes=_optional_bytes(card, "GTT Total Used Memory (B)", where),
+            )
+        )
+    return tuple(gpus)
+
+
+def _amd_smi_size(value: Any, where: str) -> int | None:
+    """An amd-smi {"value": N, "unit": "MB"} size in bytes; "N/A" or absent: None."""
+    if value is None or value == "N/A":
+        return None
+    if not isinstance(value, dict) or value.get("unit") not in AMD_SMI_UNITS:
+        raise ValueError(f"{where}: not a size ({str(value)[:40]!r})")
+    return _bytes(value.get("value"), where) * AMD_SMI_UNITS[value["unit"]]
+
+
+def parse_amd_smi_static_json(text: str) -> tuple[SmiGpu, ...]:
+    """`amd-smi static --asic --bus --vram --json`: a list of GPUs (ROCm 6.3's amd-smi, the
+    recorded output) or {"gpu_data": [...]} (later releases), each with "gpu" (its index),
+    asic.market_name, bus.bdf and vram.size as {"value", "unit"}. A GPU without an index or a
+    VRAM size is a ValueError; its used and free memory are not in this output (None)."""
+    doc = _json_value(text, "amd-smi static")
+    entries = doc.get("gpu_data") if isinstance(doc, dict) else doc
+    if not isinstance(entries, list):
+        raise ValueError("amd-smi static: neither a list of GPUs nor gpu_data")
+    gpus = []
+    for entry in entries[:MAX_AMD_SMI_GPUS]:
+        if not isinstance(entry, dict) or not isinstance(entry.get("gpu"), int):
+            raise ValueError("amd-smi static: a GPU without its index")
+        where = f"amd-smi static gpu {entry['gpu']}"
+        asic, bus, vram = (entry.get(k) or {} for k in ("asic", "bus", "vram"))
+        if not all(isinstance(x, dict) for x in (asic, bus, vram)):
+            raise ValueError(f"{where}: asic, bus or vram not an object")
+        total = _amd_smi_size(vram.get("size"), f"{where} vram size")
+        if total is None:
+            raise ValueError(f"{where}: no VRAM size")
+        bdf = bus.get("bdf")
+        gpus.append(
+            SmiGpu(
+                index=entry["gpu"],
+                name=str(asic.get("market_name") or "AMD GPU")[:120],
+                total_bytes=total,
+                bdf=str(bdf).lower() if isinstance(bdf, str) and bdf != "N/A" else None,
             )
         )
     return tuple(gpus)
@@ -157,6 +212,10 @@ Runner = Callable[[str, tuple[str, ...]], str]
 
 def rocm_smi_gpus(program: str, run: Runner = run_smi) -> tuple[SmiGpu, ...]:
     return parse_rocm_smi_json(run(program, ROCM_SMI_ARGS))
+
+
+def amd_smi_static(program: str, run: Runner = run_smi) -> tuple[SmiGpu, ...]:
+    return parse_amd_smi_static_json(run(program, AMD_SMI_STATIC_ARGS))
 
 
 def xpu_smi_gpus(program: str, run: Runner = run_smi) -> tuple[SmiGpu, ...]:

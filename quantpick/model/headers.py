@@ -12,27 +12,21 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from quantpick.errors import GGUFError, QuantpickError, UsageError
 from quantpick.hub.kinds import KINDS, is_repository
-from quantpick.model.gguf import (
-    GGUFHeader,
-    header_from_json,
-    header_to_json,
-    layout_from_header,
-    merge_split_headers,
-)
-from quantpick.model.layout import ModelLayout, NoTensorTable, synthesize_layout
+from quantpick.model.layout import ModelLayout, NoTensorTable, can_synthesize, synthesize_layout
 from quantpick.units import GiB
 
 if TYPE_CHECKING:
     from quantpick.config import Settings
     from quantpick.hub.base import RepoSource
     from quantpick.hub.http import RetryPolicy
+    from quantpick.model.gguf import GGUFHeader
     from quantpick.model.manifest import Manifest, ModelFile
 
 _COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
@@ -94,12 +88,20 @@ def pinned_revision(kind: str, revision: str | None) -> bool:
     return found.pinned(revision) if found is not None else bool(_COMMIT_RE.match(revision or ""))
 
 
+def cached_header_path(settings: Settings, key: str) -> Path | None:
+    """Where the header cache keeps `key`'s header (None: not a key it keeps)."""
+    return header_cache_dir(settings) / f"{key}.json" if _KEY_RE.match(key) else None
+
+
 def load_cached_header(settings: Settings, key: str) -> GGUFHeader | None:
-    if not _KEY_RE.match(key):
+    path = cached_header_path(settings, key)
+    if path is None:
         return None
-    path = header_cache_dir(settings) / f"{key}.json"
     try:
         doc = json.loads(path.read_text(encoding="utf-8"))
+        # imported on a hit: a plan from synthesized tables never loads the GGUF reader
+        from quantpick.model.gguf import header_from_json
+
         return header_from_json(doc)
     except (OSError, ValueError, GGUFError):
         return None  # missing or damaged: a miss (the next remote read rewrites it)
@@ -107,6 +109,8 @@ def load_cached_header(settings: Settings, key: str) -> GGUFHeader | None:
 
 def store_cached_header(settings: Settings, keys: list[str], header: GGUFHeader) -> None:
     """Write the header under every key, atomically; best effort."""
+    from quantpick.model.gguf import header_to_json
+
     text = json.dumps(header_to_json(header), separators=(",", ":"))
     _store_under_keys(header_cache_dir(settings), keys, ".json", text.encode("utf-8"))
 
@@ -137,6 +141,7 @@ def read_remote_header(
     Returns (header, url of the first shard).
     """
     from quantpick.errors import redacted
+    from quantpick.model.gguf import merge_split_headers
     from quantpick.model.gguf_remote import INITIAL_WINDOW, read_gguf_url
 
     headers = []
@@ -188,6 +193,8 @@ def layout_for(
         header = load_cached_header(settings, key)
         if header is None:
             continue
+        from quantpick.model.gguf import layout_from_header
+
         try:
             return layout_from_header(
                 header, basis=f"gguf-cache:{key}", file_bytes=file_bytes, quant=quant_name
@@ -197,6 +204,7 @@ def layout_for(
 
     if network:
         from quantpick.hub.sources import open_source
+        from quantpick.model.gguf import layout_from_header
 
         for source in manifest.sources:
             label = source.repo or source.name or source.kind
@@ -317,32 +325,66 @@ class LayoutSource:
         # upgraded from its own header, with no hub. The caller (jobs/plan.py) knows the stores.
         self.local_copy = local_copy
         self._cache: dict[str, ModelLayout] = {}
+        self._deferred: set[str] = set()
         self.problems: list[str] = []
 
-    def layouts(self, quants: tuple[str, ...] | None = None) -> dict[str, ModelLayout]:
+    def layouts(self, quants: tuple[str, ...] | None = None) -> PlanLayouts:
         """Every quant's layout the planner may weigh (all of the manifest's by default), from
         the cache or synthesized; a quant with neither (an architecture whose family cannot list
-        its tensors, header not cached) is left out, with its reason in `problems`."""
-        out: dict[str, ModelLayout] = {}
+        its tensors, header not cached) is left out, with its reason in `problems`.
+        A synthesized layout is built when the planner first reads it: a pick weighs a few of a
+        manifest's quants (the policy skips the tiers below the best that fits)."""
+        found: list[str] = []
         for quant in quants if quants is not None else self.manifest.quants:
             try:
-                out[quant] = self(quant)
+                self._find(quant)
+                found.append(quant)
             except GGUFError as exc:
                 if self.exact:
                     raise
                 if exc.message not in self.problems:
                     self.problems.append(exc.message)
-        return out
+        return PlanLayouts(self, tuple(found))
+
+    def _find(self, quant: str) -> None:
+        """`quant`'s layout into the cache, unless all it can be is a synthesized one (no
+        header to read: not --exact, none cached, a family that lists its tensors): that one is
+        left to build when first read, with the same outcome (`layout_for` then finds nothing
+        else either)."""
+        if quant in self._cache or quant in self._deferred:
+            return
+        files = self.manifest.quant_files(quant)
+        if (
+            files
+            and not self.exact
+            and can_synthesize(self.manifest.architecture)
+            and not any(
+                path is not None and path.exists()
+                for path in (
+                    cached_header_path(self.settings, key)
+                    for key in cache_keys(self.manifest, files)
+                )
+            )
+        ):
+            self._deferred.add(quant)
+            return
+        self._cache[quant] = self._layout(quant)
+
+    def _layout(self, quant: str) -> ModelLayout:
+        return layout_for(
+            self.manifest,
+            quant,
+            settings=self.settings,
+            network=self.network and self.exact,
+            require_exact=self.exact,
+        )
 
     def __call__(self, quant: str) -> ModelLayout:
         if quant not in self._cache:
-            self._cache[quant] = layout_for(
-                self.manifest,
-                quant,
-                settings=self.settings,
-                network=self.network and self.exact,
-                require_exact=self.exact,
-            )
+            self._find(quant)
+            if quant in self._deferred:
+                self._cache[quant] = self._layout(quant)
+                self._deferred.discard(quant)
         return self._cache[quant]
 
     def upgrade(self, quant: str) -> bool:
@@ -392,6 +434,29 @@ class LayoutSource:
             return False
         self._cache[quant] = layout
         return True
+
+
+class PlanLayouts(Mapping[str, ModelLayout]):
+    """The quants a LayoutSource can give the planner, each layout built on first read (and an
+    upgraded one, LayoutSource.upgrade, read from then on)."""
+
+    def __init__(self, source: LayoutSource, quants: tuple[str, ...]) -> None:
+        self._source = source
+        self._quants = quants
+
+    def __getitem__(self, quant: str) -> ModelLayout:
+        if quant not in self._quants:
+            raise KeyError(quant)
+        return self._source(quant)
+
+    def __contains__(self, quant: object) -> bool:
+        return quant in self._quants
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._quants)
+
+    def __len__(self) -> int:
+        return len(self._quants)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -11,8 +11,10 @@ the input (host memory) except the few llama.cpp creates on the first layer.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from functools import cached_property
+from functools import cached_property, lru_cache
+from typing import NamedTuple, TypeVar, cast
 
 from quantpick.arch.base import Architecture, ModelView
 from quantpick.model.ggml import CPU_BUFFER, GGML_TYPES, BufferRule, tensor_bytes
@@ -21,6 +23,8 @@ from quantpick.model.ggml import CPU_BUFFER, GGML_TYPES, BufferRule, tensor_byte
 # --cpu-moe / --n-cpu-moe move to host memory.
 EXPERT_TENSOR_RE = re.compile(r"\.ffn_(up|down|gate|gate_up)_(ch|)exps")
 _BLOCK_RE = re.compile(r"^blk\.(\d+)\.")
+
+_T = TypeVar("_T")
 
 INPUT_SLOT = -1  # token_embd: always host memory (llama_model_base::load_tensors, dev_input)
 
@@ -61,9 +65,31 @@ class TensorInfo:
     shape: tuple[int, ...]  # ggml ne order: ne[0] is the row length
     n_bytes: int
 
-    @cached_property
+    @property
     def is_expert(self) -> bool:
-        return EXPERT_TENSOR_RE.search(self.name) is not None
+        return is_expert_name(self.name)
+
+
+@lru_cache(maxsize=8192)
+def is_expert_name(name: str) -> bool:
+    """A routed-expert tensor (EXPERT_TENSOR_RE), memoized by name: the quants of one model share
+    their names, and a cached_property would be computed again on every layout's tensors."""
+    return EXPERT_TENSOR_RE.search(name) is not None
+
+
+class _NameFacts(NamedTuple):
+    """What a tensor's name says under one architecture."""
+
+    slot: int  # ModelLayout.slot_of
+    per_device: bool  # one copy per device holding a trunk layer (PER_DEVICE_TENSORS)
+    expert: bool  # a routed-expert tensor (EXPERT_TENSOR_RE: TensorInfo.is_expert)
+
+
+@lru_cache(maxsize=16)
+def _name_facts(arch: Architecture) -> dict[str, _NameFacts]:
+    """The memo of `_NameFacts` by tensor name, one per architecture: a name's slot depends on
+    the name and the architecture only (its block count, its view's output tensors)."""
+    return {}
 
 
 @dataclass(frozen=True)
@@ -101,8 +127,9 @@ class ModelLayout:
         return view_of(self.architecture)
 
     @cached_property
-    def _slots(self) -> dict[str, int]:
-        return {}
+    def _names(self) -> dict[str, _NameFacts]:
+        # shared by every layout of the architecture (a pick's quants have the same names)
+        return _name_facts(self.architecture)
 
     @cached_property
     def ffn_widths(self) -> tuple[int, int, int]:
@@ -129,19 +156,85 @@ class ModelLayout:
         """(slot, bytes, is_expert) of every block weight with two or more dimensions (what op
         offload may copy to a GPU), largest first: the planner asks once per estimate."""
         found = [
-            (slot, t.n_bytes, t.is_expert)
-            for t in self.tensors
-            if len(t.shape) >= 2
-            and (slot := self.slot_of(t.name)) != INPUT_SLOT
-            and slot != self.output_slot
+            (slot, t.n_bytes, is_expert)
+            for t, (slot, _, is_expert) in self._rows
+            if len(t.shape) >= 2 and slot != INPUT_SLOT and slot != self.output_slot
         ]
         return tuple(sorted(found, key=lambda x: -x[1]))
 
+    def derived(self, fn: Callable[[ModelLayout], _T]) -> _T:
+        """`fn(self)`, computed once per layout: `fn` is a pure function of the layout (a fact a
+        later stage reads of the tensor table on every estimate, e.g. plan/speed_work.py)."""
+        memo = self._derived
+        if fn not in memo:
+            memo[fn] = fn(self)
+        return cast(_T, memo[fn])
+
+    @cached_property
+    def _derived(self) -> dict[Callable[[ModelLayout], object], object]:
+        return {}
+
+    @cached_property
+    def tensor_slots(self) -> tuple[int, ...]:
+        """The slot of each tensor, in `tensors` order (read once: every per-slot total walks
+        the table)."""
+        return tuple(facts.slot for _, facts in self._rows)
+
+    @cached_property
+    def _rows(self) -> tuple[tuple[TensorInfo, _NameFacts], ...]:
+        """Every tensor with what its name says: what the per-slot totals read."""
+        facts = self._facts
+        return tuple((t, facts(t.name)) for t in self.tensors)
+
+    @cached_property
+    def q_proj_rows(self) -> dict[int, int]:
+        """Each block's Q projection output rows (attn_q, or MLA's attn_q_b: n_head x
+        (nope + rope)), by slot: what the compute model hands over with a moved attention."""
+        return {
+            slot: t.shape[1]
+            for t, slot in zip(self.tensors, self.tensor_slots, strict=True)
+            if len(t.shape) == 2 and t.name.endswith((".attn_q.weight", ".attn_q_b.weight"))
+        }
+
+    @cached_property
+    def expert_bias(self) -> bool:
+        """Routed experts with biases (gpt-oss): their gate and up results come back biased."""
+        return any(
+            t.name.endswith(("ffn_gate_exps.bias", "ffn_up_exps.bias")) for t in self.tensors
+        )
+
+    def tensor(self, name: str) -> TensorInfo | None:
+        """The tensor called `name` (the first, as the loader would find it), or None."""
+        return self._by_name.get(name)
+
+    @cached_property
+    def _by_name(self) -> dict[str, TensorInfo]:
+        found: dict[str, TensorInfo] = {}
+        for t in self.tensors:
+            found.setdefault(t.name, t)
+        return found
+
+    @cached_property
+    def slot_matrix_max(self) -> tuple[tuple[int, int], ...]:
+        """Per block slot, the largest (dense, routed-expert) weight of two or more dimensions
+        (0: none): `block_matrices` folded by slot, for the searches that ask for a maximum."""
+        dense = [0] * self.n_slots
+        expert = [0] * self.n_slots
+        for slot, n_bytes, is_expert in self.block_matrices:
+            into = expert if is_expert else dense
+            into[slot] = max(into[slot], n_bytes)
+        return tuple(zip(dense, expert, strict=True))
+
     def slot_of(self, name: str) -> int:
         """The layer slot a tensor belongs to (memoized: the planner asks some 10^4 times)."""
-        found = self._slots.get(name)
+        return self._facts(name).slot
+
+    def _facts(self, name: str) -> _NameFacts:
+        found = self._names.get(name)
         if found is None:
-            found = self._slots[name] = self._slot_of(name)
+            per_device = _stem(name) in PER_DEVICE_TENSORS
+            expert = is_expert_name(name)
+            found = self._names[name] = _NameFacts(self._slot_of(name), per_device, expert)
         return found
 
     def _slot_of(self, name: str) -> int:
@@ -174,13 +267,13 @@ class ModelLayout:
     @cached_property
     def slots(self) -> tuple[SlotWeights, ...]:
         """Per-slot byte totals, index = slot (0..block_count); the input is `input_bytes`."""
-        dense = [0] * self.n_slots
-        expert = [0] * self.n_slots
-        for t in self.tensors:
-            slot = self.slot_of(t.name)
-            if slot == INPUT_SLOT or slot >= self.n_slots or _stem(t.name) in PER_DEVICE_TENSORS:
+        n_slots = self.n_slots
+        dense = [0] * n_slots
+        expert = [0] * n_slots
+        for t, (slot, per_device, is_expert) in self._rows:
+            if slot == INPUT_SLOT or slot >= n_slots or per_device:
                 continue
-            if t.is_expert:
+            if is_expert:
                 expert[slot] += t.n_bytes
             else:
                 dense[slot] += t.n_bytes
@@ -201,16 +294,17 @@ class ModelLayout:
         found = self._under.get(rule.name)
         if found is not None:
             return found
-        dense = [0] * self.n_slots
-        expert = [0] * self.n_slots
+        n_slots = self.n_slots
+        dense = [0] * n_slots
+        expert = [0] * n_slots
         inputs = 0
-        for t in self.tensors:
-            slot = self.slot_of(t.name)
-            size = rule.alloc(t.ggml_type, t.shape[0] if t.shape else 1, t.n_bytes)
+        alloc = rule.alloc
+        for t, (slot, per_device, is_expert) in self._rows:
+            size = alloc(t.ggml_type, t.shape[0] if t.shape else 1, t.n_bytes)
             if slot == INPUT_SLOT:
                 inputs += size
-            elif slot < self.n_slots and _stem(t.name) not in PER_DEVICE_TENSORS:
-                if t.is_expert:
+            elif slot < n_slots and not per_device:
+                if is_expert:
                     expert[slot] += size
                 else:
                     dense[slot] += size
@@ -225,16 +319,16 @@ class ModelLayout:
     def slot_elements(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
         """(dense, routed-expert) parameter counts per slot, the output head left out of dense
         (the speed model's FLOPs; computed once per layout)."""
-        dense = [0] * self.n_slots
-        expert = [0] * self.n_slots
-        for t in self.tensors:
-            slot = self.slot_of(t.name)
-            if slot == INPUT_SLOT or slot >= self.n_slots or t.name.startswith("output."):
+        n_slots = self.n_slots
+        dense = [0] * n_slots
+        expert = [0] * n_slots
+        for t, (slot, _, is_expert) in self._rows:
+            if slot == INPUT_SLOT or slot >= n_slots or t.name.startswith("output."):
                 continue
             n = 1
             for dim in t.shape:
                 n *= dim
-            if t.is_expert:
+            if is_expert:
                 expert[slot] += n
             else:
                 dense[slot] += n
@@ -242,7 +336,11 @@ class ModelLayout:
 
     @cached_property
     def input_bytes(self) -> int:
-        return sum(t.n_bytes for t in self.tensors if self.slot_of(t.name) == INPUT_SLOT)
+        return sum(
+            t.n_bytes
+            for t, slot in zip(self.tensors, self.tensor_slots, strict=True)
+            if slot == INPUT_SLOT
+        )
 
     @cached_property
     def tensor_bytes_total(self) -> int:
@@ -346,19 +444,33 @@ class NoTensorTable(ValueError):
     """The architecture's family cannot list its tensors: a layout needs the GGUF header."""
 
 
-def synthesize_layout(arch: Architecture, quant: str, file_bytes: int) -> ModelLayout:
-    """Tensor classes at the types llama.cpp's quantizer gives `quant`, then the remainder between
-    that sum and the real file size spread over the quantized tensors, so the total matches.
-    Raises NoTensorTable when the architecture's family has no tensor table."""
+class _SkeletonRow(NamedTuple):
+    """What the quantizer's type choice reads of one tensor of the table, whatever the quant
+    (a NamedTuple: a dataclass costs ~0.7 ms to define at import on Python 3.11)."""
+
+    name: str
+    shape: tuple[int, ...]
+    unquantized: bool  # never quantized (1-D, norms, the router, ssm_conv1d)
+    more_bits: bool  # a use_more_bits() layer of attn_v / attn_qkv / ffn_down
+    expert: bool  # a routed-expert tensor (MXFP4_MOE keeps these MXFP4)
+
+
+def can_synthesize(arch: Architecture) -> bool:
+    """Whether `synthesize_layout` can build a layout of `arch` (its family lists its tensors),
+    known without building one."""
+    return _skeleton(arch) is not None
+
+
+@lru_cache(maxsize=16)
+def _skeleton(arch: Architecture) -> tuple[_SkeletonRow, ...] | None:
+    """The architecture's tensor table with the quant-independent facts of each tensor, read
+    once per architecture (a pick synthesizes every quant of one model from it); None: the
+    family has no table."""
     from quantpick.arch.registry import tensor_shapes
 
     shapes = tensor_shapes(arch)
     if shapes is None:
-        raise NoTensorTable(f"quantpick cannot list {arch.name}'s tensors without its GGUF header")
-    key = normalize_quant(quant)
-    base = _BASE_TYPE.get(key, "Q4_K")
-    mix = key.endswith(("_M", "_L")) or quant.upper().startswith("UD-")
-    high = base in _HIGH_PRECISION
+        return None
     # use_more_bits() counts each tensor kind in layer order (llama-quant.cpp's i_attention_wv
     # and kin): the ordinal of a tensor among those with the same name past `blk.N.`.
     kind_of = {name: name.split(".", 2)[2] for name, _ in shapes if name.startswith("blk.")}
@@ -369,9 +481,34 @@ def synthesize_layout(arch: Architecture, quant: str, file_bytes: int) -> ModelL
         if kind is not None:
             ordinal[name] = counts.get(kind, 0)
             counts[kind] = ordinal[name] + 1
-    types: list[tuple[str, tuple[int, ...], str]] = []
+    rows: list[_SkeletonRow] = []
     for name, shape in shapes:
-        if _unquantized(name, shape):
+        block = int(name.split(".")[1]) if name.startswith("blk.") else -1
+        more_bits = False
+        if ".ffn_down" in name:  # ffn_down_exps and ffn_down_shexp, by block index
+            more_bits = _use_more_bits(block, arch.block_count)
+        elif name in ordinal and name.endswith(("attn_v.weight", "attn_qkv.weight")):
+            more_bits = _use_more_bits(ordinal[name], counts[kind_of[name]])
+        expert = is_expert_name(name)
+        rows.append(_SkeletonRow(name, shape, _unquantized(name, shape), more_bits, expert))
+    return tuple(rows)
+
+
+def synthesize_layout(arch: Architecture, quant: str, file_bytes: int) -> ModelLayout:
+    """Tensor classes at the types llama.cpp's quantizer gives `quant`, then the remainder between
+    that sum and the real file size spread over the quantized tensors, so the total matches.
+    Raises NoTensorTable when the architecture's family has no tensor table."""
+    skeleton = _skeleton(arch)
+    if skeleton is None:
+        raise NoTensorTable(f"quantpick cannot list {arch.name}'s tensors without its GGUF header")
+    key = normalize_quant(quant)
+    base = _BASE_TYPE.get(key, "Q4_K")
+    mix = key.endswith(("_M", "_L")) or quant.upper().startswith("UD-")
+    high = base in _HIGH_PRECISION
+    raw: list[tuple[str, tuple[int, ...], str, int]] = []
+    for row in skeleton:
+        name, shape = row.name, row.shape
+        if row.unquantized:
             qtype = "F32"
         elif high:
             qtype = base
@@ -382,21 +519,14 @@ def synthesize_layout(arch: Architecture, quant: str, file_bytes: int) -> ModelL
         else:
             qtype = base
             if base == "MXFP4":
-                qtype = "MXFP4" if EXPERT_TENSOR_RE.search(name) else "Q8_0"
-            block = int(name.split(".")[1]) if name.startswith("blk.") else -1
-            more_bits = False
-            if ".ffn_down" in name:  # ffn_down_exps and ffn_down_shexp, by block index
-                more_bits = _use_more_bits(block, arch.block_count)
-            elif name.endswith(("attn_v.weight", "attn_qkv.weight")):
-                more_bits = _use_more_bits(ordinal[name], counts[kind_of[name]])
-            if mix and more_bits and base in _MORE_BITS:
+                qtype = "MXFP4" if row.expert else "Q8_0"
+            if mix and row.more_bits and base in _MORE_BITS:
                 qtype = _MORE_BITS[base]
         # ggml requires whole blocks; fall back to a block-free type when a row does not fill one.
         if shape[0] % GGML_TYPES[qtype][1] != 0:
             qtype = "F16" if qtype != "F32" else "F32"
-        types.append((name, shape, qtype))
+        raw.append((name, shape, qtype, tensor_bytes(qtype, shape)))
 
-    raw = [(name, shape, qtype, tensor_bytes(qtype, shape)) for name, shape, qtype in types]
     target = max(file_bytes - estimate_header_bytes(arch, len(raw)), 1)
     quantized_total = sum(nb for _, _, q, nb in raw if q != "F32")
     fixed_total = sum(nb for _, _, q, nb in raw if q == "F32")

@@ -141,6 +141,16 @@ def host_weight_tensor(
     whole blocks under -ngl): what op offload copies into the first GPU, one tensor at a time.
     With `limit` (a backend whose supports_op refuses larger tensors: ComputeTraits.ops_capped)
     only the weights up to it are offloaded; `experts_only`: the largest routed-expert tensor."""
+    if limit is None:  # the largest eligible weight, read per slot (ModelLayout.slot_matrix_max)
+        best = 0
+        for slot, (dense, expert) in enumerate(layout.slot_matrix_max):
+            if skipped(slot):
+                continue
+            if host_experts[slot]:
+                best = max(best, expert)
+            if not experts_only and slot_device[slot] == host_pos:
+                best = max(best, dense, expert)
+        return best
     for slot, n_bytes, is_expert in layout.block_matrices:  # largest first: the first one wins
         if skipped(slot) or (limit is not None and n_bytes > limit):
             continue

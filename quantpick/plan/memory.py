@@ -205,7 +205,8 @@ def estimate(
     def device_of_slot(slot: int) -> int:
         if n_gpu == 0 or slot < i_gpu_start or slot - i_gpu_start >= act_gpu_layers:
             return host_pos
-        frac = _f32(_f32(slot - i_gpu_start) / act_gpu_layers)
+        # (float)(il - i_gpu_start) is exact for a layer index: the one rounding is the quotient's
+        frac = _f32((slot - i_gpu_start) / act_gpu_layers)
         # std::upper_bound: the first split strictly greater than frac
         for pos, edge in enumerate(splits):
             if edge > frac:
@@ -287,7 +288,8 @@ def estimate(
     # the host (the same buffer type keeps one copy: src/llama-model-loader.cpp:1371-1376).
     output_dev = slot_device[layout.output_slot]
     if layout.tied_output_bytes and (output_dev != host_pos or view.tied_copy_always):
-        embd = next(t for t in layout.tensors if t.name == "token_embd.weight")
+        embd = layout.tensor("token_embd.weight")
+        assert embd is not None  # tied_output_bytes is 0 without it
         if not too_big(embd, output_dev):
             acc[output_dev].weights += layout.tensor_alloc(embd, rules[output_dev])
         elif view.tied_copy_always:  # the copy falls back to the host, where it is loaded anyway
@@ -409,11 +411,7 @@ def estimate(
     # (attn_q, or MLA's attn_q_b: n_head x (nope + rope) wide)
     attn_handoff = [0] * (n_gpu + 1)
     host_received = 0  # split inputs of the host's part, summed over the layers it runs for others
-    q_proj_rows = {
-        layout.slot_of(t.name): t.shape[1]
-        for t in layout.tensors
-        if len(t.shape) == 2 and t.name.endswith((".attn_q.weight", ".attn_q_b.weight"))
-    }
+    q_proj_rows = layout.q_proj_rows
     attn_returned = [0] * (n_gpu + 1)  # summed over its layers
     # a host layer's K and V: with op offload its flash attention runs on the offloading GPU too
     # (the scheduler spreads a GPU's assignment to the ops around an offloaded matmul:
@@ -488,9 +486,7 @@ def estimate(
     host_fa_bytes = 4 if config.fa_mask_f32 else 2
     # the output head: its weight (the tied token_embd where there is no output.weight) and the
     # logits it writes; either above the cap and the matmul runs on the host
-    head = next((t for t in layout.tensors if t.name == "output.weight"), None) or next(
-        (t for t in layout.tensors if t.name == "token_embd.weight"), None
-    )
+    head = layout.tensor("output.weight") or layout.tensor("token_embd.weight")
     output_compute = output_dev
     if output_dev != host_pos and (
         refuses(output_dev, shape.logits)
@@ -502,9 +498,7 @@ def estimate(
     # host memory over the cap (split inputs: ggml-backend.cpp:1514-1531)
     returned = list(attn_returned)
     # expert biases (gpt-oss): the gate and up results come back to be biased here, too
-    expert_bias = any(
-        t.name.endswith(("ffn_gate_exps.bias", "ffn_up_exps.bias")) for t in layout.tensors
-    )
+    expert_bias = layout.expert_bias
     experts_back = 2 * shape.moe_mid if expert_bias else 0
     for layer in view.layers:
         pos = slot_device[layer.index]

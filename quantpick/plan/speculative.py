@@ -42,9 +42,10 @@ from quantpick.plan.speed import (
     decode_seconds,
     device_speeds,
     layers_seconds,
+    prefill_seconds,
     verify_seconds,
 )
-from quantpick.plan.speed_work import LayerKinds, speed_work
+from quantpick.plan.speed_work import LayerKinds, SpeedWork, speed_work
 
 
 class Task(str, Enum):
@@ -54,31 +55,62 @@ class Task(str, Enum):
     CODE = "code"
     CHAT = "chat"  # explanations, answers, summaries
     CREATIVE = "creative"
+    # the output repeats much of its context: code or a document edited in place, a refactor
+    # (what an n-gram lookup drafts from; llama.cpp PR #19493's benchmark)
+    EDIT = "edit"
 
 
 # Per-token acceptance a (conditional, see the module doc) by kind and task. Fitted: the median a
-# of the rows of benchmarks/data/spec-measurements.json of that kind and task
+# of the rows of benchmarks/data/spec-measurements.json of that kind and task, each row's printed
+# rate read as its build drafted (ungated, or gated by --draft-p-min: drafted_per_round)
 # (`python benchmarks/spec_accuracy.py --fit` prints fit and table side by side). MTP: rows 1-17
-# (llama.cpp PR #22673 mtp-bench runs, PR #24340 H800 per task, Strix Halo toolboxes, #23230);
-# draft models: rows 18-19 (llama.cpp #5877, #10455). N-gram: row 20 (PR #19493, code edited in
-# place: the context repeats, a = 0.99) is the best case; where the output does not repeat its
-# context an n-gram lookup rarely finds a draft, so the other tasks are priors (0.10-0.30, not
-# measured here): auto never picks n-gram for them. Unmeasured cells are priors below the
-# measured ones of their kind.
+# (llama.cpp PR #22673 mtp-bench runs, PR #24340 H800 per task, Strix Halo toolboxes, #23230).
+# Draft models: mixed, rows 21-27 (the 12-prompt code/math/reasoning/summarization/chat suite of
+# InventiveHQ/speculative-decoding-consumer-gpus, Qwen2.5-Coder 3B-14B drafted by 0.5B Q8_0 on
+# five machines, rates 0.51-0.55 at n-max 5: a 0.78-0.81); code, row 19 (#10455); chat, row 18
+# (#5877). N-gram: row 20 (PR #19493, code edited in place: the context repeats, a = 0.99); the
+# n-gram rows of fresh generation (35-41) found no draft (NGRAM_HIT), so their a is not
+# measured and the cells are priors. Unmeasured cells are priors below the measured ones of
+# their kind.
 ACCEPTANCE: dict[tuple[SpecKind, Task], float] = {
     (SpecKind.MTP, Task.MIXED): 0.86,  # 11 rows
     (SpecKind.MTP, Task.CODE): 0.91,  # row 15
     (SpecKind.MTP, Task.CHAT): 0.84,  # row 17
     (SpecKind.MTP, Task.CREATIVE): 0.79,  # row 16
-    (SpecKind.DRAFT, Task.MIXED): 0.87,  # rows 18-19
+    (SpecKind.MTP, Task.EDIT): 0.91,  # prior: the code figure
+    (SpecKind.DRAFT, Task.MIXED): 0.80,  # rows 21-25, 27
     (SpecKind.DRAFT, Task.CODE): 0.86,  # row 19
     (SpecKind.DRAFT, Task.CHAT): 0.89,  # row 18
-    (SpecKind.DRAFT, Task.CREATIVE): 0.80,  # prior
+    (SpecKind.DRAFT, Task.CREATIVE): 0.75,  # prior
+    (SpecKind.DRAFT, Task.EDIT): 0.86,  # prior: the code figure
     (SpecKind.NGRAM, Task.MIXED): 0.30,  # prior
-    (SpecKind.NGRAM, Task.CODE): 0.99,  # row 20 (editing code in place)
+    (SpecKind.NGRAM, Task.CODE): 0.30,  # prior
     (SpecKind.NGRAM, Task.CHAT): 0.25,  # prior
     (SpecKind.NGRAM, Task.CREATIVE): 0.10,  # prior
+    (SpecKind.NGRAM, Task.EDIT): 0.99,  # row 20
 }
+
+# The share of rounds in which an n-gram lookup finds a draft at all (a model drafts every
+# round): the others decode one token as without speculation, plus the lookup. Measured where
+# the output does not repeat its context: rows 35-41 (ngram-cache, n-max 5, the same 12-prompt
+# suite on an RTX 5060 Ti, a GTX 1080 Ti, an i7-8700 and an M3 Max) drafted 0-8 tokens over
+# ~2900 generated, the code, chat and summarization prompts none: 0. Writing code is not
+# editing it: where the output repeats the context (PR #19493: 160 drafts of 48, every token
+# accepted) a lookup drafts most rounds; row 20 states no count of the plain rounds, so EDIT's
+# 1.0 is a prior (its upper bound). CREATIVE: a prior at the measured 0.
+NGRAM_HIT: dict[Task, float] = {
+    Task.MIXED: 0.0,  # rows 35-41
+    Task.CODE: 0.0,  # the code prompts of rows 35-41
+    Task.CHAT: 0.0,  # the chat prompts of rows 35-41
+    Task.CREATIVE: 0.0,  # prior
+    Task.EDIT: 1.0,  # prior (row 20)
+}
+
+
+def draft_hit(kind: SpecKind, task: Task) -> float:
+    """The share of rounds that draft: NGRAM_HIT for an n-gram lookup, every round for a model."""
+    return NGRAM_HIT[task] if kind is SpecKind.NGRAM else 1.0
+
 
 # Each extra verified row's share of a decode step's weight streaming, and a round's own cost
 # (sampling n + 1 tokens, the draft's bookkeeping, the recurrent-state snapshot of a hybrid).
@@ -87,6 +119,17 @@ ACCEPTANCE: dict[tuple[SpecKind, Task], float] = {
 # is 14% (12 rows, worst 1.67x).
 VERIFY_TOKEN_SHARE = 0.05
 ROUND_OVERHEAD_MS = 1.0
+# What one drafted token of a draft model costs llama-server beyond the draft's own decode step
+# (plan/draft.py draft_step_seconds): its sampling, the host round trip of each draft step, the
+# draft context's bookkeeping. Fitted: the median over the draft-model rows of
+# benchmarks/data/spec-measurements.json that print their rate of (the measured round - the
+# modelled verify and draft steps) / the drafts per round: rows 18 (3.2 ms, llama-speculative
+# 2024-11, RTX 3060), 21 (3.4, b9789 RTX 5060 Ti CUDA), 22 (2.9, 5060 Ti Vulkan), 24 (5.3, GTX
+# 1080 Ti CUDA), 25 (8.7, 1080 Ti Vulkan), 27 (11.3, b9430 M3 Max Metal), 19 (-10.9, M4 Pro: its
+# verify and draft steps modelled ~1.25x too slow) (`python benchmarks/spec_accuracy.py --fit`;
+# the benchmark refits it without each row's source; with it the draft rows' held-out median
+# error is 14%). No row measures the pinned build (b11312).
+DRAFT_TOKEN_OVERHEAD_MS = 3.37
 # An n-gram lookup drafts on the CPU from the context's hashes: no model step (common/
 # speculative.cpp common_speculative_impl_ngram_*: a hash-map lookup per round).
 NGRAM_DRAFT_MS = 0.05
@@ -115,15 +158,23 @@ DRAFT_N_RANGE = range(1, 7)
 MIN_GAIN = 1.15
 # How far a kind's predicted speed is expected to overshoot, by which auto divides it before the
 # MIN_GAIN test (conservative: a kind is offered on its prediction less its known error). Draft
-# models: `python benchmarks/spec_accuracy.py` held out by source, 2 published rows (llama.cpp
-# #5877, #10455), median error 63%, worst 2.02x, both over-predicted: a draft is offered only
-# where its prediction is ~1.9x the plain decode. MTP (12 rows, held-out median 7%) and n-gram
-# are taken as predicted.
-SPEED_ERROR: dict[SpecKind, float] = {SpecKind.DRAFT: 1.63}
+# models: `python benchmarks/spec_accuracy.py` held out by source, 15 published rows of 4
+# sources (llama.cpp #5877, #10455; InventiveHQ's RTX 5060 Ti / GTX 1080 Ti / i7-8700 suite and
+# its M3 Max community run; llama-swap's 3090 + P40), median error 14%, worst 1.90x (the M4 Pro
+# row, under-predicted); median predicted / measured 0.97, the over-predictions up to 1.56x
+# (Metal, M3 Max) and 1.38x (Vulkan on a GTX 1080 Ti): a draft is offered on its prediction less
+# its median error. MTP (12 rows, held-out median 7%, predicted / measured 1.04) and n-gram (6
+# rows, 1%; they measure rounds that find no draft) are taken as predicted.
+SPEED_ERROR: dict[SpecKind, float] = {SpecKind.DRAFT: 1.14}
 SPEED_ERROR_TEXT: dict[SpecKind, str] = {
-    SpecKind.DRAFT: "an estimate fitted on 2 published draft-model runs: held-out median "
-    "error 63%, worst 2.0x (over-predicted)",
+    SpecKind.DRAFT: "an estimate checked on 15 published draft-model runs: held-out median "
+    "error 14%, worst 1.9x",
 }
+
+
+def draft_count(n: int) -> str:
+    """'1 draft', '3 drafts'."""
+    return f"{n} draft" if n == 1 else f"{n} drafts"
 
 
 def credited_tps(opt: SpecOption) -> float:
@@ -137,24 +188,36 @@ def accepted_per_round(a: float, n: int) -> float:
     return sum(a**i for i in range(1, n + 1))
 
 
-def acceptance_from_rate(rate: float, n: int) -> float:
-    """The per-token acceptance a whose accepted / drafted over n drafts is `rate` (bisection:
-    the rate rises with a)."""
+def drafted_per_round(a: float, n: int, *, gated: bool = False) -> float:
+    """Expected draft tokens proposed per round: n, or with a confidence gate
+    (--spec-draft-p-min > 0: the draft stops at its first token under p_min,
+    common/speculative.cpp:812) the ideal gate's E[min(n, K + 1)] = 1 + a + ... + a^(n-1),
+    where K is the accepted run: it stops right after the first token the target rejects (the
+    bound of what a gate can save: no accepted token is lost, no rejected one is verified past
+    the first)."""
+    if not gated:
+        return float(n)
+    return sum(a**i for i in range(n))
+
+
+def rate_from_acceptance(a: float, n: int, *, gated: bool = False) -> float:
+    """llama-server's draft acceptance rate (accepted / drafted) for per-token acceptance a."""
+    return accepted_per_round(a, n) / drafted_per_round(a, n, gated=gated) if n else 0.0
+
+
+def acceptance_from_rate(rate: float, n: int, *, gated: bool = False) -> float:
+    """The per-token acceptance a whose accepted / drafted over n drafts per round (or, gated,
+    over the ideal gate's drafts) is `rate` (bisection: the rate rises with a)."""
     if n <= 1:
         return min(max(rate, 0.0), 1.0)
     lo, hi = 0.0, 1.0
     for _ in range(60):
         mid = (lo + hi) / 2
-        if accepted_per_round(mid, n) / n < rate:
+        if rate_from_acceptance(mid, n, gated=gated) < rate:
             lo = mid
         else:
             hi = mid
     return (lo + hi) / 2
-
-
-def rate_from_acceptance(a: float, n: int) -> float:
-    """llama-server's draft acceptance rate (accepted / drafted) for per-token acceptance a."""
-    return accepted_per_round(a, n) / n if n else 0.0
 
 
 @dataclass(frozen=True)
@@ -166,18 +229,46 @@ class StepCosts:
     draft_s: float
     verify_s: tuple[float, ...]  # index k - 1
 
-    def verify(self, tokens: int) -> float:
-        return self.verify_s[min(tokens, len(self.verify_s)) - 1]
+    def verify(self, tokens: float) -> float:
+        """A verify batch of `tokens` (a fractional count, the mean of a gated round's batch,
+        between its neighbours' costs)."""
+        top = len(self.verify_s)
+        t = min(max(tokens, 1.0), float(top))
+        k = int(t)
+        if k >= top:
+            return self.verify_s[top - 1]
+        return self.verify_s[k - 1] + (t - k) * (self.verify_s[k] - self.verify_s[k - 1])
+
+    def scaled(self, factor: float, *, draft: bool = True) -> StepCosts:
+        """The costs times `factor` (the target's measured or expected decode over the modelled
+        one); `draft=False` keeps the draft step: a separate draft model's own, on its device."""
+        return StepCosts(
+            self.decode_s * factor,
+            self.draft_s * (factor if draft else 1.0),
+            tuple(v * factor for v in self.verify_s),
+        )
 
 
 def round_speed(
-    costs: StepCosts, a: float, n: int, overhead_ms: float = ROUND_OVERHEAD_MS
+    costs: StepCosts,
+    a: float,
+    n: int,
+    overhead_ms: float = ROUND_OVERHEAD_MS,
+    *,
+    gated: bool = False,
+    hit: float = 1.0,
 ) -> float:
-    """Decode tok/s with n drafts per round at per-token acceptance a."""
-    if n <= 0:
-        return 1.0 / costs.decode_s
-    seconds = costs.verify(n + 1) + n * costs.draft_s + overhead_ms * 1e-3
-    return (1.0 + accepted_per_round(a, n)) / seconds
+    """Decode tok/s with n drafts per round at per-token acceptance a. `gated`: a confidence
+    gate stops the draft early (drafted_per_round). `hit`: the share of rounds that find a draft
+    at all (an n-gram lookup: NGRAM_HIT); the others are a plain decode step (llama-server
+    decodes the sampled token alone when the draft is empty)."""
+    if n <= 0 or hit <= 0.0:
+        return 1.0 / (costs.decode_s + (costs.draft_s if n > 0 else 0.0))
+    drafted = drafted_per_round(a, n, gated=gated)
+    drafting = costs.verify(drafted + 1) + drafted * costs.draft_s + overhead_ms * 1e-3
+    plain = costs.decode_s + costs.draft_s  # the draft step that found nothing
+    tokens = hit * (1.0 + accepted_per_round(a, n)) + (1.0 - hit)
+    return tokens / (hit * drafting + (1.0 - hit) * plain)
 
 
 def mtp_draft_slots(layout: ModelLayout, estimate: Estimate) -> dict[str, tuple[LayerKinds, int]]:
@@ -215,6 +306,31 @@ def mtp_draft_slots(layout: ModelLayout, estimate: Estimate) -> dict[str, tuple[
     return out
 
 
+# Up to this many rows a quantized matmul runs the mat-vec kernels, one pass over the weights
+# (ggml-cuda/mmvq.cuh:3 MMVQ_MAX_BATCH_SIZE 8, taken by ggml-cuda.cu:1799 when src1 has at most
+# that many columns; the other backends' mat-vec paths are of the same width): a verify batch
+# that size streams the weights (verify_seconds). A larger one takes the batched matmul, which
+# is compute-bound on a card with few FLOPs per byte: an M4 Pro verifies 17 tokens of a 32B
+# Q4 in ~430 ms, 4.7 of its 91 ms decode steps (llama.cpp PR #10455, spec-measurements row 19:
+# 34.4 s for 58 rounds of 16 drafts, 8.8 s of them the draft's).
+VERIFY_MATVEC_ROWS = 8
+
+
+def verify_compute_seconds(
+    work: SpeedWork,
+    devices: dict[str, DeviceSpeed],
+    fill: int,
+    tokens: int,
+    params: SpeedParams = DEFAULT_SPEED_PARAMS,
+) -> float:
+    """The compute floor of a verify batch of `tokens`: past VERIFY_MATVEC_ROWS it runs as a
+    small prompt batch, plan/speed.py's prefill model over that many tokens (the matmuls at the
+    efficiency their rows reach, the weights streamed once per tile); 0 below it."""
+    if tokens <= VERIFY_MATVEC_ROWS:
+        return 0.0
+    return prefill_seconds(work, devices, fill, params, tokens=tokens)
+
+
 def step_costs(
     layout: ModelLayout,
     estimate: Estimate,
@@ -227,6 +343,7 @@ def step_costs(
     draft_s: float | None = None,
     max_tokens: int = max(DRAFT_N_RANGE) + 1,
     token_share: float = VERIFY_TOKEN_SHARE,
+    draft_overhead_ms: float = DRAFT_TOKEN_OVERHEAD_MS,
 ) -> StepCosts:
     """The step costs of `kind` on this machine for the placement of `estimate` (its config with
     or without speculation: the trunk's work is the same). `draft_s`: the decode step of a
@@ -235,13 +352,17 @@ def step_costs(
     work = speed_work(layout, trunk)
     decode = decode_seconds(work, devices, fill, params)
     verify = tuple(
-        verify_seconds(
-            work, devices, fill, k, params, token_share=token_share, efficiency=verify_efficiency
+        max(
+            verify_seconds(
+                work, devices, fill, k, params, token_share=token_share,
+                efficiency=verify_efficiency,
+            ),
+            verify_compute_seconds(work, devices, fill, k, params),
         )
         for k in range(1, max_tokens + 1)
-    )
+    )  # fmt: skip
     if draft_s is not None:  # a separate file drafts: a draft model, an mtp- sidecar
-        draft = draft_s
+        draft = draft_s + (draft_overhead_ms * 1e-3 if kind is SpecKind.DRAFT else 0.0)
     elif kind is SpecKind.MTP:
         mtp_work = speed_work(layout, replace(trunk, config=replace(trunk.config, spec_draft_n=1)))
         draft = layers_seconds(mtp_work, devices, mtp_draft_slots(layout, estimate), params)
@@ -272,7 +393,7 @@ def best_option(
     base = 1.0 / costs.decode_s
     best_n, best = DEFAULT_DRAFT_N_MAX, 0.0
     for n in DRAFT_N_RANGE:
-        tps = round_speed(costs, a, n)
+        tps = round_speed(costs, a, n, hit=draft_hit(kind, task))
         if tps > best * 1.0001:
             best_n, best = n, tps
     return SpecOption(kind, best_n, a, best, base)
@@ -343,7 +464,7 @@ def decide(
     best = max(usable, key=credited_tps)
     if credited_tps(best) < tps_without * min_gain:
         also = "".join(
-            f"; {o.kind.value} with {o.draft_n_max} drafts: {o.tps:.1f} expected"
+            f"; {o.kind.value} with {draft_count(o.draft_n_max)}: {o.tps:.1f} expected"
             + (f" ({credited_tps(o):.1f} less its error)" if o.kind in SPEED_ERROR else "")
             for o in usable
             if o is not best
@@ -351,7 +472,7 @@ def decide(
         error = SPEED_ERROR.get(best.kind, 1.0)
         margin = f", less its {100 * (error - 1):.0f}% expected error," if error > 1 else ""
         return off(
-            f"no speculation: the best, {best.kind.value} with {best.draft_n_max} drafts, is "
+            f"no speculation: the best, {best.kind.value} with {draft_count(best.draft_n_max)}, is "
             f"expected at {best.tps:.1f} vs {tps_without:.1f} tok/s without{margin} (under "
             f"{100 * (min_gain - 1):.0f}% gain) on this machine" + also
         )
@@ -369,7 +490,7 @@ def _unavailable(kind: SpecKind) -> str:
 def _on(opt: SpecOption, options: tuple[SpecOption, ...], *, asked: bool) -> SpecDecision:
     gain = opt.tps / opt.tps_without if opt.tps_without else 1.0
     reason = (
-        f"{opt.kind.value} speculation, {opt.draft_n_max} drafts: {opt.tps:.1f} vs "
+        f"{opt.kind.value} speculation, {draft_count(opt.draft_n_max)}: {opt.tps:.1f} vs "
         f"{opt.tps_without:.1f} tok/s expected (x{gain:.2f}, acceptance "
         f"{100 * rate_from_acceptance(opt.acceptance, opt.draft_n_max):.0f}%"
         + (", measured here by quantpick bench --spec" if opt.measured else "")
@@ -526,7 +647,7 @@ def speculation(
             elif not short:
                 worst = min(est.devices, key=lambda d: d.headroom_bytes)
                 short = (
-                    f"its memory ({kind.value} with {n} drafts) leaves {worst.device} "
+                    f"its memory ({kind.value} with {draft_count(n)}) leaves {worst.device} "
                     f"{-worst.headroom_bytes / 2**20:.0f} MiB short at this quant and context"
                 )
         if not fitting:
@@ -540,15 +661,21 @@ def speculation(
             layout, estimates[(kind, fitting[0])], devices, kind, fill=fill, params=params,
             verify_efficiency=request.verify_efficiency, draft_s=draft_s,
         )  # fmt: skip
+        # the plan's own expected decode: the target's steps (and an MTP head's, the target's
+        # own layers) scale to it; a draft model's step is its own file's, on its own device
         scale = (1.0 / tps_without) / costs.decode_s if tps_without > 0 else 1.0
-        costs = StepCosts(
-            costs.decode_s * scale, costs.draft_s * scale, tuple(v * scale for v in costs.verify_s)
-        )
+        costs = costs.scaled(scale, draft=kind is not SpecKind.DRAFT)
         measured = dict(request.measured_acceptance).get(kind.value)
         a = ACCEPTANCE[(kind, request.task)] if measured is None else measured
-        best = max(fitting, key=lambda n: round_speed(costs, a, n))
+        hit = draft_hit(kind, request.task)
+        best = max(fitting, key=lambda n: round_speed(costs, a, n, hit=hit))
         options[kind] = SpecOption(
-            kind, best, a, round_speed(costs, a, best), tps_without, measured is not None
+            kind,
+            best,
+            a,
+            round_speed(costs, a, best, hit=hit),
+            tps_without,
+            measured is not None,
         )
     decision = decide(request.mode, tuple(available), options, refused, tps_without)
     if not decision.enabled or decision.kind is None:

@@ -57,7 +57,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from quantpick.machine.backends import backend_of
+from quantpick.machine.backends import NO_TERMS, VendorTerms, backend_of, weight_slowdown
 from quantpick.machine.spec import (
     ASSUMED_GPU_FP16_TFLOPS,
     ASSUMED_PCIE,
@@ -300,16 +300,15 @@ class DeviceSpeed:
     compute_assumed: bool = False
     pcie_assumed: bool = False
     compute_capability: str | None = None  # GPU: "8.6" (None: unknown, taken as current)
-    # An RPC device: its worker's "host:port", its position on the worker, and the link between
-    # the head and that worker (machine.spec.Network).
+    # An RPC device: its worker's "host:port", its position there, its link (machine.spec.Network)
     endpoint: str | None = None
     worker_position: int | None = None
     network_bytes_per_s: int | None = None
     network_rtt_s: float | None = None
     network_assumed: bool = False  # the link's figures are quantpick's defaults (1 GbE)
-    # GPU: its decode attention kernel's FLOP/s where it runs each query head on its own
-    # (Backend.decode_attention_efficiency x FP16 figure); None: attention costs its bytes.
+    # GPU: per-head decode attention FLOP/s (Backend.decode_attention_efficiency x FP16), or None
     attention_flops_per_s: float | None = None
+    terms: VendorTerms = NO_TERMS  # GPU: its backend's decode terms on its vendor (per weight type)
 
     @property
     def assumed(self) -> tuple[str, ...]:
@@ -357,6 +356,7 @@ def device_speeds(machine: Machine) -> dict[str, DeviceSpeed]:
             pcie_assumed=not known_link,
             compute_capability=g.compute_capability,
             attention_flops_per_s=tflops * 1e12 * attention if attention is not None else None,
+            terms=backend.terms_for(g.name),
         )
     # RPC devices, named as llama-server names them with every worker in --rpc (the planner's
     # default); speed_work finds a device of an Estimate by its worker and position, so a plan
@@ -437,7 +437,7 @@ def _gpu_fixed_seconds(
     seconds = ms * 1e-3 * (share + (1.0 - share) * REFERENCE_TFLOPS / tflops)
     if decode and not cuda_graphs(dev, params):
         seconds += params.no_graph_factor * ms * 1e-3
-    return seconds
+    return seconds * dev.terms.fixed_factor if decode else seconds
 
 
 def gemm_efficiency(tokens: float, params: SpeedParams, *, experts: bool = False) -> float:
@@ -580,7 +580,7 @@ def decode_seconds(
         if w.kind == "gpu":
             seconds += _gpu_fixed_seconds(w.layer_kinds, dev, params)
             bw = dev.bandwidth_bytes_per_s * params.gpu_bandwidth_efficiency
-            seconds += w.decode_bytes / bw
+            seconds += w.decode_bytes * weight_slowdown(dev.terms.paths, w.decode_type_bytes) / bw
             kv_factor = params.kv_depth_factor * quant
             seconds += attention_depth_seconds(w, dev, fill, work.n_swa, bw, kv_factor)
         else:  # the CPU backend: the bytes, at the host's rate, no quantized-cache factor

@@ -62,6 +62,9 @@ class DeviceWork:
     # here and over the sliding-window ones (2 x heads x (K + V head size) per layer)
     attention_flops_full: float = 0.0
     attention_flops_window: float = 0.0
+    # decode_bytes' weights by ggml type and routed-expert flag, (type, expert, bytes read per
+    # token): a backend's decode kernel path can differ per type (Backend.decode_paths)
+    decode_type_bytes: tuple[tuple[str, bool, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -109,7 +112,8 @@ class SpeedWork:
 
 def _tensor_facts(layout: ModelLayout) -> tuple[frozenset[int], float]:
     """(slots with a dense feed-forward block: ffn_up / ffn_down that are not routed experts,
-    the share of the routed experts' parameters stored as FP4: MXFP4, NVFP4)."""
+    the share of the routed experts' parameters stored as FP4: MXFP4, NVFP4); read once per
+    layout (ModelLayout.derived)."""
     ffn: set[int] = set()
     experts = fp4 = 0
     for t in layout.tensors:
@@ -124,6 +128,47 @@ def _tensor_facts(layout: ModelLayout) -> tuple[frozenset[int], float]:
         elif ".ffn_down." in t.name or ".ffn_up." in t.name:
             ffn.add(layout.slot_of(t.name))
     return frozenset(ffn), fp4 / experts if experts else 0.0
+
+
+def _type_bytes_by_slot(layout: ModelLayout) -> tuple[tuple[int, tuple[str, bool], int], ...]:
+    """(slot, (ggml type, expert), bytes) summed per slot, once per layout (ModelLayout.derived):
+    per-device copies left out, as DeviceWork.decode_bytes leaves them."""
+    sums: dict[tuple[int, tuple[str, bool]], int] = {}
+    for t in layout.tensors:
+        if not t.is_expert and t in layout.per_device_tensors:
+            continue
+        k = (layout.slot_of(t.name), (t.ggml_type.upper(), t.is_expert))
+        sums[k] = sums.get(k, 0) + t.n_bytes
+    return tuple((slot, key, n) for (slot, key), n in sums.items())
+
+
+def _embd_type(layout: ModelLayout) -> str:
+    return next((t.ggml_type for t in layout.tensors if t.name == "token_embd.weight"), "F16")
+
+
+def decode_type_bytes(
+    layout: ModelLayout, layers: set[int], expert_layers: set[int], used: float, tied: int
+) -> tuple[tuple[str, bool, int], ...]:
+    """The weight bytes a decoded token reads on a device holding `layers` (dense parts) and
+    `expert_layers` (routed experts, `used` of them per token), by (ggml type, expert): the
+    same tensors as DeviceWork.decode_bytes (per-device copies and the input excepted), plus a
+    tied output head's `tied` bytes of token_embd's type."""
+    totals: dict[tuple[str, bool], float] = {}
+    for slot, key, nbytes in layout.derived(_type_bytes_by_slot):
+        if key[1]:
+            if slot not in expert_layers:
+                continue
+            n = nbytes * used
+        elif slot in layers:
+            n = nbytes
+        else:
+            continue
+        totals[key] = totals.get(key, 0.0) + n
+    if tied:
+        embd = layout.derived(_embd_type)
+        key = (embd.upper(), False)
+        totals[key] = totals.get(key, 0.0) + tied
+    return tuple(sorted((k[0], k[1], int(v)) for k, v in totals.items()))
 
 
 def layer_kinds(layout: ModelLayout, slots: list[int], ffn: frozenset[int]) -> LayerKinds:
@@ -179,7 +224,7 @@ def speed_work(layout: ModelLayout, estimate: Estimate) -> SpeedWork:
     state_row = view.state_bytes_per_row
     slots = layout.slots
     dense_el, expert_el = layout.slot_elements
-    ffn, fp4_share = _tensor_facts(layout)
+    ffn, fp4_share = layout.derived(_tensor_facts)
     ubatch = max(1, min(config.ubatch, config.batch))
     # A ubatch touches this share of the routed experts (each token picks expert_used of them).
     touched = 1.0 - (1.0 - used) ** ubatch
@@ -247,6 +292,9 @@ def speed_work(layout: ModelLayout, estimate: Estimate) -> SpeedWork:
                 expert_read_bytes=int(expert_resident * touched),
                 attention_flops_full=full_flops,
                 attention_flops_window=window_flops,
+                decode_type_bytes=decode_type_bytes(
+                    layout, set(layers), set(expert_layers), used, tied
+                ),
             )
         )
     sequence: list[str] = []

@@ -292,13 +292,13 @@ def test_the_defaults_are_the_fit_of_the_bundled_rows() -> None:
 def test_backend_rows_all_build_as_their_backend() -> None:
     """Every published non-CUDA run (benchmarks/data/speed-measurements-backends.json) becomes a
     case on its own backend's device (MTL0 for the M2 Ultra, ROCm0/Vulkan0 for the R9700 and the
-    Strix Halo, Vulkan0/SYCL0 for the Arc Pro B70): 30 Metal rows, 22 ROCm, 30 Vulkan, 8 SYCL."""
+    Strix Halo, Vulkan0/SYCL0 for the Arc Pro B70): 30 Metal rows, 25 ROCm, 33 Vulkan, 11 SYCL."""
     from backend_speed import DATA, case_backend
 
     cases, unusable = load_cases(DATA)
-    assert unusable == [] and len(cases) == 90
+    assert unusable == [] and len(cases) == 99
     counts = Counter(case_backend(c).label for c in cases)
-    assert counts == {"Metal": 30, "ROCm": 22, "Vulkan": 30, "SYCL": 8}
+    assert counts == {"Metal": 30, "ROCm": 25, "Vulkan": 33, "SYCL": 11}
     by_backend = {case_backend(c).label: c for c in cases}
     assert "MTL0" in by_backend["Metal"].devices and "ROCm0" in by_backend["ROCm"].devices
     assert "Vulkan0" in by_backend["Vulkan"].devices and "SYCL0" in by_backend["SYCL"].devices
@@ -320,12 +320,14 @@ def test_backend_rows_each_name_their_source() -> None:
             row["id"]
         )
         assert row["quant"] and row["model"], row["id"]
+        assert row["tg_tps"] is not None, row["id"]
         for key in ("tg", "pp"):
-            assert str(row[f"{key}_tps"]) in row[f"{key}_printed"], row["id"]
+            if row[f"{key}_tps"] is not None:  # a server row may state no prompt rate
+                assert str(row[f"{key}_tps"]) in row[f"{key}_printed"], row["id"]
 
 
 def test_rocm_carries_the_decode_fit_of_its_rows() -> None:
-    """machine/backends/rocm.py's decode efficiency is what backend_speed.py fits on the 22 ROCm
+    """machine/backends/rocm.py's decode efficiency is what backend_speed.py fits on the 25 ROCm
     rows (Strix Halo and R9700), and the fit held out by model meets issue #31's goal."""
     from backend_speed import DATA, GOAL_MEDIAN, GOAL_WORST, case_backend, errors, fit, model_key
 
@@ -338,8 +340,52 @@ def test_rocm_carries_the_decode_fit_of_its_rows() -> None:
         train = [c for c in rows if model_key(c) != model]
         d, p, a = fit(train, rocm)
         held += errors([c for c in rows if model_key(c) == model], rocm, d, p, a)[0]
-    assert len(held) == 22
+    assert len(held) == 25
     assert statistics.median(held) <= GOAL_MEDIAN and max(held) <= GOAL_WORST
+
+
+def test_sycl_meets_the_goal_with_each_model_held_out() -> None:
+    """Issue #31's goal held out by model on SYCL: the per-type paths fitted on the other six
+    models predict each one within 2x (one efficiency per backend could not: 69%, 2.2x)."""
+    from backend_speed import DATA, GOAL_MEDIAN, GOAL_WORST, case_backend, held_errors, model_key
+
+    rows = [c for c in load_cases(DATA)[0] if case_backend(c).label == "SYCL"]
+    held, _, _ = held_errors(rows, case_backend(rows[0]), model_key)
+    assert len(held) == 11
+    assert statistics.median(held) <= GOAL_MEDIAN and max(held) <= GOAL_WORST
+
+
+def test_rocm_meets_the_goal_with_each_source_held_out() -> None:
+    """Issue #31's goal held out by source: the ROCm terms fitted on the R9700 repository's
+    rows predict the Strix Halo repository's, and the other way round."""
+    from backend_speed import DATA, GOAL_MEDIAN, GOAL_WORST, case_backend, held_errors
+
+    rows = [c for c in load_cases(DATA)[0] if case_backend(c).label == "ROCm"]
+    held, _, per = held_errors(rows, case_backend(rows[0]), lambda c: c.source)
+    assert len(per) == 2 and len(held) == 25
+    assert statistics.median(held) <= GOAL_MEDIAN and max(held) <= GOAL_WORST
+
+
+@pytest.mark.parametrize(("label", "worst"), [("Vulkan", 2.0), ("SYCL", 2.1)])
+def test_vulkan_and_sycl_carry_the_decode_fit_of_their_rows(label: str, worst: float) -> None:
+    """machine/backends/vulkan.py's and sycl.py's decode terms (efficiency, per-vendor paths,
+    fixed-cost factors) are what backend_speed.py fits on their rows, and with them every row
+    is within 2x in sample (SYCL: GLM-4.7-Flash at 2.05x) where without them the B70 rows are
+    3-6x off."""
+    from backend_speed import DATA, GOAL_MEDIAN, case_backend, errors, fit_all
+
+    rows = [c for c in load_cases(DATA)[0] if case_backend(c).label == label]
+    b = case_backend(rows[0])
+    f = fit_all(rows, b)
+    assert b.decode_efficiency == pytest.approx(f.decode, abs=0.01)
+    for carried, fitted in zip(b.decode_paths, f.paths, strict=True):
+        assert carried.efficiency == pytest.approx(fitted.efficiency, abs=0.01), carried
+    for carried_f, fitted_f in zip(b.decode_fixed, f.fixed, strict=True):
+        assert carried_f.factor == pytest.approx(fitted_f.factor, abs=0.01)
+    tg, _ = errors(rows, b, b.decode_efficiency, 1.0, None, with_prefill=False)
+    bare, _ = errors(rows, b, 1.0, 1.0, None, with_prefill=False, paths=(), fixed=())
+    assert max(tg) < worst and max(bare) > 3.0
+    assert statistics.median(tg) <= GOAL_MEDIAN
 
 
 def metal_rows():  # type: ignore[no-untyped-def]

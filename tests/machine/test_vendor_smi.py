@@ -1,4 +1,4 @@
-"""The vendors' tools (rocm-smi, xpu-smi) parsed from recorded real outputs
+"""The vendors' tools (rocm-smi, amd-smi, xpu-smi) parsed from recorded real outputs
 (tests/data/backends/README.md), and emulated at the process boundary: a tool that fails, is
 slow, floods or prints nonsense is named in a note and the next source is used."""
 
@@ -13,6 +13,8 @@ import pytest
 
 from quantpick.machine.devices import platform_gpus
 from quantpick.machine.vendor_smi import (
+    AMD_SMI_STATIC_ARGS,
+    parse_amd_smi_static_json,
     parse_rocm_smi_json,
     parse_xpu_smi_device,
     parse_xpu_smi_list,
@@ -155,3 +157,69 @@ def test_the_reader_bounds_time_output_and_exit(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="rocm-smi-absent"):
         run_smi(os.fspath(tmp_path / "rocm-smi-absent"), ("--json",), timeout_s=20)
     assert run_smi(fake_tool(tmp_path, "echo '{}'"), ("--json",), timeout_s=20).strip() == "{}"
+
+
+# --- amd-smi: names the cards sysfs measures ------------------------------------------------------
+
+STRIX_NAME = "Strix Halo [Radeon Graphics / Radeon 8050S Graphics / Radeon 8060S Graphics]"
+
+
+def test_amd_smi_static_of_a_strix_halo() -> None:
+    """The recorded `amd-smi static --json` (a list, ROCm 6.3's shape): the GPU's index, name,
+    PCI address and VRAM (the 32 GiB carve-out, printed as 32768 MB); no use figures; the same
+    GPU under {"gpu_data": [...]} (later releases) reads the same."""
+    (gpu,) = parse_amd_smi_static_json(recorded("amd-smi-static-strix-halo.json"))
+    assert (gpu.index, gpu.name, gpu.bdf) == (0, STRIX_NAME, "0000:c4:00.0")
+    assert gpu.total_bytes == 32 * GiB and gpu.used_bytes is None and gpu.free_bytes is None
+    wrapped = json.dumps({"gpu_data": json.loads(recorded("amd-smi-static-strix-halo.json"))})
+    assert parse_amd_smi_static_json(wrapped) == (gpu,)
+    listed = json.loads(recorded("amd-smi-list-strix-halo.json"))
+    assert listed[0]["bdf"] == gpu.bdf  # `amd-smi list --json` of the same machine
+
+
+@pytest.mark.parametrize(
+    "output",
+    [
+        "",
+        "not json",
+        "{}",
+        '[{"asic": {}}]',
+        '[{"gpu": 0, "vram": {"size": {"value": 1, "unit": "parsecs"}}}]',
+        '[{"gpu": 0, "vram": {"size": "N/A"}}]',
+        '[{"gpu": 0, "vram": {"size": {"value": -1, "unit": "MB"}}}]',
+        '[{"gpu": 0, "vram": "big"}]',
+    ],  # fmt: skip
+)
+def test_a_malformed_amd_smi_static_is_refused(output: str) -> None:
+    with pytest.raises(ValueError, match="amd-smi static"):
+        parse_amd_smi_static_json(output)
+
+
+def _strix_sysfs(root: Path) -> None:
+    """card0/device linking to the PCI device's directory, as sysfs lays it out: the recorded
+    machine's address, a 32 GiB carve-out (amd-smi's figure) and a GTT above it."""
+    pci = root / "devices" / "0000:c4:00.0"
+    pci.mkdir(parents=True)
+    for f, v in (("mem_info_vram_total", 32 * GiB), ("mem_info_vram_used", GiB),
+                 ("mem_info_gtt_total", 64 * GiB), ("mem_info_gtt_used", 0)):  # fmt: skip
+        (pci / f).write_text(f"{v}\n")
+    (root / "drm" / "card0").mkdir(parents=True)
+    (root / "drm" / "card0" / "device").symlink_to(pci)
+
+
+def test_amd_smi_names_the_card_sysfs_measures(tmp_path: Path) -> None:
+    """Without rocm-smi, amd-smi's static output names the GPU at the sysfs card's PCI address;
+    the memory stays sysfs's (a 32 GiB carve-out is not an APU's small one: the card's VRAM)."""
+    _strix_sysfs(tmp_path)
+    run = runner({AMD_SMI_STATIC_ARGS: recorded("amd-smi-static-strix-halo.json")})
+    (g,), notes = platform_gpus("linux", tmp_path / "drm", which=only("amd-smi"), run=run)
+    assert g.name == STRIX_NAME and g.total_bytes == 32 * GiB and g.free_bytes == 31 * GiB
+    assert notes == ("AMD GPUs from sysfs, named by amd-smi",)
+
+
+def test_a_failing_amd_smi_is_named_and_sysfs_still_measures(tmp_path: Path) -> None:
+    _strix_sysfs(tmp_path)
+    run = runner({AMD_SMI_STATIC_ARGS: "[{]"})
+    (g,), notes = platform_gpus("linux", tmp_path / "drm", which=only("amd-smi"), run=run)
+    assert g.name == "AMD Radeon GPU" and g.total_bytes == 32 * GiB
+    assert notes[0].startswith("amd-smi could not be read (amd-smi static: not JSON")

@@ -20,7 +20,14 @@ from typing import Protocol
 
 from quantpick.errors import UsageError
 from quantpick.machine.backends import cpu, cuda, metal, rocm, sycl, vulkan
-from quantpick.machine.backends.base import Backend, BackendKind, Vendor
+from quantpick.machine.backends.base import (
+    NO_TERMS,
+    Backend,
+    BackendKind,
+    Vendor,
+    VendorTerms,
+    weight_slowdown,
+)
 
 # The registry: each module's BACKEND, in llama.cpp's registration order
 # (ggml/src/ggml-backend-reg.cpp: CUDA, Metal, SYCL, Vulkan, ..., CPU; ROCm is the CUDA backend
@@ -29,7 +36,7 @@ _REGISTRY: dict[BackendKind, Backend] = {
     m.BACKEND.kind: m.BACKEND for m in (cuda, rocm, metal, sycl, vulkan, cpu)
 }
 
-__all__ = ["Backend", "BackendKind", "Vendor"]
+__all__ = ["NO_TERMS", "Backend", "BackendKind", "Vendor", "VendorTerms", "weight_slowdown"]
 
 
 def all_backends() -> tuple[Backend, ...]:

@@ -17,6 +17,10 @@ from quantpick.model.ggml import BufferRule
 # median error 4%, worst 1.48x (1.0 gives 18% and 1.57x). Metal, SYCL: no rows, 1.0.
 VERIFY_EFFICIENCY_AMD = 0.35
 
+# ggml's 16-bit float weight types: a mat-vec reads them without dequantizing (the other types
+# with a block structure are quantized; F32 tensors are norms and biases, not mat-vec weights).
+HALF_TYPES = frozenset({"F16", "BF16"})
+
 
 @dataclass(frozen=True)
 class ComputeTraits:
@@ -47,6 +51,124 @@ class ComputeTraits:
     offload_error_basis: str = ""
 
 
+class Vendor(str, Enum):
+    NVIDIA = "nvidia"
+    AMD = "amd"
+    APPLE = "apple"
+    INTEL = "intel"
+    NONE = "none"  # the CPU
+
+
+# How a GPU's name says its vendor (catalogue names, llama.cpp's device descriptions, Vulkan's
+# deviceName: "Intel(R) Graphics (BMG G31)", "AMD Radeon 8060S Graphics", "NVIDIA GeForce ...").
+_VENDOR_WORDS = (
+    (Vendor.INTEL, re.compile(r"\bintel|\barc\b|\biris\b", re.IGNORECASE)),
+    (Vendor.AMD, re.compile(r"\bamd\b|radeon|\bradv\b|\binstinct\b", re.IGNORECASE)),
+    (Vendor.APPLE, re.compile(r"\bapple\b|\bm[1-9]\b", re.IGNORECASE)),
+    (
+        Vendor.NVIDIA,
+        re.compile(
+            r"nvidia|geforce|\brtx\b|\bgtx\b|\btesla\b|\bquadro\b|\borin\b|\bjetson\b|\bgb10\b",
+            re.IGNORECASE,
+        ),
+    ),
+)
+
+
+def vendor_of_name(name: str) -> Vendor | None:
+    """The vendor a GPU's name states, or None where it states none."""
+    for vendor, words in _VENDOR_WORDS:
+        if words.search(name):
+            return vendor
+    return None
+
+
+class WeightPath(str, Enum):
+    """Which weights a decode kernel path reads: a mat-vec of dense weights (MUL_MAT) or of the
+    routed experts a token picked (MUL_MAT_ID)."""
+
+    ANY = "any"
+    DENSE = "dense"
+    EXPERTS = "experts"
+
+
+@dataclass(frozen=True)
+class KernelPath:
+    """A decode mat-vec path of a backend on one vendor's GPUs that reaches a different share of
+    the memory bus than the backend's decode_efficiency: the weight types it reads (ggml names;
+    empty: every quantized type no other path of the vendor names), and the share of that
+    efficiency it reaches. `source` names the llama.cpp lines that choose the path and
+    `basis` the data the efficiency is fitted to, with its error."""
+
+    vendor: Vendor
+    types: frozenset[str]
+    efficiency: float
+    weights: WeightPath = WeightPath.ANY
+    source: str = ""
+    basis: str = ""
+
+    def reads(self, ggml_type: str, expert: bool) -> bool:
+        """Whether this path reads a weight of `ggml_type` (routed expert or not); an empty
+        `types` reads the quantized types (not F32, F16, BF16)."""
+        if self.weights is WeightPath.DENSE and expert:
+            return False
+        if self.weights is WeightPath.EXPERTS and not expert:
+            return False
+        if self.types:
+            return ggml_type.upper() in self.types
+        return ggml_type.upper() not in HALF_TYPES | {"F32"}
+
+
+@dataclass(frozen=True)
+class FixedCost:
+    """A backend's decode graph on one vendor's GPUs costing `factor` times the CUDA-fitted
+    fixed cost of its layers (SpeedParams' per-layer-kind times: the kernels' launches and
+    small ops), where its dispatch differs (fusions or graph submission the backend disables
+    on that vendor). `source` names the llama.cpp lines, `basis` the fitted data and error."""
+
+    vendor: Vendor
+    factor: float
+    source: str = ""
+    basis: str = ""
+
+
+@dataclass(frozen=True)
+class VendorTerms:
+    """A backend's decode terms on one GPU (its vendor's KernelPaths and FixedCost factor)."""
+
+    paths: tuple[KernelPath, ...] = ()
+    fixed_factor: float = 1.0
+
+
+NO_TERMS = VendorTerms()
+
+
+def resolve_path(paths: tuple[KernelPath, ...], ggml_type: str, expert: bool) -> KernelPath | None:
+    """The path among `paths` that reads a weight of `ggml_type`: one naming the type first,
+    else one for every quantized type; None: no path differs (decode_efficiency)."""
+    named = [p for p in paths if p.types and p.reads(ggml_type, expert)]
+    generic = [p for p in paths if not p.types and p.reads(ggml_type, expert)]
+    return next(iter(named or generic), None)
+
+
+def path_efficiency(paths: tuple[KernelPath, ...], ggml_type: str, expert: bool) -> float:
+    """The share of decode_efficiency a weight of `ggml_type` reaches among `paths` (1.0 where
+    no path reads it)."""
+    path = resolve_path(paths, ggml_type, expert)
+    return path.efficiency if path is not None else 1.0
+
+
+def weight_slowdown(
+    paths: tuple[KernelPath, ...], type_bytes: tuple[tuple[str, bool, int], ...]
+) -> float:
+    """How much longer than at decode_efficiency a device takes to read weights of these
+    (type, expert, bytes): the byte-weighted sum of 1 / path efficiency (1.0: no path differs)."""
+    total = sum(n for _, _, n in type_bytes)
+    if not paths or total <= 0:
+        return 1.0
+    return sum(n / max(path_efficiency(paths, t, e), 1e-6) for t, e, n in type_bytes) / total
+
+
 class BackendKind(str, Enum):
     CUDA = "cuda"
     ROCM = "rocm"
@@ -54,14 +176,6 @@ class BackendKind(str, Enum):
     VULKAN = "vulkan"
     SYCL = "sycl"
     CPU = "cpu"
-
-
-class Vendor(str, Enum):
-    NVIDIA = "nvidia"
-    AMD = "amd"
-    APPLE = "apple"
-    INTEL = "intel"
-    NONE = "none"  # the CPU
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -104,6 +218,11 @@ class Backend:
     # kernel reaches. None: the kernel packs the query heads of a KV head together (CUDA's
     # tensor-core kernels), the depth cost is the bytes read (SpeedParams.kv_depth_factor).
     decode_attention_efficiency: float | None = None
+    # Decode mat-vec paths that differ from decode_efficiency on some vendor's GPUs (per weight
+    # type: Vulkan's integer-dot path on Intel, SYCL's MXFP4 path); none: one efficiency for all.
+    decode_paths: tuple[KernelPath, ...] = ()
+    # Per-vendor factors on the decode graph's fixed cost per layer (FixedCost); none: 1.0.
+    decode_fixed: tuple[FixedCost, ...] = ()
     legacy_prefixes: tuple[str, ...] = ()
     # The largest single buffer the driver allocates (None: no limit below the memory itself):
     # a tensor or compute buffer above it fails to allocate.
@@ -145,6 +264,15 @@ class Backend:
             if m:
                 return int(m.group(1)) if m.group(1) else 0
         return None
+
+    def terms_for(self, gpu_name: str) -> VendorTerms:
+        """This backend's decode paths and fixed-cost factor on the GPU named `gpu_name` (its
+        vendor read from the name); NO_TERMS where none differs from decode_efficiency."""
+        vendor = vendor_of_name(gpu_name)
+        return VendorTerms(
+            tuple(p for p in self.decode_paths if p.vendor is vendor),
+            next((f.factor for f in self.decode_fixed if f.vendor is vendor), 1.0),
+        )
 
     def drives(self, vendor: Vendor) -> bool:
         return vendor in self.vendors

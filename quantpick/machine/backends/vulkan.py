@@ -18,11 +18,15 @@
 from __future__ import annotations
 
 from quantpick.machine.backends.base import (
+    HALF_TYPES,
     VERIFY_EFFICIENCY_AMD,
     Backend,
     BackendKind,
     ComputeTraits,
+    FixedCost,
+    KernelPath,
     Vendor,
+    WeightPath,
 )
 from quantpick.model.ggml import BufferRule
 
@@ -57,6 +61,67 @@ VULKAN_COMPUTE = ComputeTraits(
     "within max(5%, 16 MiB), worst 43%",
 )
 
+# Decode on Vulkan, fitted by benchmarks/backend_speed.py to 33 published runs (kyuz0's
+# amd-strix-halo-toolboxes, amd-r9700-ai-toolboxes and intel-b70-ai-toolboxes; rows 2002-2219 of
+# benchmarks/data/speed-measurements-backends.json; b9039-b9193): 0.97 of the bus on the rows no
+# path below reads (AMD: Radeon 8060S, R9700). In sample the terms leave a median error of 12%,
+# worst 1.65x (without them 27%, worst 4.3x); held out by model 30%, worst 2.9x; held out by
+# source the Intel and the AMD BF16-expert terms have no other source to be fitted from (every
+# Intel Vulkan run of 2026 builds found is the B70 repository's): 41%, worst 4.1x.
+VULKAN_DECODE_EVIDENCE = (
+    "fitted: 33 published Vulkan runs (Strix Halo, R9700, Arc Pro B70; decode 12% median in "
+    "sample, worst 1.6x; 30% / 2.9x held out by model; 41% / 4.1x held out by source)"
+)
+VULKAN_DECODE_PATHS = (
+    # Intel, quantized weights: ggml_vk_should_use_mmvq (ggml-vulkan.cpp:6543-6620 at b11312)
+    # sends an Intel GPU's quantized mat-vec with k >= 2048 through MMVQ (the activations
+    # quantized to Q8_1, integer dot products) but Q4_0, Q5_1 and IQ4_XS ("From tests on A770
+    # Linux", :6610-6614), with Intel's DMMV workgroup choice (:5567-5590): 0.43 of the bus on
+    # the B70 (Mesa ANV, BMG G31), fitted on gpt-oss-20b, Qwen3.6-27B and Qwen3.6-35B-A3B at
+    # depth 0 and 16K (6 rows)
+    KernelPath(
+        Vendor.INTEL,
+        frozenset(),
+        0.43,
+        source="ggml-vulkan.cpp:6543-6620 (ggml_vk_should_use_mmvq), :5567-5590",
+        basis="6 Arc Pro B70 runs, 3 models (kyuz0/intel-b70-ai-toolboxes, b9039)",
+    ),
+    # Intel, F16/BF16 weights: the plain DMMV shaders (mul_mat_vec_bf16_f32, :2929): 0.71,
+    # fitted on Ministral-3-8B BF16 and gpt-oss-20b's F16 attention (4 rows)
+    KernelPath(
+        Vendor.INTEL,
+        HALF_TYPES,
+        0.71,
+        source="ggml-vulkan.cpp:2929-2958 (mul_mat_vec_bf16/f16 pipelines)",
+        basis="4 Arc Pro B70 runs, 2 models (kyuz0/intel-b70-ai-toolboxes, b9039)",
+    ),
+    # AMD, BF16 routed experts: MUL_MAT_ID's BF16 mat-vec (mul_mat_vec_id_bf16_f32, :3015) on
+    # the Radeon 8060S under RADV, which reports no bfloat16 (device line "bf16: 0"): 0.14,
+    # fitted on GLM-4.7-Flash and Qwen3.6-35B-A3B BF16 (6 rows; ROCm runs the same files at
+    # the bus's speed: machine/backends/rocm.py). Dense BF16 on the same machine runs at the
+    # bus's speed (Ministral-3-14B BF16: 7.83 t/s Vulkan, 8.50 ROCm, same repository).
+    KernelPath(
+        Vendor.AMD,
+        frozenset({"BF16"}),
+        0.14,
+        WeightPath.EXPERTS,
+        source="ggml-vulkan.cpp:3015 (mul_mat_vec_id_bf16_f32)",
+        basis="6 Radeon 8060S runs, 2 models (kyuz0/amd-strix-halo-toolboxes, b9187-b9193)",
+    ),
+)
+# Intel's decode graph costs 6.25x the CUDA-fitted fixed time per layer: the backend turns off
+# its RMS-norm fusion (add_rms_fusion, ggml-vulkan.cpp:4901-4903) and subgroup collectives
+# (:3784, "Do not enable collectives on Intel") on Intel, so each layer runs more, smaller
+# dispatches; fitted with the paths above on the 10 B70 rows (4 models).
+VULKAN_DECODE_FIXED = (
+    FixedCost(
+        Vendor.INTEL,
+        6.25,
+        source="ggml-vulkan.cpp:4901-4903, :3784",
+        basis="10 Arc Pro B70 runs, 4 models (kyuz0/intel-b70-ai-toolboxes, b9039)",
+    ),
+)
+
 BACKEND = Backend(
     kind=BackendKind.VULKAN,
     label="Vulkan",
@@ -71,5 +136,9 @@ BACKEND = Backend(
     image_suffix="vulkan",
     container_devices=("/dev/dri",),
     verify_efficiency=VERIFY_EFFICIENCY_AMD,
+    decode_efficiency=0.97,
+    efficiency_source=VULKAN_DECODE_EVIDENCE,
+    decode_paths=VULKAN_DECODE_PATHS,
+    decode_fixed=VULKAN_DECODE_FIXED,
     compute=VULKAN_COMPUTE,
 )

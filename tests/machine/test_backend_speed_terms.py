@@ -1,0 +1,177 @@
+"""Per-vendor decode terms of a backend (machine/backends: KernelPath, FixedCost): which weights a
+decode path reads, how a device's weight mix slows its decode, and that the Vulkan and SYCL
+terms reach the planner's speed figures for the GPUs of their vendor only."""
+
+from __future__ import annotations
+
+import dataclasses
+from functools import cache
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from quantpick.machine.backends import NO_TERMS, backend
+from quantpick.machine.backends.base import (
+    HALF_TYPES,
+    KernelPath,
+    Vendor,
+    WeightPath,
+    path_efficiency,
+    resolve_path,
+    vendor_of_name,
+    weight_slowdown,
+)
+from quantpick.machine.catalog import CATALOG
+from quantpick.machine.device_specs import describe_gpu
+from quantpick.machine.spec import Host, Machine
+from quantpick.model.layout import ModelLayout, synthesize_layout
+from quantpick.model.registry import find_manifest
+from quantpick.plan.memory import RunConfig, estimate
+from quantpick.plan.speed import decode_seconds, device_speeds
+from quantpick.plan.speed_work import speed_work
+
+GiB = 1024**3
+TYPES = ("F32", "F16", "BF16", "Q4_0", "Q4_K", "Q6_K", "Q8_0", "MXFP4", "IQ4_XS")
+MANIFEST = find_manifest("qwen3.6-35b-a3b-unsloth")
+
+
+@cache
+def layout_of(quant: str) -> ModelLayout:
+    size = sum(f.size_bytes for f in MANIFEST.quant_files(quant))
+    return synthesize_layout(MANIFEST.architecture, quant, size)
+
+
+def machine(gpu: str, backend_name: str) -> Machine:
+    host = Host(128 * GiB, 128 * GiB, 8, ram_bandwidth_bytes_per_s=int(60e9))
+    card = describe_gpu(gpu, backend_name=backend_name)
+    return Machine(gpus=(card,), host=host, described=True, source="test")
+
+
+def test_every_catalogue_gpu_names_its_vendor() -> None:
+    """The vendor a decode term applies to is read from the GPU's name: every catalogue entry's
+    name gives its own vendor, and Vulkan's device descriptions give theirs."""
+    for model in CATALOG:
+        assert vendor_of_name(model.name) is model.vendor, model.key
+    assert vendor_of_name("Intel(R) Graphics (BMG G31)") is Vendor.INTEL
+    assert vendor_of_name("AMD Radeon 8060S Graphics (RADV GFX1151)") is Vendor.AMD
+    assert vendor_of_name("llvmpipe (LLVM 15.0.6, 256 bits)") is None
+
+
+paths_st = st.lists(
+    st.builds(
+        KernelPath,
+        st.just(Vendor.INTEL),
+        st.frozensets(st.sampled_from(TYPES), max_size=3),
+        st.floats(0.05, 1.5),
+        st.sampled_from(list(WeightPath)),
+    ),
+    max_size=4,
+).map(tuple)
+
+
+@given(paths_st, st.sampled_from(TYPES), st.booleans())
+def test_a_weight_takes_the_path_that_names_its_type(
+    paths: tuple[KernelPath, ...], ggml_type: str, expert: bool
+) -> None:
+    """A path naming the type wins over one for every quantized type; a path for every
+    quantized type never reads F32/F16/BF16; an experts path never reads a dense weight and a
+    dense path never an expert; no path: 1.0."""
+    chosen = resolve_path(paths, ggml_type, expert)
+    if chosen is None:
+        assert path_efficiency(paths, ggml_type, expert) == 1.0
+        assert not any(p.reads(ggml_type, expert) for p in paths)
+        return
+    assert chosen.reads(ggml_type, expert)
+    if any(p.types and p.reads(ggml_type, expert) for p in paths):
+        assert ggml_type in chosen.types
+    if not chosen.types:
+        assert ggml_type not in HALF_TYPES | {"F32"}
+    if chosen.weights is WeightPath.EXPERTS:
+        assert expert
+    if chosen.weights is WeightPath.DENSE:
+        assert not expert
+    assert path_efficiency(paths, ggml_type, expert) == chosen.efficiency
+
+
+mix_st = st.lists(
+    st.tuples(st.sampled_from(TYPES), st.booleans(), st.integers(1, 10**10)), min_size=1
+).map(tuple)
+
+
+@given(paths_st, mix_st)
+def test_the_slowdown_lies_between_the_slowest_and_fastest_path_read(
+    paths: tuple[KernelPath, ...], mix: tuple[tuple[str, bool, int], ...]
+) -> None:
+    """A device's decode slowdown is the byte-weighted mean of 1 / efficiency over the paths
+    its weights take: between the extremes it reads, and 1.0 where no path differs."""
+    effs = [path_efficiency(paths, t, e) for t, e, _ in mix]
+    slow = weight_slowdown(paths, mix)
+    assert 1 / max(effs) * (1 - 1e-9) <= slow <= 1 / min(effs) * (1 + 1e-9)
+    assert weight_slowdown((), mix) == 1.0
+
+
+def test_the_type_mix_covers_the_decoded_weights() -> None:
+    """decode_type_bytes splits exactly the weights decode_bytes counts (plus nothing): the
+    routed experts at the share a token reads, by type; the recurrent state is the rest."""
+    layout = layout_of("UD-Q4_K_XL")
+    m = machine("4090", "cuda")
+    est = estimate(layout, m, RunConfig(ctx_size=8192))
+    work = speed_work(layout, est)
+    view = layout.view
+    for w in work.devices:
+        if not w.slots:
+            continue
+        typed = sum(n for _, _, n in w.decode_type_bytes)
+        state = w.decode_bytes - typed
+        recurrent = sum(1 for layer in view.layers if layer.recurrent)
+        assert 0 <= state <= 2 * recurrent * view.state_bytes_per_row + len(w.decode_type_bytes)
+        assert {t for t, _, _ in w.decode_type_bytes} >= {"Q4_K"}
+        assert any(e for _, e, _ in w.decode_type_bytes)
+
+
+def test_vulkan_terms_reach_intel_gpus_only() -> None:
+    """On an Arc Pro B70 under Vulkan the device carries the Intel paths and fixed-cost factor
+    (ggml-vulkan.cpp's MMVQ and fusion rules for Intel), and they slow its decode; the same
+    terms leave an NVIDIA card under Vulkan as it was."""
+    vulkan = backend("vulkan")
+    layout = layout_of("UD-Q4_K_XL")
+    for gpu, vendor in (("b70", Vendor.INTEL), ("4090", Vendor.NVIDIA)):
+        m = machine(gpu, "vulkan")
+        dev = device_speeds(m)["Vulkan0"]
+        mine = tuple(p for p in vulkan.decode_paths if p.vendor is vendor)
+        assert dev.terms.paths == mine
+        est = estimate(layout, m, RunConfig(ctx_size=8192))
+        work = speed_work(layout, est)
+        plain = {k: dataclasses.replace(d, terms=NO_TERMS) for k, d in device_speeds(m).items()}
+        with_terms = decode_seconds(work, device_speeds(m), 0, server=False)
+        without = decode_seconds(work, plain, 0, server=False)
+        if vendor is Vendor.INTEL:
+            assert dev.terms.fixed_factor > 1.0
+            assert with_terms > 1.5 * without
+        else:
+            assert dev.terms.fixed_factor == 1.0 and with_terms == without
+
+
+def test_amd_vulkans_bf16_expert_path_spares_quantized_files() -> None:
+    """AMD's Vulkan path for BF16 routed experts slows only files whose experts are BF16."""
+    m = machine("7900xtx", "vulkan")
+    dev = device_speeds(m)["Vulkan0"]
+    assert dev.terms.paths and all(p.vendor is Vendor.AMD for p in dev.terms.paths)
+    layout = layout_of("UD-Q4_K_XL")
+    work = speed_work(layout, estimate(layout, m, RunConfig(ctx_size=8192)))
+    for w in work.devices:
+        assert weight_slowdown(dev.terms.paths, w.decode_type_bytes) == 1.0
+    bf16 = tuple((t, e, n) for t, e, n in (("BF16", True, 100), ("BF16", False, 100)))
+    assert weight_slowdown(dev.terms.paths, bf16) > 2.0
+
+
+def test_every_decode_term_names_its_source_and_basis() -> None:
+    """A fitted number names its data and error: each path and fixed cost of every backend
+    cites llama.cpp lines and the runs it is fitted to."""
+    from quantpick.machine.backends import all_backends
+
+    for b in all_backends():
+        for term in (*b.decode_paths, *b.decode_fixed):
+            assert ".cpp:" in term.source and "runs" in term.basis, (b.label, term)
+        if b.decode_paths or b.decode_fixed:
+            assert "fitted" in b.efficiency_source
