@@ -257,11 +257,7 @@ def read_config_file(path: Path) -> dict[str, Any]:
     except FileNotFoundError:
         return {}
     except OSError as exc:
-        raise QuantpickError(
-            f"cannot read the config file {path}: {exc.strerror}",
-            path=str(path),
-            os_errno=exc.errno,
-        ) from None
+        raise QuantpickError.unreadable("the config file", path, exc) from None
     except UnicodeDecodeError as exc:
         raise QuantpickError(f"{path} is not valid TOML: {exc}", hint=hint) from None
     try:

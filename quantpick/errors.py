@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from enum import IntEnum
+from typing import TypeVar
 
 # `scheme://user:password@host` (or `scheme://token@host`): what a URL with credentials looks like
 # inside any text (an exception's message, httpx's "for url '...'", a retry line).
@@ -29,6 +30,9 @@ class ExitCode(IntEnum):
     DIFFERS = 9  # check: the server runs, but not as planned, at a cost in speed or memory
     INTERRUPTED = 130  # 128 + SIGINT
     TERMINATED = 143  # 128 + SIGTERM
+
+
+E = TypeVar("E", bound="QuantpickError")
 
 
 class QuantpickError(Exception):
@@ -57,6 +61,15 @@ class QuantpickError(Exception):
         self.hint = hint
         self.path = path
         self.os_errno = os_errno
+
+    @classmethod
+    def unreadable(cls: type[E], what: str, path: object, exc: OSError) -> E:
+        """The file `what path` could not be read: one line with the OS's reason, and the path
+        and errno the CLI boundary reads (exit 2 for a path the user gave that is plainly
+        wrong)."""
+        return cls(
+            f"cannot read {what} {path}: {exc.strerror or exc}", path=str(path), os_errno=exc.errno
+        )
 
 
 class UsageError(QuantpickError):

@@ -34,21 +34,19 @@ class FileTooLarge(OSError):
     """A small file (pointer, settings, checksums) larger than its cap: never read whole."""
 
 
+_FILE_KINDS = (
+    (stat.S_ISLNK, "a symbolic link"),
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+    (stat.S_ISDIR, "a directory"),
+)
+
+
 def file_kind(mode: int) -> str:
     """What a file that is not a regular file is, with its article: "a FIFO", "a device", ..."""
-    if stat.S_ISLNK(mode):
-        return "a symbolic link"
-    if stat.S_ISFIFO(mode):
-        return "a FIFO"
-    if stat.S_ISCHR(mode):
-        return "a character device"
-    if stat.S_ISBLK(mode):
-        return "a block device"
-    if stat.S_ISSOCK(mode):
-        return "a socket"
-    if stat.S_ISDIR(mode):
-        return "a directory"
-    return "not a regular file"
+    return next((what for test, what in _FILE_KINDS if test(mode)), "not a regular file")
 
 
 class PipeTimeout(OSError):

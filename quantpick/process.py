@@ -337,3 +337,19 @@ def run_tool(
     finally:
         if tool.poll() is None:  # an exception (Ctrl-C) on the way: nothing is left running
             tool.kill()
+
+
+def tool_stdout(argv: Sequence[str], *, timeout_s: float, stdout_cap: int, shown: str) -> str:
+    """`argv`'s stdout when it ran to a clean end within its bounds; ValueError naming the tool
+    (`shown`) when it cannot start, is slow, floods stdout or fails."""
+    try:
+        done = run_tool(argv, timeout_s=timeout_s, stdout_cap=stdout_cap)
+    except OSError as exc:
+        raise ValueError(f"{shown}: {exc.strerror or exc}") from None
+    if done.timed_out:
+        raise ValueError(f"{shown}: no answer in {timeout_s:g} s")
+    if done.overflowed:
+        raise ValueError(f"{shown}: more than {stdout_cap} bytes")
+    if done.returncode != 0:
+        raise ValueError(f"{shown}: exit status {done.returncode}")
+    return done.stdout

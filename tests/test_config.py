@@ -146,3 +146,31 @@ def test_bad_connection_counts_are_refused(tmp_path: Path, bad: str) -> None:
         with_fetch_flags(load_settings(env_with(tmp_path)), connections=number)
     with pytest.raises(QuantpickError, match="connections must be a whole number"):
         load_settings(env_with(tmp_path, "connections = true\n"))
+
+
+def test_an_unreadable_config_file_says_why_and_where(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The OS's reason, or the error itself when the OS gives none (it read 'None' before)."""
+    import errno
+
+    import quantpick.config as config
+
+    path = tmp_path / "config.toml"
+
+    def fail(*args: object, **kwargs: object) -> str:
+        raise OSError("the disk went away")
+
+    monkeypatch.setattr(config, "read_bounded_text", fail)
+    with pytest.raises(QuantpickError) as caught:
+        config.read_config_file(path)
+    assert caught.value.message == f"cannot read the config file {path}: the disk went away"
+
+    def denied(*args: object, **kwargs: object) -> str:
+        raise PermissionError(errno.EACCES, "Permission denied")
+
+    monkeypatch.setattr(config, "read_bounded_text", denied)
+    with pytest.raises(QuantpickError) as caught:
+        config.read_config_file(path)
+    assert caught.value.message == f"cannot read the config file {path}: Permission denied"
+    assert (caught.value.path, caught.value.os_errno) == (str(path), errno.EACCES)

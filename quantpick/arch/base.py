@@ -67,6 +67,16 @@ class OffloadKind(str, Enum):
     LAYERS = "layers"  # whole layers (-ngl N)
 
 
+def _int_key(key: str) -> cached_property[int]:
+    """A fact every stage reads: the GGUF key `key` as an int (`Architecture.int_`), read once."""
+
+    def read(arch: Architecture) -> int:
+        return arch.int_(key)
+
+    read.__doc__ = f"`{key}` as an int (0 when absent)."
+    return cached_property(read)
+
+
 @dataclass(frozen=True)
 class Architecture:
     """The GGUF hyperparameters of one model: `general.architecture` and its `<arch>.*` keys
@@ -108,38 +118,19 @@ class Architecture:
 
     # The facts every stage reads, named as they were before architectures became data (cached:
     # the planner reads block_count some 10^4 times a pick).
-    @cached_property
-    def block_count(self) -> int:
-        return self.int_("block_count")
-
-    @cached_property
-    def nextn_predict_layers(self) -> int:
-        return self.int_("nextn_predict_layers")
+    block_count = _int_key("block_count")
+    nextn_predict_layers = _int_key("nextn_predict_layers")
 
     @cached_property
     def n_layer(self) -> int:
         """Trunk layers (llama.cpp's n_layer()): block_count minus the NextN blocks."""
         return self.block_count - self.nextn_predict_layers
 
-    @cached_property
-    def context_length(self) -> int:
-        return self.int_("context_length")
-
-    @cached_property
-    def embedding_length(self) -> int:
-        return self.int_("embedding_length")
-
-    @cached_property
-    def head_count(self) -> int:
-        return self.int_("attention.head_count")
-
-    @cached_property
-    def expert_count(self) -> int:
-        return self.int_("expert_count")
-
-    @cached_property
-    def expert_used_count(self) -> int:
-        return self.int_("expert_used_count")
+    context_length = _int_key("context_length")
+    embedding_length = _int_key("embedding_length")
+    head_count = _int_key("attention.head_count")
+    expert_count = _int_key("expert_count")
+    expert_used_count = _int_key("expert_used_count")
 
 
 # ----------------------------------------------------------------------------------------------

@@ -81,10 +81,7 @@ def tensor_shapes(arch: Architecture) -> TensorShapes | None:
             t.experts(p, n_embd, n_ff_exp, n_expert)
             t.shared_expert(p, n_embd, n_ff_exp * n_shared)
         if il >= arch.n_layer:
-            t.nextn(p, n_embd, shared_head_norm=False)
-            t.add(p + "nextn.embed_tokens.weight", n_embd, n_vocab)
-            t.add(p + "nextn.shared_head_head.weight", n_embd, n_vocab)
-            t.add(p + "nextn.shared_head_norm.weight", n_embd)
+            t.nextn(p, n_embd, head_vocab=n_vocab)
     return t.shapes()
 
 

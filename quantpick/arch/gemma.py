@@ -77,12 +77,9 @@ def _gemma3(arch: Architecture) -> TensorShapes:
     n_ff = per_layer(arch, "feed_forward_length")[0]
     for il in range(arch.n_layer):
         p = f"blk.{il}."
-        t.add(p + "attn_norm.weight", n_embd)
-        t.qkv(p, n_embd, hk * n_head, hk * n_kv, hv * n_kv)
-        t.add(p + "attn_output.weight", hk * n_head, n_embd)
+        t.attention(p, n_embd, hk * n_head, hk * n_kv, hv * n_kv)
         t.add(p + "post_attention_norm.weight", n_embd)
-        t.add(p + "attn_k_norm.weight", hk)
-        t.add(p + "attn_q_norm.weight", hk)
+        t.qk_norms(p, hk)
         t.add(p + "ffn_norm.weight", n_embd)
         t.swiglu(p, n_embd, n_ff)
         t.add(p + "post_ffw_norm.weight", n_embd)
@@ -128,8 +125,7 @@ def _gemma4(arch: Architecture) -> TensorShapes | None:
         if swa[il] or not k_eq_v:
             t.add(p + "attn_v.weight", n_embd, hv * n_kv[il])
         t.add(p + "attn_output.weight", hk * n_head[il], n_embd)
-        t.add(p + "attn_q_norm.weight", hk)
-        t.add(p + "attn_k_norm.weight", hk)
+        t.qk_norms(p, hk)
         t.add(p + "post_attention_norm.weight", n_embd)
         t.add(p + "layer_output_scale.weight", 1)
         if not swa[il] and not rope_freqs:

@@ -48,8 +48,7 @@ def tensor_shapes(arch: Architecture) -> TensorShapes | None:
         t.swiglu(p, n_embd, n_ff)
         t.add(p + "attn_norm.weight", n_embd)
         if n_kv[il] > 0:
-            t.add(p + "attn_q_norm.weight", hk)
-            t.add(p + "attn_k_norm.weight", hk)
+            t.qk_norms(p, hk)
             t.qkv(p, n_embd, n_embd, hk * n_kv[il], hv * n_kv[il])
             t.add(p + "attn_output.weight", n_embd, n_embd)
         else:

@@ -91,8 +91,7 @@ def tensor_shapes(arch: Architecture) -> TensorShapes:
         else:
             t.qkv(p, n_embd, hk * n_head * 2, hk * n_kv, hv * n_kv)
             t.add(p + "attn_output.weight", hk * n_head, n_embd)
-            t.add(p + "attn_q_norm.weight", hk)
-            t.add(p + "attn_k_norm.weight", hk)
+            t.qk_norms(p, hk)
         if n_expert:
             t.add(p + "ffn_gate_inp.weight", n_embd, n_expert)
             t.experts(p, n_embd, n_ff_exp, n_expert)

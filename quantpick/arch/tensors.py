@@ -48,6 +48,20 @@ class Table:
             self.add(p + "attn_k.bias", n_k)
             self.add(p + "attn_v.bias", n_v)
 
+    def attention(
+        self, p: str, n_embd: int, n_q: int, n_k: int, n_v: int, *, bias: bool = False
+    ) -> None:
+        """The attention block most loaders create first: its input norm, Q/K/V (`qkv`) and the
+        output projection back to n_embd (e.g. src/models/llama.cpp:49-53)."""
+        self.add(p + "attn_norm.weight", n_embd)
+        self.qkv(p, n_embd, n_q, n_k, n_v, bias=bias)
+        self.add(p + "attn_output.weight", n_q, n_embd)
+
+    def qk_norms(self, p: str, head_dim: int) -> None:
+        """Per-head RMS norms of Q and K (over the head dimension, e.g. src/models/qwen3.cpp)."""
+        self.add(p + "attn_q_norm.weight", head_dim)
+        self.add(p + "attn_k_norm.weight", head_dim)
+
     def swiglu(self, p: str, n_embd: int, n_ff: int) -> None:
         """A dense gate/up/down FFN."""
         self.add(p + "ffn_gate.weight", n_embd, n_ff)
@@ -66,14 +80,17 @@ class Table:
         self.add(p + "ffn_down_shexp.weight", n_ff_shexp, n_embd)
         self.add(p + "ffn_up_shexp.weight", n_embd, n_ff_shexp)
 
-    def nextn(self, p: str, n_embd: int, *, shared_head_norm: bool = True) -> None:
-        """The NextN/MTP block's own tensors (e.g. src/models/qwen35.cpp:110-115); the optional
-        embed_tokens / shared_head_head are the caller's to add where the model ships them."""
+    def nextn(self, p: str, n_embd: int, *, head_vocab: int = 0) -> None:
+        """The NextN/MTP block's own tensors (e.g. src/models/qwen35.cpp:110-115); with
+        `head_vocab`, also the optional embed_tokens / shared_head_head the model ships (GLM's
+        and DeepSeek's MTP layers: conversion/glm.py maps both), before the shared head norm."""
         self.add(p + "nextn.eh_proj.weight", 2 * n_embd, n_embd)
         self.add(p + "nextn.enorm.weight", n_embd)
         self.add(p + "nextn.hnorm.weight", n_embd)
-        if shared_head_norm:
-            self.add(p + "nextn.shared_head_norm.weight", n_embd)
+        if head_vocab:
+            self.add(p + "nextn.embed_tokens.weight", n_embd, head_vocab)
+            self.add(p + "nextn.shared_head_head.weight", n_embd, head_vocab)
+        self.add(p + "nextn.shared_head_norm.weight", n_embd)
 
 
 def per_layer(arch: Architecture, key: str, default: int = 0) -> list[int]:

@@ -141,9 +141,7 @@ def _llama(arch: Architecture) -> TensorShapes:
     n_expert, n_ff_sh = arch.expert_count, arch.int_("expert_shared_feed_forward_length")
     for il in range(arch.n_layer):
         p = f"blk.{il}."
-        t.add(p + "attn_norm.weight", n_embd)
-        t.qkv(p, n_embd, hk * n_head, hk * n_kv, hv * n_kv)
-        t.add(p + "attn_output.weight", hk * n_head, n_embd)
+        t.attention(p, n_embd, hk * n_head, hk * n_kv, hv * n_kv)
         t.add(p + "ffn_norm.weight", n_embd)
         if n_expert == 0:
             t.swiglu(p, n_embd, n_ff)
@@ -164,9 +162,7 @@ def _qwen2(arch: Architecture) -> TensorShapes:
     n_kv, n_ff = head_count_kv(arch)[0], per_layer(arch, "feed_forward_length")[0]
     for il in range(arch.n_layer):
         p = f"blk.{il}."
-        t.add(p + "attn_norm.weight", n_embd)
-        t.qkv(p, n_embd, n_embd, hk * n_kv, hv * n_kv, bias=True)
-        t.add(p + "attn_output.weight", n_embd, n_embd)
+        t.attention(p, n_embd, n_embd, hk * n_kv, hv * n_kv, bias=True)
         t.add(p + "ffn_norm.weight", n_embd)
         t.swiglu(p, n_embd, n_ff)
     return t.shapes()
@@ -184,11 +180,8 @@ def _qwen3(arch: Architecture) -> TensorShapes:
     n_ff_exp = arch.int_("expert_feed_forward_length") or n_ff // max(arch.expert_used_count, 1)
     for il in range(arch.n_layer):
         p = f"blk.{il}."
-        t.add(p + "attn_norm.weight", n_embd)
-        t.qkv(p, n_embd, hk * n_head, hk * n_kv, hv * n_kv)
-        t.add(p + "attn_output.weight", hk * n_head, n_embd)
-        t.add(p + "attn_k_norm.weight", hk)
-        t.add(p + "attn_q_norm.weight", hk)
+        t.attention(p, n_embd, hk * n_head, hk * n_kv, hv * n_kv)
+        t.qk_norms(p, hk)
         t.add(p + "ffn_norm.weight", n_embd)
         if arch.name == "qwen3moe":
             t.add(p + "ffn_gate_inp.weight", n_embd, n_expert)
@@ -217,12 +210,9 @@ def _glm4moe(arch: Architecture) -> TensorShapes:
     qk_norm = arch.n_layer in GLM4MOE_QK_NORM_LAYERS
     for il in range(arch.block_count):
         p = f"blk.{il}."
-        t.add(p + "attn_norm.weight", n_embd)
-        t.qkv(p, n_embd, hk * n_head, hk * n_kv, hv * n_kv, bias=True)
-        t.add(p + "attn_output.weight", hk * n_head, n_embd)
+        t.attention(p, n_embd, hk * n_head, hk * n_kv, hv * n_kv, bias=True)
         if qk_norm:
-            t.add(p + "attn_q_norm.weight", hk)
-            t.add(p + "attn_k_norm.weight", hk)
+            t.qk_norms(p, hk)
         t.add(p + "post_attention_norm.weight", n_embd)
         if il >= dense_lead:
             t.add(p + "ffn_gate_inp.weight", n_embd, n_expert)
@@ -233,10 +223,7 @@ def _glm4moe(arch: Architecture) -> TensorShapes:
         else:
             t.swiglu(p, n_embd, n_ff)
         if il >= arch.n_layer:
-            t.nextn(p, n_embd, shared_head_norm=False)
-            t.add(p + "nextn.embed_tokens.weight", n_embd, n_vocab)
-            t.add(p + "nextn.shared_head_head.weight", n_embd, n_vocab)
-            t.add(p + "nextn.shared_head_norm.weight", n_embd)
+            t.nextn(p, n_embd, head_vocab=n_vocab)
     return t.shapes()
 
 

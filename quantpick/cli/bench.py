@@ -11,47 +11,17 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Optional
-
-import typer
+from typing import TYPE_CHECKING, Any
 
 from quantpick.cli.core import app
 from quantpick.cli.groups import MachineOptions, PlanOptions, notes
-from quantpick.cli.options import (
-    DEFAULT_MIN_TPS,
-    AllowQ4Opt,
-    CtxOpt,
-    DraftOpt,
-    GgufOpt,
-    GpuOverheadOpt,
-    JsonOpt,
-    KvOpt,
-    KvuOpt,
-    LlamaBinOpt,
-    LlamaServerOpt,
-    MarginOpt,
-    MinTpsOpt,
-    ModelArg,
-    ModelDirOpt,
-    NoOffloadOpt,
-    NpOpt,
-    PreferOpt,
-    QuantOpt,
-    RamBandwidthOpt,
-    SpecOpt,
-    context_value,
-    tool_timeout,
-)
+from quantpick.cli.option_blocks import takes
+from quantpick.cli.option_table import BENCH_TIMEOUT_S, DEFAULT_DEPTH, BenchTimeoutOpt
+from quantpick.cli.options import tool_timeout
 
 if TYPE_CHECKING:
     from quantpick.jobs.bench import BenchReport
 
-# How long the whole bench may run (llama-bench, or llama-server's load and requests): a 35B model
-# with experts on the CPU and an 8K depth takes minutes; an hour means something is stuck.
-BENCH_TIMEOUT_S = 3600.0
-# The filled context of the second decode figure when --depth is not given: deep enough that KV
-# reads show, short enough to prefill in seconds on a GPU (minutes with experts on the CPU).
-DEFAULT_DEPTH = 8192
 MiB = 1024**2
 
 
@@ -134,64 +104,18 @@ def _scope_text(report: BenchReport) -> str:
 
 
 @app.command("bench")
-def bench_cmd(
-    model: ModelArg = None,
-    quant: QuantOpt = None,
-    gguf: GgufOpt = None,
-    ctx_size: CtxOpt = 0,
-    parallel: NpOpt = 1,
-    kv_unified: KvuOpt = False,
-    prefer: PreferOpt = "balanced",
-    min_tps: MinTpsOpt = DEFAULT_MIN_TPS,
-    spec: SpecOpt = "off",
-    draft: DraftOpt = None,
-    allow_q4_kv: AllowQ4Opt = False,
-    kv: KvOpt = None,
-    no_offload: NoOffloadOpt = False,
-    dir_: ModelDirOpt = None,
-    n_prompt: Annotated[int, typer.Option("--n-prompt", help="Prefill test size.")] = 512,
-    n_gen: Annotated[int, typer.Option("--n-gen", help="Tokens generated per decode test.")] = 64,
-    depth: Annotated[
-        Optional[int],  # noqa: UP045
-        typer.Option(
-            "--depth",
-            help=f"Filled context for the second decode figure (default: min(-c, {DEFAULT_DEPTH})"
-            "; 0 = none; 16K = 16384).",
-            parser=context_value,
-            metavar="N",
-        ),
-    ] = None,
-    reps: Annotated[int, typer.Option("--reps", help="Repetitions (llama-bench -r).")] = 2,
-    tool: Annotated[
-        str,
-        typer.Option(
-            "--tool", help="auto (llama-bench, else llama-server), llama-bench, llama-server."
-        ),  # fmt: skip
-    ] = "auto",
-    compare: Annotated[
-        bool, typer.Option("--compare", help="Print the prediction beside the measurement.")
-    ] = False,
-    no_save: Annotated[
-        bool, typer.Option("--no-save", help="Measure only; do not store the calibration.")
-    ] = False,
-    llama_server: LlamaServerOpt = None,
-    llama_bin: LlamaBinOpt = None,
-    gpu_overhead: GpuOverheadOpt = None,
-    margin: MarginOpt = None,
-    ram_bandwidth: RamBandwidthOpt = None,
-    timeout: Annotated[
-        Optional[float],  # noqa: UP045
-        typer.Option(
-            "--timeout",
-            metavar="SECONDS",
-            help=f"How long the whole measurement may run (default {BENCH_TIMEOUT_S:g}) before "
-            "the tool is stopped with everything it started.",
-        ),
-    ] = None,
-    json_: JsonOpt = False,
-) -> None:
+@takes(
+    "model quant gguf ctx_size parallel kv_unified prefer min_tps spec draft allow_q4_kv kv "
+    "no_offload dir_ n_prompt n_gen depth reps tool compare no_save llama_server llama_bin "
+    "gpu_overhead margin ram_bandwidth timeout json_",
+    spec="off",
+)
+def bench_cmd(timeout: BenchTimeoutOpt = None, **given: Any) -> None:
     """Measure the planned configuration on this machine and store its calibration profile."""
-    given = locals()
+    n_prompt, n_gen, depth, reps, tool, spec, llama_bin, llama_server, no_save = (
+        given[k]
+        for k in "n_prompt n_gen depth reps tool spec llama_bin llama_server no_save".split()
+    )
     import datetime
 
     from quantpick.cli import output
@@ -233,20 +157,18 @@ def bench_cmd(
     report = with_speculation(report, spec_doc)  # its acceptance, when it measured one
     refused = plausibility_problems(report.entry)
     saved = None if no_save or refused else save_profile(machine, report.entry)
-    if json_:
+    if given["json_"]:
         output.print_json({
-            "plan": plan_to_dict(p, machine, p.n_slots - 1),
-            "bench": report.entry,
-            "notes": list(report.notes),
-            "profile_path": str(saved) if saved else None,
-            "saved": saved is not None,
-            "not_saved_because": refused,
-            "speculative": spec_doc,
+            "plan": plan_to_dict(p, machine, p.n_slots - 1), "bench": report.entry,
+            "notes": list(report.notes), "profile_path": str(saved) if saved else None,
+            "saved": saved is not None, "not_saved_because": refused, "speculative": spec_doc,
         })  # fmt: skip
         if refused and not no_save:
             output.warn("calibration not saved: " + "; ".join(refused))
         return
-    render_bench(report, compare=compare, saved=saved, refused=None if no_save else refused)
+    render_bench(
+        report, compare=given["compare"], saved=saved, refused=None if no_save else refused
+    )
     if spec_doc is not None:
         output.note("Speculation: " + str(spec_doc["reason"]))
 

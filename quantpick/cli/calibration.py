@@ -12,22 +12,17 @@ plan without it.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Any
 
-import typer
-
-from quantpick.cli.core import QuantpickTyper, app
-from quantpick.cli.options import JsonOpt
+from quantpick.cli.core import command_group
+from quantpick.cli.option_blocks import takes
 
 if TYPE_CHECKING:
     from quantpick.machine.spec import Machine
 
-calibration_app = QuantpickTyper(
-    help="Show or remove the calibration profiles `quantpick bench` stored.",
-    no_args_is_help=True,
-    rich_markup_mode=None,
+calibration_app = command_group(
+    "calibration", "Show or remove the calibration profiles `quantpick bench` stored."
 )
-app.add_typer(calibration_app, name="calibration")
 
 
 def _this_machine() -> Machine:
@@ -81,7 +76,8 @@ def _entry_rows(path: Path, doc: dict[str, Any] | None, here: str) -> list[dict[
 
 
 @calibration_app.command("list")
-def list_cmd(json_: JsonOpt = False) -> None:
+@takes("json_")
+def list_cmd(**given: Any) -> None:
     """Every stored calibration entry: machine, build, model, devices, ratios."""
     from rich.table import Table
 
@@ -93,7 +89,7 @@ def list_cmd(json_: JsonOpt = False) -> None:
     here = machine_key(_this_machine())
     rows = [row for path, doc in list_profiles() for row in _entry_rows(path, doc, here)]
     memory = _memory_rows(here)
-    if json_:
+    if given["json_"]:
         output.print_json({"directory": str(calibration_dir()), "entries": rows,
                            "memory": memory})  # fmt: skip
         return
@@ -177,7 +173,8 @@ def _ratio(value: object) -> str:
 
 
 @calibration_app.command("show")
-def show_cmd(json_: JsonOpt = False) -> None:
+@takes("json_")
+def show_cmd(**given: Any) -> None:
     """This machine's profile file, as stored (JSON)."""
     import json
 
@@ -194,7 +191,7 @@ def show_cmd(json_: JsonOpt = False) -> None:
             hint="`quantpick bench` measures and stores one; `quantpick calibration list` "
             "shows every stored one",
         )
-    if json_:
+    if given["json_"]:
         output.print_json({"path": str(path), "profile": doc})
         return
     output.note(f"{path}:")
@@ -204,12 +201,8 @@ def show_cmd(json_: JsonOpt = False) -> None:
 
 
 @calibration_app.command("reset")
-def reset_cmd(
-    all_: Annotated[
-        bool, typer.Option("--all", help="Remove every machine's profile, not only this one's.")
-    ] = False,
-    json_: JsonOpt = False,
-) -> None:
+@takes("all_ json_")
+def reset_cmd(**given: Any) -> None:
     """Remove this machine's calibration (later answers are uncalibrated until the next bench)."""
     from quantpick.cli import output
     from quantpick.serve.calibration import (
@@ -220,13 +213,13 @@ def reset_cmd(
         remove_profiles,
     )
 
-    if all_:
+    if given["all_"]:
         paths = [p for p, _ in (*list_profiles(), *list_memory_profiles())]
     else:
         machine = _this_machine()
         paths = [profile_path(machine), memory_path(machine)]
     removed = remove_profiles(paths)
-    if json_:
+    if given["json_"]:
         output.print_json({"removed": [str(p) for p in removed]})
         return
     if not removed:

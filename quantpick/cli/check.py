@@ -16,85 +16,31 @@ memory (a spill to the CPU, a smaller context, swap, a GPU fuller than planned, 
 from __future__ import annotations
 
 import sys
-from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Optional
+from typing import TYPE_CHECKING, Any
 
 import typer
 
 from quantpick.cli.core import app
 from quantpick.cli.groups import MachineOptions, PlanOptions
-from quantpick.cli.option_blocks import MACHINE, OptionBlock, with_blocks
-from quantpick.cli.options import (
-    CtxOpt,
-    GgufOpt,
-    JsonOpt,
-    KvOpt,
-    KvuOpt,
-    NpOpt,
-    QuantOpt,
-)
+from quantpick.cli.option_blocks import MACHINE, takes
 
 if TYPE_CHECKING:
     from quantpick.jobs.check import CheckResult
     from quantpick.plan.check import CheckReport
 
-TargetArg = Annotated[
-    Optional[str],  # noqa: UP045
-    typer.Argument(
-        help="The alias of a server `quantpick serve` started, or the URL of any llama-server "
-        "(default: the one server `serve` started).",
-        show_default=False,
-    ),
-]
-LogOpt = Annotated[
-    Optional[Path],  # noqa: UP045
-    typer.Option(
-        "--log",
-        help="The log of a llama-server quantpick did not start (llama.cpp's buffer lines need "
-        "-lv 4 in current builds).",
-        dir_okay=False,
-    ),
-]
-LearnOpt = Annotated[
-    bool,
-    typer.Option(
-        "--learn",
-        help="Store the compute buffers llama.cpp allocated as this machine's memory "
-        "calibration (for this build, these devices and this size of model) when the server "
-        "runs as planned; `quantpick calibration list/reset` show and remove it.",
-    ),
-]
-MeasureOpt = Annotated[
-    bool,
-    typer.Option(
-        "--measure-speed",
-        help="Send one short request (32 tokens) and time its decode; otherwise decode speed "
-        "comes from /metrics when the server runs with --metrics.",
-    ),
-]
-
 
 @app.command("check")
-@with_blocks
-def check_cmd(
-    target: TargetArg = None,
-    gguf: GgufOpt = None,
-    quant: QuantOpt = None,
-    ctx_size: CtxOpt = 0,
-    parallel: NpOpt = 1,
-    kv_unified: KvuOpt = False,
-    kv: KvOpt = None,
-    machine_options: OptionBlock = MACHINE,
-    log: LogOpt = None,
-    measure_speed: MeasureOpt = False,
-    learn: LearnOpt = False,
-    json_: JsonOpt = False,
-    **options: Any,
-) -> None:
+@takes(
+    "target gguf quant ctx_size parallel kv_unified kv", MACHINE, "log measure_speed learn json_"
+)
+def check_cmd(**given: Any) -> None:
     """Check a running llama-server against its plan: per device, llama.cpp's own buffers
     beside the plan's, the context it was given, swap, other processes on its GPUs, decode
     speed; findings in plain words with what to do."""
-    given = {**locals(), **options}
+    target, gguf, quant, ctx_size, parallel, kv, log, measure_speed, learn, json_ = (
+        given[k]
+        for k in "target gguf quant ctx_size parallel kv log measure_speed learn json_".split()
+    )
     from quantpick.cli import output
     from quantpick.config import load_settings
     from quantpick.errors import ExitCode, UsageError
@@ -111,7 +57,7 @@ def check_cmd(
         inputs = plan.inputs(local.manifest, machine, local=local.layout)
         basis = f"--gguf {gguf.name}" + (f" -c {ctx_size}" if ctx_size else "")
         basis += f" -np {parallel}" if parallel != 1 else ""
-    elif ctx_size or kv or quant or any(options[k] for k in ("gpu", "ram", "hardware", "cpu_only")):
+    elif ctx_size or kv or quant or any(given[k] for k in ("gpu", "ram", "hardware", "cpu_only")):
         raise UsageError("planning options need the file: give --gguf FILE too")
     result = check_server(
         CheckRequest(target, inputs, basis, log, measure_speed, learn=learn),

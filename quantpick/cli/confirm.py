@@ -15,31 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from quantpick.cli.core import app
 from quantpick.cli.groups import LlamaCppOptions, MachineOptions, PlanOptions, notes
-from quantpick.cli.options import (
-    DEFAULT_MIN_TPS,
-    AllowQ4Opt,
-    CtxOpt,
-    GgufOpt,
-    GpuOverheadOpt,
-    JsonOpt,
-    KvOpt,
-    KvuOpt,
-    LlamaBinOpt,
-    LlamaServerOpt,
-    MarginOpt,
-    MinTpsOpt,
-    MmprojOpt,
-    ModelArg,
-    ModelDirOpt,
-    NoCalibrationOpt,
-    NoOffloadOpt,
-    NpOpt,
-    PreferOpt,
-    QuantOpt,
-    RamBandwidthOpt,
-    TimeoutOpt,
-    VisionOpt,
-)
+from quantpick.cli.option_blocks import takes
 
 if TYPE_CHECKING:
     from quantpick.jobs.confirm import ConfirmReport
@@ -201,32 +177,13 @@ def report_confirmation(
 
 
 @app.command("confirm")
-def confirm_cmd(
-    model: ModelArg = None,
-    quant: QuantOpt = None,
-    gguf: GgufOpt = None,
-    mmproj: MmprojOpt = None,
-    ctx_size: CtxOpt = 0,
-    parallel: NpOpt = 1,
-    kv_unified: KvuOpt = False,
-    prefer: PreferOpt = "balanced",
-    vision: VisionOpt = False,
-    min_tps: MinTpsOpt = DEFAULT_MIN_TPS,
-    allow_q4_kv: AllowQ4Opt = False,
-    kv: KvOpt = None,
-    no_offload: NoOffloadOpt = False,
-    dir_: ModelDirOpt = None,
-    llama_server: LlamaServerOpt = None,
-    llama_bin: LlamaBinOpt = None,
-    gpu_overhead: GpuOverheadOpt = None,
-    margin: MarginOpt = None,
-    ram_bandwidth: RamBandwidthOpt = None,
-    no_calibration: NoCalibrationOpt = False,
-    timeout: TimeoutOpt = None,
-    json_: JsonOpt = False,
-) -> None:
+@takes(
+    "model quant gguf mmproj ctx_size parallel kv_unified prefer vision min_tps allow_q4_kv kv "
+    "no_offload dir_ llama_server llama_bin gpu_overhead margin ram_bandwidth no_calibration "
+    "timeout json_"
+)
+def confirm_cmd(**given: Any) -> None:
     """Ask llama.cpp (llama-fit-params) whether the plan for a file on disk fits this machine."""
-    given = locals()
     from quantpick.cli import output
     from quantpick.cli.local import local_model
     from quantpick.cli.render import plan_to_dict
@@ -247,7 +204,7 @@ def confirm_cmd(
     if report.status in ("skipped", "failed"):
         raise QuantpickError(report.message, hint="pass --llama-bin DIR (llama.cpp's build/bin)")
     block_count = report.plan.n_slots - 1
-    if json_:
+    if given["json_"]:
         output.print_json(
             {
                 "plan": plan_to_dict(report.plan, machine, block_count),

@@ -305,6 +305,13 @@ app = QuantpickTyper(
 )
 
 
+def command_group(name: str, help: str) -> QuantpickTyper:
+    """A command with subcommands (`quantpick calibration list`), added to `app`."""
+    group = QuantpickTyper(help=help, no_args_is_help=True, rich_markup_mode=None)
+    app.add_typer(group, name=name)
+    return group
+
+
 def version_callback(value: bool) -> None:
     if value:
         from quantpick import __version__

@@ -3,19 +3,14 @@
 from __future__ import annotations
 
 import sys
-from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Optional
+from typing import TYPE_CHECKING, Any
 
 import typer
 
 from quantpick.cli.core import app
-from quantpick.cli.options import (
-    SOURCE_CHOICES,
-    JsonOpt,
-    complete_model_id,
-    complete_quant,
-    complete_source,
-)
+from quantpick.cli.option_blocks import DOWNLOAD_WHAT, FETCH, takes
+from quantpick.cli.option_table import DownloadDryRunOpt, DownloadQuietOpt
+from quantpick.cli.options import SOURCE_CHOICES
 from quantpick.errors import QuantpickError, UsageError, VerificationError
 
 if TYPE_CHECKING:
@@ -23,62 +18,6 @@ if TYPE_CHECKING:
     from quantpick.fetch.progress import DownloadResult, ProgressSink
     from quantpick.hub.verify import Verification
 
-
-# Fetch options shared by `download` and `get` (flag > environment > config file > default).
-ReuseOpt = Annotated[
-    Optional[bool],  # noqa: UP045 - typer needs Optional on 3.10
-    typer.Option(
-        "--reuse/--no-reuse",
-        help="Look for the files in other tools' stores (HF cache, llama.cpp, LM Studio, "
-        "Ollama) and link verified copies instead of downloading (default: on; "
-        "QUANTPICK_REUSE, config.toml `reuse`).",
-        show_default=False,
-    ),
-]
-ReuseFromOpt = Annotated[
-    Optional[list[str]],  # noqa: UP045
-    typer.Option(
-        "--reuse-from",
-        help="Only these stores: hf, llama, lmstudio, ollama (repeatable or comma-separated).",
-        autocompletion=lambda incomplete: [
-            s for s in ("hf", "llama", "lmstudio", "ollama") if s.startswith(incomplete)
-        ],
-    ),
-]
-HfCacheOpt = Annotated[
-    Optional[bool],  # noqa: UP045
-    typer.Option(
-        "--hf-cache/--no-hf-cache",
-        help="Write into the Hugging Face cache layout (blobs, snapshots, refs) so `hf` and "
-        "`llama-server -hf` see the files (QUANTPICK_HF_CACHE, config.toml `hf_cache`).",
-        show_default=False,
-    ),
-]
-SourceOpt = Annotated[
-    str,
-    typer.Option(
-        "--source",
-        help="auto (the manifest's sources in order, falling back on failure), "
-        "hf, modelscope or mirror.",
-        autocompletion=complete_source,
-    ),
-]
-AllowUnverifiedOpt = Annotated[
-    bool,
-    typer.Option(
-        "--allow-unverified",
-        help="Download files that have no known sha256 anywhere (refused by default).",
-    ),
-]
-ConnectionsOpt = Annotated[
-    Optional[int],  # noqa: UP045
-    typer.Option(
-        "--connections",
-        help="Most connections per file (default 16, adaptive from 4 while the rate grows; "
-        "1: one stream; QUANTPICK_CONNECTIONS, config.toml `connections`).",
-        show_default=False,
-    ),
-]
 
 DOWNLOAD_EXAMPLES = [
     "quantpick download qwen3.8-35b-a3b-distill --quant Q4_K_M",
@@ -233,20 +172,16 @@ def transfer_progress(quiet: bool) -> tuple[ProgressSink, Any]:
 
 
 def plan_to_dict(plan: FetchPlan) -> dict[str, Any]:
+    from quantpick.json_view import attrs
+
     return {
         "model": plan.manifest_id,
         "quant": plan.quant,
         "dir": str(plan.dest_dir),
-        "source": plan.source,
-        "source_kind": plan.source_kind,
-        "revision": plan.revision,
-        "checksums_file": plan.checksums_file,
+        **attrs(plan, "source source_kind revision checksums_file"),
         # store copies not yet verified count as to fetch; bytes_to_verify are hashed first
-        "bytes_to_fetch": plan.bytes_to_fetch,
-        "bytes_to_verify": plan.bytes_to_verify,
-        "bytes_to_fetch_if_verified": plan.bytes_to_fetch_if_verified,
-        "free_bytes": plan.free_bytes,
-        "enough_space": plan.enough_space,
+        **attrs(plan, "bytes_to_fetch bytes_to_verify bytes_to_fetch_if_verified free_bytes "
+                      "enough_space"),
         "reuse_from": {
             "origin": plan.reuse_origin,  # the setting that chose the stores
             "stores": list(plan.reuse_stores),
@@ -255,24 +190,18 @@ def plan_to_dict(plan: FetchPlan) -> dict[str, Any]:
         "hf_cache": _hf_cache_dict(plan),
         "files": [
             {
-                "name": f.name,
-                "role": f.role,
-                "url": f.url,
+                **attrs(f, "name role url"),
                 "path": str(f.path),
-                "size": f.size,
-                "sha256": f.sha256,
+                **attrs(f, "size sha256"),
                 "sha256_from": list(f.sha256_from),
-                "state": f.state,
-                "local_bytes": f.local_bytes,
-                "bytes_to_fetch": f.bytes_to_fetch,
-                "bytes_to_verify": f.bytes_to_verify,
+                **attrs(f, "state local_bytes bytes_to_fetch bytes_to_verify"),
                 # the other tool's copy a run would use (hashed first unless `verified`), or null
                 "reuse": f.reuse.as_dict() if f.reuse and f.state != "present" else None,
                 "reuse_rejected": [r.as_dict() for r in f.reuse_rejected],
             }
             for f in plan.files
         ],
-    }
+    }  # fmt: skip
 
 
 def _hf_cache_dict(plan: FetchPlan) -> dict[str, Any] | None:
@@ -396,43 +325,9 @@ def _print_report(report: FetchReport) -> None:
 
 
 @app.command(epilog=_epilog(DOWNLOAD_EXAMPLES))
+@takes(DOWNLOAD_WHAT, "source dry_run allow_unverified quiet", FETCH, "connections json_")
 def download(
-    model: Annotated[
-        str,
-        typer.Argument(help="Manifest id, alias or hub repo id.", autocompletion=complete_model_id),
-    ],
-    quant: Annotated[
-        str,
-        typer.Option(
-            "--quant", help="The quant to fetch, e.g. Q4_K_M.", autocompletion=complete_quant
-        ),
-    ],
-    vision: Annotated[
-        bool, typer.Option("--vision", help="Also fetch the vision projector (mmproj).")
-    ] = False,
-    dir_: Annotated[
-        Optional[Path],  # noqa: UP045 - typer needs Optional on 3.10
-        typer.Option(
-            "--dir",
-            help="Target directory (default: QUANTPICK_MODELS_DIR or the data dir, "
-            "then the manifest id).",
-            file_okay=False,
-        ),
-    ] = None,
-    source: SourceOpt = "auto",
-    dry_run: Annotated[
-        bool,
-        typer.Option("--dry-run", help="Show what would be fetched, from where, and disk room."),
-    ] = False,
-    allow_unverified: AllowUnverifiedOpt = False,
-    quiet: Annotated[
-        bool, typer.Option("--quiet", help="No progress; print only the model file's path.")
-    ] = False,
-    reuse: ReuseOpt = None,
-    reuse_from: ReuseFromOpt = None,
-    hf_cache: HfCacheOpt = None,
-    connections: ConnectionsOpt = None,
-    json_: JsonOpt = False,
+    dry_run: DownloadDryRunOpt = False, quiet: DownloadQuietOpt = False, **given: Any
 ) -> None:
     """Download one quant of MODEL (all shards, + projector with --vision), verified by sha256.
 
@@ -444,15 +339,11 @@ def download(
     from quantpick.fetch.download import fetch_model
     from quantpick.hub.http import RetryPolicy
 
+    model, quant, source, json_ = (given[k] for k in ("model", "quant", "source", "json_"))
     if source not in SOURCE_CHOICES:
         raise UsageError(f"--source must be one of {', '.join(SOURCE_CHOICES)}, not {source!r}")
-    settings = with_fetch_flags(
-        load_settings(),
-        reuse=reuse,
-        reuse_from=reuse_from,
-        hf_cache=hf_cache,
-        connections=connections,
-    )
+    flags = {k: given[k] for k in ("reuse", "reuse_from", "hf_cache", "connections")}
+    settings = with_fetch_flags(load_settings(), **flags)
     from quantpick.cli.options import load_manifest
 
     manifest = load_manifest(model)
@@ -462,10 +353,10 @@ def download(
             manifest,
             quant,
             settings=settings,
-            vision=vision,
-            dest_dir=dir_,
+            vision=given["vision"],
+            dest_dir=given["dir_"],
             source=source,
-            allow_unverified=allow_unverified,
+            allow_unverified=given["allow_unverified"],
             dry_run=dry_run,
             progress=sink,
             # A dry run asks each source once: no network should fail in seconds, not after
@@ -507,20 +398,13 @@ def verification_to_dict(result: Verification) -> dict[str, Any]:
 
 
 @app.command(epilog=_epilog(VERIFY_EXAMPLES))
-def verify(
-    directory: Annotated[
-        Path,
-        typer.Argument(help="Directory holding SHA256SUMS and the files.", file_okay=False),
-    ] = Path("."),
-    checksums: Annotated[
-        str, typer.Option("--checksums", help="Checksums file name inside DIR.")
-    ] = "SHA256SUMS",
-    json_: JsonOpt = False,
-) -> None:
+@takes("directory checksums json_")
+def verify(**given: Any) -> None:
     """Check files against DIR/SHA256SUMS (like `sha256sum -c --ignore-missing`), in parallel."""
     from quantpick.cli import output
     from quantpick.hub.verify import read_sha256sums, verify_files
 
+    directory, checksums, json_ = given["directory"], given["checksums"], given["json_"]
     sums_path = directory / checksums
     if not directory.is_dir():
         what = "not a directory" if directory.exists() else "no such directory"

@@ -1,14 +1,12 @@
 """`--format preset | llama-swap | ollama | lmstudio` on `get` and `command`: the plan handed to
 llama.cpp's router, llama-swap, Ollama or LM Studio (one module each in serve/formats/). This
-module declares their file options, checks them before any planning, and builds their input (a
-`Target`) from the plan."""
+module checks their file options (declared in cli/option_table.py) before any planning, and
+builds their input (a `Target`) from the plan."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Optional
-
-import typer
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from quantpick.machine.spec import Machine
@@ -17,40 +15,6 @@ if TYPE_CHECKING:
     from quantpick.serve.command import ServerCommand
     from quantpick.serve.formats.base import EcosystemOptions
     from quantpick.serve.formats.target import Target
-
-PresetOpt = Annotated[
-    Optional[Path],  # noqa: UP045
-    typer.Option(
-        "--preset",
-        help="--format preset: the llama.cpp router INI file to add this model's section to "
-        "(created if missing; other sections kept byte for byte; the old file kept as .bak, "
-        ".bak.1, ...; a section quantpick did not write is replaced only with --force).",
-        dir_okay=False,
-    ),
-]
-SwapConfigOpt = Annotated[
-    Optional[Path],  # noqa: UP045
-    typer.Option(
-        "--swap-config",
-        help="--format llama-swap: merge the entry into this llama-swap config (else print it).",
-        dir_okay=False,
-    ),
-]
-ModelfileOpt = Annotated[
-    Optional[Path],  # noqa: UP045
-    typer.Option(
-        "--modelfile",
-        help="--format ollama: write the Modelfile here (else print it).",
-        dir_okay=False,
-    ),
-]
-TtlOpt = Annotated[
-    int,
-    typer.Option(
-        "--ttl",
-        help="--format llama-swap: seconds idle before llama-swap unloads the model (0: never).",
-    ),
-]
 
 
 def check_ecosystem_options(

@@ -8,34 +8,14 @@ Usage:
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
-
-import typer
+from typing import TYPE_CHECKING, Any
 
 from quantpick.cli.core import app
 from quantpick.cli.groups import LlamaCppOptions, MachineOptions, PlanOptions, notes
-from quantpick.cli.option_blocks import MACHINE, MACHINE_DETAILS, OptionBlock, with_blocks
+from quantpick.cli.option_blocks import MACHINE, MACHINE_DETAILS, takes
+from quantpick.cli.option_table import EstimateSpecOpt
 from quantpick.cli.options import (
-    BOpt,
-    CtxOpt,
-    ExactOpt,
-    FaOpt,
-    GgufOpt,
-    JsonOpt,
-    KvuOpt,
-    LlamaBinOpt,
-    ModelArg,
-    NoCalibrationOpt,
-    NoConfirmOpt,
-    NoNetworkOpt,
-    NpOpt,
-    QuantOpt,
-    TimeoutOpt,
-    UbOpt,
-    VisionOpt,
     check_run_options,
-    complete_estimate_spec,
-    complete_kv,
     load_manifest,
 )
 from quantpick.cli.render import (
@@ -62,110 +42,35 @@ if TYPE_CHECKING:
 
 
 @app.command("estimate")
-@with_blocks
-def estimate_cmd(
-    model: ModelArg = None,
-    quant: QuantOpt = None,
-    gguf: GgufOpt = None,
-    ctx_size: CtxOpt = 0,
-    n_gpu_layers: Annotated[
-        str | None,
-        typer.Option(
-            "-ngl", "--n-gpu-layers", help="Layers on GPUs: N, all or auto (default all)."
-        ),
-    ] = None,  # noqa: UP045
-    tensor_split: Annotated[
-        str | None,
-        typer.Option("-ts", "--tensor-split", help="Split among GPUs, e.g. 3,1 or 26,16."),
-    ] = None,  # noqa: UP045
-    n_cpu_moe: Annotated[
-        int,
-        typer.Option("-ncmoe", "--n-cpu-moe", help="Experts of the first N layers in host memory."),
-    ] = 0,
-    cpu_moe: Annotated[
-        bool, typer.Option("-cmoe", "--cpu-moe", help="All experts in host memory.")
-    ] = False,
-    override_tensor: Annotated[
-        list[str] | None,
-        typer.Option("-ot", "--override-tensor", help="<regex>=<buffer type>,... (repeatable)"),
-    ] = None,  # noqa: UP045
-    cache_type_k: Annotated[
-        str,
-        typer.Option("-ctk", "--cache-type-k", help="K cache type.", autocompletion=complete_kv),
-    ] = "f16",
-    cache_type_v: Annotated[
-        str,
-        typer.Option("-ctv", "--cache-type-v", help="V cache type.", autocompletion=complete_kv),
-    ] = "f16",
-    parallel: NpOpt = 1,
-    kv_unified: KvuOpt = False,
-    ubatch: UbOpt = 512,
-    batch: BOpt = 2048,
-    flash_attn: FaOpt = "on",
-    device: Annotated[
-        str | None,
-        typer.Option(
-            "-dev",
-            "--device",
-            help=f"Devices to use, as llama.cpp names them ({device_names_example()}, "
-            "RPC0, ...) or none.",
-        ),
-    ] = None,  # noqa: UP045
-    no_kv_offload: Annotated[
-        bool, typer.Option("-nkvo", "--no-kv-offload", help="Keep KV cache in host memory.")
-    ] = False,
-    spec_draft: Annotated[
-        int,
-        typer.Option(
-            "--spec-draft-n-max",
-            help="Draft tokens per round (with --spec; alone: MTP with N drafts, 0 = off).",
-        ),
-    ] = 0,
-    spec: Annotated[
-        str,
-        typer.Option(
-            "--spec",
-            help="Size speculative decoding of this kind: off, mtp or ngram.",
-            autocompletion=complete_estimate_spec,
-        ),
-    ] = "off",
-    vision: VisionOpt = False,
-    machine_options: OptionBlock = MACHINE,
-    machine_details: OptionBlock = MACHINE_DETAILS,
-    exact: ExactOpt = False,
-    no_network: NoNetworkOpt = False,
-    no_calibration: NoCalibrationOpt = False,
-    llama_bin: LlamaBinOpt = None,
-    no_confirm: NoConfirmOpt = False,
-    timeout: TimeoutOpt = None,
-    json_: JsonOpt = False,
-    **options: Any,
-) -> None:
+@takes(
+    "model quant gguf ctx_size n_gpu_layers tensor_split n_cpu_moe cpu_moe override_tensor "
+    "cache_type_k cache_type_v parallel kv_unified ubatch batch flash_attn device no_kv_offload "
+    "spec_draft spec vision",
+    MACHINE,
+    MACHINE_DETAILS,
+    "exact no_network no_calibration llama_bin no_confirm timeout json_",
+)
+def estimate_cmd(spec: EstimateSpecOpt = "off", **given: Any) -> None:
     """Itemize what llama.cpp will allocate on each device for one configuration. For a quant
     still on the hub, with llama.cpp installed, its own projection (a dry run on the real header
     bytes, before download) is shown beside it."""
-    given = {**locals(), **options}
+    given = {**given, "spec": spec}
     from quantpick.cli import output
     from quantpick.cli.confirm import confirmation_to_dict, print_confirmation
-    from quantpick.errors import UsageError
     from quantpick.jobs.estimate import EstimateRequest, estimate_config
 
-    check_run_options(
-        ctx_size, parallel, ubatch, batch, flash_attn=flash_attn,
-        cache_types=(cache_type_k, cache_type_v),
-    )  # fmt: skip
-    if n_cpu_moe < 0:
-        raise UsageError(f"--n-cpu-moe {n_cpu_moe}: 0 or more layers")
+    _check_flags(given)
     machine = MachineOptions.of(given).machine()
+    gguf, network = given["gguf"], not given["no_network"]
     layout, manifest, label = _resolve_layout(
-        model, quant, gguf, exact=exact, network=not no_network
+        given["model"], given["quant"], gguf, exact=given["exact"], network=network
     )
     basis, llama = PlanOptions.of(given), LlamaCppOptions.of(given)
     result = estimate_config(
         EstimateRequest(
             layout, manifest, machine, _config(given, machine, layout, label), basis.overheads(),
             gpu_overhead_given=basis.gpu_overhead is not None, llama_server=llama.llama_server,
-            calibration=not no_calibration, on_hub=gguf is None, network=not no_network,
+            calibration=not given["no_calibration"], on_hub=gguf is None, network=network,
         ),
         llama.confirm(machine),
     )  # fmt: skip
@@ -175,7 +80,7 @@ def estimate_cmd(
     )  # fmt: skip
     # A configuration that does not fit is still itemized (stdout), then ends like `pick`: exit 3.
     no_fit = result.no_fit()
-    if json_:
+    if given["json_"]:
         output.print_json(
             {
                 "model": label,
@@ -193,7 +98,7 @@ def estimate_cmd(
     else:
         con = output.stdout()
         where = "described machine" if machine.described else "this machine"
-        ctx = ctx_size or layout.architecture.context_length
+        ctx = given["ctx_size"] or layout.architecture.context_length
         con.print(device_table(est, f"{label}  -c {ctx} ({where})"))
         print_footer(con, est, speed, layout)
         for line in tuning_lines(tuning.rule, tuning.calibration):
@@ -204,6 +109,18 @@ def estimate_cmd(
             print_confirmation(check, stdout=True)
     if no_fit is not None:
         raise no_fit
+
+
+def _check_flags(given: dict[str, Any]) -> None:
+    """llama-server's own flags, checked before anything is read."""
+    from quantpick.errors import UsageError
+
+    check_run_options(
+        given["ctx_size"], given["parallel"], given["ubatch"], given["batch"],
+        flash_attn=given["flash_attn"], cache_types=(given["cache_type_k"], given["cache_type_v"]),
+    )  # fmt: skip
+    if given["n_cpu_moe"] < 0:
+        raise UsageError(f"--n-cpu-moe {given['n_cpu_moe']}: 0 or more layers")
 
 
 def _config(given: dict[str, Any], machine: Machine, layout: ModelLayout, label: str) -> RunConfig:

@@ -10,57 +10,27 @@ Usage:
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Optional
+from typing import TYPE_CHECKING, Any
 
 import typer
 
-from quantpick.cli.complete import MANIFEST_SOURCE_CHOICES
-from quantpick.cli.core import QuantpickTyper, app
-from quantpick.cli.options import JsonOpt
+from quantpick.cli.core import command_group
+from quantpick.cli.option_blocks import takes
+from quantpick.cli.option_table import ManifestForceOpt, ManifestSourceOpt
 
 if TYPE_CHECKING:
     from quantpick.model.from_repo import NewManifest
     from quantpick.model.manifest import Manifest
 
-manifest_app = QuantpickTyper(
-    help="Create and check model manifests (TOML descriptions of GGUF repositories).",
-    no_args_is_help=True,
-    rich_markup_mode=None,
+manifest_app = command_group(
+    "manifest", "Create and check model manifests (TOML descriptions of GGUF repositories)."
 )
-app.add_typer(manifest_app, name="manifest")
-
-RepoArg = Annotated[
-    str,
-    typer.Argument(
-        help="owner/name of a GGUF repository, or its URL (huggingface.co, modelscope.cn).",
-        show_default=False,
-    ),
-]
 
 
 @manifest_app.command("add")
+@takes("repo source revision manifest_id force json_")
 def add_command(
-    repo: RepoArg,
-    source: Annotated[
-        str,
-        typer.Option(
-            "--source",
-            help="Where the repository lives: hf or modelscope.",
-            autocompletion=lambda: list(MANIFEST_SOURCE_CHOICES),
-        ),
-    ] = "hf",
-    revision: Annotated[
-        Optional[str],  # noqa: UP045 - typer needs Optional on 3.10
-        typer.Option("--revision", help="Branch, tag or commit (default: main / master)."),
-    ] = None,
-    manifest_id: Annotated[
-        Optional[str],  # noqa: UP045
-        typer.Option("--id", help="Manifest id (default: from the repo name, e.g. name-owner)."),
-    ] = None,
-    force: Annotated[
-        bool, typer.Option("--force", help="Replace a manifest with this id.")
-    ] = False,
-    json_: JsonOpt = False,
+    source: ManifestSourceOpt = "hf", force: ManifestForceOpt = False, **given: Any
 ) -> None:
     """Write a manifest for any GGUF repository (listing + one remote header read)."""
     from quantpick.cli import output
@@ -69,6 +39,9 @@ def add_command(
     from quantpick.model.from_repo import build_manifest, write_manifest
     from quantpick.model.repo_ref import parse_repo_ref
 
+    repo, revision, manifest_id, json_ = (
+        given[k] for k in ("repo", "revision", "manifest_id", "json_")
+    )
     # A pasted URL says where the repository lives and may name a revision: both are used.
     ref = parse_repo_ref(repo)
     if ref.kind is not None and ref.kind != source:
@@ -133,17 +106,16 @@ def _render_added(new: NewManifest, path: Path) -> None:
 
 
 @manifest_app.command("check")
-def check_command(
-    file: Annotated[Path, typer.Argument(help="A manifest TOML file.", dir_okay=False)],
-    json_: JsonOpt = False,
-) -> None:
+@takes("file json_")
+def check_command(**given: Any) -> None:
     """Validate a manifest file: prints OK, or the one-line error (exit 1)."""
     from quantpick.cli import output
 
     # A failure is the CLI's usual one: `Error: ...` on stderr and, with --json, the error
     # document on stdout (cli.core).
+    file = given["file"]
     manifest = _check(file)
-    if json_:
+    if given["json_"]:
         output.print_json(
             {"ok": True, "path": str(file), "id": manifest.id, "quants": list(manifest.quants)}
         )

@@ -9,27 +9,17 @@ Usage:
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated, Any
-
-import typer
+from typing import TYPE_CHECKING, Any
 
 from quantpick.cli.core import app
-from quantpick.cli.options import JsonOpt, complete_model_id
+from quantpick.cli.option_blocks import takes
+from quantpick.cli.option_table import ShowModelArg
 
 if TYPE_CHECKING:
     from quantpick.errors import ManifestError
     from quantpick.model.manifest import Manifest
     from quantpick.plan.quality import Quality
 
-ModelArg = Annotated[
-    str,
-    typer.Argument(
-        help="A manifest id (see `quantpick models`) or a repo id such as "
-        "empero-ai/Qwen3.8-35B-A3B-Distill-GGUF.",
-        show_default=False,
-        autocompletion=complete_model_id,
-    ),
-]
 
 MODELS_EXAMPLES = ["quantpick models", "quantpick models --json | jq -r '.models[].id'"]
 SHOW_EXAMPLES = [
@@ -70,7 +60,8 @@ def _error_dict(exc: ManifestError) -> dict[str, Any]:
 
 
 @app.command("models", epilog=_epilog(MODELS_EXAMPLES))
-def models_command(json_: JsonOpt = False) -> None:
+@takes("json_")
+def models_command(**given: Any) -> None:
     """List the models quantpick knows (bundled, user and QUANTPICK_MANIFESTS manifests)."""
     from quantpick.cli import output
     from quantpick.model.registry import list_manifests
@@ -88,7 +79,7 @@ def models_command(json_: JsonOpt = False) -> None:
     manifests += [m for m in cached_repos(load_settings()) if m.id not in known]
     for exc in errors:
         output.warn(f"skipped {exc.message}")
-    if json_:
+    if given["json_"]:
         output.print_json(
             {
                 "models": [_summary(m) for m in manifests],
@@ -124,7 +115,8 @@ def models_command(json_: JsonOpt = False) -> None:
 
 
 @app.command("show", epilog=_epilog(SHOW_EXAMPLES))
-def show_command(model: ModelArg, json_: JsonOpt = False) -> None:
+@takes("model json_")
+def show_command(model: ShowModelArg, **given: Any) -> None:
     """Show one model: its files (sizes, quants, hashes), architecture, sources and sampling."""
     from quantpick.cli import output
     from quantpick.cli.options import load_manifest
@@ -134,7 +126,7 @@ def show_command(model: ModelArg, json_: JsonOpt = False) -> None:
 
     manifest = load_manifest(model)
     quality = {q: quality_for(manifest, q) for q in manifest.quants}
-    if json_:
+    if given["json_"]:
         doc = manifest_to_dict(manifest)
         for f in doc["files"]:
             f["quality"] = quality_dict(quality[f["quant"]]) if f["role"] == "model" else None

@@ -7,39 +7,11 @@ Usage:
 
 from __future__ import annotations
 
-from typing import Annotated, Any
-
-import typer
+from typing import Any
 
 from quantpick.cli.core import app
 from quantpick.cli.groups import LlamaCppOptions, MachineOptions, PlanOptions, notes
-from quantpick.cli.option_blocks import MACHINE, MACHINE_DETAILS, OptionBlock, with_blocks
-from quantpick.cli.options import (
-    DEFAULT_MIN_TPS,
-    AllowQ4Opt,
-    BOpt,
-    CtxOpt,
-    DraftOpt,
-    ExactOpt,
-    FaOpt,
-    JsonOpt,
-    KvOpt,
-    KvuOpt,
-    LlamaBinOpt,
-    MinTpsOpt,
-    ModelArg,
-    NoCalibrationOpt,
-    NoConfirmOpt,
-    NoNetworkOpt,
-    NoOffloadOpt,
-    NpOpt,
-    PreferOpt,
-    QuantOpt,
-    SpecOpt,
-    TimeoutOpt,
-    UbOpt,
-    VisionOpt,
-)
+from quantpick.cli.option_blocks import MACHINE, MACHINE_DETAILS, takes
 from quantpick.cli.render import (
     calibration_dict,
     machine_summary,
@@ -51,46 +23,18 @@ from quantpick.cli.render import (
 
 
 @app.command("pick")
-@with_blocks
-def pick_cmd(
-    model: ModelArg = None,
-    ctx_size: CtxOpt = 0,
-    parallel: NpOpt = 1,
-    kv_unified: KvuOpt = False,
-    prefer: PreferOpt = "balanced",
-    quant: QuantOpt = None,
-    vision: VisionOpt = False,
-    min_tps: MinTpsOpt = DEFAULT_MIN_TPS,
-    spec: SpecOpt = "auto",
-    draft: DraftOpt = None,
-    allow_q4_kv: AllowQ4Opt = False,
-    kv: KvOpt = None,
-    no_offload: NoOffloadOpt = False,
-    ubatch: UbOpt = 512,
-    batch: BOpt = 2048,
-    flash_attn: FaOpt = "on",
-    max_context: Annotated[
-        bool,
-        typer.Option(
-            "--max-context", help="Print the largest context each quant supports instead."
-        ),
-    ] = False,
-    machine_options: OptionBlock = MACHINE,
-    machine_details: OptionBlock = MACHINE_DETAILS,
-    exact: ExactOpt = False,
-    no_network: NoNetworkOpt = False,
-    no_calibration: NoCalibrationOpt = False,
-    llama_bin: LlamaBinOpt = None,
-    no_confirm: NoConfirmOpt = False,
-    timeout: TimeoutOpt = None,
-    json_: JsonOpt = False,
-    **options: Any,
-) -> None:
+@takes(
+    "model ctx_size parallel kv_unified prefer quant vision min_tps spec draft allow_q4_kv kv "
+    "no_offload ubatch batch flash_attn max_context",
+    MACHINE,
+    MACHINE_DETAILS,
+    "exact no_network no_calibration llama_bin no_confirm timeout json_",
+)
+def pick_cmd(**given: Any) -> None:
     """Pick the best quant, KV cache type and placement for a target context. With llama.cpp
     installed (beside llama-server, on PATH, --llama-bin, or quantpick's build cache), its own
     projection of the chosen file, before download, is shown beside the estimate."""
-    given = {**locals(), **options}
-    if max_context:
+    if given["max_context"]:
         _show_limits(given)
         return
     from quantpick.cli import output
@@ -102,7 +46,7 @@ def pick_cmd(
     picked = pick(plan.inputs(manifest, machine), LlamaCppOptions.of(given).confirm(machine))
     notes(picked.result.notes)
     p, report = picked.plan, picked.dry_run
-    if json_:
+    if given["json_"]:
         from quantpick.cli.confirm import confirmation_to_dict
 
         doc = plan_to_dict(p, machine, p.n_slots - 1)
@@ -115,35 +59,22 @@ def pick_cmd(
         from quantpick.cli.confirm import report_confirmation
 
         # a described machine: one note that llama.cpp did not project it (it sees this box)
-        report_confirmation(report, machine, no_confirm, quiet=False)
+        report_confirmation(report, machine, given["no_confirm"], quiet=False)
 
 
 # ---- max-context ------------------------------------------------------------------------------
 
 
 @app.command("max-context")
-@with_blocks
-def max_context_cmd(
-    model: ModelArg = None,
-    quant: QuantOpt = None,
-    parallel: NpOpt = 1,
-    kv_unified: KvuOpt = False,
-    prefer: PreferOpt = "balanced",
-    vision: VisionOpt = False,
-    min_tps: MinTpsOpt = DEFAULT_MIN_TPS,
-    allow_q4_kv: AllowQ4Opt = False,
-    kv: KvOpt = None,
-    no_offload: NoOffloadOpt = False,
-    machine_options: OptionBlock = MACHINE,
-    machine_details: OptionBlock = MACHINE_DETAILS,
-    exact: ExactOpt = False,
-    no_network: NoNetworkOpt = False,
-    no_calibration: NoCalibrationOpt = False,
-    json_: JsonOpt = False,
-    **options: Any,
-) -> None:
+@takes(
+    "model quant parallel kv_unified prefer vision min_tps allow_q4_kv kv no_offload",
+    MACHINE,
+    MACHINE_DETAILS,
+    "exact no_network no_calibration json_",
+)
+def max_context_cmd(**given: Any) -> None:
     """The largest context each quant (or --quant) supports on this machine."""
-    _show_limits({**locals(), **options})
+    _show_limits(given)
 
 
 def _show_limits(given: dict[str, Any]) -> None:

@@ -9,40 +9,14 @@ Usage:
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Optional
-
-import typer
+from typing import TYPE_CHECKING, Any
 
 from quantpick.cli.core import app
-from quantpick.cli.options import (
-    BackendOpt,
-    CoresOpt,
-    CpuOnlyOpt,
-    GpuOpt,
-    HardwareOpt,
-    JsonOpt,
-    LlamaServerOpt,
-    RamBandwidthOpt,
-    RamOpt,
-    RpcBandwidthOpt,
-    RpcDeviceOpt,
-    RpcLatencyOpt,
-    RpcOpt,
-    ThreadsOpt,
-)
+from quantpick.cli.option_blocks import takes
+from quantpick.cli.option_table import ProbeDirOpt
 
 if TYPE_CHECKING:
     from quantpick.machine.spec import Machine
-
-DirOpt = Annotated[
-    Optional[Path],  # noqa: UP045 - typer needs Optional on 3.10
-    typer.Option(
-        "--dir",
-        help="Where models would go: free disk space is measured there (default: the models dir).",
-        file_okay=False,
-    ),
-]
 
 PROBE_EXAMPLES = [
     "quantpick probe",
@@ -58,29 +32,17 @@ def _epilog(examples: list[str]) -> str:
 
 
 @app.command(epilog=_epilog(PROBE_EXAMPLES))
-def probe(
-    json_: JsonOpt = False,
-    hardware: HardwareOpt = None,
-    gpu: GpuOpt = None,
-    ram: RamOpt = None,
-    cpu_only: CpuOnlyOpt = False,
-    llama_server: LlamaServerOpt = None,
-    dir_: DirOpt = None,
-    rpc: RpcOpt = None,
-    rpc_device: RpcDeviceOpt = None,
-    rpc_bandwidth: RpcBandwidthOpt = None,
-    rpc_latency: RpcLatencyOpt = None,
-    cores: CoresOpt = None,
-    threads: ThreadsOpt = None,
-    ram_bandwidth: RamBandwidthOpt = None,
-    backend: BackendOpt = None,
-) -> None:
+@takes(
+    "json_ hardware gpu ram cpu_only llama_server dir_ rpc rpc_device rpc_bandwidth rpc_latency "
+    "cores threads ram_bandwidth backend"
+)
+def probe(dir_: ProbeDirOpt = None, **given: Any) -> None:
     """Show the GPUs, RAM, CPU, disk, llama-server and RPC workers that planning will use."""
     from quantpick.cli import output
     from quantpick.cli.groups import MachineOptions
 
-    machine = MachineOptions.of(locals()).machine(disk=dir_, inspect_server=True)
-    if json_:
+    machine = MachineOptions.of(given).machine(disk=dir_, inspect_server=True)
+    if given["json_"]:
         output.print_json({"machine": machine.to_dict()})
     else:
         render_machine(machine)

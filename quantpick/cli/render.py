@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from quantpick.json_view import attrs
+
 if TYPE_CHECKING:
     from quantpick.machine.spec import Machine
     from quantpick.model.layout import ModelLayout
@@ -16,33 +18,16 @@ if TYPE_CHECKING:
 
 def _device_dict(d: Any) -> dict[str, Any]:
     return {
-        "device": d.device,
-        "name": d.name,
-        "kind": d.kind,
-        "gpu_index": d.gpu_index,
-        "weights_bytes": d.weights_bytes,
-        "kv_bytes": d.kv_bytes,
-        "recurrent_bytes": d.recurrent_bytes,
-        "compute_bytes": d.compute_bytes,
-        "overhead_bytes": d.overhead_bytes,
-        "projector_bytes": d.projector_bytes,
-        "correction_bytes": d.correction_bytes,
+        **attrs(d, "device name kind gpu_index weights_bytes kv_bytes recurrent_bytes "
+                   "compute_bytes overhead_bytes projector_bytes correction_bytes"),
         "compute_estimated": d.compute_accuracy.estimated,
         "compute_expected_error": d.compute_accuracy.relative,
         "compute_expected_error_floor_bytes": d.compute_accuracy.floor_bytes,
-        "total_bytes": d.total_bytes,
-        "free_bytes": d.free_bytes,
-        "budget_bytes": d.budget_bytes,
-        "headroom_bytes": d.headroom_bytes,
-        "fits": d.fits,
-        "layers": list(d.layers),
-        "attention_layers": list(d.attention_layers),
-        "recurrent_layers": list(d.recurrent_layers),
-        "expert_layers": list(d.expert_layers),
-        "endpoint": d.endpoint,
-        "backend": d.backend,
-        "unified": d.unified,
-    }
+        **attrs(d, "total_bytes free_bytes budget_bytes headroom_bytes fits"),
+        **{k: list(v) for k, v in attrs(d, "layers attention_layers recurrent_layers "
+                                           "expert_layers").items()},
+        **attrs(d, "endpoint backend unified"),
+    }  # fmt: skip
 
 
 def config_dict(config: Any) -> dict[str, Any]:
@@ -98,13 +83,7 @@ def speed_dict(speed: SpeedEstimate) -> dict[str, Any]:
 
 def estimate_dict(est: Estimate) -> dict[str, Any]:
     return {
-        "fits": est.fits,
-        "basis": est.basis,
-        "exact_weights": est.exact_weights,
-        "n_ctx": est.n_ctx,
-        "kv_size": est.kv_size,
-        "n_stream": est.n_stream,
-        "pipeline_parallel": est.pipeline_parallel,
+        **attrs(est, "fits basis exact_weights n_ctx kv_size n_stream pipeline_parallel"),
         "estimated": ["compute_bytes", "overhead_bytes", "projector_bytes"],
         "devices": [_device_dict(d) for d in est.devices],
         "notes": list(est.notes),

@@ -15,26 +15,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Optional
+from typing import TYPE_CHECKING, Any
 
-import typer
-
-from quantpick.cli.complete import MODEL_SOURCES
 from quantpick.cli.core import app
-from quantpick.cli.download import (
-    AllowUnverifiedOpt,
-    ConnectionsOpt,
-    HfCacheOpt,
-    ReuseFromOpt,
-    ReuseOpt,
-    SourceOpt,
-)
-from quantpick.cli.ecosystem import (
-    ModelfileOpt,
-    PresetOpt,
-    SwapConfigOpt,
-    TtlOpt,
-)
 from quantpick.cli.groups import (
     FetchOptions,
     LaunchOptions,
@@ -51,23 +34,17 @@ from quantpick.cli.launch import (
     installed_capabilities,
     write_command,
 )
-from quantpick.cli.option_blocks import CHOICE, MACHINE, MACHINE_DETAILS, OptionBlock, with_blocks
-from quantpick.cli.options import (
-    CtxOpt,
-    ExactOpt,
-    JsonOpt,
-    LlamaBinOpt,
-    MmprojOpt,
-    ModelArg,
-    NoCalibrationOpt,
-    NoConfirmOpt,
-    NoNetworkOpt,
-    QuantOpt,
-    RpcBindOpt,
-    RpcCacheOpt,
-    TimeoutOpt,
+from quantpick.cli.option_blocks import (
+    CHOICE,
+    FETCH,
+    LAUNCH,
+    LAUNCH_FILES,
+    MACHINE,
+    MACHINE_DETAILS,
+    RUN_TOOLS,
+    takes,
 )
-from quantpick.serve import formats
+from quantpick.cli.option_table import CommandGgufOpt, GetDryRunOpt
 
 if TYPE_CHECKING:
     from quantpick.jobs.get import GetResult
@@ -77,127 +54,24 @@ if TYPE_CHECKING:
     from quantpick.serve.formats.base import EcosystemOptions
 
 
-FormatOpt = Annotated[
-    str,
-    typer.Option(
-        "--format",
-        help=formats.help_text(),
-        autocompletion=lambda: list(formats.names()),
-    ),
-]
-ModelSourceOpt = Annotated[
-    str,
-    typer.Option(
-        "--model-source",
-        help="local (default): the file on disk, -m PATH; hf: llama-server fetches it itself "
-        "(-hf REPO:QUANT into its Hugging Face cache; no sha256 check, no pinned revision).",
-        autocompletion=lambda: list(MODEL_SOURCES),
-    ),
-]
-ScriptOpt = Annotated[
-    Optional[Path],  # noqa: UP045
-    typer.Option(
-        "--script",
-        help="Write an executable launch script here (atomic, mode 0755).",
-        dir_okay=False,
-    ),
-]
-ForceOpt = Annotated[
-    bool,
-    typer.Option(
-        "--force",
-        help="Let --script and --modelfile replace a file quantpick did not write (or edited "
-        "since), --preset and --swap-config a section or entry of the same name written by "
-        "hand, and any of them a symlink (the link itself; the old file is kept as a backup; "
-        "never a device, FIFO or directory).",
-    ),
-]
-HostOpt = Annotated[str, typer.Option("--host", help="llama-server --host.")]
-PortOpt = Annotated[int, typer.Option("--port", help="llama-server --port.")]
-AliasOpt = Annotated[
-    Optional[str],  # noqa: UP045
-    typer.Option("--alias", help="Model name the server reports (default: the model id)."),
-]
-ApiKeyEnvOpt = Annotated[
-    Optional[str],  # noqa: UP045
-    typer.Option(
-        "--api-key-env",
-        help="NAME of an environment variable holding the API key "
-        "(the key itself is never written).",
-    ),
-]
-
-
-def _llama_tools(
-    llama_bin: LlamaBinOpt = None,
-    no_confirm: NoConfirmOpt = False,
-    no_calibration: NoCalibrationOpt = False,
-    timeout: TimeoutOpt = None,
-) -> None:
-    """llama.cpp's tools: where they are, whether they confirm the plan, how long they may run."""
-
-
-def _launch(
-    host: HostOpt = "127.0.0.1",
-    port: PortOpt = 8080,
-    alias: AliasOpt = None,
-    api_key_env: ApiKeyEnvOpt = None,
-    rpc_bind: RpcBindOpt = None,
-    rpc_cache: RpcCacheOpt = True,
-    fmt: FormatOpt = "line",
-    model_source: ModelSourceOpt = "local",
-) -> None:
-    """How the written command serves: its address, name, key, RPC workers, format, model."""
-
-
-def _launch_files(
-    script: ScriptOpt = None,
-    force: ForceOpt = False,
-    preset: PresetOpt = None,
-    swap_config: SwapConfigOpt = None,
-    modelfile: ModelfileOpt = None,
-    ttl: TtlOpt = 900,
-) -> None:
-    """Where the command is written: a launch script, another tool's file (--format)."""
-
-
-RUN_TOOLS = OptionBlock(_llama_tools)
-LAUNCH = OptionBlock(_launch)
-LAUNCH_FILES = OptionBlock(_launch_files)
-
-
 @app.command("command")
-@with_blocks
-def command_cmd(
-    model: ModelArg = None,
-    quant: QuantOpt = None,
-    gguf: Annotated[
-        Optional[Path],  # noqa: UP045
-        typer.Option(
-            "--gguf",
-            help="A GGUF on disk: the plan uses its own header. With MODEL too, the file still "
-            "wins; MODEL adds its sampling, reasoning format and alias.",
-            dir_okay=False,
-        ),
-    ] = None,
-    mmproj: MmprojOpt = None,
-    ctx_size: CtxOpt = 0,
-    choice_options: OptionBlock = CHOICE,
-    machine_options: OptionBlock = MACHINE,
-    llama_options: OptionBlock = RUN_TOOLS,
-    machine_details: OptionBlock = MACHINE_DETAILS,
-    launch_options: OptionBlock = LAUNCH,
-    exact: ExactOpt = False,
-    no_network: NoNetworkOpt = False,
-    file_options: OptionBlock = LAUNCH_FILES,
-    json_: JsonOpt = False,
-    **options: Any,
-) -> None:
+@takes(
+    "model quant gguf mmproj ctx_size",
+    CHOICE,
+    MACHINE,
+    RUN_TOOLS,
+    MACHINE_DETAILS,
+    LAUNCH,
+    "exact no_network",
+    LAUNCH_FILES,
+    "json_",
+)
+def command_cmd(gguf: CommandGgufOpt = None, **given: Any) -> None:
     """Plan for a GGUF already on disk (or, with --model-source hf, one llama-server fetches
     itself) and print the llama-server command that runs it (confirmed by llama.cpp's
     llama-fit-params when it is installed)."""
-
-    given = {**locals(), **options}
+    given = {**given, "gguf": gguf}
+    json_ = given["json_"]
     from quantpick.cli.confirm import confirmation_to_dict, report_confirmation
     from quantpick.cli.local import local_model
     from quantpick.cli.render import plan_to_dict
@@ -287,36 +161,23 @@ def _write_from_hub(
 
 
 @app.command("get")
-@with_blocks
-def get_cmd(
-    model: ModelArg = None,
-    ctx_size: CtxOpt = 0,
-    quant: QuantOpt = None,
-    choice_options: OptionBlock = CHOICE,
-    source: SourceOpt = "auto",
-    allow_unverified: AllowUnverifiedOpt = False,
-    dry_run: Annotated[
-        bool,
-        typer.Option("--dry-run", help="Stop before downloading: plan, bytes, source, command."),
-    ] = False,
-    reuse: ReuseOpt = None,
-    reuse_from: ReuseFromOpt = None,
-    hf_cache: HfCacheOpt = None,
-    connections: ConnectionsOpt = None,
-    quiet: Annotated[bool, typer.Option("--quiet", "-Q", help="No progress on stderr.")] = False,
-    machine_options: OptionBlock = MACHINE,
-    llama_options: OptionBlock = RUN_TOOLS,
-    machine_details: OptionBlock = MACHINE_DETAILS,
-    exact: ExactOpt = False,
-    no_network: NoNetworkOpt = False,
-    launch_options: OptionBlock = LAUNCH,
-    file_options: OptionBlock = LAUNCH_FILES,
-    json_: JsonOpt = False,
-    **options: Any,
-) -> None:
+@takes(
+    "model ctx_size quant",
+    CHOICE,
+    "source allow_unverified dry_run",
+    FETCH,
+    "connections quiet",
+    MACHINE,
+    RUN_TOOLS,
+    MACHINE_DETAILS,
+    "exact no_network",
+    LAUNCH,
+    LAUNCH_FILES,
+    "json_",
+)
+def get_cmd(dry_run: GetDryRunOpt = False, **given: Any) -> None:
     """Pick, download + verify, and print (or --script) the llama-server command: the whole job."""
-
-    given = {**locals(), **options}
+    json_ = given["json_"]
     from quantpick.cli import output
     from quantpick.cli.confirm import report_confirmation
     from quantpick.cli.download import transfer_progress
@@ -349,7 +210,8 @@ def get_cmd(
     progress, live = transfer_progress(shown.silent)
     result = get(
         GetRequest(
-            inputs, dest_dir=fetch.dir_, source=source, allow_unverified=allow_unverified,
+            inputs, dest_dir=fetch.dir_, source=given["source"],
+            allow_unverified=given["allow_unverified"],
             dry_run=dry_run, confirm=llama.confirm(machine),
         ),
         settings=settings, progress=progress, on_plan=announce, live=live,

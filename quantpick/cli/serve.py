@@ -21,18 +21,11 @@ import sys
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Optional
+from typing import TYPE_CHECKING, Any
 
 import typer
 
 from quantpick.cli.core import app
-from quantpick.cli.download import (
-    AllowUnverifiedOpt,
-    HfCacheOpt,
-    ReuseFromOpt,
-    ReuseOpt,
-    SourceOpt,
-)
 from quantpick.cli.groups import (
     FetchOptions,
     LaunchOptions,
@@ -41,25 +34,8 @@ from quantpick.cli.groups import (
     OutputOptions,
     PlanOptions,
 )
-from quantpick.cli.option_blocks import CHOICE, OptionBlock, with_blocks
-from quantpick.cli.options import (
-    BackendOpt,
-    CpuOnlyOpt,
-    CtxOpt,
-    ExactOpt,
-    GpuOverheadOpt,
-    JsonOpt,
-    LlamaBinOpt,
-    LlamaServerOpt,
-    MarginOpt,
-    MmprojOpt,
-    ModelArg,
-    NoConfirmOpt,
-    NoNetworkOpt,
-    QuantOpt,
-    RamReserveOpt,
-    RpcOpt,
-)
+from quantpick.cli.option_blocks import CHOICE, FETCH, SERVE_ADDRESS, takes
+from quantpick.cli.option_table import ServeGgufOpt, ServeTimeoutOpt
 
 if TYPE_CHECKING:
     from quantpick.config import Settings
@@ -69,16 +45,6 @@ if TYPE_CHECKING:
     from quantpick.serve.server_records import ServerRecord
 
 DEFAULT_PORT = 8080  # llama-server's own default (common/common.h)
-
-PortOpt = Annotated[
-    Optional[int],  # noqa: UP045
-    typer.Option(
-        "--port",
-        help="Port to listen on (default 8080). 0, or a port in use: a free one, said so. "
-        "With --stop: the server on this port.",
-        show_default=False,
-    ),
-]
 
 
 class _ProgressLine:
@@ -259,80 +225,28 @@ def _stop(settings: Settings, alias: str | None, port: int | None, json_: bool) 
 
 
 @app.command("serve")
-@with_blocks
-def serve_cmd(
-    model: ModelArg = None,
-    ctx_size: CtxOpt = 0,
-    quant: QuantOpt = None,
-    gguf: Annotated[
-        Optional[Path],  # noqa: UP045
-        typer.Option(
-            "--gguf",
-            help="Serve a GGUF on disk (planned on its own header; nothing is downloaded).",
-            dir_okay=False,
-        ),
-    ] = None,
-    mmproj: MmprojOpt = None,
-    choice_options: OptionBlock = CHOICE,
-    source: SourceOpt = "auto",
-    allow_unverified: AllowUnverifiedOpt = False,
-    reuse: ReuseOpt = None,
-    reuse_from: ReuseFromOpt = None,
-    hf_cache: HfCacheOpt = None,
-    quiet: Annotated[bool, typer.Option("--quiet", "-Q", help="No progress on stderr.")] = False,
-    cpu_only: CpuOnlyOpt = False,
-    backend: BackendOpt = None,
-    rpc: RpcOpt = None,
-    llama_server: LlamaServerOpt = None,
-    llama_bin: LlamaBinOpt = None,
-    no_confirm: NoConfirmOpt = False,
-    gpu_overhead: GpuOverheadOpt = None,
-    margin: MarginOpt = None,
-    ram_reserve: RamReserveOpt = None,
-    exact: ExactOpt = False,
-    no_network: NoNetworkOpt = False,
-    host: Annotated[str, typer.Option("--host", help="Address to listen on.")] = "127.0.0.1",
-    port: PortOpt = None,
-    alias: Annotated[
-        Optional[str],  # noqa: UP045
-        typer.Option("--alias", help="Model name the server answers to (default: the model id)."),
-    ] = None,
-    api_key_env: Annotated[
-        Optional[str],  # noqa: UP045
-        typer.Option(
-            "--api-key-env",
-            help="NAME of an environment variable holding the API key (never written anywhere).",
-        ),
-    ] = None,
-    detach: Annotated[
-        bool,
-        typer.Option("--detach", "-d", help="Leave it running in the background (a pid file)."),
-    ] = False,
-    timeout: Annotated[
-        float,
-        typer.Option("--timeout", help="Seconds to wait for llama-server to load and answer."),
-    ] = 600.0,
-    status: Annotated[
-        bool, typer.Option("--status", help="List the servers quantpick started that still run.")
-    ] = False,
-    stop: Annotated[
-        bool,
-        typer.Option(
-            "--stop", help="Stop a server quantpick started: MODEL names its alias (--port N)."
-        ),
-    ] = False,
-    json_: JsonOpt = False,
-    **options: Any,
-) -> None:
+@takes(
+    "model ctx_size quant gguf mmproj",
+    CHOICE,
+    "source allow_unverified",
+    FETCH,
+    "quiet cpu_only backend rpc llama_server llama_bin no_confirm gpu_overhead margin ram_reserve "
+    "exact no_network",
+    SERVE_ADDRESS,
+    "detach timeout status stop json_",
+)
+def serve_cmd(gguf: ServeGgufOpt = None, timeout: ServeTimeoutOpt = 600.0, **options: Any) -> None:
     """Plan, fetch (or reuse) and verify, confirm with llama.cpp, then run llama-server with the
     plan's flags and wait until it answers; print the endpoint (OpenAI base URL, model, context).
     Stays in the foreground until Ctrl-C (exit 130) or SIGTERM (143), unless --detach."""
     given = {**locals(), **options}
+    model, port, alias, json_ = (given[k] for k in ("model", "port", "alias", "json_"))
     from quantpick.cli import output
     from quantpick.errors import UsageError
     from quantpick.serve.server import stop_signals
 
     settings = FetchOptions.of(given).settings()
+    status, stop = given["status"], given["stop"]
     if status and stop:
         raise UsageError("--status and --stop: give one")
     if status or stop:
@@ -347,7 +261,9 @@ def serve_cmd(
     progress_line = _ProgressLine(alias or model or (gguf.name if gguf else "the model"))
     with stop_signals():
         result = _start(given, settings, server, progress_line)
-        ended = _show_and_wait(result, settings, json_=json_, detach=detach, quiet=quiet)
+        ended = _show_and_wait(
+            result, settings, json_=json_, detach=given["detach"], quiet=given["quiet"]
+        )
     if ended is None:
         return  # detached: it keeps running
     if ended.how == "exited":

@@ -36,7 +36,7 @@ import stat
 import time
 from collections.abc import Callable
 from contextlib import suppress
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -199,45 +199,35 @@ def download_file(
         lock.release()
 
 
+@dataclass(eq=False)
 class FileTransfer:
     """One file's download, run under its lock: use or resume what is on disk, fetch the rest
     (one stream, or segments over several connections), verify, rename."""
 
-    def __init__(
-        self,
-        remote: RemoteFile,
-        dest: Path,
-        *,
-        headers_for: HeadersFor,
-        sha256: str | None,
-        size: int | None,
-        expected_from: str,
-        source_label: str,
-        policy: RetryPolicy,
-        progress: ProgressSink,
-        disk_usage: Callable[[str], Any],
-        durable: bool,
-        segments: SegmentPolicy,
-        owner: str | None = None,
-    ) -> None:
-        self.remote = remote
-        self.dest = dest
-        self.headers_for = headers_for
-        self.sha = sha256
-        self.size = size
-        self.expected_from = expected_from
-        self.source_label = source_label
-        self.policy = policy
-        self.progress = progress
-        self.disk_usage = disk_usage
-        self.durable = durable
-        self.segments = segments
-        self.owner = owner  # another tool's folder holds dest: never resume into or move it
-        self.part, self.sidecar = part_paths(dest)
-        self.content = Content(remote.url, size, sha256, remote.revision)
-        self.started = time.monotonic()
-        self.resumed_from = 0  # bytes of an earlier run this one keeps
-        self.connections = 0  # most connections used at once
+    remote: RemoteFile
+    dest: Path
+    _: KW_ONLY
+    headers_for: HeadersFor
+    sha256: str | None
+    size: int | None
+    expected_from: str
+    source_label: str
+    policy: RetryPolicy
+    progress: ProgressSink
+    disk_usage: Callable[[str], Any]
+    durable: bool
+    segments: SegmentPolicy
+    owner: str | None = None  # another tool's folder holds dest: never resume into or move it
+    part: Path = field(init=False)
+    sidecar: Path = field(init=False)
+    content: Content = field(init=False)
+    started: float = field(init=False, default_factory=time.monotonic)
+    resumed_from: int = field(init=False, default=0)  # bytes of an earlier run this one keeps
+    connections: int = field(init=False, default=0)  # most connections used at once
+
+    def __post_init__(self) -> None:
+        self.part, self.sidecar = part_paths(self.dest)
+        self.content = Content(self.remote.url, self.size, self.sha256, self.remote.revision)
 
     def run(self) -> DownloadResult:
         self.started = time.monotonic()
@@ -263,7 +253,7 @@ class FileTransfer:
 
     def _final_file(self) -> DownloadResult | None:
         """A file at the final name: reused when verified, resumed when shorter, else aside."""
-        dest, sha, size = self.dest, self.sha, self.size
+        dest, sha, size = self.dest, self.sha256, self.size
         if not dest.exists():
             return None
         with os_step("cannot read", dest):
@@ -638,7 +628,7 @@ class FileTransfer:
         self, fd: int, digest: str, got_size: int, fetched: int, *, resumed_from: int | None = None
     ) -> DownloadResult:
         """Verify, make durable, rename to the final name (or move the bytes aside)."""
-        part, dest, sha, size = self.part, self.dest, self.sha, self.size
+        part, dest, sha, size = self.part, self.dest, self.sha256, self.size
         on_disk = os.fstat(fd).st_size
         if on_disk != got_size:  # the hash covers the stream; make sure the file is that stream
             raise DownloadError(f"{part} holds {on_disk} bytes, {got_size} were written")

@@ -239,37 +239,33 @@ def _connect(url: str, policy: RetryPolicy) -> tuple[http.client.HTTPConnection,
         target += "?" + parts.query
     proxy = _proxy_for(url)
     conn: http.client.HTTPConnection
+    tls = parts.scheme == "https"
     if proxy:
         p = urlsplit(proxy)
-        if parts.scheme == "https":
-            conn = http.client.HTTPSConnection(
-                p.hostname or "",
-                p.port or 80,
-                timeout=policy.connect_timeout,
-                context=ssl.create_default_context(),
-            )
+        conn = _connection(p.hostname or "", p.port or 80, tls=tls, policy=policy)
+        if tls:
             conn.set_tunnel(parts.hostname or "", parts.port or 443)
         else:
-            conn = http.client.HTTPConnection(
-                p.hostname or "", p.port or 80, timeout=policy.connect_timeout
-            )
             target = url  # absolute-form for a forward proxy
-    elif parts.scheme == "https":
-        conn = http.client.HTTPSConnection(
-            parts.hostname or "",
-            parts.port or 443,
-            timeout=policy.connect_timeout,
-            context=ssl.create_default_context(),
-        )
     else:
-        conn = http.client.HTTPConnection(
-            parts.hostname or "", parts.port or 80, timeout=policy.connect_timeout
-        )
+        port = parts.port or (443 if tls else 80)
+        conn = _connection(parts.hostname or "", port, tls=tls, policy=policy)
     conn.connect()
     if conn.sock is not None:
         conn.sock.settimeout(policy.idle_timeout)  # per recv(): a stall, not a total cap
         conn.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 * 1024 * 1024)
     return conn, target
+
+
+def _connection(
+    host: str, port: int, *, tls: bool, policy: RetryPolicy
+) -> http.client.HTTPConnection:
+    """An unopened connection to host:port (TLS with the system's trust store when `tls`)."""
+    if tls:
+        return http.client.HTTPSConnection(
+            host, port, timeout=policy.connect_timeout, context=ssl.create_default_context()
+        )
+    return http.client.HTTPConnection(host, port, timeout=policy.connect_timeout)
 
 
 def open_url(

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from quantpick.errors import UsageError
 from quantpick.hub.base import RemoteFile, RepoSource
 from quantpick.hub.kinds import KINDS, SOURCE_KINDS
+from quantpick.json_view import attrs
 
 if TYPE_CHECKING:
     from quantpick.config import Settings
@@ -43,10 +44,4 @@ def open_source(
 
 def describe(source: SourceSpec) -> dict[str, Any]:
     """A JSON-ready view of a manifest source (no credentials ever)."""
-    return {
-        "kind": source.kind,
-        "repo": source.repo,
-        "revision": source.revision,
-        "url_template": source.url_template,
-        "name": source.name,
-    }
+    return attrs(source, "kind repo revision url_template name")

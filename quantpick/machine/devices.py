@@ -394,17 +394,11 @@ def read_list_devices(binary: Path, timeout_s: float = LIST_DEVICES_TIMEOUT_S) -
     """Run `binary --list-devices`, bounded in time and output (process.run_tool: its own
     process group, stdout capped, killed at the deadline); ValueError naming the tool when it is
     slow, fails, or prints what is not a device list."""
-    from quantpick.process import run_tool
+    from quantpick.process import tool_stdout
 
     flag = LIST_DEVICES_FLAG  # llama-server's flag, not one of quantpick's
-    try:
-        done = run_tool([str(binary), flag], timeout_s=timeout_s, stdout_cap=MAX_TOOL_OUTPUT_BYTES)
-    except OSError as exc:
-        raise ValueError(f"{binary} {flag}: {exc.strerror or exc}") from None
-    if done.timed_out:
-        raise ValueError(f"{binary} {flag}: no answer in {timeout_s:g} s")
-    if done.overflowed:
-        raise ValueError(f"{binary} {flag}: more than {MAX_TOOL_OUTPUT_BYTES} bytes")
-    if done.returncode != 0:
-        raise ValueError(f"{binary} {flag}: exit status {done.returncode}")
-    return parse_list_devices(done.stdout)
+    text = tool_stdout(
+        [str(binary), flag], timeout_s=timeout_s, stdout_cap=MAX_TOOL_OUTPUT_BYTES,
+        shown=f"{binary} {flag}",
+    )  # fmt: skip
+    return parse_list_devices(text)

@@ -305,11 +305,7 @@ def load_hardware_file(path: Path, *, default_host: Callable[[], Host] | None = 
         # `--hardware <(ssh box quantpick probe --json)`: a pipe is read too, bounded
         text = read_bounded_text(path, MAX_HARDWARE_FILE_BYTES, pipe_timeout_s=PIPE_TIMEOUT_S)
     except OSError as exc:
-        raise HardwareError(
-            f"cannot read hardware file {path}: {exc.strerror or exc}",
-            path=str(path),
-            os_errno=exc.errno,
-        ) from None
+        raise HardwareError.unreadable("hardware file", path, exc) from None
     except UnicodeDecodeError:
         raise HardwareError(f"hardware file {path} is not text (expected JSON or TOML)") from None
     as_json = path.suffix.lower() == ".json" or (

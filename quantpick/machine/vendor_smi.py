@@ -199,20 +199,12 @@ def parse_xpu_smi_device(text: str) -> SmiGpu:
 
 def run_smi(program: str, args: tuple[str, ...], timeout_s: float = SMI_TIMEOUT_S) -> str:
     """`program args`, bounded; ValueError naming the tool when it is slow, fails or floods."""
-    from quantpick.process import run_tool
+    from quantpick.process import tool_stdout
 
     shown = f"{program} {' '.join(args)}"
-    try:
-        done = run_tool([program, *args], timeout_s=timeout_s, stdout_cap=MAX_SMI_OUTPUT_BYTES)
-    except OSError as exc:
-        raise ValueError(f"{shown}: {exc.strerror or exc}") from None
-    if done.timed_out:
-        raise ValueError(f"{shown}: no answer in {timeout_s:g} s")
-    if done.overflowed:
-        raise ValueError(f"{shown}: more than {MAX_SMI_OUTPUT_BYTES} bytes")
-    if done.returncode != 0:
-        raise ValueError(f"{shown}: exit status {done.returncode}")
-    return done.stdout
+    return tool_stdout(
+        [program, *args], timeout_s=timeout_s, stdout_cap=MAX_SMI_OUTPUT_BYTES, shown=shown
+    )
 
 
 Runner = Callable[[str, tuple[str, ...]], str]

@@ -306,6 +306,13 @@ def build_manifest(
             )
         return listed or from_sums
 
+    def file_entry(m: Any, quant: str, **role: Any) -> str:
+        """A [[files]] table: what every file says, with what its role adds before the shard."""
+        row = {"name": m.name, "quant": quant, "size_bytes": by_name[m.name].size,
+               "size_exact": True, "sha256": sha_of(m.name), **role, "shard": m.shard,
+               "shard_count": m.shard_count}  # fmt: skip
+        return "\n" + _table("files", row, True)
+
     meta = header.metadata
     display = meta.get("general.name") if isinstance(meta.get("general.name"), str) else None
     lic = meta.get("general.license") if isinstance(meta.get("general.license"), str) else None
@@ -345,47 +352,15 @@ def build_manifest(
             }  # fmt: skip
         )
         for m in group.files:
-            parts.append(
-                "\n"
-                + _table(
-                    "files",
-                    {
-                        "name": m.name,
-                        "quant": group.quant,
-                        "size_bytes": by_name[m.name].size,
-                        "size_exact": True,
-                        "sha256": sha_of(m.name),
-                        "bits_per_weight": bpw if 0.5 <= bpw <= 64 else None,
-                        "quality_rank": rank,
-                        "shard": m.shard,
-                        "shard_count": m.shard_count,
-                    },
-                    True,
-                )
-            )
+            bits = bpw if 0.5 <= bpw <= 64 else None
+            parts.append(file_entry(m, group.quant, bits_per_weight=bits, quality_rank=rank))
     projectors = []
     for group in groups:
         if group.role != "mmproj":
             continue
         for m in group.files:
             projectors.append(m.name)
-            parts.append(
-                "\n"
-                + _table(
-                    "files",
-                    {
-                        "name": m.name,
-                        "quant": group.quant,
-                        "size_bytes": by_name[m.name].size,
-                        "size_exact": True,
-                        "sha256": sha_of(m.name),
-                        "role": "mmproj",
-                        "shard": m.shard,
-                        "shard_count": m.shard_count,
-                    },
-                    True,
-                )
-            )
+            parts.append(file_entry(m, group.quant, role="mmproj"))
     text = "".join(parts)
     # Validate with the loader every other command uses: never write a manifest it would refuse.
     if sys.version_info >= (3, 11):

@@ -13,6 +13,7 @@ from typing import Any, NoReturn
 from quantpick.arch.base import Architecture, HValue
 from quantpick.errors import ManifestError
 from quantpick.hub.kinds import KINDS, SOURCE_KINDS
+from quantpick.json_view import attrs
 from quantpick.safe_names import name_problem, path_conflicts
 
 __all__ = ["Architecture", "Manifest", "ModelFile", "Sampling", "Source", "parse_manifest"]
@@ -584,15 +585,9 @@ def manifest_to_dict(manifest: Manifest) -> dict[str, Any]:
 
     arch = manifest.architecture
     return {
-        "id": manifest.id,
-        "display_name": manifest.display_name,
-        "description": manifest.description,
-        "license": manifest.license,
-        "reasoning": manifest.reasoning,
-        "checksums_file": manifest.checksums_file,
+        **attrs(manifest, "id display_name description license reasoning checksums_file"),
         "aliases": list(manifest.aliases),
-        "path": manifest.path,
-        "origin": manifest.origin,
+        **attrs(manifest, "path origin"),
         "quants": list(manifest.quants),
         "architecture": architecture_to_dict(arch),
         "sampling": asdict(manifest.sampling) if manifest.sampling else None,

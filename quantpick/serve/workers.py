@@ -37,17 +37,10 @@ class WorkerCommand:
     firewall: tuple[str, ...]  # commands to run on the worker so that only the head gets in
 
 
-def _ipv4(text: str) -> bool:
-    import ipaddress  # only when there are workers
-
-    try:
-        return isinstance(ipaddress.ip_address(text), ipaddress.IPv4Address)
-    except ValueError:
-        return False
-
-
 def _loopback(text: str) -> bool:
-    return text.startswith("127.") and _ipv4(text)
+    from quantpick.machine.rpc import is_ipv4  # only when there are workers
+
+    return text.startswith("127.") and is_ipv4(text)
 
 
 def build_worker_commands(
@@ -67,7 +60,9 @@ def build_worker_commands(
     (RpcWorker.address). quantpick never picks 0.0.0.0 on its own. `weights_bytes` (endpoint ->
     bytes planned on it) sizes the tensor cache.
     """
-    if bind is not None and not _ipv4(bind):
+    from quantpick.machine.rpc import is_ipv4  # only when there are workers
+
+    if bind is not None and not is_ipv4(bind):
         raise UsageError(
             f"--rpc-bind {bind}: ggml-rpc-server binds an IPv4 address (e.g. 192.168.1.20)"
         )
@@ -76,8 +71,8 @@ def build_worker_commands(
     for worker in workers:
         names = tuple(f"RPC{n_devices + i}" for i in range(len(worker.devices)))
         n_devices += len(worker.devices)
-        reach = worker.address if worker.address and _ipv4(worker.address) else None
-        if reach is None and _ipv4(worker.host):
+        reach = worker.address if worker.address and is_ipv4(worker.address) else None
+        if reach is None and is_ipv4(worker.host):
             reach = worker.host
         address = bind if bind is not None else reach
         if address is None:

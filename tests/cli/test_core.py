@@ -265,7 +265,7 @@ def test_every_command_taking_a_context_accepts_128k() -> None:
     b = runner.invoke(app, ["pick", MODEL, "-c", "131072", "--gpu", "3090", "--json"])
     assert a.exit_code == b.exit_code == 0, a.stderr
     assert json.loads(a.stdout)["config"] == json.loads(b.stdout)["config"]
-    from quantpick.cli.options import CtxOpt
+    from quantpick.cli.option_table import CtxOpt
 
     walked = _all_commands()
     takes_c = [name for name, cmd in walked.items() if "-c" in _options(cmd)]

@@ -337,3 +337,18 @@ def test_a_weight_above_the_drivers_largest_tensor_stays_on_the_host(q4km: Model
     assert gpu_all - gpu_cut == sum(q4km.tensor_alloc(t, backend("vulkan").buffer) for t in moved)
     assert host_cut - host_all == sum(q4km.tensor_alloc(t, CPU_BUFFER) for t in moved)
     assert split(biggest.n_bytes) == (gpu_all, host_all)  # at the limit: still on the device
+
+
+def test_each_backend_names_its_devices_and_host_buffer_as_llama_cpp_prints_them() -> None:
+    """The names a backend module no longer spells out (its own name + index, `<name>_Host`)
+    come out as llama.cpp prints them; Metal's MTL and the CPU's host buffer are the exceptions
+    their modules state."""
+    names = {b.kind.value: (b.device_name(0), b.host_buffer) for b in all_backends()}
+    assert names == {
+        "cuda": ("CUDA0", "CUDA_Host"),
+        "rocm": ("ROCm0", "ROCm_Host"),
+        "metal": ("MTL0", "Metal_Host"),
+        "vulkan": ("Vulkan0", "Vulkan_Host"),
+        "sycl": ("SYCL0", "SYCL_Host"),
+        "cpu": ("CPU0", "CPU"),
+    }

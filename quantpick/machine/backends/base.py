@@ -178,26 +178,31 @@ class BackendKind(str, Enum):
     CPU = "cpu"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Backend:
-    """One ggml backend as llama.cpp builds it."""
+    """One ggml backend as llama.cpp builds it. A backend module states what differs from the
+    usual: a device prefix other than its name (Metal's MTL), a host buffer not named
+    `<name>_Host` (the CPU's), variables that order its devices, memory that is the host's."""
 
     kind: BackendKind
     label: str  # how quantpick names it in output: "CUDA", "ROCm", "Metal", ...
-    # llama.cpp's device names are prefix + index (ggml_backend_dev_name); older builds that
-    # printed another spelling are listed in `legacy_prefixes` (parsing only).
-    device_prefix: str
-    host_buffer: str  # the pinned host buffer type's name ("CUDA_Host"): an -ot target = host
+    # llama.cpp's device names are prefix + index (ggml_backend_dev_name): the backend's name
+    # ("CUDA0", "ROCm0", "Vulkan0", "SYCL0") unless it says otherwise; older builds that printed
+    # another spelling are listed in `legacy_prefixes` (parsing only).
+    device_prefix: str = ""
+    # The pinned host buffer type's name, an -ot target that means host memory: `<name>_Host`
+    # for each GPU backend ("CUDA_Host", "ROCm_Host", "Vulkan_Host", "SYCL_Host", "Metal_Host").
+    host_buffer: str = ""
     buffer: BufferRule  # how its device buffers size a tensor (model/ggml.py)
     # The variable that selects and orders this backend's devices (None: none exists), and
     # variables set whenever devices are named (CUDA_DEVICE_ORDER=PCI_BUS_ID).
     visibility_env: str | None
-    order_env: tuple[tuple[str, str], ...]
+    order_env: tuple[tuple[str, str], ...] = ()
     # The GPUs this backend drives (Metal drives Apple GPUs only; Vulkan drives every vendor).
     vendors: tuple[Vendor, ...]
     # True: the device's memory is the host's (Metal on Apple Silicon); per device otherwise
     # (Gpu.unified, from the catalogue or the probe).
-    always_unified: bool
+    always_unified: bool = False
     # Where llama.cpp's total and free for a device come from (docs/backends.md).
     memory_source: str
     # The fraction of the memory bus's bandwidth this backend's decode kernels reach, relative to
@@ -237,6 +242,12 @@ class Backend:
     # How fast it runs a speculative verify batch relative to its own mat-vec decode
     # (plan/speculative.py; fitted where published runs exist, 1.0 otherwise).
     verify_efficiency: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not self.device_prefix:
+            object.__setattr__(self, "device_prefix", self.label)
+        if not self.host_buffer:
+            object.__setattr__(self, "host_buffer", f"{self.label}_Host")
 
     @property
     def key(self) -> str:

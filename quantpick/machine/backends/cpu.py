@@ -12,11 +12,9 @@ from quantpick.model.ggml import CPU_BUFFER
 BACKEND = Backend(
     kind=BackendKind.CPU,
     label="CPU",
-    device_prefix="CPU",
     host_buffer="CPU",
     buffer=CPU_BUFFER,
     visibility_env=None,
-    order_env=(),
     vendors=(Vendor.NONE,),
     always_unified=True,
     memory_source="/proc/meminfo MemAvailable, cgroup limits",

@@ -32,14 +32,11 @@ CUDA_COMPUTE = ComputeTraits(
 BACKEND = Backend(
     kind=BackendKind.CUDA,
     label="CUDA",
-    device_prefix="CUDA",
-    host_buffer="CUDA_Host",
     buffer=CUDA_BUFFER,
     visibility_env="CUDA_VISIBLE_DEVICES",
     # CUDA's default order is fastest-first; the plan numbers GPUs as NVML does (PCI bus order).
     order_env=(("CUDA_DEVICE_ORDER", "PCI_BUS_ID"),),
     vendors=(Vendor.NVIDIA,),
-    always_unified=False,
     memory_source="NVML (nvmlDeviceGetMemoryInfo); llama.cpp: cudaMemGetInfo",
     cmake_option="-DGGML_CUDA=ON",
     image_suffix="cuda",

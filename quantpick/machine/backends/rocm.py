@@ -23,13 +23,9 @@ from quantpick.model.ggml import BufferRule
 BACKEND = Backend(
     kind=BackendKind.ROCM,
     label="ROCm",
-    device_prefix="ROCm",
-    host_buffer="ROCm_Host",
     buffer=BufferRule("ROCm", 128, 512),
     visibility_env="HIP_VISIBLE_DEVICES",
-    order_env=(),
     vendors=(Vendor.AMD,),
-    always_unified=False,
     memory_source="sysfs mem_info_vram_total/used (mem_info_gtt_* on APUs), amd-smi/rocm-smi; "
     "llama.cpp: hipMemGetInfo",
     cmake_option="-DGGML_HIP=ON",

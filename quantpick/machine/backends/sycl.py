@@ -66,13 +66,9 @@ SYCL_DECODE_PATHS = (
 BACKEND = _SyclBackend(
     kind=BackendKind.SYCL,
     label="SYCL",
-    device_prefix="SYCL",
-    host_buffer="SYCL_Host",
     buffer=BufferRule("SYCL", 128, 512),
     visibility_env="ONEAPI_DEVICE_SELECTOR",
-    order_env=(),
     vendors=(Vendor.INTEL,),
-    always_unified=False,
     memory_source="sysfs (xe/i915 lmem), xpu-smi; llama.cpp: SYCL global_mem_size",
     cmake_option="-DGGML_SYCL=ON",
     image_suffix="intel",
