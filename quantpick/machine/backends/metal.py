@@ -15,8 +15,37 @@
 
 from __future__ import annotations
 
-from quantpick.machine.backends.base import Backend, BackendKind, ComputeTraits, Vendor
+from quantpick.machine.backends.base import (
+    Backend,
+    BackendKind,
+    ComputeTraits,
+    FixedCost,
+    Vendor,
+)
 from quantpick.model.ggml import BufferRule
+
+# Apple's decode graph costs 2.0x the CUDA reference card's per-layer fixed time on every Apple
+# GPU, not that time scaled by 142 / the chip's TFLOPS (the CUDA rule, under which a 20-core M4
+# Pro paid 4.0x the reference and a 76-core M2 Ultra 1.8x): ggml-metal encodes and dispatches
+# each kernel of the graph from the host (command buffers split over threads,
+# ggml_metal_graph_compute, ggml-metal-context.m:474-575 at b11312), a cost per dispatch that
+# more GPU cores do not shorten. Fitted (benchmarks/backend_speed.py, grid 1.0-16.0 in 0.25
+# steps) on the 38 Metal rows of two sources, the M2 Ultra's llama-bench runs (rows 1001-1030)
+# and an M4 Pro's llama-server runs of 8 models of 0.7-15 GiB (llmfit's community data, rows
+# 1101-1108); each source predicted from the other: decode median error 17%, worst 1.78x (was
+# 7% / 2.72x with one source; the 1B on the M4 Pro was 1.69x slow under the CUDA rule); fitted
+# on the M2 Ultra alone 2.00, on the M4 Pro alone 1.25.
+METAL_DECODE_FIXED = (
+    FixedCost(
+        Vendor.APPLE,
+        2.0,
+        source="ggml-metal-context.m:474-575 (ggml_metal_graph_compute: host-encoded "
+        "command buffers)",
+        basis="38 runs, 14 models, M2 Ultra + M4 Pro (llama.cpp benches/mac-m2-ultra, "
+        "AlexsJones/llmfit community apple-m4-pro); held out by source 17% / 1.78x",
+        throughput_scaled=False,
+    ),
+)
 
 BACKEND = Backend(
     kind=BackendKind.METAL,
@@ -36,8 +65,9 @@ BACKEND = Backend(
     # ggml-metal-ops.cpp:2949-2956 at b11312), runs one query head per threadgroup
     # (nhptg = 1, :3588; dispatched over (queries, heads, workgroups), :3790), so the query heads
     # of a shared KV head each read and multiply its cells: the depth cost is the heads'
-    # arithmetic, 2 x n_head x (K + V head size) FLOPs per layer and cell, at 0.086 of the
-    # catalogue's FP16 figure (fitted on the rows at depth > 0). Head size 576 (MLA's latent)
+    # arithmetic, 2 x n_head x (K + V head size) FLOPs per layer and cell, at 0.077 of the
+    # catalogue's FP16 figure (fitted on the rows with a cache of 1024 cells or more, with the
+    # Apple fixed cost below). Head size 576 (MLA's latent)
     # is supported (ggml-metal-device.m:1742), so GLM-4.7-Flash's 20 heads over one latent take
     # this kernel: 5x the FLOPs per cache byte of a GQA layer, the 2.7-3.1x the bytes model
     # missed at 8K-32K. Held out by model (the rate fitted on the other five models' rows),
@@ -46,9 +76,11 @@ BACKEND = Backend(
     # ALU) figure, median error 37% held out, worst 3.0x.
     decode_efficiency=1.00,
     prefill_efficiency=1.52,
-    decode_attention_efficiency=0.086,
-    efficiency_source="fitted: 30 runs of llama.cpp benches/mac-m2-ultra (decode 4% median "
-    "held out by model, worst 1.5x; prefill 37%, worst 3.0x)",
+    decode_attention_efficiency=0.077,
+    decode_fixed=METAL_DECODE_FIXED,
+    efficiency_source="fitted: 30 runs of llama.cpp benches/mac-m2-ultra and 8 M4 Pro runs "
+    "(llmfit community data): decode 8% median held out by model, worst 1.5x, 17% / 1.8x held "
+    "out by source; prefill (M2 Ultra only) 37%, worst 3.0x",
     legacy_prefixes=("Metal",),
     cmake_option="-DGGML_METAL=ON (default on macOS)",
     # offload_op takes a matmul (MUL_MAT, MUL_MAT_ID) of >= 32 rows (ggml-metal.cpp:774-780); the
