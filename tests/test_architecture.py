@@ -165,6 +165,7 @@ FLOORS = (
         "process",
         "outputs",
         "config",
+        "answers",
         "",
     },
     {"arch", "hub"},

@@ -114,6 +114,54 @@ def main() -> None:
             sys.stdout.write(answer[0])
             sys.stdout.flush()
             sys.exit(answer[1])
+    from quantpick import answers
+
+    argv = sys.argv[1:]
+    recorder = None
+    if answers.enabled(argv, os.environ):
+        code = answers.replay(argv, os.environ, sys.stdout, sys.stderr)
+        if code is not None:
+            debug("answer replayed: no input changed since it was recorded (quantpick/answers.py)")
+            sys.exit(code)
+        recorder = answers.Recorder(argv, os.environ)
+        recorder.start()
+    try:
+        run(argv)
+    except SystemExit as exc:
+        if recorder is not None:
+            store(recorder, exit_status(exc))
+        raise
+    if recorder is not None:
+        store(recorder, 0)
+
+
+def debug(line: str) -> None:
+    if os.environ.get("QUANTPICK_DEBUG", "").strip().lower() in ("1", "true", "yes", "on"):
+        sys.stderr.write(f"debug: {line}\n")
+
+
+def store(recorder: Any, exit_code: int) -> None:
+    """Keep the run's answer for replay when its output went out whole."""
+    from quantpick.cli.output import GuardedStream
+
+    if any(
+        isinstance(s, GuardedStream) and (s.closed_by_reader or s.failure is not None)
+        for s in (sys.stdout, sys.stderr)
+    ):
+        recorder.stop()
+        debug("answer not stored: the output did not go out whole")
+        return
+    path = recorder.save(exit_code)
+    debug(f"answer stored at {path}" if path else f"answer not stored: {recorder.why_not}")
+
+
+def exit_status(exc: SystemExit) -> int:
+    """The process's exit status for `exc` (None: 0; a message: 1, as the interpreter does)."""
+    return exc.code if isinstance(exc.code, int) else 0 if exc.code is None else 1
+
+
+def run(argv: list[str]) -> None:
+    """The CLI for `argv`, inside guards for what click prints before a command starts."""
     from quantpick.cli.output import GuardedStream, OutputError
 
     # The commands run inside cli.core's boundary; these guards also cover what click prints
@@ -122,7 +170,7 @@ def main() -> None:
     sys.stderr = GuardedStream(sys.stderr, "<stderr>", raise_errors=False)
     try:
         try:
-            load_commands(_modules_for(sys.argv[1:]))(prog_name="quantpick")
+            load_commands(_modules_for(argv))(prog_name="quantpick")
         finally:
             sys.stdout.flush()
     except KeyboardInterrupt:

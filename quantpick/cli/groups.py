@@ -85,20 +85,22 @@ class MachineOptions(Group):
     threads: int | None = None
     backend: str | None = None  # --backend: llama.cpp's backend for the GPUs
 
-    def machine(self, *, disk: Path | None = None, inspect_server: bool = False) -> Machine:
+    def machine(
+        self, *, disk: Path | None = None, show_disk: bool = False, inspect_server: bool = False
+    ) -> Machine:
         """The machine, its notes on stderr. llama-server is not run unless `inspect_server`
         (`probe` shows it): planning does not need it, and `get`/`command` inspect the binary
         they target when they build the command (serve.flags.capabilities_for). `disk`: the
-        directory whose free space is shown."""
+        directory whose free space `show_disk` measures (`probe`; no plan reads it)."""
         from quantpick.machine.describe import resolve_machine
 
         check_llama_server(self.llama_server)
         machine = resolve_machine(
             hardware_file=self.hardware, gpus=self.gpu, ram=self.ram, cpu_only=self.cpu_only,
             llama_server=self.llama_server, disk_path=disk, inspect_server=inspect_server,
-            rpc=self.rpc, rpc_devices=self.rpc_device, rpc_bandwidth=self.rpc_bandwidth,
-            rpc_latency=self.rpc_latency, cores=self.cores, threads=self.threads,
-            ram_bandwidth=self.ram_bandwidth, backend_name=self.backend,
+            measure_disk=show_disk, rpc=self.rpc, rpc_devices=self.rpc_device,
+            rpc_bandwidth=self.rpc_bandwidth, rpc_latency=self.rpc_latency, cores=self.cores,
+            threads=self.threads, ram_bandwidth=self.ram_bandwidth, backend_name=self.backend,
         )  # fmt: skip
         notes(machine.notes)
         return machine

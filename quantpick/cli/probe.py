@@ -41,7 +41,7 @@ def probe(dir_: ProbeDirOpt = None, **given: Any) -> None:
     from quantpick.cli import output
     from quantpick.cli.groups import MachineOptions
 
-    machine = MachineOptions.of(given).machine(disk=dir_, inspect_server=True)
+    machine = MachineOptions.of(given).machine(disk=dir_, show_disk=True, inspect_server=True)
     if given["json_"]:
         output.print_json({"machine": machine.to_dict()})
     else:

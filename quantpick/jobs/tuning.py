@@ -16,6 +16,10 @@ if TYPE_CHECKING:
     from quantpick.plan.plan_types import PlanRequest
 
 
+# Which build each llama-server binary is (machine/llamacpp.remembered_llama_server).
+BUILD_MEMO = "llama-server-builds.json"
+
+
 @dataclass(frozen=True)
 class Tuning:
     """What the installed llama.cpp and this machine's measurements change in a plan."""
@@ -41,7 +45,8 @@ def local_tuning(
     build's.
     `sizes`: the planned model's file sizes (a profile applies to a model of its size class);
     `use_calibration=False`: --no-calibration."""
-    from quantpick.machine.llamacpp import find_llama_server, inspect_llama_server
+    from quantpick.config import load_settings
+    from quantpick.machine.llamacpp import find_llama_server, remembered_llama_server
     from quantpick.plan.build_class import PINNED, compute_rule
     from quantpick.plan.calibration import build_id
 
@@ -52,7 +57,8 @@ def local_tuning(
         server = recorded
     else:
         path = find_llama_server(llama_server)
-        server = inspect_llama_server(path) if path is not None else None
+        memo = (settings or load_settings()).cache_dir / BUILD_MEMO
+        server = remembered_llama_server(path, memo) if path is not None else None
         if server is not None and server.error is not None:
             notes.append(f"llama-server at {path}: {server.error}")
             server = None

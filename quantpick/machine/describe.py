@@ -281,6 +281,7 @@ def resolve_machine(
     llama_server: Path | None = None,
     disk_path: Path | None = None,
     inspect_server: bool = True,
+    measure_disk: bool = True,
     rpc: Sequence[str] | None = None,
     rpc_devices: Sequence[str] | None = None,
     rpc_bandwidth: str | None = None,
@@ -302,6 +303,8 @@ def resolve_machine(
     is still assumed is listed in Host.assumed and named in a note.
 
     inspect_server=False leaves llama-server alone (no `--version` run): only `probe` reports it.
+    measure_disk=False leaves the free space of a described machine's disk unmeasured (None):
+    only `probe` shows it, and a plan is then a function of its inputs alone (quantpick/answers.py).
 
     --gpu without --hardware keeps this machine's host, disk and llama-server but does not touch
     NVML. With --hardware, the file's llama-server and disk stand unless --llama-server / --dir
@@ -362,7 +365,7 @@ def resolve_machine(
         # this machine's, where the files go. No NVML init.
         host = typical_host()
         target = disk_path if disk_path is not None else hardware.default_disk_path()
-        disk = hardware.disk_free(target)
+        disk = hardware.disk_free(target) if measure_disk else None
         machine = Machine(
             gpus=(),
             host=host,

@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -154,6 +154,60 @@ def find_llama_server(path: Path | None = None) -> Path | None:
         return Path(found)
     builds = cached_builds()
     return builds[0] / SERVER if builds else None
+
+
+def remembered_llama_server(
+    path: Path,
+    memo: Path,
+    *,
+    inspect: Callable[[Path], LlamaServer] | None = None,
+) -> LlamaServer:
+    """`inspect_llama_server(path)`, remembered in the JSON file `memo` per binary: a build's
+    `--version` answer cannot change while the file itself does not, which its stat signature
+    (inode, size, mtime, ctime, as git's index compares) tells without running it. Every plan
+    asks which build will run it; a CUDA build takes a good part of a second to answer (it loads
+    its backends first). Only answers that name a build are kept; an unreadable or damaged memo
+    is a miss, and a memo that cannot be written is left as it was."""
+    import json
+
+    inspect = inspect or inspect_llama_server
+    try:
+        real = path.resolve()
+        st = real.stat()
+    except OSError:
+        return inspect(path)
+    key = str(real)
+    signature = [st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+    try:
+        known = json.loads(memo.read_text(encoding="utf-8"))
+        if not isinstance(known, dict):
+            known = {}
+    except (OSError, ValueError):
+        known = {}
+    entry = known.get(key)
+    if isinstance(entry, dict) and entry.get("signature") == signature:
+        build = entry.get("build")
+        if isinstance(build, int):
+            version, commit = entry.get("version"), entry.get("commit")
+            return LlamaServer(
+                path=str(path),
+                version=version if isinstance(version, str) else None,
+                build=build,
+                commit=commit if isinstance(commit, str) else None,
+            )
+    server = inspect(path)
+    if server.error is None and server.build is not None:
+        known[key] = {"signature": signature, "version": server.version,
+                      "build": server.build, "commit": server.commit}  # fmt: skip
+        from quantpick.outputs import write_atomic
+
+        text = json.dumps(known, indent=1, sort_keys=True) + "\n"
+        try:
+            memo.parent.mkdir(parents=True, exist_ok=True)
+            write_atomic(memo, text.encode(), durable=False)
+        except OSError:
+            pass
+    return server
 
 
 def inspect_llama_server(path: Path, *, timeout_s: float = VERSION_TIMEOUT_S) -> LlamaServer:

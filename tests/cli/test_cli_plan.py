@@ -347,7 +347,8 @@ def test_llama_server_runs_only_where_it_is_needed(
     q4km_gguf: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Planning never starts llama-server: it asks for --version (the build picks the compute
-    rule); `command` also reads --help (and --version again) to check the command's flags."""
+    rule) once per binary (remembered while the file is unchanged: machine/llamacpp.py);
+    `command` also reads --help (and --version again) to check the command's flags."""
     data = Path(__file__).resolve().parents[1] / "data"
     log = tmp_path / "calls.log"
     fake = tmp_path / "bin" / "llama-server"
@@ -368,11 +369,15 @@ def test_llama_server_runs_only_where_it_is_needed(
         result = runner.invoke(app, [*args, *BOX, "--json"])
         assert result.exit_code == 0, result.stderr
         assert json.loads(result.stdout)["compute_rule"]["class"] == "capped"
-    assert log.read_text().split() == ["--version"] * 3
+    assert log.read_text().split() == ["--version"]
+    fake.write_text(fake.read_text() + "# rebuilt\n")  # another binary: asked again
+    result = runner.invoke(app, ["pick", MODEL, "-c", "32768", *BOX])
+    assert result.exit_code == 0, result.stderr
+    assert log.read_text().split() == ["--version"] * 2
     log.unlink()
     result = runner.invoke(app, ["command", "--gguf", str(q4km_gguf), "-c", "8192", *BOX, "--json"])
     assert result.exit_code == 0, result.stderr
-    assert log.read_text().split() == ["--version", "--help", "--version"]
+    assert log.read_text().split() == ["--help", "--version"]  # its build is remembered
     target = json.loads(result.stdout)["command"]
     assert target["argv"][0] == str(fake)
 

@@ -15,7 +15,9 @@ from quantpick.machine.llamacpp import (
     find_llama_server,
     locate_llama_server,
     not_found_message,
+    remembered_llama_server,
 )
+from quantpick.machine.spec import LlamaServer
 
 
 def _tool(directory: Path, name: str = "llama-server") -> Path:
@@ -106,3 +108,49 @@ def test_beside_a_tool_of_the_build_cache_names_the_cache(tmp_path: Path) -> Non
     fit = _tool(bin_dir, "llama-fit-params")
     found = locate_llama_server(beside=[fit], env={"QUANTPICK_LLAMACPP_CACHE": str(tmp_path)})
     assert found is not None and found.origin == BUILD_CACHE_ORIGIN
+
+
+class CountingInspect:
+    """inspect_llama_server's stand-in: answers `build` and counts the runs it would have cost."""
+
+    def __init__(self, build: int | None = 11312, error: str | None = None) -> None:
+        self.calls = 0
+        self.build, self.error = build, error
+
+    def __call__(self, path: Path) -> LlamaServer:
+        self.calls += 1
+        return LlamaServer(path=str(path), version="0.3.36", build=self.build, commit="7fa9b96",
+                           error=self.error)  # fmt: skip
+
+
+def test_a_binary_is_asked_its_build_once_while_it_is_unchanged(tmp_path: Path) -> None:
+    binary, memo = tmp_path / "llama-server", tmp_path / "cache" / "builds.json"
+    binary.write_bytes(b"\x7fELF one")
+    inspect = CountingInspect()
+    first = remembered_llama_server(binary, memo, inspect=inspect)
+    second = remembered_llama_server(binary, memo, inspect=inspect)
+    assert inspect.calls == 1 and first == second
+    assert (second.build, second.version, second.commit) == (11312, "0.3.36", "7fa9b96")
+
+
+def test_a_rebuilt_binary_is_asked_again(tmp_path: Path) -> None:
+    binary, memo = tmp_path / "llama-server", tmp_path / "builds.json"
+    binary.write_bytes(b"\x7fELF one")
+    remembered_llama_server(binary, memo, inspect=CountingInspect(11312))
+    binary.write_bytes(b"\x7fELF two, longer")  # another build in its place
+    newer = CountingInspect(11400)
+    assert remembered_llama_server(binary, memo, inspect=newer).build == 11400
+    assert newer.calls == 1
+
+
+def test_a_failed_answer_or_a_damaged_memo_is_not_trusted(tmp_path: Path) -> None:
+    binary, memo = tmp_path / "llama-server", tmp_path / "builds.json"
+    binary.write_bytes(b"\x7fELF")
+    failing = CountingInspect(None, error="--version did not finish in 5 s")
+    remembered_llama_server(binary, memo, inspect=failing)
+    remembered_llama_server(binary, memo, inspect=failing)
+    assert failing.calls == 2 and not memo.exists()
+    memo.write_text("[not a dict")
+    ok = CountingInspect()
+    assert remembered_llama_server(binary, memo, inspect=ok).build == 11312 and ok.calls == 1
+    assert remembered_llama_server(binary, memo, inspect=ok).build == 11312 and ok.calls == 1
