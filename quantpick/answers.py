@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import sys
 import zlib
 from collections.abc import Callable
@@ -137,6 +138,23 @@ def answer_path(store: Path, material: str) -> Path:
     return store / f"{zlib.crc32(data):08x}{zlib.adler32(data):08x}.json"
 
 
+def trusted(path: Path) -> bool:
+    """Whether a stored answer is this user's own: the file and its folder owned by this user
+    and writable by nobody else (as ssh checks its keys). A store in a shared folder that
+    someone else could write to is never replayed: a planted answer would print their command."""
+    if not hasattr(os, "getuid"):
+        return True
+    for where in (path, path.parent):
+        st = _stat(where, follow_symlinks=False)
+        if (
+            st.st_uid != os.getuid()
+            or st.st_mode & 0o022
+            or not (stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode))
+        ):
+            return False
+    return True
+
+
 def replay(
     argv: list[str], env: dict[str, str] | os._Environ[str], out: TextIO, err: TextIO
 ) -> int | None:
@@ -145,6 +163,8 @@ def replay(
     try:
         material = inputs(argv, env)
         path = answer_path(store_dir(env), material)
+        if not trusted(path):
+            return None
         with open(path, encoding="utf-8") as file:
             stored = json.load(file)
         if stored.get("format") != FORMAT or stored.get("inputs") != material:

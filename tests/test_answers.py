@@ -121,6 +121,18 @@ def test_a_forged_answer_for_other_inputs_is_not_replayed() -> None:
     assert "forged" not in run_cli(PICK).stdout
 
 
+@pytest.mark.skipif(not hasattr(os, "getuid"), reason="POSIX ownership")
+def test_a_store_others_can_write_to_is_never_replayed() -> None:
+    first = run_cli(PICK)
+    (path,) = stored_answers()
+    path.parent.chmod(0o777)  # a shared folder: anyone could have planted this answer
+    again = run_cli(PICK)
+    assert "debug: answer replayed" not in again.stderr and again.stdout == first.stdout
+    path.parent.chmod(0o700)
+    path.chmod(0o666)
+    assert "debug: answer replayed" not in run_cli(PICK).stderr
+
+
 def test_only_planning_commands_are_recorded() -> None:
     assert answers.enabled(["pick", "m", "-c", "1"], {})
     assert answers.enabled(["--offline", "estimate", "m"], {})
