@@ -404,6 +404,22 @@ SPEED_CONFIGS: tuple[RealConfig, ...] = (
         "prints 1.24 B",
     ),
     RealConfig(
+        "tinyllama-1.1b",
+        "llama",
+        {
+            "block_count": 22, "context_length": 2048, "embedding_length": 2048,
+            "feed_forward_length": 5632, "attention.head_count": 32,
+            "attention.head_count_kv": 4, "rope.freq_base": 10000.0,
+            "attention.layer_norm_rms_epsilon": 1e-5,
+            "rope.dimension_count": 64,  # conversion/llama.py: hidden_size / num_attention_heads
+        },
+        vocab_size=32000,
+        tied=False,
+        source="TinyLlama/TinyLlama-1.1B-Chat-v1.0 config.json as public copies carry it (22 "
+        "layers, 2048 hidden, 5632 FFN, 32/4 heads, rope 1e4, vocab 32000, untied; the 1T-token "
+        "checkpoint's OpenOrca fine-tune has the same geometry); llama-bench prints 1.10 B",
+    ),
+    RealConfig(
         "llama-3.2-3b",
         "llama",
         {
