@@ -222,7 +222,8 @@ def fit_draft_overhead(rows: list[dict], exclude: str | None) -> float:
 def fitted(rows: list[dict], kind: str, task: str, exclude: str | None) -> float | None:
     """The median per-token acceptance of `rows` of this kind and task (then any task), leaving
     out the source `exclude`; each row's printed rate read as its build drafted (gated or not)."""
-    pool = [r for r in rows if r["kind"] == kind and r.get("rate") and r["source"] != exclude]
+    pool = [r for r in rows if r["kind"] == kind and r.get("rate") and r["source"] != exclude
+            and not r.get("off_domain")]  # fmt: skip
     same = [r for r in pool if r["task"] == task] or pool
     if not same:
         return None
@@ -297,6 +298,15 @@ def main() -> None:
         if pred_out is not None:
             line += f"  {max(pred_out / meas, meas / pred_out):.2f}x"
         print(line)
+    for row in rows:  # the per-token acceptance of the rows that measure no speed
+        if row.get("tg_without") or row.get("tg_with") or not row.get("rate"):
+            continue
+        a = acceptance_from_rate(row["rate"], int(row["n_max"]), gated=gated(row))
+        held = fitted(rows, row["kind"], row["task"], row["source"])
+        other = "-" if held is None else f"{held:.2f}"
+        what = "off domain, not fitted" if row.get("off_domain") else "acceptance only"
+        print(f"{row['id']:>4} {row['kind']:6} {row['task']:8} {what}: rate {row['rate']:.3f} at "
+              f"n {row['n_max']}, a {a:.2f} (other sources' {row['task']}: {other})")  # fmt: skip
     print()
     for scheme, by_kind in errors.items():
         for kind, errs in by_kind.items():
@@ -323,7 +333,7 @@ def print_fit(rows: list[dict]) -> None:
         for task in Task:
             a = fitted(rows, kind.value, task.value, None)
             n = sum(1 for r in rows if r["kind"] == kind.value and r.get("rate")
-                    and r["task"] == task.value)  # fmt: skip
+                    and r["task"] == task.value and not r.get("off_domain"))  # fmt: skip
             fit = "-" if a is None else f"{a:.2f}"
             table = ACCEPTANCE[(kind, task)]
             print(f"  {kind.value:6} {task.value:9} rows {n:2}  fit {fit}  table {table:.2f}")

@@ -293,7 +293,7 @@ def test_no_private_names_imported_across_modules() -> None:
 
 # The core inputs a command needs are built from its options in one place each
 # (quantpick/cli/groups.py): no command builds a machine, a plan request or overheads by hand.
-BUILT_ONCE = {"machine_from_options", "PlanRequest", "Overheads", "PlanInputs", "ConfirmOptions"}
+BUILT_ONCE = {"resolve_machine", "PlanRequest", "Overheads", "PlanInputs", "ConfirmOptions"}
 
 
 def test_core_inputs_are_built_only_by_the_option_groups() -> None:

@@ -92,13 +92,13 @@ class MachineOptions(Group):
         (`probe` shows it): planning does not need it, and `get`/`command` inspect the binary
         they target when they build the command (serve.flags.capabilities_for). `disk`: the
         directory whose free space `show_disk` measures (`probe`; no plan reads it)."""
-        from quantpick.machine.describe import machine_from_options
+        from quantpick.machine.describe import resolve_machine
 
         check_llama_server(self.llama_server)
-        machine = machine_from_options(
-            self.hardware, self.gpu, self.ram, self.cpu_only, self.llama_server, disk,
-            inspect_server=inspect_server, measure_disk=show_disk, rpc=self.rpc,
-            rpc_device=self.rpc_device,
+        machine = resolve_machine(
+            hardware_file=self.hardware, gpus=self.gpu, ram=self.ram, cpu_only=self.cpu_only,
+            llama_server=self.llama_server, disk_path=disk, inspect_server=inspect_server,
+            measure_disk=show_disk, rpc=self.rpc, rpc_devices=self.rpc_device,
             rpc_bandwidth=self.rpc_bandwidth, rpc_latency=self.rpc_latency, cores=self.cores,
             threads=self.threads, ram_bandwidth=self.ram_bandwidth, backend_name=self.backend,
         )  # fmt: skip

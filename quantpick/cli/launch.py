@@ -14,6 +14,7 @@ from quantpick.cli.complete import MODEL_SOURCES
 
 if TYPE_CHECKING:
     from quantpick.cli.groups import LaunchOptions
+    from quantpick.jobs.get import FetchWatch
     from quantpick.machine.spec import Machine
     from quantpick.model.manifest import Manifest
     from quantpick.plan.plan_types import Plan
@@ -269,6 +270,18 @@ def write_command(
         tuple(g.index for g in machine.usable_gpus), script, eco, target_of,
     )  # fmt: skip
     emit_command(fmt, job, json_doc=json_doc, force=launch.force)
+
+
+def fetch_watch(silent: bool) -> FetchWatch:
+    """How `get` and `serve` show their fetch on stderr: the transfer's progress and, once the
+    quant is chosen, the plan's line (nothing when `silent`)."""
+    from quantpick.cli import output
+    from quantpick.cli.download import transfer_progress
+    from quantpick.jobs.get import FetchWatch
+
+    progress, live = transfer_progress(silent)
+    announce = None if silent else (lambda p: output.note(announce_plan(p)))
+    return FetchWatch(progress, announce, live)
 
 
 def announce_plan(p: Plan, *, hf: bool = False) -> str:

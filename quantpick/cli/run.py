@@ -30,6 +30,7 @@ from quantpick.cli.groups import (
 from quantpick.cli.launch import (
     announce_plan,
     checked_launch,
+    fetch_watch,
     files_in_place,
     installed_capabilities,
     write_command,
@@ -50,7 +51,6 @@ if TYPE_CHECKING:
     from quantpick.jobs.get import GetResult
     from quantpick.machine.spec import Machine
     from quantpick.model.manifest import Manifest
-    from quantpick.plan.plan_types import Plan
     from quantpick.serve.formats.base import EcosystemOptions
 
 
@@ -180,7 +180,6 @@ def get_cmd(dry_run: GetDryRunOpt = False, **given: Any) -> None:
     json_ = given["json_"]
     from quantpick.cli import output
     from quantpick.cli.confirm import report_confirmation
-    from quantpick.cli.download import transfer_progress
     from quantpick.jobs.get import GetRequest, get
 
     launch = LaunchOptions.of(given)
@@ -202,19 +201,13 @@ def get_cmd(dry_run: GetDryRunOpt = False, **given: Any) -> None:
         )  # fmt: skip
         return
     inputs = plan.inputs(manifest, machine)
-
-    def announce(p: Plan) -> None:
-        if not shown.silent:
-            output.note(announce_plan(p))
-
-    progress, live = transfer_progress(shown.silent)
     result = get(
         GetRequest(
             inputs, dest_dir=fetch.dir_, source=given["source"],
             allow_unverified=given["allow_unverified"],
             dry_run=dry_run, confirm=llama.confirm(machine),
         ),
-        settings=settings, progress=progress, on_plan=announce, live=live,
+        settings=settings, watch=fetch_watch(shown.silent),
     )  # fmt: skip
     notes((*(result.tuning.notes if result.tuning is not None else ()), *result.contradictions))
     for warning in result.warnings:

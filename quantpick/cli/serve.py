@@ -348,8 +348,7 @@ def _serve(
     """The serve job's request from the parsed options, and its progress on stderr."""
     from quantpick.cli import output
     from quantpick.cli.confirm import report_confirmation
-    from quantpick.cli.download import transfer_progress
-    from quantpick.cli.launch import announce_plan
+    from quantpick.cli.launch import fetch_watch
     from quantpick.jobs.get import GetRequest
     from quantpick.jobs.serve import ServeRequest, serve
 
@@ -378,7 +377,6 @@ def _serve(
             output.note(f"Starting {found.path} (found: {found.origin}) on {server.host}:{port}; "
                         f"its log: {log_path}")  # fmt: skip
 
-    progress, live = transfer_progress(quiet)
     fetch = FetchOptions.of(given)
     req = ServeRequest(
         get=GetRequest(
@@ -393,9 +391,7 @@ def _serve(
         timeout_s=given["timeout"],
     )  # fmt: skip
     result = serve(
-        req, settings=settings, progress=progress,
-        on_plan=None if quiet else (lambda p: output.note(announce_plan(p))), live=live,
-        on_confirmed=confirmed, on_start=started,
+        req, settings=settings, watch=fetch_watch(quiet), on_confirmed=confirmed, on_start=started,
         on_wait=None if quiet else progress_line.update,
     )  # fmt: skip
     progress_line.clear()

@@ -10,10 +10,10 @@ quantpick.fetch.transfer over plain HTTP, on the URLs a source builds.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, TypeVar
 
-from quantpick.errors import DownloadError, VerificationError
-from quantpick.hub.http import RetryPolicy, default_policy, redacted
+from quantpick.errors import DownloadError, UsageError, VerificationError
+from quantpick.hub.http import RetryPolicy, default_policy, origin, redacted
 from quantpick.safe_names import name_problem, path_conflicts, safe_relative_name, shown
 
 
@@ -124,6 +124,34 @@ class RepoSource:
             remote.url, self.request_headers, max_bytes=max_bytes, policy=self.policy
         )
         return None if data is None else data.decode("utf-8", errors="replace")
+
+
+_Opened = TypeVar("_Opened", bound="RepositorySource")
+
+
+class RepositorySource(RepoSource):
+    """A hub of repositories (hub/kinds.py `repository`): opened on a manifest source's repo at
+    its revision. Subclasses take (repo, revision, policy) and pin the revision."""
+
+    needs_repo = ""  # the usage error when the manifest source names no repo
+    endpoint: str  # the hub's base URL: requests to its origin carry the credentials
+    _token: str | None  # the user's token for the hub, None without one
+
+    @classmethod
+    def open(cls: type[_Opened], source: SourceSpec, policy: RetryPolicy | None = None) -> _Opened:
+        if not source.repo:
+            raise UsageError(cls.needs_repo)
+        return cls(source.repo, source.revision, policy)
+
+    def request_headers(self, url: str) -> dict[str, str]:
+        headers = super().request_headers(url)
+        if self._token and origin(url) == origin(self.endpoint):
+            headers.update(self.credentials(self._token))
+        return headers
+
+    def credentials(self, token: str) -> dict[str, str]:
+        """The headers that carry the user's token to the hub."""
+        raise NotImplementedError
 
 
 def short_error(exc: BaseException) -> str:

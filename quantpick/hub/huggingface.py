@@ -3,24 +3,20 @@
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from urllib.parse import quote, urlsplit
 
-from quantpick.errors import DownloadError, UsageError
-from quantpick.hub.base import RemoteFile, RepoSource, short_error
+from quantpick.errors import DownloadError
+from quantpick.hub.base import RemoteFile, RepositorySource, short_error
 from quantpick.hub.http import (
     RetryPolicy,
     TransientError,
     default_policy,
-    origin,
     url_label,
     with_retries,
 )
 
 HF_DEFAULT_ENDPOINT = "https://huggingface.co"
-
-if TYPE_CHECKING:
-    from quantpick.hub.base import SourceSpec
 
 
 def _truthy(value: str | None) -> bool:
@@ -35,7 +31,7 @@ def _env_seconds(name: str) -> float | None:
     return value if value > 0 else None
 
 
-class HFSource(RepoSource):
+class HFSource(RepositorySource):
     """Hugging Face: one `repo_info(files_metadata=True)` call pins the revision to a commit and
     lists every file with its size and LFS sha256 (the same commit, so the two cannot disagree).
 
@@ -50,12 +46,7 @@ class HFSource(RepoSource):
     """
 
     kind = "hf"
-
-    @classmethod
-    def open(cls, source: SourceSpec, policy: RetryPolicy | None = None) -> HFSource:
-        if not source.repo:
-            raise UsageError("an hf source needs a repo")
-        return cls(source.repo, source.revision, policy)
+    needs_repo = "an hf source needs a repo"
 
     def __init__(self, repo: str, revision: str | None, policy: RetryPolicy | None = None) -> None:
         import huggingface_hub
@@ -152,11 +143,8 @@ class HFSource(RepoSource):
             )
         return files
 
-    def request_headers(self, url: str) -> dict[str, str]:
-        headers = super().request_headers(url)
-        if self._token and origin(url) == origin(self.endpoint):
-            headers["Authorization"] = f"Bearer {self._token}"
-        return headers
+    def credentials(self, token: str) -> dict[str, str]:
+        return {"Authorization": f"Bearer {token}"}
 
     def _error(self, exc: Exception) -> DownloadError:
         from huggingface_hub.errors import (

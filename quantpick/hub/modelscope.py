@@ -3,27 +3,18 @@ route over plain HTTP."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
 from urllib.parse import quote_plus
 
-from quantpick.errors import DownloadError, UsageError
-from quantpick.hub.base import RemoteFile, RepoSource, short_error
-from quantpick.hub.http import RetryPolicy, origin
-
-if TYPE_CHECKING:
-    from quantpick.hub.base import SourceSpec
+from quantpick.errors import DownloadError
+from quantpick.hub.base import RemoteFile, RepositorySource, short_error
+from quantpick.hub.http import RetryPolicy
 
 
-class ModelScopeSource(RepoSource):
+class ModelScopeSource(RepositorySource):
     """ModelScope: listing with Size and Sha256 via modelscope_hub, bytes from the /repo route."""
 
     kind = "modelscope"
-
-    @classmethod
-    def open(cls, source: SourceSpec, policy: RetryPolicy | None = None) -> ModelScopeSource:
-        if not source.repo:
-            raise UsageError("a modelscope source needs a repo")
-        return cls(source.repo, source.revision, policy)
+    needs_repo = "a modelscope source needs a repo"
 
     def __init__(self, repo: str, revision: str | None, policy: RetryPolicy | None = None) -> None:
         from modelscope_hub.api import HubApi
@@ -58,12 +49,9 @@ class ModelScopeSource(RepoSource):
             files.append(RemoteFile(entry.path, entry.size, sha, url, "modelscope", self.revision))
         return files
 
-    def request_headers(self, url: str) -> dict[str, str]:
-        headers = super().request_headers(url)
-        if self._token and origin(url) == origin(self.endpoint):
-            # modelscope authenticates with its session cookie, as its own client does.
-            headers["Cookie"] = f"m_session_id={self._token}"
-        return headers
+    def credentials(self, token: str) -> dict[str, str]:
+        # modelscope authenticates with its session cookie, as its own client does.
+        return {"Cookie": f"m_session_id={token}"}
 
     def _error(self, exc: Exception) -> DownloadError:
         from modelscope_hub import errors

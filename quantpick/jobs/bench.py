@@ -13,7 +13,7 @@ if TYPE_CHECKING:
     from quantpick.plan.calibration import SpeedFactors
     from quantpick.plan.memory import Overheads
     from quantpick.plan.plan_types import Plan
-    from quantpick.serve.bench import BenchMeasurement, BenchSettings
+    from quantpick.serve.bench import BenchMeasurement, BenchModel, BenchSettings
 
 
 @dataclass(frozen=True)
@@ -98,24 +98,16 @@ def bench_plan(
         wanted = BENCH if tool == BENCH else f"{BENCH} or {SERVER}"
         raise UsageError(f"no {wanted} {where}", hint="install llama.cpp or pass --llama-bin DIR")
     layout = local_layout(model_path, p.quant)
-    block_count = manifest.architecture.block_count
-    gpu_indices = [g.gpu_index for g in p.estimate.gpus if g.gpu_index is not None]
+    benched = _benched(p, manifest, model_path, machine, layout.architecture.vocab_size, progress)
     notes: list[str] = []
     if bench_bin is not None:
         binary = bench_bin
-        measurement = run_llama_bench(
-            bench_bin, p.config, model_path, block_count, settings,
-            gpu_indices=gpu_indices, progress=progress, backend=local_backend(machine.gpus),
-        )  # fmt: skip
+        measurement = run_llama_bench(bench_bin, p.config, benched, settings)
         ran = bench_config(p.config, settings)
     else:
         assert server_bin is not None
         binary = server_bin
-        measurement = run_llama_server(
-            server_bin, p.config, model_path, block_count, settings,
-            vocab_size=layout.architecture.vocab_size, gpu_indices=gpu_indices, progress=progress,
-            backend=local_backend(machine.gpus),
-        )  # fmt: skip
+        measurement = run_llama_server(server_bin, p.config, benched, settings)
         ran = p.config
     info = inspect_llama_server(binary)
     bid = build_id(info.build, info.commit, info.version)
@@ -153,7 +145,7 @@ def bench_plan(
     source = "quantpick's estimate"
     fit_bin = find_tool(FIT_PARAMS, llama_bin=llama_bin, llama_server=llama_server)
     if measurement.gpus and fit_bin is not None:
-        argv, env = fit_params_argv(fit_bin, ran, model_path, block_count,
+        argv, env = fit_params_argv(fit_bin, ran, model_path, benched.block_count,
                                     extra_args=fit_params_extra,
                                     backend=local_backend(machine.gpus))  # fmt: skip
         try:
@@ -240,6 +232,30 @@ def bench_plan(
     return BenchReport(p, measurement, predicted, ratios, gpus, bid, label, entry, tuple(notes))
 
 
+def _benched(
+    p: Plan,
+    manifest: Manifest,
+    model_path: Path,
+    machine: Machine,
+    vocab_size: int,
+    progress: Callable[[str], None] | None,
+) -> BenchModel:
+    """The plan's model as a bench run loads it, watching the plan's GPUs through this machine's
+    backend."""
+    from quantpick.machine.backends import local_backend
+    from quantpick.serve.bench import BenchModel
+
+    gpu_indices = [g.gpu_index for g in p.estimate.gpus if g.gpu_index is not None]
+    return BenchModel(
+        model_path,
+        manifest.architecture.block_count,
+        gpu_indices,
+        vocab_size=vocab_size,
+        progress=progress,
+        backend=local_backend(machine.gpus),
+    )
+
+
 def plain_plan(p: Plan) -> Plan:
     """The plan without its speculation: what the calibration measures (the speed model's own
     figures); speculation is measured beside it (bench_speculation)."""
@@ -272,7 +288,6 @@ def bench_speculation(
     if d is None or not d.enabled:
         return {"measured": False, "reason": d.reason} if asked and d is not None else None
     from quantpick.errors import UsageError
-    from quantpick.machine.backends import local_backend
     from quantpick.plan.speculative import with_kind
     from quantpick.serve.bench import SERVER, measure_speculation
     from quantpick.serve.fitparams import find_tool
@@ -281,12 +296,8 @@ def bench_speculation(
     if server is None:
         raise UsageError("bench --spec measures through llama-server: none found",
                          hint="pass --llama-server PATH or --llama-bin DIR")  # fmt: skip
-    m = measure_speculation(
-        server, p.config, with_kind(p.config, None, 0), model_path,
-        manifest.architecture.block_count, settings, vocab_size=vocab_size,
-        gpu_indices=[g.gpu_index for g in p.estimate.gpus if g.gpu_index is not None],
-        progress=progress, backend=local_backend(machine.gpus),
-    )  # fmt: skip
+    benched = _benched(p, manifest, model_path, machine, vocab_size, progress)
+    m = measure_speculation(server, p.config, with_kind(p.config, None, 0), benched, settings)
     problems = m.problems()
     acc = m.acceptance
     measured = (

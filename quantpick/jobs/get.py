@@ -3,6 +3,7 @@ on the downloaded file's own header and confirm it with llama.cpp."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -33,6 +34,20 @@ class GetRequest:
 
 
 @dataclass(frozen=True)
+class FetchWatch:
+    """What the caller shows of a fetch: the transfer's `progress`, `on_plan(plan)` once the quant
+    is chosen (before any transfer), and `live`, a context manager around the transfer (the CLI's
+    progress display)."""
+
+    progress: ProgressSink | None = None
+    on_plan: Callable[[Plan], None] | None = None
+    live: Any = None
+
+
+UNWATCHED = FetchWatch()  # nothing shown
+
+
+@dataclass(frozen=True)
 class GetResult:
     plan: Plan  # re-planned on the downloaded file's own header unless a dry run
     first_plan: Plan  # the plan that chose the quant (manifest or remote header)
@@ -49,19 +64,9 @@ class GetResult:
     contradictions: tuple[str, ...] = ()  # PlanResult.contradictions: what `pick` notes too
 
 
-def get(
-    req: GetRequest,
-    *,
-    settings: Settings,
-    progress: ProgressSink | None = None,
-    on_plan: Any = None,
-    live: Any = None,
-) -> GetResult:
-    """Plan, fetch + verify (or verify what is in place when no hub answers), re-plan on the file.
-
-    `on_plan(plan)` is called once the quant is chosen, before any transfer (the CLI prints it);
-    `live` is a context manager around the transfer (the CLI's progress display).
-    """
+def get(req: GetRequest, *, settings: Settings, watch: FetchWatch = UNWATCHED) -> GetResult:
+    """Plan, fetch + verify (or verify what is in place when no hub answers), re-plan on the file;
+    `watch` sees it happen."""
     from contextlib import nullcontext
 
     from quantpick.errors import DownloadError
@@ -83,8 +88,8 @@ def get(
     first = planned.plan
     # what the file's own plan and the confirm rounds use: the tuned request and overheads
     tuned = planned.inputs
-    if on_plan is not None:
-        on_plan(first)
+    if watch.on_plan is not None:
+        watch.on_plan(first)
     warnings: list[str] = []
     report = None
     files: list[dict[str, Any]] | None = None
@@ -107,11 +112,11 @@ def get(
     try:
         if offline and not req.dry_run:
             raise DownloadError("offline (--offline or QUANTPICK_OFFLINE): no hub contacted")
-        with live if live is not None else nullcontext():
+        with watch.live if watch.live is not None else nullcontext():
             # Files in place that a pinned sha256 verifies need no hub.
             files = None if req.dry_run else files_in_place(
                 manifest, first.quant, vision, settings=settings, dest_dir=req.dest_dir,
-                progress=progress,
+                progress=watch.progress,
             )  # fmt: skip
             if files is None:
                 report = fetch_model(
@@ -123,7 +128,7 @@ def get(
                     source=req.source,
                     allow_unverified=req.allow_unverified,
                     dry_run=req.dry_run,
-                    progress=progress,
+                    progress=watch.progress,
                     # a dry run reads a listing and a checksums file: one attempt, like `download`
                     policy=RetryPolicy(attempts=1) if req.dry_run else None,
                 )

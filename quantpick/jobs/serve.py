@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from quantpick.jobs.check import (
     SERVER_LOG_VERBOSITY,
@@ -15,12 +15,11 @@ from quantpick.jobs.check import (
     planned_server,
 )
 from quantpick.jobs.confirm import confirm_local_plan
-from quantpick.jobs.get import GetRequest, get
+from quantpick.jobs.get import UNWATCHED, FetchWatch, GetRequest, get
 from quantpick.jobs.plan import plan_for
 
 if TYPE_CHECKING:
     from quantpick.config import Settings
-    from quantpick.fetch.progress import ProgressSink
     from quantpick.jobs.confirm import ConfirmReport
     from quantpick.jobs.get import GetResult
     from quantpick.jobs.tuning import Tuning
@@ -68,9 +67,7 @@ def serve(
     req: ServeRequest,
     *,
     settings: Settings,
-    progress: ProgressSink | None = None,
-    on_plan: Any = None,
-    live: Any = None,
+    watch: FetchWatch = UNWATCHED,
     on_confirmed: Callable[[ConfirmReport | None], None] | None = None,
     on_start: Callable[[int, Path, FoundServer, str | None], None] | None = None,
     on_wait: Callable[[float, str | None], None] | None = None,
@@ -78,9 +75,10 @@ def serve(
     """Plan, fetch or reuse and verify (`get`), confirm with llama.cpp, then start llama-server
     with the plan's flags and wait until /health answers. Raises ServerError (exit 8) when no
     llama-server is found, its build predates the architecture, or it fails to load; the
-    process is stopped on every failure or interruption before it is ready. Callbacks: `on_plan`
-    (the quant is chosen), `on_confirmed` (llama.cpp's check, before the start), `on_start`
-    (each launch: port, log file, which llama-server), `on_wait` (while it loads)."""
+    process is stopped on every failure or interruption before it is ready. `watch` sees the
+    fetch and the quant once chosen; callbacks: `on_confirmed` (llama.cpp's check, before the
+    start), `on_start` (each launch: port, log file, which llama-server), `on_wait` (while it
+    loads)."""
     from quantpick.errors import ServerError
     from quantpick.machine.llamacpp import locate_llama_server, not_found_message
     from quantpick.serve.command import build_command, build_too_old
@@ -109,8 +107,8 @@ def serve(
             settings=settings,
         )  # fmt: skip
         p, tuning = planned.plan, planned.tuning
-        if on_plan is not None:
-            on_plan(p)
+        if watch.on_plan is not None:
+            watch.on_plan(p)
         confirmation = None
         if req.get.confirm is not None:
             confirmation = confirm_local_plan(
@@ -119,8 +117,7 @@ def serve(
             )  # fmt: skip
             p = confirmation.plan
     else:
-        fetched = get(replace(req.get, plan=g, dry_run=False), settings=settings,
-                      progress=progress, on_plan=on_plan, live=live)  # fmt: skip
+        fetched = get(replace(req.get, plan=g, dry_run=False), settings=settings, watch=watch)
         p, confirmation, tuning = fetched.plan, fetched.confirmation, fetched.tuning
         model_path, mmproj_path = fetched.model_path, fetched.mmproj_path
     if on_confirmed is not None:

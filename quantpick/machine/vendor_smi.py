@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -88,6 +88,19 @@ def _json_object(text: str, tool: str) -> dict[str, Any]:
     return doc
 
 
+def _indexed(
+    entries: Any, limit: int, index_key: str, not_a_list: str, no_index: str
+) -> Iterator[dict[str, Any]]:
+    """A tool's list of devices, its first `limit` entries, each an object whose `index_key` is
+    an integer: a ValueError saying `not_a_list`, or `no_index` at the first entry without it."""
+    if not isinstance(entries, list):
+        raise ValueError(not_a_list)
+    for entry in entries[:limit]:
+        if not isinstance(entry, dict) or not isinstance(entry.get(index_key), int):
+            raise ValueError(no_index)
+        yield entry
+
+
 _CARD = re.compile(r"card(\d+)")
 
 
@@ -136,12 +149,14 @@ def parse_amd_smi_static_json(text: str) -> tuple[SmiGpu, ...]:
     VRAM size is a ValueError; its used and free memory are not in this output (None)."""
     doc = _json_value(text, "amd-smi static")
     entries = doc.get("gpu_data") if isinstance(doc, dict) else doc
-    if not isinstance(entries, list):
-        raise ValueError("amd-smi static: neither a list of GPUs nor gpu_data")
     gpus = []
-    for entry in entries[:MAX_AMD_SMI_GPUS]:
-        if not isinstance(entry, dict) or not isinstance(entry.get("gpu"), int):
-            raise ValueError("amd-smi static: a GPU without its index")
+    for entry in _indexed(
+        entries,
+        MAX_AMD_SMI_GPUS,
+        "gpu",
+        "amd-smi static: neither a list of GPUs nor gpu_data",
+        "amd-smi static: a GPU without its index",
+    ):
         where = f"amd-smi static gpu {entry['gpu']}"
         asic, bus, vram = (entry.get(k) or {} for k in ("asic", "bus", "vram"))
         if not all(isinstance(x, dict) for x in (asic, bus, vram)):
@@ -164,13 +179,14 @@ def parse_amd_smi_static_json(text: str) -> tuple[SmiGpu, ...]:
 def parse_xpu_smi_list(text: str) -> tuple[int, ...]:
     """`xpu-smi discovery -j`: {"device_list": [{"device_id": 0, ...}, ...]} -> the GPU ids."""
     doc = _json_object(text, "xpu-smi discovery")
-    devices = doc.get("device_list")
-    if not isinstance(devices, list):
-        raise ValueError("xpu-smi discovery: no device_list")
     ids = []
-    for d in devices[:MAX_XPU_DEVICES]:
-        if not isinstance(d, dict) or not isinstance(d.get("device_id"), int):
-            raise ValueError("xpu-smi discovery: a device without a device_id")
+    for d in _indexed(
+        doc.get("device_list"),
+        MAX_XPU_DEVICES,
+        "device_id",
+        "xpu-smi discovery: no device_list",
+        "xpu-smi discovery: a device without a device_id",
+    ):
         if d.get("device_type", "GPU") == "GPU":
             ids.append(d["device_id"])
     return tuple(ids)

@@ -175,22 +175,28 @@ class _Reader:
             return None
         return self.data[key]
 
-    def str_(self, key: str, *, required: bool = True, allow_empty: bool = False) -> str | None:
+    def _typed(self, key: str, required: bool, kinds: tuple[type, ...], expected: str) -> Any:
+        """The value at `key`, None when it is absent and not required; one of `kinds` (a TOML
+        boolean is no integer or number unless `kinds` names bool), else "expected `expected`"."""
         value = self._get(key, required)
         if value is None:
             return None
-        if not isinstance(value, str):
-            self.fail(key, f"expected a string, got {_describe(value)}")
+        if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
+            self.fail(key, f"expected {expected}, got {_describe(value)}")
+        return value
+
+    def str_(self, key: str, *, required: bool = True, allow_empty: bool = False) -> str | None:
+        value = self._typed(key, required, (str,), "a string")
+        if value is None:
+            return None
         if not allow_empty and not value.strip():
             self.fail(key, "must not be empty")
         return value
 
     def int_(self, key: str, *, required: bool = True, minimum: int | None = None) -> int | None:
-        value = self._get(key, required)
+        value = self._typed(key, required, (int,), "an integer")
         if value is None:
             return None
-        if isinstance(value, bool) or not isinstance(value, int):
-            self.fail(key, f"expected an integer, got {_describe(value)}")
         if minimum is not None and value < minimum:
             self.fail(key, f"must be >= {minimum}, got {value}")
         return value
@@ -203,11 +209,9 @@ class _Reader:
         minimum: float | None = None,
         maximum: float | None = None,
     ) -> float | None:
-        value = self._get(key, required)
+        value = self._typed(key, required, (int, float), "a number")
         if value is None:
             return None
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            self.fail(key, f"expected a number, got {_describe(value)}")
         if value != value or value in (float("inf"), float("-inf")):
             self.fail(key, "must be a finite number")
         if minimum is not None and value < minimum:
@@ -217,19 +221,13 @@ class _Reader:
         return float(value)
 
     def bool_(self, key: str, *, required: bool = True) -> bool | None:
-        value = self._get(key, required)
-        if value is None:
-            return None
-        if not isinstance(value, bool):
-            self.fail(key, f"expected true or false, got {_describe(value)}")
+        value: bool | None = self._typed(key, required, (bool,), "true or false")
         return value
 
     def table(self, key: str, *, required: bool = True) -> _Reader | None:
-        value = self._get(key, required)
+        value = self._typed(key, required, (dict,), "a table")
         if value is None:
             return None
-        if not isinstance(value, dict):
-            self.fail(key, f"expected a table, got {_describe(value)}")
         return _Reader(self.file, value, self.path(key))
 
     def tables(self, key: str) -> list[_Reader]:

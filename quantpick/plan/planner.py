@@ -19,7 +19,7 @@ Policies (`PlanRequest.prefer`):
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 
 from quantpick.errors import NoFitError, UsageError
@@ -102,7 +102,12 @@ def plan(
     needed) is weighed too: a worker behind a slow network can make every token slower than host
     offload, and then it is left out, with the figures that show why.
     """
-    p = _plan_machine(manifest, machine, layouts, request, overheads=overheads)
+    given = overheads or Overheads()
+
+    def plan_on(m: Machine) -> Plan:
+        return _plan_once(manifest, m, layouts, request, given)
+
+    p = _plan_machine(machine, request.prefer, plan_on)
     return _speculate(p, manifest, machine, layouts, request, overheads=overheads)
 
 
@@ -141,25 +146,19 @@ def _speculate(
     )
 
 
-def _plan_machine(
-    manifest: Manifest,
-    machine: Machine,
-    layouts: Layouts,
-    request: PlanRequest,
-    *,
-    overheads: Overheads | None = None,
-) -> Plan:
+def _plan_machine(machine: Machine, prefer: str, plan_on: Callable[[Machine], Plan]) -> Plan:
+    """`plan_on(machine)`; with RPC workers, weighed against `plan_on` this machine alone."""
     if not machine.rpc_workers:
-        return _plan_once(manifest, machine, layouts, request, overheads=overheads)
+        return plan_on(machine)
     with_workers: Plan | None = None
     problem: NoFitError | None = None
     try:
-        with_workers = _plan_once(manifest, machine, layouts, request, overheads=overheads)
+        with_workers = plan_on(machine)
     except NoFitError as exc:
         problem = exc
     local = replace(machine, rpc_workers=())
     try:
-        alone = _plan_once(manifest, local, layouts, request, overheads=overheads)
+        alone = plan_on(local)
     except NoFitError:
         if with_workers is None:
             assert problem is not None
@@ -167,7 +166,7 @@ def _plan_machine(
         return with_workers
     if with_workers is not None and (
         not with_workers.config.rpc_servers  # it left them out itself (they held nothing)
-        or not _better_plan(alone, with_workers, request.prefer)
+        or not _better_plan(alone, with_workers, prefer)
     ):
         return with_workers
     endpoints = ", ".join(w.endpoint for w in machine.rpc_workers)
@@ -209,10 +208,8 @@ def _plan_once(
     machine: Machine,
     layouts: Layouts,
     request: PlanRequest,
-    *,
-    overheads: Overheads | None = None,
+    overheads: Overheads,
 ) -> Plan:
-    overheads = overheads or Overheads()
     if request.prefer not in POLICIES:
         raise UsageError(f"--prefer {request.prefer}: use " + ", ".join(POLICIES))
     if not request.kv_types:

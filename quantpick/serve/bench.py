@@ -91,6 +91,20 @@ class BenchMeasurement:
     model_bytes: int | None = None  # the tool's own figure for the model's size (llama-bench)
 
 
+@dataclass(frozen=True)
+class BenchModel:
+    """The model a bench run loads and what the run watches: the GGUF, its block count (-ngl all
+    is block_count + 1) and vocabulary (llama-server's prompts are token ids below it), the GPUs
+    whose memory is sampled, the backend that names the plan's devices, the tool's progress."""
+
+    path: Path
+    block_count: int
+    gpu_indices: list[int]
+    vocab_size: int = 0  # llama-server runs only
+    progress: Progress | None = None
+    backend: Backend | None = None
+
+
 # ---- GPU memory sampling ---------------------------------------------------------------------
 
 
@@ -287,21 +301,15 @@ def parse_bench_records(
 
 
 def run_llama_bench(
-    binary: Path,
-    config: RunConfig,
-    model_path: Path,
-    block_count: int,
-    settings: BenchSettings,
-    *,
-    gpu_indices: list[int],
-    progress: Progress | None = None,
-    backend: Backend | None = None,
+    binary: Path, config: RunConfig, model: BenchModel, settings: BenchSettings
 ) -> BenchMeasurement:
-    argv, env = bench_argv(binary, config, model_path, block_count, settings, backend)
+    argv, env = bench_argv(binary, config, model.path, model.block_count, settings, model.backend)
     started = time.monotonic()
-    with GpuSampler(gpu_indices, backend=backend) as sampler:
+    with GpuSampler(model.gpu_indices, backend=model.backend) as sampler:
         try:
-            child = run_tool(argv, env=env, timeout_s=settings.timeout_s, on_stderr_line=progress)
+            child = run_tool(
+                argv, env=env, timeout_s=settings.timeout_s, on_stderr_line=model.progress
+            )
         except OSError as exc:
             raise BenchError(f"cannot run {argv[0]}: {exc.strerror or exc}") from exc
     if child.timed_out:
@@ -314,7 +322,7 @@ def run_llama_bench(
         raise BenchError(f"llama-bench {child.bound_exceeded(settings.timeout_s)}")
     lines = tool_lines(child)
     if refused_model(lines):
-        raise model_rejected(str(model_path), lines)
+        raise model_rejected(str(model.path), lines)
     if child.returncode != 0:
         raise BenchError(
             f"llama-bench failed ({exit_text(child.returncode)}): {failure_reason(lines)[:200]}"
@@ -416,30 +424,26 @@ def _healthy(url: str) -> bool:
 def run_llama_server(
     binary: Path,
     config: RunConfig,
-    model_path: Path,
-    block_count: int,
+    model: BenchModel,
     settings: BenchSettings,
     *,
-    vocab_size: int,
-    gpu_indices: list[int],
-    progress: Progress | None = None,
-    backend: Backend | None = None,
     text: str | None = None,
 ) -> BenchMeasurement:
     """Start llama-server with the plan's command and time /completion requests. `text`: the
     decode tests continue this text instead of random tokens (speculation drafts from real
     text); their draft counts, when the server speculates, are kept as samples."""
+    progress, vocab_size = model.progress, model.vocab_size
     port = _free_port()
     cmd = build_command(
         config,
-        model_path=model_path,
+        model_path=model.path,
         mmproj_path=None,
         manifest=None,
-        block_count=block_count,
+        block_count=model.block_count,
         server=ServerOptions(host="127.0.0.1", port=port, alias="quantpick-bench",
                              program=str(binary)),
         capabilities=None,
-        backend=backend,
+        backend=model.backend,
     )  # fmt: skip
     slot_ctx = (
         config.ctx_size // max(1, config.n_parallel) if not config.kv_unified else (config.ctx_size)
@@ -450,7 +454,7 @@ def run_llama_server(
     deadline = started + settings.timeout_s
     figures: dict[str, float | None] = {}
     samples: dict[str, list[float]] = {}
-    with GpuSampler(gpu_indices, backend=backend) as sampler:
+    with GpuSampler(model.gpu_indices, backend=model.backend) as sampler:
         try:
             server = ToolProcess(cmd.argv, env=cmd.env, capture_stdout=False)
         except OSError as exc:
@@ -460,7 +464,7 @@ def run_llama_server(
             result = server.finish()
             lines = tool_lines(result)
             if refused_model(lines):
-                return model_rejected(str(model_path), lines)
+                return model_rejected(str(model.path), lines)
             return BenchError(
                 f"llama-server exited ({exit_text(result.returncode)}) {when}: "
                 f"{failure_reason(lines)[:200]}"
@@ -582,34 +586,16 @@ def measure_speculation(
     binary: Path,
     with_spec: RunConfig,
     without: RunConfig,
-    model_path: Path,
-    block_count: int,
+    model: BenchModel,
     settings: BenchSettings,
-    *,
-    vocab_size: int,
-    gpu_indices: list[int],
-    progress: Progress | None = None,
-    backend: Backend | None = None,
 ) -> SpecMeasurement:
     """Decode the same text with and without the plan's speculation (llama-server timings:
     predicted_per_second, draft_n, draft_n_accepted)."""
     quick = replace(settings, depth=0, n_prompt=min(settings.n_prompt, 16))  # decode only
-    runs = []
-    for config in (without, with_spec):
-        runs.append(
-            run_llama_server(
-                binary,
-                config,
-                model_path,
-                block_count,
-                quick,
-                vocab_size=vocab_size,
-                gpu_indices=gpu_indices,
-                progress=progress,
-                text=SPEC_TEXT,
-            )  # fmt: skip
-        )
-    plain, spec = runs
+    plain, spec = (
+        run_llama_server(binary, config, model, quick, text=SPEC_TEXT)
+        for config in (without, with_spec)
+    )
     return SpecMeasurement(
         decode_tps_without=plain.decode_tps_empty or 0.0,
         decode_tps_with=spec.decode_tps_empty or 0.0,

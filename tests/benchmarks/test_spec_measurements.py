@@ -96,3 +96,21 @@ def test_rows_of_every_kind_and_machine_predict(row_id: int) -> None:
     tps = predict(row, costs, a, float(row.get("hit", 1.0)))
     assert math.isfinite(tps) and tps > 0
     assert gated(row) == (float(row.get("p_min") or 0) > 0)
+
+
+def test_acceptance_only_and_off_domain_rows() -> None:
+    """A suite's category (no speed of its own) enters the acceptance fit; a pair measured off
+    its domain (a coder pair on chat) is reported and never fitted."""
+    only = [r for r in ROWS if r["tg_without"] is None and r["tg_with"] is None]
+    assert only and all(r["rate"] for r in only)
+    off = [r for r in ROWS if r.get("off_domain")]
+    assert off and all(len(r["off_domain"]) > 40 for r in off)
+    chat = fitted(ROWS, "draft", "chat", None)
+    assert chat == fitted([r for r in ROWS if not r.get("off_domain")], "draft", "chat", None)
+    # the off-domain rows would pull it far down: they are not silently in the median
+    with_off = [{k: v for k, v in r.items() if k != "off_domain"} for r in ROWS]
+    low = fitted(with_off, "draft", "chat", None)
+    assert chat is not None and low is not None and low < chat - 0.1
+    # code: row 19's source held out, the suite's code prompts remain
+    code_out = fitted(ROWS, "draft", "code", "https://github.com/ggml-org/llama.cpp/pull/10455")
+    assert code_out is not None and abs(code_out - 0.86) < 0.02

@@ -15,7 +15,7 @@ from fake_nvml import FakeNvml, rtx_3090, tesla_t4
 from quantpick.errors import HardwareError, UsageError
 from quantpick.machine import probe as hardware
 from quantpick.machine.catalog import CATALOG, find_gpu, lookup_gpu, theoretical_bandwidth
-from quantpick.machine.describe import REFERENCE_GPUS, machine_from_options, resolve_machine
+from quantpick.machine.describe import REFERENCE_GPUS, resolve_machine
 from quantpick.machine.device_specs import parse_bandwidth, parse_gpu_spec
 from quantpick.machine.hardware_file import load_hardware_file
 from quantpick.machine.spec import Host, Machine, machine_from_dict
@@ -239,11 +239,11 @@ def test_plain_probe_is_not_described(nvml: FakeNvml, tmp_path: Path) -> None:
 def test_probe_with_cpu_only_is_still_this_machine(nvml: FakeNvml) -> None:
     """--cpu-only hides this box's GPUs; it does not describe another machine (so llama.cpp can
     still confirm the plan here, with --device none)."""
-    machine = machine_from_options(None, None, None, True, None)
+    machine = resolve_machine(cpu_only=True)
     assert not machine.described and machine.gpus == () and machine.gpus_hidden
     assert machine.source == "probe --cpu-only"
     # Anything else described on top makes it a described machine again.
-    other = machine_from_options(None, None, "16G", True, None)
+    other = resolve_machine(ram="16G", cpu_only=True)
     assert other.described and not other.gpus_hidden
 
 

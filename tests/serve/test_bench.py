@@ -25,6 +25,7 @@ from quantpick.plan.plan_types import Plan
 from quantpick.plan.speed import device_speeds, expected_speed
 from quantpick.serve.bench import (
     BenchError,
+    BenchModel,
     BenchSettings,
     GpuSampler,
     bench_argv,
@@ -139,9 +140,9 @@ def test_llama_bench_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Non
         tmp_path, "llama-bench", routes=[(["-o", "json"], DATA / "llama-bench-tiny.txt")]
     )
     lines: list[str] = []
-    m = run_llama_bench(tool, RunConfig(ctx_size=4096), Path("/m.gguf"), 8,
-                        BenchSettings(n_prompt=32, n_gen=8, depth=64, reps=1),
-                        gpu_indices=[0], progress=lines.append)  # fmt: skip
+    m = run_llama_bench(tool, RunConfig(ctx_size=4096),
+                        BenchModel(Path("/m.gguf"), 8, [0], progress=lines.append),
+                        BenchSettings(n_prompt=32, n_gen=8, depth=64, reps=1))  # fmt: skip
     assert (m.tool, m.prefill_tps, m.decode_tps_empty, m.decode_tps_depth) == (
         "llama-bench", 131.356546, 52.343257, 123.147126,
     )  # fmt: skip
@@ -151,7 +152,7 @@ def test_llama_bench_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Non
     failing = fake_tool(tmp_path / "f", "llama-bench", stderr_file=fixture("missing-model"),
                         exit_code=-6)  # fmt: skip
     with pytest.raises(ModelRejectedError, match="cannot load /m: failed to load model"):
-        run_llama_bench(failing, RunConfig(), Path("/m"), 8, BenchSettings(), gpu_indices=[])
+        run_llama_bench(failing, RunConfig(), BenchModel(Path("/m"), 8, []), BenchSettings())
 
 
 FAKE_SERVER = """\
@@ -186,9 +187,8 @@ def test_llama_server_fallback(tmp_path: Path) -> None:
     server.write_text(FAKE_SERVER.format(python=sys.executable, log=str(tmp_path / "log.jsonl")))
     server.chmod(0o755)
     config = RunConfig(ctx_size=8192, n_parallel=2, devices=())
-    m = run_llama_server(server, config, Path("/m.gguf"), 8,
-                         BenchSettings(n_prompt=512, n_gen=16, depth=100000),
-                         vocab_size=248320, gpu_indices=[])  # fmt: skip
+    m = run_llama_server(server, config, BenchModel(Path("/m.gguf"), 8, [], vocab_size=248320),
+                         BenchSettings(n_prompt=512, n_gen=16, depth=100000))  # fmt: skip
     log = [json.loads(line) for line in (tmp_path / "log.jsonl").read_text().splitlines()]
     argv, requests = log[0], log[1:]
     assert argv[argv.index("-c") + 1] == "8192" and argv[argv.index("-np") + 1] == "2"
@@ -300,15 +300,15 @@ def test_llama_bench_samples_and_model_size_are_kept() -> None:
 def test_llama_bench_flooding_stdout_is_stopped(tmp_path: Path) -> None:
     tool = fake_tool(tmp_path, "llama-bench", flood=True)
     with pytest.raises(BenchError, match="printed more than 4 MiB on stdout"):
-        run_llama_bench(tool, RunConfig(), Path("/m"), 8, BenchSettings(), gpu_indices=[])
+        run_llama_bench(tool, RunConfig(), BenchModel(Path("/m"), 8, []), BenchSettings())
 
 
 def test_llama_bench_past_its_deadline_is_stopped_with_its_children(tmp_path: Path) -> None:
     pidfile = tmp_path / "helper.pid"
     tool = fake_tool(tmp_path, "llama-bench", sleep=60, grandchild=pidfile)
     with pytest.raises(BenchError, match="did not finish in 1 s"):
-        run_llama_bench(tool, RunConfig(), Path("/m"), 8, BenchSettings(timeout_s=1),
-                        gpu_indices=[])  # fmt: skip
+        run_llama_bench(tool, RunConfig(), BenchModel(Path("/m"), 8, []),
+                        BenchSettings(timeout_s=1))  # fmt: skip
     assert _gone(int(pidfile.read_text()))
 
 
@@ -320,8 +320,8 @@ def test_a_grandchild_holding_llama_benchs_stdout_does_not_hold_bench(tmp_path: 
     tool = fake_tool(tmp_path, "llama-bench", grandchild=pidfile,
                      routes=[(["-o", "json"], DATA / "llama-bench-tiny.txt")])  # fmt: skip
     started = time.monotonic()
-    m = run_llama_bench(tool, RunConfig(), Path("/m"), 8, BenchSettings(timeout_s=600),
-                        gpu_indices=[])  # fmt: skip
+    m = run_llama_bench(tool, RunConfig(), BenchModel(Path("/m"), 8, []),
+                        BenchSettings(timeout_s=600))  # fmt: skip
     assert time.monotonic() - started < 5
     assert m.decode_tps_empty == 52.343257
     assert _gone(int(pidfile.read_text()))
@@ -386,6 +386,27 @@ def test_llama_server_misbehaving_is_one_line(
     server.write_text(ODD_SERVER.format(python=sys.executable, mode=mode))
     server.chmod(0o755)
     with pytest.raises(error, match=match):
-        run_llama_server(server, RunConfig(ctx_size=4096, devices=()), Path("/m.gguf"), 8,
-                         BenchSettings(n_prompt=32, n_gen=8, depth=0, timeout_s=60),
-                         vocab_size=1000, gpu_indices=[])  # fmt: skip
+        run_llama_server(server, RunConfig(ctx_size=4096, devices=()),
+                         BenchModel(Path("/m.gguf"), 8, [], vocab_size=1000),
+                         BenchSettings(n_prompt=32, n_gen=8, depth=0, timeout_s=60))  # fmt: skip
+
+
+def test_speculation_runs_name_the_devices_through_the_machines_backend(tmp_path: Path) -> None:
+    """Both runs of `bench --spec` start llama-server with the machine's backend: its device
+    names in --device (before, measure_speculation dropped the backend: CUDA0 on a Vulkan box)."""
+    from quantpick.machine.backends import backend
+    from quantpick.model.speculative import SpecKind
+    from quantpick.plan.speculative import with_kind
+    from quantpick.serve.bench import measure_speculation
+
+    server = tmp_path / "llama-server"
+    server.write_text(FAKE_SERVER.format(python=sys.executable, log=str(tmp_path / "log.jsonl")))
+    server.chmod(0o755)
+    plain = RunConfig(ctx_size=4096, devices=(0,))
+    model = BenchModel(Path("/m.gguf"), 8, [], vocab_size=1000, backend=backend("vulkan"))
+    m = measure_speculation(server, with_kind(plain, SpecKind.NGRAM, 4), plain, model,
+                            BenchSettings(n_prompt=32, n_gen=8, timeout_s=60))  # fmt: skip
+    argvs = [a for a in map(json.loads, (tmp_path / "log.jsonl").read_text().splitlines())
+             if isinstance(a, list)]  # fmt: skip
+    assert [a[a.index("--device") + 1] for a in argvs] == ["Vulkan0", "Vulkan0"]
+    assert m.decode_tps_without > 0 and m.drafted == 0
