@@ -36,8 +36,9 @@ DATA = ROOT / "benchmarks" / "data" / "speed-measurements-backends.json"
 
 from speed_accuracy import Case, load_cases, predict, ratio, summary  # noqa: E402
 
-from quantpick.machine.backends import Backend, parse_device_name  # noqa: E402
+from quantpick.machine.backends import Backend, BackendKind, parse_device_name  # noqa: E402
 from quantpick.machine.backends.base import FixedCost, KernelPath  # noqa: E402
+from quantpick.machine.backends.sycl import SYCL_BF16_DMMV_SINCE  # noqa: E402
 from quantpick.plan.speed import DEFAULT_SPEED_PARAMS  # noqa: E402
 
 GRID = [round(0.30 + 0.01 * i, 2) for i in range(171)]  # 0.30 .. 2.00
@@ -46,8 +47,11 @@ GRID = [round(0.30 + 0.01 * i, 2) for i in range(171)]  # 0.30 .. 2.00
 DECODE_GRID = [e for e in GRID if e <= 1.0]
 # decode attention efficiency: 0.010 .. 0.500, 4% steps
 ATTENTION_GRID = [round(0.01 * 1.04**i, 4) for i in range(100) if 0.01 * 1.04**i <= 0.5]
-# a decode path's share of the backend's efficiency (Backend.decode_paths): 0.05 .. 1.50
-PATH_GRID = [round(0.05 + 0.01 * i, 2) for i in range(146)]
+# a decode path's share of the backend's efficiency (Backend.decode_paths): 0.05 .. 1.00 -- a
+# kernel path reads no faster than the backend's plain rows, whose share is bounded by the bus
+# (DECODE_GRID): above 1.0 a path would trade against the fixed-cost factor and let a large
+# model's predicted decode pass the data sheet's bandwidth
+PATH_GRID = [round(0.05 + 0.01 * i, 2) for i in range(96)]
 # a vendor's factor on the decode graph's fixed cost (Backend.decode_fixed): 1.0 .. 16.0
 FIXED_GRID = [round(1.0 + 0.25 * i, 2) for i in range(61)]
 FIT_ROUNDS = 3
@@ -67,6 +71,58 @@ def case_backend(case: Case) -> Backend:
         if parsed is not None:
             return parsed[0]
     raise ValueError(f"row {case.row_id}: no backend device")
+
+
+@dataclass(frozen=True)
+class Superseded:
+    """Weights of `types` whose decode kernel on `kind` changed before the pinned build: a run
+    of a build below `since` measured the old kernel, so its decode figure is not compared (its
+    prefill still is)."""
+
+    kind: BackendKind
+    types: frozenset[str]
+    since: int
+    why: str
+
+
+SUPERSEDED = (
+    Superseded(
+        BackendKind.SYCL,
+        frozenset({"BF16"}),
+        SYCL_BF16_DMMV_SINCE,
+        "BF16 mat-vec through oneDNN's GEMM until PR #21580's DMMV kernel (sycl.py)",
+    ),
+)
+
+
+def superseded(case: Case) -> Superseded | None:
+    """The superseded kernel whose weights the row's decode reads, or None."""
+    kind = case_backend(case).kind
+    for s in SUPERSEDED:
+        if kind is s.kind and case.build is not None and case.build < s.since:
+            read = (t for w in case.work.devices for t, _, n in w.decode_type_bytes if n > 0)
+            if any(t in s.types for t in read):
+                return s
+    return None
+
+
+def backend_cases(
+    path: Path = DATA,
+) -> tuple[list[Case], list[tuple[dict, str]], list[tuple[Case, Superseded]]]:  # type: ignore[type-arg]
+    """The rows as cases (load_cases), a superseded kernel's decode figures removed (a case left
+    with no figure is dropped), the unusable rows, and the rows whose decode was removed."""
+    cases, unusable = load_cases(path)
+    kept: list[Case] = []
+    dropped: list[tuple[Case, Superseded]] = []
+    for c in cases:
+        s = superseded(c) if c.tg_tps is not None else None
+        if s is None:
+            kept.append(c)
+            continue
+        dropped.append((c, s))
+        if c.pp_tps is not None:
+            kept.append(replace(c, tg_tps=None))
+    return kept, unusable, dropped
 
 
 def with_efficiency(
@@ -385,9 +441,11 @@ def report(only: str | None = None) -> list[str]:
     """The per-backend figures, one line each (main prints them; speed_accuracy.py too);
     `only`: one backend's (its label)."""
     out: list[str] = []
-    cases, unusable = load_cases(DATA)
+    cases, unusable, dropped = backend_cases()
     for row, why in unusable:
         out.append(f"unusable row {row['id']}: {why}")
+    for case, s in dropped:
+        out.append(f"row {case.row_id} (b{case.build}): decode not compared, {s.why}")
     by_backend: dict[str, list[Case]] = defaultdict(list)
     backends: dict[str, Backend] = {}
     for c in cases:

@@ -375,6 +375,21 @@ BY_NAME = {c.name: c for c in CONFIGS}
 # recorded for them), as their GGUFs' <arch>.* keys.
 SPEED_CONFIGS: tuple[RealConfig, ...] = (
     RealConfig(
+        "qwen2.5-1.5b",
+        "qwen2",
+        {
+            "block_count": 28, "context_length": 32768, "embedding_length": 1536,
+            "feed_forward_length": 8960, "attention.head_count": 12,
+            "attention.head_count_kv": 2, "rope.freq_base": 1000000.0,
+            "attention.layer_norm_rms_epsilon": 1e-6,
+        },
+        vocab_size=151936,
+        tied=True,
+        source="Qwen/Qwen2.5-1.5B-Instruct config.json as public copies quote it (28 layers, "
+        "1536 hidden, 8960 FFN, 12/2 heads, vocab 151936, rope 1e6, tie_word_embeddings true; "
+        "search index ids 37302823430, 58222783563)",
+    ),
+    RealConfig(
         "gpt-oss-120b",
         "gpt-oss",
         {**BY_NAME["gpt-oss-20b"].hparams, "block_count": 36, "expert_count": 128},

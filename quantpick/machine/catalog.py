@@ -405,8 +405,19 @@ CATALOG: tuple[GpuModel, ...] = (
         )  # fmt: skip
         for key, name, gib, bus, clock, pcie, tflops, aliases in (
             # Intel Arc product pages (intel.com ark): memory, bus, speed, PCIe; FP16 is the
-            # page's XMX INT8 TOPS / 2 (B580: 233 TOPS; A770: 276 TOPS; B70: 367 TOPS).
+            # page's XMX INT8 TOPS / 2 (B580: 233 TOPS; A770: 276 TOPS; B70: 367 TOPS; B60: 197
+            # TOPS, 24 GB GDDR6 at 19 Gbps on 192 bits = 456 GB/s, PCIe 5.0 x8).
             ("arc-b580", "Intel(R) Arc(TM) B580 Graphics", 12, 192, 9500, (4, 8), 116.5, ("b580",)),
+            (
+                "arc-pro-b60",
+                "Intel(R) Arc(TM) Pro B60 Graphics",
+                24,
+                192,
+                9500,
+                (5, 8),
+                98.5,
+                ("b60", "arc-b60"),
+            ),
             (
                 "arc-a770",
                 "Intel(R) Arc(TM) A770 Graphics",
@@ -429,6 +440,24 @@ CATALOG: tuple[GpuModel, ...] = (
             ),
         )
     ),
+    # Lunar Lake's Arc 140V (Core Ultra 200V, Xe2, "Intel(R) Graphics (LNL)" to Vulkan): every
+    # 200V part carries on-package LPDDR5X-8533 on 128 bits = 136.5 GB/s shared with the CPU
+    # (intel.com ark, Core Ultra 7 258V); FP16 is the GPU's 67 INT8 TOPS / 2 (Intel's Lunar Lake
+    # platform brief; the 130V of the Core Ultra 5 parts: 53). 16 or 32 GB; default 32.
+    GpuModel(
+        "arc-140v",
+        "Intel(R) Arc(TM) 140V GPU",
+        ("lunar-lake", "lnl", "intel-graphics-lnl", "140v"),
+        _g(32),
+        128,
+        4266,
+        "",
+        None,
+        None,
+        33.5,
+        Vendor.INTEL,
+        unified=True,
+    ),  # fmt: skip
     *(
         # Apple Silicon: memory bandwidth and memory sizes from Apple's tech specs pages (GB/s
         # as stated); FP16 = FP32 rate on Apple GPUs: GPU cores x 128 ALUs x 2 x clock (M1 Max

@@ -61,39 +61,46 @@ VULKAN_COMPUTE = ComputeTraits(
     "within max(5%, 16 MiB), worst 43%",
 )
 
-# Decode on Vulkan, fitted by benchmarks/backend_speed.py to 33 published runs (kyuz0's
-# amd-strix-halo-toolboxes, amd-r9700-ai-toolboxes and intel-b70-ai-toolboxes; rows 2002-2219 of
-# benchmarks/data/speed-measurements-backends.json; b9039-b9193): 0.97 of the bus on the rows no
-# path below reads (AMD: Radeon 8060S, R9700). In sample the terms leave a median error of 12%,
-# worst 1.65x (without them 27%, worst 4.3x); held out by model 30%, worst 2.9x; held out by
-# source the Intel and the AMD BF16-expert terms have no other source to be fitted from (every
-# Intel Vulkan run of 2026 builds found is the B70 repository's): 41%, worst 4.1x.
+# Decode on Vulkan, fitted by benchmarks/backend_speed.py to 36 published runs of five sources:
+# kyuz0's amd-strix-halo-toolboxes, amd-r9700-ai-toolboxes and intel-b70-ai-toolboxes (rows
+# 2002-2219 of benchmarks/data/speed-measurements-backends.json; b9039-b9193), llama.cpp #22375
+# (Radeon 8060S, b8460/b8933, rows 3006-3007) and llama.cpp PR #22461 (Lunar Lake Arc 140V, b8997,
+# row 3005): 0.97 of the bus on the rows no path below reads (AMD: Radeon 8060S, R9700). In sample
+# the terms leave a median error of 13%, worst 1.73x (without them 27%, worst 4.3x); held out by
+# model 30%, worst 3.0x; held out by source 49%, worst 4.1x: the Intel terms are fitted on two
+# Intel sources, but the second (one Lunar Lake run) is one model, short of the two a term needs,
+# so holding the B70 repository out leaves the B70 rows with no Intel term; the AMD BF16-expert
+# term has no second source either.
 VULKAN_DECODE_EVIDENCE = (
-    "fitted: 33 published Vulkan runs (Strix Halo, R9700, Arc Pro B70; decode 12% median in "
-    "sample, worst 1.6x; 30% / 2.9x held out by model; 41% / 4.1x held out by source)"
+    "fitted: 36 published Vulkan runs of 5 sources (Strix Halo, R9700, Arc Pro B70, Arc 140V; "
+    "decode 13% median in sample, worst 1.73x; 30% / 3.0x held out by model; 49% / 4.1x held "
+    "out by source)"
 )
 VULKAN_DECODE_PATHS = (
     # Intel, quantized weights: ggml_vk_should_use_mmvq (ggml-vulkan.cpp:6543-6620 at b11312)
     # sends an Intel GPU's quantized mat-vec with k >= 2048 through MMVQ (the activations
     # quantized to Q8_1, integer dot products) but Q4_0, Q5_1 and IQ4_XS ("From tests on A770
-    # Linux", :6610-6614), with Intel's DMMV workgroup choice (:5567-5590): 0.43 of the bus on
+    # Linux", :6610-6614), with Intel's DMMV workgroup choice (:5567-5590): 0.42 of the bus on
     # the B70 (Mesa ANV, BMG G31), fitted on gpt-oss-20b, Qwen3.6-27B and Qwen3.6-35B-A3B at
     # depth 0 and 16K (6 rows)
     KernelPath(
         Vendor.INTEL,
         frozenset(),
-        0.43,
+        0.42,
         source="ggml-vulkan.cpp:6543-6620 (ggml_vk_should_use_mmvq), :5567-5590",
         basis="6 Arc Pro B70 runs, 3 models (kyuz0/intel-b70-ai-toolboxes, b9039)",
     ),
-    # Intel, F16/BF16 weights: the plain DMMV shaders (mul_mat_vec_bf16_f32, :2929): 0.71,
-    # fitted on Ministral-3-8B BF16 and gpt-oss-20b's F16 attention (4 rows)
+    # Intel, F16/BF16 weights: the plain DMMV shaders (mul_mat_vec_bf16_f32, :2929): 1.00 (the
+    # grid's top: a path reads no faster than the plain rows), fitted on Ministral-3-8B BF16 and
+    # gpt-oss-20b's F16 attention on the B70 and Gemma-4-E2B BF16 on the Arc 140V (5 rows; 0.71
+    # on the B70's 4 alone, whose slowness the fixed cost below now carries)
     KernelPath(
         Vendor.INTEL,
         HALF_TYPES,
-        0.71,
+        1.00,
         source="ggml-vulkan.cpp:2929-2958 (mul_mat_vec_bf16/f16 pipelines)",
-        basis="4 Arc Pro B70 runs, 2 models (kyuz0/intel-b70-ai-toolboxes, b9039)",
+        basis="5 Intel runs, 3 models (kyuz0/intel-b70-ai-toolboxes b9039; llama.cpp PR #22461, "
+        "Arc 140V, b8997)",
     ),
     # AMD, BF16 routed experts: MUL_MAT_ID's BF16 mat-vec (mul_mat_vec_id_bf16_f32, :3015) on
     # the Radeon 8060S under RADV, which reports no bfloat16 (device line "bf16: 0"): 0.14,
@@ -109,16 +116,17 @@ VULKAN_DECODE_PATHS = (
         basis="6 Radeon 8060S runs, 2 models (kyuz0/amd-strix-halo-toolboxes, b9187-b9193)",
     ),
 )
-# Intel's decode graph costs 6.25x the CUDA-fitted fixed time per layer: the backend turns off
+# Intel's decode graph costs 6.00x the CUDA-fitted fixed time per layer: the backend turns off
 # its RMS-norm fusion (add_rms_fusion, ggml-vulkan.cpp:4901-4903) and subgroup collectives
 # (:3784, "Do not enable collectives on Intel") on Intel, so each layer runs more, smaller
-# dispatches; fitted with the paths above on the 10 B70 rows (4 models).
+# dispatches; fitted with the paths above on the 10 B70 rows and the Arc 140V row (5 models).
 VULKAN_DECODE_FIXED = (
     FixedCost(
         Vendor.INTEL,
-        6.25,
+        6.00,
         source="ggml-vulkan.cpp:4901-4903, :3784",
-        basis="10 Arc Pro B70 runs, 4 models (kyuz0/intel-b70-ai-toolboxes, b9039)",
+        basis="11 Intel runs, 5 models (kyuz0/intel-b70-ai-toolboxes b9039; llama.cpp PR #22461 "
+        "b8997)",
     ),
 )
 
