@@ -55,6 +55,9 @@ PATH_GRID = [round(0.05 + 0.01 * i, 2) for i in range(96)]
 # a vendor's factor on the decode graph's fixed cost (Backend.decode_fixed): 1.0 .. 16.0
 FIXED_GRID = [round(1.0 + 0.25 * i, 2) for i in range(61)]
 FIT_ROUNDS = 3
+# A row informs the decode attention efficiency when its cache holds at least this many cells
+# (a server run's few hundred prompt and generated tokens are too few for the term to show).
+ATTENTION_MIN_FILL = 1024
 # A term is fitted only to rows of at least this many models: one model's rows cannot tell the
 # backend's term from that model's own error (its rows at several depths share it); with fewer,
 # the term stays 1.0 (none).
@@ -151,8 +154,10 @@ def with_efficiency(
                 mine = tuple(p for p in paths if p.vendor is vendor)
                 d = replace(d, terms=replace(d.terms, paths=mine))
             if fixed is not None:
-                factor = next((f.factor for f in fixed if f.vendor is vendor), 1.0)
-                d = replace(d, terms=replace(d.terms, fixed_factor=factor))
+                term = next((f for f in fixed if f.vendor is vendor), None)
+                factor = term.factor if term is not None else 1.0
+                scaled = term.throughput_scaled if term is not None else True
+                d = replace(d, terms=replace(d.terms, fixed_factor=factor, fixed_scaled=scaled))
         devices[name] = d
     return replace(case, devices=devices)
 
@@ -210,20 +215,22 @@ def fit_attention(
     backend: Backend,
     decode: float = 1.0,
     paths: tuple[KernelPath, ...] | None = None,
+    fixed: tuple[FixedCost, ...] | None = None,
 ) -> float | None:
     """The decode attention efficiency (share of the catalogue FP16 figure the backend's
     per-head decode attention kernel reaches) minimising the mean log error of decode over the
-    rows with a filled cache (at depth 0 the term is nil), or None where the backend's module
-    carries none (its decode kernel shares a KV head's loads: the bytes model)."""
+    rows with a filled cache (at least ATTENTION_MIN_FILL cells: below it the term is nil; with
+    none, the module's value), or None where the backend's module carries none (its decode
+    kernel shares a KV head's loads: the bytes model)."""
     if backend.decode_attention_efficiency is None:
         return None
-    deep = [c for c in cases if c.fill > 0 and c.tg_tps is not None]
+    deep = [c for c in cases if c.fill >= ATTENTION_MIN_FILL and c.tg_tps is not None]
     if not deep:
         return backend.decode_attention_efficiency
     return min(
         ATTENTION_GRID,
         key=lambda a: mean_log(
-            errors(deep, backend, decode, 1.0, a, with_prefill=False, paths=paths)[0]
+            errors(deep, backend, decode, 1.0, a, with_prefill=False, paths=paths, fixed=fixed)[0]
         ),
     )
 
@@ -272,11 +279,11 @@ def _swap(items: tuple, i: int, item: object) -> tuple:  # type: ignore[type-arg
 
 def fit_all(cases: list[Case], backend: Backend) -> Fit:
     """The backend's terms fitted to `cases`, in turn (FIT_ROUNDS times): the decode attention
-    efficiency minimising the mean log error of the depth rows; the decode efficiency minimising
+    efficiency minimising the mean log error of the depth rows; each vendor's fixed-cost factor
+    minimising the mean log error of the rows on that vendor; the decode efficiency minimising
     the median log error of the rows no decode path reads (none: 1.0, the paths carry it); each
-    vendor's fixed-cost factor and each decode path's efficiency minimising the mean log error
-    of the rows on that vendor / that the path reads (from 1.0, the bandwidth model as it is).
-    Then the prefill efficiency."""
+    decode path's efficiency minimising the mean log error of the rows it reads (terms from
+    1.0, the bandwidth model as it is). Then the prefill efficiency."""
     paths = tuple(replace(p, efficiency=1.0) for p in backend.decode_paths)
     fixed = tuple(replace(f, factor=1.0) for f in backend.decode_fixed)
     best_tg, attention = 1.0, None
@@ -296,7 +303,13 @@ def fit_all(cases: list[Case], backend: Backend) -> Fit:
         return _swap(items, i, replace(items[i], **{field: best}))
 
     for _ in range(FIT_ROUNDS):
-        attention = fit_attention(cases, backend, best_tg, paths)
+        attention = fit_attention(cases, backend, best_tg, paths, fixed)
+        # a vendor's fixed cost before the decode efficiency: from the bus's bound (1.0) the
+        # fixed cost takes what a small model's rows leave over, not the other way round
+        for i, f in enumerate(fixed):
+            rows = [c for c in cases if c.tg_tps is not None and case_vendor(c) is f.vendor]
+            if informs(rows):
+                fixed = refit(fixed, i, rows, FIXED_GRID, "factor", "fixed")
         touched = {id(c) for p in paths for c in path_rows(cases, p, paths)}
         plain = [c for c in cases if id(c) not in touched]
         if informs(plain):
@@ -315,10 +328,6 @@ def fit_all(cases: list[Case], backend: Backend) -> Fit:
                     )[0]
                 ),
             )
-        for i, f in enumerate(fixed):
-            rows = [c for c in cases if c.tg_tps is not None and case_vendor(c) is f.vendor]
-            if informs(rows):
-                fixed = refit(fixed, i, rows, FIXED_GRID, "factor", "fixed")
         for i, path in enumerate(paths):
             rows = path_rows(cases, path, paths)
             if informs(rows):

@@ -402,6 +402,55 @@ SPEED_CONFIGS: tuple[RealConfig, ...] = (
         quant="MXFP4_MOE",
     ),
     RealConfig(
+        "llama-3.2-1b",
+        "llama",
+        {
+            "block_count": 16, "context_length": 131072, "embedding_length": 2048,
+            "feed_forward_length": 8192, "attention.head_count": 32,
+            "attention.head_count_kv": 8, "attention.key_length": 64,
+            "attention.value_length": 64, "rope.freq_base": 500000.0,
+            "attention.layer_norm_rms_epsilon": 1e-5, "rope.dimension_count": 64,
+        },
+        vocab_size=128256,
+        tied=True,
+        source="meta-llama/Llama-3.2-1B-Instruct config.json as kevinstephano/"
+        "thunder_model_blocks hf_llama/llama_config.py copies it (16 layers, 2048 hidden, 8192 "
+        "FFN, 32/8 heads x 64, rope 5e5 llama3 -> rope_freqs, vocab 128256, tied); llama-bench "
+        "prints 1.24 B",
+    ),
+    RealConfig(
+        "tinyllama-1.1b",
+        "llama",
+        {
+            "block_count": 22, "context_length": 2048, "embedding_length": 2048,
+            "feed_forward_length": 5632, "attention.head_count": 32,
+            "attention.head_count_kv": 4, "rope.freq_base": 10000.0,
+            "attention.layer_norm_rms_epsilon": 1e-5,
+            "rope.dimension_count": 64,  # conversion/llama.py: hidden_size / num_attention_heads
+        },
+        vocab_size=32000,
+        tied=False,
+        source="TinyLlama/TinyLlama-1.1B-Chat-v1.0 config.json as public copies carry it (22 "
+        "layers, 2048 hidden, 5632 FFN, 32/4 heads, rope 1e4, vocab 32000, untied; the 1T-token "
+        "checkpoint's OpenOrca fine-tune has the same geometry); llama-bench prints 1.10 B",
+    ),
+    RealConfig(
+        "llama-3.2-3b",
+        "llama",
+        {
+            "block_count": 28, "context_length": 131072, "embedding_length": 3072,
+            "feed_forward_length": 8192, "attention.head_count": 24,
+            "attention.head_count_kv": 8, "rope.freq_base": 500000.0,
+            "attention.layer_norm_rms_epsilon": 1e-5,
+            "rope.dimension_count": 128,  # conversion/llama.py: hidden_size / num_attention_heads
+        },
+        vocab_size=128256,
+        tied=True,
+        source="meta-llama/Llama-3.2-3B config.json as public tables copy it (oumi's "
+        "configs/recipes/llama3_2 README: 3072 hidden, 8192 MLP, 28 layers, 24/8 heads, tied, "
+        "vocab 128256; rope 5e5 llama3 as the 1B); llama-bench prints 3.21 B",
+    ),
+    RealConfig(
         "gemma-3-4b",
         "gemma3",
         {

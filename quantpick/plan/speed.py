@@ -428,13 +428,12 @@ def layer_fixed_ms(kinds: LayerKinds, params: SpeedParams) -> float:
 def _gpu_fixed_seconds(
     kinds: LayerKinds, dev: DeviceSpeed, params: SpeedParams, *, decode: bool = True
 ) -> float:
-    """The fixed cost of a GPU's layers, scaled from the reference card by its throughput; in
-    decode plus the kernels' own launches when it runs without CUDA graphs (in proportion to
-    the kernels; prefill launches each kernel once per ubatch either way)."""
-    tflops = dev.fp16_tflops or ASSUMED_GPU_FP16_TFLOPS
-    ms = layer_fixed_ms(kinds, params)
-    share = params.layer_host_share
-    seconds = ms * 1e-3 * (share + (1.0 - share) * REFERENCE_TFLOPS / tflops)
+    """The fixed cost of a GPU's layers, scaled from the reference card by its throughput (not
+    in decode where VendorTerms.fixed_scaled is off); in decode plus the kernels' own launches
+    without CUDA graphs (in proportion to them; prefill launches each once per ubatch anyway)."""
+    ms, share = layer_fixed_ms(kinds, params), params.layer_host_share
+    scale = share + (1.0 - share) * REFERENCE_TFLOPS / (dev.fp16_tflops or ASSUMED_GPU_FP16_TFLOPS)
+    seconds = ms * 1e-3 * (scale if dev.terms.fixed_scaled or not decode else 1.0)
     if decode and not cuda_graphs(dev, params):
         seconds += params.no_graph_factor * ms * 1e-3
     return seconds * dev.terms.fixed_factor if decode else seconds

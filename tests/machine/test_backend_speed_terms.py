@@ -5,8 +5,10 @@ terms reach the planner's speed figures for the GPUs of their vendor only."""
 from __future__ import annotations
 
 import dataclasses
+import re
 from functools import cache
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -152,6 +154,47 @@ def test_vulkan_terms_reach_intel_gpus_only() -> None:
             assert dev.terms.fixed_factor == 1.0 and with_terms == without
 
 
+@cache
+def metal_case(gpu: str):  # type: ignore[no-untyped-def]
+    m = machine(gpu, "metal")
+    layout = layout_of("UD-Q4_K_XL")
+    return speed_work(layout, estimate(layout, m, RunConfig(ctx_size=8192))), device_speeds(m)
+
+
+@given(st.floats(min_value=1.0, max_value=200.0))
+def test_apples_fixed_cost_is_the_same_on_every_apple_gpu(tflops: float) -> None:
+    """Metal's Apple fixed cost is not scaled by the chip's throughput (FixedCost.throughput_scaled
+    off: ggml-metal encodes each dispatch from the host): a decode at an empty cache takes as
+    long on an M4 Pro whatever its FP16 figure; the same device under the CUDA rule (scaled
+    terms) decodes faster the more TFLOPS it has."""
+    work, devs = metal_case("m4-pro")
+    dev = devs["MTL0"]
+    assert not dev.terms.fixed_scaled and dev.terms.fixed_factor > 1.0
+    faster = {**devs, "MTL0": dataclasses.replace(dev, fp16_tflops=dev.fp16_tflops * 8)}
+    other = {**devs, "MTL0": dataclasses.replace(dev, fp16_tflops=tflops)}
+    base = decode_seconds(work, devs, 0, server=False)
+    assert decode_seconds(work, other, 0, server=False) == pytest.approx(base, rel=1e-12)
+    scaled = dataclasses.replace(dev.terms, fixed_scaled=True)
+    cuda_rule = {**devs, "MTL0": dataclasses.replace(dev, terms=scaled)}
+    cuda_faster = {**faster, "MTL0": dataclasses.replace(faster["MTL0"], terms=scaled)}
+    assert decode_seconds(work, cuda_faster, 0, server=False) < decode_seconds(
+        work, cuda_rule, 0, server=False
+    )
+
+
+def test_metal_terms_reach_apple_gpus_only() -> None:
+    """The Apple fixed-cost term rides on Apple GPUs under Metal (an M2 Ultra and an M4 Pro
+    carry the same factor, unscaled); no other backend's device carries an unscaled term."""
+    metal = backend("metal")
+    (term,) = metal.decode_fixed
+    for gpu in ("m4-pro", "m2-ultra", "m1"):
+        dev = device_speeds(machine(gpu, "metal"))["MTL0"]
+        assert (dev.terms.fixed_factor, dev.terms.fixed_scaled) == (term.factor, False)
+    for gpu, name in (("4090", "cuda"), ("b70", "vulkan"), ("7900xtx", "rocm")):
+        for dev in device_speeds(machine(gpu, name)).values():
+            assert dev.terms.fixed_scaled
+
+
 def test_amd_vulkans_bf16_expert_path_spares_quantized_files() -> None:
     """AMD's Vulkan path for BF16 routed experts slows only files whose experts are BF16."""
     m = machine("7900xtx", "vulkan")
@@ -172,6 +215,7 @@ def test_every_decode_term_names_its_source_and_basis() -> None:
 
     for b in all_backends():
         for term in (*b.decode_paths, *b.decode_fixed):
-            assert ".cpp:" in term.source and "runs" in term.basis, (b.label, term)
+            cites = re.search(r"\.(cpp|m|cu):\d", term.source)  # ggml-metal's are .m
+            assert cites and "runs" in term.basis, (b.label, term)
         if b.decode_paths or b.decode_fixed:
             assert "fitted" in b.efficiency_source

@@ -130,14 +130,21 @@ class FixedCost:
     factor: float
     source: str = ""
     basis: str = ""
+    # True: `factor` multiplies the fixed cost as scaled to the GPU's throughput (plan/speed.py:
+    # the reference card's per-layer times x 142 / its TFLOPS, in part); False: it multiplies
+    # the reference card's per-layer times as they are, the same on every GPU of the vendor (a
+    # per-dispatch cost that does not shrink with more ALUs)
+    throughput_scaled: bool = True
 
 
 @dataclass(frozen=True)
 class VendorTerms:
-    """A backend's decode terms on one GPU (its vendor's KernelPaths and FixedCost factor)."""
+    """A backend's decode terms on one GPU (its vendor's KernelPaths and FixedCost factor, and
+    whether the factor applies to the throughput-scaled cost: FixedCost.throughput_scaled)."""
 
     paths: tuple[KernelPath, ...] = ()
     fixed_factor: float = 1.0
+    fixed_scaled: bool = True
 
 
 NO_TERMS = VendorTerms()
@@ -269,9 +276,11 @@ class Backend:
         """This backend's decode paths and fixed-cost factor on the GPU named `gpu_name` (its
         vendor read from the name); NO_TERMS where none differs from decode_efficiency."""
         vendor = vendor_of_name(gpu_name)
+        fixed = next((f for f in self.decode_fixed if f.vendor is vendor), None)
         return VendorTerms(
             tuple(p for p in self.decode_paths if p.vendor is vendor),
-            next((f.factor for f in self.decode_fixed if f.vendor is vendor), 1.0),
+            fixed.factor if fixed is not None else 1.0,
+            fixed.throughput_scaled if fixed is not None else True,
         )
 
     def drives(self, vendor: Vendor) -> bool:

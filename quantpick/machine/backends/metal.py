@@ -15,8 +15,39 @@
 
 from __future__ import annotations
 
-from quantpick.machine.backends.base import Backend, BackendKind, ComputeTraits, Vendor
+from quantpick.machine.backends.base import (
+    Backend,
+    BackendKind,
+    ComputeTraits,
+    FixedCost,
+    Vendor,
+)
 from quantpick.model.ggml import BufferRule
+
+# Apple's decode graph costs 2.0x the CUDA reference card's per-layer fixed time on every Apple
+# GPU, not that time scaled by 142 / the chip's TFLOPS (the CUDA rule, under which a 20-core M4
+# Pro paid 4.0x the reference and a 76-core M2 Ultra 1.8x): ggml-metal encodes and dispatches
+# each kernel of the graph from the host (command buffers split over threads,
+# ggml_metal_graph_compute, ggml-metal-context.m:474-575 at b11312), a cost per dispatch that
+# more GPU cores do not shorten. Fitted (benchmarks/backend_speed.py, grid 1.0-16.0 in 0.25
+# steps) on the 39 Metal rows of three sources: the M2 Ultra's llama-bench runs (rows
+# 1001-1030), an M4 Pro's llama-server runs of 8 models of 0.7-15 GiB (llmfit's community data,
+# rows 1101-1108) and an M1 Ultra's llama-bench run of TinyLlama 1.1B (geerlingguy/ai-benchmarks
+# issue 48, row 1201); each source predicted from the others: decode median error 10%, worst
+# 1.64x (was 7% / 2.72x with one source; the 1B on the M4 Pro was 1.69x slow under the CUDA
+# rule); fitted on the M2 Ultra alone 2.00, on the other two 1.50.
+METAL_DECODE_FIXED = (
+    FixedCost(
+        Vendor.APPLE,
+        2.0,
+        source="ggml-metal-context.m:474-575 (ggml_metal_graph_compute: host-encoded "
+        "command buffers)",
+        basis="39 runs, 15 models, M2 Ultra, M4 Pro, M1 Ultra (llama.cpp benches/mac-m2-ultra, "
+        "AlexsJones/llmfit community apple-m4-pro, geerlingguy/ai-benchmarks#48); held out by "
+        "source 10% / 1.64x",
+        throughput_scaled=False,
+    ),
+)
 
 BACKEND = Backend(
     kind=BackendKind.METAL,
@@ -30,25 +61,29 @@ BACKEND = Backend(
     "recommendedMaxWorkingSetSize",
     # Fitted by benchmarks/backend_speed.py to the 30 runs of llama.cpp's own
     # benches/mac-m2-ultra/mac-m2-ultra.md (b7948; 6 models, depth 0-32768; rows 1001-1030 of
-    # benchmarks/data/speed-measurements-backends.json). Decode: 1.00 of the bandwidth (the
-    # CUDA-calibrated bandwidth model as it is, at its bound). Decode attention over the cache:
+    # benchmarks/data/speed-measurements-backends.json) and the 9 of the M4 Pro and M1 Ultra
+    # (above). Decode: 0.99 of the bandwidth (the CUDA-calibrated bandwidth model as it is,
+    # at its bound). Decode attention over the cache:
     # ggml-metal's vector flash-attention kernel, which decode uses (fewer than 20 query rows,
     # ggml-metal-ops.cpp:2949-2956 at b11312), runs one query head per threadgroup
     # (nhptg = 1, :3588; dispatched over (queries, heads, workgroups), :3790), so the query heads
     # of a shared KV head each read and multiply its cells: the depth cost is the heads'
-    # arithmetic, 2 x n_head x (K + V head size) FLOPs per layer and cell, at 0.086 of the
-    # catalogue's FP16 figure (fitted on the rows at depth > 0). Head size 576 (MLA's latent)
-    # is supported (ggml-metal-device.m:1742), so GLM-4.7-Flash's 20 heads over one latent take
-    # this kernel: 5x the FLOPs per cache byte of a GQA layer, the 2.7-3.1x the bytes model
-    # missed at 8K-32K. Held out by model (the rate fitted on the other five models' rows),
-    # decode median error 4%, worst 1.54x (GLM-4.7-Flash at depth 0, its fixed cost); the
-    # rate held out from GLM-4.7-Flash is 0.097. Prefill: 1.52 x the catalogue's FP16 (= FP32
-    # ALU) figure, median error 37% held out, worst 3.0x.
-    decode_efficiency=1.00,
+    # arithmetic, 2 x n_head x (K + V head size) FLOPs per layer and cell, at 0.077 of the
+    # catalogue's FP16 figure (fitted on the rows with a cache of 1024 cells or more, with the
+    # Apple fixed cost above). Head size 576 (MLA's latent) is supported
+    # (ggml-metal-device.m:1742), so GLM-4.7-Flash's 20 heads over one latent take this kernel:
+    # 5x the FLOPs per cache byte of a GQA layer, the 2.7-3.1x the bytes model
+    # missed at 8K-32K. Held out by model (the terms fitted on the other 14 models' rows),
+    # decode median error 7%, worst 1.42x (GLM-4.7-Flash at depth 0, its fixed cost); the
+    # rate held out from GLM-4.7-Flash is 0.080. Prefill: 1.52 x the catalogue's FP16 (= FP32
+    # ALU) figure, median error 33% held out by model, worst 2.9x.
+    decode_efficiency=0.99,
     prefill_efficiency=1.52,
-    decode_attention_efficiency=0.086,
-    efficiency_source="fitted: 30 runs of llama.cpp benches/mac-m2-ultra (decode 4% median "
-    "held out by model, worst 1.5x; prefill 37%, worst 3.0x)",
+    decode_attention_efficiency=0.077,
+    decode_fixed=METAL_DECODE_FIXED,
+    efficiency_source="fitted: 30 runs of llama.cpp benches/mac-m2-ultra, 8 M4 Pro runs "
+    "(llmfit community data), 1 M1 Ultra run: decode 7% median held out by model, worst 1.4x, "
+    "10% / 1.6x held out by source; prefill 33%, worst 2.9x held out by model",
     legacy_prefixes=("Metal",),
     cmake_option="-DGGML_METAL=ON (default on macOS)",
     # offload_op takes a matmul (MUL_MAT, MUL_MAT_ID) of >= 32 rows (ggml-metal.cpp:774-780); the
