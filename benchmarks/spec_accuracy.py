@@ -44,7 +44,7 @@ from speed_accuracy import row_architecture  # noqa: E402
 
 from quantpick.arch.base import Architecture  # noqa: E402
 from quantpick.errors import UsageError  # noqa: E402
-from quantpick.machine.backends import BackendKind  # noqa: E402
+from quantpick.machine.backends import BackendKind, all_backends  # noqa: E402
 from quantpick.machine.describe import describe_gpu  # noqa: E402
 from quantpick.machine.spec import Gpu, Host, Machine  # noqa: E402
 from quantpick.model.layout import synthesize_layout  # noqa: E402
@@ -55,6 +55,7 @@ from quantpick.plan.speculative import (  # noqa: E402
     ACCEPTANCE,
     BACKEND_VERIFY_EFFICIENCY,
     DRAFT_TOKEN_OVERHEAD_MS,
+    NGRAM_DRAFT_MS,
     NGRAM_HIT,
     ROUND_OVERHEAD_MS,
     StepCosts,
@@ -118,8 +119,31 @@ def draft_step(row: dict, target: RunConfig, target_est) -> float:  # type: igno
     return draft_step_seconds(draft, own, device_speeds(machine), int(row.get("fill") or 0))
 
 
+# Backend.spec_step_ms as carried, by backend (in sample)
+SPEC_STEP_MS = {b.kind.value: b.spec_step_ms for b in all_backends()}
+
+
+def fit_spec_step(rows: list[dict], backend: str, exclude: str | None) -> float:
+    """Backend.spec_step_ms refitted without the source `exclude`: the median extra time per
+    step of the n-gram rows of this backend that found no draft (hit 0), less the lookup; 0 for
+    a backend that carries none, or when no other source has such a row."""
+    if not SPEC_STEP_MS.get(backend):
+        return 0.0
+    extra = [
+        1e3 * (1.0 / r["tg_with"] - 1.0 / r["tg_without"]) - NGRAM_DRAFT_MS
+        for r in rows
+        if r["kind"] == "ngram" and r["backend"] == backend and r.get("hit") == 0
+        and r.get("tg_with") and r.get("tg_without") and r["source"] != exclude
+        and not r.get("anomalous")
+    ]  # fmt: skip
+    return max(0.0, statistics.median(extra)) if extra else 0.0
+
+
 def row_costs(
-    row: dict, efficiency: float | None = None, draft_overhead_ms: float | None = None
+    row: dict,
+    efficiency: float | None = None,
+    draft_overhead_ms: float | None = None,
+    spec_step_ms: float | None = None,
 ) -> StepCosts:
     arch = architecture(row["config"])
     kind = SpecKind(row["kind"])
@@ -143,8 +167,9 @@ def row_costs(
     draft_s = draft_step(row, config, est) if kind is SpecKind.DRAFT else None
     overhead = DRAFT_TOKEN_OVERHEAD_MS if draft_overhead_ms is None else draft_overhead_ms
     costs = step_costs(layout, est, devices, kind, fill=fill, verify_efficiency=eff,
-                       draft_s=draft_s, max_tokens=n + 1,
-                       draft_overhead_ms=overhead)  # fmt: skip
+                       draft_s=draft_s, max_tokens=n + 1, draft_overhead_ms=overhead,
+                       spec_step_ms=SPEC_STEP_MS.get(row["backend"], 0.0)
+                       if spec_step_ms is None else spec_step_ms)  # fmt: skip
     if row.get("tg_without"):
         costs = costs.scaled(
             (1.0 / row["tg_without"]) / costs.decode_s, draft=kind is not SpecKind.DRAFT
@@ -273,12 +298,14 @@ def main() -> None:
         hit_out = fitted_hit(rows, row["kind"], row["task"], row["source"])
         # held out: the acceptance, an n-gram row's hit, (AMD MTP rows) the verify efficiency
         # and (draft models) the per-token overhead, all without its source
+        step = fit_spec_step(rows, row["backend"], row["source"])
         if row["kind"] == "mtp" and row["backend"] in SLOW_VERIFY:
-            held = row_costs(row, fit_efficiency(rows, row["source"]))
+            held = row_costs(row, fit_efficiency(rows, row["source"]), spec_step_ms=step)
         elif row["kind"] == "draft":
-            held = row_costs(row, draft_overhead_ms=fit_draft_overhead(rows, row["source"]))
+            held = row_costs(row, draft_overhead_ms=fit_draft_overhead(rows, row["source"]),
+                             spec_step_ms=step)  # fmt: skip
         else:
-            held = costs
+            held = row_costs(row, spec_step_ms=step)
         meas = float(row["tg_with"])
         line = f"{row['id']:>4} {row['kind']:6} {row['task']:8} {row['backend']:7} {n:>3} " \
             f"{row['tg_without']:>8.1f} {meas:>7.1f} "  # fmt: skip

@@ -58,7 +58,7 @@ from quantpick.plan.policy import (
     why_lost,
 )
 from quantpick.plan.quality import Quality, model_of, quality_of
-from quantpick.plan.speculative import speculation, verify_efficiency
+from quantpick.plan.speculative import spec_step_ms, speculation, verify_efficiency
 
 GiB = 1024**3
 # llama.cpp's --fit never shrinks below 4096 (fit-ctx default); the planner's smallest context.
@@ -126,6 +126,8 @@ def _speculate(
     spec = request.spec
     if spec.verify_efficiency == 1.0:
         spec = replace(spec, verify_efficiency=verify_efficiency(machine))
+    if spec.spec_step_ms == 0.0:
+        spec = replace(spec, spec_step_ms=spec_step_ms(machine))
     if request.calibration is not None and request.calibration.acceptance:
         spec = replace(spec, measured_acceptance=request.calibration.acceptance)
     decision, config = speculation(

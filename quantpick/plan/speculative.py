@@ -145,6 +145,15 @@ BACKEND_VERIFY_EFFICIENCY: dict[BackendKind, float] = {
 }
 
 
+def spec_step_ms(machine: Machine) -> float:
+    """What each decode step costs beyond itself with speculation on, on the machine's GPUs'
+    backend (the largest of them; 0 without GPUs): Backend.spec_step_ms."""
+    return max(
+        (backend_of(g.backend).spec_step_ms for g in machine.usable_gpus),
+        default=0.0,
+    )
+
+
 def verify_efficiency(machine: Machine) -> float:
     """The verify efficiency of the machine's GPUs' backend (the slowest of them; 1.0 without)."""
     return min(
@@ -163,15 +172,17 @@ MIN_GAIN = 1.15
 # MIN_GAIN test (conservative: a kind is offered on its prediction less its known error). Draft
 # models: `python benchmarks/spec_accuracy.py` held out by source, 15 published rows of 5
 # sources (llama.cpp #5877, #10455; InventiveHQ's RTX 5060 Ti / GTX 1080 Ti / i7-8700 suite and
-# its M3 Max community run; llama-swap's 3090 + P40), median error 14%, worst 1.56x (Metal, M3
-# Max, over-predicted; the M4 Pro row 1.42x under); median predicted / measured 0.96, the
-# over-predictions up to 1.56x and 1.38x (Vulkan on a GTX 1080 Ti): a draft is offered on its
-# prediction less its median error. MTP (12 rows, held-out median 7%, predicted / measured
-# 1.04) and n-gram (6 rows, 1%; they measure rounds that find no draft) are taken as predicted.
+# its M3 Max community run; llama-swap's 3090 + P40), median error 14%, worst 1.73x (row 27,
+# Metal on an M3 Max, over-predicted: its speculation step cost, Backend.spec_step_ms, comes
+# from its own source and is unknown with it held out; in sample 1.59x); median predicted /
+# measured 0.96, the other over-predictions up to 1.38x (Vulkan on a GTX 1080 Ti): a draft is
+# offered on its prediction less its median error. MTP (12 rows, held-out median 7%, predicted
+# / measured 1.04) and n-gram (6 rows, 1%; they measure rounds that find no draft) are taken as
+# predicted.
 SPEED_ERROR: dict[SpecKind, float] = {SpecKind.DRAFT: 1.14}
 SPEED_ERROR_TEXT: dict[SpecKind, str] = {
     SpecKind.DRAFT: "an estimate checked on 15 published draft-model runs: held-out median "
-    "error 14%, worst 1.56x",
+    "error 14%, worst 1.73x",
 }
 
 
@@ -231,6 +242,9 @@ class StepCosts:
     decode_s: float
     draft_s: float
     verify_s: tuple[float, ...]  # index k - 1
+    # each decode step's own cost once speculation is on, drafted or not (Backend.spec_step_ms):
+    # the backend's, not the target's, so it is not scaled with the target's steps
+    spec_step_s: float = 0.0
 
     def verify(self, tokens: float) -> float:
         """A verify batch of `tokens` (a fractional count, the mean of a gated round's batch,
@@ -249,6 +263,7 @@ class StepCosts:
             self.decode_s * factor,
             self.draft_s * (factor if draft else 1.0),
             tuple(v * factor for v in self.verify_s),
+            self.spec_step_s,
         )
 
 
@@ -265,11 +280,17 @@ def round_speed(
     gate stops the draft early (drafted_per_round). `hit`: the share of rounds that find a draft
     at all (an n-gram lookup: NGRAM_HIT); the others are a plain decode step (llama-server
     decodes the sampled token alone when the draft is empty)."""
-    if n <= 0 or hit <= 0.0:
-        return 1.0 / (costs.decode_s + (costs.draft_s if n > 0 else 0.0))
+    if n <= 0:
+        return 1.0 / costs.decode_s
+    if hit <= 0.0:
+        return 1.0 / (costs.decode_s + costs.draft_s + costs.spec_step_s)
     drafted = drafted_per_round(a, n, gated=gated)
-    drafting = costs.verify(drafted + 1) + drafted * costs.draft_s + overhead_ms * 1e-3
-    plain = costs.decode_s + costs.draft_s  # the draft step that found nothing
+    drafting = (
+        costs.verify(drafted + 1) + drafted * costs.draft_s + overhead_ms * 1e-3
+        + costs.spec_step_s
+    )  # fmt: skip
+    # the draft step that found nothing
+    plain = costs.decode_s + costs.draft_s + costs.spec_step_s
     tokens = hit * (1.0 + accepted_per_round(a, n)) + (1.0 - hit)
     return tokens / (hit * drafting + (1.0 - hit) * plain)
 
@@ -347,6 +368,7 @@ def step_costs(
     max_tokens: int = max(DRAFT_N_RANGE) + 1,
     token_share: float = VERIFY_TOKEN_SHARE,
     draft_overhead_ms: float = DRAFT_TOKEN_OVERHEAD_MS,
+    spec_step_ms: float = 0.0,
 ) -> StepCosts:
     """The step costs of `kind` on this machine for the placement of `estimate` (its config with
     or without speculation: the trunk's work is the same). `draft_s`: the decode step of a
@@ -373,7 +395,7 @@ def step_costs(
         draft = NGRAM_DRAFT_MS * 1e-3
     else:
         raise ValueError("a draft model's step cost is needed for SpecKind.DRAFT")
-    return StepCosts(decode, draft, verify)
+    return StepCosts(decode, draft, verify, spec_step_ms * 1e-3)
 
 
 @dataclass(frozen=True)
@@ -521,6 +543,7 @@ class SpecRequest:
     # not known (the pinned build's, which has them all)
     server_types: frozenset[str] | None = None
     verify_efficiency: float = 1.0  # BACKEND_VERIFY_EFFICIENCY of the machine's backend
+    spec_step_ms: float = 0.0  # the machine's backend's Backend.spec_step_ms
     draft: DraftModel | None = None  # --draft: a draft model to plan with
     # the target's vocabulary as read from its file (token texts included); None: from the
     # layout's metadata (no token texts)
@@ -663,6 +686,7 @@ def speculation(
         costs = step_costs(
             layout, estimates[(kind, fitting[0])], devices, kind, fill=fill, params=params,
             verify_efficiency=request.verify_efficiency, draft_s=draft_s,
+            spec_step_ms=request.spec_step_ms,
         )  # fmt: skip
         # the plan's own expected decode: the target's steps (and an MTP head's, the target's
         # own layers) scale to it; a draft model's step is its own file's, on its own device

@@ -165,3 +165,35 @@ def test_the_draft_count_reads_as_english() -> None:
 
     assert draft_count(1) == "1 draft"
     assert draft_count(3) == "3 drafts"
+
+
+@given(
+    decode_ms=st.floats(5.0, 200.0),
+    step_ms=st.floats(0.1, 20.0),
+    a=st.floats(0.05, 0.99),
+    n=st.integers(1, 8),
+    hit=st.floats(0.0, 1.0),
+)
+def test_a_backends_speculation_step_cost_slows_every_round_but_not_plain_decode(
+    decode_ms: float, step_ms: float, a: float, n: int, hit: float
+) -> None:
+    """Backend.spec_step_ms: each decode step pays it once speculation is on, drafted or not
+    (an n-gram lookup that finds nothing included); without speculation nothing changes."""
+    verify = tuple(decode_ms * 1e-3 * (1 + 0.05 * k) for k in range(n + 1))
+    bare = StepCosts(decode_ms * 1e-3, 0.5e-3, verify)
+    paid = StepCosts(decode_ms * 1e-3, 0.5e-3, verify, step_ms * 1e-3)
+    assert round_speed(paid, a, n, hit=hit) < round_speed(bare, a, n, hit=hit)
+    assert round_speed(paid, a, 0) == round_speed(bare, a, 0) == pytest.approx(1e3 / decode_ms)
+    # scaling the target's steps to a measured decode leaves the backend's own cost as it is
+    assert paid.scaled(2.0).spec_step_s == paid.spec_step_s
+
+
+def test_only_a_backend_that_measured_it_carries_a_speculation_step_cost() -> None:
+    from quantpick.plan.speculative import spec_step_ms
+
+    host = Host(64 * GiB, 64 * GiB, 12)
+    mac = Machine(gpus=(describe_gpu("m4-max", vram_bytes=48 * GiB),), host=host, described=True)
+    pc = Machine(gpus=(describe_gpu("3090"),), host=host, described=True)
+    assert spec_step_ms(mac) == pytest.approx(5.23)  # row 41: an n-gram lookup with no draft
+    assert spec_step_ms(pc) == 0.0
+    assert spec_step_ms(Machine(gpus=(), host=host, described=True)) == 0.0
