@@ -374,14 +374,24 @@ def _plan_once(
 
     # The --n-cpu-moe search (two GPUs: more experts in RAM can be faster) only where its speed
     # can change the pick: the policy's choice is the same as with every offload plan searched.
-    if offloaded:
+    # A searched plan can lose what put it ahead (its desktop room, with more experts in RAM),
+    # so the tentative choice is taken again after each pass until no skipped plan could win.
+    searched: set[int] = set()
+    while offloaded:
         tentative = choose(feasible, request.prefer, request.kv_types)[0] if feasible else None
-        for idx, search, base in offloaded:
+        todo = [
+            (idx, search, base)
+            for idx, search, base in offloaded
+            if idx not in searched
+            and (tentative is None
+                 or speed_may_matter(candidates[idx], tentative, request.prefer,
+                                     request.kv_types))
+        ]  # fmt: skip
+        if not todo:
+            break
+        for idx, search, base in todo:
+            searched.add(idx)
             c = candidates[idx]
-            if tentative is not None and not speed_may_matter(
-                c, tentative, request.prefer, request.kv_types
-            ):
-                continue
             assert c.estimate is not None
             faster = search.faster_offload(base, c.estimate)
             if faster is not c.estimate:

@@ -7,7 +7,7 @@ from dataclasses import replace
 from functools import cache
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from quantpick.errors import NoFitError, UsageError
@@ -483,6 +483,10 @@ def two_gpu_machines(draw: st.DrawFn) -> Machine:
 
 @SETTINGS
 @given(m=two_gpu_machines(), ctx=contexts, prefer=policies)
+# The tentative pick (IQ3_M, with desktop room) lost its room once searched; Q3_K_M, skipped
+# behind it, then won unsearched (--n-cpu-moe 24 where the search gives 27).
+@example(m=machine(gpu(0, 4, 192), gpu(1, 7, 192), ram_gib=16, ram_bw_gbs=50), ctx=4096,
+         prefer="balanced")  # fmt: skip
 def test_the_offload_search_is_skipped_only_where_it_cannot_change_the_pick(
     m: Machine, ctx: int, prefer: str
 ) -> None:
