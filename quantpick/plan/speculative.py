@@ -176,8 +176,8 @@ MIN_GAIN = 1.15
 # Metal on an M3 Max, over-predicted: its speculation step cost, Backend.spec_step_ms, comes
 # from its own source and is unknown with it held out; in sample 1.59x); median predicted /
 # measured 0.96, the other over-predictions up to 1.38x (Vulkan on a GTX 1080 Ti): a draft is
-# offered on its prediction less its median error. MTP (12 rows, held-out median 7%, predicted
-# / measured 1.04) and n-gram (6 rows, 1%; they measure rounds that find no draft) are taken as
+# offered on its prediction less its median error. MTP (14 rows, held-out median 10%, predicted
+# / measured 1.05) and n-gram (6 rows, 1%; they measure rounds that find no draft) are taken as
 # predicted.
 SPEED_ERROR: dict[SpecKind, float] = {SpecKind.DRAFT: 1.14}
 SPEED_ERROR_TEXT: dict[SpecKind, str] = {
