@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import sys
 from dataclasses import replace
@@ -55,7 +56,6 @@ from quantpick.plan.speculative import (  # noqa: E402
     ACCEPTANCE,
     BACKEND_VERIFY_EFFICIENCY,
     DRAFT_TOKEN_OVERHEAD_MS,
-    NGRAM_DRAFT_MS,
     NGRAM_HIT,
     ROUND_OVERHEAD_MS,
     StepCosts,
@@ -124,19 +124,41 @@ SPEC_STEP_MS = {b.kind.value: b.spec_step_ms for b in all_backends()}
 
 
 def fit_spec_step(rows: list[dict], backend: str, exclude: str | None) -> float:
-    """Backend.spec_step_ms refitted without the source `exclude`: the median extra time per
-    step of the n-gram rows of this backend that found no draft (hit 0), less the lookup; 0 for
-    a backend that carries none, or when no other source has such a row."""
+    """Backend.spec_step_ms refitted without the source `exclude`: the one cost per decode call
+    that best predicts this backend's other speculation rows (the least summed |log error|, each
+    row at its own printed acceptance, else the fitted one); 0 for a backend that carries none,
+    or when no other source has such a row."""
     if not SPEC_STEP_MS.get(backend):
         return 0.0
-    extra = [
-        1e3 * (1.0 / r["tg_with"] - 1.0 / r["tg_without"]) - NGRAM_DRAFT_MS
-        for r in rows
-        if r["kind"] == "ngram" and r["backend"] == backend and r.get("hit") == 0
-        and r.get("tg_with") and r.get("tg_without") and r["source"] != exclude
-        and not r.get("anomalous")
+    train = [
+        r for r in rows
+        if r["backend"] == backend and r.get("tg_with") and r.get("tg_without")
+        and r["source"] != exclude and not r.get("anomalous")
     ]  # fmt: skip
-    return max(0.0, statistics.median(extra)) if extra else 0.0
+    if not train:
+        return 0.0
+    cases = []
+    for r in train:
+        n = int(r["n_max"])
+        a = (
+            acceptance_from_rate(r["rate"], n, gated=gated(r))
+            if r.get("rate")
+            else fitted(rows, r["kind"], r["task"], exclude)
+        )
+        if a is None:
+            continue
+        hit = float(r.get("hit") or 0.0) if r["kind"] == "ngram" else 1.0
+        cases.append((r, row_costs(r, spec_step_ms=0.0), a, hit))
+
+    def loss(step_ms: float) -> float:
+        total = 0.0
+        for r, bare, a, hit in cases:
+            per_draft = 0.0 if r["kind"] == "ngram" else step_ms * 1e-3
+            costs = replace(bare, spec_step_s=step_ms * 1e-3, spec_draft_step_s=per_draft)
+            total += abs(math.log(predict(r, costs, a, hit) / float(r["tg_with"])))
+        return total
+
+    return min((0.05 * i for i in range(401)), key=loss) if cases else 0.0
 
 
 def row_costs(
@@ -355,6 +377,14 @@ def print_fit(rows: list[dict]) -> None:
               f"{r['id']}: {implied_draft_overhead(r):.1f}" for r in rows
               if r["kind"] == "draft" and r.get("rate") and r.get("tg_with")
               and not r.get("anomalous")))  # fmt: skip
+    for backend, carried in SPEC_STEP_MS.items():
+        if carried:
+            print(f"{backend} cost per decode call with speculation on: joint fit on its rows "
+                  f"{fit_spec_step(rows, backend, None):.2f} ms, table {carried:.2f} ms; held "
+                  "out by source: " + ", ".join(
+                      f"{src.split('/')[-1] or src}: {fit_spec_step(rows, backend, src):.2f}"
+                      for src in sorted({r["source"] for r in rows if r["backend"] == backend})
+                  ))  # fmt: skip
     print("fitted per-token acceptance (median of the rows) vs ACCEPTANCE:")
     for kind in SpecKind:
         for task in Task:

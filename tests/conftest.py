@@ -2,13 +2,23 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
+# llama.cpp's tools a user may have on PATH: a test sees them only where it puts them itself
+# (QUANTPICK_TEST_LLAMA_BIN, --llama-bin, tests/test_readme.py's PATH), never the host's.
+LLAMA_TOOLS = ("llama-server", "llama-fit-params", "llama-bench", "ggml-rpc-server", "llama-cli")
+
 
 @pytest.fixture(autouse=True)
 def _isolate(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    path = os.environ.get("PATH", "").split(os.pathsep)
+    kept = [
+        d for d in path if d and not any(os.path.exists(os.path.join(d, t)) for t in LLAMA_TOOLS)
+    ]
+    monkeypatch.setenv("PATH", os.pathsep.join(kept))
     monkeypatch.setenv("QUANTPICK_HOME", str(tmp_path / "home"))
     monkeypatch.setenv("NO_COLOR", "1")
     monkeypatch.setenv("HF_TOKEN", "")

@@ -172,17 +172,17 @@ MIN_GAIN = 1.15
 # MIN_GAIN test (conservative: a kind is offered on its prediction less its known error). Draft
 # models: `python benchmarks/spec_accuracy.py` held out by source, 15 published rows of 5
 # sources (llama.cpp #5877, #10455; InventiveHQ's RTX 5060 Ti / GTX 1080 Ti / i7-8700 suite and
-# its M3 Max community run; llama-swap's 3090 + P40), median error 14%, worst 1.73x (row 27,
-# Metal on an M3 Max, over-predicted: its speculation step cost, Backend.spec_step_ms, comes
-# from its own source and is unknown with it held out; in sample 1.59x); median predicted /
-# measured 0.96, the other over-predictions up to 1.38x (Vulkan on a GTX 1080 Ti): a draft is
-# offered on its prediction less its median error. MTP (14 rows, held-out median 10%, predicted
-# / measured 1.05) and n-gram (6 rows, 1%; they measure rounds that find no draft) are taken as
+# its M3 Max community run; llama-swap's 3090 + P40), median error 14%, worst 1.55x (the M4
+# Pro row, under-predicted); median predicted / measured 0.96, the over-predictions up to
+# 1.38x (Vulkan on a GTX 1080 Ti) and 1.27x (the M3 Max run that lost 41%, its Metal cost per
+# decode call, Backend.spec_step_ms, refitted without its source): a draft is offered on its
+# prediction less its median error. MTP (14 rows, held-out median 7%, predicted
+# / measured 1.03) and n-gram (6 rows, 1%; they measure rounds that find no draft) are taken as
 # predicted.
 SPEED_ERROR: dict[SpecKind, float] = {SpecKind.DRAFT: 1.14}
 SPEED_ERROR_TEXT: dict[SpecKind, str] = {
     SpecKind.DRAFT: "an estimate checked on 15 published draft-model runs: held-out median "
-    "error 14%, worst 1.73x",
+    "error 14%, worst 1.55x",
 }
 
 
@@ -242,9 +242,11 @@ class StepCosts:
     decode_s: float
     draft_s: float
     verify_s: tuple[float, ...]  # index k - 1
-    # each decode step's own cost once speculation is on, drafted or not (Backend.spec_step_ms):
-    # the backend's, not the target's, so it is not scaled with the target's steps
+    # each decode call's own cost once speculation is on (Backend.spec_step_ms): the target's
+    # step, drafted or not, and each draft step of a model or an MTP head (an n-gram lookup is
+    # no decode); the backend's, not the target's, so it is not scaled with the target's steps
     spec_step_s: float = 0.0
+    spec_draft_step_s: float = 0.0
 
     def verify(self, tokens: float) -> float:
         """A verify batch of `tokens` (a fractional count, the mean of a gated round's batch,
@@ -264,6 +266,7 @@ class StepCosts:
             self.draft_s * (factor if draft else 1.0),
             tuple(v * factor for v in self.verify_s),
             self.spec_step_s,
+            self.spec_draft_step_s,
         )
 
 
@@ -286,11 +289,11 @@ def round_speed(
         return 1.0 / (costs.decode_s + costs.draft_s + costs.spec_step_s)
     drafted = drafted_per_round(a, n, gated=gated)
     drafting = (
-        costs.verify(drafted + 1) + drafted * costs.draft_s + overhead_ms * 1e-3
-        + costs.spec_step_s
+        costs.verify(drafted + 1) + drafted * (costs.draft_s + costs.spec_draft_step_s)
+        + overhead_ms * 1e-3 + costs.spec_step_s
     )  # fmt: skip
     # the draft step that found nothing
-    plain = costs.decode_s + costs.draft_s + costs.spec_step_s
+    plain = costs.decode_s + costs.draft_s + costs.spec_step_s + costs.spec_draft_step_s
     tokens = hit * (1.0 + accepted_per_round(a, n)) + (1.0 - hit)
     return tokens / (hit * drafting + (1.0 - hit) * plain)
 
@@ -395,7 +398,9 @@ def step_costs(
         draft = NGRAM_DRAFT_MS * 1e-3
     else:
         raise ValueError("a draft model's step cost is needed for SpecKind.DRAFT")
-    return StepCosts(decode, draft, verify, spec_step_ms * 1e-3)
+    # each draft step of a model or an MTP head is a decode call of its own; a lookup is not
+    per_draft = 0.0 if kind is SpecKind.NGRAM else spec_step_ms * 1e-3
+    return StepCosts(decode, draft, verify, spec_step_ms * 1e-3, per_draft)
 
 
 @dataclass(frozen=True)

@@ -177,15 +177,20 @@ def test_the_draft_count_reads_as_english() -> None:
 def test_a_backends_speculation_step_cost_slows_every_round_but_not_plain_decode(
     decode_ms: float, step_ms: float, a: float, n: int, hit: float
 ) -> None:
-    """Backend.spec_step_ms: each decode step pays it once speculation is on, drafted or not
-    (an n-gram lookup that finds nothing included); without speculation nothing changes."""
+    """Backend.spec_step_ms: each decode call pays it once speculation is on: the target's step,
+    drafted or not (an n-gram lookup that finds nothing included), and each draft step of a
+    model or an MTP head; without speculation nothing changes."""
     verify = tuple(decode_ms * 1e-3 * (1 + 0.05 * k) for k in range(n + 1))
     bare = StepCosts(decode_ms * 1e-3, 0.5e-3, verify)
     paid = StepCosts(decode_ms * 1e-3, 0.5e-3, verify, step_ms * 1e-3)
+    per_draft = StepCosts(decode_ms * 1e-3, 0.5e-3, verify, step_ms * 1e-3, step_ms * 1e-3)
     assert round_speed(paid, a, n, hit=hit) < round_speed(bare, a, n, hit=hit)
+    if hit > 0:  # a round that drafts by decoding pays it once more per draft step
+        assert round_speed(per_draft, a, n, hit=hit) < round_speed(paid, a, n, hit=hit)
     assert round_speed(paid, a, 0) == round_speed(bare, a, 0) == pytest.approx(1e3 / decode_ms)
     # scaling the target's steps to a measured decode leaves the backend's own cost as it is
     assert paid.scaled(2.0).spec_step_s == paid.spec_step_s
+    assert per_draft.scaled(2.0).spec_draft_step_s == per_draft.spec_draft_step_s
 
 
 def test_only_a_backend_that_measured_it_carries_a_speculation_step_cost() -> None:

@@ -249,9 +249,10 @@ class Backend:
     # How fast it runs a speculative verify batch relative to its own mat-vec decode
     # (plan/speculative.py; fitted where published runs exist, 1.0 otherwise).
     verify_efficiency: float = 1.0
-    # What each decode step costs llama-server beyond the step itself once speculation is on,
-    # whether or not the round found a draft (plan/speculative.py round_speed); measured where a
-    # published run isolates it (an n-gram lookup that found no draft), 0 otherwise.
+    # What each decode call costs llama-server beyond the call itself once speculation is on: the
+    # target's step, whether or not the round found a draft, and each draft step of a model or an
+    # MTP head (plan/speculative.py round_speed); measured where a published run isolates it (an
+    # n-gram lookup that found no draft), 0 otherwise.
     spec_step_ms: float = 0.0
 
     def __post_init__(self) -> None:
