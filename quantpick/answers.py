@@ -30,6 +30,7 @@ import stat
 import sys
 import zlib
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -155,11 +156,25 @@ def trusted(path: Path) -> bool:
     return True
 
 
-def replay(
-    argv: list[str], env: dict[str, str] | os._Environ[str], out: TextIO, err: TextIO
-) -> int | None:
-    """The stored exit code after writing the stored output, when every recorded input is as it
-    was; None (nothing written) otherwise."""
+@dataclass(frozen=True)
+class Answer:
+    """A stored answer whose every recorded input is as it was: what to write, and the code."""
+
+    output: tuple[tuple[int, str], ...]  # (1 stdout / 2 stderr, text), in the order written
+    exit_code: int
+
+    def replay(self, out: TextIO, err: TextIO) -> int:
+        """Write the stored output to `out` and `err` in its order; the stored exit code."""
+        for fd, text in self.output:
+            (out if fd == 1 else err).write(text)
+        out.flush()
+        err.flush()
+        return self.exit_code
+
+
+def lookup(argv: list[str], env: dict[str, str] | os._Environ[str]) -> Answer | None:
+    """The stored answer for this argv, environment and terminal when every input it recorded
+    is unchanged and the store is this user's own; None otherwise (nothing is written)."""
     try:
         material = inputs(argv, env)
         path = answer_path(store_dir(env), material)
@@ -171,15 +186,11 @@ def replay(
             return None
         if any(signature(p) != sig for p, sig in stored["files"]):
             return None
-        chunks = [(int(fd), str(text)) for fd, text in stored["output"]]
-        code = int(stored["exit"])
+        return Answer(
+            tuple((int(fd), str(text)) for fd, text in stored["output"]), int(stored["exit"])
+        )
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    for fd, text in chunks:
-        (out if fd == 1 else err).write(text)
-    out.flush()
-    err.flush()
-    return code
 
 
 class Tee:

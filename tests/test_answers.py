@@ -13,6 +13,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -24,7 +25,9 @@ NO_FIT = ["pick", "qwen3.8-35b-a3b-distill", "-c", "32768", "--gpu", "t4", "--ra
           "--offline"]  # fmt: skip
 
 
-def run_cli(args: list[str], env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+def run_cli(
+    args: list[str], env: dict[str, str] | None = None, stdout: Any = subprocess.PIPE
+) -> subprocess.CompletedProcess[str]:
     environ = dict(os.environ)
     environ.update(QUANTPICK_DEBUG="1", PATH=str(Path(sys.executable).parent) + ":/usr/bin:/bin")
     environ.pop(answers.DISABLE_ENV, None)
@@ -32,7 +35,8 @@ def run_cli(args: list[str], env: dict[str, str] | None = None) -> subprocess.Co
     return subprocess.run(
         [sys.executable, "-m", "quantpick", *args],
         env=environ,
-        capture_output=True,
+        stdout=stdout,
+        stderr=subprocess.PIPE,
         text=True,
         timeout=300,
     )
@@ -215,3 +219,17 @@ def test_the_stored_answers_are_bounded(tmp_path: Path) -> None:
         os.utime(tmp_path / f"{i}.json", ns=(i * 10**9, i * 10**9))
     answers.prune(tmp_path, keep=2)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["3.json", "4.json"]
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+def test_a_replayed_answer_that_cannot_be_written_is_one_error_line() -> None:
+    run_cli(PICK)
+    assert "debug: answer replayed" in run_cli(PICK).stderr
+    with open("/dev/full", "w") as full:
+        done = run_cli(PICK, stdout=full)
+    assert "debug: answer replayed" not in done.stderr  # it failed before it was replayed
+    assert done.returncode == 1
+    assert "Traceback" not in done.stderr
+    assert done.stderr.strip().splitlines()[-1] == (
+        "Error: cannot write the output: No space left on device: <stdout>"
+    )

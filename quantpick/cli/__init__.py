@@ -10,7 +10,10 @@ from __future__ import annotations
 import importlib
 import os
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 from quantpick.errors import ExitCode
 
@@ -119,14 +122,21 @@ def main() -> None:
     argv = sys.argv[1:]
     recorder = None
     if answers.enabled(argv, os.environ):
-        code = answers.replay(argv, os.environ, sys.stdout, sys.stderr)
-        if code is not None:
-            debug("answer replayed: no input changed since it was recorded (quantpick/answers.py)")
-            sys.exit(code)
+        stored = answers.lookup(argv, os.environ)
+        if stored is not None:
+
+            def replay() -> None:
+                assert stored is not None
+                code = stored.replay(sys.stdout, sys.stderr)
+                debug("answer replayed: no input changed since it was recorded (answers.py)")
+                sys.exit(code)
+
+            guarded(replay)
+            return
         recorder = answers.Recorder(argv, os.environ)
         recorder.start()
     try:
-        run(argv)
+        guarded(lambda: load_commands(_modules_for(argv))(prog_name="quantpick"))
     except SystemExit as exc:
         if recorder is not None:
             store(recorder, exit_status(exc))
@@ -160,8 +170,9 @@ def exit_status(exc: SystemExit) -> int:
     return exc.code if isinstance(exc.code, int) else 0 if exc.code is None else 1
 
 
-def run(argv: list[str]) -> None:
-    """The CLI for `argv`, inside guards for what click prints before a command starts."""
+def guarded(call: Callable[[], Any]) -> None:
+    """`call` (the CLI, or a replayed answer) with stdout and stderr guarded: a reader that
+    leaves early is absorbed, a failed write is one `Error:` line and exit 1."""
     from quantpick.cli.output import GuardedStream, OutputError
 
     # The commands run inside cli.core's boundary; these guards also cover what click prints
@@ -170,7 +181,7 @@ def run(argv: list[str]) -> None:
     sys.stderr = GuardedStream(sys.stderr, "<stderr>", raise_errors=False)
     try:
         try:
-            load_commands(_modules_for(argv))(prog_name="quantpick")
+            call()
         finally:
             sys.stdout.flush()
     except KeyboardInterrupt:
