@@ -117,6 +117,12 @@ def _run_cpu(
     return wall, cpu, proc
 
 
+def _stored_inputs(path: str) -> str:
+    """The inputs an answer in quantpick/answers.py's store was recorded for."""
+    with open(path, encoding="utf-8") as file:
+        return str(json.load(file)["inputs"])
+
+
 def _goal_ratio(rounds: int, env: dict[str, str], ref_env: dict[str, str] | None = None) -> None:
     """The start-up goal: GOAL's median CPU time over `hf version`'s, interleaved (with
     --reference, the other tree's GOAL in the same rounds, so that both ratios share the same
@@ -139,8 +145,7 @@ def _goal_ratio(rounds: int, env: dict[str, str], ref_env: dict[str, str] | None
         _run_cpu(_argv(GOAL), env)
     store = os.path.join(env["QUANTPICK_HOME"], "cache", "answers")
     recorded = os.path.isdir(store) and any(
-        json.dumps(GOAL) in json.load(open(os.path.join(store, name), encoding="utf-8"))["inputs"]
-        for name in os.listdir(store)
+        json.dumps(GOAL) in _stored_inputs(os.path.join(store, name)) for name in os.listdir(store)
     )
     how = "its answer recorded" if recorded else "no answer recorded: planned anew each run"
     for _ in range(rounds):

@@ -34,12 +34,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
+from quantpick.app_dirs import app_dirs
+from quantpick.local_files import Signature, read_small_text
+from quantpick.local_files import stat_signature as signature
+
 # Commands whose answer depends only on their inputs once nothing live is read.
 COMMANDS = frozenset({"pick", "max-context", "estimate"})
 DISABLE_ENV = "QUANTPICK_NO_ANSWER_CACHE"
 FORMAT = 1  # of the stored file; another value is a miss
-# A store holds at most this many answers; the oldest go first (each is a few KiB).
+# A store holds at most this many answers; the oldest go first. One answer is ~85 KB (the goal
+# row of benchmarks/startup.py: ~540 recorded paths with their signatures, and its output).
 MAX_ANSWERS = 256
+# A stored answer larger than this is neither written nor read (a bounded read: read_small).
+MAX_ANSWER_BYTES = 4 * 1024 * 1024
 # Variables a shell changes between two identical commands: not inputs of the answer.
 VOLATILE_ENV = frozenset({"_", "OLDPWD", "SHLVL"})
 LIVE_PREFIXES = ("/proc/", "/sys/", "/dev/")
@@ -65,11 +72,6 @@ _LIVE_EVENTS = {
 }
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
 
-# The real stat, kept before a recording wraps os.stat (a signature is not an input).
-_stat = os.stat
-
-Signature = list[int] | None  # [mode, inode, size, mtime_ns, ctime_ns]; None: absent
-
 
 def enabled(argv: list[str], env: dict[str, str] | os._Environ[str]) -> bool:
     """Whether this run may replay or record: a planning command, not turned off, no completion."""
@@ -82,29 +84,8 @@ def enabled(argv: list[str], env: dict[str, str] | os._Environ[str]) -> bool:
 
 
 def store_dir(env: dict[str, str] | os._Environ[str]) -> Path:
-    """`answers/` in quantpick's cache directory (config.load_settings's rule for cache_dir)."""
-    return app_cache_dir(env) / "answers"
-
-
-def app_cache_dir(env: dict[str, str] | os._Environ[str]) -> Path:
-    """quantpick's cache directory: `$QUANTPICK_HOME/cache`, else the platform's (platformdirs)."""
-    if env.get("QUANTPICK_HOME"):
-        return Path(env["QUANTPICK_HOME"]).expanduser() / "cache"
-    import platformdirs
-
-    return Path(platformdirs.user_cache_dir("quantpick", appauthor=False))
-
-
-def signature(path: str) -> Signature:
-    """What a later run compares: the stat fields that change when a file is written, replaced
-    or removed. An unreadable path (EACCES) is its own signature."""
-    try:
-        st = _stat(path)
-    except (FileNotFoundError, NotADirectoryError):
-        return None
-    except OSError as exc:
-        return [-1, exc.errno or 0, 0, 0, 0]
-    return [st.st_mode, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+    """`answers/` in quantpick's cache directory (app_dirs, the rule config.load_settings uses)."""
+    return app_dirs(env).cache / "answers"
 
 
 def inputs(argv: list[str], env: dict[str, str] | os._Environ[str]) -> str:
@@ -146,7 +127,7 @@ def trusted(path: Path) -> bool:
     if not hasattr(os, "getuid"):
         return True
     for where in (path, path.parent):
-        st = _stat(where, follow_symlinks=False)
+        st = os.lstat(where)  # before any recording wraps it
         if (
             st.st_uid != os.getuid()
             or st.st_mode & 0o022
@@ -180,8 +161,7 @@ def lookup(argv: list[str], env: dict[str, str] | os._Environ[str]) -> Answer | 
         path = answer_path(store_dir(env), material)
         if not trusted(path):
             return None
-        with open(path, encoding="utf-8") as file:
-            stored = json.load(file)
+        stored = json.loads(read_small_text(path, MAX_ANSWER_BYTES, follow=False))
         if stored.get("format") != FORMAT or stored.get("inputs") != material:
             return None
         if any(signature(p) != sig for p, sig in stored["files"]):
@@ -257,8 +237,11 @@ class Recorder:
 
     def _noting_path(self, name: str, original: Callable[..., Any]) -> Callable[..., Any]:
         def call(path: Any, *args: Any, **kwargs: Any) -> Any:
-            if self.active and "dir_fd" not in kwargs:
-                self._note(path)
+            if self.active:
+                if kwargs.get("dir_fd") is not None:
+                    self.spoil(f"reads a path relative to a directory descriptor (os.{name})")
+                else:
+                    self._note(path)
             return original(path, *args, **kwargs)
 
         return call
@@ -335,7 +318,11 @@ class Recorder:
             store = store_dir(self.env)
             store.mkdir(parents=True, exist_ok=True, mode=0o700)
             path = answer_path(store, self.material)
-            write_atomic(path, json.dumps(record).encode(), durable=False, mode=0o600)
+            data = json.dumps(record).encode()
+            if len(data) > MAX_ANSWER_BYTES:
+                self.why_not = f"the answer is over {MAX_ANSWER_BYTES} bytes"
+                return None
+            write_atomic(path, data, durable=False, mode=0o600)
             prune(store)
         except OSError as exc:
             self.why_not = f"cannot store it: {exc.strerror or exc}"

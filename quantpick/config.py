@@ -26,9 +26,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from quantpick.app_dirs import app_dirs
 from quantpick.errors import QuantpickError, UsageError
 
-APP_NAME = "quantpick"
 CONFIG_FILE_NAME = "config.toml"
 
 # Other tools' GGUF stores quantpick looks in before downloading (quantpick.fetch.stores says
@@ -90,16 +90,7 @@ class Settings:
 def load_settings(env: Mapping[str, str] | None = None) -> Settings:
     env = os.environ if env is None else env
     home = Path(env["QUANTPICK_HOME"]).expanduser() if env.get("QUANTPICK_HOME") else None
-    if home is not None:
-        config_dir, cache_dir, data_dir = home / "config", home / "cache", home / "data"
-        state_dir = home / "state"
-    else:
-        import platformdirs
-
-        config_dir = Path(platformdirs.user_config_dir(APP_NAME, appauthor=False))
-        cache_dir = Path(platformdirs.user_cache_dir(APP_NAME, appauthor=False))
-        data_dir = Path(platformdirs.user_data_dir(APP_NAME, appauthor=False))
-        state_dir = Path(platformdirs.user_state_dir(APP_NAME, appauthor=False))
+    config_dir, cache_dir, data_dir, state_dir = app_dirs(env)
     models_dir = (
         Path(env["QUANTPICK_MODELS_DIR"]).expanduser()
         if env.get("QUANTPICK_MODELS_DIR")

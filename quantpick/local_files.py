@@ -26,6 +26,26 @@ _OPEN_FLAGS = (
 )
 
 
+# The stat of the standard library as it was imported: answers.py wraps os.stat while it records a
+# run, and a signature taken for it is not one of the run's inputs.
+_stat = os.stat
+
+Signature = list[int] | None  # [mode, inode, size, mtime_ns, ctime_ns]; None: absent
+
+
+def stat_signature(path: Path | str) -> Signature:
+    """What tells that a file changed without reading it: the stat fields a write, a replace or
+    a removal changes (mode, inode, size, mtime, ctime: the fields git's index compares). An
+    absent path is None; one that cannot be stat'ed (EACCES) is its own signature."""
+    try:
+        st = _stat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except OSError as exc:
+        return [-1, exc.errno or 0, 0, 0, 0]
+    return [st.st_mode, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+
+
 class NotARegularFile(OSError):
     """The path is a FIFO, a device, a socket or a directory: never read."""
 

@@ -158,6 +158,7 @@ LIVE = {
     "a written file": "open(os.path.join(tmp, 'out'), 'w').write('x')",
     "a native library": "ctypes.CDLL(None)",
     "an input that changed while it ran": "open(src).read(); open(src, 'a').write('more')",
+    "a path relative to a descriptor": "os.stat('x', dir_fd=os.open(tmp, os.O_RDONLY))",
 }
 
 
@@ -233,3 +234,26 @@ def test_a_replayed_answer_that_cannot_be_written_is_one_error_line() -> None:
     assert done.stderr.strip().splitlines()[-1] == (
         "Error: cannot write the output: No space left on device: <stdout>"
     )
+
+
+def test_the_store_is_where_the_settings_put_the_cache(tmp_path: Path) -> None:
+    from quantpick.config import load_settings
+
+    for env in ({"QUANTPICK_HOME": str(tmp_path)}, {"HOME": str(tmp_path / "user")}):
+        assert answers.store_dir(env).parent == load_settings(env).cache_dir
+
+
+def test_an_oversized_or_linked_answer_is_a_miss_and_never_read_whole(tmp_path: Path) -> None:
+    first = run_cli(PICK)
+    (path,) = stored_answers()
+    record = json.loads(path.read_text())
+    record["padding"] = " " * answers.MAX_ANSWER_BYTES  # a valid answer, over the read's cap
+    path.write_text(json.dumps(record))
+    again = run_cli(PICK)
+    assert "debug: answer replayed" not in again.stderr and again.stdout == first.stdout
+    (path,) = stored_answers()
+    target = tmp_path / "elsewhere.json"
+    target.write_bytes(path.read_bytes())
+    path.unlink()
+    path.symlink_to(target)  # the stored answer's own place is a link: not followed
+    assert "debug: answer replayed" not in run_cli(PICK).stderr

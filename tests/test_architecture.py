@@ -166,6 +166,7 @@ FLOORS = (
         "outputs",
         "config",
         "answers",
+        "app_dirs",
         "",
     },
     {"arch", "hub"},

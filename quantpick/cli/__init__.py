@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    from quantpick.answers import Recorder
+
 from quantpick.errors import ExitCode
 
 # In --help order. Each module registers its commands on quantpick.cli.core.app when imported;
@@ -150,7 +152,7 @@ def debug(line: str) -> None:
         sys.stderr.write(f"debug: {line}\n")
 
 
-def store(recorder: Any, exit_code: int) -> None:
+def store(recorder: Recorder, exit_code: int) -> None:
     """Keep the run's answer for replay when its output went out whole."""
     from quantpick.cli.output import GuardedStream
 

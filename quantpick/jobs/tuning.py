@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -45,7 +46,7 @@ def local_tuning(
     build's.
     `sizes`: the planned model's file sizes (a profile applies to a model of its size class);
     `use_calibration=False`: --no-calibration."""
-    from quantpick.config import load_settings
+    from quantpick.app_dirs import app_dirs
     from quantpick.machine.llamacpp import find_llama_server, remembered_llama_server
     from quantpick.plan.build_class import PINNED, compute_rule
     from quantpick.plan.calibration import build_id
@@ -57,7 +58,9 @@ def local_tuning(
         server = recorded
     else:
         path = find_llama_server(llama_server)
-        memo = (settings or load_settings()).cache_dir / BUILD_MEMO
+        # the cache directory alone (no config file read for it)
+        cache = settings.cache_dir if settings is not None else app_dirs(os.environ).cache
+        memo = cache / BUILD_MEMO
         server = remembered_llama_server(path, memo) if path is not None else None
         if server is not None and server.error is not None:
             notes.append(f"llama-server at {path}: {server.error}")

@@ -24,6 +24,10 @@ from pathlib import Path
 from quantpick.machine.spec import LlamaServer
 
 VERSION_TIMEOUT_S = 5.0
+# remembered_llama_server's memo: the builds of this many binaries at most (one entry is ~150
+# bytes), read with this cap
+MEMO_BINARIES = 64
+MEMO_BYTES = 256 * 1024
 # `--version` prints two lines (~150 bytes) and, on GPU builds, one line per device found.
 VERSION_CAP = 64 * 1024
 
@@ -164,22 +168,25 @@ def remembered_llama_server(
 ) -> LlamaServer:
     """`inspect_llama_server(path)`, remembered in the JSON file `memo` per binary: a build's
     `--version` answer cannot change while the file itself does not, which its stat signature
-    (inode, size, mtime, ctime, as git's index compares) tells without running it. Every plan
-    asks which build will run it; a CUDA build takes a good part of a second to answer (it loads
-    its backends first). Only answers that name a build are kept; an unreadable or damaged memo
-    is a miss, and a memo that cannot be written is left as it was."""
+    (local_files.stat_signature) tells without running it. Every plan asks which build will run
+    it; a CUDA build takes a good part of a second to answer (it loads its backends first).
+    Only answers that name a build are kept, for the MEMO_BINARIES binaries asked last; an
+    unreadable, oversized or damaged memo is a miss, and one that cannot be written is left."""
     import json
+
+    from quantpick.local_files import read_small_text, stat_signature
 
     inspect = inspect or inspect_llama_server
     try:
         real = path.resolve()
-        st = real.stat()
     except OSError:
         return inspect(path)
     key = str(real)
-    signature = [st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+    signature = stat_signature(real)
+    if signature is None:
+        return inspect(path)
     try:
-        known = json.loads(memo.read_text(encoding="utf-8"))
+        known = json.loads(read_small_text(memo, MEMO_BYTES, follow=False))
         if not isinstance(known, dict):
             known = {}
     except (OSError, ValueError):
@@ -197,8 +204,11 @@ def remembered_llama_server(
             )
     server = inspect(path)
     if server.error is None and server.build is not None:
+        known.pop(key, None)  # the newest last: the oldest go first beyond MEMO_BINARIES
         known[key] = {"signature": signature, "version": server.version,
                       "build": server.build, "commit": server.commit}  # fmt: skip
+        for old in list(known)[:-MEMO_BINARIES]:
+            del known[old]
         from quantpick.outputs import write_atomic
 
         text = json.dumps(known, indent=1, sort_keys=True) + "\n"

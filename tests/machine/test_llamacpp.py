@@ -154,3 +154,32 @@ def test_a_failed_answer_or_a_damaged_memo_is_not_trusted(tmp_path: Path) -> Non
     ok = CountingInspect()
     assert remembered_llama_server(binary, memo, inspect=ok).build == 11312 and ok.calls == 1
     assert remembered_llama_server(binary, memo, inspect=ok).build == 11312 and ok.calls == 1
+
+
+def test_the_memo_is_bounded_and_never_read_through_a_link(tmp_path: Path) -> None:
+    from quantpick.machine.llamacpp import MEMO_BINARIES, MEMO_BYTES
+
+    memo = tmp_path / "builds.json"
+    binaries = []
+    for i in range(MEMO_BINARIES + 3):
+        binary = tmp_path / f"llama-server-{i}"
+        binary.write_bytes(b"\x7fELF" + bytes([i]))
+        binaries.append(binary)
+        remembered_llama_server(binary, memo, inspect=CountingInspect())
+    import json
+
+    kept = json.loads(memo.read_text())
+    assert len(kept) == MEMO_BINARIES and str(binaries[-1].resolve()) in kept
+    assert str(binaries[0].resolve()) not in kept  # the oldest went first
+    # a memo over its cap, or a link in its place, is a miss: the binary is asked again
+    memo.write_text(" " * (MEMO_BYTES + 1))
+    ask = CountingInspect()
+    remembered_llama_server(binaries[-1], memo, inspect=ask)
+    assert ask.calls == 1
+    good = tmp_path / "good.json"
+    good.write_text(memo.read_text())
+    memo.unlink()
+    memo.symlink_to(good)
+    ask = CountingInspect()
+    remembered_llama_server(binaries[-1], memo, inspect=ask)
+    assert ask.calls == 1
