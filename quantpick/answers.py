@@ -30,9 +30,8 @@ import stat
 import sys
 import zlib
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, NamedTuple, TextIO
 
 from quantpick.app_dirs import app_dirs
 from quantpick.local_files import Signature, read_small_text
@@ -137,8 +136,7 @@ def trusted(path: Path) -> bool:
     return True
 
 
-@dataclass(frozen=True)
-class Answer:
+class Answer(NamedTuple):  # not a dataclass: every command imports this module, --help included
     """A stored answer whose every recorded input is as it was: what to write, and the code."""
 
     output: tuple[tuple[int, str], ...]  # (1 stdout / 2 stderr, text), in the order written

@@ -100,6 +100,13 @@ def test_help_loads_no_planning_and_no_rich(tmp_path: Path) -> None:
     assert "quantpick.cli" in loaded
     heavy = ("quantpick.plan", "quantpick.machine.describe", "rich", "quantpick.serve.formats.")
     assert not {m for m in loaded if m.startswith(heavy)}
+    assert "quantpick.answers" not in loaded  # only the planning commands replay answers
+
+
+def test_only_the_planning_commands_load_the_answer_store(tmp_path: Path) -> None:
+    probe = modules_loaded_by(["probe", "--json", "--gpu", "3090"], str(tmp_path))
+    assert "quantpick.answers" not in probe
+    assert "quantpick.answers" in modules_loaded_by(GOAL, str(tmp_path))
 
 
 def test_a_described_pick_loads_only_what_it_uses(tmp_path: Path) -> None:

@@ -119,24 +119,8 @@ def main() -> None:
             sys.stdout.write(answer[0])
             sys.stdout.flush()
             sys.exit(answer[1])
-    from quantpick import answers
-
     argv = sys.argv[1:]
-    recorder = None
-    if answers.enabled(argv, os.environ):
-        stored = answers.lookup(argv, os.environ)
-        if stored is not None:
-
-            def replay() -> None:
-                assert stored is not None
-                code = stored.replay(sys.stdout, sys.stderr)
-                debug("answer replayed: no input changed since it was recorded (answers.py)")
-                sys.exit(code)
-
-            guarded(replay)
-            return
-        recorder = answers.Recorder(argv, os.environ)
-        recorder.start()
+    recorder = recording(argv)
     try:
         guarded(lambda: load_commands(_modules_for(argv))(prog_name="quantpick"))
     except SystemExit as exc:
@@ -145,6 +129,35 @@ def main() -> None:
         raise
     if recorder is not None:
         store(recorder, 0)
+
+
+# The command modules whose commands quantpick/answers.py may replay (pick, max-context,
+# estimate): the other commands do not import it.
+ANSWERING_MODULES = (("plan",), ("estimate",))
+
+
+def recording(argv: list[str]) -> Recorder | None:
+    """Replay the stored answer for `argv` and exit when every input it read is unchanged;
+    else the recorder of this run (None: a command or a run whose answer is not kept)."""
+    if _modules_for(argv) not in ANSWERING_MODULES:
+        return None
+    from quantpick import answers
+
+    if not answers.enabled(argv, os.environ):
+        return None
+    stored = answers.lookup(argv, os.environ)
+    if stored is not None:
+
+        def replay() -> None:
+            assert stored is not None
+            code = stored.replay(sys.stdout, sys.stderr)
+            debug("answer replayed: no input changed since it was recorded (answers.py)")
+            sys.exit(code)
+
+        guarded(replay)  # exits with the stored code
+    recorder = answers.Recorder(argv, os.environ)
+    recorder.start()
+    return recorder
 
 
 def debug(line: str) -> None:
