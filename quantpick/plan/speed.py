@@ -232,7 +232,7 @@ class SpeedParams:
     # Fraction of the PCIe link's throughput the per-ubatch copy of host experts reaches
     # (pageable, mmap'd weights): the 3080 (4%), 5060 Ti --n-cpu-moe and --fit (10-25%) prefill
     # rows.
-    pcie_efficiency: float = 0.435
+    pcie_efficiency: float = 0.428
     # Effective GFLOPS of one CPU core in prefill: one CPU-only run (row 208, AVX-512 Sapphire
     # Rapids, cores not stated: 8 assumed; 1%), near the prior of 120 (mainline llama.cpp on a
     # Ryzen 7950X, see scripts/fit_speed.py).
@@ -732,22 +732,25 @@ def prefill_seconds(
     return seconds
 
 
-def touched_experts(used: float, tokens: int) -> float:
+def touched_experts(used: float, tokens: int, run: float = 1.0) -> float:
     """The share of a layer's routed experts that `tokens` prompt tokens pick, each token
-    `used` of them, picked independently: 1 - (1 - used)^tokens (a 512-token ubatch of a
-    4-of-128 model touches all of them, a 32-token one 64%)."""
+    `used` of them: 1 - (1 - used)^(tokens / run), with `run` tokens routing as one independent
+    pick (SpeedWork.routing_run_tokens; 1: each token picks on its own, so a 512-token ubatch
+    of a 4-of-128 model touches all of them, a 32-token one 64%; gpt-oss's 15.5 gives 65% of
+    its 128 at 512, as measured). Never below one token's own `used`."""
     if used >= 1.0:
         return 1.0
-    return 1.0 - (1.0 - used) ** max(tokens, 1)
+    return 1.0 - (1.0 - used) ** max(tokens / max(run, 1.0), 1.0)
 
 
 def offload_copy_bytes(w: DeviceWork, work: SpeedWork, tokens: int) -> float:
     """Bytes of host-resident weights a ubatch of `tokens` copies to the GPU that multiplies
     them (llama.cpp's op offload): every dense weight, and of each routed-expert tensor only the
     experts the ubatch's tokens picked (ggml-backend.cpp:1709-1797 at b11312: "copying only
-    the experts that are used", from the ids of the MUL_MAT_ID)."""
+    the experts that are used", from the ids of the MUL_MAT_ID), as the model routes them
+    (`touched_experts` with the work's routing_run_tokens)."""
     dense = max(0, w.resident_bytes - w.expert_read_bytes)
-    touched = touched_experts(work.expert_used_fraction, tokens)
+    touched = touched_experts(work.expert_used_fraction, tokens, work.routing_run_tokens)
     return dense + w.expert_resident_bytes * touched
 
 

@@ -25,6 +25,16 @@ MASK_BYTES_FA = 2
 
 MASK_BYTES_NO_FA = 4
 
+# Prompt tokens that route as one independent pick of expert_used experts, by
+# general.architecture (absent: 1, each token picks on its own). llama.cpp copies only the
+# experts a ubatch's tokens picked to the GPU (ggml-backend.cpp:1709-1797 at b11312), and how
+# many that is depends on how the model routes: gpt-oss-120b on 512 tokens of code touched
+# 72-95 of 128 experts per layer (layers 0-7, mean 83 = 0.649; slaren, llama.cpp PR #15346),
+# where independent picks of 4 give all 128; 1 - (1 - 4/128)^(512/run) = 0.649 gives run =
+# 15.5. ik_llama.cpp found the same (PRs #698, #842: "for some models (e.g., GPT-OSS) it is much
+# better", for most others every expert is active at an offloading batch). Not fitted.
+ROUTING_RUN_TOKENS: dict[str, float] = {"gpt-oss": 15.5}
+
 
 @dataclass(frozen=True)
 class LayerKinds:
@@ -108,6 +118,9 @@ class SpeedWork:
     n_swa: int = 0  # the sliding window (0: none)
     expert_tokens: float = 0.0  # prompt tokens each touched expert multiplies per ubatch
     fp4_expert_share: float = 0.0  # routed-expert parameters in MXFP4 / NVFP4
+    routing_run_tokens: float = (
+        1.0  # prompt tokens per independent expert pick (ROUTING_RUN_TOKENS)
+    )
 
 
 def _tensor_facts(layout: ModelLayout) -> tuple[frozenset[int], float]:
@@ -314,6 +327,7 @@ def speed_work(layout: ModelLayout, estimate: Estimate) -> SpeedWork:
         kv_quantized=config.cache_type_k not in ("f16", "bf16", "f32")
         or config.cache_type_v not in ("f16", "bf16", "f32"),
         expert_used_fraction=used,
+        routing_run_tokens=ROUTING_RUN_TOKENS.get(arch.name, 1.0),
         ubatch=ubatch,
         rpc_stages=_rpc_stages(layout, sequence, dense_dev, endpoint_of, attention_dev),
         n_embd=arch.embedding_length,

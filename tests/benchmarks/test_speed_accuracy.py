@@ -513,15 +513,18 @@ def test_the_named_configurations_are_issue_30s() -> None:
 
 
 def test_the_copy_rate_a_measured_prefill_needs() -> None:
-    """copy_rate_needed: none for a run with every weight in VRAM; for the RTX 3090 sweep the
-    copy at -ub 256 would need more than the PCIe 4.0 x16 link carries (those tokens shared
-    experts: fewer were copied than independent picks give), at -ub 8192 well under it."""
+    """copy_rate_needed: none for a run with every weight in VRAM; the RTX 3090 gpt-oss-120b
+    sweep (-ub 256 to 8192) is reachable on its PCIe 4.0 x16 link with the experts gpt-oss's
+    tokens pick (ROUTING_RUN_TOKENS): with independent picks its -ub 256 and 512 runs would have
+    copied every expert faster than the link carries (40 and 33 GB/s of 31.5)."""
     from speed_accuracy import HELD_OUT_DATA, copy_rate_needed
 
     cases = {c.row_id: c for c in load_cases(HELD_OUT_DATA)[0]}
     bundled = {c.row_id: c for c in load_cases(DEFAULT_DATA)[0]}
     assert copy_rate_needed(bundled[145]) is None
-    need, link = copy_rate_needed(cases[2001]) or (0.0, 1.0)
-    assert need > link == pytest.approx(31.5e9, rel=0.01)
+    for row_id in (2001, 2002, 2003, 2004, 2005):
+        need, link = copy_rate_needed(cases[row_id]) or (0.0, 0.0)
+        assert link == pytest.approx(31.5e9, rel=0.01)
+        assert 0 < need < 0.8 * link, row_id
     need, link = copy_rate_needed(cases[2005]) or (0.0, 0.0)
     assert 0 < need < 0.5 * link

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 from functools import cache
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -23,7 +24,7 @@ from quantpick.plan.speed import (
     prefill_seconds,
     touched_experts,
 )
-from quantpick.plan.speed_work import SpeedWork, speed_work
+from quantpick.plan.speed_work import ROUTING_RUN_TOKENS, SpeedWork, speed_work
 
 GiB = 1024**3
 MANIFEST = find_manifest("qwen3.6-35b-a3b-unsloth")
@@ -65,6 +66,30 @@ def test_a_ubatch_touches_a_share_that_grows_with_its_tokens(
     share = touched_experts(used, tokens)
     assert used - 1e-12 <= share <= 1.0
     assert touched_experts(used, tokens + more) >= share
+
+
+@given(
+    used=st.floats(min_value=1e-3, max_value=1.0),
+    tokens=st.integers(min_value=1, max_value=8192),
+    run=st.floats(min_value=1.0, max_value=64.0),
+)
+def test_tokens_that_route_alike_touch_fewer_experts_never_fewer_than_one_token(
+    used: float, tokens: int, run: float
+) -> None:
+    share = touched_experts(used, tokens, run)
+    assert used - 1e-12 <= share <= touched_experts(used, tokens) + 1e-12
+
+
+def test_gpt_oss_touches_the_experts_llama_cpp_counted() -> None:
+    """gpt-oss-120b on 512 tokens touched 72-95 of 128 experts per layer, 83 on average
+    (llama.cpp PR #15346): the copy of a 512-token ubatch holds that share, not all 128; a
+    family without a measured routing picks independently."""
+    used = 4 / 128
+    assert touched_experts(used, 512, ROUTING_RUN_TOKENS["gpt-oss"]) * 128 == pytest.approx(
+        83, abs=1
+    )
+    assert touched_experts(used, 512) > 0.999
+    assert cpu_moe_work("UD-Q4_K_M").routing_run_tokens == 1.0
 
 
 @SETTINGS
