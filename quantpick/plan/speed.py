@@ -73,7 +73,13 @@ from quantpick.plan.bandwidth_bound import (
     filled,
 )
 from quantpick.plan.memory import Estimate
-from quantpick.plan.speed_work import DeviceWork, LayerKinds, SpeedWork, speed_work
+from quantpick.plan.speed_work import (
+    DeviceWork,
+    LayerKinds,
+    SpeedWork,
+    speed_work,
+    touched_share,
+)
 
 # PCIe throughput per lane after line coding, GB/s (PCI-SIG: 2.5/5/8/16/32 GT/s; 8b/10b for gen 1-2,
 # 128b/130b from gen 3).
@@ -195,7 +201,7 @@ class SpeedParams:
     host_core_bytes_per_s: float = 7.08e9
     # One change between a GPU and the host along the layers (copy of the activations, sync, a
     # graph split): the --n-cpu-moe sweeps (3080 rows 1-26: ~1 tok/s per layer moved).
-    hop_ms: float = 0.102
+    hop_ms: float = 0.103
     # One change from a GPU to the next in a layer split (a copy through the host, the next
     # GPU's graph launch; an RPC device pays it too, the network on top): only the 5070 Ti +
     # 5060 Ti runs (rows 139-144 and 277-298, one source, 6 architectures; decode median error
@@ -219,8 +225,8 @@ class SpeedParams:
     # qwen35moe rows (12%), qwen3moe (21%), gpt-oss (4%), deepseek2 (8%), qwen3next (29%, too
     # slow: its 512 experts see 10 tokens each).
     gpu_compute_efficiency: float = 0.640
-    expert_compute_efficiency: float = 0.194
-    gemm_half_tokens: float = 44.0
+    expert_compute_efficiency: float = 0.193
+    gemm_half_tokens: float = 43.8
     # Fraction of the tensor TFLOPS flash attention reaches in prefill (QK^T and AV over the
     # fill, 2 x heads x (K + V head size) per token pair; on Pascal a quarter of the rate,
     # PASCAL_FA_RATE): the depth series' prompt figures, 4090 rows 53-112 (to 49K), GB10
@@ -734,13 +740,9 @@ def prefill_seconds(
 
 def touched_experts(used: float, tokens: int, run: float = 1.0) -> float:
     """The share of a layer's routed experts that `tokens` prompt tokens pick, each token
-    `used` of them: 1 - (1 - used)^(tokens / run), with `run` tokens routing as one independent
-    pick (SpeedWork.routing_run_tokens; 1: each token picks on its own, so a 512-token ubatch
-    of a 4-of-128 model touches all of them, a 32-token one 64%; gpt-oss's 15.5 gives 65% of
-    its 128 at 512, as measured). Never below one token's own `used`."""
-    if used >= 1.0:
-        return 1.0
-    return 1.0 - (1.0 - used) ** max(tokens / max(run, 1.0), 1.0)
+    `used` of them, every `run` tokens one independent pick (speed_work.touched_share;
+    SpeedWork.routing_run_tokens)."""
+    return touched_share(used, tokens, run)
 
 
 def offload_copy_bytes(w: DeviceWork, work: SpeedWork, tokens: int) -> float:

@@ -26,14 +26,27 @@ MASK_BYTES_FA = 2
 MASK_BYTES_NO_FA = 4
 
 # Prompt tokens that route as one independent pick of expert_used experts, by
-# general.architecture (absent: 1, each token picks on its own). llama.cpp copies only the
+# general.architecture (absent: 1, every token picks on its own). llama.cpp copies only the
 # experts a ubatch's tokens picked to the GPU (ggml-backend.cpp:1709-1797 at b11312), and how
 # many that is depends on how the model routes: gpt-oss-120b on 512 tokens of code touched
-# 72-95 of 128 experts per layer (layers 0-7, mean 83 = 0.649; slaren, llama.cpp PR #15346),
-# where independent picks of 4 give all 128; 1 - (1 - 4/128)^(512/run) = 0.649 gives run =
-# 15.5. ik_llama.cpp found the same (PRs #698, #842: "for some models (e.g., GPT-OSS) it is much
-# better", for most others every expert is active at an offloading batch). Not fitted.
+# 72-95 of its 128 experts per layer (layers 0-7, mean 83 = 0.649; slaren, llama.cpp PR
+# #15346) where independent picks of 4 touch all 128; 1 - (1 - 4/128)^(512 / run) = 0.649
+# gives run = 15.5. The same thread's larger batch touched 111-128 (layers 0-7, mean 0.93), as
+# this rule gives between 1024 and 2048 tokens (0.88-0.985). ik_llama.cpp found the same
+# (PRs #698, #842: "for some models (e.g., GPT-OSS) it is much better"; for most others every
+# expert is active at an offloading batch). Not fitted.
 ROUTING_RUN_TOKENS: dict[str, float] = {"gpt-oss": 15.5}
+
+
+def touched_share(used: float, tokens: int, run: float = 1.0) -> float:
+    """The share of a layer's routed experts that `tokens` prompt tokens pick, each token
+    `used` of them, every `run` tokens routing as one independent pick (ROUTING_RUN_TOKENS):
+    1 - (1 - used)^max(tokens / run, 1). With run 1 a 512-token ubatch of a 4-of-128 model
+    touches all of them, a 32-token one 64%; gpt-oss's 15.5 gives 65% at 512. Never below one
+    token's own `used`."""
+    if used >= 1.0:
+        return 1.0
+    return 1.0 - (1.0 - used) ** max(max(tokens, 1) / max(run, 1.0), 1.0)
 
 
 @dataclass(frozen=True)
@@ -118,9 +131,7 @@ class SpeedWork:
     n_swa: int = 0  # the sliding window (0: none)
     expert_tokens: float = 0.0  # prompt tokens each touched expert multiplies per ubatch
     fp4_expert_share: float = 0.0  # routed-expert parameters in MXFP4 / NVFP4
-    routing_run_tokens: float = (
-        1.0  # prompt tokens per independent expert pick (ROUTING_RUN_TOKENS)
-    )
+    routing_run_tokens: float = 1.0  # prompt tokens per independent expert pick
 
 
 def _tensor_facts(layout: ModelLayout) -> tuple[frozenset[int], float]:
@@ -240,7 +251,8 @@ def speed_work(layout: ModelLayout, estimate: Estimate) -> SpeedWork:
     ffn, fp4_share = layout.derived(_tensor_facts)
     ubatch = max(1, min(config.ubatch, config.batch))
     # A ubatch touches this share of the routed experts (each token picks expert_used of them).
-    touched = 1.0 - (1.0 - used) ** ubatch
+    run = ROUTING_RUN_TOKENS.get(arch.name, 1.0)
+    touched = touched_share(used, ubatch, run)
     # The MTP/NextN block is loaded but only computed when speculating with it
     # (src/models/qwen35moe.cpp builds the trunk layers 0..n_layer-1).
     skip = (
@@ -327,7 +339,7 @@ def speed_work(layout: ModelLayout, estimate: Estimate) -> SpeedWork:
         kv_quantized=config.cache_type_k not in ("f16", "bf16", "f32")
         or config.cache_type_v not in ("f16", "bf16", "f32"),
         expert_used_fraction=used,
-        routing_run_tokens=ROUTING_RUN_TOKENS.get(arch.name, 1.0),
+        routing_run_tokens=run,
         ubatch=ubatch,
         rpc_stages=_rpc_stages(layout, sequence, dense_dev, endpoint_of, attention_dev),
         n_embd=arch.embedding_length,

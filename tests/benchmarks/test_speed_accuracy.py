@@ -515,8 +515,8 @@ def test_the_named_configurations_are_issue_30s() -> None:
 def test_the_copy_rate_a_measured_prefill_needs() -> None:
     """copy_rate_needed: none for a run with every weight in VRAM; the RTX 3090 gpt-oss-120b
     sweep (-ub 256 to 8192) is reachable on its PCIe 4.0 x16 link with the experts gpt-oss's
-    tokens pick (ROUTING_RUN_TOKENS): with independent picks its -ub 256 and 512 runs would have
-    copied every expert faster than the link carries (40 and 33 GB/s of 31.5)."""
+    tokens pick (speed_work.ROUTING_RUN_TOKENS): with independent picks its -ub 256 and 512
+    runs would have copied every expert faster than the link carries (40 and 33 GB/s of 31.5)."""
     from speed_accuracy import HELD_OUT_DATA, copy_rate_needed
 
     cases = {c.row_id: c for c in load_cases(HELD_OUT_DATA)[0]}
@@ -528,3 +528,26 @@ def test_the_copy_rate_a_measured_prefill_needs() -> None:
         assert 0 < need < 0.8 * link, row_id
     need, link = copy_rate_needed(cases[2005]) or (0.0, 0.0)
     assert 0 < need < 0.5 * link
+
+
+def test_gpt_oss_reads_and_copies_the_experts_its_tokens_route_to() -> None:
+    """The RTX 3090 gpt-oss-120b run at -ub 512 (row 2002): a ubatch touches ~65% of each
+    layer's 128 experts (llama.cpp PR #15346's count), on the GPU and in the per-ubatch copy of
+    the host's, and each touched expert multiplies 512 x 4/128 / 0.649 tokens; a qwen3moe row
+    keeps independent picks (every expert at 512)."""
+    from speed_accuracy import HELD_OUT_DATA
+
+    from quantpick.plan.speed import offload_copy_bytes
+
+    case = {c.row_id: c for c in load_cases(HELD_OUT_DATA)[0]}[2002]
+    work = case.work
+    assert work.routing_run_tokens == 15.5
+    host = next(w for w in work.devices if w.kind == "host")
+    gpu = next(w for w in work.devices if w.kind == "gpu")
+    assert offload_copy_bytes(host, work, 512) / host.expert_resident_bytes == pytest.approx(
+        0.649, abs=0.01
+    )
+    assert gpu.expert_read_bytes / gpu.expert_resident_bytes == pytest.approx(0.649, abs=0.01)
+    assert work.expert_tokens == pytest.approx(512 * 4 / 128 / 0.649, rel=0.02)
+    qwen = {c.row_id: c for c in load_cases(DEFAULT_DATA)[0]}[120]
+    assert qwen.family == "qwen3moe" and qwen.work.routing_run_tokens == 1.0
