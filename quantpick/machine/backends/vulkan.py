@@ -67,14 +67,14 @@ VULKAN_COMPUTE = ComputeTraits(
 # (Radeon 8060S, b8460/b8933, rows 3006-3007), PR #22461 (Lunar Lake Arc 140V, b8997, row 3005),
 # PR #23056 (Panther Lake Arc B390, b9093, rows 3101-3102) and PR #21751 (RX 9070 XT and Radeon
 # 8060S, April 2026, rows 3103-3104): 0.97 of the bus on the rows no path below reads. In sample
-# the terms leave a median error of 14%, worst 1.85x (without them 27%, worst 4.3x); held out by
+# the terms leave a median error of 10%, worst 1.80x (without them 27%, worst 4.3x); held out by
 # model 29%, worst 3.05x; held out by source 26%, worst 2.84x. Every row beyond 2x held out is
 # a BF16-expert row on the Radeon 8060S: the AMD BF16-expert term rests on one source (kyuz0's
 # Strix Halo runs, two models), so holding that source (or one of its two models) out leaves it
 # unfitted (docs/backends.md).
 VULKAN_DECODE_EVIDENCE = (
     "fitted: 40 published Vulkan runs of 7 sources (Strix Halo, R9700, RX 9070 XT, Arc Pro "
-    "B70, Arc 140V, Arc B390; decode 14% median in sample, worst 1.85x; 29% / 3.05x held out by "
+    "B70, Arc 140V, Arc B390; decode 10% median in sample, worst 1.80x; 29% / 3.05x held out by "
     "model; 26% / 2.84x held out by source)"
 )
 VULKAN_DECODE_PATHS = (
