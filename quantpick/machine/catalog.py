@@ -109,6 +109,8 @@ def _card(
 #   Where a sheet gives neither, SMs x boost clock x 1024 FLOP/clk (Turing/Ampere/Ada/Blackwell
 #   GeForce SM, dense FP16) reproduces the whitepaper figures (3090: 82 x 1.695 GHz -> 142).
 #   Pascal has no tensor cores: its dp4a INT8 TOPS (P40: 47; GTX 1060: 1280 x 1.708 GHz x 8).
+# A table, one row per card: the formatter leaves it as written.
+# fmt: off
 CATALOG: tuple[GpuModel, ...] = (
     # Consumer: Pascal / Turing.
     _card("1060", "NVIDIA GeForce GTX 1060 6GB", 6, 192, 4004, "6.1", (3, 16), 17.5, "gtx1060"),
@@ -127,67 +129,25 @@ CATALOG: tuple[GpuModel, ...] = (
     # Consumer: Ada (AI TOPS / 4).
     _card("4060", "NVIDIA GeForce RTX 4060", 8, 128, 8501, "8.9", (4, 8), 60.5),
     _card("4060ti", "NVIDIA GeForce RTX 4060 Ti", 8, 128, 9001, "8.9", (4, 8), 88.3, "4060ti-8g"),
-    _card(
-        "4060ti-16g", "NVIDIA GeForce RTX 4060 Ti", 16, 128, 9001, "8.9", (4, 8), 88.3, "4060ti16"
-    ),  # fmt: skip
+    _card("4060ti-16g", "NVIDIA GeForce RTX 4060 Ti", 16, 128, 9001, "8.9", (4, 8), 88.3,
+          "4060ti16"),
     _card("4070", "NVIDIA GeForce RTX 4070", 12, 192, 10501, "8.9", (4, 16), 116.6),
-    _card(
-        "4070s",
-        "NVIDIA GeForce RTX 4070 SUPER",
-        12,
-        192,
-        10501,
-        "8.9",
-        (4, 16),
-        142.0,
-        "4070super",
-        "4070-super",
-    ),  # fmt: skip
+    _card("4070s", "NVIDIA GeForce RTX 4070 SUPER", 12, 192, 10501, "8.9", (4, 16), 142.0,
+          "4070super", "4070-super"),
     _card("4070ti", "NVIDIA GeForce RTX 4070 Ti", 12, 192, 10501, "8.9", (4, 16), 160.3, "4070-ti"),
-    _card(
-        "4070tis",
-        "NVIDIA GeForce RTX 4070 Ti SUPER",
-        16,
-        256,
-        10501,
-        "8.9",
-        (4, 16),
-        176.5,
-        "4070tisuper",
-        "4070ti-super",
-    ),  # fmt: skip
+    _card("4070tis", "NVIDIA GeForce RTX 4070 Ti SUPER", 16, 256, 10501, "8.9", (4, 16), 176.5,
+          "4070tisuper", "4070ti-super"),
     _card("4080", "NVIDIA GeForce RTX 4080", 16, 256, 11201, "8.9", (4, 16), 195.0),
-    _card(
-        "4080s",
-        "NVIDIA GeForce RTX 4080 SUPER",
-        16,
-        256,
-        11501,
-        "8.9",
-        (4, 16),
-        209.0,
-        "4080super",
-        "4080-super",
-    ),  # fmt: skip
+    _card("4080s", "NVIDIA GeForce RTX 4080 SUPER", 16, 256, 11501, "8.9", (4, 16), 209.0,
+          "4080super", "4080-super"),
     _card("4090", "NVIDIA GeForce RTX 4090", 24, 384, 10501, "8.9", (4, 16), 330.3),
     # Consumer: Blackwell (AI TOPS / 8).
-    _card(
-        "5060ti",
-        "NVIDIA GeForce RTX 5060 Ti",
-        16,
-        128,
-        14001,
-        "12.0",
-        (5, 8),
-        94.9,
-        "5060ti-16g",
-        "5060-ti",
-    ),  # fmt: skip
+    _card("5060ti", "NVIDIA GeForce RTX 5060 Ti", 16, 128, 14001, "12.0", (5, 8), 94.9,
+          "5060ti-16g", "5060-ti"),
     _card("5060ti-8g", "NVIDIA GeForce RTX 5060 Ti", 8, 128, 14001, "12.0", (5, 8), 94.9),
     _card("5070", "NVIDIA GeForce RTX 5070", 12, 192, 14001, "12.0", (5, 16), 123.5),
-    _card(
-        "5070ti", "NVIDIA GeForce RTX 5070 Ti", 16, 256, 14001, "12.0", (5, 16), 175.8, "5070-ti"
-    ),
+    _card("5070ti", "NVIDIA GeForce RTX 5070 Ti", 16, 256, 14001, "12.0", (5, 16), 175.8,
+          "5070-ti"),
     _card("5080", "NVIDIA GeForce RTX 5080", 16, 256, 15001, "12.0", (5, 16), 225.1),
     _card("5090", "NVIDIA GeForce RTX 5090", 32, 512, 14001, "12.0", (5, 16), 419.0),
     # Workstation.
@@ -196,116 +156,31 @@ CATALOG: tuple[GpuModel, ...] = (
     # RTX 4000 Ada: 48 SMs x 2.175 GHz boost x 1024 (the rule above). The sheet's 327.6 tensor
     # TFLOPS (FP8, sparse) / 4 = 81.9 is quoted at a lower clock; the measured pp512 runs
     # (benchmarks/data rows 34-39) sit with the boost figure, as the other cards' do.
-    _card(
-        "4000ada",
-        "NVIDIA RTX 4000 Ada Generation",
-        20,
-        160,
-        9001,
-        "8.9",
-        (4, 16),
-        106.9,
-        "rtx4000ada",
-        "4000-ada",
-    ),  # fmt: skip
+    _card("4000ada", "NVIDIA RTX 4000 Ada Generation", 20, 160, 9001, "8.9", (4, 16), 106.9,
+          "rtx4000ada", "4000-ada"),
     # Data centre.
     _card("a10", "NVIDIA A10", 24, 384, 6251, "8.6", (4, 16), 125.0),
     _card("a40", "NVIDIA A40", 48, 384, 7251, "8.6", (4, 16), 149.7),
-    _card(
-        "a100-40g",
-        "NVIDIA A100-PCIE-40GB",
-        40,
-        5120,
-        1215,
-        "8.0",
-        (4, 16),
-        312.0,
-        "a100",
-        "a100-pcie-40g",
-        "a100-sxm4-40g",
-    ),  # fmt: skip
-    _card(
-        "a100-80g",
-        "NVIDIA A100-SXM4-80GB",
-        80,
-        5120,
-        1593,
-        "8.0",
-        (4, 16),
-        312.0,
-        "a100-sxm4-80g",
-        "a100-80g-sxm",
-        "a100-sxm-80g",
-    ),  # fmt: skip
-    _card(
-        "a100-80g-pcie",
-        "NVIDIA A100 80GB PCIe",
-        80,
-        5120,
-        1512,
-        "8.0",
-        (4, 16),
-        312.0,
-        "a100-pcie-80g",
-    ),  # fmt: skip
-    _card(
-        "h100",
-        "NVIDIA H100 80GB HBM3",
-        80,
-        5120,
-        2619,
-        "9.0",
-        (5, 16),
-        989.4,
-        "h100-sxm",
-        "h100-80g",
-        "h100-sxm5-80g",
-        "h100-80g-hbm3",
-    ),  # fmt: skip
-    _card(
-        "h100-pcie",
-        "NVIDIA H100 PCIe",
-        80,
-        5120,
-        1593,
-        "9.0",
-        (5, 16),
-        756.0,
-        "h100-80g-pcie",
-        "h100-pcie-80g",
-    ),  # fmt: skip
+    _card("a100-40g", "NVIDIA A100-PCIE-40GB", 40, 5120, 1215, "8.0", (4, 16), 312.0,
+          "a100", "a100-pcie-40g", "a100-sxm4-40g"),
+    _card("a100-80g", "NVIDIA A100-SXM4-80GB", 80, 5120, 1593, "8.0", (4, 16), 312.0,
+          "a100-sxm4-80g", "a100-80g-sxm", "a100-sxm-80g"),
+    _card("a100-80g-pcie", "NVIDIA A100 80GB PCIe", 80, 5120, 1512, "8.0", (4, 16), 312.0,
+          "a100-pcie-80g"),
+    _card("h100", "NVIDIA H100 80GB HBM3", 80, 5120, 2619, "9.0", (5, 16), 989.4,
+          "h100-sxm", "h100-80g", "h100-sxm5-80g", "h100-80g-hbm3"),
+    _card("h100-pcie", "NVIDIA H100 PCIe", 80, 5120, 1593, "9.0", (5, 16), 756.0,
+          "h100-80g-pcie", "h100-pcie-80g"),
     # H200: 141 GB HBM3e at 4.8 TB/s; NVML reports ~140.4 GiB, stored as 140 GiB (conservative).
     _card("h200", "NVIDIA H200", 140, 6144, 3125, "9.0", (5, 16), 989.4, "h200-141g"),
     _card("l4", "NVIDIA L4", 24, 192, 6251, "8.9", (4, 16), 121.0),
     _card("l40s", "NVIDIA L40S", 48, 384, 9001, "8.9", (4, 16), 362.0),
     # A "16 GB" T4 reports 15360 MiB total with ECC on (nvidia-smi / NVML), as datacenter T4s ship.
     _card("t4", "Tesla T4", 15, 256, 5001, "7.5", (3, 16), 65.0, "t4-16g"),
-    _card(
-        "v100-16g",
-        "Tesla V100-SXM2-16GB",
-        16,
-        4096,
-        877,
-        "7.0",
-        (3, 16),
-        125.0,
-        "v100",
-        "v100-pcie-16g",
-        "v100-sxm2-16g",
-    ),  # fmt: skip
-    _card(
-        "v100-32g",
-        "Tesla V100-SXM2-32GB",
-        32,
-        4096,
-        877,
-        "7.0",
-        (3, 16),
-        125.0,
-        "v100-pcie-32g",
-        "v100-sxm2-32g",
-        "v100s",
-    ),  # fmt: skip
+    _card("v100-16g", "Tesla V100-SXM2-16GB", 16, 4096, 877, "7.0", (3, 16), 125.0,
+          "v100", "v100-pcie-16g", "v100-sxm2-16g"),
+    _card("v100-32g", "Tesla V100-SXM2-32GB", 32, 4096, 877, "7.0", (3, 16), 125.0,
+          "v100-pcie-32g", "v100-sxm2-32g", "v100s"),
     _card("p40", "Tesla P40", 24, 384, 3615, "6.1", (3, 16), 47.0),
     # DGX Spark's GB10: 128 GB LPDDR5x (256 bit, 8533 MT/s = 273 GB/s) shared with the CPU, no
     # PCIe hop; "1 PFLOP" FP4 sparse / 8.
@@ -496,6 +371,7 @@ CATALOG: tuple[GpuModel, ...] = (
         )
     ),
 )
+# fmt: on
 
 
 def unified_share(model: GpuModel, ram_bytes: int) -> tuple[int, str]:
