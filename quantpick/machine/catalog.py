@@ -277,9 +277,9 @@ CATALOG: tuple[GpuModel, ...] = (
     ),  # fmt: skip
     # Panther Lake's Arc B390 (Core Ultra X9 388H / X7 358H, 12 Xe3 cores, "Intel(R) Arc(TM)
     # B390 GPU" to Vulkan): LPDDR5X up to 9600 MT/s on 128 bits = 153.6 GB/s shared with the CPU
-    # (intel.com ark, Core Ultra X9 388H; Intel requires at least 7467 MT/s for the B390 name);
-    # FP16 is the GPU's 120 INT8 TOPS / 2 (Intel's Panther Lake platform brief). 16-96 GB;
-    # default 32.
+    # (intel.com ark, Core Ultra X9 388H; laptops with 8533 MT/s memory have 136.5 GB/s); FP16 is
+    # the GPU's 120 INT8 TOPS / 2 (Intel's Panther Lake platform figures: NPU 50, GPU 120). Default
+    # 32 GB.
     GpuModel(
         "arc-b390",
         "Intel(R) Arc(TM) B390 GPU",
