@@ -286,19 +286,20 @@ class HParams:
 
     arch: Architecture
     n_layer_all: int
-    n_layer_nextn: int
-    n_ctx_train: int
-    n_embd: int
-    n_vocab: int
-    n_head: list[int]
-    n_head_kv: list[int]
-    n_ff: list[int]
-    n_expert: int
-    n_expert_used: int
-    n_embd_head_k_full: int
-    n_embd_head_v_full: int
-    n_embd_head_k_swa: int
-    n_embd_head_v_swa: int
+    n_layer_nextn: int = 0
+    # filled by load_hparams from the header (below), then by the family's configure
+    n_ctx_train: int = 0
+    n_embd: int = 0
+    n_vocab: int = 0
+    n_expert: int = 0
+    n_expert_used: int = 0
+    n_ff: list[int] = field(default_factory=list)
+    n_head: list[int] = field(default_factory=list)
+    n_head_kv: list[int] = field(default_factory=list)
+    n_embd_head_k_full: int = 0
+    n_embd_head_v_full: int = 0
+    n_embd_head_k_swa: int = 0
+    n_embd_head_v_swa: int = 0
     n_embd_head_k_mla: int = 0  # n_embd_head_k_mla_impl: with v below, is_mla()
     n_embd_head_v_mla: int = 0
     swa_type: SwaType = SwaType.NONE
@@ -457,23 +458,13 @@ def load_hparams(arch: Architecture, *, recurrent_arch: bool = False) -> HParams
     if not 0 < n_layer_all <= MAX_LAYERS:
         raise ValueError(f"block_count {n_layer_all} is outside 1..{MAX_LAYERS}")
     n_nextn = min(arch.nextn_predict_layers, n_layer_all)
-    hp = HParams(
-        arch=arch,
-        n_layer_all=n_layer_all,
-        n_layer_nextn=n_nextn,
-        n_ctx_train=arch.context_length,
-        n_embd=arch.embedding_length,
-        n_vocab=arch.vocab_size,
-        n_head=[],
-        n_head_kv=[],
-        n_ff=[],
-        n_expert=arch.expert_count,
-        n_expert_used=arch.expert_used_count,
-        n_embd_head_k_full=0,
-        n_embd_head_v_full=0,
-        n_embd_head_k_swa=0,
-        n_embd_head_v_swa=0,
-    )
+    hp = HParams(arch, n_layer_all, n_nextn)
+    # the keys as load_hparams reads them (src/llama-model.cpp:1321-1333), then the vocabulary
+    hp.n_ctx_train = arch.context_length
+    hp.n_embd = arch.embedding_length
+    hp.n_expert = arch.expert_count
+    hp.n_expert_used = arch.expert_used_count
+    hp.n_vocab = arch.vocab_size
     hp.n_ff = hp.per_layer("feed_forward_length", 0)
     hp.n_head = hp.per_layer("attention.head_count", 0)
     # n_head_kv is optional, default to n_head

@@ -106,17 +106,9 @@ def calibration_dict(calibration: Any) -> dict[str, Any] | None:
     """The calibration applied to speeds and GPU overheads, or None (plan/calibration.py)."""
     if calibration is None:
         return None
-    f = calibration.speed
     return {
-        "label": calibration.label,
-        "date": calibration.date,
-        "build": calibration.build,
-        "speed_factors": {
-            "decode_empty": f.decode_empty,
-            "decode_depth": f.decode_depth,
-            "depth_tokens": f.depth_tokens,
-            "prefill": f.prefill,
-        },
+        **attrs(calibration, "label date build"),
+        "speed_factors": attrs(calibration.speed, "decode_empty decode_depth depth_tokens prefill"),
         "gpu_overhead_bytes": dict(calibration.gpu_overhead_bytes),
     }
 
@@ -411,12 +403,7 @@ def plan_to_dict(p: Plan, machine: Machine, block_count: int) -> dict[str, Any]:
         "speculative": speculative_dict(p),
         "candidates": [
             {
-                "quant": c.quant,
-                "cache_type": c.cache_type,
-                "placement": c.placement,
-                "fits": c.fits,
-                "feasible": c.feasible,
-                "reason": c.reason,
+                **attrs(c, "quant cache_type placement fits feasible reason"),
                 "mean_kld": c.quality.mean_kld if c.quality else None,
                 "quality_tier": c.quality.tier if c.quality else None,
                 "tokens_per_s_target": round(c.speed.tokens_per_s_target, 2) if c.speed else None,
@@ -425,17 +412,9 @@ def plan_to_dict(p: Plan, machine: Machine, block_count: int) -> dict[str, Any]:
                     if c.speed and c.speed.expected
                     else None
                 ),
-                "shortfall_bytes": c.shortfall_bytes,
-                "shortfall_device": c.shortfall_device,
+                **attrs(c, "shortfall_bytes shortfall_device"),
                 "devices": (
-                    [
-                        {
-                            "device": d.device,
-                            "total_bytes": d.total_bytes,
-                            "budget_bytes": d.budget_bytes,
-                        }
-                        for d in c.estimate.devices
-                    ]
+                    [attrs(d, "device total_bytes budget_bytes") for d in c.estimate.devices]
                     if c.estimate
                     else None
                 ),

@@ -1,5 +1,6 @@
 """Built-in table of common GPUs (NVIDIA, AMD, Apple, Intel; discrete and unified), for describing
-a machine with `--gpu NAME`. Pure data.
+a machine with `--gpu NAME`. Pure data: the NVIDIA cards are the table data/nvidia.csv, the others
+are written out below.
 
 Figures are stored the way NVML reports them, so a described card and a probed card of the same
 model give the same numbers:
@@ -21,11 +22,13 @@ Usage:
 
 from __future__ import annotations
 
+import csv
 import dataclasses
 import functools
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from quantpick.errors import UsageError
 from quantpick.machine.backends import Vendor
@@ -98,215 +101,29 @@ def _card(
     )  # fmt: skip
 
 
-# Sources, per column:
-# - VRAM, bus width, memory data rate, PCIe link: NVIDIA product pages and data sheets (GeForce
-#   "full specs" pages, the Ampere/Ada/Blackwell architecture whitepapers' tables, the data-centre
-#   data sheets). The data rate is stored as NVML's max memory clock (data rate / 2, HBM clock for
-#   HBM) so that theoretical_bandwidth() reproduces the sheet's GB/s.
-# - fp16_tflops: dense FP16 tensor TFLOPS with FP16 accumulate. GeForce Ada/Blackwell pages quote
-#   "AI TOPS" (Ada: FP8 with sparsity = 4x this; Blackwell: FP4 with sparsity = 8x this); the
-#   whitepapers and data-centre sheets quote FP16 tensor TFLOPS directly (dense = sparse / 2).
-#   Where a sheet gives neither, SMs x boost clock x 1024 FLOP/clk (Turing/Ampere/Ada/Blackwell
-#   GeForce SM, dense FP16) reproduces the whitepaper figures (3090: 82 x 1.695 GHz -> 142).
-#   Pascal has no tensor cores: its dp4a INT8 TOPS (P40: 47; GTX 1060: 1280 x 1.708 GHz x 8).
+def _nvidia_cards() -> tuple[GpuModel, ...]:
+    """The rows of data/nvidia.csv (its header names the columns; `#` lines are comments)."""
+    text = (Path(__file__).parent / "data" / "nvidia.csv").read_text(encoding="utf-8")
+    rows = csv.DictReader(line for line in text.splitlines() if not line.startswith("#"))
+    return tuple(
+        _card(
+            r["key"],
+            r["name"],
+            int(r["gib"]),
+            int(r["bus_bits"]),
+            int(r["clock_mhz"]),
+            r["compute_capability"],
+            (int(r["pcie_generation"]), int(r["pcie_lanes"])),
+            float(r["fp16_tflops"]),
+            *r["aliases"].split(),
+        )  # fmt: skip
+        for r in rows
+    )
+
+
+# The NVIDIA cards: machine/data/nvidia.csv (a table, with its sources per column and row).
 CATALOG: tuple[GpuModel, ...] = (
-    # Consumer: Pascal / Turing.
-    _card("1060", "NVIDIA GeForce GTX 1060 6GB", 6, 192, 4004, "6.1", (3, 16), 17.5, "gtx1060"),
-    _card("2080", "NVIDIA GeForce RTX 2080", 8, 256, 7000, "7.5", (3, 16), 80.5),
-    _card("2080ti", "NVIDIA GeForce RTX 2080 Ti", 11, 352, 7000, "7.5", (3, 16), 107.6, "2080-ti"),
-    # Consumer: Ampere.
-    _card("3060", "NVIDIA GeForce RTX 3060", 12, 192, 7501, "8.6", (4, 16), 51.2, "3060-12g"),
-    _card("3060ti", "NVIDIA GeForce RTX 3060 Ti", 8, 256, 7001, "8.6", (4, 16), 64.8, "3060-ti"),
-    _card("3070", "NVIDIA GeForce RTX 3070", 8, 256, 7001, "8.6", (4, 16), 81.3),
-    _card("3070ti", "NVIDIA GeForce RTX 3070 Ti", 8, 256, 9501, "8.6", (4, 16), 87.0, "3070-ti"),
-    _card("3080", "NVIDIA GeForce RTX 3080", 10, 320, 9501, "8.6", (4, 16), 119.0, "3080-10g"),
-    _card("3080-12g", "NVIDIA GeForce RTX 3080", 12, 384, 9501, "8.6", (4, 16), 122.6),
-    _card("3080ti", "NVIDIA GeForce RTX 3080 Ti", 12, 384, 9501, "8.6", (4, 16), 136.4, "3080-ti"),
-    _card("3090", "NVIDIA GeForce RTX 3090", 24, 384, 9751, "8.6", (4, 16), 142.3, "3090-24g"),
-    _card("3090ti", "NVIDIA GeForce RTX 3090 Ti", 24, 384, 10501, "8.6", (4, 16), 160.0, "3090-ti"),
-    # Consumer: Ada (AI TOPS / 4).
-    _card("4060", "NVIDIA GeForce RTX 4060", 8, 128, 8501, "8.9", (4, 8), 60.5),
-    _card("4060ti", "NVIDIA GeForce RTX 4060 Ti", 8, 128, 9001, "8.9", (4, 8), 88.3, "4060ti-8g"),
-    _card(
-        "4060ti-16g", "NVIDIA GeForce RTX 4060 Ti", 16, 128, 9001, "8.9", (4, 8), 88.3, "4060ti16"
-    ),  # fmt: skip
-    _card("4070", "NVIDIA GeForce RTX 4070", 12, 192, 10501, "8.9", (4, 16), 116.6),
-    _card(
-        "4070s",
-        "NVIDIA GeForce RTX 4070 SUPER",
-        12,
-        192,
-        10501,
-        "8.9",
-        (4, 16),
-        142.0,
-        "4070super",
-        "4070-super",
-    ),  # fmt: skip
-    _card("4070ti", "NVIDIA GeForce RTX 4070 Ti", 12, 192, 10501, "8.9", (4, 16), 160.3, "4070-ti"),
-    _card(
-        "4070tis",
-        "NVIDIA GeForce RTX 4070 Ti SUPER",
-        16,
-        256,
-        10501,
-        "8.9",
-        (4, 16),
-        176.5,
-        "4070tisuper",
-        "4070ti-super",
-    ),  # fmt: skip
-    _card("4080", "NVIDIA GeForce RTX 4080", 16, 256, 11201, "8.9", (4, 16), 195.0),
-    _card(
-        "4080s",
-        "NVIDIA GeForce RTX 4080 SUPER",
-        16,
-        256,
-        11501,
-        "8.9",
-        (4, 16),
-        209.0,
-        "4080super",
-        "4080-super",
-    ),  # fmt: skip
-    _card("4090", "NVIDIA GeForce RTX 4090", 24, 384, 10501, "8.9", (4, 16), 330.3),
-    # Consumer: Blackwell (AI TOPS / 8).
-    _card(
-        "5060ti",
-        "NVIDIA GeForce RTX 5060 Ti",
-        16,
-        128,
-        14001,
-        "12.0",
-        (5, 8),
-        94.9,
-        "5060ti-16g",
-        "5060-ti",
-    ),  # fmt: skip
-    _card("5060ti-8g", "NVIDIA GeForce RTX 5060 Ti", 8, 128, 14001, "12.0", (5, 8), 94.9),
-    _card("5070", "NVIDIA GeForce RTX 5070", 12, 192, 14001, "12.0", (5, 16), 123.5),
-    _card(
-        "5070ti", "NVIDIA GeForce RTX 5070 Ti", 16, 256, 14001, "12.0", (5, 16), 175.8, "5070-ti"
-    ),
-    _card("5080", "NVIDIA GeForce RTX 5080", 16, 256, 15001, "12.0", (5, 16), 225.1),
-    _card("5090", "NVIDIA GeForce RTX 5090", 32, 512, 14001, "12.0", (5, 16), 419.0),
-    # Workstation.
-    _card("a4000", "NVIDIA RTX A4000", 16, 256, 7001, "8.6", (4, 16), 76.7),
-    _card("a6000", "NVIDIA RTX A6000", 48, 384, 8001, "8.6", (4, 16), 154.8),
-    # RTX 4000 Ada: 48 SMs x 2.175 GHz boost x 1024 (the rule above). The sheet's 327.6 tensor
-    # TFLOPS (FP8, sparse) / 4 = 81.9 is quoted at a lower clock; the measured pp512 runs
-    # (benchmarks/data rows 34-39) sit with the boost figure, as the other cards' do.
-    _card(
-        "4000ada",
-        "NVIDIA RTX 4000 Ada Generation",
-        20,
-        160,
-        9001,
-        "8.9",
-        (4, 16),
-        106.9,
-        "rtx4000ada",
-        "4000-ada",
-    ),  # fmt: skip
-    # Data centre.
-    _card("a10", "NVIDIA A10", 24, 384, 6251, "8.6", (4, 16), 125.0),
-    _card("a40", "NVIDIA A40", 48, 384, 7251, "8.6", (4, 16), 149.7),
-    _card(
-        "a100-40g",
-        "NVIDIA A100-PCIE-40GB",
-        40,
-        5120,
-        1215,
-        "8.0",
-        (4, 16),
-        312.0,
-        "a100",
-        "a100-pcie-40g",
-        "a100-sxm4-40g",
-    ),  # fmt: skip
-    _card(
-        "a100-80g",
-        "NVIDIA A100-SXM4-80GB",
-        80,
-        5120,
-        1593,
-        "8.0",
-        (4, 16),
-        312.0,
-        "a100-sxm4-80g",
-        "a100-80g-sxm",
-        "a100-sxm-80g",
-    ),  # fmt: skip
-    _card(
-        "a100-80g-pcie",
-        "NVIDIA A100 80GB PCIe",
-        80,
-        5120,
-        1512,
-        "8.0",
-        (4, 16),
-        312.0,
-        "a100-pcie-80g",
-    ),  # fmt: skip
-    _card(
-        "h100",
-        "NVIDIA H100 80GB HBM3",
-        80,
-        5120,
-        2619,
-        "9.0",
-        (5, 16),
-        989.4,
-        "h100-sxm",
-        "h100-80g",
-        "h100-sxm5-80g",
-        "h100-80g-hbm3",
-    ),  # fmt: skip
-    _card(
-        "h100-pcie",
-        "NVIDIA H100 PCIe",
-        80,
-        5120,
-        1593,
-        "9.0",
-        (5, 16),
-        756.0,
-        "h100-80g-pcie",
-        "h100-pcie-80g",
-    ),  # fmt: skip
-    # H200: 141 GB HBM3e at 4.8 TB/s; NVML reports ~140.4 GiB, stored as 140 GiB (conservative).
-    _card("h200", "NVIDIA H200", 140, 6144, 3125, "9.0", (5, 16), 989.4, "h200-141g"),
-    _card("l4", "NVIDIA L4", 24, 192, 6251, "8.9", (4, 16), 121.0),
-    _card("l40s", "NVIDIA L40S", 48, 384, 9001, "8.9", (4, 16), 362.0),
-    # A "16 GB" T4 reports 15360 MiB total with ECC on (nvidia-smi / NVML), as datacenter T4s ship.
-    _card("t4", "Tesla T4", 15, 256, 5001, "7.5", (3, 16), 65.0, "t4-16g"),
-    _card(
-        "v100-16g",
-        "Tesla V100-SXM2-16GB",
-        16,
-        4096,
-        877,
-        "7.0",
-        (3, 16),
-        125.0,
-        "v100",
-        "v100-pcie-16g",
-        "v100-sxm2-16g",
-    ),  # fmt: skip
-    _card(
-        "v100-32g",
-        "Tesla V100-SXM2-32GB",
-        32,
-        4096,
-        877,
-        "7.0",
-        (3, 16),
-        125.0,
-        "v100-pcie-32g",
-        "v100-sxm2-32g",
-        "v100s",
-    ),  # fmt: skip
-    _card("p40", "Tesla P40", 24, 384, 3615, "6.1", (3, 16), 47.0),
+    *_nvidia_cards(),
     # DGX Spark's GB10: 128 GB LPDDR5x (256 bit, 8533 MT/s = 273 GB/s) shared with the CPU, no
     # PCIe hop; "1 PFLOP" FP4 sparse / 8.
     dataclasses.replace(
@@ -455,6 +272,25 @@ CATALOG: tuple[GpuModel, ...] = (
         None,
         None,
         33.5,
+        Vendor.INTEL,
+        unified=True,
+    ),  # fmt: skip
+    # Panther Lake's Arc B390 (Core Ultra X9 388H / X7 358H, 12 Xe3 cores, "Intel(R) Arc(TM)
+    # B390 GPU" to Vulkan): LPDDR5X up to 9600 MT/s on 128 bits = 153.6 GB/s shared with the CPU
+    # (intel.com ark, Core Ultra X9 388H; laptops with 8533 MT/s memory have 136.5 GB/s); FP16 is
+    # the GPU's 120 INT8 TOPS / 2 (Intel's Panther Lake platform figures: NPU 50, GPU 120). Default
+    # 32 GB.
+    GpuModel(
+        "arc-b390",
+        "Intel(R) Arc(TM) B390 GPU",
+        ("panther-lake", "ptl", "b390"),
+        _g(32),
+        128,
+        4800,
+        "",
+        None,
+        None,
+        60.0,
         Vendor.INTEL,
         unified=True,
     ),  # fmt: skip
