@@ -42,9 +42,10 @@ ubatch's tokens that pick it, on a lower ceiling; FP4 experts on Blackwell run o
 cores), the weights streamed once per MMQ tile of tokens, flash attention over the fill at
 `attention_compute_efficiency`, the same fixed cost; weights in RAM cross PCIe once per ubatch
 (llama.cpp copies host weights to the GPU for batches of 32 tokens or more; of the routed
-experts only those the ubatch's tokens picked: `offload_copy_bytes`) at `pcie_efficiency` of
-the link; on the CPU it runs at `cpu_core_gflops` per core; RPC stages
-exchange the ubatch's activations and mask over the network.
+experts only those the ubatch's tokens picked, as the family routes them:
+`offload_copy_bytes`, speed_work.ROUTING_RUN_TOKENS) at `pcie_efficiency` of the link; on
+the CPU it runs at `cpu_core_gflops` per core; RPC stages exchange the ubatch's activations and
+mask over the network.
 
 The constants in `SpeedParams` are fitted to published llama.cpp runs of ten architectures by
 `scripts/fit_speed.py`; `benchmarks/speed_accuracy.py` prints predicted against measured for
@@ -237,7 +238,7 @@ class SpeedParams:
     attention_compute_efficiency: float = 0.356
     # Fraction of the PCIe link's throughput the per-ubatch copy of host experts reaches
     # (pageable, mmap'd weights): the 3080 (4%), 5060 Ti --n-cpu-moe and --fit (10-25%) prefill
-    # rows.
+    # rows, with each family's routing (docs/speed.md; 0.435 with independent picks for all).
     pcie_efficiency: float = 0.428
     # Effective GFLOPS of one CPU core in prefill: one CPU-only run (row 208, AVX-512 Sapphire
     # Rapids, cores not stated: 8 assumed; 1%), near the prior of 120 (mainline llama.cpp on a
