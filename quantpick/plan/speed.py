@@ -74,13 +74,7 @@ from quantpick.plan.bandwidth_bound import (
     filled,
 )
 from quantpick.plan.memory import Estimate
-from quantpick.plan.speed_work import (
-    DeviceWork,
-    LayerKinds,
-    SpeedWork,
-    speed_work,
-    touched_share,
-)
+from quantpick.plan.speed_work import DeviceWork, LayerKinds, SpeedWork, speed_work, touched_share
 
 # PCIe throughput per lane after line coding, GB/s (PCI-SIG: 2.5/5/8/16/32 GT/s; 8b/10b for gen 1-2,
 # 128b/130b from gen 3).
@@ -739,21 +733,14 @@ def prefill_seconds(
     return seconds
 
 
-def touched_experts(used: float, tokens: int, run: float = 1.0) -> float:
-    """The share of a layer's routed experts that `tokens` prompt tokens pick, each token
-    `used` of them, every `run` tokens one independent pick (speed_work.touched_share;
-    SpeedWork.routing_run_tokens)."""
-    return touched_share(used, tokens, run)
-
-
 def offload_copy_bytes(w: DeviceWork, work: SpeedWork, tokens: int) -> float:
     """Bytes of host-resident weights a ubatch of `tokens` copies to the GPU that multiplies
     them (llama.cpp's op offload): every dense weight, and of each routed-expert tensor only the
     experts the ubatch's tokens picked (ggml-backend.cpp:1709-1797 at b11312: "copying only
     the experts that are used", from the ids of the MUL_MAT_ID), as the model routes them
-    (`touched_experts` with the work's routing_run_tokens)."""
+    (speed_work.touched_share with the work's routing_run_tokens)."""
     dense = max(0, w.resident_bytes - w.expert_read_bytes)
-    touched = touched_experts(work.expert_used_fraction, tokens, work.routing_run_tokens)
+    touched = touched_share(work.expert_used_fraction, tokens, work.routing_run_tokens)
     return dense + w.expert_resident_bytes * touched
 
 

@@ -22,9 +22,8 @@ from quantpick.plan.speed import (
     offload_copy_bytes,
     pcie_bytes_per_s,
     prefill_seconds,
-    touched_experts,
 )
-from quantpick.plan.speed_work import ROUTING_RUN_TOKENS, SpeedWork, speed_work
+from quantpick.plan.speed_work import ROUTING_RUN_TOKENS, SpeedWork, speed_work, touched_share
 
 GiB = 1024**3
 MANIFEST = find_manifest("qwen3.6-35b-a3b-unsloth")
@@ -63,9 +62,9 @@ def host_work(work: SpeedWork):  # type: ignore[no-untyped-def]
 def test_a_ubatch_touches_a_share_that_grows_with_its_tokens(
     used: float, tokens: int, more: int
 ) -> None:
-    share = touched_experts(used, tokens)
+    share = touched_share(used, tokens)
     assert used - 1e-12 <= share <= 1.0
-    assert touched_experts(used, tokens + more) >= share
+    assert touched_share(used, tokens + more) >= share
 
 
 @given(
@@ -76,8 +75,8 @@ def test_a_ubatch_touches_a_share_that_grows_with_its_tokens(
 def test_tokens_that_route_alike_touch_fewer_experts_never_fewer_than_one_token(
     used: float, tokens: int, run: float
 ) -> None:
-    share = touched_experts(used, tokens, run)
-    assert used - 1e-12 <= share <= touched_experts(used, tokens) + 1e-12
+    share = touched_share(used, tokens, run)
+    assert used - 1e-12 <= share <= touched_share(used, tokens) + 1e-12
 
 
 def test_gpt_oss_touches_the_experts_llama_cpp_counted() -> None:
@@ -85,10 +84,8 @@ def test_gpt_oss_touches_the_experts_llama_cpp_counted() -> None:
     (llama.cpp PR #15346): the copy of a 512-token ubatch holds that share, not all 128; a
     family without a measured routing picks independently."""
     used = 4 / 128
-    assert touched_experts(used, 512, ROUTING_RUN_TOKENS["gpt-oss"]) * 128 == pytest.approx(
-        83, abs=1
-    )
-    assert touched_experts(used, 512) > 0.999
+    assert touched_share(used, 512, ROUTING_RUN_TOKENS["gpt-oss"]) * 128 == pytest.approx(83, abs=1)
+    assert touched_share(used, 512) > 0.999
     assert cpu_moe_work("UD-Q4_K_M").routing_run_tokens == 1.0
 
 
