@@ -196,7 +196,7 @@ class SpeedParams:
     host_core_bytes_per_s: float = 7.08e9
     # One change between a GPU and the host along the layers (copy of the activations, sync, a
     # graph split): the --n-cpu-moe sweeps (3080 rows 1-26: ~1 tok/s per layer moved).
-    hop_ms: float = 0.103
+    hop_ms: float = 0.102
     # One change from a GPU to the next in a layer split (a copy through the host, the next
     # GPU's graph launch; an RPC device pays it too, the network on top): only the 5070 Ti +
     # 5060 Ti runs (rows 139-144 and 277-298, one source, 6 architectures; decode median error
@@ -220,8 +220,8 @@ class SpeedParams:
     # qwen35moe rows (12%), qwen3moe (21%), gpt-oss (4%), deepseek2 (8%), qwen3next (29%, too
     # slow: its 512 experts see 10 tokens each).
     gpu_compute_efficiency: float = 0.640
-    expert_compute_efficiency: float = 0.193
-    gemm_half_tokens: float = 43.8
+    expert_compute_efficiency: float = 0.194
+    gemm_half_tokens: float = 44.0
     # Fraction of the tensor TFLOPS flash attention reaches in prefill (QK^T and AV over the
     # fill, 2 x heads x (K + V head size) per token pair; on Pascal a quarter of the rate,
     # PASCAL_FA_RATE): the depth series' prompt figures, 4090 rows 53-112 (to 49K), GB10
