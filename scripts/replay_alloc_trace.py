@@ -124,7 +124,8 @@ def main() -> int:
             if len(alloc.blocks) != int(m[4]):
                 mismatches += 1
                 print(
-                    f"line {n}: {len(alloc.blocks)} free blocks before freeing {m[1]}, llama.cpp {m[4]}"
+                    f"line {n}: {len(alloc.blocks)} free blocks before freeing {m[1]}, "
+                    f"llama.cpp {m[4]}"
                 )
             alloc.free(int(m[2]), int(m[3]))
     print(f"max size {alloc.max_size / MiB:.3f} MiB; {mismatches} events differ from the trace")

@@ -19,7 +19,9 @@ E = one ubatch of the residual stream, n_ubatch x n_embd x 4):
   (gate, up, their product: n_ubatch x n_expert_used x n_ff_exp x 4 B) + their outputs
   (n_ubatch x n_expert_used x n_embd x 4 B);
 - the output: the logits, n_vocab x rows x 4 B with rows = min(n_ubatch, n_outputs_max) as the
-  build reserves them (src/llama-context.cpp:670), beside the normed last hidden state;
+  build reserves them (src/llama-context.cpp:670), beside the normed last hidden state; above
+  the last layer's live set where the allocator's free list keeps that layer's freed blocks
+  apart from its last block (a zero-byte free block: `state_rows_fence`);
 - op offload (a GPU backend only): a matmul whose weight lives in host memory runs on the first
   GPU for batches >= 32 (ggml-backend.cpp:972; ggml-cuda.cu:5654, default at :5825); the weight
   is an input of that split, copied into the GPU's compute buffer and freed after
@@ -507,7 +509,10 @@ GRAPH_RULES: dict[str, GraphRule] = {
         source="19/20 rows within, median 6.8%, 0 beyond 25%",
     ),
     "lfm2": GraphRule(
-        layer=0.5, no_fa=5.0, output=2.5, source="118/119 rows within, median 3.0%, 1 beyond 25%"
+        layer=0.5,
+        no_fa=5.0,
+        output=2.5,
+        source="119/119 rows within, median 3.0%, 0 beyond 25% (with state_rows_fence)",
     ),
     "llama": GraphRule(
         layer=0.5,
