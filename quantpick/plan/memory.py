@@ -23,9 +23,7 @@ from quantpick.model.ggml import (
 )
 from quantpick.model.layout import INPUT_SLOT, ModelLayout, TensorInfo
 from quantpick.plan.compute import (
-    GENERIC,
     GPU_ESTIMATE,
-    GRAPH_RULES,
     PIPELINE_COPIES,
     ComputeBackend,
     DeviceGraph,
@@ -36,6 +34,7 @@ from quantpick.plan.compute import (
     output_buffer,
     state_rows_fence,
 )
+from quantpick.plan.graph_rules import GENERIC, GRAPH_RULES
 from quantpick.plan.kv_cache import (
     context_cells,
     kv_bytes_per_cell_per_layer,
