@@ -536,6 +536,10 @@ def estimate(
     offloading = op_offload_pos is not None and ub >= traits[op_offload_pos].offload_min_batch
     op_cap = caps[op_offload_pos] if op_offload_pos is not None else None
     host_weight = host_weight_tensor(layout, slot_device, host_pos, host_experts, skipped, op_cap)
+    # the offloading backend's traits give the host layers phases of their own (ComputeTraits)
+    split_host_layers = (
+        op_offload_pos is not None and traits[op_offload_pos].host_layer_weight_share is not None
+    )
     # routed experts in host memory that the offloading device refuses stay the host's to compute
     experts_offloaded = offloading and not (
         op_cap is not None
@@ -569,9 +573,14 @@ def estimate(
                 attn_q_elsewhere=attn_q_moved[pos],
                 flash_attn=fa,
                 host_experts=is_host and any(host_experts) and not experts_offloaded,
-                offload_weight=max(host_weight, host_layer_kv)
-                if offloading and pos == op_offload_pos
-                else 0,
+                offload_weight=(
+                    (host_weight if split_host_layers else max(host_weight, host_layer_kv))
+                    if offloading and pos == op_offload_pos
+                    else 0
+                ),
+                offload_weight_share=traits[pos].host_layer_weight_share if pos < n_gpu else None,
+                offload_kv=host_layer_kv if offloading and pos == op_offload_pos else 0,
+                offload_kv_e=traits[pos].host_layer_kv_e if pos < n_gpu else 0.0,
                 copies=copies,
                 remote_kv=sum(remote[pos].values()),
                 remote_kv_views=remote_views[pos],

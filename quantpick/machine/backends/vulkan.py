@@ -57,6 +57,8 @@ VULKAN_COMPUTE = ComputeTraits(
     expected_error=0.25,
     error_basis="llama.cpp b11312 on lavapipe: 264/288 device rows within max(5%, 16 MiB)",
     offload_expected_error=0.45,
+    host_layer_weight_share=0.75,
+    host_layer_kv_e=9.5,
     offload_error_basis="llama.cpp b11312 on lavapipe, -ngl partial offload: 54/96 device rows "
     "within max(5%, 16 MiB), worst 43%",
 )
