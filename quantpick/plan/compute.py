@@ -234,43 +234,6 @@ class DeviceGraph:
     # holds routed experts of its layers (False: they live in host memory, -ot exps=CPU /
     # --n-cpu-moe, and this device's layers run only their dense part)
     experts: bool = True
-    # the logits land above the last layer's live set, not beside the residual stream: a
-    # zero-byte free block keeps the last layer's freed FFN blocks apart from the last block
-    # (state_rows_fence)
-    logits_above_layer: bool = False
-
-
-# The CPU backend's buffer alignment: TENSOR_ALIGNMENT (ggml/src/ggml-impl.h:44); the allocator
-# pads every size to it (ggml/src/ggml-alloc.c:203, :313).
-CPU_ALIGNMENT = 32
-
-
-def state_rows_fence(ubatch: int, n_seq: int, state_r: int, state_s: int) -> bool:
-    """Whether llama.cpp's allocator leaves a zero-byte free block between the last layer's freed
-    FFN temporaries and the last free block of the host's buffer, so that the logits land above
-    the last layer's live set instead of just above the residual stream.
-
-    A recurrent layer copies its states with `build_rs` (src/llama-graph.cpp:3512-3545): the rows
-    of the ubatch's sequences (`output_states`, n_seq x state_r x 4 B) and the extra states,
-    n_rs - n_seqs = 0 rows in the reserved graph (n_seqs = n_seq_max): a zero-byte tensor. Where
-    the state's rows are exactly the size of the token ids' slot (n_ubatch x 4 B padded to the
-    buffer's alignment), the best fit (ggml-alloc.c:211-224) fills that freed slot and removes
-    it (:266-269); the zero-byte tensor then lands at the start of the large free block, where
-    the state copy's 4-byte input (`rs_s_copy`) sits below it, and after that input's free grew
-    the block over it, freeing zero bytes joins no block and is inserted as a block of size 0
-    (:333-348, :135-150). Later allocations move the large block past it (:264), and the free of
-    the last layer's FFN temporaries merges only with a block's neighbours in the array
-    (:318-345): the zero-size block keeps them apart from the last block, and the logits,
-    larger than any other free block, start where the last layer's FFN ended (:226-247).
-
-    Only for layers with a single state (a short convolution, state_s == 0): with two states
-    (Mamba-2, gated delta nets) the second state's copy takes the zero-byte tensor's place
-    (measured: nemotron-h-8b, qwen3.5-27b, qwen3-next-80b-a3b at the ubatch where their first
-    state's rows fill the slot, no jump)."""
-    if state_r <= 0 or state_s:
-        return False
-    slot = -(-ubatch * 4 // CPU_ALIGNMENT) * CPU_ALIGNMENT
-    return n_seq * state_r * 4 == slot
 
 
 def graph_shape(layout: ModelLayout, ubatch: int, logits_rows: int) -> GraphShape:
@@ -371,12 +334,7 @@ def device_compute(dev: DeviceGraph, shape: GraphShape, rule: GraphRule) -> int:
     if dev.host_experts:
         phases.append((2 * e + rule.expert_mid * shape.moe_mid + shape.moe_out, True))
     if dev.holds_output and not dev.output_elsewhere:
-        out = shape.logits + rule.output * e + host_e
-        if dev.logits_above_layer and dev.holds_layers:
-            # above the last layer's FFN (state_rows_fence): its live set, not the mask (freed
-            # after the last attention layer)
-            out = shape.logits + layer_live(shape, dev.experts) + rule.layer * e + host_e
-        phases.append((out, False))
+        phases.append((shape.logits + rule.output * e + host_e, False))
     if dev.copies > 1:
         # split inputs are leafs with n_copies copies, alive for the whole graph
         inputs = mask + e + (shape.per_layer if dev.holds_layers else 0)
