@@ -96,20 +96,20 @@ def test_compute_follows_the_vulkan_backends_own_graph(lavapipe_rows: list[Row])
     """Compute on the Vulkan devices with the backend's traits (machine/backends/vulkan.py: ops
     over maxStorageBufferRange on the host with what they hand over and get back, split inputs
     copied per layer under pipeline parallelism, flash attention's dequantized cache outside the
-    buffer; under -ngl the host layers run on the device as phases of their own): 331 of 384
+    buffer; under -ngl the host layers run on the device as phases of their own): 336 of 384
     within max(5%, 16 MiB), median error 0% (the CPU/CUDA rule alone: 38 within, median +93%;
     the host layers' copies on top of a device layer: 318). docs/compute.md names the rest."""
     within = sum(r.compute_within for r in lavapipe_rows)
     errors = [abs(r.compute[0] - r.compute[1]) / MiB for r in lavapipe_rows]
     signed = [(r.compute[0] - r.compute[1]) / r.compute[1] for r in lavapipe_rows]
-    assert within == 331
+    assert within == 336
     assert statistics.median(errors) < 16
     assert abs(statistics.median(signed)) < 0.01
     by_class: dict[str, list[Row]] = {}
     for r in lavapipe_rows:
         by_class.setdefault(row_class(r), []).append(r)
     counts = {k: (sum(r.compute_within for r in v), len(v)) for k, v in by_class.items()}
-    assert counts == {"every layer": (90, 96), "partial": (67, 96), "two devices": (174, 192)}
+    assert counts == {"every layer": (90, 96), "partial": (72, 96), "two devices": (174, 192)}
 
 
 def test_the_rows_left_are_the_named_classes(lavapipe_rows: list[Row]) -> None:

@@ -214,6 +214,10 @@ class DeviceGraph:
     offload_weight_share: float | None = None
     offload_kv: int = 0
     offload_kv_e: float = 0.0
+    # the largest gated FFN's copied up weight of a host layer, where it is smaller than the FFN's
+    # intermediate (n_ubatch x n_ff x 4 B): the gated product cannot take the freed copy's block
+    # and lands above the gate and up results (0: none)
+    offload_ffn_up: int = 0
     copies: int = 1  # PIPELINE_COPIES with pipeline parallelism
     # K and V of another device's cache that layers here attend over (a shared KV cache, gemma3n
     # and gemma4): split inputs copied in (ggml-backend.cpp:1514-1531)
@@ -313,6 +317,11 @@ def device_compute(dev: DeviceGraph, shape: GraphShape, rule: GraphRule) -> int:
             phases.append((live + dev.offload_weight_share * dev.offload_weight, True))
             if dev.offload_kv:
                 phases.append((dev.offload_kv + dev.offload_kv_e * e, True))
+            if 0 < dev.offload_ffn_up < shape.ffn:
+                # an allocator trace (docs/compute.md): the residual stream and the layer's
+                # inputs below (4E), the up weight's copy, the gate and up results and their
+                # gated product above them (qwen2.5-7b -ngl 14 -fa off: 175.4 MiB, llama.cpp's)
+                phases.append((4 * e + dev.offload_ffn_up + 3 * shape.ffn, True))
         if dev.attn_elsewhere:
             # the attention that reads the mask runs on the host; its output comes back as a
             # split input, alive beside the output projection's result and the residual stream

@@ -540,6 +540,15 @@ def estimate(
     split_host_layers = (
         op_offload_pos is not None and traits[op_offload_pos].host_layer_weight_share is not None
     )
+    # ... and a host layer's gated FFN: its up weight's copy (DeviceGraph.offload_ffn_up)
+    host_ffn_up = 0
+    if split_host_layers and offloading:
+        for slot in range(arch.n_layer):
+            if slot_device[slot] != host_pos or skipped(slot):
+                continue
+            up = layout.tensor(f"blk.{slot}.ffn_up.weight")
+            if up is not None and layout.tensor(f"blk.{slot}.ffn_gate.weight") is not None:
+                host_ffn_up = max(host_ffn_up, up.n_bytes)
     # routed experts in host memory that the offloading device refuses stay the host's to compute
     experts_offloaded = offloading and not (
         op_cap is not None
@@ -581,6 +590,7 @@ def estimate(
                 offload_weight_share=traits[pos].host_layer_weight_share if pos < n_gpu else None,
                 offload_kv=host_layer_kv if offloading and pos == op_offload_pos else 0,
                 offload_kv_e=traits[pos].host_layer_kv_e if pos < n_gpu else 0.0,
+                offload_ffn_up=host_ffn_up if pos == op_offload_pos else 0,
                 copies=copies,
                 remote_kv=sum(remote[pos].values()),
                 remote_kv_views=remote_views[pos],

@@ -260,7 +260,7 @@ def test_each_gpu_backend_carries_its_compute_traits_and_expected_error() -> Non
 def test_a_vulkan_device_running_host_layers_carries_the_offload_error() -> None:
     """-ngl partial offload: the device runs the host layers (one split per host weight, placed
     by the allocator's best fit: docs/compute.md); its figure carries the backend's op-offload
-    expected error (lavapipe: 67/96 within max(5%, 16 MiB), worst 31%)."""
+    expected error (lavapipe: 72/96 within max(5%, 16 MiB), worst 31%)."""
     from quantpick.machine.backends import BackendKind, backend
 
     vk = backend(BackendKind.VULKAN).compute
@@ -313,6 +313,9 @@ def test_a_vulkan_host_layers_copies_are_not_charged_on_top_of_its_layer() -> No
         ("qwen3-30b-a3b", 24, 4096, "f16", 168.0),
         ("mistral-small-24b", 20, 32768, "f16", 319.3),
         ("llama-3.1-8b", 16, 32768, "q8_0", 166.1),
+        # a gated FFN whose up weight (36.4 MiB) is smaller than its intermediate (37 MiB): the
+        # gated product lands above the gate and up results (152.3 MiB before this term)
+        ("qwen2.5-7b", 14, 4096, "f16", 183.4),
     )
     for name, ngl, ctx, kv, want in cases:
         cfg = RunConfig(ctx_size=ctx, n_gpu_layers=ngl, cache_type_k=kv, cache_type_v=kv,
