@@ -375,6 +375,27 @@ BY_NAME = {c.name: c for c in CONFIGS}
 # recorded for them), as their GGUFs' <arch>.* keys.
 SPEED_CONFIGS: tuple[RealConfig, ...] = (
     RealConfig(
+        "qwen3.5-9b",
+        "qwen35",
+        {
+            "block_count": 32, "context_length": 262144, "embedding_length": 4096,
+            "feed_forward_length": 12288, "attention.head_count": 16,
+            "attention.head_count_kv": 4, "attention.key_length": 256,
+            "attention.value_length": 256, "rope.freq_base": 10000000.0,
+            "rope.dimension_count": 64, "rope.dimension_sections": (11, 11, 10, 0),
+            "attention.layer_norm_rms_epsilon": 1e-6, "ssm.conv_kernel": 4,
+            "ssm.state_size": 128, "ssm.group_count": 16, "ssm.time_step_rank": 32,
+            "ssm.inner_size": 4096, "full_attention_interval": 4,
+            "attention.recurrent_layers": _every(32, 4),
+        },
+        vocab_size=248320,
+        tied=False,
+        source="Qwen/Qwen3.5-9B as a GGUF of it prints its header (llama_model_loader kv "
+        "14-22: 32 layers, 4096 hidden, 12288 FFN, 16/4 heads x 256, ssm inner 4096, state 128, "
+        "16 groups, dt rank 32, full attention every 4th; vocab 248320; model params 8.95 B, "
+        "untied; no MTP block; search index id 61650305065); llama-bench prints 8.95 B",
+    ),
+    RealConfig(
         "qwen2.5-1.5b",
         "qwen2",
         {

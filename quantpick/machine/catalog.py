@@ -275,6 +275,25 @@ CATALOG: tuple[GpuModel, ...] = (
         Vendor.INTEL,
         unified=True,
     ),  # fmt: skip
+    # Panther Lake's Arc B390 (Core Ultra X9 388H / X7 358H, 12 Xe3 cores, "Intel(R) Arc(TM)
+    # B390 GPU" to Vulkan): LPDDR5X up to 9600 MT/s on 128 bits = 153.6 GB/s shared with the CPU
+    # (intel.com ark, Core Ultra X9 388H; laptops with 8533 MT/s memory have 136.5 GB/s); FP16 is
+    # the GPU's 120 INT8 TOPS / 2 (Intel's Panther Lake platform figures: NPU 50, GPU 120). Default
+    # 32 GB.
+    GpuModel(
+        "arc-b390",
+        "Intel(R) Arc(TM) B390 GPU",
+        ("panther-lake", "ptl", "b390"),
+        _g(32),
+        128,
+        4800,
+        "",
+        None,
+        None,
+        60.0,
+        Vendor.INTEL,
+        unified=True,
+    ),  # fmt: skip
     *(
         # Apple Silicon: memory bandwidth and memory sizes from Apple's tech specs pages (GB/s
         # as stated); FP16 = FP32 rate on Apple GPUs: GPU cores x 128 ALUs x 2 x clock (M1 Max

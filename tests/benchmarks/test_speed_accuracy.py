@@ -21,6 +21,7 @@ from speed_accuracy import (  # noqa: E402
     Unusable,
     _manifest,
     build_case,
+    layout_params,
     load_cases,
     parse_cores,
     parse_count,
@@ -293,14 +294,14 @@ def test_the_defaults_are_the_fit_of_the_bundled_rows() -> None:
 def test_backend_rows_all_build_as_their_backend() -> None:
     """Every published non-CUDA run (benchmarks/data/speed-measurements-backends.json) becomes a
     case on its own backend's device (MTL0 for the M2 Ultra, ROCm0/Vulkan0 for the R9700 and the
-    Strix Halo, Vulkan0/SYCL0 for the Arc B70, B60 and 140V): 39 Metal rows (M2 Ultra, M4 Pro,
-    M1 Ultra), 25 ROCm, 36 Vulkan, 15 SYCL."""
+    Strix Halo, Vulkan0/SYCL0 for the Arc B70, B60, B390 and 140V): 39 Metal rows (M2 Ultra, M4
+    Pro, M1 Ultra), 25 ROCm, 40 Vulkan, 15 SYCL."""
     from backend_speed import DATA, case_backend
 
     cases, unusable = load_cases(DATA)
-    assert unusable == [] and len(cases) == 115
+    assert unusable == [] and len(cases) == 119
     counts = Counter(case_backend(c).label for c in cases)
-    assert counts == {"Metal": 39, "ROCm": 25, "Vulkan": 36, "SYCL": 15}
+    assert counts == {"Metal": 39, "ROCm": 25, "Vulkan": 40, "SYCL": 15}
     by_backend = {case_backend(c).label: c for c in cases}
     assert "MTL0" in by_backend["Metal"].devices and "ROCm0" in by_backend["ROCm"].devices
     assert "Vulkan0" in by_backend["Vulkan"].devices and "SYCL0" in by_backend["SYCL"].devices
@@ -430,6 +431,59 @@ def test_vulkan_and_sycl_carry_the_decode_fit_of_their_rows(
     assert max(tg) < worst and max(bare) > bare_worst
     assert statistics.median(tg) <= GOAL_MEDIAN
     assert all(p.efficiency <= 1.0 for p in b.decode_paths)
+
+
+def test_the_third_vulkan_round_names_its_machines_and_models() -> None:
+    """Rows 3101-3104 (llama.cpp PR #23056's Arc B390 and PR #21751's RX 9070 XT and Radeon
+    8060S runs) build on the catalogue's GPUs -- the B390 a unified Intel iGPU of 153.6 GB/s
+    (LPDDR5X-9600 on 128 bits) -- and on configs whose tensor tables give llama-bench's
+    printed parameter counts within 1%."""
+    from backend_speed import DATA, case_backend, case_vendor
+
+    from quantpick.machine.backends.base import Vendor
+    from quantpick.machine.catalog import find_gpu
+
+    rows = {r["id"]: r for r in json.loads(DATA.read_text()) if 3101 <= r["id"] <= 3199}
+    assert sorted(rows) == [3101, 3102, 3103, 3104]
+    cases = {c.row_id: c for c in load_cases(DATA)[0] if c.row_id in rows}
+    assert sorted(cases) == sorted(rows)
+    b390 = find_gpu("Intel Arc B390", None)
+    assert b390 is not None and b390.key == "arc-b390" and b390.unified
+    assert b390.vendor is Vendor.INTEL and b390.bandwidth_bytes_per_s == 153_600_000_000
+    for rid, case in cases.items():
+        assert case_backend(case).label == "Vulkan" and "Vulkan0" in case.devices
+        printed = float(rows[rid]["params_printed"].split()[0])
+        assert layout_params(case.layout) / 1e9 == pytest.approx(printed, rel=0.01), rid
+        if rid in (3101, 3102):
+            assert case_vendor(case) is Vendor.INTEL and case.family == "qwen35"
+            assert case.tg_tps in (14.72, 14.65) and case.pp_tps is None
+        else:
+            assert case_vendor(case) is Vendor.AMD and case.family == "llama"
+
+
+def test_vulkan_intel_rows_are_within_2x_with_each_source_held_out() -> None:
+    """Issue #31's goal held out by source on Vulkan, as far as the data carry it: with a third
+    Intel source (PR #23056's Arc B390) the Intel terms fitted on the other sources predict the
+    B70 repository's, the Lunar Lake and the B390 rows each within 2x (the B70's were 4.1x with
+    the fixed cost scaled by throughput and one other Intel source). What is left beyond 2x is
+    the AMD BF16-expert rows of kyuz0's Strix Halo repository, the one source of that term."""
+    from backend_speed import GOAL_WORST, backend_cases, case_backend, case_vendor, held_errors
+
+    from quantpick.machine.backends.base import Vendor
+
+    rows = [c for c in backend_cases()[0] if case_backend(c).label == "Vulkan"]
+    b = case_backend(rows[0])
+    _, _, per = held_errors(rows, b, lambda c: c.source)
+    beyond: set[int] = set()
+    for source, _fit, tg, _pp in per:
+        mine = [c for c in rows if c.source == source and c.tg_tps is not None]
+        assert len(mine) == len(tg)
+        for case, err in zip(mine, tg, strict=True):
+            if case_vendor(case) is Vendor.INTEL:
+                assert err <= GOAL_WORST, (case.row_id, err)
+            if err > GOAL_WORST:
+                beyond.add(case.row_id)
+    assert beyond and beyond <= {2140, 2141, 2142, 2217, 2218, 2219}
 
 
 def metal_rows():  # type: ignore[no-untyped-def]

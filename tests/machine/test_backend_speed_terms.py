@@ -184,15 +184,52 @@ def test_apples_fixed_cost_is_the_same_on_every_apple_gpu(tflops: float) -> None
 
 def test_metal_terms_reach_apple_gpus_only() -> None:
     """The Apple fixed-cost term rides on Apple GPUs under Metal (an M2 Ultra and an M4 Pro
-    carry the same factor, unscaled); no other backend's device carries an unscaled term."""
+    carry the same factor, unscaled); besides it only Vulkan's Intel term is unscaled (an Arc
+    Pro B70 and an Arc B390 carry the same factor): an NVIDIA or AMD card under CUDA, ROCm or
+    Vulkan carries a scaled one."""
     metal = backend("metal")
     (term,) = metal.decode_fixed
     for gpu in ("m4-pro", "m2-ultra", "m1"):
         dev = device_speeds(machine(gpu, "metal"))["MTL0"]
         assert (dev.terms.fixed_factor, dev.terms.fixed_scaled) == (term.factor, False)
-    for gpu, name in (("4090", "cuda"), ("b70", "vulkan"), ("7900xtx", "rocm")):
+    (intel,) = backend("vulkan").decode_fixed
+    for gpu in ("b70", "arc-b390", "arc-140v"):
+        dev = device_speeds(machine(gpu, "vulkan"))["Vulkan0"]
+        assert (dev.terms.fixed_factor, dev.terms.fixed_scaled) == (intel.factor, False)
+    for gpu, name in (("4090", "cuda"), ("4090", "vulkan"), ("7900xtx", "rocm")):
         for dev in device_speeds(machine(gpu, name)).values():
             assert dev.terms.fixed_scaled
+    for dev in device_speeds(machine("7900xtx", "vulkan")).values():
+        assert dev.terms.fixed_scaled
+
+
+@cache
+def intel_vulkan_case(gpu: str):  # type: ignore[no-untyped-def]
+    m = machine(gpu, "vulkan")
+    layout = layout_of("UD-Q4_K_XL")
+    return speed_work(layout, estimate(layout, m, RunConfig(ctx_size=8192))), device_speeds(m)
+
+
+@given(st.floats(min_value=1.0, max_value=400.0))
+def test_intels_vulkan_fixed_cost_is_the_same_on_every_intel_gpu(tflops: float) -> None:
+    """Vulkan's Intel fixed cost is not scaled by the GPU's throughput (FixedCost.throughput_scaled
+    off: the backend splits an Intel GPU's layers into more dispatches, ggml-vulkan.cpp:4901-4903
+    and :3784, and a dispatch's cost does not shrink with more Xe cores; published B390 and B70
+    runs spend about the same time a layer beyond their bytes): an Arc Pro B70's decode takes as
+    long whatever its FP16 figure, where under the CUDA rule (scaled) it would shorten with more
+    TFLOPS."""
+    work, devs = intel_vulkan_case("b70")
+    dev = devs["Vulkan0"]
+    assert not dev.terms.fixed_scaled and dev.terms.fixed_factor > 1.0
+    other = {**devs, "Vulkan0": dataclasses.replace(dev, fp16_tflops=tflops)}
+    base = decode_seconds(work, devs, 0, server=False)
+    assert decode_seconds(work, other, 0, server=False) == pytest.approx(base, rel=1e-12)
+    scaled = dataclasses.replace(dev.terms, fixed_scaled=True)
+    cuda_rule = {**devs, "Vulkan0": dataclasses.replace(dev, terms=scaled)}
+    faster = dataclasses.replace(dev, fp16_tflops=dev.fp16_tflops * 8, terms=scaled)
+    assert decode_seconds(work, {**devs, "Vulkan0": faster}, 0, server=False) < decode_seconds(
+        work, cuda_rule, 0, server=False
+    )
 
 
 def test_amd_vulkans_bf16_expert_path_spares_quantized_files() -> None:

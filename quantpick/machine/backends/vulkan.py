@@ -76,43 +76,47 @@ VULKAN_COMPUTE = ComputeTraits(
     host_layer_kv_e=9.5,
 )
 
-# Decode on Vulkan, fitted by benchmarks/backend_speed.py to 36 published runs of five sources:
+# Decode on Vulkan, fitted by benchmarks/backend_speed.py to 40 published runs of seven sources:
 # kyuz0's amd-strix-halo-toolboxes, amd-r9700-ai-toolboxes and intel-b70-ai-toolboxes (rows
 # 2002-2219 of benchmarks/data/speed-measurements-backends.json; b9039-b9193), llama.cpp #22375
-# (Radeon 8060S, b8460/b8933, rows 3006-3007) and llama.cpp PR #22461 (Lunar Lake Arc 140V, b8997,
-# row 3005): 0.97 of the bus on the rows no path below reads (AMD: Radeon 8060S, R9700). In sample
-# the terms leave a median error of 13%, worst 1.73x (without them 27%, worst 4.3x); held out by
-# model 30%, worst 3.0x; held out by source 49%, worst 4.1x: the Intel terms are fitted on two
-# Intel sources, but the second (one Lunar Lake run) is one model, short of the two a term needs,
-# so holding the B70 repository out leaves the B70 rows with no Intel term; the AMD BF16-expert
-# term has no second source either.
+# (Radeon 8060S, b8460/b8933, rows 3006-3007), PR #22461 (Lunar Lake Arc 140V, b8997, row 3005),
+# PR #23056 (Panther Lake Arc B390, b9093, rows 3101-3102) and PR #21751 (RX 9070 XT and Radeon
+# 8060S, April 2026, rows 3103-3104): 0.97 of the bus on the rows no path below reads. In sample
+# the terms leave a median error of 10%, worst 1.80x (without them 27%, worst 4.3x); held out by
+# model 29%, worst 3.05x; held out by source 26%, worst 2.84x. Every row beyond 2x held out is
+# a BF16-expert row on the Radeon 8060S: the AMD BF16-expert term rests on one source (kyuz0's
+# Strix Halo runs, two models), so holding that source (or one of its two models) out leaves it
+# unfitted (docs/backends.md).
 VULKAN_DECODE_EVIDENCE = (
-    "fitted: 36 published Vulkan runs of 5 sources (Strix Halo, R9700, Arc Pro B70, Arc 140V; "
-    "decode 13% median in sample, worst 1.73x; 30% / 3.0x held out by model; 49% / 4.1x held "
-    "out by source)"
+    "fitted: 40 published Vulkan runs of 7 sources (Strix Halo, R9700, RX 9070 XT, Arc Pro "
+    "B70, Arc 140V, Arc B390; decode 10% median in sample, worst 1.80x; 29% / 3.05x held out by "
+    "model; 26% / 2.84x held out by source)"
 )
 VULKAN_DECODE_PATHS = (
     # Intel, quantized weights: ggml_vk_should_use_mmvq (ggml-vulkan.cpp:6543-6620 at b11312)
-    # sends an Intel GPU's quantized mat-vec with k >= 2048 through MMVQ (the activations
-    # quantized to Q8_1, integer dot products) but Q4_0, Q5_1 and IQ4_XS ("From tests on A770
-    # Linux", :6610-6614), with Intel's DMMV workgroup choice (:5567-5590): 0.42 of the bus on
-    # the B70 (Mesa ANV, BMG G31), fitted on gpt-oss-20b, Qwen3.6-27B and Qwen3.6-35B-A3B at
-    # depth 0 and 16K (6 rows)
+    # sends an Intel GPU's quantized mat-vec through MMVQ (the activations quantized to Q8_1,
+    # integer dot products) on Mesa ANV with k >= 2048 but Q4_0, Q5_1 and IQ4_XS ("From tests on
+    # A770 Linux", :6610-6614), on Intel's Windows driver only Q2_K/Q3_K/Q6_K of Xe2 and later
+    # (:6592-6603, "see #17628 and #23056"). Its weights stream at the bus's rate: 1.00 (the
+    # grid's top), fitted on the B70's gpt-oss-20b, Qwen3.6-27B and Qwen3.6-35B-A3B at depth 0
+    # and 16K and the B390's Qwen3.5-9B Q6_K (8 rows); the B70's slow quantized rows are the
+    # per-dispatch fixed cost below (with the B70 alone the fit trades the two: 0.42 and x6.00
+    # throughput-scaled, which put the B390 row 2.05x slow held out).
     KernelPath(
         Vendor.INTEL,
         frozenset(),
-        0.42,
+        1.00,
         source="ggml-vulkan.cpp:6543-6620 (ggml_vk_should_use_mmvq), :5567-5590",
-        basis="6 Arc Pro B70 runs, 3 models (kyuz0/intel-b70-ai-toolboxes, b9039)",
+        basis="8 Intel runs, 4 models (kyuz0/intel-b70-ai-toolboxes b9039; llama.cpp PR #23056, "
+        "Arc B390, b9093)",
     ),
-    # Intel, F16/BF16 weights: the plain DMMV shaders (mul_mat_vec_bf16_f32, :2929): 1.00 (the
-    # grid's top: a path reads no faster than the plain rows), fitted on Ministral-3-8B BF16 and
-    # gpt-oss-20b's F16 attention on the B70 and Gemma-4-E2B BF16 on the Arc 140V (5 rows; 0.71
-    # on the B70's 4 alone, whose slowness the fixed cost below now carries)
+    # Intel, F16/BF16 weights: the plain DMMV shaders (mul_mat_vec_bf16_f32, :2929): 0.86,
+    # fitted on Ministral-3-8B BF16 and gpt-oss-20b's F16 attention on the B70 and Gemma-4-E2B
+    # BF16 on the Arc 140V (5 rows)
     KernelPath(
         Vendor.INTEL,
         HALF_TYPES,
-        1.00,
+        0.86,
         source="ggml-vulkan.cpp:2929-2958 (mul_mat_vec_bf16/f16 pipelines)",
         basis="5 Intel runs, 3 models (kyuz0/intel-b70-ai-toolboxes b9039; llama.cpp PR #22461, "
         "Arc 140V, b8997)",
@@ -121,7 +125,8 @@ VULKAN_DECODE_PATHS = (
     # the Radeon 8060S under RADV, which reports no bfloat16 (device line "bf16: 0"): 0.14,
     # fitted on GLM-4.7-Flash and Qwen3.6-35B-A3B BF16 (6 rows; ROCm runs the same files at
     # the bus's speed: machine/backends/rocm.py). Dense BF16 on the same machine runs at the
-    # bus's speed (Ministral-3-14B BF16: 7.83 t/s Vulkan, 8.50 ROCm, same repository).
+    # bus's speed (Ministral-3-14B BF16: 7.83 t/s Vulkan, 8.50 ROCm, same repository). No second
+    # published source of BF16 experts on Vulkan was found (docs/backends.md).
     KernelPath(
         Vendor.AMD,
         frozenset({"BF16"}),
@@ -131,17 +136,25 @@ VULKAN_DECODE_PATHS = (
         basis="6 Radeon 8060S runs, 2 models (kyuz0/amd-strix-halo-toolboxes, b9187-b9193)",
     ),
 )
-# Intel's decode graph costs 6.00x the CUDA-fitted fixed time per layer: the backend turns off
-# its RMS-norm fusion (add_rms_fusion, ggml-vulkan.cpp:4901-4903) and subgroup collectives
-# (:3784, "Do not enable collectives on Intel") on Intel, so each layer runs more, smaller
-# dispatches; fitted with the paths above on the 10 B70 rows and the Arc 140V row (5 models).
+# Intel's decode graph costs 7.50x the reference card's fixed time per layer, the same on every
+# Intel GPU (not scaled to its throughput): the backend turns off its RMS-norm fusion
+# (add_rms_fusion, ggml-vulkan.cpp:4901-4903) and subgroup collectives (:3784, "Do not enable
+# collectives on Intel") on Intel, so each layer runs more, smaller dispatches, and a dispatch's
+# cost is the driver's and the command processor's, which more Xe cores do not shorten (as
+# Metal's host-encoded command buffers: machine/backends/metal.py). The data say so: the Arc
+# B390 (60 FP16 TFLOPS) and the Arc Pro B70 (183.5) spend about the same time per layer beyond
+# their weights' bytes (Qwen3.5-9B Q6_K on the B390: 67.9 ms a token, 48.5 of them the bus;
+# the B70's Qwen3.6-27B: 75.7 ms, 29.8 the bus, over 64 layers against 32). Fitted with the paths
+# above on the 11 Intel rows (6 models); throughput-scaled, the same fit left the B390 row 2.05x
+# slow held out by source and the B70 rows 2.31x.
 VULKAN_DECODE_FIXED = (
     FixedCost(
         Vendor.INTEL,
-        6.00,
+        7.50,
         source="ggml-vulkan.cpp:4901-4903, :3784",
-        basis="11 Intel runs, 5 models (kyuz0/intel-b70-ai-toolboxes b9039; llama.cpp PR #22461 "
-        "b8997)",
+        basis="11 Intel runs, 6 models (kyuz0/intel-b70-ai-toolboxes b9039; llama.cpp PR #22461 "
+        "b8997; PR #23056 b9093)",
+        throughput_scaled=False,
     ),
 )
 
