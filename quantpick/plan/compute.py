@@ -339,7 +339,9 @@ def device_compute(dev: DeviceGraph, shape: GraphShape, rule: GraphRule) -> int:
         phases.append((dev.kq + rule.no_fa * e + host_e, True))
     elif dev.offload_weight:
         # op offload on a GPU that holds no layer: the weight and the activations it multiplies
-        phases.append((dev.offload_weight + 2 * e, False))
+        # (or a host layer's K and V copied in for its flash attention, where the backend's
+        # traits keep them apart from the weight: offload_kv)
+        phases.append((max(dev.offload_weight, dev.offload_kv) + 2 * e, False))
     if dev.host_experts:
         phases.append((2 * e + rule.expert_mid * shape.moe_mid + shape.moe_out, True))
     if dev.holds_output and not dev.output_elsewhere:

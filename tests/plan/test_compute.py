@@ -322,3 +322,13 @@ def test_a_vulkan_host_layers_copies_are_not_charged_on_top_of_its_layer() -> No
                         flash_attn="on", logits_rows="batch")  # fmt: skip
         got = estimate(layout(name), gpu_machine("Vulkan"), cfg).gpus[0].compute_bytes / MiB
         assert abs(got - want) <= max(0.05 * want, 16), (name, got, want)
+
+
+def test_a_vulkan_device_with_no_layer_still_holds_a_host_layers_kv() -> None:
+    """-ngl 0 on Vulkan: the device runs every host layer, its flash attention over the K and V
+    it copies in; keeping the copied weight and K/V apart must not drop the K/V phase."""
+    lay = layout("qwen3-8b")
+    cfg = RunConfig(ctx_size=32768, n_gpu_layers=0, logits_rows="batch")
+    vk = estimate(lay, gpu_machine("Vulkan"), cfg).gpus[0]
+    kv = 32768 * (1024 + 1024) * 2  # one layer's f16 K and V
+    assert vk.layers == () and vk.compute_bytes >= kv
