@@ -19,7 +19,9 @@ E = one ubatch of the residual stream, n_ubatch x n_embd x 4):
   (gate, up, their product: n_ubatch x n_expert_used x n_ff_exp x 4 B) + their outputs
   (n_ubatch x n_expert_used x n_embd x 4 B);
 - the output: the logits, n_vocab x rows x 4 B with rows = min(n_ubatch, n_outputs_max) as the
-  build reserves them (src/llama-context.cpp:670), beside the normed last hidden state;
+  build reserves them (src/llama-context.cpp:670), beside the normed last hidden state; above
+  the last layer's live set where the allocator's free list keeps that layer's freed blocks
+  apart from its last block (a zero-byte free block: `state_rows_fence`);
 - op offload (a GPU backend only): a matmul whose weight lives in host memory runs on the first
   GPU for batches >= 32 (ggml-backend.cpp:972; ggml-cuda.cu:5654, default at :5825); the weight
   is an input of that split, copied into the GPU's compute buffer and freed after
@@ -238,6 +240,47 @@ class DeviceGraph:
     # holds routed experts of its layers (False: they live in host memory, -ot exps=CPU /
     # --n-cpu-moe, and this device's layers run only their dense part)
     experts: bool = True
+    # the logits land above the last layer's live set, not beside the residual stream: a
+    # zero-byte free block keeps the last layer's freed FFN blocks apart from the last block
+    # (state_rows_fence)
+    logits_above_layer: bool = False
+
+
+# The CPU backend's buffer alignment: TENSOR_ALIGNMENT (ggml/src/ggml-impl.h:44); the allocator
+# pads every size to it (ggml/src/ggml-alloc.c:203, :313).
+CPU_ALIGNMENT = 32
+
+
+def state_rows_fence(ubatch: int, n_seq: int, state_r: int, state_s: int) -> bool:
+    """Whether llama.cpp's allocator leaves a zero-byte free block between the last layer's freed
+    FFN temporaries and the last free block of the host's buffer, so that the logits land above
+    the last layer's live set instead of just above the residual stream.
+
+    A recurrent layer copies its states with `build_rs` (src/llama-graph.cpp:3512-3545): the rows
+    of the ubatch's sequences (`output_states`, n_seq x state_r x 4 B) and the extra states,
+    n_rs - n_seqs = 0 rows in the reserved graph (n_seqs = n_seq_max): a zero-byte tensor. Where
+    the state's rows are exactly the size of the token ids' slot (n_ubatch x 4 B padded to the
+    buffer's alignment), the best fit (ggml-alloc.c:211-224) fills that freed slot and removes
+    it (:266-269); the zero-byte tensor then lands at the start of the large free block, where
+    the state copy's 4-byte input (`rs_s_copy`) sits below it, and after that input's free grew
+    the block over it, freeing zero bytes joins no block and is inserted as a block of size 0
+    (:333-348, :135-150). Later allocations move the large block past it (:264), and the free of
+    the last layer's FFN temporaries merges only with a block's neighbours in the array
+    (:318-345): the zero-size block keeps them apart from the last block, and the logits,
+    larger than any other free block, start where the last block starts (:226-247): above the
+    last layer's FFN, or above the masks when they reach higher.
+
+    Measured on llama-memory-bytes: LFM2-1.2B at -ub 4089-4096 1565-1568 MiB where 1086 at 4088
+    (tests/plan/test_compute_fence.py: 24 configurations around the windows, worst -3.1%).
+
+    Only for layers with a single state (a short convolution, state_s == 0): with two states
+    (Mamba-2, gated delta nets) the second state's copy takes the zero-byte tensor's place
+    (measured: nemotron-h-8b, qwen3.5-27b, qwen3-next-80b-a3b at the ubatch where their first
+    state's rows fill the slot, no jump)."""
+    if state_r <= 0 or state_s:
+        return False
+    slot = -(-ubatch * 4 // CPU_ALIGNMENT) * CPU_ALIGNMENT
+    return n_seq * state_r * 4 == slot
 
 
 def graph_shape(layout: ModelLayout, ubatch: int, logits_rows: int) -> GraphShape:
@@ -345,7 +388,15 @@ def device_compute(dev: DeviceGraph, shape: GraphShape, rule: GraphRule) -> int:
     if dev.host_experts:
         phases.append((2 * e + rule.expert_mid * shape.moe_mid + shape.moe_out, True))
     if dev.holds_output and not dev.output_elsewhere:
-        phases.append((shape.logits + rule.output * e + host_e, False))
+        out = shape.logits + rule.output * e + host_e
+        if dev.logits_above_layer and dev.holds_layers:
+            # the last free block starts where nothing below it could merge back
+            # (state_rows_fence): above the last layer's FFN, or above the masks (graph inputs
+            # allocated first, above the token embeddings, freed after the last attention
+            # layer) when they reach higher
+            ffn = layer_live(shape, dev.experts) + rule.layer * e
+            out = shape.logits + max(ffn, mask) + host_e
+        phases.append((out, False))
     if dev.copies > 1:
         # split inputs are leafs with n_copies copies, alive for the whole graph
         inputs = mask + e + (shape.per_layer if dev.holds_layers else 0)
@@ -490,7 +541,10 @@ GRAPH_RULES: dict[str, GraphRule] = {
         source="19/20 rows within, median 6.8%, 0 beyond 25%",
     ),
     "lfm2": GraphRule(
-        layer=0.5, no_fa=5.0, output=2.5, source="118/119 rows within, median 3.0%, 1 beyond 25%"
+        layer=0.5,
+        no_fa=5.0,
+        output=2.5,
+        source="119/119 rows within, median 3.0%, 0 beyond 25% (with state_rows_fence)",
     ),
     "llama": GraphRule(
         layer=0.5,

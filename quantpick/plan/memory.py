@@ -34,6 +34,7 @@ from quantpick.plan.compute import (
     gpu_accuracy,
     graph_shape,
     output_buffer,
+    state_rows_fence,
 )
 from quantpick.plan.kv_cache import (
     context_cells,
@@ -603,6 +604,9 @@ def estimate(
                 ),
                 kv_convert=kv_convert if pos < n_gpu and traits[pos].fa_kv_convert else 0,
                 experts=bool(a.experts) or not view.is_moe,
+                logits_above_layer=is_host
+                and bool(a.recurrent_layers)
+                and state_rows_fence(sizes.ubatch, n_seq, view.state_r, view.state_s),
             ),
             shape,
             graph_rule,
