@@ -185,6 +185,19 @@ class DeviceGraph:
     experts_back: int = 0
     host_experts: bool = False  # computes routed experts held in host memory
     offload_weight: int = 0  # op offload: the largest host-resident weight copied in (GPU only)
+    # -ngl partial offload on a backend whose traits give the host layers' own phases
+    # (ComputeTraits.host_layer_weight_share; None: the weight copy is added to a layer's live set,
+    # the larger of it and a host layer's K and V): the host layers run on this device but for
+    # their cache writes, so they are phases of their own beside its layers: a layer's live set
+    # with `offload_weight_share` x the copied weight, and the K and V of a host layer's flash
+    # attention (`offload_kv`, split inputs) beside the mask and `offload_kv_e` x E
+    offload_weight_share: float | None = None
+    offload_kv: int = 0
+    offload_kv_e: float = 0.0
+    # the largest gated FFN's copied up weight of a host layer, where it is smaller than the FFN's
+    # intermediate (n_ubatch x n_ff x 4 B): the gated product cannot take the freed copy's block
+    # and lands above the gate and up results (0: none)
+    offload_ffn_up: int = 0
     copies: int = 1  # PIPELINE_COPIES with pipeline parallelism
     # K and V of another device's cache that layers here attend over (a shared KV cache, gemma3n
     # and gemma4): split inputs copied in (ggml-backend.cpp:1514-1531)
@@ -303,7 +316,7 @@ def device_compute(dev: DeviceGraph, shape: GraphShape, rule: GraphRule) -> int:
             + fitted * rule.layer * e
             + scores
             + host_e
-            + dev.offload_weight
+            + (dev.offload_weight if dev.offload_weight_share is None else 0)
             + dev.arch_live.layer
             + (dev.arch_live.inputs_in_layer if dev.copies == 1 else 0)
         )
@@ -317,6 +330,16 @@ def device_compute(dev: DeviceGraph, shape: GraphShape, rule: GraphRule) -> int:
         # with pipeline parallelism the returned attention output of the last layer stays beside
         # the layer's live set (its copies are leafs: measured on the lavapipe oracle, 1 E)
         phases.append((live + (e if dev.attn_elsewhere and dev.copies > 1 else 0), True))
+        if dev.offload_weight_share is not None and dev.offload_weight:
+            # the host layers, run here by op offload (one split per host weight)
+            phases.append((live + dev.offload_weight_share * dev.offload_weight, True))
+            if dev.offload_kv:
+                phases.append((dev.offload_kv + dev.offload_kv_e * e, True))
+            if 0 < dev.offload_ffn_up < shape.ffn:
+                # an allocator trace (docs/compute.md): the residual stream and the layer's
+                # inputs below (4E), the up weight's copy, the gate and up results and their
+                # gated product above them (qwen2.5-7b -ngl 14 -fa off: 175.4 MiB, llama.cpp's)
+                phases.append((4 * e + dev.offload_ffn_up + 3 * shape.ffn, True))
         if dev.attn_elsewhere:
             # the attention that reads the mask runs on the host; its output comes back as a
             # split input, alive beside the output projection's result and the residual stream
@@ -334,7 +357,9 @@ def device_compute(dev: DeviceGraph, shape: GraphShape, rule: GraphRule) -> int:
         phases.append((dev.kq + rule.no_fa * e + host_e, True))
     elif dev.offload_weight:
         # op offload on a GPU that holds no layer: the weight and the activations it multiplies
-        phases.append((dev.offload_weight + 2 * e, False))
+        # (or a host layer's K and V copied in for its flash attention, where the backend's
+        # traits keep them apart from the weight: offload_kv)
+        phases.append((max(dev.offload_weight, dev.offload_kv) + 2 * e, False))
     if dev.host_experts:
         phases.append((2 * e + rule.expert_mid * shape.moe_mid + shape.moe_out, True))
     if dev.holds_output and not dev.output_elsewhere:
