@@ -16,7 +16,6 @@ from hypothesis import strategies as st
 from quantpick.machine.spec import Gpu, Host, Machine
 from quantpick.model.layout import ModelLayout
 from quantpick.plan.compute import (
-    GENERIC,
     GPU_ESTIMATE,
     MEASURED,
     ComputeBackend,
@@ -26,6 +25,7 @@ from quantpick.plan.compute import (
     device_compute,
     output_buffer,
 )
+from quantpick.plan.graph_rules import GENERIC
 from quantpick.plan.memory import RunConfig, estimate
 
 MiB = 1024**2
