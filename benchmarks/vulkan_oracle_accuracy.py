@@ -79,8 +79,10 @@ def main() -> int:
     ):
         part = [r for r in dev if keep(r.case)]
         worst = max(abs(r.compute[0] / r.compute[1] - 1) for r in part)
+        # under by more than the bound: the side that can run out of memory
+        under = sum(not r.compute_within and r.compute[0] < r.compute[1] for r in part)
         print(f"  {label}: compute within {sum(r.compute_within for r in part)}/{len(part)}, "
-              f"worst {worst:.0%}")  # fmt: skip
+              f"worst {worst:.0%}, {under} under by more than the bound")  # fmt: skip
     if args.verbose:
         for r in rows(oracle, best[1], args.max_tensor_mib * MiB or None):
             if not r.exact or not r.compute_within:

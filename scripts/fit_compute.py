@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Fit the per-architecture compute-graph rules (quantpick.plan.compute.GraphRule) to llama.cpp's
-own projections: full-size real configs (tests/data/arch-real, scripts/record_arch_real.py, and
+"""Fit the per-architecture compute-graph rules (quantpick/plan/graph_rules.py) to llama.cpp's own
+projections: full-size real configs (tests/data/arch-real, scripts/record_arch_real.py, and
 the compute grid tests/data/arch-real-compute.json.gz, scripts/record_compute_grid.py) and
 every test-llama-archs model (tests/data/llamacpp-archs.json.gz,
 scripts/record_arch_conformance.py).
@@ -14,8 +14,9 @@ coefficients (multiples of E = n_ubatch x n_embd x 4 B, on a 0.5 grid) are then 
 coordinate descent, from the generic rule, to maximise the rows within max(5%, 16 MiB) of
 llama.cpp (ties: the smallest summed relative error), beside what an architecture's GraphTrait
 (quantpick/arch/graph.py) adds (read from its graph builder, not fitted here). It prints one
-GRAPH_RULES line per architecture with the rows within, the median and the worst error: paste
-them into quantpick/plan/compute.py.
+GRAPH_RULES record per architecture with the rows within, the median and the worst error;
+`--emit` writes them into quantpick/plan/graph_rules.py (with `--only`, those architectures' records
+only; a record's note after "beyond 25%", such as "(beside its GraphTrait)", is kept).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
+import re
 import statistics
 import sys
 from collections import defaultdict
@@ -38,13 +40,8 @@ from llamacpp_archs import case_from_dict, machine  # noqa: E402
 
 import quantpick.plan.memory as memory  # noqa: E402
 from quantpick.model.gguf import header_from_json, layout_from_header  # noqa: E402
-from quantpick.plan.compute import (  # noqa: E402
-    GENERIC,
-    DeviceGraph,
-    GraphRule,
-    GraphShape,
-    device_compute,
-)
+from quantpick.plan.compute import DeviceGraph, GraphShape, device_compute  # noqa: E402
+from quantpick.plan.graph_rules import GENERIC, GraphRule  # noqa: E402
 
 MiB = 1024**2
 ARCHS = ROOT / "tests" / "data" / "llamacpp-archs.json.gz"
@@ -161,11 +158,39 @@ def fit(rows: list[tuple[DeviceGraph, GraphShape, int]]) -> GraphRule:
     return rule
 
 
+RULES_PY = ROOT / "quantpick" / "plan" / "graph_rules.py"
+BLOCK = re.compile(
+    r"(# -- GRAPH_RULES: written by scripts/fit_compute.py --emit --\n"
+    r"GRAPH_RULES: dict\[str, GraphRule\] = \{\n)(.*?)(\}\n# -- end of GRAPH_RULES --\n)",
+    re.DOTALL,
+)
+RECORD = re.compile(r'^    "(?P<arch>[^"]+)": GraphRule\(.*beyond 25%(?P<note>[^"]*)"\),$')
+
+
+def emit(records: dict[str, str], *, partial: bool) -> None:
+    """Write `records` (arch -> its line) as GRAPH_RULES in graph_rules.py, one record a line."""
+    text = RULES_PY.read_text(encoding="utf-8")
+    match = BLOCK.search(text)
+    if match is None:
+        raise SystemExit(f"{RULES_PY}: no GRAPH_RULES block")
+    old = {m["arch"]: m for m in map(RECORD.match, match[2].splitlines()) if m}
+    new = {**{a: m.string for a, m in old.items()}, **records} if partial else dict(records)
+    for arch, line in new.items():
+        note = old[arch]["note"] if arch in old else ""
+        if note and arch in records:
+            new[arch] = line[: -len('"),')] + note + '"),'
+    body = "".join(f"{new[a]}\n" for a in sorted(new))
+    RULES_PY.write_text(text[: match.start(2)] + body + text[match.end(2) :], encoding="utf-8")
+    print(f"wrote {len(records)} of {len(new)} records into {RULES_PY.relative_to(ROOT)}")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", nargs="*", default=[])
+    ap.add_argument("--emit", action="store_true", help="write the records into graph_rules.py")
     args = ap.parse_args()
     real = real_archs()
+    records: dict[str, str] = {}
     for arch, rows in sorted(collect(args.only).items()):
         if score(GENERIC, rows)[0] == len(rows) and arch not in real:
             continue  # the generic rule holds on every row: no entry
@@ -180,10 +205,13 @@ def main() -> int:
             for f in fields(rule)
             if f.name in PARAMS and getattr(rule, f.name) != getattr(GENERIC, f.name)
         )
-        print(
+        records[arch] = (
             f'    "{arch}": GraphRule({values}{", " if values else ""}source="{good}/{len(rows)} '
             f'rows within, median {statistics.median(errs):.1%}, {beyond} beyond 25%"),'
         )
+        print(records[arch])
+    if args.emit:
+        emit(records, partial=bool(args.only))
     return 0
 
 

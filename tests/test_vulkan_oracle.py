@@ -96,24 +96,25 @@ def test_compute_follows_the_vulkan_backends_own_graph(lavapipe_rows: list[Row])
     """Compute on the Vulkan devices with the backend's traits (machine/backends/vulkan.py: ops
     over maxStorageBufferRange on the host with what they hand over and get back, split inputs
     copied per layer under pipeline parallelism, flash attention's dequantized cache outside the
-    buffer): 318 of 384 within max(5%, 16 MiB), median error 0% (the CPU/CUDA rule alone: 38
-    within, median +93%). docs/compute.md names the rest."""
+    buffer; under -ngl the host layers run on the device as phases of their own): 336 of 384
+    within max(5%, 16 MiB), median error 0% (the CPU/CUDA rule alone: 38 within, median +93%;
+    the host layers' copies on top of a device layer: 318). docs/compute.md names the rest."""
     within = sum(r.compute_within for r in lavapipe_rows)
     errors = [abs(r.compute[0] - r.compute[1]) / MiB for r in lavapipe_rows]
     signed = [(r.compute[0] - r.compute[1]) / r.compute[1] for r in lavapipe_rows]
-    assert within == 318
+    assert within == 336
     assert statistics.median(errors) < 16
     assert abs(statistics.median(signed)) < 0.01
     by_class: dict[str, list[Row]] = {}
     for r in lavapipe_rows:
         by_class.setdefault(row_class(r), []).append(r)
     counts = {k: (sum(r.compute_within for r in v), len(v)) for k, v in by_class.items()}
-    assert counts == {"every layer": (90, 96), "partial": (54, 96), "two devices": (174, 192)}
+    assert counts == {"every layer": (90, 96), "partial": (72, 96), "two devices": (174, 192)}
 
 
 def test_the_rows_left_are_the_named_classes(lavapipe_rows: list[Row]) -> None:
     """What docs/compute.md says is not matched: -ngl partial offload (the allocator's placement
-    of one weight copy per split; expected error max(45%, 16 MiB), worst 43%). Every layer
+    of one weight copy per split; expected error max(35%, 16 MiB), worst 31%). Every layer
     offloaded, on one device or two: 264 of 288 within, one beyond 25% (gemma-4-e2b -fa off at
     32768 on the second device, 27%), none beyond the Vulkan devices' expected 25% but that."""
     rest = [r for r in lavapipe_rows if row_class(r) != "partial"]
@@ -123,7 +124,7 @@ def test_the_rows_left_are_the_named_classes(lavapipe_rows: list[Row]) -> None:
         ("gemma-4-e2b", "Vulkan1", True)
     ]
     partial = [r for r in lavapipe_rows if row_class(r) == "partial"]
-    assert all(abs(r.compute[0] / r.compute[1] - 1) <= 0.45 for r in partial)
+    assert all(abs(r.compute[0] / r.compute[1] - 1) <= 0.35 for r in partial)
 
 
 def test_the_host_buffer_follows_what_it_runs_for_the_devices(oracle: dict) -> None:

@@ -19,7 +19,9 @@ E = one ubatch of the residual stream, n_ubatch x n_embd x 4):
   (gate, up, their product: n_ubatch x n_expert_used x n_ff_exp x 4 B) + their outputs
   (n_ubatch x n_expert_used x n_embd x 4 B);
 - the output: the logits, n_vocab x rows x 4 B with rows = min(n_ubatch, n_outputs_max) as the
-  build reserves them (src/llama-context.cpp:670), beside the normed last hidden state;
+  build reserves them (src/llama-context.cpp:670), beside the normed last hidden state; above
+  the last layer's live set where the allocator's free list keeps that layer's freed blocks
+  apart from its last block (a zero-byte free block: `state_rows_fence`);
 - op offload (a GPU backend only): a matmul whose weight lives in host memory runs on the first
   GPU for batches >= 32 (ggml-backend.cpp:972; ggml-cuda.cu:5654, default at :5825); the weight
   is an input of that split, copied into the GPU's compute buffer and freed after
@@ -56,6 +58,7 @@ from enum import Enum
 
 from quantpick.arch.graph import ArchLive
 from quantpick.model.layout import ModelLayout
+from quantpick.plan.graph_rules import GraphRule
 
 MiB = 1024**2
 
@@ -137,29 +140,6 @@ def accuracy_legend(items: list[ComputeAccuracy]) -> str:
 
 
 @dataclass(frozen=True)
-class GraphRule:
-    """Per-architecture coefficients of the phases, in units of E (n_ubatch x n_embd x 4 B)."""
-
-    layer: float = 0.0  # a layer's live set beyond its mask and the generic rule's (FA on)
-    no_fa: float = 4.5  # beside the KQ matrix and its f32 mask (flash attention off)
-    output: float = 1.0  # beside the logits (the normed hidden state of the output rows)
-    pipeline: float = 0.0  # extra with pipeline parallelism, on a device holding layers
-    pipeline_output: float = 4.0  # extra with pipeline parallelism, on the output device
-    pipeline_host_no_fa: float = 2.0  # extra on the host with pipeline parallelism, no FA
-    # score matrices of n_kv x n_ubatch f32 alive in a layer beside the mask (a sparse-attention
-    # indexer's scores and top-k, compressed or gated attention): a multiple of the f32 mask
-    kv_scores: float = 0.0
-    # multiples of the experts' intermediate alive when the host computes routed experts (gate,
-    # up and their product: 3; a fused gate+up: 2)
-    expert_mid: float = 3.0
-    remote_kv: float = 1.0  # multiples of the remote K and V copied in (DeviceGraph.remote_kv)
-    pipeline_host_masks: float = 0.0  # extra masks per input copy on the host (pipeline)
-    # extra on a device whose layers' routed experts all live in host memory (-ot exps=CPU)
-    no_experts: float = 0.0
-    source: str = "generic: 2E + 3 x the widest FFN (dense) or the experts' live set (MoE)"
-
-
-@dataclass(frozen=True)
 class GraphShape:
     """The model's and the configuration's sizes every phase is built from (bytes)."""
 
@@ -205,6 +185,19 @@ class DeviceGraph:
     experts_back: int = 0
     host_experts: bool = False  # computes routed experts held in host memory
     offload_weight: int = 0  # op offload: the largest host-resident weight copied in (GPU only)
+    # -ngl partial offload on a backend whose traits give the host layers' own phases
+    # (ComputeTraits.host_layer_weight_share; None: the weight copy is added to a layer's live set,
+    # the larger of it and a host layer's K and V): the host layers run on this device but for
+    # their cache writes, so they are phases of their own beside its layers: a layer's live set
+    # with `offload_weight_share` x the copied weight, and the K and V of a host layer's flash
+    # attention (`offload_kv`, split inputs) beside the mask and `offload_kv_e` x E
+    offload_weight_share: float | None = None
+    offload_kv: int = 0
+    offload_kv_e: float = 0.0
+    # the largest gated FFN's copied up weight of a host layer, where it is smaller than the FFN's
+    # intermediate (n_ubatch x n_ff x 4 B): the gated product cannot take the freed copy's block
+    # and lands above the gate and up results (0: none)
+    offload_ffn_up: int = 0
     copies: int = 1  # PIPELINE_COPIES with pipeline parallelism
     # K and V of another device's cache that layers here attend over (a shared KV cache, gemma3n
     # and gemma4): split inputs copied in (ggml-backend.cpp:1514-1531)
@@ -225,6 +218,47 @@ class DeviceGraph:
     # holds routed experts of its layers (False: they live in host memory, -ot exps=CPU /
     # --n-cpu-moe, and this device's layers run only their dense part)
     experts: bool = True
+    # the logits land above the last layer's live set, not beside the residual stream: a
+    # zero-byte free block keeps the last layer's freed FFN blocks apart from the last block
+    # (state_rows_fence)
+    logits_above_layer: bool = False
+
+
+# The CPU backend's buffer alignment: TENSOR_ALIGNMENT (ggml/src/ggml-impl.h:44); the allocator
+# pads every size to it (ggml/src/ggml-alloc.c:203, :313).
+CPU_ALIGNMENT = 32
+
+
+def state_rows_fence(ubatch: int, n_seq: int, state_r: int, state_s: int) -> bool:
+    """Whether llama.cpp's allocator leaves a zero-byte free block between the last layer's freed
+    FFN temporaries and the last free block of the host's buffer, so that the logits land above
+    the last layer's live set instead of just above the residual stream.
+
+    A recurrent layer copies its states with `build_rs` (src/llama-graph.cpp:3512-3545): the rows
+    of the ubatch's sequences (`output_states`, n_seq x state_r x 4 B) and the extra states,
+    n_rs - n_seqs = 0 rows in the reserved graph (n_seqs = n_seq_max): a zero-byte tensor. Where
+    the state's rows are exactly the size of the token ids' slot (n_ubatch x 4 B padded to the
+    buffer's alignment), the best fit (ggml-alloc.c:211-224) fills that freed slot and removes
+    it (:266-269); the zero-byte tensor then lands at the start of the large free block, where
+    the state copy's 4-byte input (`rs_s_copy`) sits below it, and after that input's free grew
+    the block over it, freeing zero bytes joins no block and is inserted as a block of size 0
+    (:333-348, :135-150). Later allocations move the large block past it (:264), and the free of
+    the last layer's FFN temporaries merges only with a block's neighbours in the array
+    (:318-345): the zero-size block keeps them apart from the last block, and the logits,
+    larger than any other free block, start where the last block starts (:226-247): above the
+    last layer's FFN, or above the masks when they reach higher.
+
+    Measured on llama-memory-bytes: LFM2-1.2B at -ub 4089-4096 1565-1568 MiB where 1086 at 4088
+    (tests/plan/test_compute_fence.py: 24 configurations around the windows, worst -3.1%).
+
+    Only for layers with a single state (a short convolution, state_s == 0): with two states
+    (Mamba-2, gated delta nets) the second state's copy takes the zero-byte tensor's place
+    (measured: nemotron-h-8b, qwen3.5-27b, qwen3-next-80b-a3b at the ubatch where their first
+    state's rows fill the slot, no jump)."""
+    if state_r <= 0 or state_s:
+        return False
+    slot = -(-ubatch * 4 // CPU_ALIGNMENT) * CPU_ALIGNMENT
+    return n_seq * state_r * 4 == slot
 
 
 def graph_shape(layout: ModelLayout, ubatch: int, logits_rows: int) -> GraphShape:
@@ -260,9 +294,6 @@ def layer_live(shape: GraphShape, experts: bool = True) -> float:
     return max(dense, moe)
 
 
-GENERIC = GraphRule()
-
-
 def device_compute(dev: DeviceGraph, shape: GraphShape, rule: GraphRule) -> int:
     """Bytes of one device's compute buffer: the largest live set of the phases it runs."""
     e = shape.e
@@ -285,7 +316,7 @@ def device_compute(dev: DeviceGraph, shape: GraphShape, rule: GraphRule) -> int:
             + fitted * rule.layer * e
             + scores
             + host_e
-            + dev.offload_weight
+            + (dev.offload_weight if dev.offload_weight_share is None else 0)
             + dev.arch_live.layer
             + (dev.arch_live.inputs_in_layer if dev.copies == 1 else 0)
         )
@@ -299,6 +330,16 @@ def device_compute(dev: DeviceGraph, shape: GraphShape, rule: GraphRule) -> int:
         # with pipeline parallelism the returned attention output of the last layer stays beside
         # the layer's live set (its copies are leafs: measured on the lavapipe oracle, 1 E)
         phases.append((live + (e if dev.attn_elsewhere and dev.copies > 1 else 0), True))
+        if dev.offload_weight_share is not None and dev.offload_weight:
+            # the host layers, run here by op offload (one split per host weight)
+            phases.append((live + dev.offload_weight_share * dev.offload_weight, True))
+            if dev.offload_kv:
+                phases.append((dev.offload_kv + dev.offload_kv_e * e, True))
+            if 0 < dev.offload_ffn_up < shape.ffn:
+                # an allocator trace (docs/compute.md): the residual stream and the layer's
+                # inputs below (4E), the up weight's copy, the gate and up results and their
+                # gated product above them (qwen2.5-7b -ngl 14 -fa off: 175.4 MiB, llama.cpp's)
+                phases.append((4 * e + dev.offload_ffn_up + 3 * shape.ffn, True))
         if dev.attn_elsewhere:
             # the attention that reads the mask runs on the host; its output comes back as a
             # split input, alive beside the output projection's result and the residual stream
@@ -316,11 +357,21 @@ def device_compute(dev: DeviceGraph, shape: GraphShape, rule: GraphRule) -> int:
         phases.append((dev.kq + rule.no_fa * e + host_e, True))
     elif dev.offload_weight:
         # op offload on a GPU that holds no layer: the weight and the activations it multiplies
-        phases.append((dev.offload_weight + 2 * e, False))
+        # (or a host layer's K and V copied in for its flash attention, where the backend's
+        # traits keep them apart from the weight: offload_kv)
+        phases.append((max(dev.offload_weight, dev.offload_kv) + 2 * e, False))
     if dev.host_experts:
         phases.append((2 * e + rule.expert_mid * shape.moe_mid + shape.moe_out, True))
     if dev.holds_output and not dev.output_elsewhere:
-        phases.append((shape.logits + rule.output * e + host_e, False))
+        out = shape.logits + rule.output * e + host_e
+        if dev.logits_above_layer and dev.holds_layers:
+            # the last free block starts where nothing below it could merge back
+            # (state_rows_fence): above the last layer's FFN, or above the masks (graph inputs
+            # allocated first, above the token embeddings, freed after the last attention
+            # layer) when they reach higher
+            ffn = layer_live(shape, dev.experts) + rule.layer * e
+            out = shape.logits + max(ffn, mask) + host_e
+        phases.append((out, False))
     if dev.copies > 1:
         # split inputs are leafs with n_copies copies, alive for the whole graph
         inputs = mask + e + (shape.per_layer if dev.holds_layers else 0)
@@ -351,178 +402,3 @@ def output_buffer(n_vocab: int, n_seq_max: int) -> int:
     """The output buffer reserved at context creation: output_reserve(n_seq_max)
     (src/llama-context.cpp:377, 2116-2143): n_seq_max rows of n_vocab f32 logits."""
     return n_vocab * max(1, n_seq_max) * 4
-
-
-# Fitted per architecture on llama.cpp b11312's projections, CPU backend and two CPU RPC devices
-# (scripts/fit_compute.py prints this table: tests/data/arch-real, arch-real-compute.json.gz,
-# llamacpp-archs.json.gz); only the coefficients that differ from GENERIC, and per architecture the
-# device rows within max(5%, 16 MiB), the median relative error, the rows off by more than 25%. An
-# architecture on which the generic rule holds for every recorded row has no entry.
-GRAPH_RULES: dict[str, GraphRule] = {
-    "deepseek2": GraphRule(
-        layer=8.0,
-        no_fa=27.0,
-        pipeline=1.5,
-        pipeline_host_no_fa=0.0,
-        no_experts=12.5,
-        source="163/164 rows within, median 0.5%, 0 beyond 25%",
-    ),
-    "deepseek32": GraphRule(
-        layer=34.0,
-        no_fa=40.0,
-        pipeline=40.0,
-        pipeline_output=0.0,
-        kv_scores=5.5,
-        expert_mid=40.0,
-        pipeline_host_masks=1.0,
-        source="18/20 rows within, median 1.6%, 0 beyond 25%",
-    ),
-    "deepseek4": GraphRule(
-        layer=10.0,
-        no_fa=29.5,
-        output=10.0,
-        pipeline=0.5,
-        pipeline_output=16.5,
-        source="20/20 rows within, median 0.5%, 0 beyond 25% (beside its GraphTrait)",
-    ),
-    "dots3note": GraphRule(
-        layer=40.0,
-        no_fa=40.0,
-        pipeline=40.0,
-        pipeline_output=0.0,
-        kv_scores=4.5,
-        expert_mid=40.0,
-        pipeline_host_masks=1.0,
-        source="18/20 rows within, median 5.5%, 0 beyond 25%",
-    ),
-    "gemma3": GraphRule(
-        no_fa=6.5,
-        pipeline=2.0,
-        pipeline_output=7.0,
-        pipeline_host_no_fa=6.0,
-        source="118/119 rows within, median 0.7%, 0 beyond 25%",
-    ),
-    "gemma4": GraphRule(
-        layer=8.0,
-        no_fa=11.0,
-        output=2.0,
-        pipeline=5.0,
-        pipeline_output=0.0,
-        pipeline_host_no_fa=5.5,
-        remote_kv=2.0,
-        source="97/102 rows within, median 2.4%, 0 beyond 25%",
-    ),
-    "glm-dsa": GraphRule(
-        layer=34.0,
-        no_fa=40.0,
-        pipeline=40.0,
-        pipeline_output=0.0,
-        kv_scores=5.5,
-        expert_mid=40.0,
-        pipeline_host_masks=1.0,
-        source="18/20 rows within, median 1.6%, 0 beyond 25%",
-    ),
-    "glm4moe": GraphRule(
-        layer=-1.0,
-        no_fa=9.5,
-        output=3.0,
-        pipeline=1.0,
-        no_experts=4.0,
-        source="164/164 rows within, median 0.1%, 0 beyond 25%",
-    ),
-    "glm5-next": GraphRule(
-        layer=5.5,
-        no_fa=40.0,
-        output=4.5,
-        pipeline_output=0.0,
-        source="20/20 rows within, median 1.3%, 0 beyond 25% (beside its GraphTrait)",
-    ),
-    "gpt-oss": GraphRule(
-        layer=-4.5,
-        no_fa=6.5,
-        output=3.0,
-        pipeline_output=3.0,
-        pipeline_host_no_fa=3.0,
-        expert_mid=2.0,
-        no_experts=6.0,
-        source="164/164 rows within, median 0.8%, 0 beyond 25%",
-    ),
-    "hrm_text": GraphRule(
-        no_fa=7.0,
-        pipeline=40.0,
-        pipeline_output=40.0,
-        source="17/17 rows within, median 0.8%, 0 beyond 25%",
-    ),
-    "hy_v4": GraphRule(
-        layer=40.0,
-        no_fa=40.0,
-        output=19.0,
-        pipeline=40.0,
-        pipeline_output=40.0,
-        kv_scores=5.0,
-        expert_mid=40.0,
-        pipeline_host_masks=1.0,
-        source="19/20 rows within, median 6.8%, 0 beyond 25%",
-    ),
-    "lfm2": GraphRule(
-        layer=0.5, no_fa=5.0, output=2.5, source="118/119 rows within, median 3.0%, 1 beyond 25%"
-    ),
-    "llama": GraphRule(
-        layer=0.5,
-        pipeline=1.5,
-        expert_mid=0.0,
-        source="241/241 rows within, median 0.2%, 0 beyond 25%",
-    ),
-    "minimax-m3": GraphRule(
-        layer=-10.0,
-        source="20/20 rows within, median 5.5%, 0 beyond 25% (beside its GraphTrait); "
-        "tests/data/arch-traits.json: 16/20 within 1%, worst -np 4 +19%",
-    ),
-    "mistral3": GraphRule(
-        pipeline=1.0, expert_mid=0.0, source="139/139 rows within, median 0.0%, 0 beyond 25%"
-    ),
-    "nemotron_h": GraphRule(
-        layer=-2.5, output=2.0, source="119/119 rows within, median 0.4%, 0 beyond 25%"
-    ),
-    "qwen2": GraphRule(
-        pipeline=0.5,
-        pipeline_host_no_fa=1.0,
-        source="119/119 rows within, median 0.1%, 0 beyond 25%",
-    ),
-    "qwen3": GraphRule(pipeline=1.0, source="119/119 rows within, median 0.0%, 0 beyond 25%"),
-    "qwen35": GraphRule(
-        no_fa=6.0,
-        output=3.5,
-        pipeline_output=2.5,
-        pipeline_host_no_fa=1.5,
-        source="119/119 rows within, median 1.2%, 0 beyond 25%",
-    ),
-    "qwen35moe": GraphRule(
-        no_fa=9.5,
-        output=3.0,
-        no_experts=4.0,
-        source="163/164 rows within, median 0.8%, 0 beyond 25%",
-    ),
-    "qwen3moe": GraphRule(
-        no_fa=7.0, no_experts=2.0, source="164/164 rows within, median 0.1%, 0 beyond 25%"
-    ),
-    "qwen3next": GraphRule(
-        layer=-0.5,
-        no_fa=10.0,
-        output=6.0,
-        pipeline_output=1.0,
-        no_experts=10.5,
-        source="164/164 rows within, median 2.4%, 0 beyond 25%",
-    ),
-    "qwen4exp": GraphRule(
-        layer=36.0,
-        no_fa=40.0,
-        output=9.0,
-        pipeline=13.5,
-        pipeline_output=10.5,
-        kv_scores=35.0,
-        expert_mid=3.5,
-        pipeline_host_masks=0.5,
-        source="20/20 rows within, median 1.6%, 0 beyond 25%",
-    ),
-}

@@ -23,9 +23,7 @@ from quantpick.model.ggml import (
 )
 from quantpick.model.layout import INPUT_SLOT, ModelLayout, TensorInfo
 from quantpick.plan.compute import (
-    GENERIC,
     GPU_ESTIMATE,
-    GRAPH_RULES,
     PIPELINE_COPIES,
     ComputeBackend,
     DeviceGraph,
@@ -34,7 +32,9 @@ from quantpick.plan.compute import (
     gpu_accuracy,
     graph_shape,
     output_buffer,
+    state_rows_fence,
 )
+from quantpick.plan.graph_rules import GENERIC, GRAPH_RULES
 from quantpick.plan.kv_cache import (
     context_cells,
     kv_bytes_per_cell_per_layer,
@@ -536,6 +536,19 @@ def estimate(
     offloading = op_offload_pos is not None and ub >= traits[op_offload_pos].offload_min_batch
     op_cap = caps[op_offload_pos] if op_offload_pos is not None else None
     host_weight = host_weight_tensor(layout, slot_device, host_pos, host_experts, skipped, op_cap)
+    # the offloading backend's traits give the host layers phases of their own (ComputeTraits)
+    split_host_layers = (
+        op_offload_pos is not None and traits[op_offload_pos].host_layer_weight_share is not None
+    )
+    # ... and a host layer's gated FFN: its up weight's copy (DeviceGraph.offload_ffn_up)
+    host_ffn_up = 0
+    if split_host_layers and offloading:
+        for slot in range(arch.n_layer):
+            if slot_device[slot] != host_pos or skipped(slot):
+                continue
+            up = layout.tensor(f"blk.{slot}.ffn_up.weight")
+            if up is not None and layout.tensor(f"blk.{slot}.ffn_gate.weight") is not None:
+                host_ffn_up = max(host_ffn_up, up.n_bytes)
     # routed experts in host memory that the offloading device refuses stay the host's to compute
     experts_offloaded = offloading and not (
         op_cap is not None
@@ -569,9 +582,15 @@ def estimate(
                 attn_q_elsewhere=attn_q_moved[pos],
                 flash_attn=fa,
                 host_experts=is_host and any(host_experts) and not experts_offloaded,
-                offload_weight=max(host_weight, host_layer_kv)
-                if offloading and pos == op_offload_pos
-                else 0,
+                offload_weight=(
+                    (host_weight if split_host_layers else max(host_weight, host_layer_kv))
+                    if offloading and pos == op_offload_pos
+                    else 0
+                ),
+                offload_weight_share=traits[pos].host_layer_weight_share if pos < n_gpu else None,
+                offload_kv=host_layer_kv if offloading and pos == op_offload_pos else 0,
+                offload_kv_e=traits[pos].host_layer_kv_e if pos < n_gpu else 0.0,
+                offload_ffn_up=host_ffn_up if pos == op_offload_pos else 0,
                 copies=copies,
                 remote_kv=sum(remote[pos].values()),
                 remote_kv_views=remote_views[pos],
@@ -584,6 +603,9 @@ def estimate(
                 ),
                 kv_convert=kv_convert if pos < n_gpu and traits[pos].fa_kv_convert else 0,
                 experts=bool(a.experts) or not view.is_moe,
+                logits_above_layer=is_host
+                and bool(a.recurrent_layers)
+                and state_rows_fence(sizes.ubatch, n_seq, view.state_r, view.state_s),
             ),
             shape,
             graph_rule,

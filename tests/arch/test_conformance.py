@@ -173,14 +173,9 @@ def test_every_family_checked_set_is_what_the_recordings_prove() -> None:
 
 # Architectures with a recorded device row off by more than 25% (and 16 MiB), and exactly why
 # (benchmarks/arch_*accuracy.py). One that comes within must leave this list.
-COMPUTE_BEYOND_25 = {
-    # the compute grid, LFM2-1.2B at -c 32768 -ub 4096 -np 1: 1136 vs 1568 MiB
-    "lfm2": "the allocator's placement, not a live set: llama-memory-bytes at -c 32768 -np 1 "
-    "reserves the logits + 2E from -ub 1024 to 4080 (272-1084 MiB) and from 4100 to 8192 "
-    "(1089-2176 MiB), but about 512 MiB more in between (-ub 4090: 1566, 4096: 1568 MiB; 1504 at "
-    "-c 4096, 1536 at -c 8192) and not with -np 2 (1088): the logits find no free block and land "
-    "above a tensor left high by the last layers (ggml-alloc.c best fit, :202-304); following it "
-    "needs the allocator replayed over the graph",
+COMPUTE_BEYOND_25: dict[str, str] = {
+    # none: LFM2-1.2B at -c 32768 -ub 4096 -np 1 (1136 vs 1568 MiB) left when the logits followed
+    # the allocator's zero-byte free block (plan/compute.py state_rows_fence): 1520 MiB
 }
 
 

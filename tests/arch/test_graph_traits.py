@@ -24,7 +24,8 @@ from quantpick.arch.linear_attention import kpool_selection
 from quantpick.arch.registry import families, graph_trait
 from quantpick.model.gguf import header_from_json, layout_from_header
 from quantpick.model.layout import ModelLayout
-from quantpick.plan.compute import GENERIC, ComputeBackend, DeviceGraph, GraphShape, device_compute
+from quantpick.plan.compute import ComputeBackend, DeviceGraph, GraphShape, device_compute
+from quantpick.plan.graph_rules import GENERIC
 from quantpick.plan.memory import estimate
 
 MiB = 1024**2

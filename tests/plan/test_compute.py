@@ -19,9 +19,13 @@ from quantpick.plan.compute import (
     GPU_ESTIMATE,
     MEASURED,
     ComputeBackend,
+    DeviceGraph,
+    GraphShape,
     accuracy,
+    device_compute,
     output_buffer,
 )
+from quantpick.plan.graph_rules import GENERIC
 from quantpick.plan.memory import RunConfig, estimate
 
 MiB = 1024**2
@@ -254,19 +258,77 @@ def test_each_gpu_backend_carries_its_compute_traits_and_expected_error() -> Non
 
 
 def test_a_vulkan_device_running_host_layers_carries_the_offload_error() -> None:
-    """-ngl partial offload: the device runs the host layers' matmuls one weight copy per split,
-    placed by the allocator's best fit (docs/compute.md); its figure carries the backend's
-    op-offload expected error (lavapipe: 54/96 within max(5%, 16 MiB), worst 43%)."""
+    """-ngl partial offload: the device runs the host layers (one split per host weight, placed
+    by the allocator's best fit: docs/compute.md); its figure carries the backend's op-offload
+    expected error (lavapipe: 72/96 within max(5%, 16 MiB), worst 31%)."""
     from quantpick.machine.backends import BackendKind, backend
 
     vk = backend(BackendKind.VULKAN).compute
     lay = layout("qwen3-8b")
     partial = estimate(lay, gpu_machine("Vulkan"), RunConfig(ctx_size=4096, n_gpu_layers=18))
     full = estimate(lay, gpu_machine("Vulkan"), RunConfig(ctx_size=4096))
-    assert partial.gpus[0].compute_accuracy.relative == vk.offload_expected_error == 0.45
+    assert partial.gpus[0].compute_accuracy.relative == vk.offload_expected_error == 0.35
     assert full.gpus[0].compute_accuracy.relative == vk.expected_error == 0.25
     # below the offload batch nothing runs there by op offload
     small = estimate(
         lay, gpu_machine("Vulkan"), RunConfig(ctx_size=4096, n_gpu_layers=18, ubatch=16)
     )
     assert small.gpus[0].compute_accuracy.relative == vk.expected_error
+
+
+def host_layer_graph(weight: int, kv: int, share: float | None) -> tuple[DeviceGraph, GraphShape]:
+    shape = GraphShape(e=8 * MiB, ffn=28 * MiB, moe_mid=0, moe_out=0, logits=0, ubatch=512)
+    dev = DeviceGraph(
+        backend=ComputeBackend.GPU, is_host=False, holds_layers=True, holds_output=False,
+        mask_f16=4 * MiB, mask_f32=8 * MiB, kq=0, flash_attn=True, offload_weight=weight,
+        offload_weight_share=share, offload_kv=kv, offload_kv_e=9.5,
+    )  # fmt: skip
+    return dev, shape
+
+
+@given(weight=st.integers(0, 512 * MiB), kv=st.integers(0, 512 * MiB), share=st.floats(0.0, 1.0))
+def test_host_layers_are_phases_of_their_own_on_a_backend_that_says_so(
+    weight: int, kv: int, share: float
+) -> None:
+    """-ngl partial offload on Vulkan (ComputeTraits.host_layer_weight_share): the host layers run
+    on the device before its own layers, their weight and K/V copies freed after their one use
+    (ggml-backend.cpp:1514-1531), so the device's figure is the largest of its layer, a host
+    layer with its copied weight and a host layer's K and V: never their sum with its layer."""
+    dev, shape = host_layer_graph(weight, kv, share)
+    own = device_compute(replace(dev, offload_weight=0, offload_kv=0), shape, GENERIC)
+    got = device_compute(dev, shape, GENERIC)
+    e, mask = shape.e, dev.mask_f16
+    assert got == int(max(own, own + share * weight, (kv + 9.5 * e + mask) if weight else 0))
+    # the CUDA rule (share None) adds the copy to the layer's live set
+    cuda, _ = host_layer_graph(max(weight, kv), 0, None)
+    assert device_compute(cuda, shape, GENERIC) == own + max(weight, kv)
+
+
+def test_a_vulkan_host_layers_copies_are_not_charged_on_top_of_its_layer() -> None:
+    """-ngl partial offload on lavapipe (tests/data/vulkan-oracle.json.gz, Vulkan0): the host
+    layers' weight and K/V copies are phases of their own, not added to the device layer's live
+    set (before: 196 MiB for qwen3-30b-a3b, 377 MiB for mistral-small-24b, 204 MiB for
+    llama-3.1-8b with a q8_0 cache)."""
+    cases = (
+        ("qwen3-30b-a3b", 24, 4096, "f16", 168.0),
+        ("mistral-small-24b", 20, 32768, "f16", 319.3),
+        ("llama-3.1-8b", 16, 32768, "q8_0", 166.1),
+        # a gated FFN whose up weight (36.4 MiB) is smaller than its intermediate (37 MiB): the
+        # gated product lands above the gate and up results (152.3 MiB before this term)
+        ("qwen2.5-7b", 14, 4096, "f16", 183.4),
+    )
+    for name, ngl, ctx, kv, want in cases:
+        cfg = RunConfig(ctx_size=ctx, n_gpu_layers=ngl, cache_type_k=kv, cache_type_v=kv,
+                        flash_attn="on", logits_rows="batch")  # fmt: skip
+        got = estimate(layout(name), gpu_machine("Vulkan"), cfg).gpus[0].compute_bytes / MiB
+        assert abs(got - want) <= max(0.05 * want, 16), (name, got, want)
+
+
+def test_a_vulkan_device_with_no_layer_still_holds_a_host_layers_kv() -> None:
+    """-ngl 0 on Vulkan: the device runs every host layer, its flash attention over the K and V
+    it copies in; keeping the copied weight and K/V apart must not drop the K/V phase."""
+    lay = layout("qwen3-8b")
+    cfg = RunConfig(ctx_size=32768, n_gpu_layers=0, logits_rows="batch")
+    vk = estimate(lay, gpu_machine("Vulkan"), cfg).gpus[0]
+    kv = 32768 * (1024 + 1024) * 2  # one layer's f16 K and V
+    assert vk.layers == () and vk.compute_bytes >= kv

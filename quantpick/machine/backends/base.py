@@ -49,6 +49,13 @@ class ComputeTraits:
     # offload), where it differs (0: the same)
     offload_expected_error: float = 0.0
     offload_error_basis: str = ""
+    # -ngl partial offload: the host layers run on the offloading device as phases of their own
+    # (plan/compute.py DeviceGraph.offload_weight_share): its layer's live set + this share of
+    # the largest copied host weight, and a host layer's copied K and V + the mask +
+    # host_layer_kv_e x E (and a gated FFN's up weight copy: DeviceGraph.offload_ffn_up). None:
+    # the copy is added to a layer's live set (the CUDA rule)
+    host_layer_weight_share: float | None = None
+    host_layer_kv_e: float = 0.0
 
 
 class Vendor(str, Enum):

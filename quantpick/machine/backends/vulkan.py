@@ -49,16 +49,31 @@ VULKAN_COMPUTE = ComputeTraits(
     fa_kv_convert=False,
     source="ggml-vulkan.cpp:15307-15328 supports_op, :15973-15977 offload_op, :8082-8100",
     # the lavapipe oracle (tests/data/vulkan-oracle.json.gz, benchmarks/vulkan_oracle_accuracy.py):
-    # 318/384 device rows within max(5%, 16 MiB), median error 0%. Every layer offloaded, one or
+    # 336/384 device rows within max(5%, 16 MiB), median error 0%. Every layer offloaded, one or
     # two devices: 264/288 within, the worst 27% (gemma-4-e2b -fa off on the second device);
-    # -ngl partial offload, where the device runs the host layers' matmuls one weight per split:
-    # 54/96 within, the worst 43% (the allocator's best-fit placement of those copies is not
-    # modelled: docs/compute.md)
+    # -ngl partial offload: 72/96 within, the worst 31% (docs/compute.md "Not matched")
     expected_error=0.25,
     error_basis="llama.cpp b11312 on lavapipe: 264/288 device rows within max(5%, 16 MiB)",
-    offload_expected_error=0.45,
-    offload_error_basis="llama.cpp b11312 on lavapipe, -ngl partial offload: 54/96 device rows "
-    "within max(5%, 16 MiB), worst 43%",
+    offload_expected_error=0.35,
+    offload_error_basis="llama.cpp b11312 on lavapipe, -ngl partial offload: 72/96 device rows "
+    "within max(5%, 16 MiB), worst 31%",
+    # -ngl partial offload: the host layers run on this device but for their cache writes (pass 2
+    # of ggml_backend_sched_split_graph spreads an offloaded matmul's backend to the ops around
+    # it, ggml-backend.cpp:1125-1160; GGML_SCHED_DEBUG=2 on the lavapipe build: one split per host
+    # weight, the norms' included, and one per host layer's cache_k/cache_v views), each weight
+    # and K/V view a split input allocated at the start of its split and freed after its one use
+    # (:1377-1411, :1514-1531). So they are phases of their own, not a copy on top of the
+    # device's layer. Fitted on the oracle's 96 partial-offload rows (54/96 with the copy on
+    # top): a layer's live set + 0.75 x the largest copied weight (the copy takes the place of
+    # part of the FFN's intermediates); a host layer's K and V + the mask + 9.5 E (the mask is a
+    # split input allocated after the first host layer's K and V copies and alive to the last
+    # layer, so the next layers' copies land around it: an allocator trace, docs/compute.md);
+    # with a gated FFN whose up weight is smaller than its intermediate, 4E + that copy + 3 x
+    # the intermediate (the gated product lands on top: the trace; plan/memory.py). 67/96
+    # without that term (12 under by more than the bound; 7 with it; the copy on top: 4);
+    # 0.625 gives as many rows within, but more under (20); 0.5, 0.875 and 1.0 fewer within.
+    host_layer_weight_share=0.75,
+    host_layer_kv_e=9.5,
 )
 
 # Decode on Vulkan, fitted by benchmarks/backend_speed.py to 40 published runs of seven sources:

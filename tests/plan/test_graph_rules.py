@@ -1,0 +1,69 @@
+"""The fitted compute-graph rules (quantpick/plan/graph_rules.py): a generated table, one record a
+line, that `scripts/fit_compute.py --emit` rewrites."""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from quantpick.plan.graph_rules import GENERIC, GRAPH_RULES, GraphRule
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _fit_script() -> ModuleType:
+    path = ROOT / "scripts" / "fit_compute.py"
+    spec = importlib.util.spec_from_file_location("fit_compute", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["fit_compute"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_every_rule_names_its_fit_and_differs_from_the_generic_rule_somewhere() -> None:
+    for arch, rule in GRAPH_RULES.items():
+        assert "rows within" in rule.source, arch
+        assert any(
+            getattr(rule, f) != getattr(GENERIC, f) for f in GraphRule.__dataclass_fields__
+        ), arch
+
+
+def test_the_fit_script_reads_every_record_of_the_table() -> None:
+    fit = _fit_script()
+    text = fit.RULES_PY.read_text(encoding="utf-8")
+    block = fit.BLOCK.search(text)
+    assert block is not None
+    arches = [m["arch"] for m in map(fit.RECORD.match, block[2].splitlines()) if m]
+    assert arches == sorted(GRAPH_RULES)
+
+
+def test_emit_rewrites_only_the_fitted_records_and_keeps_their_notes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fit = _fit_script()
+    copy = tmp_path / "graph_rules.py"
+    shutil.copy(fit.RULES_PY, copy)
+    monkeypatch.setattr(fit, "RULES_PY", copy)
+    monkeypatch.setattr(fit, "ROOT", tmp_path)
+    record = (
+        '    "lfm2": GraphRule(layer=1.0, source="9/9 rows within, median 1.0%, 0 beyond 25%"),'
+    )
+    fit.emit({"lfm2": record}, partial=True)
+    namespace: dict[str, object] = {}
+    exec(compile(copy.read_text(encoding="utf-8"), str(copy), "exec"), namespace)  # noqa: S102
+    rules = namespace["GRAPH_RULES"]
+    assert isinstance(rules, dict)
+    assert sorted(rules) == sorted(GRAPH_RULES)
+    assert rules["lfm2"].layer == 1.0
+    # the record's note after "beyond 25%" stays with it
+    assert rules["lfm2"].source.endswith("0 beyond 25% (with state_rows_fence)")
+    # the others as they were (the copy defines its own GraphRule class: compare their reprs)
+    assert {a: repr(r) for a, r in rules.items() if a != "lfm2"} == {
+        a: repr(r) for a, r in GRAPH_RULES.items() if a != "lfm2"
+    }
