@@ -693,9 +693,9 @@ NAMED_GOAL = (2.0, 1.6)  # issue #30: every row within 2x (prefill) and 1.6x (de
 def copy_rate_needed(case: Case) -> tuple[float, float] | None:
     """For a measured prefill with weights in host RAM: (the bytes/s the per-ubatch copy must
     reach if the GPU took no time at all, the first GPU's link bytes/s), with each ubatch
-    copying the experts its tokens pick independently (offload_copy_bytes). A first figure
-    above the second means the run copied fewer bytes than independent picks would (its tokens
-    shared experts), or its link is not the one assumed."""
+    copying the experts its tokens pick as the family routes them (offload_copy_bytes). A first
+    figure above the second means the run copied fewer bytes than that, or its link is not the
+    one assumed."""
     host = next((w for w in case.work.devices if w.kind == "host" and w.resident_bytes), None)
     gpus = [d for d in case.devices.values() if d.kind == "gpu" and d.pcie_bytes_per_s]
     if host is None or not gpus or case.pp_tps is None or host.resident_bytes < 2**30:
