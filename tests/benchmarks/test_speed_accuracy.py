@@ -605,3 +605,45 @@ def test_gpt_oss_reads_and_copies_the_experts_its_tokens_route_to() -> None:
     assert work.expert_tokens == pytest.approx(512 * 4 / 128 / 0.649, rel=0.02)
     qwen = {c.row_id: c for c in load_cases(DEFAULT_DATA)[0]}[120]
     assert qwen.family == "qwen3moe" and qwen.work.routing_run_tokens == 1.0
+
+
+def test_the_published_nvidia_gpt_oss_prefill_sweep_is_a_2025_build_no_fit_reads() -> None:
+    """Rows 301-303: gpt-oss-20b fully on an RTX 4090 at -ub 1024/2048/4096 (pp4096), from the
+    performance table in llama.cpp PR #15631's thread, as printed for master 5a0e3ef6f. A 2025
+    build (the CUDA MoE kernels have been rewritten since), so they load as unusable and neither
+    the fit nor the benchmark's error blocks read them."""
+    rows = {r["id"]: r for r in json.loads(DEFAULT_DATA.read_text())}
+    printed = {301: (1024, "11078.32"), 302: (2048, "10649.30"), 303: (4096, "8950.94")}
+    manifest = _manifest()
+    for row_id, (ub, pp) in printed.items():
+        row = rows[row_id]
+        assert row["source_url"] == "https://github.com/ggml-org/llama.cpp/pull/15631"
+        assert row["gpu"] == "RTX 4090" and row["config"] == "gpt-oss-20b"
+        assert row["flags"]["ub"] == ub and row["pp_metric"] == "llama-bench pp4096"
+        assert row["pp_printed"] == pp and row["pp_tps"] == float(pp)
+        assert row["llama_cpp_build"].startswith("5a0e3ef6f")
+        with pytest.raises(Unusable, match="2025 build"):
+            build_case(row, manifest)
+    assert not {c.row_id for c in load_cases(DEFAULT_DATA)[0]} & printed.keys()
+
+
+def test_no_expert_matmul_rate_brings_the_3090_gpt_oss_ub_2048_run_within_2x() -> None:
+    """docs/speed.md "Left open": row 2003 (gpt-oss-120b, RTX 3090, -ub 2048, --n-cpu-moe 25) is
+    not a question of how fast the GPU multiplies the copied MXFP4 experts. With
+    expert_compute_efficiency x2 it stays beyond 2x; even x100 (the experts' matmul free) leaves
+    it beyond 1.6x, so a type-specific expert term cannot honestly bring it in."""
+    from dataclasses import replace
+
+    from speed_accuracy import HELD_OUT_DATA
+
+    case = {c.row_id: c for c in load_cases(HELD_OUT_DATA)[0]}[2003]
+    base = DEFAULT_SPEED_PARAMS.expert_compute_efficiency
+
+    def error(factor: float) -> float:
+        params = replace(DEFAULT_SPEED_PARAMS, expert_compute_efficiency=base * factor)
+        _, pp = predict(case, params)
+        assert pp is not None and case.pp_tps is not None
+        return case.pp_tps / pp
+
+    assert error(1.0) > error(2.0) > 2.0
+    assert error(100.0) > 1.6
