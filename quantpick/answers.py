@@ -6,8 +6,9 @@ described and nothing is asked of a hub: the argv, the environment, the terminal
 they read (manifests, the config file, cached GGUF headers, the llama.cpp build in use, the
 code itself). A run is recorded the way ccache's direct mode and make record a build: every
 file it opens or stats, every directory it lists, is noted with its stat signature (mode,
-inode, size, mtime, ctime: git's index uses the same fields to tell that a file changed), and
-the output it wrote is stored beside them. The next run with the same argv, environment and
+inode, size, mtime, ctime: git's index uses the same fields to tell that a file changed; a
+directory it only stats, by its mode and inode: that it is still this directory), and the output
+it wrote is stored beside them. The next run with the same argv, environment and
 terminal re-stats those paths; if every one still matches, the stored output and exit code
 are replayed. Anything else is a new recording.
 
@@ -151,6 +152,30 @@ class Answer(NamedTuple):  # not a dataclass: every command imports this module,
         return self.exit_code
 
 
+def noted_signature(path: str, *, listed: bool) -> Signature:
+    """The signature a run depends on: a directory it only stat'ed (an ancestor that realpath
+    walks, a folder tested for existence) is that it is this directory (mode, inode), not what it
+    holds: its mtime moves whenever anything is created beside the run's inputs (/tmp, a shared
+    home), which would spoil every recording; a directory it listed, and every file, keeps the
+    whole signature."""
+    sig = signature(path)
+    if not listed and sig is not None and sig[0] >= 0 and stat.S_ISDIR(sig[0]):
+        return sig[:2]
+    return sig
+
+
+def is_kind_only(sig: Signature) -> bool:
+    return sig is not None and len(sig) == 2
+
+
+def unchanged(path: str, sig: Signature) -> bool:
+    """Whether `path` still has the signature recorded (the kind only where that was recorded)."""
+    now = signature(path)
+    if is_kind_only(sig) and now is not None:
+        return now[:2] == sig
+    return now == sig
+
+
 def lookup(argv: list[str], env: dict[str, str] | os._Environ[str]) -> Answer | None:
     """The stored answer for this argv, environment and terminal when every input it recorded
     is unchanged and the store is this user's own; None otherwise (nothing is written)."""
@@ -162,7 +187,7 @@ def lookup(argv: list[str], env: dict[str, str] | os._Environ[str]) -> Answer | 
         stored = json.loads(read_small_text(path, MAX_ANSWER_BYTES, follow=False))
         if stored.get("format") != FORMAT or stored.get("inputs") != material:
             return None
-        if any(signature(p) != sig for p, sig in stored["files"]):
+        if not all(unchanged(p, sig) for p, sig in stored["files"]):
             return None
         return Answer(
             tuple((int(fd), str(text)) for fd, text in stored["output"]), int(stored["exit"])
@@ -239,7 +264,7 @@ class Recorder:
                 if kwargs.get("dir_fd") is not None:
                     self.spoil(f"reads a path relative to a directory descriptor (os.{name})")
                 else:
-                    self._note(path)
+                    self._note(path, listed=False)
             return original(path, *args, **kwargs)
 
         return call
@@ -255,7 +280,7 @@ class Recorder:
         if self.active and self.why_not is None:
             self.why_not = why
 
-    def _note(self, path: Any) -> None:
+    def _note(self, path: Any, *, listed: bool = True) -> None:
         if isinstance(path, int) or self.why_not is not None:
             return
         try:
@@ -264,8 +289,8 @@ class Recorder:
             return
         if text.startswith(LIVE_PREFIXES) and text not in QUIET_DEVICES:
             self.spoil(f"reads {text}")
-        elif text not in self.paths:
-            self.paths[text] = signature(text)
+        elif text not in self.paths or (listed and is_kind_only(self.paths[text])):
+            self.paths[text] = noted_signature(text, listed=listed)
 
     def _audit(self, event: str, args: tuple[Any, ...]) -> None:
         if not self.active:
@@ -292,7 +317,7 @@ class Recorder:
         if self.why_not is None and exit_code not in (0, 3):
             self.why_not = f"exit {exit_code}"
         if self.why_not is None:
-            changed = next((p for p, sig in self.paths.items() if signature(p) != sig), None)
+            changed = next((p for p, sig in self.paths.items() if not unchanged(p, sig)), None)
             if changed is not None:
                 self.why_not = f"{changed} changed while the command ran"
         if self.why_not is not None:

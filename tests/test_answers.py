@@ -214,6 +214,44 @@ def test_a_pure_run_stores_what_it_read_and_printed(tmp_path: Path) -> None:
     assert stored["output"] == [[1, "x"], [1, "\n"]] and stored["exit"] == 3
 
 
+def test_a_directory_only_stated_may_gain_entries_but_a_listed_one_may_not(
+    tmp_path: Path,
+) -> None:
+    """An ancestor of the package (realpath stats it) gains files from anything else on the
+    machine (/tmp): that is no input of the answer. A directory the run listed is one."""
+    stated, listed = tmp_path / "stated", tmp_path / "listed"
+    stated.mkdir()
+    listed.mkdir()
+    script = textwrap.dedent(
+        f"""
+        import os, sys
+        from quantpick import answers
+        recorder = answers.Recorder(["pick", "m"], os.environ)
+        recorder.start()
+        os.stat({str(stated)!r})
+        print(sorted(os.listdir({str(listed)!r})))
+        sys.stdout.flush()
+        sys.__stdout__.write("|" + repr((str(recorder.save(0)), recorder.why_not)))
+        """
+    )
+
+    def record() -> tuple[str, str | None]:
+        out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                             timeout=120, env=dict(os.environ))  # fmt: skip
+        assert out.returncode == 0, out.stderr
+        return eval(out.stdout.split("|")[1])  # noqa: S307 - our own repr
+
+    path, why = record()
+    assert why is None
+    stored = json.loads(Path(path).read_text())
+    files = dict((p, sig) for p, sig in stored["files"])
+    assert len(files[str(stated)]) == 2 and len(files[str(listed)]) == 5
+    (stated / "made-by-another-process").write_text("x")
+    assert all(answers.unchanged(p, sig) for p, sig in stored["files"])
+    (listed / "a-new-entry").write_text("x")
+    assert not answers.unchanged(str(listed), files[str(listed)])
+
+
 def test_the_stored_answers_are_bounded(tmp_path: Path) -> None:
     for i in range(5):
         (tmp_path / f"{i}.json").write_text("{}")
