@@ -96,6 +96,15 @@ def tesla_t4(**changes: Any) -> FakeGpu:
     return _with(gpu, changes)
 
 
+def nvidia_h200(**changes: Any) -> FakeGpu:
+    """A real H200 as NVML reported it (driver 580.159.04, 2026-12-04; re-record with
+    nvidia-ml-py's nvmlDeviceGetMemoryInfo / GetMemoryBusWidth / GetMaxClockInfo(MEM) /
+    GetMaxPcieLinkGeneration / Width / GetCudaComputeCapability on the card)."""
+    gpu = FakeGpu("NVIDIA H200", 150754820096, 150109880320, 6016, 3201,
+                  uuid="GPU-H200", pcie_gen=5, pcie_width=16, cc=(9, 0))  # fmt: skip
+    return _with(gpu, changes)
+
+
 def _with(gpu: FakeGpu, changes: dict[str, Any]) -> FakeGpu:
     for key, value in changes.items():
         setattr(gpu, key, value)

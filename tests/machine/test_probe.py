@@ -13,6 +13,7 @@ from fake_nvml import (
     NVMLError_GpuIsLost,
     NVMLError_LibraryNotFound,
     NVMLError_NotSupported,
+    nvidia_h200,
     rtx_3090,
     tesla_t4,
 )
@@ -360,6 +361,24 @@ def test_real_nvml_smoke(tmp_path: Path) -> None:
     assert gpu.error is None and gpu.total_bytes > 0 and gpu.free_bytes <= gpu.total_bytes
     if gpu.bandwidth_bytes_per_s is not None:
         assert 50e9 < gpu.bandwidth_bytes_per_s < 10e12
+
+
+def test_a_recorded_real_h200_probes_as_the_catalog_describes_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """What NVML said on a real H200: the probe reads its data-sheet figures, and `--gpu h200`
+    describes the same card (the catalog stores figures the way NVML reports them)."""
+    from quantpick.machine.catalog import find_gpu, lookup_gpu
+
+    install(monkeypatch, FakeNvml([nvidia_h200()]))
+    (gpu,), _, _ = hardware.probe_gpus()
+    assert gpu.usable and gpu.name == "NVIDIA H200"
+    assert gpu.bandwidth_bytes_per_s == 4_814_304_000_000  # 6016 bit x 3201 MHz x 2 / 8
+    assert (gpu.pcie_generation, gpu.pcie_width, gpu.compute_capability) == (5, 16, "9.0")
+    model = find_gpu(gpu.name, total_bytes=gpu.total_bytes)
+    assert model is not None and model.key == "h200"
+    assert model.bandwidth_bytes_per_s == gpu.bandwidth_bytes_per_s
+    assert lookup_gpu("h200").total_bytes <= gpu.total_bytes  # 140 GiB of the 140.4 it reports
 
 
 def test_worker_from_report_names_devices_by_endpoint() -> None:
