@@ -35,6 +35,8 @@ import re
 import sys
 from pathlib import Path
 
+from quantpick.model.ggml import pad
+
 ALLOC_RE = re.compile(r"allocating (\S+) \((\d+) bytes\) - block (\d+), offset (\d+), chunk 0")
 FREE_RE = re.compile(
     r"freeing (\S+) at \{chunk=0, offset=(\d+)\} \((\d+) bytes\) - n_free_blocks = (\d+)"
@@ -50,11 +52,8 @@ class Allocator:
         self.blocks: list[list[int]] = [[0, 1 << 62]]
         self.max_size = 0
 
-    def _aligned(self, size: int) -> int:
-        return -(-size // self.alignment) * self.alignment
-
     def alloc(self, size: int) -> tuple[int, int]:
-        size = self._aligned(size)
+        size = pad(size, self.alignment)
         best, best_size = -1, None
         for i, (_, bsize) in enumerate(self.blocks[:-1]):
             if bsize >= size and (best_size is None or bsize <= best_size):
@@ -69,7 +68,7 @@ class Allocator:
         return best, offset
 
     def free(self, offset: int, size: int) -> None:
-        size = self._aligned(size)
+        size = pad(size, self.alignment)
         for i, block in enumerate(self.blocks):
             if block[0] + block[1] == offset:
                 block[1] += size

@@ -69,15 +69,10 @@ def test_the_exit_code_table_lists_every_exit_code() -> None:
     assert table == {int(c) for c in ExitCode}
 
 
-def _recorder():  # scripts/ is not a package: load the recorder by path
-    import importlib.util
+def _recorder():  # the script that records the sessions
+    from script_module import load_script
 
-    path = README.parent / "scripts" / "record_readme_sessions.py"
-    spec = importlib.util.spec_from_file_location("record_readme_sessions", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("record_readme_sessions")
 
 
 @pytest.mark.llamacpp

@@ -57,6 +57,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 from quantpick.arch.graph import ArchLive
+from quantpick.model.ggml import CPU_BUFFER, pad
 from quantpick.model.layout import ModelLayout
 from quantpick.plan.graph_rules import GraphRule
 
@@ -224,11 +225,6 @@ class DeviceGraph:
     logits_above_layer: bool = False
 
 
-# The CPU backend's buffer alignment: TENSOR_ALIGNMENT (ggml/src/ggml-impl.h:44); the allocator
-# pads every size to it (ggml/src/ggml-alloc.c:203, :313).
-CPU_ALIGNMENT = 32
-
-
 def state_rows_fence(ubatch: int, n_seq: int, state_r: int, state_s: int) -> bool:
     """Whether llama.cpp's allocator leaves a zero-byte free block between the last layer's freed
     FFN temporaries and the last free block of the host's buffer, so that the logits land above
@@ -257,7 +253,8 @@ def state_rows_fence(ubatch: int, n_seq: int, state_r: int, state_s: int) -> boo
     state's rows fill the slot, no jump)."""
     if state_r <= 0 or state_s:
         return False
-    slot = -(-ubatch * 4 // CPU_ALIGNMENT) * CPU_ALIGNMENT
+    # the allocator pads every size to the buffer's alignment (ggml/src/ggml-alloc.c:203, :313)
+    slot = pad(ubatch * 4, CPU_BUFFER.alignment)
     return n_seq * state_r * 4 == slot
 
 

@@ -11,6 +11,7 @@ from quantpick.model.ggml import (
     KV_CACHE_TYPES,
     UNQUANTIZED,
     BufferRule,
+    pad,
     row_size,
 )
 from quantpick.model.layout import ModelLayout
@@ -18,10 +19,6 @@ from quantpick.plan.memory_types import RunConfig
 
 # ----------------------------------------------------------------------------------------------
 # Context sizing (src/llama-context.cpp: llama_context ctor).
-
-
-def pad(value: int, multiple: int) -> int:
-    return (value + multiple - 1) // multiple * multiple
 
 
 def context_cells(

@@ -19,6 +19,7 @@ from quantpick.machine.backends import backend_of
 from quantpick.machine.spec import Machine
 from quantpick.model.ggml import (
     CPU_BUFFER,
+    pad,
     row_size,
 )
 from quantpick.model.layout import INPUT_SLOT, ModelLayout, TensorInfo
@@ -41,7 +42,6 @@ from quantpick.plan.kv_cache import (
     kv_type_problem,
     layer_kv_bytes,
     layer_kv_bytes_per_cell,
-    pad,
     recurrent_bytes_per_layer_per_row,
     swa_cells,
     validate_config,

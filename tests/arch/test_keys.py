@@ -3,26 +3,17 @@ llama.cpp's own LLM_KV_NAMES table, written by scripts/record_arch_keys.py."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 from types import ModuleType
 
 import pytest
+from script_module import load_script
 
 from quantpick.arch.keys import ARCH_KEYS, INTEGER_KEYS, PER_LAYER_KEYS, POSITIVE_KEYS
 
-ROOT = Path(__file__).resolve().parents[2]
-
 
 def _recorder() -> ModuleType:
-    path = ROOT / "scripts" / "record_arch_keys.py"
-    spec = importlib.util.spec_from_file_location("record_arch_keys", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["record_arch_keys"] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_script("record_arch_keys")
 
 
 def test_the_typed_key_sets_name_only_keys_llama_cpp_reads() -> None:

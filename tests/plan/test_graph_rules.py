@@ -3,27 +3,18 @@ line, that `scripts/fit_compute.py --emit` rewrites."""
 
 from __future__ import annotations
 
-import importlib.util
 import shutil
-import sys
 from pathlib import Path
 from types import ModuleType
 
 import pytest
+from script_module import load_script
 
 from quantpick.plan.graph_rules import GENERIC, GRAPH_RULES, GraphRule
 
-ROOT = Path(__file__).resolve().parents[2]
-
 
 def _fit_script() -> ModuleType:
-    path = ROOT / "scripts" / "fit_compute.py"
-    spec = importlib.util.spec_from_file_location("fit_compute", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["fit_compute"] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_script("fit_compute")
 
 
 def test_every_rule_names_its_fit_and_differs_from_the_generic_rule_somewhere() -> None:
