@@ -143,6 +143,8 @@ def _goal_ratio(rounds: int, env: dict[str, str], ref_env: dict[str, str] | None
     # timed runs replay it (they do unless the run reads something live).
     for _ in range(2):
         _run_cpu(_argv(GOAL), env)
+        if ref_env is not None:
+            _run_cpu(_argv(GOAL), ref_env)
     store = os.path.join(env["QUANTPICK_HOME"], "cache", "answers")
     recorded = os.path.isdir(store) and any(
         json.dumps(GOAL) in _stored_inputs(os.path.join(store, name)) for name in os.listdir(store)
@@ -205,7 +207,14 @@ def main() -> None:
 
     ref_env = None
     if opts.reference:
-        ref_env = {**env, "PYTHONPATH": os.path.abspath(opts.reference)}
+        # a home of its own: two trees sharing one would overwrite each other's llama-server
+        # build memo and invalidate each other's recorded answers every round
+        ref_home = tempfile.mkdtemp(prefix="quantpick-bench-ref-")
+        ref_env = {
+            **env,
+            "PYTHONPATH": os.path.abspath(opts.reference),
+            "QUANTPICK_HOME": ref_home,
+        }
     times: dict[str, list[float]] = {label: [] for label, _ in commands}
     ref_times: dict[str, list[float]] = {label: [] for label, _ in commands}
     for _ in range(opts.rounds):
@@ -240,6 +249,8 @@ def main() -> None:
     ref_note = f"; reference: {opts.reference}" if opts.reference else ""
     print(f"({opts.rounds} interleaved rounds, {sys.executable}{ref_note})")
     shutil.rmtree(home, ignore_errors=True)
+    if ref_env is not None:
+        shutil.rmtree(ref_env["QUANTPICK_HOME"], ignore_errors=True)
 
 
 if __name__ == "__main__":
