@@ -223,6 +223,8 @@ class DeviceGraph:
     # zero-byte free block keeps the last layer's freed FFN blocks apart from the last block
     # (state_rows_fence)
     logits_above_layer: bool = False
+    # its share of the model's blocks (the per-layer inputs its layers take: gemma3n, gemma4)
+    layer_share: float = 1.0
 
 
 def state_rows_fence(ubatch: int, n_seq: int, state_r: int, state_s: int) -> bool:
@@ -371,7 +373,28 @@ def device_compute(dev: DeviceGraph, shape: GraphShape, rule: GraphRule) -> int:
         phases.append((out, False))
     if dev.copies > 1:
         # split inputs are leafs with n_copies copies, alive for the whole graph
-        inputs = mask + e + (shape.per_layer if dev.holds_layers else 0)
+        per_layer = shape.per_layer if dev.holds_layers else 0
+        extra = rule.pipeline_output if dev.holds_output else rule.pipeline
+        if dev.holds_output and dev.output_elsewhere:
+            # The last device when its backend refused the head (the logits run on the host):
+            # its peak is a layer phase over what it received, each input copied, and nothing
+            # fitted on top (an allocator trace of the lavapipe build, -ts 3,1, Vulkan1:
+            # llama-3.1-8b 4 x (2E + mask) + 2E + 3 x the FFN = 180.05 MiB, llama.cpp's;
+            # gemma-4-e2b 234.0 vs 234.02 at -c 4096, 794.0 vs 794.02 at 32768):
+            # - its first layer's input twice: the residual stream and its rms_norm, which has no
+            #   weight, so pass 2 of ggml_backend_sched_split_graph ("expand gpu down",
+            #   ggml-backend.cpp:1129-1148) leaves it on the previous device and only the
+            #   multiply by attn_norm.weight runs here: two split inputs of E;
+            # - per-layer token embeddings (gemma3n, gemma4) as each of its layers' slice of
+            #   inp_per_layer (gemma4.cpp:376, gemma4_view_2d_slice: n_ubatch x n_embd_per_layer
+            #   x 4 B a layer), not the whole width.
+            # The fitted pipeline coefficients carry both where the logits phase is the output
+            # device's peak (the CPU/RPC projections they were fitted on, with the head there).
+            per_layer = int(per_layer * dev.layer_share)
+            extra = 0.0
+            inputs = mask + 2 * e + per_layer
+        else:
+            inputs = mask + e + per_layer
         resident = dev.copies * (
             inputs + rule.remote_kv * dev.remote_kv + dev.arch_live.inputs + dev.returned
         )
@@ -384,7 +407,6 @@ def device_compute(dev: DeviceGraph, shape: GraphShape, rule: GraphRule) -> int:
             return int(
                 resident + peak + extra + (0 if dev.flash_attn else rule.pipeline_host_no_fa * e)
             )
-        extra = rule.pipeline_output if dev.holds_output else rule.pipeline
         return int(resident + max(p for p, _ in phases) + extra * e)
     return int(max(p + (mask if with_mask else 0) for p, with_mask in phases))
 

@@ -603,6 +603,7 @@ def estimate(
                 ),
                 kv_convert=kv_convert if pos < n_gpu and traits[pos].fa_kv_convert else 0,
                 experts=bool(a.experts) or not view.is_moe,
+                layer_share=len(block_layers) / max(arch.n_layer, 1),
                 logits_above_layer=is_host
                 and bool(a.recurrent_layers)
                 and state_rows_fence(sizes.ubatch, n_seq, view.state_r, view.state_s),

@@ -332,3 +332,30 @@ def test_a_vulkan_device_with_no_layer_still_holds_a_host_layers_kv() -> None:
     vk = estimate(lay, gpu_machine("Vulkan"), cfg).gpus[0]
     kv = 32768 * (1024 + 1024) * 2  # one layer's f16 K and V
     assert vk.layers == () and vk.compute_bytes >= kv
+
+
+def test_a_last_device_whose_head_runs_on_the_host_peaks_in_a_layer_over_its_inputs() -> None:
+    """Pipeline parallelism, the last device's backend refused the head (Vulkan over its
+    maxStorageBufferRange: the logits run on the host): its buffer is its inputs, each copied 4
+    times -- the previous device's residual and the rms_norm of it (ggml-backend.cpp:1129-1148
+    leaves the weightless norm there), the mask, its layers' slices of the per-layer token
+    embeddings -- and a layer's live set above them, with no fitted term (an allocator trace
+    of the lavapipe build: llama-3.1-8b -ts 3,1 Vulkan1 180.05 MiB)."""
+    e, ffn, mask = 8 * MiB, 28 * MiB, 4 * MiB
+    shape = GraphShape(e=e, ffn=ffn, moe_mid=0, moe_out=0, logits=250 * MiB, ubatch=512)
+    dev = DeviceGraph(
+        backend=ComputeBackend.GPU, is_host=False, holds_layers=True, holds_output=True,
+        output_elsewhere=True, mask_f16=mask, mask_f32=2 * mask, kq=0, flash_attn=True,
+        copies=4,
+    )  # fmt: skip
+    # llama.cpp's 180.05 MiB: 4 x (2E + mask) + 2E + 3 x the FFN (the .05 are the small inputs)
+    assert device_compute(dev, shape, GENERIC) == 4 * (2 * e + mask) + 2 * e + 3 * ffn
+    # the per-layer inputs: its layers' slices, not the model's whole width (gemma4.cpp:376)
+    with_ple = replace(shape, per_layer=35 * MiB // 2)
+    got = device_compute(replace(dev, layer_share=8 / 35), with_ple, GENERIC)
+    assert got == device_compute(dev, shape, GENERIC) + 4 * 8 * MiB // 2
+    # with the head on the device the fitted coefficients stay (the CPU/RPC projections)
+    here = replace(dev, output_elsewhere=False)
+    assert device_compute(here, shape, GENERIC) == int(
+        4 * (e + mask) + max(2 * e + 3 * ffn, 250 * MiB + e) + GENERIC.pipeline_output * e
+    )
