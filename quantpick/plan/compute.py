@@ -223,6 +223,16 @@ class DeviceGraph:
     # zero-byte free block keeps the last layer's freed FFN blocks apart from the last block
     # (state_rows_fence)
     logits_above_layer: bool = False
+    # Q + K + V of its widest flash-attention layer whose output (n_head x head_dim_v) is
+    # narrower than the residual stream (gemma-3-27b 4096 < 5376, mistral-small-24b 4096 <
+    # 5120), on a backend whose traits say the FFN lands above them (ComputeTraits
+    # .narrow_attn_above). An allocator trace of the lavapipe build (gemma-3-27b, one device,
+    # -fa on): the output projection's result (E) fits none of the blocks the attention freed
+    # (ggml-alloc.c:211-224, best fit; the attention's output and the normed Q are smaller), so
+    # it lands at the top of the attention's high-water mark -- the norm (E), Q, K and V above
+    # the inputs -- and the FFN's gate, up and product above it: E + mask + (E + Q + K + V) + 3
+    # x the FFN = 168.52 MiB, llama.cpp's (the generic rule: 152.5)
+    attn_narrow: int = 0
     # its share of the model's blocks (the per-layer inputs its layers take: gemma3n, gemma4)
     layer_share: float = 1.0
 
@@ -328,7 +338,13 @@ def device_compute(dev: DeviceGraph, shape: GraphShape, rule: GraphRule) -> int:
             live += rule.remote_kv * dev.remote_kv
         # with pipeline parallelism the returned attention output of the last layer stays beside
         # the layer's live set (its copies are leafs: measured on the lavapipe oracle, 1 E)
-        phases.append((live + (e if dev.attn_elsewhere and dev.copies > 1 else 0), True))
+        # the narrow attention's Q, K and V below the FFN; with pipeline parallelism the fitted
+        # `pipeline` term carries them (fitted on the first of two RPC devices, whose peak is a
+        # layer: gemma3's 2.0 E), but not on a last device whose head runs on the host (no
+        # fitted term there)
+        fitted_pipeline = dev.copies > 1 and not (dev.holds_output and dev.output_elsewhere)
+        narrow = 0 if fitted_pipeline else dev.attn_narrow
+        phases.append((live + (e if dev.attn_elsewhere and dev.copies > 1 else 0) + narrow, True))
         if dev.offload_weight_share is not None and dev.offload_weight:
             # the host layers, run here by op offload (one split per host weight)
             phases.append((live + dev.offload_weight_share * dev.offload_weight, True))

@@ -359,3 +359,45 @@ def test_a_last_device_whose_head_runs_on_the_host_peaks_in_a_layer_over_its_inp
     assert device_compute(here, shape, GENERIC) == int(
         4 * (e + mask) + max(2 * e + 3 * ffn, 250 * MiB + e) + GENERIC.pipeline_output * e
     )
+
+
+def test_a_narrow_attentions_q_k_and_v_stay_below_the_ffn() -> None:
+    """Flash attention whose output (n_head x head_dim_v) is narrower than the residual stream
+    (gemma-3-27b: 32 x 128 < 5376): the output projection's E fits none of the blocks the
+    attention freed, lands at the top of its Q, K and V, and the FFN above it (an allocator
+    trace of the lavapipe build: 168.52 MiB, llama.cpp's; the generic rule 152.5). With
+    pipeline parallelism the first device's fitted term carries it."""
+    e, ffn, mask, qkv = 10.5 * MiB, 42 * MiB, 5.5 * MiB, 16 * MiB
+    shape = GraphShape(e=int(e), ffn=ffn, moe_mid=0, moe_out=0, logits=512 * MiB, ubatch=512)
+    dev = DeviceGraph(
+        backend=ComputeBackend.GPU, is_host=False, holds_layers=True, holds_output=False,
+        mask_f16=int(mask), mask_f32=int(2 * mask), kq=0, flash_attn=True, attn_narrow=qkv,
+    )  # fmt: skip
+    assert device_compute(dev, shape, GENERIC) == int(2 * e + 3 * ffn + mask + qkv)
+    assert (
+        device_compute(dev, shape, GENERIC)
+        - device_compute(replace(dev, attn_narrow=0), shape, GENERIC)
+        == qkv
+    )
+    first = replace(dev, copies=4)
+    assert device_compute(first, shape, GENERIC) == device_compute(
+        replace(first, attn_narrow=0), shape, GENERIC
+    )
+
+
+def test_only_a_backend_whose_traits_say_so_puts_the_ffn_above_a_narrow_attention() -> None:
+    """The rule is measured on the Vulkan backend's lavapipe oracle only: a CUDA device keeps the
+    generic layer (gemma-3-27b, one device, flash attention)."""
+    lay = layout("gemma-3-27b")
+    config = RunConfig(ctx_size=4096, flash_attn="on")
+    vk = Machine(
+        gpus=(Gpu(index=0, name="vk", total_bytes=64 * GiB, free_bytes=64 * GiB,
+                  backend="Vulkan"),),
+        host=Host(256 * GiB, 256 * GiB, 8),
+    )  # fmt: skip
+    cuda = estimate(lay, cuda_machine(64), config).devices[0].compute_bytes
+    vulkan = estimate(lay, vk, config).devices[0].compute_bytes
+    view = lay.view
+    layer = next(x for x in view.layers if x.attends)
+    qkv = 512 * (layer.n_head * layer.k_width // layer.n_head_kv + layer.k_width + layer.v_width)
+    assert vulkan - cuda == qkv * 4

@@ -74,6 +74,10 @@ VULKAN_COMPUTE = ComputeTraits(
     # 0.625 gives as many rows within, but more under (20); 0.5, 0.875 and 1.0 fewer within.
     host_layer_weight_share=0.75,
     host_layer_kv_e=9.5,
+    # flash attention narrower than the residual stream (gemma-3-27b, mistral-small-24b): the
+    # FFN lands above the attention's Q, K and V (an allocator trace, plan/compute.py
+    # DeviceGraph.attn_narrow): gemma-3-27b 168.5 vs 168.52 MiB, mistral-small-24b 233 vs 232.01
+    narrow_attn_above=True,
 )
 
 # Decode on Vulkan, fitted by benchmarks/backend_speed.py to 40 published runs of seven sources:
