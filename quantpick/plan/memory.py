@@ -420,7 +420,7 @@ def estimate(
     layer_kq: dict[int, int] = {}  # each attending layer's no-FA KQ matrix (bytes)
     remote: list[dict[int, int]] = [{} for _ in range(n_gpu + 1)]
     remote_views = [0] * (n_gpu + 1)
-    attn_narrow = [0] * (n_gpu + 1)  # its widest narrow attention's Q + K + V (DeviceGraph)
+    attn_narrow = [0] * (n_gpu + 1)  # below a narrow attention's projection (DeviceGraph)
     no_cache = view.memory is MemoryClass.NONE  # non-causal (diffusion): n_kv = the ubatch
     for layer in view.layers:
         reads_kv = layer.kv or layer.kv_shared_from is not None or no_cache
@@ -440,6 +440,7 @@ def estimate(
         )
         q_bytes = ub * max(layer.n_head, 1) * head_k * 4
         out_bytes = ub * max(layer.n_head, 1) * head_v * 4
+        narrow = out_bytes < shape.e and bool(layer.v_width)
         if (
             refuses(pos, q_bytes)
             or refuses(pos, out_bytes)
@@ -451,6 +452,10 @@ def estimate(
             q_proj = ub * q_proj_rows.get(layer.index, 0) * 4
             attn_handoff[pos] = max(attn_handoff[pos], q_bytes + q_proj)
             attn_returned[pos] += out_bytes
+            if narrow:
+                # the returned output and its contiguous copy below the output projection's
+                # result (DeviceGraph.attn_narrow)
+                attn_narrow[pos] = max(attn_narrow[pos], 2 * out_bytes)
             kq_host = max(kq_host, layer_kq[layer.index])
             # what the host receives for it: the Q, and the layer's K and V (views of a cache
             # in device memory)
@@ -475,10 +480,10 @@ def estimate(
                 CPU_BUFFER,
             ))  # fmt: skip
         attn_layers[pos].append(layer.index)
-        if out_bytes < shape.e and layer.v_width:
-            # its attention's output is narrower than the residual stream (DeviceGraph.attn_narrow)
-            qkv = q_bytes + ub * (layer.k_width + layer.v_width) * 4
-            attn_narrow[pos] = max(attn_narrow[pos], qkv)
+        if narrow and fa:
+            # the roped Q's copy and the attention's output below the output projection's
+            # result (DeviceGraph.attn_narrow)
+            attn_narrow[pos] = max(attn_narrow[pos], q_bytes + out_bytes)
         if trait is not None and trait.layers(arch, layer.index):
             trait_pos.add(pos)
         kq[pos] = max(kq[pos], layer_kq[layer.index])
@@ -609,7 +614,7 @@ def estimate(
                 kv_convert=kv_convert if pos < n_gpu and traits[pos].fa_kv_convert else 0,
                 experts=bool(a.experts) or not view.is_moe,
                 attn_narrow=(
-                    attn_narrow[pos] if fa and pos < n_gpu and traits[pos].narrow_attn_above else 0
+                    attn_narrow[pos] if pos < n_gpu and traits[pos].narrow_attn_above else 0
                 ),
                 layer_share=len(block_layers) / max(arch.n_layer, 1),
                 logits_above_layer=is_host
