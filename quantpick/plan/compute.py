@@ -167,6 +167,11 @@ class DeviceGraph:
     mask_f32: int  # its KQ masks without (bytes)
     kq: int  # the widest no-FA KQ matrix of its layers (0 with flash attention)
     flash_attn: bool
+    # without flash attention: the V cache's element indices of each cache its layers write
+    # (n_ubatch x n_embd_v_gqa_max x 8 B; src/llama-kv-cache.cpp:1435-1439), a graph input
+    # alive beside the masks (an allocator trace of the lavapipe build: mistral-small-24b's
+    # 4 MiB attn_inp_v_idxs right above the token embeddings, to the last layer)
+    v_idxs: int = 0
     # its layers' no-FA KQ matrix runs on the host (its backend refuses a tensor that large:
     # ComputeTraits.ops_capped); the host's DeviceGraph carries that KQ in `kq`
     attn_elsewhere: bool = False
@@ -306,7 +311,8 @@ def layer_live(shape: GraphShape, experts: bool = True) -> float:
 def device_compute(dev: DeviceGraph, shape: GraphShape, rule: GraphRule) -> int:
     """Bytes of one device's compute buffer: the largest live set of the phases it runs."""
     e = shape.e
-    mask = dev.mask_f16 if dev.flash_attn else dev.mask_f32
+    # without flash attention the transposed V cache's row indices are an input beside the masks
+    mask = dev.mask_f16 if dev.flash_attn else dev.mask_f32 + dev.v_idxs
     # the token embeddings' get_rows output (and the per-layer ones)
     host_e = e + shape.per_layer if dev.is_host else 0
     # (phase, whether the masks are part of its live set)

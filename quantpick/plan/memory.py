@@ -567,6 +567,23 @@ def estimate(
         )
         > op_cap
     )
+    # without flash attention the V cache is transposed and its rows are written element by
+    # element: one I64 index per token and V element of each cache (an iSWA cache: of each
+    # sub-cache), n_ubatch x n_embd_v_gqa_max x 8 B (src/llama-kv-cache.cpp:1435-1439), a graph
+    # input alive to the last layer that writes it, on the host that sets it and on each device
+    # whose layers write that cache (a split input there)
+    v_idxs = [0] * (n_gpu + 1)
+    if not fa:
+        widest: dict[AttentionKind, int] = {}
+        writes: list[set[AttentionKind]] = [set() for _ in range(n_gpu + 1)]
+        for lv in view.layers:
+            if not lv.kv:
+                continue
+            widest[lv.attention] = max(widest.get(lv.attention, 0), lv.v_width)
+            if not skipped(lv.index):
+                writes[slot_device[lv.index] if config.kv_offload else host_pos].add(lv.attention)
+        writes[host_pos] = set(widest)
+        v_idxs = [sum(ub * widest[k] * 8 for k in w) for w in writes]
     for pos in range(n_gpu + 1):
         a = acc[pos]
         is_host = pos == host_pos
@@ -585,6 +602,7 @@ def estimate(
                 experts_back=experts_back if pos < n_gpu and caps[pos] is not None else 0,
                 mask_f16=mask_cells * ub * (host_fa_bytes if is_host else 2),
                 mask_f32=mask_cells * ub * 4,
+                v_idxs=v_idxs[pos],
                 kq=0 if fa else (max(kq_host, kq[pos]) if is_host else kq[pos]),
                 attn_elsewhere=attn_moved[pos],
                 attn_back=attn_back[pos],

@@ -401,3 +401,38 @@ def test_only_a_backend_whose_traits_say_so_puts_the_ffn_above_a_narrow_attentio
     layer = next(x for x in view.layers if x.attends)
     qkv = 512 * (layer.n_head * layer.k_width // layer.n_head_kv + layer.k_width + layer.v_width)
     assert vulkan - cuda == qkv * 4
+
+
+def test_without_flash_attention_the_v_caches_indices_are_an_input_of_each_device() -> None:
+    """A transposed V cache (no flash attention) is written element by element: one I64 index per
+    token and V element of each cache, n_ubatch x n_embd_v_gqa x 8 B (src/llama-kv-cache.cpp:
+    1435-1439), alive beside the masks on the host and on every device writing that cache;
+    with pipeline parallelism copied with the other inputs."""
+    lay = layout("qwen3-8b")  # 8 KV heads x 128: 4 MiB at -ub 512
+    off = RunConfig(ctx_size=4096, flash_attn="off")
+    seen: list[DeviceGraph] = []
+    import quantpick.plan.memory as memory
+
+    real = memory.device_compute
+
+    def spy(dev: DeviceGraph, shape: GraphShape, rule: object) -> int:
+        seen.append(dev)
+        return real(dev, shape, rule)  # type: ignore[arg-type]
+
+    memory.device_compute = spy  # type: ignore[assignment]
+    try:
+        estimate(lay, rpc_machine(1), off)
+        assert [d.v_idxs for d in seen] == [4 * MiB, 4 * MiB]
+        seen.clear()
+        estimate(lay, rpc_machine(1), replace(off, flash_attn="on"))
+        assert [d.v_idxs for d in seen] == [0, 0]
+    finally:
+        memory.device_compute = real  # type: ignore[assignment]
+    # in the layer phase they sit beside the masks
+    shape = GraphShape(e=8 * MiB, ffn=28 * MiB, moe_mid=0, moe_out=0, logits=0, ubatch=512)
+    dev = DeviceGraph(
+        backend=ComputeBackend.CPU, is_host=False, holds_layers=True, holds_output=False,
+        mask_f16=4 * MiB, mask_f32=8 * MiB, kq=0, flash_attn=False, attn_elsewhere=True,
+    )  # fmt: skip
+    with_idxs = device_compute(replace(dev, v_idxs=4 * MiB), shape, GENERIC)
+    assert with_idxs - device_compute(dev, shape, GENERIC) == 4 * MiB
