@@ -98,21 +98,22 @@ def test_compute_follows_the_vulkan_backends_own_graph(lavapipe_rows: list[Row])
     copied per layer under pipeline parallelism, flash attention's dequantized cache outside the
     buffer; under -ngl the host layers run on the device as phases of their own; the last of
     two devices, its head on the host, a layer over its inputs; the FFN above a narrow
-    attention's Q, K and V): 352 of 384 within max(5%,
+    attention's Q, K and V; the V cache's indices without flash attention; an ungated FFN's
+    one block): 358 of 384 within max(5%,
     16 MiB), median error 0% (the CPU/CUDA rule alone: 38 within, median +93%; the host layers'
     copies on top of a device layer: 318; the fitted pipeline terms on the last device: 336).
     docs/compute.md names the rest."""
     within = sum(r.compute_within for r in lavapipe_rows)
     errors = [abs(r.compute[0] - r.compute[1]) / MiB for r in lavapipe_rows]
     signed = [(r.compute[0] - r.compute[1]) / r.compute[1] for r in lavapipe_rows]
-    assert within == 352
+    assert within == 358
     assert statistics.median(errors) < 16
     assert abs(statistics.median(signed)) < 0.01
     by_class: dict[str, list[Row]] = {}
     for r in lavapipe_rows:
         by_class.setdefault(row_class(r), []).append(r)
     counts = {k: (sum(r.compute_within for r in v), len(v)) for k, v in by_class.items()}
-    assert counts == {"every layer": (94, 96), "partial": (72, 96), "two devices": (186, 192)}
+    assert counts == {"every layer": (94, 96), "partial": (78, 96), "two devices": (186, 192)}
 
 
 def test_the_rows_left_are_the_named_classes(lavapipe_rows: list[Row]) -> None:
@@ -174,6 +175,9 @@ def test_the_host_buffer_follows_what_it_runs_for_the_devices(oracle: dict) -> N
          "Vulkan1"),
         # flash attention narrower than the residual stream: the FFN above its Q, K and V
         ("gemma-3-27b", "ctx=4096 np=1 ctk=f16 ctv=f16 fa=on visible=0 ngl=all", "Vulkan0"),
+        # an FFN without a gate (nemotron-h's relu^2): one block, so a host layer's copied
+        # weight goes with the FFN's live set, not the fitted Mamba-2 layer's
+        ("nemotron-h-8b", "ctx=4096 np=1 ctk=f16 ctv=f16 fa=on visible=0 ngl=26", "Vulkan0"),
         # the host with pipeline parallelism: the layers' Q, K and V it receives, copied
         ("llama-3.1-8b", "ctx=4096 np=1 ctk=f16 ctv=f16 fa=off visible=0,0 ngl=all ts=3,1",
          "Host"),

@@ -152,6 +152,13 @@ class ModelLayout:
         return ffn, n_ff_exp, per_layer
 
     @cached_property
+    def ffn_gated(self) -> bool:
+        """Whether a dense FFN has a gate (ffn_gate, or a fused ffn_gate_up), or none has an FFN
+        at all; False for an up projection and an activation alone (nemotron-h's relu^2)."""
+        stems = {t.name.rsplit(".", 2)[-2] for t in self.tensors if t.name.startswith("blk.")}
+        return "ffn_up" not in stems or bool({"ffn_gate", "ffn_gate_up"} & stems)
+
+    @cached_property
     def block_matrices(self) -> tuple[tuple[int, int, bool], ...]:
         """(slot, bytes, is_expert) of every block weight with two or more dimensions (what op
         offload may copy to a GPU), largest first: the planner asks once per estimate."""

@@ -153,6 +153,10 @@ class GraphShape:
     # per-layer token embeddings (gemma3n, gemma4: get_rows of per_layer_token_embd on the host,
     # n_ubatch x its width x 4, an input of every block)
     per_layer: int = 0
+    # the dense FFN has a gate (gate, up and their GLU product: three blocks); without one (an
+    # activation of the up result: relu, sqr, gelu as unary ops) the activation reuses the up
+    # result's block in place (ggml_op_can_inplace, ggml/src/ggml-alloc.c:22-46, :632-680): one
+    ffn_gated: bool = True
 
 
 @dataclass(frozen=True)
@@ -290,6 +294,7 @@ def graph_shape(layout: ModelLayout, ubatch: int, logits_rows: int) -> GraphShap
         logits=view.n_vocab * logits_rows * 4,
         ubatch=ubatch,
         per_layer=ubatch * per_layer * 4,
+        ffn_gated=layout.ffn_gated,
     )
 
 
@@ -298,7 +303,7 @@ def layer_live(shape: GraphShape, experts: bool = True) -> float:
     and its norm) + 3 x the FFN's intermediate (gate, up, their product) for a dense FFN, or for
     routed experts 4E + 3 x their intermediate + their outputs (the larger where a model has
     both; with the experts in host memory, 2E + their outputs)."""
-    dense = 2.0 * shape.e + 3.0 * shape.ffn
+    dense = 2.0 * shape.e + (3.0 if shape.ffn_gated else 1.0) * shape.ffn
     if not shape.moe_mid:
         return dense
     if not experts:
@@ -353,7 +358,11 @@ def device_compute(dev: DeviceGraph, shape: GraphShape, rule: GraphRule) -> int:
         phases.append((live + (e if dev.attn_elsewhere and dev.copies > 1 else 0) + narrow, True))
         if dev.offload_weight_share is not None and dev.offload_weight:
             # the host layers, run here by op offload (one split per host weight)
-            phases.append((live + dev.offload_weight_share * dev.offload_weight, True))
+            # (the copy goes with the FFN it feeds: where the FFN has no gate it is not the
+            # layer's peak -- one block, ggml-alloc.c:22-46 -- and the fitted layer term
+            # describes another sublayer (nemotron-h's Mamba-2), so its live set is the FFN's)
+            base = live if shape.ffn_gated else layer_live(shape, dev.experts) + host_e
+            phases.append((base + dev.offload_weight_share * dev.offload_weight, True))
             if dev.offload_kv:
                 phases.append((dev.offload_kv + dev.offload_kv_e * e, True))
             if 0 < dev.offload_ffn_up < shape.ffn:

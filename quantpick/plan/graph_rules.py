@@ -56,7 +56,7 @@ GRAPH_RULES: dict[str, GraphRule] = {
     "llama": GraphRule(no_fa=4.0, pipeline=1.0, pipeline_host_no_fa=0.0, expert_mid=0.0, source="241/241 rows within, median 0.0%, 0 beyond 25%"),
     "minimax-m3": GraphRule(layer=-10.0, source="20/20 rows within, median 5.5%, 0 beyond 25% (beside its GraphTrait); tests/data/arch-traits.json: 16/20 within 1%, worst -np 4 +19%"),
     "mistral3": GraphRule(no_fa=4.0, pipeline_host_no_fa=0.0, expert_mid=0.0, source="139/139 rows within, median 0.0%, 0 beyond 25%"),
-    "nemotron_h": GraphRule(layer=-2.5, no_fa=4.0, output=2.0, pipeline_host_no_fa=0.0, source="119/119 rows within, median 0.1%, 0 beyond 25%"),
+    "nemotron_h": GraphRule(layer=8.0, no_fa=4.0, output=2.0, pipeline_host_no_fa=0.0, source="119/119 rows within, median 0.1%, 0 beyond 25%"),
     "qwen2": GraphRule(no_fa=4.0, pipeline_host_no_fa=0.0, source="119/119 rows within, median 0.0%, 0 beyond 25%"),
     "qwen3": GraphRule(no_fa=4.0, pipeline_host_no_fa=0.0, source="119/119 rows within, median 0.0%, 0 beyond 25%"),
     "qwen35": GraphRule(no_fa=5.5, output=3.5, pipeline_output=2.5, pipeline_host_no_fa=0.0, source="119/119 rows within, median 0.6%, 0 beyond 25%"),

@@ -23,6 +23,7 @@ from quantpick.plan.compute import (
     GraphShape,
     accuracy,
     device_compute,
+    layer_live,
     output_buffer,
 )
 from quantpick.plan.graph_rules import GENERIC
@@ -436,3 +437,14 @@ def test_without_flash_attention_the_v_caches_indices_are_an_input_of_each_devic
     )  # fmt: skip
     with_idxs = device_compute(replace(dev, v_idxs=4 * MiB), shape, GENERIC)
     assert with_idxs - device_compute(dev, shape, GENERIC) == 4 * MiB
+
+
+def test_an_ffn_without_a_gate_is_one_block() -> None:
+    """An up projection and its activation (relu^2, gelu: unary ops) share one block -- the
+    activation reuses its input in place (ggml_op_can_inplace, ggml-alloc.c:22-46) -- where a
+    gated FFN keeps gate, up and their product: 2E + 1 x or 3 x the FFN's intermediate."""
+    gated = GraphShape(e=8 * MiB, ffn=42 * MiB, moe_mid=0, moe_out=0, logits=0, ubatch=512)
+    assert layer_live(gated) == 16 * MiB + 3 * 42 * MiB
+    assert layer_live(replace(gated, ffn_gated=False)) == 16 * MiB + 42 * MiB
+    assert not layout("nemotron-h-8b").ffn_gated
+    assert all(layout(n).ffn_gated for n in ("qwen3-8b", "gemma-3-27b", "gpt-oss-20b"))
