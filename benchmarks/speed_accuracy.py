@@ -302,76 +302,6 @@ def pp_prompt_tokens(metric: str | None) -> int | None:
     return int(match.group(1)) if match else None
 
 
-# Where llama.cpp put a run's host weights: in the first GPU's pinned host buffer when the model
-# is loaded without mmap, in the mmap'd (pageable) file otherwise (SpeedWork.host_pinned). A
-# row's flags say so when given; otherwise its tool's default at its build does:
-# - llama-bench: mmap until PR #18166 (2025-12-18) made direct I/O the default, which turns mmap
-#   off and which llama-bench's own mmap default did not (PR #18778's thread); PR #18841
-#   (2026-01-14) then set llama-bench's mmap and direct I/O defaults to 0 (std::fread into the
-#   host buffer); PR #26081 (~b10369, 2026-08) made load mode auto the default (mmap on a
-#   discrete GPU: llama-model-loader.cpp:559, llama-model.cpp:1512-1520 at b11312). Every usable
-#   row is of 2026 (2025 builds are unusable), so llama-bench before b10369 ran without mmap.
-# - llama-server (and the other tools of common/arg.cpp): mmap, but for direct I/O's weeks as
-#   the default (PR #18166 to PR #19109, 2026-01-26).
-AUTO_LOAD_MODE_BUILD = 10369
-AUTO_LOAD_MODE_DATE = "2026-08"  # PR #26081's review closed 2026-07-29; b10437 is of 2026-08-15
-SERVER_MMAP_AGAIN_DATE = "2026-01-26"
-# Builds a row gives as a commit only: 3fc4e10 is b9820 (llama.cpp's release list: "3fc4e105
-# sched : reintroduce less synchronizations during split compute (#20793)"); 463b6a963 was
-# master on 2026-03-14 (a DGX Spark report's run of that date names the commit), before b8763.
-COMMIT_BUILDS = {"3fc4e10": 9820, "463b6a9": 8763}
-
-
-# A host link a row states ("link Gen4 x8": a PCIe 5.0 x8 card in a PCIe 4.0 board runs at
-# 4.0 x8), from its CPU, GPU or placement text.
-LINK_STATED = re.compile(r"link\s+Gen\s*([1-6])\s*x\s*(\d{1,2})", re.IGNORECASE)
-
-
-def stated_link(row: dict) -> tuple[int, int] | None:
-    for key in ("cpu", "gpu", "placement", "notes"):
-        match = LINK_STATED.search(str(row.get(key) or ""))
-        if match:
-            return int(match.group(1)), int(match.group(2))
-    return None
-
-
-def source_links(rows: list[dict]) -> dict[str, tuple[int, int]]:
-    """source -> the one host link its rows state (a source's notes of one machine: jon's
-    workstation states "link Gen4 x8" on one row, "same workstation" on another, nothing on the
-    rest); sources whose rows state two links, or none, are left out."""
-    found: dict[str, set[tuple[int, int]]] = {}
-    for row in rows:
-        link = stated_link(row)
-        if link is not None:
-            found.setdefault(source_key(row), set()).add(link)
-    return {source: next(iter(links)) for source, links in found.items() if len(links) == 1}
-
-
-def host_pinned(row: dict, build: int | None) -> bool:
-    """Whether the row's run kept its host weights in pinned memory (loaded without mmap)."""
-    flags = row.get("flags") or {}
-    other = str(flags.get("other") or "")
-    stated = flags.get("mmap")
-    if stated is not None:
-        return str(stated).lower() in ("0", "false", "off")
-    if re.search(r"--no-mmap|-mmp\s+0|--mmap\s+0|(-lm|--load-mode)\s+(none|mlock|dio)\b"
-                 r"|(^|\s)(-dio|--direct-io)\b", other):  # fmt: skip
-        return True
-    if re.search(r"(-lm|--load-mode)\s+(mmap|auto)", other):
-        return False
-    text = str(row.get("llama_cpp_build") or "")
-    commit = next((b for c, b in COMMIT_BUILDS.items() if text.startswith(c)), None)
-    build = build or commit
-    # a month at least (a bare year says nothing of the weeks around a default's change)
-    date = str(row.get("date") or "")
-    date = date if re.match(r"\d{4}-\d{2}", date) else ""
-    if re.search(r"llama-bench\b", str(row.get("bench_tool") or "")):
-        if build is not None and build > 1:
-            return build < AUTO_LOAD_MODE_BUILD
-        return bool(date) and date < AUTO_LOAD_MODE_DATE
-    return bool(date) and date < SERVER_MMAP_AGAIN_DATE
-
-
 def _other_flag(other: str, flag: str) -> str | None:
     match = re.search(rf"{flag}\s+(\S+)", other)
     return match.group(1).rstrip(";,") if match else None
@@ -380,9 +310,7 @@ def _other_flag(other: str, flag: str) -> str | None:
 # ---- building a case ------------------------------------------------------------------------
 
 
-def build_case(row: dict, manifest: Manifest, link: tuple[int, int] | None = None) -> Case:
-    """The row as quantpick sees it; `link`: the single GPU's host link where the row's source
-    states it (load_cases: source_links), else the row's own statement or the card's link."""
+def build_case(row: dict, manifest: Manifest) -> Case:
     flags = row.get("flags") or {}
     other = str(flags.get("other") or "")
     build_text = str(row.get("llama_cpp_build") or "")
@@ -447,10 +375,6 @@ def build_case(row: dict, manifest: Manifest, link: tuple[int, int] | None = Non
         if model is None:
             raise Unusable(f"GPU {name!r} not in the catalogue")
         gpus.append(describe_gpu(model.key, index=i, backend_name=row.get("backend")))
-    link = stated_link(row) or link
-    if link is not None and len(gpus) == 1 and gpus[0].pcie_generation is not None:
-        gen, width = gpus[0].pcie_generation, gpus[0].pcie_width or link[1]
-        gpus[0] = replace(gpus[0], pcie_generation=min(gen, link[0]), pcie_width=min(width, link[1]))
     dev_flag = _other_flag(other, "-dev") or _other_flag(other, "--device")
     if dev_flag == "none":
         gpus = []
@@ -573,7 +497,7 @@ def build_case(row: dict, manifest: Manifest, link: tuple[int, int] | None = Non
         family=family,
         label=f"{family} {_short_gpu(row)} {quant} {_placement_label(config, gpus)} {cache_k}"
         f" d{fill}",
-        work=replace(speed_work(layout, est), host_pinned=host_pinned(row, parse_build(build_text))),
+        work=speed_work(layout, est),
         devices=device_speeds(machine),
         bandwidths=device_bandwidths(machine),
         layout=layout,
@@ -624,11 +548,10 @@ def load_cases(path: Path) -> tuple[list[Case], list[tuple[dict, str]]]:
     data = json.loads(path.read_text())
     rows = data["rows"] if isinstance(data, dict) else data
     manifest = _manifest()
-    links = source_links(rows)
     cases, unusable = [], []
     for row in rows:
         try:
-            cases.append(build_case(row, manifest, links.get(source_key(row))))
+            cases.append(build_case(row, manifest))
         except Unusable as exc:
             unusable.append((row, str(exc)))
     return cases, unusable

@@ -70,11 +70,6 @@ FITTED: dict[str, tuple[float, float, float]] = {
     "attention_compute_efficiency": (0.3, 0.02, 1.0),
     "gemm_half_tokens": (64.0, 4.0, 1024.0),
     "pcie_efficiency": (0.5, 0.1, 1.0),
-    # a pinned copy is DMA from page-locked memory, a pageable one staged by the driver: the same
-    # llama-bench run of gpt-oss-20b with its experts in RAM prefills 1.82x faster at -ub 128
-    # (where the copy is most of the time) without mmap than with it (llama.cpp PR #20978: 543.68
-    # against 298.28 t/s), so at least 1.8x the pageable prior, capped by the link
-    "pinned_pcie_efficiency": (0.9, 0.1, 1.0),
     # mainline llama.cpp, LLaMA-3.1-8B Q4_0 pp512 on a 16-core Ryzen 7950X: 123.5 t/s x 2 x 8.03e9
     # FLOP / 16 cores = 124 GFLOPS a core (ik_llama.cpp PR #54's comparison table, 2024-09)
     "cpu_core_gflops": (120.0, 10.0, 400.0),

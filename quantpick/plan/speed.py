@@ -220,8 +220,8 @@ class SpeedParams:
     # qwen35moe rows (12%), qwen3moe (21%), gpt-oss (4%), deepseek2 (8%), qwen3next (29%, too
     # slow: its 512 experts see 10 tokens each).
     gpu_compute_efficiency: float = 0.640
-    expert_compute_efficiency: float = 0.184
-    gemm_half_tokens: float = 42.8
+    expert_compute_efficiency: float = 0.194
+    gemm_half_tokens: float = 44.0
     # Fraction of the tensor TFLOPS flash attention reaches in prefill (QK^T and AV over the
     # fill, 2 x heads x (K + V head size) per token pair; on Pascal a quarter of the rate,
     # PASCAL_FA_RATE): the depth series' prompt figures, 4090 rows 53-112 (to 49K), GB10
@@ -230,16 +230,10 @@ class SpeedParams:
     # 4090's qwen35moe series ~0.1 of its own, so the fit predicts the 4090's prompts past 32K
     # up to 1.7x too fast (rows 91-112) and the GB10's slightly slow.
     attention_compute_efficiency: float = 0.356
-    # Fraction of the PCIe link's throughput the per-ubatch copy of host experts reaches from
-    # pageable, mmap'd weights (the driver stages each copy through its own pinned buffer):
-    # the 3080 llama-server rows (2-24, mmap, its default; prefill median error 4%), with each
-    # family's routing (docs/speed.md).
-    pcie_efficiency: float = 0.450
-    # ... and from the pinned host buffer llama.cpp loads host weights into without mmap
-    # (SpeedWork.host_pinned; llama-bench's default from PR #18841, 2026-01-14, to PR #26081,
-    # ~b10369): DMA straight from page-locked memory. The llama-bench --n-cpu-moe / --fit rows
-    # (5060 Ti 47-52 and 120-123, RTX 4000 Ada 34-39, 5070 Ti + 5060 Ti 289-296).
-    pinned_pcie_efficiency: float = 0.785
+    # Fraction of the PCIe link's throughput the per-ubatch copy of host experts reaches
+    # (pageable, mmap'd weights): the 3080 (4%), 5060 Ti --n-cpu-moe and --fit (10-25%) prefill
+    # rows, with each family's routing (docs/speed.md; 0.435 with independent picks for all).
+    pcie_efficiency: float = 0.428
     # Effective GFLOPS of one CPU core in prefill: one CPU-only run (row 208, AVX-512 Sapphire
     # Rapids, cores not stated: 8 assumed; 1%), near the prior of 120 (mainline llama.cpp on a
     # Ryzen 7950X, see scripts/fit_speed.py).
@@ -720,8 +714,9 @@ def prefill_seconds(
         elif first_gpu is not None and n >= OP_OFFLOAD_MIN_BATCH:
             # host weights cross PCIe once per ubatch, the routed experts only those the ubatch's
             # tokens picked; the first GPU multiplies them
-            copy = params.pinned_pcie_efficiency if work.host_pinned else params.pcie_efficiency
-            link = (first_gpu.pcie_bytes_per_s or pcie_bytes_per_s(*ASSUMED_PCIE)) * copy
+            link = (
+                first_gpu.pcie_bytes_per_s or pcie_bytes_per_s(*ASSUMED_PCIE)
+            ) * params.pcie_efficiency
             seconds += offload_copy_bytes(w, work, n) / link
             peak = _gpu_flops(first_gpu)
             seconds += dense_flops / (peak * dense_eff)

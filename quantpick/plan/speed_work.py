@@ -132,15 +132,6 @@ class SpeedWork:
     expert_tokens: float = 0.0  # prompt tokens each touched expert multiplies per ubatch
     fp4_expert_share: float = 0.0  # routed-expert parameters in MXFP4 / NVFP4
     routing_run_tokens: float = 1.0  # prompt tokens per independent expert pick
-    # The host weights sit in the first GPU's pinned host buffer (loaded without mmap: llama.cpp
-    # puts CPU tensors in the GPU's host buffer type, cudaMallocHost, src/llama-model.cpp
-    # make_cpu_buft_list, and keeps that type unless the model is mmap'd,
-    # src/llama-model-loader.cpp:1269-1277 at b11312), so the per-ubatch copy of them runs as
-    # DMA from page-locked memory; mmap'd weights (llama-server's default: load mode auto ->
-    # mmap on a discrete GPU, llama-model-loader.cpp:559, llama-model.cpp:1512-1520) are
-    # pageable and the driver stages each copy (plan/speed.py: pinned_pcie_efficiency against
-    # pcie_efficiency).
-    host_pinned: bool = False
 
 
 def _tensor_facts(layout: ModelLayout) -> tuple[frozenset[int], float]:

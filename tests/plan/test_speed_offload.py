@@ -137,36 +137,3 @@ def test_a_short_ubatch_copies_only_the_experts_its_tokens_pick() -> None:
     short = prefill_seconds(full, devices, tokens=32)
     alone = prefill_seconds(small, devices, tokens=32)
     assert abs(short / alone - 1) < 0.05
-
-
-@SETTINGS
-@given(quant=st.sampled_from(QUANTS), tokens=st.sampled_from([32, 128, 512, 2048]))
-def test_pinned_host_weights_copy_at_the_pinned_rate(quant: str, tokens: int) -> None:
-    """Host weights loaded without mmap sit in the GPU's pinned host buffer (SpeedWork
-    host_pinned): the per-ubatch copy takes copied bytes / (link x pinned_pcie_efficiency)
-    instead of / (link x pcie_efficiency), and nothing else of the ubatch changes; below the
-    op-offload batch nothing is copied, so it makes no difference."""
-    from quantpick.plan.speed import DEFAULT_SPEED_PARAMS as P
-
-    devices = device_speeds(machine())
-    work = cpu_moe_work(quant)
-    pinned = dataclasses.replace(work, host_pinned=True)
-    link = pcie_bytes_per_s(4, 16)
-    copied = offload_copy_bytes(host_work(work), work, tokens)
-    saved = copied / (link * P.pcie_efficiency) - copied / (link * P.pinned_pcie_efficiency)
-    assert P.pinned_pcie_efficiency > P.pcie_efficiency
-    assert prefill_seconds(work, devices, tokens=tokens) - prefill_seconds(
-        pinned, devices, tokens=tokens
-    ) == pytest.approx(saved, rel=1e-9)
-    short = OP_OFFLOAD_MIN_BATCH - 1
-    assert prefill_seconds(work, devices, tokens=short) == prefill_seconds(
-        pinned, devices, tokens=short
-    )
-
-
-def test_a_plan_copies_from_pageable_memory() -> None:
-    """quantpick plans for llama-server at b11312, whose default load mode (auto) maps the model
-    on a discrete GPU (src/llama-model.cpp:1512-1520), and a mapped model keeps its host
-    weights in the pageable mapping (src/llama-model-loader.cpp:1269-1277): a plan's work is
-    not pinned."""
-    assert cpu_moe_work("UD-Q4_K_M").host_pinned is False
