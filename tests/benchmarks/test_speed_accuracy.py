@@ -486,6 +486,30 @@ def test_vulkan_intel_rows_are_within_2x_with_each_source_held_out() -> None:
     assert beyond and beyond <= {2140, 2141, 2142, 2217, 2218, 2219}
 
 
+def test_vulkans_bf16_expert_term_is_fitted_on_its_rows_whatever_their_vendor() -> None:
+    """Vulkan's BF16-expert term is taken on every GPU (ggml_vk_use_mul_mat_vec_id sends BF16
+    experts to the matrix kernel on every device, ggml-vulkan.cpp:7904-7909): the fit reads it
+    from the rows whose experts are BF16 whatever their GPU's vendor -- today the six Radeon
+    8060S rows of kyuz0's Strix Halo repository -- and the same path keyed to Intel reads none
+    of them."""
+    from dataclasses import replace as dc_replace
+
+    from backend_speed import backend_cases, case_backend, path_rows
+
+    from quantpick.machine.backends.base import Vendor, WeightPath
+
+    rows = [c for c in backend_cases()[0] if case_backend(c).label == "Vulkan"]
+    b = case_backend(rows[0])
+    (experts,) = [p for p in b.decode_paths if p.weights is WeightPath.EXPERTS]
+    assert experts.vendor is None
+    read = path_rows(rows, experts, b.decode_paths)
+    assert sorted(c.row_id for c in read) == [2140, 2141, 2142, 2217, 2218, 2219]
+    assert {c.source for c in read} == {"github.com/kyuz0/amd-strix-halo-toolboxes"}
+    intel = dc_replace(experts, vendor=Vendor.INTEL)
+    paths = tuple(intel if p is experts else p for p in b.decode_paths)
+    assert path_rows(rows, intel, paths) == []
+
+
 def metal_rows():  # type: ignore[no-untyped-def]
     from backend_speed import DATA, case_backend
 

@@ -49,11 +49,11 @@ VULKAN_COMPUTE = ComputeTraits(
     fa_kv_convert=False,
     source="ggml-vulkan.cpp:15307-15328 supports_op, :15973-15977 offload_op, :8082-8100",
     # the lavapipe oracle (tests/data/vulkan-oracle.json.gz, benchmarks/vulkan_oracle_accuracy.py):
-    # 336/384 device rows within max(5%, 16 MiB), median error 0%. Every layer offloaded, one or
-    # two devices: 264/288 within, the worst 27% (gemma-4-e2b -fa off on the second device);
+    # 352/384 device rows within max(5%, 16 MiB), median error 0%. Every layer offloaded, one or
+    # two devices: 280/288 within, the worst 21% (qwen3.6-35b-a3b -fa off at 32768, one device);
     # -ngl partial offload: 72/96 within, the worst 31% (docs/compute.md "Not matched")
     expected_error=0.25,
-    error_basis="llama.cpp b11312 on lavapipe: 264/288 device rows within max(5%, 16 MiB)",
+    error_basis="llama.cpp b11312 on lavapipe: 280/288 device rows within max(5%, 16 MiB)",
     offload_expected_error=0.35,
     offload_error_basis="llama.cpp b11312 on lavapipe, -ngl partial offload: 72/96 device rows "
     "within max(5%, 16 MiB), worst 31%",
@@ -74,6 +74,10 @@ VULKAN_COMPUTE = ComputeTraits(
     # 0.625 gives as many rows within, but more under (20); 0.5, 0.875 and 1.0 fewer within.
     host_layer_weight_share=0.75,
     host_layer_kv_e=9.5,
+    # flash attention narrower than the residual stream (gemma-3-27b, mistral-small-24b): the
+    # FFN lands above the attention's Q, K and V (an allocator trace, plan/compute.py
+    # DeviceGraph.attn_narrow): gemma-3-27b 168.5 vs 168.52 MiB, mistral-small-24b 233 vs 232.01
+    narrow_attn_above=True,
 )
 
 # Decode on Vulkan, fitted by benchmarks/backend_speed.py to 40 published runs of seven sources:
@@ -121,18 +125,29 @@ VULKAN_DECODE_PATHS = (
         basis="5 Intel runs, 3 models (kyuz0/intel-b70-ai-toolboxes b9039; llama.cpp PR #22461, "
         "Arc 140V, b8997)",
     ),
-    # AMD, BF16 routed experts: MUL_MAT_ID's BF16 mat-vec (mul_mat_vec_id_bf16_f32, :3015) on
-    # the Radeon 8060S under RADV, which reports no bfloat16 (device line "bf16: 0"): 0.14,
-    # fitted on GLM-4.7-Flash and Qwen3.6-35B-A3B BF16 (6 rows; ROCm runs the same files at
-    # the bus's speed: machine/backends/rocm.py). Dense BF16 on the same machine runs at the
-    # bus's speed (Ministral-3-14B BF16: 7.83 t/s Vulkan, 8.50 ROCm, same repository). No second
-    # published source of BF16 experts on Vulkan was found (docs/backends.md).
+    # Every GPU, BF16 routed experts: MUL_MAT_ID goes to the mat-vec kernel only for F32, F16
+    # and quantized experts (ggml_vk_use_mul_mat_vec_id, ggml-vulkan.cpp:7904-7909; BF16 is not
+    # quantized: ggml.c:886-893), so at decode BF16 experts run the matrix kernel
+    # (ggml_vk_mul_mat_id_q_f16, :7917-7921) on every Vulkan device: a tile of at least 32
+    # columns (:1859) for one token, the activations converted to BF16 first (:7361-7387), and no
+    # MUL_MAT_ID+ADD_ID/MUL fusion (the fusions want the mat-vec path, :13591, :13626). Which
+    # matrix shader runs depends on the device: without bfloat16 support (the device line's
+    # "bf16: 0", which gates coopmat_bf16_support, :4726-4745) the scalar fp32-accumulating
+    # matmul_id_bf16_fp32 (:2780, and on a KHR_coopmat device the fallback tiles of
+    # :2794-2815); with it, the coopmat BF16 shaders (:2338, :2511). Fitted 0.14 on GLM-4.7-Flash
+    # and Qwen3.6-35B-A3B BF16 on the Radeon 8060S under RADV ("bf16: 0", 6 rows; ROCm runs the
+    # same files at the bus's speed: machine/backends/rocm.py); dense BF16 on the same machine
+    # takes the mat-vec shader and runs at the bus's speed (Ministral-3-14B BF16: 7.83 t/s
+    # Vulkan, 8.50 ROCm, same repository). The figure is a "bf16: 0" device's: no published run
+    # of a build since 2026 measures a "bf16: 1" device, and quantpick does not know a device's
+    # bfloat16 support, so it is taken on every GPU (docs/backends.md "BF16 experts").
     KernelPath(
-        Vendor.AMD,
+        None,
         frozenset({"BF16"}),
         0.14,
         WeightPath.EXPERTS,
-        source="ggml-vulkan.cpp:3015 (mul_mat_vec_id_bf16_f32)",
+        source="ggml-vulkan.cpp:7904-7909 (ggml_vk_use_mul_mat_vec_id), :7917-7921, "
+        ":2780 / :2794-2815 (matmul_id_bf16_fp32)",
         basis="6 Radeon 8060S runs, 2 models (kyuz0/amd-strix-halo-toolboxes, b9187-b9193)",
     ),
 )
