@@ -96,33 +96,34 @@ def test_compute_follows_the_vulkan_backends_own_graph(lavapipe_rows: list[Row])
     """Compute on the Vulkan devices with the backend's traits (machine/backends/vulkan.py: ops
     over maxStorageBufferRange on the host with what they hand over and get back, split inputs
     copied per layer under pipeline parallelism, flash attention's dequantized cache outside the
-    buffer; under -ngl the host layers run on the device as phases of their own): 336 of 384
-    within max(5%, 16 MiB), median error 0% (the CPU/CUDA rule alone: 38 within, median +93%;
-    the host layers' copies on top of a device layer: 318). docs/compute.md names the rest."""
+    buffer; under -ngl the host layers run on the device as phases of their own; the last of
+    two devices, its head on the host, a layer over its inputs; the FFN above a narrow
+    attention's Q, K and V): 352 of 384 within max(5%,
+    16 MiB), median error 0% (the CPU/CUDA rule alone: 38 within, median +93%; the host layers'
+    copies on top of a device layer: 318; the fitted pipeline terms on the last device: 336).
+    docs/compute.md names the rest."""
     within = sum(r.compute_within for r in lavapipe_rows)
     errors = [abs(r.compute[0] - r.compute[1]) / MiB for r in lavapipe_rows]
     signed = [(r.compute[0] - r.compute[1]) / r.compute[1] for r in lavapipe_rows]
-    assert within == 336
+    assert within == 352
     assert statistics.median(errors) < 16
     assert abs(statistics.median(signed)) < 0.01
     by_class: dict[str, list[Row]] = {}
     for r in lavapipe_rows:
         by_class.setdefault(row_class(r), []).append(r)
     counts = {k: (sum(r.compute_within for r in v), len(v)) for k, v in by_class.items()}
-    assert counts == {"every layer": (90, 96), "partial": (72, 96), "two devices": (174, 192)}
+    assert counts == {"every layer": (94, 96), "partial": (72, 96), "two devices": (186, 192)}
 
 
 def test_the_rows_left_are_the_named_classes(lavapipe_rows: list[Row]) -> None:
     """What docs/compute.md says is not matched: -ngl partial offload (the allocator's placement
     of one weight copy per split; expected error max(35%, 16 MiB), worst 31%). Every layer
-    offloaded, on one device or two: 264 of 288 within, one beyond 25% (gemma-4-e2b -fa off at
-    32768 on the second device, 27%), none beyond the Vulkan devices' expected 25% but that."""
+    offloaded, on one device or two: 280 of 288 within, none beyond 25% (gemma-4-e2b -fa off at
+    32768 on the second device was 27%: its per-layer inputs are its layers' slices)."""
     rest = [r for r in lavapipe_rows if row_class(r) != "partial"]
-    assert (sum(r.compute_within for r in rest), len(rest)) == (264, 288)
+    assert (sum(r.compute_within for r in rest), len(rest)) == (280, 288)
     far = [r for r in rest if abs(r.compute[0] / r.compute[1] - 1) > 0.25]
-    assert [(r.config, r.device, "fa=off" in r.case) for r in far] == [
-        ("gemma-4-e2b", "Vulkan1", True)
-    ]
+    assert far == []
     partial = [r for r in lavapipe_rows if row_class(r) == "partial"]
     assert all(abs(r.compute[0] / r.compute[1] - 1) <= 0.35 for r in partial)
 
@@ -161,6 +162,14 @@ def test_the_host_buffer_follows_what_it_runs_for_the_devices(oracle: dict) -> N
         ("deepseek-v3", "ctx=4096 np=1 ctk=f16 ctv=f16 fa=on visible=0 ngl=all", "Vulkan0"),
         ("deepseek-v3", "ctx=4096 np=1 ctk=f16 ctv=f16 fa=on visible=0,0 ngl=all ts=3,1",
          "Vulkan0"),
+        # the last device, its head on the host: a layer over its inputs (the residual and
+        # its norm, per-layer slices), nothing fitted on top
+        ("qwen3.5-27b", "ctx=4096 np=1 ctk=f16 ctv=f16 fa=on visible=0,0 ngl=all ts=3,1",
+         "Vulkan1"),
+        ("gemma-4-e2b", "ctx=32768 np=1 ctk=f16 ctv=f16 fa=off visible=0,0 ngl=all ts=3,1",
+         "Vulkan1"),
+        # flash attention narrower than the residual stream: the FFN above its Q, K and V
+        ("gemma-3-27b", "ctx=4096 np=1 ctk=f16 ctv=f16 fa=on visible=0 ngl=all", "Vulkan0"),
         # the host with pipeline parallelism: the layers' Q, K and V it receives, copied
         ("llama-3.1-8b", "ctx=4096 np=1 ctk=f16 ctv=f16 fa=off visible=0,0 ngl=all ts=3,1",
          "Host"),
@@ -169,7 +178,8 @@ def test_the_host_buffer_follows_what_it_runs_for_the_devices(oracle: dict) -> N
 def test_each_vulkan_rule_matches_its_rows(
     oracle: dict, config: str, case: str, device: str
 ) -> None:
-    """One row per rule, each more than 2x off under the CPU/CUDA rule (before the traits)."""
+    """One row per rule, each off by more than the bound before its rule (the first ones more
+    than 2x under the CPU/CUDA rule, before the traits)."""
     got = rows(oracle, LAVAPIPE_ALIGNMENT, LAVAPIPE_MAX_TENSOR_BYTES)
     (row,) = [r for r in got if r.config == config and r.case == case and r.device == device]
     assert row.compute_within, (row.compute[0] / MiB, row.compute[1] / MiB)

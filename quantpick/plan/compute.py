@@ -223,6 +223,18 @@ class DeviceGraph:
     # zero-byte free block keeps the last layer's freed FFN blocks apart from the last block
     # (state_rows_fence)
     logits_above_layer: bool = False
+    # Q + K + V of its widest flash-attention layer whose output (n_head x head_dim_v) is
+    # narrower than the residual stream (gemma-3-27b 4096 < 5376, mistral-small-24b 4096 <
+    # 5120), on a backend whose traits say the FFN lands above them (ComputeTraits
+    # .narrow_attn_above). An allocator trace of the lavapipe build (gemma-3-27b, one device,
+    # -fa on): the output projection's result (E) fits none of the blocks the attention freed
+    # (ggml-alloc.c:211-224, best fit; the attention's output and the normed Q are smaller), so
+    # it lands at the top of the attention's high-water mark -- the norm (E), Q, K and V above
+    # the inputs -- and the FFN's gate, up and product above it: E + mask + (E + Q + K + V) + 3
+    # x the FFN = 168.52 MiB, llama.cpp's (the generic rule: 152.5)
+    attn_narrow: int = 0
+    # its share of the model's blocks (the per-layer inputs its layers take: gemma3n, gemma4)
+    layer_share: float = 1.0
 
 
 def state_rows_fence(ubatch: int, n_seq: int, state_r: int, state_s: int) -> bool:
@@ -326,7 +338,13 @@ def device_compute(dev: DeviceGraph, shape: GraphShape, rule: GraphRule) -> int:
             live += rule.remote_kv * dev.remote_kv
         # with pipeline parallelism the returned attention output of the last layer stays beside
         # the layer's live set (its copies are leafs: measured on the lavapipe oracle, 1 E)
-        phases.append((live + (e if dev.attn_elsewhere and dev.copies > 1 else 0), True))
+        # the narrow attention's Q, K and V below the FFN; with pipeline parallelism the fitted
+        # `pipeline` term carries them (fitted on the first of two RPC devices, whose peak is a
+        # layer: gemma3's 2.0 E), but not on a last device whose head runs on the host (no
+        # fitted term there)
+        fitted_pipeline = dev.copies > 1 and not (dev.holds_output and dev.output_elsewhere)
+        narrow = 0 if fitted_pipeline else dev.attn_narrow
+        phases.append((live + (e if dev.attn_elsewhere and dev.copies > 1 else 0) + narrow, True))
         if dev.offload_weight_share is not None and dev.offload_weight:
             # the host layers, run here by op offload (one split per host weight)
             phases.append((live + dev.offload_weight_share * dev.offload_weight, True))
@@ -371,7 +389,28 @@ def device_compute(dev: DeviceGraph, shape: GraphShape, rule: GraphRule) -> int:
         phases.append((out, False))
     if dev.copies > 1:
         # split inputs are leafs with n_copies copies, alive for the whole graph
-        inputs = mask + e + (shape.per_layer if dev.holds_layers else 0)
+        per_layer = shape.per_layer if dev.holds_layers else 0
+        extra = rule.pipeline_output if dev.holds_output else rule.pipeline
+        if dev.holds_output and dev.output_elsewhere:
+            # The last device when its backend refused the head (the logits run on the host):
+            # its peak is a layer phase over what it received, each input copied, and nothing
+            # fitted on top (an allocator trace of the lavapipe build, -ts 3,1, Vulkan1:
+            # llama-3.1-8b 4 x (2E + mask) + 2E + 3 x the FFN = 180.05 MiB, llama.cpp's;
+            # gemma-4-e2b 234.0 vs 234.02 at -c 4096, 794.0 vs 794.02 at 32768):
+            # - its first layer's input twice: the residual stream and its rms_norm, which has no
+            #   weight, so pass 2 of ggml_backend_sched_split_graph ("expand gpu down",
+            #   ggml-backend.cpp:1129-1148) leaves it on the previous device and only the
+            #   multiply by attn_norm.weight runs here: two split inputs of E;
+            # - per-layer token embeddings (gemma3n, gemma4) as each of its layers' slice of
+            #   inp_per_layer (gemma4.cpp:376, gemma4_view_2d_slice: n_ubatch x n_embd_per_layer
+            #   x 4 B a layer), not the whole width.
+            # The fitted pipeline coefficients carry both where the logits phase is the output
+            # device's peak (the CPU/RPC projections they were fitted on, with the head there).
+            per_layer = int(per_layer * dev.layer_share)
+            extra = 0.0
+            inputs = mask + 2 * e + per_layer
+        else:
+            inputs = mask + e + per_layer
         resident = dev.copies * (
             inputs + rule.remote_kv * dev.remote_kv + dev.arch_live.inputs + dev.returned
         )
@@ -384,7 +423,6 @@ def device_compute(dev: DeviceGraph, shape: GraphShape, rule: GraphRule) -> int:
             return int(
                 resident + peak + extra + (0 if dev.flash_attn else rule.pipeline_host_no_fa * e)
             )
-        extra = rule.pipeline_output if dev.holds_output else rule.pipeline
         return int(resident + max(p for p, _ in phases) + extra * e)
     return int(max(p + (mask if with_mask else 0) for p, with_mask in phases))
 

@@ -420,6 +420,7 @@ def estimate(
     layer_kq: dict[int, int] = {}  # each attending layer's no-FA KQ matrix (bytes)
     remote: list[dict[int, int]] = [{} for _ in range(n_gpu + 1)]
     remote_views = [0] * (n_gpu + 1)
+    attn_narrow = [0] * (n_gpu + 1)  # its widest narrow attention's Q + K + V (DeviceGraph)
     no_cache = view.memory is MemoryClass.NONE  # non-causal (diffusion): n_kv = the ubatch
     for layer in view.layers:
         reads_kv = layer.kv or layer.kv_shared_from is not None or no_cache
@@ -474,6 +475,10 @@ def estimate(
                 CPU_BUFFER,
             ))  # fmt: skip
         attn_layers[pos].append(layer.index)
+        if out_bytes < shape.e and layer.v_width:
+            # its attention's output is narrower than the residual stream (DeviceGraph.attn_narrow)
+            qkv = q_bytes + ub * (layer.k_width + layer.v_width) * 4
+            attn_narrow[pos] = max(attn_narrow[pos], qkv)
         if trait is not None and trait.layers(arch, layer.index):
             trait_pos.add(pos)
         kq[pos] = max(kq[pos], layer_kq[layer.index])
@@ -603,6 +608,10 @@ def estimate(
                 ),
                 kv_convert=kv_convert if pos < n_gpu and traits[pos].fa_kv_convert else 0,
                 experts=bool(a.experts) or not view.is_moe,
+                attn_narrow=(
+                    attn_narrow[pos] if fa and pos < n_gpu and traits[pos].narrow_attn_above else 0
+                ),
+                layer_share=len(block_layers) / max(arch.n_layer, 1),
                 logits_above_layer=is_host
                 and bool(a.recurrent_layers)
                 and state_rows_fence(sizes.ubatch, n_seq, view.state_r, view.state_s),

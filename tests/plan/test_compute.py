@@ -332,3 +332,72 @@ def test_a_vulkan_device_with_no_layer_still_holds_a_host_layers_kv() -> None:
     vk = estimate(lay, gpu_machine("Vulkan"), cfg).gpus[0]
     kv = 32768 * (1024 + 1024) * 2  # one layer's f16 K and V
     assert vk.layers == () and vk.compute_bytes >= kv
+
+
+def test_a_last_device_whose_head_runs_on_the_host_peaks_in_a_layer_over_its_inputs() -> None:
+    """Pipeline parallelism, the last device's backend refused the head (Vulkan over its
+    maxStorageBufferRange: the logits run on the host): its buffer is its inputs, each copied 4
+    times -- the previous device's residual and the rms_norm of it (ggml-backend.cpp:1129-1148
+    leaves the weightless norm there), the mask, its layers' slices of the per-layer token
+    embeddings -- and a layer's live set above them, with no fitted term (an allocator trace
+    of the lavapipe build: llama-3.1-8b -ts 3,1 Vulkan1 180.05 MiB)."""
+    e, ffn, mask = 8 * MiB, 28 * MiB, 4 * MiB
+    shape = GraphShape(e=e, ffn=ffn, moe_mid=0, moe_out=0, logits=250 * MiB, ubatch=512)
+    dev = DeviceGraph(
+        backend=ComputeBackend.GPU, is_host=False, holds_layers=True, holds_output=True,
+        output_elsewhere=True, mask_f16=mask, mask_f32=2 * mask, kq=0, flash_attn=True,
+        copies=4,
+    )  # fmt: skip
+    # llama.cpp's 180.05 MiB: 4 x (2E + mask) + 2E + 3 x the FFN (the .05 are the small inputs)
+    assert device_compute(dev, shape, GENERIC) == 4 * (2 * e + mask) + 2 * e + 3 * ffn
+    # the per-layer inputs: its layers' slices, not the model's whole width (gemma4.cpp:376)
+    with_ple = replace(shape, per_layer=35 * MiB // 2)
+    got = device_compute(replace(dev, layer_share=8 / 35), with_ple, GENERIC)
+    assert got == device_compute(dev, shape, GENERIC) + 4 * 8 * MiB // 2
+    # with the head on the device the fitted coefficients stay (the CPU/RPC projections)
+    here = replace(dev, output_elsewhere=False)
+    assert device_compute(here, shape, GENERIC) == int(
+        4 * (e + mask) + max(2 * e + 3 * ffn, 250 * MiB + e) + GENERIC.pipeline_output * e
+    )
+
+
+def test_a_narrow_attentions_q_k_and_v_stay_below_the_ffn() -> None:
+    """Flash attention whose output (n_head x head_dim_v) is narrower than the residual stream
+    (gemma-3-27b: 32 x 128 < 5376): the output projection's E fits none of the blocks the
+    attention freed, lands at the top of its Q, K and V, and the FFN above it (an allocator
+    trace of the lavapipe build: 168.52 MiB, llama.cpp's; the generic rule 152.5). With
+    pipeline parallelism the first device's fitted term carries it."""
+    e, ffn, mask, qkv = 10.5 * MiB, 42 * MiB, 5.5 * MiB, 16 * MiB
+    shape = GraphShape(e=int(e), ffn=ffn, moe_mid=0, moe_out=0, logits=512 * MiB, ubatch=512)
+    dev = DeviceGraph(
+        backend=ComputeBackend.GPU, is_host=False, holds_layers=True, holds_output=False,
+        mask_f16=int(mask), mask_f32=int(2 * mask), kq=0, flash_attn=True, attn_narrow=qkv,
+    )  # fmt: skip
+    assert device_compute(dev, shape, GENERIC) == int(2 * e + 3 * ffn + mask + qkv)
+    assert (
+        device_compute(dev, shape, GENERIC)
+        - device_compute(replace(dev, attn_narrow=0), shape, GENERIC)
+        == qkv
+    )
+    first = replace(dev, copies=4)
+    assert device_compute(first, shape, GENERIC) == device_compute(
+        replace(first, attn_narrow=0), shape, GENERIC
+    )
+
+
+def test_only_a_backend_whose_traits_say_so_puts_the_ffn_above_a_narrow_attention() -> None:
+    """The rule is measured on the Vulkan backend's lavapipe oracle only: a CUDA device keeps the
+    generic layer (gemma-3-27b, one device, flash attention)."""
+    lay = layout("gemma-3-27b")
+    config = RunConfig(ctx_size=4096, flash_attn="on")
+    vk = Machine(
+        gpus=(Gpu(index=0, name="vk", total_bytes=64 * GiB, free_bytes=64 * GiB,
+                  backend="Vulkan"),),
+        host=Host(256 * GiB, 256 * GiB, 8),
+    )  # fmt: skip
+    cuda = estimate(lay, cuda_machine(64), config).devices[0].compute_bytes
+    vulkan = estimate(lay, vk, config).devices[0].compute_bytes
+    view = lay.view
+    layer = next(x for x in view.layers if x.attends)
+    qkv = 512 * (layer.n_head * layer.k_width // layer.n_head_kv + layer.k_width + layer.v_width)
+    assert vulkan - cuda == qkv * 4

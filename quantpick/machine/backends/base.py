@@ -56,6 +56,10 @@ class ComputeTraits:
     # the copy is added to a layer's live set (the CUDA rule)
     host_layer_weight_share: float | None = None
     host_layer_kv_e: float = 0.0
+    # flash attention whose output is narrower than the residual stream: a layer's FFN lands
+    # above the attention's Q, K and V (plan/compute.py DeviceGraph.attn_narrow; measured on
+    # the Vulkan backend's lavapipe oracle only)
+    narrow_attn_above: bool = False
 
 
 class Vendor(str, Enum):
