@@ -139,8 +139,10 @@ VULKAN_DECODE_PATHS = (
     # same files at the bus's speed: machine/backends/rocm.py); dense BF16 on the same machine
     # takes the mat-vec shader and runs at the bus's speed (Ministral-3-14B BF16: 7.83 t/s
     # Vulkan, 8.50 ROCm, same repository). The figure is a "bf16: 0" device's: no published run
-    # of a build since 2026 measures a "bf16: 1" device, and quantpick does not know a device's
-    # bfloat16 support, so it is taken on every GPU (docs/backends.md "BF16 experts").
+    # of a 2026 build measures a "bf16: 1" device, and quantpick does not know a device's
+    # bfloat16 support, so it is taken on every GPU. The rows' builds have the matrix path but
+    # predate its MUL_MAT_ID row-id hoisting (PR #26686, which b11312 has: a scan of a token's 8
+    # ids per workgroup saved), so they are kept (docs/backends.md "Per-vendor decode terms").
     KernelPath(
         None,
         frozenset({"BF16"}),
