@@ -151,7 +151,7 @@ def with_efficiency(
             )
             vendor = case_vendor(case)
             if paths is not None:
-                mine = tuple(p for p in paths if p.vendor is vendor)
+                mine = tuple(p for p in paths if p.on(vendor))
                 d = replace(d, terms=replace(d.terms, paths=mine))
             if fixed is not None:
                 term = next((f for f in fixed if f.vendor is vendor), None)
@@ -236,23 +236,25 @@ def fit_attention(
 
 
 def path_rows(cases: list[Case], path: KernelPath, paths: tuple[KernelPath, ...]) -> list[Case]:
-    """The decode rows some of whose weights `path` reads (resolved among `paths`, on the row
-    GPU's vendor)."""
+    """The decode rows some of whose weights `path` reads (resolved among the `paths` taken on
+    the row GPU's vendor: a path for every vendor reads the rows of all of them)."""
     from quantpick.machine.backends.base import resolve_path
 
-    paths = tuple(p for p in paths if p.vendor is path.vendor)
-    return [
-        c
-        for c in cases
-        if c.tg_tps is not None
-        and case_vendor(c) is path.vendor
-        and any(
-            resolve_path(paths, t, e) is path
+    rows = []
+    for c in cases:
+        vendor = case_vendor(c)
+        if c.tg_tps is None or not path.on(vendor):
+            continue
+        mine = tuple(p for p in paths if p.on(vendor))
+        read = (
+            resolve_path(mine, t, e)
             for w in c.work.devices
             for t, e, n in w.decode_type_bytes
             if n > 0
         )
-    ]
+        if any(r is path for r in read):
+            rows.append(c)
+    return rows
 
 
 @dataclass(frozen=True)
@@ -376,7 +378,8 @@ def model_key(case: Case) -> str:
 def path_label(p: KernelPath) -> str:
     types = "+".join(sorted(p.types)) or "quantized"
     weights = "" if p.weights.value == "any" else f" {p.weights.value}"
-    return f"{p.vendor.value} {types}{weights}"
+    vendor = p.vendor.value if p.vendor is not None else "every vendor's"
+    return f"{vendor} {types}{weights}"
 
 
 def goal_met(errs: list[float]) -> bool:

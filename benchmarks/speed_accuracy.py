@@ -60,6 +60,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import random
 import re
 import statistics
@@ -705,6 +706,28 @@ def copy_rate_needed(case: Case) -> tuple[float, float] | None:
     return offload_copy_bytes(host, case.work, n) / seconds, float(gpus[0].pcie_bytes_per_s or 0)
 
 
+def copy_rate_fitting(case: Case, params: SpeedParams) -> float | None:
+    """The per-ubatch copy rate (bytes/s) at which `params` predict the row's measured prefill,
+    every other term as modelled (bisection on pcie_efficiency); None where copy_rate_needed has
+    no figure (no GiB of weights in host RAM beside a GPU), or where no copy rate brings the row
+    in (too slow with the copy free)."""
+    need = copy_rate_needed(case)
+    if need is None or case.pp_tps is None:
+        return None
+    link, meas = need[1], case.pp_tps
+
+    def pred(efficiency: float) -> float:
+        return predict(case, replace(params, pcie_efficiency=efficiency))[1] or 0.0
+
+    low, high = 1e-3, 1e3
+    if pred(high) < meas:
+        return None
+    for _ in range(50):
+        mid = math.sqrt(low * high)
+        low, high = (mid, high) if pred(mid) < meas else (low, mid)
+    return high * link
+
+
 def named_report(cases: list[Case], extra: list[Case]) -> list[str]:
     """Issue #30's configurations held out: the bundled rows of `named_case` predicted by a fit
     of scripts/fit_speed.py to the other bundled rows, and the held-out file's rows (`extra`,
@@ -734,8 +757,10 @@ def named_report(cases: list[Case], extra: list[Case]) -> list[str]:
             return f"{v:.1f}" if v is not None else "-"
 
         need = copy_rate_needed(c)
+        fits = copy_rate_fitting(c, params) if need else None
         link = (
             f"  copy needs >= {need[0] / 1e9:.1f} GB/s of a {need[1] / 1e9:.1f} GB/s link"
+            + (f", {fits / 1e9:.1f} with the GPU's modelled time" if fits else "")
             if need
             else ""
         )

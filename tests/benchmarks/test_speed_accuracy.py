@@ -486,6 +486,30 @@ def test_vulkan_intel_rows_are_within_2x_with_each_source_held_out() -> None:
     assert beyond and beyond <= {2140, 2141, 2142, 2217, 2218, 2219}
 
 
+def test_vulkans_bf16_expert_term_is_fitted_on_its_rows_whatever_their_vendor() -> None:
+    """Vulkan's BF16-expert term is taken on every GPU (ggml_vk_use_mul_mat_vec_id sends BF16
+    experts to the matrix kernel on every device, ggml-vulkan.cpp:7904-7909): the fit reads it
+    from the rows whose experts are BF16 whatever their GPU's vendor -- today the six Radeon
+    8060S rows of kyuz0's Strix Halo repository -- and the same path keyed to Intel reads none
+    of them."""
+    from dataclasses import replace as dc_replace
+
+    from backend_speed import backend_cases, case_backend, path_rows
+
+    from quantpick.machine.backends.base import Vendor, WeightPath
+
+    rows = [c for c in backend_cases()[0] if case_backend(c).label == "Vulkan"]
+    b = case_backend(rows[0])
+    (experts,) = [p for p in b.decode_paths if p.weights is WeightPath.EXPERTS]
+    assert experts.vendor is None
+    read = path_rows(rows, experts, b.decode_paths)
+    assert sorted(c.row_id for c in read) == [2140, 2141, 2142, 2217, 2218, 2219]
+    assert {c.source for c in read} == {"github.com/kyuz0/amd-strix-halo-toolboxes"}
+    intel = dc_replace(experts, vendor=Vendor.INTEL)
+    paths = tuple(intel if p is experts else p for p in b.decode_paths)
+    assert path_rows(rows, intel, paths) == []
+
+
 def metal_rows():  # type: ignore[no-untyped-def]
     from backend_speed import DATA, case_backend
 
@@ -647,3 +671,57 @@ def test_no_expert_matmul_rate_brings_the_3090_gpt_oss_ub_2048_run_within_2x() -
 
     assert error(1.0) > error(2.0) > 2.0
     assert error(100.0) > 1.6
+
+
+def test_the_copy_rate_each_offload_row_fits_at() -> None:
+    """copy_rate_fitting: the per-ubatch copy rate at which the defaults predict a row exactly,
+    every other term as modelled. The bundled llama-server rows (RTX 3080, mmap'd: pageable
+    host weights) fit at 12-15 GB/s of their PCIe 4.0 x16 link, and predicting a row at its
+    own fitting rate gives its measured prefill. The RTX 3090 gpt-oss-120b sweep's -ub 2048-8192
+    rows would need more than their whole link (31.5 GB/s) beside the modelled GPU time, so no
+    copy rule alone brings them to their measured speed (docs/speed.md "Left open")."""
+    from dataclasses import replace
+
+    from speed_accuracy import HELD_OUT_DATA, copy_rate_fitting
+
+    bundled = {c.row_id: c for c in load_cases(DEFAULT_DATA)[0]}
+    assert copy_rate_fitting(bundled[145], DEFAULT_SPEED_PARAMS) is None  # all in VRAM
+    for row_id in (2, 4, 6, 8, 10, 12, 14, 22, 24):
+        case = bundled[row_id]
+        rate = copy_rate_fitting(case, DEFAULT_SPEED_PARAMS)
+        assert rate is not None and 11e9 < rate < 16e9, row_id
+        link = case.devices["CUDA0"].pcie_bytes_per_s or 0
+        _, pp = predict(case, replace(DEFAULT_SPEED_PARAMS, pcie_efficiency=rate / link))
+        assert pp == pytest.approx(case.pp_tps, rel=1e-3)
+    held = {c.row_id: c for c in load_cases(HELD_OUT_DATA)[0]}
+    for row_id in (2003, 2004, 2005):
+        rate = copy_rate_fitting(held[row_id], DEFAULT_SPEED_PARAMS)
+        assert rate is not None and rate > 1.5 * 31.5e9, row_id
+
+
+def test_a_pinned_copy_would_bring_the_3090_sweep_within_2x() -> None:
+    """docs/speed.md "Left open": llama.cpp's own A/B of one llama-bench run (PR #20978,
+    gpt-oss-20b with its experts in RAM, -ub 128) prefills 543.68 t/s without mmap (host
+    weights in the pinned CUDA_Host buffer) against 298.28 with it (pageable): a pinned copy at
+    least 1.82x the pageable one. At that rate every row of the RTX 3090 gpt-oss-120b sweep is
+    within 2x (1.1-1.5x); at the fitted pageable rate rows 2003 and 2004 are not. Which one the
+    run had, its source does not say (llama-bench mapped by default from PR #20211, March 2026,
+    and not from PR #18841, January 2026, until then)."""
+    from dataclasses import replace
+
+    from speed_accuracy import HELD_OUT_DATA
+
+    held = {c.row_id: c for c in load_cases(HELD_OUT_DATA)[0]}
+    pinned = replace(
+        DEFAULT_SPEED_PARAMS, pcie_efficiency=DEFAULT_SPEED_PARAMS.pcie_efficiency * 543.68 / 298.28
+    )
+    assert pinned.pcie_efficiency < 1.0
+
+    def error(case, params) -> float:  # type: ignore[no-untyped-def]
+        _, pp = predict(case, params)
+        assert pp is not None and case.pp_tps is not None
+        return max(pp / case.pp_tps, case.pp_tps / pp)
+
+    assert all(error(c, pinned) < 1.6 for c in held.values())
+    assert error(held[2003], DEFAULT_SPEED_PARAMS) > 2.0
+    assert error(held[2004], DEFAULT_SPEED_PARAMS) > 2.0

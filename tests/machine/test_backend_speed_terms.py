@@ -9,7 +9,7 @@ import re
 from functools import cache
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from quantpick.machine.backends import NO_TERMS, backend
@@ -62,7 +62,7 @@ def test_every_catalogue_gpu_names_its_vendor() -> None:
 paths_st = st.lists(
     st.builds(
         KernelPath,
-        st.just(Vendor.INTEL),
+        st.sampled_from([Vendor.INTEL, None]),
         st.frozensets(st.sampled_from(TYPES), max_size=3),
         st.floats(0.05, 1.5),
         st.sampled_from(list(WeightPath)),
@@ -72,12 +72,21 @@ paths_st = st.lists(
 
 
 @given(paths_st, st.sampled_from(TYPES), st.booleans())
+@example(  # Vulkan on Intel: the F16/BF16 mat-vec path, then BF16 experts' matrix path
+    (
+        KernelPath(Vendor.INTEL, HALF_TYPES, 0.86),
+        KernelPath(None, frozenset({"BF16"}), 0.14, WeightPath.EXPERTS),
+    ),
+    "BF16",
+    True,
+)
 def test_a_weight_takes_the_path_that_names_its_type(
     paths: tuple[KernelPath, ...], ggml_type: str, expert: bool
 ) -> None:
-    """A path naming the type wins over one for every quantized type; a path for every
-    quantized type never reads F32/F16/BF16; an experts path never reads a dense weight and a
-    dense path never an expert; no path: 1.0."""
+    """A path naming the type wins over one for every quantized type, and among those one for
+    routed experts (or dense weights) only over one for both; a path for every quantized type
+    never reads F32/F16/BF16; an experts path never reads a dense weight and a dense path never
+    an expert; no path: 1.0."""
     chosen = resolve_path(paths, ggml_type, expert)
     if chosen is None:
         assert path_efficiency(paths, ggml_type, expert) == 1.0
@@ -86,6 +95,10 @@ def test_a_weight_takes_the_path_that_names_its_type(
     assert chosen.reads(ggml_type, expert)
     if any(p.types and p.reads(ggml_type, expert) for p in paths):
         assert ggml_type in chosen.types
+    if any(
+        p.types and p.weights is not WeightPath.ANY and p.reads(ggml_type, expert) for p in paths
+    ):
+        assert chosen.weights is not WeightPath.ANY  # the op (MUL_MAT_ID or not) picks first
     if not chosen.types:
         assert ggml_type not in HALF_TYPES | {"F32"}
     if chosen.weights is WeightPath.EXPERTS:
@@ -131,17 +144,19 @@ def test_the_type_mix_covers_the_decoded_weights() -> None:
         assert any(e for _, e, _ in w.decode_type_bytes)
 
 
-def test_vulkan_terms_reach_intel_gpus_only() -> None:
+def test_vulkan_intel_terms_reach_intel_gpus_only() -> None:
     """On an Arc Pro B70 under Vulkan the device carries the Intel paths and fixed-cost factor
-    (ggml-vulkan.cpp's MMVQ and fusion rules for Intel), and they slow its decode; the same
-    terms leave an NVIDIA card under Vulkan as it was."""
+    (ggml-vulkan.cpp's MMVQ and fusion rules for Intel) beside the paths for every vendor, and
+    they slow its decode; an NVIDIA card under Vulkan carries only the paths for every vendor,
+    which leave a quantized file's decode as it was."""
     vulkan = backend("vulkan")
     layout = layout_of("UD-Q4_K_XL")
     for gpu, vendor in (("b70", Vendor.INTEL), ("4090", Vendor.NVIDIA)):
         m = machine(gpu, "vulkan")
         dev = device_speeds(m)["Vulkan0"]
-        mine = tuple(p for p in vulkan.decode_paths if p.vendor is vendor)
+        mine = tuple(p for p in vulkan.decode_paths if p.vendor in (vendor, None))
         assert dev.terms.paths == mine
+        assert all(p.on(vendor) for p in mine)
         est = estimate(layout, m, RunConfig(ctx_size=8192))
         work = speed_work(layout, est)
         plain = {k: dataclasses.replace(d, terms=NO_TERMS) for k, d in device_speeds(m).items()}
@@ -232,17 +247,29 @@ def test_intels_vulkan_fixed_cost_is_the_same_on_every_intel_gpu(tflops: float) 
     )
 
 
-def test_amd_vulkans_bf16_expert_path_spares_quantized_files() -> None:
-    """AMD's Vulkan path for BF16 routed experts slows only files whose experts are BF16."""
-    m = machine("7900xtx", "vulkan")
+@pytest.mark.parametrize("gpu", ["7900xtx", "4090", "b70", "arc-b390", "m4-pro"])
+def test_vulkans_bf16_expert_path_is_taken_on_every_gpu(gpu: str) -> None:
+    """BF16 routed experts go through Vulkan's matrix kernel at decode on every device
+    (ggml_vk_use_mul_mat_vec_id takes F32/F16/quantized experts only, ggml-vulkan.cpp:7904-7909):
+    the term rides on an AMD, NVIDIA, Intel or Apple GPU alike, wins on Intel over the Intel
+    F16/BF16 mat-vec path (which reads dense BF16), and spares files whose experts are
+    quantized."""
+    vulkan = backend("vulkan")
+    (experts,) = [p for p in vulkan.decode_paths if p.weights is WeightPath.EXPERTS]
+    assert experts.vendor is None and experts.types == frozenset({"BF16"})
+    m = machine(gpu, "vulkan")
     dev = device_speeds(m)["Vulkan0"]
-    assert dev.terms.paths and all(p.vendor is Vendor.AMD for p in dev.terms.paths)
+    assert experts in dev.terms.paths
+    assert resolve_path(dev.terms.paths, "BF16", True) is experts
+    assert resolve_path(dev.terms.paths, "BF16", False) is not experts
     layout = layout_of("UD-Q4_K_XL")
     work = speed_work(layout, estimate(layout, m, RunConfig(ctx_size=8192)))
     for w in work.devices:
         assert weight_slowdown(dev.terms.paths, w.decode_type_bytes) == 1.0
-    bf16 = tuple((t, e, n) for t, e, n in (("BF16", True, 100), ("BF16", False, 100)))
-    assert weight_slowdown(dev.terms.paths, bf16) > 2.0
+    assert weight_slowdown(dev.terms.paths, (("BF16", True, 100),)) > 5.0
+    dense = weight_slowdown(dev.terms.paths, (("BF16", False, 100),))
+    assert dense == pytest.approx(1 / path_efficiency(dev.terms.paths, "BF16", False))
+    assert dense < 1.5
 
 
 def test_every_decode_term_names_its_source_and_basis() -> None:

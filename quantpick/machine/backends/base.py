@@ -105,13 +105,14 @@ class WeightPath(str, Enum):
 
 @dataclass(frozen=True)
 class KernelPath:
-    """A decode mat-vec path of a backend on one vendor's GPUs that reaches a different share of
-    the memory bus than the backend's decode_efficiency: the weight types it reads (ggml names;
-    empty: every quantized type no other path of the vendor names), and the share of that
-    efficiency it reaches. `source` names the llama.cpp lines that choose the path and
-    `basis` the data the efficiency is fitted to, with its error."""
+    """A decode kernel path of a backend on one vendor's GPUs (None: on every GPU the backend
+    drives, where the backend's own rule picks the kernel whatever the vendor) that reaches a
+    different share of the memory bus than the backend's decode_efficiency: the weight types it
+    reads (ggml names; empty: every quantized type no other path of the vendor names), and the
+    share of that efficiency it reaches. `source` names the llama.cpp lines that choose the
+    path and `basis` the data the efficiency is fitted to, with its error."""
 
-    vendor: Vendor
+    vendor: Vendor | None
     types: frozenset[str]
     efficiency: float
     weights: WeightPath = WeightPath.ANY
@@ -128,6 +129,11 @@ class KernelPath:
         if self.types:
             return ggml_type.upper() in self.types
         return ggml_type.upper() not in HALF_TYPES | {"F32"}
+
+    def on(self, vendor: Vendor | None) -> bool:
+        """Whether this path is taken on a GPU of `vendor` (None: a GPU whose name states no
+        vendor, which only a path for every vendor reaches)."""
+        return self.vendor is None or self.vendor is vendor
 
 
 @dataclass(frozen=True)
@@ -162,9 +168,12 @@ NO_TERMS = VendorTerms()
 
 
 def resolve_path(paths: tuple[KernelPath, ...], ggml_type: str, expert: bool) -> KernelPath | None:
-    """The path among `paths` that reads a weight of `ggml_type`: one naming the type first,
-    else one for every quantized type; None: no path differs (decode_efficiency)."""
+    """The path among `paths` that reads a weight of `ggml_type`: one naming the type first
+    (among those, one for routed experts or dense weights only before one for both: the op,
+    MUL_MAT_ID or MUL_MAT, picks the kernel before the type does), else one for every quantized
+    type; None: no path differs (decode_efficiency)."""
     named = [p for p in paths if p.types and p.reads(ggml_type, expert)]
+    named.sort(key=lambda p: p.weights is WeightPath.ANY)  # stable: the module's order within
     generic = [p for p in paths if not p.types and p.reads(ggml_type, expert)]
     return next(iter(named or generic), None)
 
@@ -294,7 +303,7 @@ class Backend:
         vendor = vendor_of_name(gpu_name)
         fixed = next((f for f in self.decode_fixed if f.vendor is vendor), None)
         return VendorTerms(
-            tuple(p for p in self.decode_paths if p.vendor is vendor),
+            tuple(p for p in self.decode_paths if p.on(vendor)),
             fixed.factor if fixed is not None else 1.0,
             fixed.throughput_scaled if fixed is not None else True,
         )

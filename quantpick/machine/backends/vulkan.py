@@ -125,18 +125,31 @@ VULKAN_DECODE_PATHS = (
         basis="5 Intel runs, 3 models (kyuz0/intel-b70-ai-toolboxes b9039; llama.cpp PR #22461, "
         "Arc 140V, b8997)",
     ),
-    # AMD, BF16 routed experts: MUL_MAT_ID's BF16 mat-vec (mul_mat_vec_id_bf16_f32, :3015) on
-    # the Radeon 8060S under RADV, which reports no bfloat16 (device line "bf16: 0"): 0.14,
-    # fitted on GLM-4.7-Flash and Qwen3.6-35B-A3B BF16 (6 rows; ROCm runs the same files at
-    # the bus's speed: machine/backends/rocm.py). Dense BF16 on the same machine runs at the
-    # bus's speed (Ministral-3-14B BF16: 7.83 t/s Vulkan, 8.50 ROCm, same repository). No second
-    # published source of BF16 experts on Vulkan was found (docs/backends.md).
+    # Every GPU, BF16 routed experts: MUL_MAT_ID goes to the mat-vec kernel only for F32, F16
+    # and quantized experts (ggml_vk_use_mul_mat_vec_id, ggml-vulkan.cpp:7904-7909; BF16 is not
+    # quantized: ggml.c:886-893), so at decode BF16 experts run the matrix kernel
+    # (ggml_vk_mul_mat_id_q_f16, :7917-7921) on every Vulkan device: a tile of at least 32
+    # columns (:1859) for one token, the activations converted to BF16 first (:7361-7387), and no
+    # MUL_MAT_ID+ADD_ID/MUL fusion (the fusions want the mat-vec path, :13591, :13626). Which
+    # matrix shader runs depends on the device: without bfloat16 support (the device line's
+    # "bf16: 0", which gates coopmat_bf16_support, :4726-4745) the scalar fp32-accumulating
+    # matmul_id_bf16_fp32 (:2780, and on a KHR_coopmat device the fallback tiles of
+    # :2794-2815); with it, the coopmat BF16 shaders (:2338, :2511). Fitted 0.14 on GLM-4.7-Flash
+    # and Qwen3.6-35B-A3B BF16 on the Radeon 8060S under RADV ("bf16: 0", 6 rows; ROCm runs the
+    # same files at the bus's speed: machine/backends/rocm.py); dense BF16 on the same machine
+    # takes the mat-vec shader and runs at the bus's speed (Ministral-3-14B BF16: 7.83 t/s
+    # Vulkan, 8.50 ROCm, same repository). The figure is a "bf16: 0" device's: no published run
+    # of a 2026 build measures a "bf16: 1" device, and quantpick does not know a device's
+    # bfloat16 support, so it is taken on every GPU. The rows' builds have the matrix path but
+    # predate its MUL_MAT_ID row-id hoisting (PR #26686, which b11312 has: a scan of a token's 8
+    # ids per workgroup saved), so they are kept (docs/backends.md "Per-vendor decode terms").
     KernelPath(
-        Vendor.AMD,
+        None,
         frozenset({"BF16"}),
         0.14,
         WeightPath.EXPERTS,
-        source="ggml-vulkan.cpp:3015 (mul_mat_vec_id_bf16_f32)",
+        source="ggml-vulkan.cpp:7904-7909 (ggml_vk_use_mul_mat_vec_id), :7917-7921, "
+        ":2780 / :2794-2815 (matmul_id_bf16_fp32)",
         basis="6 Radeon 8060S runs, 2 models (kyuz0/amd-strix-halo-toolboxes, b9187-b9193)",
     ),
 )
