@@ -53,9 +53,11 @@ device's figure carries its expected error (`ComputeAccuracy`).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
 
+from quantpick.arch.base import AttentionKind, LayerView
 from quantpick.arch.graph import ArchLive
 from quantpick.model.ggml import CPU_BUFFER, pad
 from quantpick.model.layout import ModelLayout
@@ -277,6 +279,26 @@ def state_rows_fence(ubatch: int, n_seq: int, state_r: int, state_s: int) -> boo
     # the allocator pads every size to the buffer's alignment (ggml/src/ggml-alloc.c:203, :313)
     slot = pad(ubatch * 4, CPU_BUFFER.alignment)
     return n_seq * state_r * 4 == slot
+
+
+def v_cache_indices(
+    layers: Sequence[LayerView], writer: Sequence[int], host: int, ubatch: int
+) -> list[int]:
+    """Bytes of the V cache's element indices on each device (`host` the last), without flash
+    attention: the V cache is transposed and written element by element, one I64 index per token
+    and V element of each cache (each sub-cache of an iSWA one), n_ubatch x n_embd_v_gqa_max x
+    8 B (src/llama-kv-cache.cpp:1435-1439): a graph input alive to the last layer writing it, on
+    the host that sets it and on each device whose layers write that cache (`writer`: each
+    layer's device, -1 for none)."""
+    widest: dict[AttentionKind, int] = {}
+    writes: list[set[AttentionKind]] = [set() for _ in range(host + 1)]
+    for lv, pos in zip(layers, writer, strict=True):
+        if lv.kv:
+            widest[lv.attention] = max(widest.get(lv.attention, 0), lv.v_width)
+            if pos >= 0:
+                writes[pos].add(lv.attention)
+    writes[host] = set(widest)
+    return [sum(ubatch * widest[k] * 8 for k in w) for w in writes]
 
 
 def graph_shape(layout: ModelLayout, ubatch: int, logits_rows: int) -> GraphShape:

@@ -34,6 +34,7 @@ from quantpick.plan.compute import (
     graph_shape,
     output_buffer,
     state_rows_fence,
+    v_cache_indices,
 )
 from quantpick.plan.graph_rules import GENERIC, GRAPH_RULES
 from quantpick.plan.kv_cache import (
@@ -567,23 +568,12 @@ def estimate(
         )
         > op_cap
     )
-    # without flash attention the V cache is transposed and its rows are written element by
-    # element: one I64 index per token and V element of each cache (an iSWA cache: of each
-    # sub-cache), n_ubatch x n_embd_v_gqa_max x 8 B (src/llama-kv-cache.cpp:1435-1439), a graph
-    # input alive to the last layer that writes it, on the host that sets it and on each device
-    # whose layers write that cache (a split input there)
-    v_idxs = [0] * (n_gpu + 1)
-    if not fa:
-        widest: dict[AttentionKind, int] = {}
-        writes: list[set[AttentionKind]] = [set() for _ in range(n_gpu + 1)]
-        for lv in view.layers:
-            if not lv.kv:
-                continue
-            widest[lv.attention] = max(widest.get(lv.attention, 0), lv.v_width)
-            if not skipped(lv.index):
-                writes[slot_device[lv.index] if config.kv_offload else host_pos].add(lv.attention)
-        writes[host_pos] = set(widest)
-        v_idxs = [sum(ub * widest[k] * 8 for k in w) for w in writes]
+    # without flash attention: the V cache's element indices on each device (plan/compute.py)
+    writer = [
+        -1 if skipped(lv.index) else slot_device[lv.index] if config.kv_offload else host_pos
+        for lv in view.layers
+    ]
+    v_idxs = [0] * (n_gpu + 1) if fa else v_cache_indices(view.layers, writer, host_pos, ub)
     for pos in range(n_gpu + 1):
         a = acc[pos]
         is_host = pos == host_pos
