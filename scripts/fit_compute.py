@@ -15,8 +15,10 @@ coordinate descent, from the generic rule, to maximise the rows within max(5%, 1
 llama.cpp (ties: the smallest summed relative error), beside what an architecture's GraphTrait
 (quantpick/arch/graph.py) adds (read from its graph builder, not fitted here). It prints one
 GRAPH_RULES record per architecture with the rows within, the median and the worst error;
-`--emit` writes them into quantpick/plan/graph_rules.py (with `--only`, those architectures' records
-only; a record's note after "beyond 25%", such as "(beside its GraphTrait)", is kept).
+`--emit` writes them into quantpick/plan/graph_rules.py: the records of the architectures this run
+had rows for (with `--only`, those configs'); a record's note after "beyond 25%", such as
+"(beside its GraphTrait)", stays with it, and a record with a note is kept where the generic rule
+now holds on its rows (the note names data this script does not read).
 """
 
 from __future__ import annotations
@@ -167,21 +169,31 @@ BLOCK = re.compile(
 RECORD = re.compile(r'^    "(?P<arch>[^"]+)": GraphRule\(.*beyond 25%(?P<note>[^"]*)"\),$')
 
 
-def emit(records: dict[str, str], *, partial: bool) -> None:
-    """Write `records` (arch -> its line) as GRAPH_RULES in graph_rules.py, one record a line."""
+def emit(records: dict[str, str], *, generic: set[str]) -> None:
+    """Write `records` (arch -> its line) as GRAPH_RULES in graph_rules.py, one record a line.
+    An architecture in `generic` (its rows all fit the generic rule) loses its record, unless the
+    record carries a note after "beyond 25%": then it rests on data this script does not read
+    (minimax-m3's tests/data/arch-traits.json) and is kept as it is. A record of an
+    architecture this run read no rows of is kept too."""
     text = RULES_PY.read_text(encoding="utf-8")
     match = BLOCK.search(text)
     if match is None:
         raise SystemExit(f"{RULES_PY}: no GRAPH_RULES block")
     old = {m["arch"]: m for m in map(RECORD.match, match[2].splitlines()) if m}
-    new = {**{a: m.string for a, m in old.items()}, **records} if partial else dict(records)
+    kept = {
+        a: m.string for a, m in old.items() if a not in records and (a not in generic or m["note"])
+    }
+    new = {**kept, **records}
     for arch, line in new.items():
         note = old[arch]["note"] if arch in old else ""
         if note and arch in records:
             new[arch] = line[: -len('"),')] + note + '"),'
     body = "".join(f"{new[a]}\n" for a in sorted(new))
     RULES_PY.write_text(text[: match.start(2)] + body + text[match.end(2) :], encoding="utf-8")
-    print(f"wrote {len(records)} of {len(new)} records into {RULES_PY.relative_to(ROOT)}")
+    print(
+        f"wrote {len(records)} of {len(new)} records into {RULES_PY.relative_to(ROOT)}"
+        + (f" (kept as they were: {', '.join(sorted(kept))})" if kept else "")
+    )
 
 
 def main() -> int:
@@ -191,8 +203,10 @@ def main() -> int:
     args = ap.parse_args()
     real = real_archs()
     records: dict[str, str] = {}
+    generic: set[str] = set()
     for arch, rows in sorted(collect(args.only).items()):
         if score(GENERIC, rows)[0] == len(rows) and arch not in real:
+            generic.add(arch)
             continue  # the generic rule holds on every row: no entry
         rule = fit(rows)
         errs = [abs(device_compute(d, s, rule) - w) / max(w, 1) for d, s, w in rows]
@@ -211,7 +225,7 @@ def main() -> int:
         )
         print(records[arch])
     if args.emit:
-        emit(records, partial=bool(args.only))
+        emit(records, generic=generic)
     return 0
 
 

@@ -45,7 +45,7 @@ def test_emit_rewrites_only_the_fitted_records_and_keeps_their_notes(
     record = (
         '    "lfm2": GraphRule(layer=1.0, source="9/9 rows within, median 1.0%, 0 beyond 25%"),'
     )
-    fit.emit({"lfm2": record}, partial=True)
+    fit.emit({"lfm2": record}, generic=set())
     namespace: dict[str, object] = {}
     exec(compile(copy.read_text(encoding="utf-8"), str(copy), "exec"), namespace)  # noqa: S102
     rules = namespace["GRAPH_RULES"]
@@ -58,3 +58,27 @@ def test_emit_rewrites_only_the_fitted_records_and_keeps_their_notes(
     assert {a: repr(r) for a, r in rules.items() if a != "lfm2"} == {
         a: repr(r) for a, r in GRAPH_RULES.items() if a != "lfm2"
     }
+
+
+def test_a_refit_drops_a_record_only_where_the_generic_rule_holds_and_nothing_else_backs_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A refit where the generic rule holds on an architecture's rows drops its record, unless the
+    record's note says it rests on other data the script does not read (minimax-m3's
+    tests/data/arch-traits.json, beside its GraphTrait): a full `--emit` lost it before."""
+    fit = _fit_script()
+    copy = tmp_path / "graph_rules.py"
+    shutil.copy(fit.RULES_PY, copy)
+    monkeypatch.setattr(fit, "RULES_PY", copy)
+    monkeypatch.setattr(fit, "ROOT", tmp_path)
+    record = (
+        '    "lfm2": GraphRule(layer=1.0, source="9/9 rows within, median 1.0%, 0 beyond 25%"),'
+    )
+    # lfm2 refitted; the generic rule holds on gemma3's and minimax-m3's rows
+    fit.emit({"lfm2": record}, generic={"gemma3", "minimax-m3"})
+    namespace: dict[str, object] = {}
+    exec(compile(copy.read_text(encoding="utf-8"), str(copy), "exec"), namespace)  # noqa: S102
+    rules = namespace["GRAPH_RULES"]
+    assert isinstance(rules, dict)
+    assert "minimax-m3" in rules
+    assert sorted(rules) == sorted(set(GRAPH_RULES) - {"gemma3"})
