@@ -210,6 +210,8 @@ class DeviceGraph:
     # intermediate (n_ubatch x n_ff x 4 B): the gated product cannot take the freed copy's block
     # and lands above the gate and up results (0: none)
     offload_ffn_up: int = 0
+    # every host layer is an attention layer (none recurrent: their own op sequences differ)
+    offload_plain: bool = False
     copies: int = 1  # PIPELINE_COPIES with pipeline parallelism
     # K and V of another device's cache that layers here attend over (a shared KV cache, gemma3n
     # and gemma4): split inputs copied in (ggml-backend.cpp:1514-1531)
@@ -335,6 +337,26 @@ def layer_live(shape: GraphShape, experts: bool = True) -> float:
     return max(dense, moe)
 
 
+def host_ffn_alone(dev: DeviceGraph, shape: GraphShape) -> bool:
+    """Whether the host layers a device runs by op offload (-ngl partial offload,
+    ComputeTraits.host_layer_weight_share) leave only their FFN's sequence on it: no flash
+    attention and the attention's KQ above the device's cap (ComputeTraits.ops_capped: the host
+    runs it, `attn_elsewhere`), its output as wide as the residual stream (not `attn_narrow`),
+    dense gated FFNs (no routed experts) and no recurrent host layer (`offload_plain`). Then no
+    split input of the attention (the mask, K and V) is allocated on the device, and a host
+    layer's gated FFN starts above the residual stream and its norm (ggml-backend.cpp:1514-1531:
+    split inputs are allocated at their split's start; ggml-alloc.c:211-247, best fit)."""
+    return (
+        not dev.flash_attn
+        and dev.attn_elsewhere
+        and not dev.attn_narrow
+        and dev.offload_plain
+        and dev.offload_ffn_up > 0
+        and shape.ffn_gated
+        and not shape.moe_mid
+    )
+
+
 def device_compute(dev: DeviceGraph, shape: GraphShape, rule: GraphRule) -> int:
     """Bytes of one device's compute buffer: the largest live set of the phases it runs."""
     e = shape.e
@@ -384,7 +406,17 @@ def device_compute(dev: DeviceGraph, shape: GraphShape, rule: GraphRule) -> int:
             # layer's peak -- one block, ggml-alloc.c:22-46 -- and the fitted layer term
             # describes another sublayer (nemotron-h's Mamba-2), so its live set is the FFN's)
             base = live if shape.ffn_gated else layer_live(shape, dev.experts) + host_e
-            phases.append((base + dev.offload_weight_share * dev.offload_weight, True))
+            if host_ffn_alone(dev, shape):
+                # without flash attention and its KQ refused here, a host layer's attention runs
+                # on the host: no mask is copied in to pin the layout, and its FFN starts above
+                # the residual stream and its norm (2E): the up weight's copy and the gate and up
+                # results above it; the GLU product takes the freed copy's block (an allocator
+                # trace: llama-3.1-8b -ngl 16 -fa off, 2E + 31.5 + 2 x 28 = 103.5 MiB, below
+                # the device's layer, 108: llama.cpp's)
+                if dev.offload_ffn_up >= shape.ffn:
+                    phases.append((2 * e + dev.offload_ffn_up + 2 * shape.ffn, True))
+            else:
+                phases.append((base + dev.offload_weight_share * dev.offload_weight, True))
             if dev.offload_kv:
                 phases.append((dev.offload_kv + dev.offload_kv_e * e, True))
             if 0 < dev.offload_ffn_up < shape.ffn:

@@ -552,11 +552,12 @@ def estimate(
         op_offload_pos is not None and traits[op_offload_pos].host_layer_weight_share is not None
     )
     # ... and a host layer's gated FFN: its up weight's copy (DeviceGraph.offload_ffn_up)
-    host_ffn_up = 0
+    host_ffn_up, host_plain = 0, True  # ... and whether none of them is recurrent
     if split_host_layers and offloading:
         for slot in range(arch.n_layer):
             if slot_device[slot] != host_pos or skipped(slot):
                 continue
+            host_plain = host_plain and not view.layers[slot].recurrent
             up = layout.tensor(f"blk.{slot}.ffn_up.weight")
             if up is not None and layout.tensor(f"blk.{slot}.ffn_gate.weight") is not None:
                 host_ffn_up = max(host_ffn_up, up.n_bytes)
@@ -609,6 +610,7 @@ def estimate(
                 offload_kv=host_layer_kv if offloading and pos == op_offload_pos else 0,
                 offload_kv_e=traits[pos].host_layer_kv_e if pos < n_gpu else 0.0,
                 offload_ffn_up=host_ffn_up if pos == op_offload_pos else 0,
+                offload_plain=host_plain,
                 copies=copies,
                 remote_kv=sum(remote[pos].values()),
                 remote_kv_views=remote_views[pos],

@@ -23,6 +23,7 @@ from quantpick.plan.compute import (
     GraphShape,
     accuracy,
     device_compute,
+    host_ffn_alone,
     layer_live,
     output_buffer,
 )
@@ -261,7 +262,7 @@ def test_each_gpu_backend_carries_its_compute_traits_and_expected_error() -> Non
 def test_a_vulkan_device_running_host_layers_carries_the_offload_error() -> None:
     """-ngl partial offload: the device runs the host layers (one split per host weight, placed
     by the allocator's best fit: docs/compute.md); its figure carries the backend's op-offload
-    expected error (lavapipe: 72/96 within max(5%, 16 MiB), worst 31%)."""
+    expected error (lavapipe: 81/96 within max(5%, 16 MiB), worst 28%)."""
     from quantpick.machine.backends import BackendKind, backend
 
     vk = backend(BackendKind.VULKAN).compute
@@ -323,6 +324,66 @@ def test_a_vulkan_host_layers_copies_are_not_charged_on_top_of_its_layer() -> No
                         flash_attn="on", logits_rows="batch")  # fmt: skip
         got = estimate(layout(name), gpu_machine("Vulkan"), cfg).gpus[0].compute_bytes / MiB
         assert abs(got - want) <= max(0.05 * want, 16), (name, got, want)
+
+
+@given(
+    weight=st.integers(1, 256 * MiB),
+    ffn=st.integers(1, 256 * MiB),
+    fa=st.booleans(),
+    elsewhere=st.booleans(),
+    narrow=st.booleans(),
+    plain=st.booleans(),
+    moe=st.booleans(),
+)
+def test_a_host_layers_ffn_alone_starts_above_the_residual_stream(
+    weight: int, ffn: int, fa: bool, elsewhere: bool, narrow: bool, plain: bool, moe: bool
+) -> None:
+    """-ngl partial offload on Vulkan without flash attention, the KQ refused by the device (the
+    host runs a host layer's attention): no mask or K/V is copied in, and a host layer's gated
+    FFN starts at 2E: 2E + the up weight's copy + the gate and up results, in place of the fitted
+    share of the copy on top of a layer (only there: flash attention, a narrow attention, a
+    recurrent host layer or routed experts keep the fitted phase)."""
+    shape = GraphShape(e=8 * MiB, ffn=ffn, moe_mid=4 * MiB if moe else 0, moe_out=MiB,
+                       logits=0, ubatch=512)  # fmt: skip
+    dev = DeviceGraph(
+        backend=ComputeBackend.GPU, is_host=False, holds_layers=True, holds_output=False,
+        mask_f16=4 * MiB, mask_f32=8 * MiB, kq=0, flash_attn=fa, offload_weight=weight,
+        offload_weight_share=0.75, offload_ffn_up=weight, offload_plain=plain,
+        attn_elsewhere=elsewhere, attn_back=4 * MiB, attn_narrow=2 * MiB if narrow else 0,
+    )  # fmt: skip
+    alone = not fa and elsewhere and not narrow and plain and not moe
+    assert host_ffn_alone(dev, shape) == alone
+    got = device_compute(dev, shape, GENERIC)
+    own = device_compute(replace(dev, offload_weight=0, offload_ffn_up=0), shape, GENERIC)
+    mask = dev.mask_f16 if fa else dev.mask_f32
+    e = shape.e
+    gated = (2 * e + weight + 2 * ffn if weight >= ffn else 4 * e + weight + 3 * ffn) + mask
+    attn = 4 * MiB + 2 * e + weight if elsewhere else 0  # the returned attention's phase
+    if alone:
+        assert got == int(max(own, gated, attn))
+    else:
+        # the fitted share of the copy on top of the layer's live set
+        assert got >= int(layer_live(shape) + 0.75 * weight + mask)
+
+
+def test_a_vulkan_host_layers_ffn_without_flash_attention_is_the_traced_one() -> None:
+    """lavapipe (tests/data/vulkan-oracle.json.gz, Vulkan0, -fa off): a host layer's FFN lands on
+    the residual stream and its norm, below the device's own layer (allocator trace of
+    llama-3.1-8b -ngl 16: 103.5 MiB; the device's figure is its layer, 108 MiB). The fitted
+    share of the copy on top of a layer gave 127.6 MiB (llama-3.1-8b) and 143.4 (gemma-4-e2b,
+    28% over)."""
+    cases = (
+        ("llama-3.1-8b", 16, 4096, 108.0),
+        ("llama-3.1-8b", 16, 32768, 108.0),
+        ("gemma-4-e2b", 17, 32768, 111.6),
+        ("qwen3-8b", 18, 4096, 99.0),
+        ("ministral-3-8b", 17, 4096, 112.5),
+    )
+    for name, ngl, ctx, want in cases:
+        cfg = RunConfig(ctx_size=ctx, n_gpu_layers=ngl, flash_attn="off", logits_rows="batch")
+        got = estimate(layout(name), gpu_machine("Vulkan"), cfg).gpus[0].compute_bytes / MiB
+        assert abs(got - want) <= max(0.05 * want, 16), (name, ctx, got, want)
+        assert got <= want + 5, (name, ctx, got, want)
 
 
 def test_a_vulkan_device_with_no_layer_still_holds_a_host_layers_kv() -> None:
