@@ -212,6 +212,8 @@ class DeviceGraph:
     offload_ffn_up: int = 0
     # every host layer is an attention layer (none recurrent: their own op sequences differ)
     offload_plain: bool = False
+    # its graph has one attention kind (one mask; iSWA has two)
+    offload_one_mask: bool = False
     copies: int = 1  # PIPELINE_COPIES with pipeline parallelism
     # K and V of another device's cache that layers here attend over (a shared KV cache, gemma3n
     # and gemma4): split inputs copied in (ggml-backend.cpp:1514-1531)
@@ -337,6 +339,71 @@ def layer_live(shape: GraphShape, experts: bool = True) -> float:
     return max(dense, moe)
 
 
+def host_ffn_over_kv(e: int, kv: int, weight: int, ffn: int) -> int:
+    """A host layer's gated FFN on the device that runs it by op offload with flash attention
+    (-ngl partial offload, ComputeTraits.host_layer_weight_share), by a replay of the graph
+    allocator's best fit (ggml/src/ggml-alloc.c:202-304 alloc, :312-349 free with merging) over
+    the layer's FFN split: 3E of the residual stream and its norms (in the traces below the K
+    and V copies, or one of them between the mask and the FFN), the K and V copies of the
+    layer's attention (`kv`: split inputs, freed after the attention) and the f16 mask above
+    those (a split input of the first host layer, alive to the last layer:
+    it pins the layout; the phase carries it); then the copied gate weight, the gate result, the
+    gate weight freed and the up weight copied in its place, the up result, the up weight freed,
+    and the gated product. Returns the high-water mark below the mask's bytes (allocator traces
+    of the lavapipe build: llama-3.1-8b -ngl 16 -c 4096, 3E + 16 + 4 + 31.5 + 2 x 28 = 131.5 MiB;
+    mistral-small-24b -ngl 20 -c 4096, 261.25 vs 268)."""
+    free = [[3 * e, kv]]  # [offset, size], sorted by offset; the top is unbounded above `top`
+    top = 3 * e + kv
+    peak = top
+
+    def alloc(size: int) -> int:
+        nonlocal top, peak
+        fit = [b for b in free if b[1] >= size]
+        if not fit:
+            top += size
+            peak = max(peak, top)
+            return top - size
+        b = min(fit, key=lambda b: b[1])
+        b[0], b[1] = b[0] + size, b[1] - size
+        return b[0] - size
+
+    def release(off: int, size: int) -> None:
+        free.append([off, size])
+        free.sort()
+        merged: list[list[int]] = []
+        for b in free:
+            if merged and merged[-1][0] + merged[-1][1] == b[0]:
+                merged[-1][1] += b[1]
+            elif b[1]:
+                merged.append(b)
+        free[:] = merged
+
+    gate_w = alloc(weight)
+    alloc(ffn)  # the gate result
+    release(gate_w, weight)
+    up_w = alloc(weight)
+    alloc(ffn)  # the up result
+    release(up_w, weight)
+    alloc(ffn)  # the gated product
+    return peak
+
+
+def host_ffn_over_mask(dev: DeviceGraph, shape: GraphShape) -> bool:
+    """Whether the host layers a device runs by op offload with flash attention follow the
+    sequence `host_ffn_over_kv` replays: their K and V copied in (`offload_kv`) below one f16
+    mask (a single attention kind: `offload_one_mask`; iSWA's two masks are split inputs of
+    different layers), dense gated FFNs (no routed experts) and no recurrent host layer."""
+    return (
+        dev.flash_attn
+        and dev.offload_kv > 0
+        and dev.offload_plain
+        and dev.offload_one_mask
+        and dev.offload_ffn_up > 0
+        and shape.ffn_gated
+        and not shape.moe_mid
+    )
+
+
 def host_ffn_alone(dev: DeviceGraph, shape: GraphShape) -> bool:
     """Whether the host layers a device runs by op offload (-ngl partial offload,
     ComputeTraits.host_layer_weight_share) leave only their FFN's sequence on it: no flash
@@ -406,7 +473,11 @@ def device_compute(dev: DeviceGraph, shape: GraphShape, rule: GraphRule) -> int:
             # layer's peak -- one block, ggml-alloc.c:22-46 -- and the fitted layer term
             # describes another sublayer (nemotron-h's Mamba-2), so its live set is the FFN's)
             base = live if shape.ffn_gated else layer_live(shape, dev.experts) + host_e
-            if host_ffn_alone(dev, shape):
+            if host_ffn_over_mask(dev, shape):
+                # the mask pins the layout: the FFN replayed over the freed K and V copies
+                over_kv = host_ffn_over_kv(e, dev.offload_kv, dev.offload_ffn_up, shape.ffn)
+                phases.append((over_kv, True))
+            elif host_ffn_alone(dev, shape):
                 # without flash attention and its KQ refused here, a host layer's attention runs
                 # on the host: no mask is copied in to pin the layout, and its FFN starts above
                 # the residual stream and its norm (2E): the up weight's copy and the gate and up

@@ -611,6 +611,7 @@ def estimate(
                 offload_kv_e=traits[pos].host_layer_kv_e if pos < n_gpu else 0.0,
                 offload_ffn_up=host_ffn_up if pos == op_offload_pos else 0,
                 offload_plain=host_plain,
+                offload_one_mask=len(all_kinds) == 1,
                 copies=copies,
                 remote_kv=sum(remote[pos].values()),
                 remote_kv_views=remote_views[pos],
