@@ -339,21 +339,22 @@ def layer_live(shape: GraphShape, experts: bool = True) -> float:
     return max(dense, moe)
 
 
-def host_ffn_over_kv(e: int, kv: int, weight: int, ffn: int) -> int:
+def host_ffn_over_kv(e: int, kv: int, mask: int, weight: int, ffn: int) -> int:
     """A host layer's gated FFN on the device that runs it by op offload with flash attention
     (-ngl partial offload, ComputeTraits.host_layer_weight_share), by a replay of the graph
     allocator's best fit (ggml/src/ggml-alloc.c:202-304 alloc, :312-349 free with merging) over
     the layer's FFN split: 3E of the residual stream and its norms (in the traces below the K
     and V copies, or one of them between the mask and the FFN), the K and V copies of the
     layer's attention (`kv`: split inputs, freed after the attention) and the f16 mask above
-    those (a split input of the first host layer, alive to the last layer:
-    it pins the layout; the phase carries it); then the copied gate weight, the gate result, the
-    gate weight freed and the up weight copied in its place, the up result, the up weight freed,
-    and the gated product. Returns the high-water mark below the mask's bytes (allocator traces
-    of the lavapipe build: llama-3.1-8b -ngl 16 -c 4096, 3E + 16 + 4 + 31.5 + 2 x 28 = 131.5 MiB;
-    mistral-small-24b -ngl 20 -c 4096, 261.25 vs 268)."""
+    those (`mask`: a split input of the first host layer, alive to the last layer: it pins the
+    layout, and the FFN's freed blocks above it never merge with the copies' hole); then the
+    copied gate weight, the gate result, the gate weight freed and the up weight copied in its
+    place, the up result, the up weight freed, and the gated product. Returns the high-water
+    mark (allocator traces of the lavapipe build: llama-3.1-8b -ngl 16 -c 4096, 3E + 16 + 4 +
+    31.5 + 2 x 28 = 131.5 MiB; qwen2.5-7b -ngl 14 -c 32768 q8_0, 234.4 vs 234.52;
+    mistral-small-24b -ngl 20 -c 4096, 268 vs 261.25)."""
     free = [[3 * e, kv]]  # [offset, size], sorted by offset; the top is unbounded above `top`
-    top = 3 * e + kv
+    top = 3 * e + kv + mask
     peak = top
 
     def alloc(size: int) -> int:
@@ -475,8 +476,10 @@ def device_compute(dev: DeviceGraph, shape: GraphShape, rule: GraphRule) -> int:
             base = live if shape.ffn_gated else layer_live(shape, dev.experts) + host_e
             if host_ffn_over_mask(dev, shape):
                 # the mask pins the layout: the FFN replayed over the freed K and V copies
-                over_kv = host_ffn_over_kv(e, dev.offload_kv, dev.offload_ffn_up, shape.ffn)
-                phases.append((over_kv, True))
+                over_kv = host_ffn_over_kv(
+                    e, dev.offload_kv, dev.mask_f16, dev.offload_ffn_up, shape.ffn
+                )
+                phases.append((over_kv, False))
             elif host_ffn_alone(dev, shape):
                 # without flash attention and its KQ refused here, a host layer's attention runs
                 # on the host: no mask is copied in to pin the layout, and its FFN starts above
