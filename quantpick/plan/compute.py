@@ -364,7 +364,8 @@ def host_ffn_over_kv(e: int, kv: int, mask: int, weight: int, ffn: int) -> int:
             top += size
             peak = max(peak, top)
             return top - size
-        b = min(fit, key=lambda b: b[1])
+        # the smallest block that fits; of equal ones the later (`<=`, ggml-alloc.c:218)
+        b = min(reversed(fit), key=lambda b: b[1])
         b[0], b[1] = b[0] + size, b[1] - size
         return b[0] - size
 
