@@ -6,6 +6,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 from script_module import load_script
@@ -15,6 +16,26 @@ from quantpick.plan.graph_rules import GENERIC, GRAPH_RULES, GraphRule
 
 def _fit_script() -> ModuleType:
     return load_script("fit_compute")
+
+
+def _emit_lfm2_into_a_copy(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, generic: set[str]
+) -> dict[str, Any]:
+    """Emit a refitted lfm2 record into a copy of graph_rules.py; the copy's GRAPH_RULES."""
+    fit = _fit_script()
+    copy = tmp_path / "graph_rules.py"
+    shutil.copy(fit.RULES_PY, copy)
+    monkeypatch.setattr(fit, "RULES_PY", copy)
+    monkeypatch.setattr(fit, "ROOT", tmp_path)
+    record = (
+        '    "lfm2": GraphRule(layer=1.0, source="9/9 rows within, median 1.0%, 0 beyond 25%"),'
+    )
+    fit.emit({"lfm2": record}, generic=generic)
+    namespace: dict[str, object] = {}
+    exec(compile(copy.read_text(encoding="utf-8"), str(copy), "exec"), namespace)  # noqa: S102
+    rules = namespace["GRAPH_RULES"]
+    assert isinstance(rules, dict)
+    return rules
 
 
 def test_every_rule_names_its_fit_and_differs_from_the_generic_rule_somewhere() -> None:
@@ -37,19 +58,7 @@ def test_the_fit_script_reads_every_record_of_the_table() -> None:
 def test_emit_rewrites_only_the_fitted_records_and_keeps_their_notes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    fit = _fit_script()
-    copy = tmp_path / "graph_rules.py"
-    shutil.copy(fit.RULES_PY, copy)
-    monkeypatch.setattr(fit, "RULES_PY", copy)
-    monkeypatch.setattr(fit, "ROOT", tmp_path)
-    record = (
-        '    "lfm2": GraphRule(layer=1.0, source="9/9 rows within, median 1.0%, 0 beyond 25%"),'
-    )
-    fit.emit({"lfm2": record}, generic=set())
-    namespace: dict[str, object] = {}
-    exec(compile(copy.read_text(encoding="utf-8"), str(copy), "exec"), namespace)  # noqa: S102
-    rules = namespace["GRAPH_RULES"]
-    assert isinstance(rules, dict)
+    rules = _emit_lfm2_into_a_copy(tmp_path, monkeypatch, generic=set())
     assert sorted(rules) == sorted(GRAPH_RULES)
     assert rules["lfm2"].layer == 1.0
     # the record's note after "beyond 25%" stays with it
@@ -66,19 +75,7 @@ def test_a_refit_drops_a_record_only_where_the_generic_rule_holds_and_nothing_el
     """A refit where the generic rule holds on an architecture's rows drops its record, unless the
     record's note says it rests on other data the script does not read (minimax-m3's
     tests/data/arch-traits.json, beside its GraphTrait): a full `--emit` lost it before."""
-    fit = _fit_script()
-    copy = tmp_path / "graph_rules.py"
-    shutil.copy(fit.RULES_PY, copy)
-    monkeypatch.setattr(fit, "RULES_PY", copy)
-    monkeypatch.setattr(fit, "ROOT", tmp_path)
-    record = (
-        '    "lfm2": GraphRule(layer=1.0, source="9/9 rows within, median 1.0%, 0 beyond 25%"),'
-    )
     # lfm2 refitted; the generic rule holds on gemma3's and minimax-m3's rows
-    fit.emit({"lfm2": record}, generic={"gemma3", "minimax-m3"})
-    namespace: dict[str, object] = {}
-    exec(compile(copy.read_text(encoding="utf-8"), str(copy), "exec"), namespace)  # noqa: S102
-    rules = namespace["GRAPH_RULES"]
-    assert isinstance(rules, dict)
+    rules = _emit_lfm2_into_a_copy(tmp_path, monkeypatch, generic={"gemma3", "minimax-m3"})
     assert "minimax-m3" in rules
     assert sorted(rules) == sorted(set(GRAPH_RULES) - {"gemma3"})
