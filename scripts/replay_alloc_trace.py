@@ -12,14 +12,8 @@ every event through a transcription of `ggml_dyn_tallocr` (b11312, commit 0c1e57
 that every allocation lands on the block and offset llama.cpp printed and every free sees the
 number of free blocks it printed, and prints the free list before the named allocation.
 
-Transcribed, one chunk (the CPU backend's buffer has no maximum size):
-- alloc, :202-304: the best fit among the blocks but the last (`block->size <= best_fit_size`:
-  a tie goes to the later block), else the last block; the block's offset moves up by the size
-  (:264-265) and the block is removed only when that leaves it empty (:266-269);
-- free, :312-349: the freed bytes join the first block (in the array's order) that ends where
-  they start or starts where they end, which then merges with its array neighbour only
-  (:323-329, :337-343); otherwise a new block is inserted before the first block whose offset
-  is not below them (:135-150), even when the freed size is 0.
+The transcription, one chunk (the CPU backend's buffer has no maximum size), is
+quantpick/plan/allocator.py `Allocator`.
 
 A zero-byte tensor (a recurrent state's `states_extra` get_rows of n_rs - n_seqs = 0 rows, src/
 llama-graph.cpp:3538-3543) freed inside a free block leaves a zero-size block there; when the
@@ -35,55 +29,13 @@ import re
 import sys
 from pathlib import Path
 
-from quantpick.model.ggml import pad
+from quantpick.plan.allocator import Allocator
 
 ALLOC_RE = re.compile(r"allocating (\S+) \((\d+) bytes\) - block (\d+), offset (\d+), chunk 0")
 FREE_RE = re.compile(
     r"freeing (\S+) at \{chunk=0, offset=(\d+)\} \((\d+) bytes\) - n_free_blocks = (\d+)"
 )
 MiB = 1024**2
-
-
-class Allocator:
-    """ggml_dyn_tallocr over one chunk: free blocks as [offset, size], the last one unbounded."""
-
-    def __init__(self, alignment: int) -> None:
-        self.alignment = alignment
-        self.blocks: list[list[int]] = [[0, 1 << 62]]
-        self.max_size = 0
-
-    def alloc(self, size: int) -> tuple[int, int]:
-        size = pad(size, self.alignment)
-        best, best_size = -1, None
-        for i, (_, bsize) in enumerate(self.blocks[:-1]):
-            if bsize >= size and (best_size is None or bsize <= best_size):
-                best, best_size = i, bsize
-        if best == -1:
-            best = len(self.blocks) - 1
-        offset, bsize = self.blocks[best]
-        self.blocks[best] = [offset + size, bsize - size]
-        if bsize == size:
-            del self.blocks[best]
-        self.max_size = max(self.max_size, offset + size)
-        return best, offset
-
-    def free(self, offset: int, size: int) -> None:
-        size = pad(size, self.alignment)
-        for i, block in enumerate(self.blocks):
-            if block[0] + block[1] == offset:
-                block[1] += size
-                if i < len(self.blocks) - 1 and block[0] + block[1] == self.blocks[i + 1][0]:
-                    block[1] += self.blocks.pop(i + 1)[1]
-                return
-            if offset + size == block[0]:
-                block[0], block[1] = offset, block[1] + size
-                if i > 0 and self.blocks[i - 1][0] + self.blocks[i - 1][1] == block[0]:
-                    self.blocks[i - 1][1] += self.blocks.pop(i)[1]
-                return
-        pos = 0
-        while pos < len(self.blocks) and self.blocks[pos][0] < offset:
-            pos += 1
-        self.blocks.insert(pos, [offset, size])
 
 
 def describe(blocks: list[list[int]]) -> list[str]:

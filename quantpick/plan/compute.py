@@ -61,6 +61,7 @@ from quantpick.arch.base import AttentionKind, LayerView
 from quantpick.arch.graph import ArchLive
 from quantpick.model.ggml import CPU_BUFFER, pad
 from quantpick.model.layout import ModelLayout
+from quantpick.plan.allocator import Allocator
 from quantpick.plan.graph_rules import GraphRule
 
 MiB = 1024**2
@@ -342,7 +343,7 @@ def layer_live(shape: GraphShape, experts: bool = True) -> float:
 def host_ffn_over_kv(e: int, kv: int, mask: int, weight: int, ffn: int) -> int:
     """A host layer's gated FFN on the device that runs it by op offload with flash attention
     (-ngl partial offload, ComputeTraits.host_layer_weight_share), by a replay of the graph
-    allocator's best fit (ggml/src/ggml-alloc.c:202-304 alloc, :312-349 free with merging) over
+    allocator (plan/allocator.py, ggml-alloc.c's ggml_dyn_tallocr transcribed) over
     the layer's FFN split: 3E of the residual stream and its norms (in the traces below the K
     and V copies, or one of them between the mask and the FFN), the K and V copies of the
     layer's attention (`kv`: split inputs, freed after the attention) and the f16 mask above
@@ -353,41 +354,20 @@ def host_ffn_over_kv(e: int, kv: int, mask: int, weight: int, ffn: int) -> int:
     mark (allocator traces of the lavapipe build: llama-3.1-8b -ngl 16 -c 4096, 3E + 16 + 4 +
     31.5 + 2 x 28 = 131.5 MiB; qwen2.5-7b -ngl 14 -c 32768 q8_0, 234.4 vs 234.52;
     mistral-small-24b -ngl 20 -c 4096, 268 vs 261.25)."""
-    free = [[3 * e, kv]]  # [offset, size], sorted by offset; the top is unbounded above `top`
-    top = 3 * e + kv + mask
-    peak = top
-
-    def alloc(size: int) -> int:
-        nonlocal top, peak
-        fit = [b for b in free if b[1] >= size]
-        if not fit:
-            top += size
-            peak = max(peak, top)
-            return top - size
-        # the smallest block that fits; of equal ones the later (`<=`, ggml-alloc.c:218)
-        b = min(reversed(fit), key=lambda b: b[1])
-        b[0], b[1] = b[0] + size, b[1] - size
-        return b[0] - size
-
-    def release(off: int, size: int) -> None:
-        free.append([off, size])
-        free.sort()
-        merged: list[list[int]] = []
-        for b in free:
-            if merged and merged[-1][0] + merged[-1][1] == b[0]:
-                merged[-1][1] += b[1]
-            elif b[1]:
-                merged.append(b)
-        free[:] = merged
-
-    gate_w = alloc(weight)
-    alloc(ffn)  # the gate result
-    release(gate_w, weight)
-    up_w = alloc(weight)
-    alloc(ffn)  # the up result
-    release(up_w, weight)
-    alloc(ffn)  # the gated product
-    return peak
+    # alignment 1: the blocks are MiB-sized, the device's 16-256 B alignment moves nothing here
+    alloc = Allocator(1)
+    alloc.alloc(3 * e)
+    _, kv_at = alloc.alloc(kv)
+    alloc.alloc(mask)
+    alloc.free(kv_at, kv)
+    _, gate_w = alloc.alloc(weight)
+    alloc.alloc(ffn)  # the gate result
+    alloc.free(gate_w, weight)
+    _, up_w = alloc.alloc(weight)
+    alloc.alloc(ffn)  # the up result
+    alloc.free(up_w, weight)
+    alloc.alloc(ffn)  # the gated product
+    return alloc.max_size
 
 
 def host_ffn_over_mask(dev: DeviceGraph, shape: GraphShape) -> bool:
