@@ -170,8 +170,9 @@ def test_vulkan_intel_terms_reach_intel_gpus_only() -> None:
 
 
 @cache
-def metal_case(gpu: str):  # type: ignore[no-untyped-def]
-    m = machine(gpu, "metal")
+def decode_case(gpu: str, backend_name: str):  # type: ignore[no-untyped-def]
+    """The bundled model's UD-Q4_K_XL at -c 8192 on a described GPU: its work and devices."""
+    m = machine(gpu, backend_name)
     layout = layout_of("UD-Q4_K_XL")
     return speed_work(layout, estimate(layout, m, RunConfig(ctx_size=8192))), device_speeds(m)
 
@@ -182,7 +183,7 @@ def test_apples_fixed_cost_is_the_same_on_every_apple_gpu(tflops: float) -> None
     off: ggml-metal encodes each dispatch from the host): a decode at an empty cache takes as
     long on an M4 Pro whatever its FP16 figure; the same device under the CUDA rule (scaled
     terms) decodes faster the more TFLOPS it has."""
-    work, devs = metal_case("m4-pro")
+    work, devs = decode_case("m4-pro", "metal")
     dev = devs["MTL0"]
     assert not dev.terms.fixed_scaled and dev.terms.fixed_factor > 1.0
     faster = {**devs, "MTL0": dataclasses.replace(dev, fp16_tflops=dev.fp16_tflops * 8)}
@@ -218,13 +219,6 @@ def test_metal_terms_reach_apple_gpus_only() -> None:
         assert dev.terms.fixed_scaled
 
 
-@cache
-def intel_vulkan_case(gpu: str):  # type: ignore[no-untyped-def]
-    m = machine(gpu, "vulkan")
-    layout = layout_of("UD-Q4_K_XL")
-    return speed_work(layout, estimate(layout, m, RunConfig(ctx_size=8192))), device_speeds(m)
-
-
 @given(st.floats(min_value=1.0, max_value=400.0))
 def test_intels_vulkan_fixed_cost_is_the_same_on_every_intel_gpu(tflops: float) -> None:
     """Vulkan's Intel fixed cost is not scaled by the GPU's throughput (FixedCost.throughput_scaled
@@ -233,7 +227,7 @@ def test_intels_vulkan_fixed_cost_is_the_same_on_every_intel_gpu(tflops: float) 
     runs spend about the same time a layer beyond their bytes): an Arc Pro B70's decode takes as
     long whatever its FP16 figure, where under the CUDA rule (scaled) it would shorten with more
     TFLOPS."""
-    work, devs = intel_vulkan_case("b70")
+    work, devs = decode_case("b70", "vulkan")
     dev = devs["Vulkan0"]
     assert not dev.terms.fixed_scaled and dev.terms.fixed_factor > 1.0
     other = {**devs, "Vulkan0": dataclasses.replace(dev, fp16_tflops=tflops)}
