@@ -149,15 +149,14 @@ def with_efficiency(
                 fp16_tflops=catalogue * prefill,
                 attention_flops_per_s=catalogue * 1e12 * attention if attention else None,
             )
-            vendor = case_vendor(case)
-            if paths is not None:
-                mine = tuple(p for p in paths if p.on(vendor))
-                d = replace(d, terms=replace(d.terms, paths=mine))
-            if fixed is not None:
-                term = next((f for f in fixed if f.vendor is vendor), None)
-                factor = term.factor if term is not None else 1.0
-                scaled = term.throughput_scaled if term is not None else True
-                d = replace(d, terms=replace(d.terms, fixed_factor=factor, fixed_scaled=scaled))
+            if paths is not None or fixed is not None:
+                # the candidate terms, taken on the row's GPU as the module's are (terms_for)
+                candidate = replace(
+                    backend,
+                    decode_paths=backend.decode_paths if paths is None else paths,
+                    decode_fixed=backend.decode_fixed if fixed is None else fixed,
+                )
+                d = replace(d, terms=candidate.terms_for(case_gpu(case)))
         devices[name] = d
     return replace(case, devices=devices)
 
@@ -165,16 +164,21 @@ def with_efficiency(
 _ROW_GPU: dict[int, str] = {}
 
 
-def case_vendor(case: Case):  # type: ignore[no-untyped-def]
-    """The vendor of the row's GPU (its text in the data file)."""
-    from quantpick.machine.backends.base import vendor_of_name
-
+def case_gpu(case: Case) -> str:
+    """The row's GPU as the data file names it."""
     if not _ROW_GPU:
         import json
 
         rows = json.loads(DATA.read_text())
         _ROW_GPU.update({int(r["id"]): str(r.get("gpu") or "") for r in rows})
-    return vendor_of_name(_ROW_GPU.get(case.row_id, ""))
+    return _ROW_GPU.get(case.row_id, "")
+
+
+def case_vendor(case: Case):  # type: ignore[no-untyped-def]
+    """The vendor of the row's GPU (its text in the data file)."""
+    from quantpick.machine.backends.base import vendor_of_name
+
+    return vendor_of_name(case_gpu(case))
 
 
 def errors(
