@@ -100,21 +100,22 @@ def test_compute_follows_the_vulkan_backends_own_graph(lavapipe_rows: list[Row])
     two devices, its head on the host, a layer over its inputs; the FFN above a narrow
     attention's Q, K and V; the V cache's indices without flash attention; an ungated FFN's
     one block; a host layer's FFN alone without flash attention, or replayed above the mask
-    with it): 364 of 384 within max(5%, 16 MiB), median error 0% (the CPU/CUDA rule alone: 38
-    within, median +93%; the host layers' copies on top of a device layer: 318; the fitted
-    pipeline terms on the last device: 336).
+    with it; dense attention host layers scheduled and allocated as llama.cpp does,
+    plan/host_layers.py): 366 of 384 within max(5%, 16 MiB), median error 0% (the CPU/CUDA rule
+    alone: 38 within, median +93%; the host layers' copies on top of a device layer: 318; the
+    fitted pipeline terms on the last device: 336; without the host layers' replay: 364).
     docs/compute.md names the rest."""
     within = sum(r.compute_within for r in lavapipe_rows)
     errors = [abs(r.compute[0] - r.compute[1]) / MiB for r in lavapipe_rows]
     signed = [(r.compute[0] - r.compute[1]) / r.compute[1] for r in lavapipe_rows]
-    assert within == 364
+    assert within == 366
     assert statistics.median(errors) < 16
     assert abs(statistics.median(signed)) < 0.01
     by_class: dict[str, list[Row]] = {}
     for r in lavapipe_rows:
         by_class.setdefault(row_class(r), []).append(r)
     counts = {k: (sum(r.compute_within for r in v), len(v)) for k, v in by_class.items()}
-    assert counts == {"every layer": (94, 96), "partial": (84, 96), "two devices": (186, 192)}
+    assert counts == {"every layer": (94, 96), "partial": (86, 96), "two devices": (186, 192)}
 
 
 def test_the_rows_left_are_the_named_classes(lavapipe_rows: list[Row]) -> None:

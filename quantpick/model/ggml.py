@@ -72,6 +72,11 @@ def row_size(type_name: str, n_elements: int) -> int:
     return n_elements // block * size
 
 
+def is_quantized(type_name: str) -> bool:
+    """ggml_is_quantized: a block type (more than one element per block; ggml.c type_traits)."""
+    return GGML_TYPES[normalize_type(type_name)][1] > 1
+
+
 def tensor_bytes(type_name: str, shape: tuple[int, ...]) -> int:
     """ggml_nbytes of a contiguous tensor with ggml `ne` shape (ne[0] = row length)."""
     rows = 1

@@ -251,6 +251,12 @@ class DeviceGraph:
     attn_narrow: int = 0
     # its share of the model's blocks (the per-layer inputs its layers take: gemma3n, gemma4)
     layer_share: float = 1.0
+    # the high-water mark of the host layers it runs by op offload, where they are dense
+    # attention layers of one template: their op sequence scheduled and allocated as llama.cpp
+    # does (plan/host_layers.py; exact on the lavapipe oracle's 20 such rows). It replaces the
+    # fitted host-layer phases (offload_weight_share, offload_kv_e, host_ffn_over_kv), which
+    # describe the same sequence (0: none or not that template)
+    host_layers_peak: int = 0
 
 
 def state_rows_fence(ubatch: int, n_seq: int, state_r: int, state_s: int) -> bool:
@@ -449,7 +455,10 @@ def device_compute(dev: DeviceGraph, shape: GraphShape, rule: GraphRule) -> int:
         fitted_pipeline = dev.copies > 1 and not (dev.holds_output and dev.output_elsewhere)
         narrow = 0 if fitted_pipeline else dev.attn_narrow
         phases.append((live + (e if dev.attn_elsewhere and dev.copies > 1 else 0) + narrow, True))
-        if dev.offload_weight_share is not None and dev.offload_weight:
+        if dev.host_layers_peak:
+            # the mask is in the replay: a graph input copied in by the first host layer
+            phases.append((dev.host_layers_peak, False))
+        elif dev.offload_weight_share is not None and dev.offload_weight:
             # the host layers, run here by op offload (one split per host weight)
             # (the copy goes with the FFN it feeds: where the FFN has no gate it is not the
             # layer's peak -- one block, ggml-alloc.c:22-46 -- and the fitted layer term

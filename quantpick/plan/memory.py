@@ -37,6 +37,7 @@ from quantpick.plan.compute import (
     v_cache_indices,
 )
 from quantpick.plan.graph_rules import GENERIC, GRAPH_RULES
+from quantpick.plan.host_layers import dense_attention_layer, dense_host_layers_peak
 from quantpick.plan.kv_cache import (
     context_cells,
     kv_bytes_per_cell_per_layer,
@@ -561,6 +562,26 @@ def estimate(
             up = layout.tensor(f"blk.{slot}.ffn_up.weight")
             if up is not None and layout.tensor(f"blk.{slot}.ffn_gate.weight") is not None:
                 host_ffn_up = max(host_ffn_up, up.n_bytes)
+    # ... and where they are dense attention layers of one template (plan/host_layers.py), their
+    # whole op sequence on that device replayed as llama.cpp schedules and allocates it (one
+    # sequence, one stream, one mask: the template's)
+    host_layers_peak = 0
+    if split_host_layers and offloading and fa and n_stream == 1 and config.n_parallel == 1:
+        offloaded_slots = [
+            s for s in range(arch.n_layer) if slot_device[s] == host_pos and not skipped(s)
+        ]
+        kinds_used = {view.layers[s].attention for s in offloaded_slots}
+        dense = (
+            dense_attention_layer(
+                layout, offloaded_slots, ub, kv_size, config.cache_type_k, config.cache_type_v
+            )
+            if len(kinds_used) == 1 and len(all_kinds) == 1
+            else None
+        )
+        if dense is not None and op_offload_pos is not None:
+            host_layers_peak = dense_host_layers_peak(
+                dense, len(offloaded_slots), rules[op_offload_pos].alignment
+            )
     # routed experts in host memory that the offloading device refuses stay the host's to compute
     experts_offloaded = offloading and not (
         op_cap is not None
@@ -610,6 +631,7 @@ def estimate(
                 offload_kv=host_layer_kv if offloading and pos == op_offload_pos else 0,
                 offload_kv_e=traits[pos].host_layer_kv_e if pos < n_gpu else 0.0,
                 offload_ffn_up=host_ffn_up if pos == op_offload_pos else 0,
+                host_layers_peak=host_layers_peak if pos == op_offload_pos else 0,
                 offload_plain=host_plain,
                 offload_one_mask=len(all_kinds) == 1,
                 copies=copies,

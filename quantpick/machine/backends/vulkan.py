@@ -78,7 +78,9 @@ VULKAN_COMPUTE = ComputeTraits(
     # with flash attention, one mask and dense gated host layers, a replay of the allocator's
     # best fit over the FFN's split above the freed K and V copies, below the pinned mask, does
     # (plan/compute.py host_ffn_over_kv: llama-3.1-8b 131.5 MiB, qwen2.5-7b 234.4 vs 234.52, the
-    # traces'; 81 -> 84/96).
+    # traces'; 81 -> 84/96). Where every host layer is a dense attention layer (llama, mistral3,
+    # qwen2, qwen3) none of these is used: the layers' whole op sequence is scheduled and
+    # allocated as llama.cpp does (plan/host_layers.py: the 20 such rows to the byte; 84 -> 86/96).
     host_layer_weight_share=0.75,
     host_layer_kv_e=9.5,
     # flash attention narrower than the residual stream (gemma-3-27b, mistral-small-24b): the
