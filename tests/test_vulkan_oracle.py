@@ -100,35 +100,35 @@ def test_compute_follows_the_vulkan_backends_own_graph(lavapipe_rows: list[Row])
     two devices, its head on the host, a layer over its inputs; the FFN above a narrow
     attention's Q, K and V; the V cache's indices without flash attention; an ungated FFN's
     one block; a host layer's FFN alone without flash attention, or replayed above the mask
-    with it; dense attention host layers scheduled and allocated as llama.cpp does,
-    plan/host_layers.py): 366 of 384 within max(5%, 16 MiB), median error 0% (the CPU/CUDA rule
-    alone: 38 within, median +93%; the host layers' copies on top of a device layer: 318; the
-    fitted pipeline terms on the last device: 336; without the host layers' replay: 364).
+    with it; dense attention, routed-expert and qwen3next host layers scheduled and allocated as
+    llama.cpp does, plan/host_layers.py): 368 of 384 within max(5%, 16 MiB), median error 0%
+    (the CPU/CUDA rule alone: 38 within, median +93%; the host layers' copies on top of a device
+    layer: 318; the fitted pipeline terms on the last device: 336; without the host layers'
+    replay: 364).
     docs/compute.md names the rest."""
     within = sum(r.compute_within for r in lavapipe_rows)
     errors = [abs(r.compute[0] - r.compute[1]) / MiB for r in lavapipe_rows]
     signed = [(r.compute[0] - r.compute[1]) / r.compute[1] for r in lavapipe_rows]
-    assert within == 366
+    assert within == 368
     assert statistics.median(errors) < 16
     assert abs(statistics.median(signed)) < 0.01
     by_class: dict[str, list[Row]] = {}
     for r in lavapipe_rows:
         by_class.setdefault(row_class(r), []).append(r)
     counts = {k: (sum(r.compute_within for r in v), len(v)) for k, v in by_class.items()}
-    assert counts == {"every layer": (94, 96), "partial": (86, 96), "two devices": (186, 192)}
+    assert counts == {"every layer": (94, 96), "partial": (88, 96), "two devices": (186, 192)}
 
 
 def test_the_rows_left_are_the_named_classes(lavapipe_rows: list[Row]) -> None:
-    """What docs/compute.md says is not matched: -ngl partial offload (the allocator's placement
-    of one weight copy per split; expected error max(35%, 16 MiB), worst 31%). Every layer
-    offloaded, on one device or two: 280 of 288 within, none beyond 25% (gemma-4-e2b -fa off at
-    32768 on the second device was 27%: its per-layer inputs are its layers' slices)."""
+    """What docs/compute.md says is not matched: 8 rows of -ngl partial offload whose host
+    layers no template replays (gemma3/gemma4, qwen3.5/3.6, glm-4.5-air: the fitted phases, worst
+    20%; 31% before the replays). Every layer offloaded, on one device or two: 280 of 288 within
+    (gemma-4-e2b -fa off at 32768 on the second device was 27%: its per-layer inputs are its
+    layers' slices). No row of the 384 is beyond 25%."""
     rest = [r for r in lavapipe_rows if row_class(r) != "partial"]
     assert (sum(r.compute_within for r in rest), len(rest)) == (280, 288)
-    far = [r for r in rest if abs(r.compute[0] / r.compute[1] - 1) > 0.25]
+    far = [r for r in lavapipe_rows if abs(r.compute[0] / r.compute[1] - 1) > 0.25]
     assert far == []
-    partial = [r for r in lavapipe_rows if row_class(r) == "partial"]
-    assert all(abs(r.compute[0] / r.compute[1] - 1) <= 0.35 for r in partial)
 
 
 def test_the_host_buffer_follows_what_it_runs_for_the_devices(oracle: dict) -> None:

@@ -37,7 +37,7 @@ from quantpick.plan.compute import (
     v_cache_indices,
 )
 from quantpick.plan.graph_rules import GENERIC, GRAPH_RULES
-from quantpick.plan.host_layers import dense_attention_layer, dense_host_layers_peak
+from quantpick.plan.host_layers import HostLayerConfig, gated_ffn_up, replayed_host_layers_peak
 from quantpick.plan.kv_cache import (
     context_cells,
     kv_bytes_per_cell_per_layer,
@@ -552,36 +552,18 @@ def estimate(
     split_host_layers = (
         op_offload_pos is not None and traits[op_offload_pos].host_layer_weight_share is not None
     )
-    # ... and a host layer's gated FFN: its up weight's copy (DeviceGraph.offload_ffn_up)
-    host_ffn_up, host_plain = 0, True  # ... and whether none of them is recurrent
-    if split_host_layers and offloading:
-        for slot in range(arch.n_layer):
-            if slot_device[slot] != host_pos or skipped(slot):
-                continue
-            host_plain = host_plain and not view.layers[slot].recurrent
-            up = layout.tensor(f"blk.{slot}.ffn_up.weight")
-            if up is not None and layout.tensor(f"blk.{slot}.ffn_gate.weight") is not None:
-                host_ffn_up = max(host_ffn_up, up.n_bytes)
-    # ... and where they are dense attention layers of one template (plan/host_layers.py), their
-    # whole op sequence on that device replayed as llama.cpp schedules and allocates it (one
-    # sequence, one stream, one mask: the template's)
-    host_layers_peak = 0
-    if split_host_layers and offloading and fa and n_stream == 1 and config.n_parallel == 1:
-        offloaded_slots = [
-            s for s in range(arch.n_layer) if slot_device[s] == host_pos and not skipped(s)
-        ]
-        kinds_used = {view.layers[s].attention for s in offloaded_slots}
-        dense = (
-            dense_attention_layer(
-                layout, offloaded_slots, ub, kv_size, config.cache_type_k, config.cache_type_v
-            )
-            if len(kinds_used) == 1 and len(all_kinds) == 1
-            else None
-        )
-        if dense is not None and op_offload_pos is not None:
-            host_layers_peak = dense_host_layers_peak(
-                dense, len(offloaded_slots), rules[op_offload_pos].alignment
-            )
+    # ... and of its host layers: whether none is recurrent, a gated FFN's up weight (its copy:
+    # DeviceGraph.offload_ffn_up), and their op sequence replayed where a template fits them
+    offloaded = [s for s in range(arch.n_layer) if slot_device[s] == host_pos and not skipped(s)]
+    host_ffn_up, host_plain, host_layers_peak = 0, True, 0
+    if split_host_layers and offloading and op_offload_pos is not None:
+        host_plain = not any(view.layers[s].recurrent for s in offloaded)
+        host_ffn_up = gated_ffn_up(layout, offloaded)
+        if fa:
+            kv_types = (config.cache_type_k, config.cache_type_v)
+            run = HostLayerConfig(ub, kv_size, *kv_types, max(n_stream, n_seq), len(all_kinds))
+            align = rules[op_offload_pos].alignment
+            host_layers_peak = replayed_host_layers_peak(layout, offloaded, run, op_cap, align)
     # routed experts in host memory that the offloading device refuses stay the host's to compute
     experts_offloaded = offloading and not (
         op_cap is not None
