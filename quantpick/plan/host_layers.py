@@ -2,9 +2,9 @@
 and allocates them: the layer's ops in graph order, cut into splits by ggml_backend_sched's rules
 and laid out by its graph allocator (plan/allocator.py). Pure: sizes in, the device buffer's
 high-water mark out. Templates: a dense attention layer (llama, mistral3, qwen2, qwen3) with a
-gated FFN or routed experts copied in (qwen3moe), and qwen3next's gated delta-net and gated
-attention layers with routed experts run on the host; `dense_attention_layer` and
-`hybrid_layers` say where one fits.
+gated FFN or routed experts copied in (qwen3moe), and the gated delta-net and gated attention
+layers of qwen3next, qwen35 and qwen35moe, with a dense FFN or routed experts run on the host
+beside a shared expert; `dense_attention_layer` and `hybrid_layers` say where one fits.
 
 Where this is exact (allocator traces and GGML_SCHED_DEBUG=2 of the lavapipe Vulkan build, b11312:
 docs/compute.md "A host layer's splits"), the scheduler does this with a host layer:
@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from quantpick.model.ggml import is_quantized, row_size
 from quantpick.model.layout import ModelLayout
@@ -249,6 +249,9 @@ def dense_host_layers_peak(s: DenseAttentionLayer, n_layers: int, alignment: int
 
 def replay(ops: list[Op], copied: dict[str, Copied], alignment: int) -> int:
     """Schedule `ops` into splits, allocate them and return the device buffer's high-water mark."""
+    outs = Counter(op.out for op in ops)
+    if max(outs.values(), default=1) > 1:  # a template naming two results alike frees one early
+        raise ValueError(f"a result named twice: {outs.most_common(1)[0][0]}")
     uses = Counter(src for op in ops for src in op.srcs)
     alloc = Allocator(alignment)
     where: dict[str, tuple[int, int]] = {}  # live tensor -> (offset, size)
@@ -421,11 +424,30 @@ def _rotation(cache_type: str, head_dim: int, grow: bool) -> int:
 
 
 @dataclass(frozen=True)
+class HybridFamily:
+    """Where the qwen3next-derived families' layers differ (src/models/qwen3next.cpp,
+    qwen35.cpp, qwen35moe.cpp at b11312)."""
+
+    fused_ba: bool  # one `ssm_ba` projection for the decay and the beta (qwen3next), or two
+    repeat_qk: bool  # Q and K repeated to the V heads before the delta net (qwen3next :516-533)
+    positions: int  # token positions per token: 1, or 4 for the multi-section rope (qwen35)
+
+
+HYBRID_FAMILIES = {
+    "qwen3next": HybridFamily(fused_ba=True, repeat_qk=True, positions=1),
+    # the delta net broadcasts the K heads itself; imrope positions: n_pos_per_embd() == 4
+    "qwen35": HybridFamily(fused_ba=False, repeat_qk=False, positions=4),
+    "qwen35moe": HybridFamily(fused_ba=False, repeat_qk=False, positions=4),
+}
+
+
+@dataclass(frozen=True)
 class HybridLayers:
-    """The sizes of qwen3next's host layers (bytes, or element counts where named): gated delta
-    net layers and, every `full_attention_interval`-th, a gated attention layer, each with routed
-    experts that run on the host (the device refuses their tensors: ComputeTraits.ops_capped) and
-    a shared expert (src/models/qwen3next.cpp)."""
+    """The sizes of the gated delta-net families' host layers (bytes, or element counts where
+    named): gated delta-net layers and, every `full_attention_interval`-th, a gated attention
+    layer, each with routed experts that run on the host (the device refuses their tensors:
+    ComputeTraits.ops_capped) beside a shared expert, or a dense FFN (src/models/qwen3next.cpp,
+    qwen35.cpp, qwen35moe.cpp)."""
 
     tokens: int  # n_ubatch
     e: int  # n_ubatch x n_embd x 4
@@ -444,11 +466,13 @@ class HybridLayers:
     k_view: int
     v_view: int
     mask: int
-    n_expert: int
+    n_expert: int  # 0: a dense gated FFN (qwen35) instead of routed and shared experts
     n_used: int
     shexp_ff: int
     k_rot: int = 0  # a quantized cache's Hadamard rotations (DenseAttentionLayer)
     v_rot: int = 0
+    family: HybridFamily = field(default_factory=lambda: HYBRID_FAMILIES["qwen3next"])
+    ffn: int = 0  # n_ubatch x n_ff x 4 of a dense FFN
 
 
 def rotate(ops: list[Op], copied: dict[str, Copied], x: str, size: int, rot: str, n: int) -> str:
@@ -462,8 +486,9 @@ def rotate(ops: list[Op], copied: dict[str, Copied], x: str, size: int, rot: str
 
 
 def _hybrid_ops(i: int, s: HybridLayers, x: str) -> tuple[list[Op], dict[str, Copied]]:
-    """Host layer `i` of `s` (qwen3next), in the order GGML_SCHED_DEBUG=2 and the allocator trace
-    of the lavapipe build print (qwen3-next-80b-a3b, -ngl 24)."""
+    """Host layer `i` of `s`, in the order GGML_SCHED_DEBUG=2 and the allocator trace of the
+    lavapipe build print (qwen3-next-80b-a3b -ngl 24, qwen3.6-35b-a3b -ngl 20, qwen3.5-27b
+    -ngl 32)."""
     ops: list[Op] = []
     copied: dict[str, Copied] = {}
     own = dict(s.blocks[i])
@@ -484,7 +509,7 @@ def _hybrid_ops(i: int, s: HybridLayers, x: str) -> tuple[list[Op], dict[str, Co
         q = t * s.n_head * s.head * 4
         kv = t * s.n_head_kv * s.head * 4
         pos = "inp_pos"
-        copied[pos] = Copied(2048, weight=False, persistent=True)
+        copied[pos] = Copied(t * 4 * s.family.positions, weight=False, persistent=True)
 
         def normed_rope(x: str, size: int, src: str) -> str:
             # the RMS norm of a reshaped view (a new block), its weight and the rope in place
@@ -538,20 +563,34 @@ def _hybrid_ops(i: int, s: HybridLayers, x: str) -> tuple[list[Op], dict[str, Co
             Op("k_scaled" + n, qk, ("k_rms" + n,), True),
         ]
         q_in, k_in = "q_scaled" + n, "k_scaled" + n
-        if s.n_v_heads != s.n_k_heads:  # Q and K repeated to the V heads
+        if s.family.repeat_qk and s.n_v_heads != s.n_k_heads:  # Q, K repeated to the V heads
             ops += [Op("q_rep" + n, qk_rep, (q_in,)), Op("k_rep" + n, qk_rep, (k_in,))]
             q_in, k_in = "q_rep" + n, "k_rep" + n
-        ops += [
-            Op("ba" + n, 2 * heads, (w("ssm_ba.weight"), "attn_norm" + n)),
-            Op("a" + n, heads, ("ba" + n,)),
-            Op("a_dt" + n, heads, ("a" + n, w("ssm_dt.bias")), True),
-            Op("a_sp" + n, heads, ("a_dt" + n,), True),
-        ]
+        if s.family.fused_ba:
+            # one projection; the decay and beta are contiguous copies of its halves, updated
+            # in place
+            ops += [
+                Op("ba" + n, 2 * heads, (w("ssm_ba.weight"), "attn_norm" + n)),
+                Op("a" + n, heads, ("ba" + n,)),
+                Op("a_dt" + n, heads, ("a" + n, w("ssm_dt.bias")), True),
+                Op("a_sp" + n, heads, ("a_dt" + n,), True),
+                Op("g" + n, heads, ("a_sp" + n, w("ssm_a")), True),
+                Op("b" + n, heads, ("ba" + n,)),
+                Op("beta" + n, heads, ("b" + n,), True),
+            ]
+        else:
+            # two projections; their results reach the bias add and the sigmoid as reshaped
+            # views, which take new blocks
+            ops += [
+                Op("alpha" + n, heads, (w("ssm_alpha.weight"), "attn_norm" + n)),
+                Op("a_dt" + n, heads, ("alpha" + n, w("ssm_dt.bias"))),
+                Op("a_sp" + n, heads, ("a_dt" + n,), True),
+                Op("g" + n, heads, ("a_sp" + n, w("ssm_a")), True),
+                Op("b" + n, heads, (w("ssm_beta.weight"), "attn_norm" + n)),
+                Op("beta" + n, heads, ("b" + n,)),
+            ]
         st = act("state", state)
         ops += [
-            Op("g" + n, heads, ("a_sp" + n, w("ssm_a")), True),
-            Op("b" + n, heads, ("ba" + n,)),
-            Op("beta" + n, heads, ("b" + n,), True),
             Op("gdn" + n, out + state, (q_in, k_in, "silu" + n, "g" + n, "beta" + n, st)),
             Op("state_save" + n, 0, ("gdn" + n,), on_host=True),
             Op("o_rms" + n, out, ("gdn" + n,)),
@@ -567,6 +606,16 @@ def _hybrid_ops(i: int, s: HybridLayers, x: str) -> tuple[list[Op], dict[str, Co
         Op("post_rms" + n, e, ("residual" + n,)),
         Op("post_n" + n, e, ("post_rms" + n, w("post_attention_norm.weight")), True),
     ]
+    if not s.n_expert:  # a dense gated FFN (qwen35)
+        ops += [
+            Op("ffn_gate" + n, s.ffn, (w("ffn_gate.weight"), "post_n" + n)),
+            Op("ffn_up" + n, s.ffn, (w("ffn_up.weight"), "post_n" + n)),
+            Op("ffn_swiglu" + n, s.ffn, ("ffn_gate" + n, "ffn_up" + n)),
+            Op("ffn_out" + n, e, (w("ffn_down.weight"), "ffn_swiglu" + n)),
+            Op("l_out" + n, e, ("ffn_out" + n, "residual" + n), True),
+            Op(f"norm-{i + 1}", e, ("l_out" + n,)),
+        ]
+        return ops, copied
     # routed experts on the host: the router here, the experts' input and choice copied out,
     # their weighted result copied back in and summed here (build_moe_ffn)
     k = s.n_used
@@ -612,11 +661,11 @@ _GDN_BLOCK = frozenset(
         "ssm_conv1d.weight",
         "ssm_dt.bias",
         "ssm_a",
-        "ssm_ba.weight",
         "ssm_norm.weight",
         "ssm_out.weight",
     }
 )
+_DENSE_FFN_BLOCK = frozenset({"ffn_gate.weight", "ffn_up.weight", "ffn_down.weight"})
 _GATED_ATTENTION_BLOCK = frozenset(
     {
         "attn_norm.weight",
@@ -646,24 +695,30 @@ _SHARED_EXPERTS_BLOCK = frozenset(
 def hybrid_layers(
     layout: ModelLayout, slots: Sequence[int], run: HostLayerConfig, max_copy: int | None
 ) -> HybridLayers | None:
-    """The host layers `slots` of a qwen3next model as `HybridLayers`, or None where they are not:
-    each block a gated delta net or a gated attention layer with routed experts the device
-    refuses (larger than `max_copy`: they run on the host) and a shared expert, one sequence."""
+    """The host layers `slots` of a qwen3next, qwen35 or qwen35moe model as `HybridLayers`, or
+    None where they are not: each block a gated delta net or a gated attention layer, with a
+    dense FFN (qwen35) or routed experts the device refuses (larger than `max_copy`: they run on
+    the host) beside a shared expert, and no dense weight the device refuses."""
     view, arch = layout.view, layout.architecture
     ubatch, cells, type_k, type_v = run.ubatch, run.cells, run.type_k, run.type_v
-    if arch.name != "qwen3next" or not slots or max_copy is None:
+    family = HYBRID_FAMILIES.get(arch.name)
+    if family is None or not slots or max_copy is None:
         return None
+    ab = {"ssm_ba.weight"} if family.fused_ba else {"ssm_alpha.weight", "ssm_beta.weight"}
+    ffn_block = _SHARED_EXPERTS_BLOCK if arch.name != "qwen35" else _DENSE_FFN_BLOCK
     blocks, kinds = [], []
     for slot in slots:
         prefix = f"blk.{slot}."
         own = {
             t.name[len(prefix) :]: t.n_bytes for t in layout.tensors if t.name.startswith(prefix)
         }
-        attention = own.keys() == _GATED_ATTENTION_BLOCK | _SHARED_EXPERTS_BLOCK
-        if not attention and own.keys() != _GDN_BLOCK | _SHARED_EXPERTS_BLOCK:
+        attention = own.keys() == _GATED_ATTENTION_BLOCK | ffn_block
+        if not attention and own.keys() != _GDN_BLOCK | ab | ffn_block:
             return None
-        if own["ffn_up_exps.weight"] <= max_copy:
+        if own.get("ffn_up_exps.weight", max_copy + 1) <= max_copy:
             return None  # experts copied in by op offload: a sequence not replayed here
+        if max(b for name, b in own.items() if "exps" not in name) > max_copy:
+            return None  # a dense weight the device refuses: its op runs on the host
         blocks.append(tuple(sorted(own.items())))
         kinds.append(attention)
     attn = next((view.layers[s] for s, a in zip(slots, kinds, strict=True) if a), None)
@@ -671,8 +726,8 @@ def hybrid_layers(
         return None
     shexp = layout.tensor(f"blk.{slots[0]}.ffn_up_shexp.weight")
     router = layout.tensor(f"blk.{slots[0]}.ffn_gate_inp.weight")
-    if shexp is None or router is None or len(shexp.shape) < 2 or len(router.shape) < 2:
-        return None
+    up = layout.tensor(f"blk.{slots[0]}.ffn_up.weight")
+    experts = shexp is not None and router is not None
     n_head_kv = max(attn.n_head_kv, 1)
     n_v_heads = arch.int_("ssm.time_step_rank")
     n_k_heads = arch.int_("ssm.group_count")
@@ -693,11 +748,13 @@ def hybrid_layers(
         k_view=row_size(type_k, attn.k_width) * cells,
         v_view=row_size(type_v, attn.v_width) * cells,
         mask=cells * ubatch * 2,
-        n_expert=router.shape[1],
+        n_expert=router.shape[1] if experts and router is not None else 0,
         n_used=arch.int_("expert_used_count"),
-        shexp_ff=shexp.shape[1],
+        shexp_ff=shexp.shape[1] if experts and shexp is not None else 0,
         k_rot=_rotation(type_k, attn.k_width // n_head_kv, grow=True),
         v_rot=_rotation(type_v, attn.v_width // n_head_kv, grow=False),
+        family=family,
+        ffn=ubatch * up.shape[1] * 4 if up is not None and len(up.shape) > 1 else 0,
     )
 
 

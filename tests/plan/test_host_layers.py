@@ -23,6 +23,7 @@ from quantpick.plan.host_layers import (
     dense_host_layers_peak,
     hybrid_host_layers_peak,
     hybrid_layers,
+    replay,
     schedule,
 )
 
@@ -81,15 +82,18 @@ def test_the_replay_is_llama_cpps_buffer_for_dense_host_layers(oracle: dict, nam
         assert abs(ours - theirs) <= 4096, (case, ours / MiB, theirs / MiB)
 
 
-def test_qwen3nexts_hybrid_host_layers_are_llama_cpps_buffer(oracle: dict) -> None:
-    """qwen3-next-80b-a3b -ngl 24: three gated delta-net layers, then a gated attention layer,
-    each with routed experts the device refuses (288 MiB tensors: they run on the host and their
-    weighted result comes back) and a shared expert. The first attention layer copies the mask in
-    at 33 MiB, above the gated Q and V, and each layer's experts' result (40 MiB) lands above it:
-    77 MiB, where the fitted phases said 98.8 (28% over). All four rows exact."""
-    config = next(c for c in oracle["configs"] if c["config"] == "qwen3-next-80b-a3b")
+@pytest.mark.parametrize("name", ["qwen3-next-80b-a3b", "qwen3.6-35b-a3b", "qwen3.5-27b"])
+def test_gated_delta_net_host_layers_are_llama_cpps_buffer(oracle: dict, name: str) -> None:
+    """qwen3next and the qwen3.5 families: three gated delta-net layers, then a gated attention
+    layer; routed experts the device refuses (over lavapipe's 128 MiB: they run on the host and
+    their weighted result comes back) beside a shared expert, or a dense FFN (qwen3.5-27b).
+    qwen3-next-80b-a3b -ngl 24: the first attention layer copies the mask in at 33 MiB, above the
+    gated Q and V, and each layer's experts' result (40 MiB) lands above it: 77 MiB, where the
+    fitted phases said 98.8 (28% over). Every row exact (qwen3.5-27b at 32768 was 23 MiB over
+    with a q8_0 cache 41 under; qwen3.6-35b-a3b's q8_0 cache 23 under)."""
+    config = next(c for c in oracle["configs"] if c["config"] == name)
     layout = layout_of(config)
-    rows = partial_rows(oracle, "qwen3-next-80b-a3b")
+    rows = partial_rows(oracle, name)
     assert len(rows) == 4
     for case, theirs in rows:
         host = list(range(layout.architecture.block_count + 1 - int(case["ngl"])))
@@ -99,16 +103,29 @@ def test_qwen3nexts_hybrid_host_layers_are_llama_cpps_buffer(oracle: dict) -> No
         assert sum(layers.kinds) == len(host) // 4  # full_attention_interval 4
         ours = hybrid_host_layers_peak(layers, LAVAPIPE_ALIGNMENT)
         assert abs(ours - theirs) <= 4096, (case, ours / MiB, theirs / MiB)
-    # with its experts copied in (a device that takes them) the sequence differs: not replayed
+
+
+def test_a_hybrid_layer_whose_experts_are_copied_in_is_not_replayed(oracle: dict) -> None:
+    """On a device that takes the expert tensors op offload copies them in: another sequence,
+    left to the fitted phases."""
+    config = next(c for c in oracle["configs"] if c["config"] == "qwen3-next-80b-a3b")
     run = HostLayerConfig(512, 4096, "f16", "f16")
-    assert hybrid_layers(layout, list(range(26)), run, 1 << 40) is None
+    assert hybrid_layers(layout_of(config), list(range(26)), run, 1 << 40) is None
 
 
-@pytest.mark.parametrize("name", ["gemma-3-27b", "qwen3.5-27b", "gpt-oss-20b", "glm-4.5-air"])
+def test_two_results_named_alike_are_refused() -> None:
+    """A template that names two results alike would free the first at the second's last use:
+    the replay refuses it rather than place blocks wrongly."""
+    ops = [Op("x", 8, ("in",)), Op("x", 8, ("x",))]
+    with pytest.raises(ValueError, match="named twice"):
+        replay(ops, {"in": Copied(8, weight=False)}, 16)
+
+
+@pytest.mark.parametrize("name", ["gemma-3-27b", "gemma-4-e2b", "gpt-oss-20b", "glm-4.5-air"])
 def test_layers_outside_the_template_are_not_replayed(oracle: dict, name: str) -> None:
-    """A post-norm (gemma3), a recurrent layer of another family, attention sinks or routed
-    experts that stay on the host beside a shared expert (glm4moe) are op sequences the
-    templates do not have: no replay, the fitted phases stay."""
+    """Post-norms and two masks (gemma3), per-layer inputs and a shared KV cache (gemma4),
+    attention sinks (gpt-oss) or a dense first layer with biases before routed experts
+    (glm4moe) are op sequences the templates do not have: no replay, the fitted phases stay."""
     config = next(c for c in oracle["configs"] if c["config"] == name)
     layout = layout_of(config)
     n = layout.architecture.block_count // 2
