@@ -7,6 +7,14 @@
 #   scripts/build-llamacpp-vulkan.sh SRC BUILD_DIR   # SRC: an unpacked pinned tree (the one
 #                                                    # scripts/build-llamacpp.sh unpacks into its cache)
 #   LLAMACPP_JOBS=N ...                              # parallel compile jobs (default: 2)
+#   ALLOC_TRACE=1 ...                                # the graph allocator traces to stderr
+#
+# ALLOC_TRACE=1 (give it its own BUILD_DIR) turns on ggml-alloc.c's AT_PRINTF, each line
+# prefixed with its allocator's address, plus a line per reserve naming each buffer ("[ADDR]
+# buffer N Vulkan0") and one per reset: the traces plan/host_layers.py was read from
+# (docs/compute.md "A host layer's splits"). Replay one buffer with
+# scripts/replay_alloc_trace.py TRACE --buffer Vulkan0 --alignment 16; GGML_SCHED_DEBUG=2 with
+# -v prints the scheduler's splits on any build.
 #
 # Needs cmake, a C++ compiler, glslc, the Vulkan and SPIR-V headers, the loader and a driver
 # (Debian/Ubuntu: glslc libvulkan-dev spirv-headers mesa-vulkan-drivers). Takes about 35 minutes on two cores,
@@ -45,6 +53,10 @@ rm -rf "$src/tools/quantpick-memory"
 cp -r "$here/llamacpp-memory" "$src/tools/quantpick-memory"
 grep -q 'add_subdirectory(quantpick-memory)' "$src/tools/CMakeLists.txt" \
     || printf '\nadd_subdirectory(quantpick-memory)\n' >> "$src/tools/CMakeLists.txt"
+
+if [ "${ALLOC_TRACE:-0}" = 1 ]; then
+    python3 "$here/alloc_trace_patch.py" "$src/ggml/src/ggml-alloc.c"
+fi
 
 # The VK_EXT_layer_settings guard (see above); idempotent.
 python3 - "$src/ggml/src/ggml-vulkan/ggml-vulkan.cpp" <<'EOF'

@@ -2,6 +2,7 @@
 """Replay a trace of llama.cpp's graph allocator and show its free blocks before one allocation.
 
     python scripts/replay_alloc_trace.py TRACE [--before result_output] [--alignment 32]
+                                               [--buffer Vulkan0]
 
 TRACE is the stderr of a llama.cpp tool (llama-memory-bytes, llama-fit-params) built with
 ggml/src/ggml-alloc.c's `GGML_ALLOCATOR_DEBUG` defined and its `AT_PRINTF` sent to the log
@@ -14,6 +15,11 @@ number of free blocks it printed, and prints the free list before the named allo
 
 The transcription, one chunk (the CPU backend's buffer has no maximum size), is
 quantpick/plan/allocator.py `Allocator`.
+
+A trace of several buffers (a GPU's and the host's: the Vulkan build of
+scripts/build-llamacpp-vulkan.sh with ALLOC_TRACE=1 prefixes every line with its allocator's
+address and prints `[ADDR] buffer N NAME` and `[ADDR] reset` for each reserve) is replayed for
+one buffer with `--buffer NAME`, from its last reset (the graph llama.cpp sized it by).
 
 A zero-byte tensor (a recurrent state's `states_extra` get_rows of n_rs - n_seqs = 0 rows, src/
 llama-graph.cpp:3538-3543) freed inside a free block leaves a zero-size block there; when the
@@ -31,9 +37,9 @@ from pathlib import Path
 
 from quantpick.plan.allocator import Allocator
 
-ALLOC_RE = re.compile(r"allocating (\S+) \((\d+) bytes\) - block (\d+), offset (\d+), chunk 0")
+ALLOC_RE = re.compile(r"allocating (.+?) \((\d+) bytes\) - block (\d+), offset (\d+), chunk 0")
 FREE_RE = re.compile(
-    r"freeing (\S+) at \{chunk=0, offset=(\d+)\} \((\d+) bytes\) - n_free_blocks = (\d+)"
+    r"freeing (.+?) at \{chunk=0, offset=(\d+)\} \((\d+) bytes\) - n_free_blocks = (\d+)"
 )
 MiB = 1024**2
 
@@ -50,15 +56,33 @@ def describe(blocks: list[list[int]]) -> list[str]:
     return lines
 
 
+BUFFER_RE = re.compile(r"^\[(0x[0-9a-f]+)\] buffer \d+ (\S+)$")
+RESET_RE = re.compile(r"^\[(0x[0-9a-f]+)\] reset$")
+
+
+def buffer_events(lines: list[tuple[int, str]], name: str) -> list[tuple[int, str]]:
+    """The lines of buffer `name`'s allocator after its last reset."""
+    addresses = {m[1] for _, line in lines if (m := BUFFER_RE.match(line)) and m[2] == name}
+    if not addresses:
+        raise SystemExit(f"no buffer named {name} in the trace (an ALLOC_TRACE=1 build names them)")
+    mine = [(n, line) for n, line in lines if line[1:].split("]", 1)[0] in addresses]
+    resets = [i for i, (_, line) in enumerate(mine) if RESET_RE.match(line)]
+    return mine[resets[-1] + 1 :] if resets else mine
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("trace", type=Path)
     ap.add_argument("--before", default="result_output", help="the allocation to stop before")
     ap.add_argument("--alignment", type=int, default=32, help="the buffer's (CPU: 32)")
+    ap.add_argument("--buffer", help="replay this buffer's events only (an ALLOC_TRACE build)")
     args = ap.parse_args()
     alloc = Allocator(args.alignment)
     mismatches = 0
-    for n, line in enumerate(args.trace.read_text().splitlines(), 1):
+    lines = list(enumerate(args.trace.read_text().splitlines(), 1))
+    if args.buffer:
+        lines = buffer_events(lines, args.buffer)
+    for n, line in lines:
         if m := ALLOC_RE.search(line):
             if m[1] == args.before:
                 print(f"free blocks before {m[1]} ({int(m[2]) / MiB:.3f} MiB), line {n}:")
