@@ -11,7 +11,7 @@
 #
 # ALLOC_TRACE=1 (give it its own BUILD_DIR) turns on ggml-alloc.c's AT_PRINTF, each line
 # prefixed with its allocator's address, plus a line per reserve naming each buffer ("[ADDR]
-# buffer N Vulkan0") and one per reset: the traces plan/host_layers.py was read from
+# buffer N Vulkan0") and one per reset: the traces plan/host_replay.py's templates were read from
 # (docs/compute.md "A host layer's splits"). Replay one buffer with
 # scripts/replay_alloc_trace.py TRACE --buffer Vulkan0 --alignment 16; GGML_SCHED_DEBUG=2 with
 # -v prints the scheduler's splits on any build.

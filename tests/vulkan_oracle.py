@@ -134,3 +134,19 @@ def rows(
                     )
                 )
     return out
+
+
+LAVAPIPE_ALIGNMENT = 16  # minStorageBufferOffsetAlignment of Mesa 22.3's lavapipe
+LAVAPIPE_MAX_TENSOR = 128 * MiB  # its maxStorageBufferRange: larger weights stay on the host
+
+
+def partial_rows(oracle: dict[str, Any], name: str) -> list[tuple[dict[str, Any], int]]:
+    """(case, llama.cpp's Vulkan0 compute bytes) of a config's -ngl rows with flash attention."""
+    config = next(c for c in oracle["configs"] if c["config"] == name)
+    return [
+        (case["config"], dev["compute"])
+        for case in config["cases"]
+        if case["config"]["ngl"] != "all" and case["config"]["fa"] == "on"
+        for dev in case["bytes"]["devices"]
+        if dev["name"] == "Vulkan0"
+    ]

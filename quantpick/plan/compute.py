@@ -251,9 +251,9 @@ class DeviceGraph:
     attn_narrow: int = 0
     # its share of the model's blocks (the per-layer inputs its layers take: gemma3n, gemma4)
     layer_share: float = 1.0
-    # the high-water mark of the host layers it runs by op offload, where they fit one of
-    # plan/host_layers.py's templates: their op sequence scheduled and allocated as llama.cpp
-    # does (exact on the lavapipe oracle's 36 such rows). It replaces the
+    # the high-water mark of the host layers it runs by op offload, where they fit one of the
+    # templates of plan/host_layers.py and plan/hybrid_layers.py: their op sequence scheduled and
+    # allocated as llama.cpp does (exact on the lavapipe oracle's 40 such rows). It replaces the
     # fitted host-layer phases (offload_weight_share, offload_kv_e, host_ffn_over_kv), which
     # describe the same sequence (0: none or not that template)
     host_layers_peak: int = 0

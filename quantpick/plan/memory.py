@@ -37,7 +37,8 @@ from quantpick.plan.compute import (
     v_cache_indices,
 )
 from quantpick.plan.graph_rules import GENERIC, GRAPH_RULES
-from quantpick.plan.host_layers import HostLayerConfig, gated_ffn_up, replayed_host_layers_peak
+from quantpick.plan.host_layers import gated_ffn_up, replayed_host_layers_peak
+from quantpick.plan.host_replay import HostLayerConfig
 from quantpick.plan.kv_cache import (
     context_cells,
     kv_bytes_per_cell_per_layer,
@@ -552,8 +553,7 @@ def estimate(
     split_host_layers = (
         op_offload_pos is not None and traits[op_offload_pos].host_layer_weight_share is not None
     )
-    # ... and of its host layers: whether none is recurrent, a gated FFN's up weight (its copy:
-    # DeviceGraph.offload_ffn_up), and their op sequence replayed where a template fits them
+    # ... its host layers: none recurrent?, a gated FFN's up weight, their replayed op sequence
     offloaded = [s for s in range(arch.n_layer) if slot_device[s] == host_pos and not skipped(s)]
     host_ffn_up, host_plain, host_layers_peak = 0, True, 0
     if split_host_layers and offloading and op_offload_pos is not None:
