@@ -28,13 +28,14 @@ class HybridFamily:
     fused_ba: bool  # one `ssm_ba` projection for the decay and the beta (qwen3next), or two
     repeat_qk: bool  # Q and K repeated to the V heads before the delta net (qwen3next :516-533)
     positions: int  # token positions per token: 1, or 4 for the multi-section rope (qwen35)
+    experts: bool  # routed experts beside a shared expert (qwen3next, qwen35moe), or a dense FFN
 
 
 HYBRID_FAMILIES = {
-    "qwen3next": HybridFamily(fused_ba=True, repeat_qk=True, positions=1),
+    "qwen3next": HybridFamily(fused_ba=True, repeat_qk=True, positions=1, experts=True),
     # the delta net broadcasts the K heads itself; imrope positions: n_pos_per_embd() == 4
-    "qwen35": HybridFamily(fused_ba=False, repeat_qk=False, positions=4),
-    "qwen35moe": HybridFamily(fused_ba=False, repeat_qk=False, positions=4),
+    "qwen35": HybridFamily(fused_ba=False, repeat_qk=False, positions=4, experts=False),
+    "qwen35moe": HybridFamily(fused_ba=False, repeat_qk=False, positions=4, experts=True),
 }
 
 
@@ -290,7 +291,7 @@ def hybrid_layers(
     if family is None or not slots or max_copy is None:
         return None
     ab = {"ssm_ba.weight"} if family.fused_ba else {"ssm_alpha.weight", "ssm_beta.weight"}
-    ffn_block = _SHARED_EXPERTS_BLOCK if arch.name != "qwen35" else _DENSE_FFN_BLOCK
+    ffn_block = _SHARED_EXPERTS_BLOCK if family.experts else _DENSE_FFN_BLOCK
     blocks, kinds = [], []
     for slot in slots:
         prefix = f"blk.{slot}."
