@@ -155,12 +155,13 @@ def _layer_ops(i: int, s: DenseAttentionLayer, x: str) -> tuple[list[Op], dict[s
 
 
 def _routed_experts(n: str, s: DenseAttentionLayer, w: Callable[[str, int], str]) -> list[Op]:
-    """The routed experts' ops (src/llama-graph.cpp build_moe_ffn: softmax gating, normalized
-    weights; in the order GGML_SCHED_DEBUG=2 and the allocator trace of qwen3-30b-a3b give): the
-    router, its softmax, the top-k (a view of the argsort), the selected weights normalized by
-    their sum; each expert tensor copied in for its MUL_MAT_ID; the down result weighted in place
-    and its k slices summed into one residual-wide result (the first add new, the rest in place).
-    The router's logits are freed only after the weights' normalization (the trace's order)."""
+    """The routed experts' ops (src/llama-graph.cpp build_moe_ffn, normalized weights; in the
+    order GGML_SCHED_DEBUG=2 and the allocator traces of qwen3-30b-a3b and glm-4.5-air give): the
+    router (a softmax, or a sigmoid with a selection bias), the top-k (a view of the argsort);
+    each expert tensor copied in for its MUL_MAT_ID, or the experts run on the host and their
+    down result copied back; that result weighted in place and its k slices summed into one
+    residual-wide result (the first add new, the rest in place); then a gateless shared expert
+    where the layer has one."""
     tokens, k, x = s.tokens, s.n_used, "ffn_norm" + n
     topk = "argsort" + n
     mid = tokens * k * s.moe_ff * 4
