@@ -101,7 +101,7 @@ def test_compute_follows_the_vulkan_backends_own_graph(lavapipe_rows: list[Row])
     attention's Q, K and V; the V cache's indices without flash attention; an ungated FFN's
     one block; a host layer's FFN alone without flash attention, or replayed above the mask
     with it; dense attention, routed-expert and gated delta-net host layers scheduled and
-    allocated as llama.cpp does, plan/host_layers.py): 372 of 384 within max(5%, 16 MiB), median
+    allocated as llama.cpp does, plan/host_layers.py): 373 of 384 within max(5%, 16 MiB), median
     error 0%
     (the CPU/CUDA rule alone: 38 within, median +93%; the host layers' copies on top of a device
     layer: 318; the fitted pipeline terms on the last device: 336; without the host layers'
@@ -110,19 +110,19 @@ def test_compute_follows_the_vulkan_backends_own_graph(lavapipe_rows: list[Row])
     within = sum(r.compute_within for r in lavapipe_rows)
     errors = [abs(r.compute[0] - r.compute[1]) / MiB for r in lavapipe_rows]
     signed = [(r.compute[0] - r.compute[1]) / r.compute[1] for r in lavapipe_rows]
-    assert within == 372
+    assert within == 373
     assert statistics.median(errors) < 16
     assert abs(statistics.median(signed)) < 0.01
     by_class: dict[str, list[Row]] = {}
     for r in lavapipe_rows:
         by_class.setdefault(row_class(r), []).append(r)
     counts = {k: (sum(r.compute_within for r in v), len(v)) for k, v in by_class.items()}
-    assert counts == {"every layer": (94, 96), "partial": (92, 96), "two devices": (186, 192)}
+    assert counts == {"every layer": (94, 96), "partial": (93, 96), "two devices": (186, 192)}
 
 
 def test_the_rows_left_are_the_named_classes(lavapipe_rows: list[Row]) -> None:
-    """What docs/compute.md says is not matched: 4 rows of -ngl partial offload whose host
-    layers no template replays (gemma3, gemma4: the fitted phases, worst 20%; 31% before the
+    """What docs/compute.md says is not matched: 3 rows of -ngl partial offload whose host
+    layers no template replays (gemma-4-e2b: the fitted phases, worst 19%; 31% before the
     replays). Every layer offloaded, on one device or two: 280 of 288 within
     (gemma-4-e2b -fa off at 32768 on the second device was 27%: its per-layer inputs are its
     layers' slices). No row of the 384 is beyond 25%."""

@@ -253,7 +253,7 @@ class DeviceGraph:
     layer_share: float = 1.0
     # the high-water mark of the host layers it runs by op offload, where they fit one of the
     # templates of plan/host_layers.py and plan/hybrid_layers.py: their op sequence scheduled and
-    # allocated as llama.cpp does (exact on the lavapipe oracle's 40 such rows). It replaces the
+    # allocated as llama.cpp does (exact on the lavapipe oracle's 44 such rows). It replaces the
     # fitted host-layer phases (offload_weight_share, offload_kv_e, host_ffn_over_kv), which
     # describe the same sequence (0: none or not that template)
     host_layers_peak: int = 0

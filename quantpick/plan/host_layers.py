@@ -1,5 +1,5 @@
-"""Dense attention host layers (llama, mistral3, qwen2, qwen3; glm4moe's and qwen3moe's with
-routed experts) as llama.cpp runs them on a GPU by op offload, replayed through
+"""Dense attention host layers (llama, mistral3, qwen2, qwen3, gemma3; glm4moe's and qwen3moe's
+with routed experts) as llama.cpp runs them on a GPU by op offload, replayed through
 plan/host_replay.py; `replayed_host_layers_peak` is the entry point that picks this template or
 plan/hybrid_layers.py's."""
 
@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from quantpick.arch.base import AttentionKind
 from quantpick.model.ggml import row_size
 from quantpick.model.layout import ModelLayout
 from quantpick.plan.host_replay import (
@@ -22,6 +23,22 @@ from quantpick.plan.host_replay import (
     weighted_sum,
 )
 from quantpick.plan.hybrid_layers import hybrid_host_layers_peak, hybrid_layers
+
+
+@dataclass(frozen=True)
+class DenseFamily:
+    """Where a family's dense attention layer departs from llama's (src/models/<arch>.cpp)."""
+
+    embd_scale: bool = False  # the token embeddings scaled (in place) before the first norm
+    q_scale: bool = False  # Q scaled after its rope (in place) instead of inside the attention
+    k_first: bool = False  # K projected before V (the graph's order)
+    sliding: bool = False  # interleaved sliding-window layers: their own mask and cache cells
+
+
+# gemma3 (src/models/gemma3.cpp): sqrt(n_embd) x the embeddings, Q x 1/sqrt(query_pre_attn_
+# scalar) after rope, K before V, five sliding-window layers to one global (an allocator trace of
+# gemma-3-27b -ngl 31)
+DENSE_FAMILIES = {"gemma3": DenseFamily(embd_scale=True, q_scale=True, k_first=True, sliding=True)}
 
 
 @dataclass(frozen=True)
@@ -79,6 +96,15 @@ class DenseAttentionLayer:
     w_up_shexp: int = 0
     w_down_shexp: int = 0
     shexp_ff: int = 0
+    family: DenseFamily = DenseFamily()
+    # gemma3: the attention's result and the FFN's normalized again before the residual adds
+    # (post_attention_norm, post_ffw_norm: the norm in place on the projection's result)
+    post_norms: bool = False
+    # per host layer: a sliding-window layer (its K and V views and mask of `swa_cells` cells)
+    swa: tuple[bool, ...] = ()
+    k_view_swa: int = 0
+    v_view_swa: int = 0
+    mask_swa: int = 0
 
 
 def _layer_ops(i: int, s: DenseAttentionLayer, x: str) -> tuple[list[Op], dict[str, Copied]]:
@@ -96,8 +122,17 @@ def _layer_ops(i: int, s: DenseAttentionLayer, x: str) -> tuple[list[Op], dict[s
         return name
 
     n = f"-{i}"
+
+    def post_norm(x: str, name: str, weight: str) -> str:
+        # gemma3's norm of a projection's result: in place (its only consumer), then its weight
+        if not s.post_norms:
+            return x
+        ops.append(Op(name + "_rms" + n, s.e, (x,), True))
+        ops.append(Op(name + n, s.e, (name + "_rms" + n, w(weight, s.norm_w)), True))
+        return name + n
+
     ops.append(Op("attn_norm" + n, s.e, ("norm" + n, w("attn_norm.w" + n, s.norm_w)), True))
-    pos = graph_input("inp_pos", 2048)
+    pos = graph_input("inp_pos", s.tokens * 4)
     rope_srcs: tuple[str, ...] = (pos,)
     if s.rope_freqs:
         rope_srcs += (w("rope_freqs", s.rope_freqs),)
@@ -122,22 +157,39 @@ def _layer_ops(i: int, s: DenseAttentionLayer, x: str) -> tuple[list[Op], dict[s
     if s.attn_temp:
         ops.append(Op(q + "_t", s.q, (q, graph_input("inp_attn_scale", s.attn_temp)), True))
         q += "_t"
+    if s.family.q_scale:
+        ops.append(Op(q + "_s", s.q, (q,), True))
+        q += "_s"
 
     q = rotate(ops, copied, q, s.q, "k_rot", s.k_rot)
-    v = projection("v", s.v, s.w_v, s.bias_v, False, False)
-    v = rotate(ops, copied, v, s.v, "v_rot", s.v_rot)
-    k = projection("k", s.k, s.w_k, s.bias_k, bool(s.qk_norm_w), True)
-    k = rotate(ops, copied, k, s.k, "k_rot", s.k_rot)
+
+    def value() -> str:
+        v = projection("v", s.v, s.w_v, s.bias_v, False, False)
+        return rotate(ops, copied, v, s.v, "v_rot", s.v_rot)
+
+    def key() -> str:
+        k = projection("k", s.k, s.w_k, s.bias_k, bool(s.qk_norm_w), True)
+        return rotate(ops, copied, k, s.k, "k_rot", s.k_rot)
+
+    if s.family.k_first:
+        k = key()
+        v = value()
+    else:
+        v = value()
+        k = key()
     # the cache writes run on the host: K and V are copied out, then freed here
     ops.append(Op("cache_write" + n, 0, (k, v), on_host=True))
     # the K and V views are activations of the host, not weights: they start no split
-    copied["k_view" + n] = Copied(s.k_view, weight=False)
-    copied["v_view" + n] = Copied(s.v_view, weight=False)
+    sliding = bool(s.swa) and s.swa[i]
+    copied["k_view" + n] = Copied(s.k_view_swa if sliding else s.k_view, weight=False)
+    copied["v_view" + n] = Copied(s.v_view_swa if sliding else s.v_view, weight=False)
     kv = ("k_view" + n, "v_view" + n)
-    ops.append(Op("fa" + n, s.attn, (q, *kv, graph_input("mask", s.mask))))
+    mask = graph_input("mask_swa", s.mask_swa) if sliding else graph_input("mask", s.mask)
+    ops.append(Op("fa" + n, s.attn, (q, *kv, mask)))
     fa = rotate(ops, copied, "fa" + n, s.attn, "v_rot", s.v_rot)
     ops.append(Op("attn_out" + n, s.e, (w("w_o" + n, s.w_o), fa)))
-    ops.append(Op("ffn_inp" + n, s.e, ("attn_out" + n, x), True))
+    attn = post_norm("attn_out" + n, "attn_post", "post_attention_norm.w" + n)
+    ops.append(Op("ffn_inp" + n, s.e, (attn, x), True))
     ops.append(Op("ffn_rms" + n, s.e, ("ffn_inp" + n,)))
     ops.append(Op("ffn_norm" + n, s.e, ("ffn_rms" + n, w("ffn_norm.w" + n, s.norm_w)), True))
     if s.n_expert and i >= s.dense_layers:
@@ -149,7 +201,8 @@ def _layer_ops(i: int, s: DenseAttentionLayer, x: str) -> tuple[list[Op], dict[s
         ops.append(Op("up" + n, s.ffn, (w("w_up" + n, s.w_up), "ffn_norm" + n)))
         ops.append(Op("swiglu" + n, s.ffn, ("gate" + n, "up" + n)))
         ops.append(Op("ffn_out" + n, s.e, (w("w_down" + n, s.w_down), "swiglu" + n)))
-    ops.append(Op("l_out" + n, s.e, ("ffn_out" + n, "ffn_inp" + n), True))
+    ffn_out = post_norm("ffn_out" + n, "ffn_post", "post_ffw_norm.w" + n)
+    ops.append(Op("l_out" + n, s.e, (ffn_out, "ffn_inp" + n), True))
     ops.append(Op(f"norm-{i + 1}", s.e, ("l_out" + n,)))
     return ops, copied
 
@@ -201,7 +254,9 @@ def _routed_experts(n: str, s: DenseAttentionLayer, w: Callable[[str, int], str]
 def dense_host_layers_peak(s: DenseAttentionLayer, n_layers: int, alignment: int) -> int:
     """The device buffer's high-water mark over `n_layers` host layers of `s` run by op offload,
     from the first (its input, the token embeddings, copied in) on."""
-    return replay_layers(s.e, n_layers, lambda i, x: _layer_ops(i, s, x), alignment)
+    return replay_layers(
+        s.e, n_layers, lambda i, x: _layer_ops(i, s, x), alignment, s.family.embd_scale
+    )
 
 
 # the tensors of a block `DenseAttentionLayer` describes: the attention (biases and Q/K norms
@@ -237,9 +292,14 @@ _EXPERTS = frozenset(
 _SHARED = frozenset({"ffn_gate_shexp.weight", "ffn_up_shexp.weight", "ffn_down_shexp.weight"})
 
 
+_POST_NORMS = frozenset({"post_attention_norm.weight", "ffn_norm.weight", "post_ffw_norm.weight"})
+
+
 def _ffn_kind(own: dict[str, int]) -> str | None:
     """ "dense", "experts" or None (a block the template does not describe)."""
     rest = own.keys() - _ATTENTION - _ATTENTION_OPTIONAL
+    if _POST_NORMS <= rest:  # gemma3: the FFN's norm and both post-norms
+        rest = (rest - _POST_NORMS) | {"ffn_norm.weight"}
     if not _ATTENTION <= own.keys() or len(rest & _FFN_NORMS) != 1:
         return None
     rest -= _FFN_NORMS
@@ -261,6 +321,7 @@ def dense_attention_layer(
     does not have), one attention kind, K and V of the same width."""
     view = layout.view
     ubatch, cells, type_k, type_v = run.ubatch, run.cells, run.type_k, run.type_v
+    family = DENSE_FAMILIES.get(layout.architecture.name, DenseFamily())
     if not slots:
         return None
     shapes: dict[str, set[tuple[tuple[str, int], ...]]] = {"dense": set(), "experts": set()}
@@ -269,8 +330,8 @@ def dense_attention_layer(
         lv = view.layers[slot]
         if lv.recurrent or not lv.kv or lv.k_width != lv.v_width:
             return None
-        if lv.attention is not view.layers[slots[0]].attention:
-            return None  # one attention kind: one mask and one cache size
+        if lv.attention is not view.layers[slots[0]].attention and not family.sliding:
+            return None  # one attention kind (one mask and cache size), but for iSWA families
         prefix = f"blk.{slot}."
         own = {
             t.name[len(prefix) :]: t.n_bytes for t in layout.tensors if t.name.startswith(prefix)
@@ -343,6 +404,12 @@ def dense_attention_layer(
         w_up_shexp=sizes.get("ffn_up_shexp.weight", 0),
         w_down_shexp=sizes.get("ffn_down_shexp.weight", 0),
         shexp_ff=shexp.shape[1] if shexp is not None and len(shexp.shape) > 1 else 0,
+        family=family,
+        post_norms="post_ffw_norm.weight" in sizes,
+        swa=tuple(view.layers[s].attention is AttentionKind.SLIDING for s in slots),
+        k_view_swa=row_size(type_k, lv.k_width) * run.swa_cells,
+        v_view_swa=row_size(type_v, lv.v_width) * run.swa_cells,
+        mask_swa=run.swa_cells * ubatch * 2,
     )
 
 
@@ -355,7 +422,7 @@ def replayed_host_layers_peak(
 ) -> int:
     """The offloading device's high-water mark over the host layers `slots`, replayed with the
     template they fit; 0 where none does (the fitted phases of plan/compute.py stay)."""
-    if run.streams != 1 or run.masks != 1:
+    if run.streams != 1 or run.masks > 2:
         return 0
     dense = dense_attention_layer(layout, slots, run, max_copy)
     if dense is not None:

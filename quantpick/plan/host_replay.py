@@ -63,7 +63,8 @@ class HostLayerConfig:
     type_k: str
     type_v: str
     streams: int = 1  # sequences or KV streams: the templates have one
-    masks: int = 1  # attention kinds of the graph (iSWA: 2): the templates have one
+    masks: int = 1  # attention kinds of the graph (iSWA: 2)
+    swa_cells: int = 0  # a sliding-window layer's cache cells
 
 
 def replay_layers(
@@ -71,13 +72,18 @@ def replay_layers(
     n_layers: int,
     layer_ops: Callable[[int, str], tuple[list[Op], dict[str, Copied]]],
     alignment: int,
+    scale_embd: bool = False,
 ) -> int:
     """The device buffer's high-water mark over `n_layers` host layers from the first on: the
-    token embeddings (`e` bytes) copied in and normalized, then each layer's ops
-    (`layer_ops(i, its input)`), each layer's result the next one's input."""
-    ops: list[Op] = [Op("norm-0", e, ("embd",))]
+    token embeddings (`e` bytes) copied in (`scale_embd`: scaled in place, gemma) and normalized,
+    then each layer's ops (`layer_ops(i, its input)`), each layer's result the next one's input."""
     copied: dict[str, Copied] = {"embd": Copied(e, weight=False)}
     x = "embd"
+    ops: list[Op] = []
+    if scale_embd:
+        ops.append(Op("inp_scaled", e, (x,), True))
+        x = "inp_scaled"
+    ops.append(Op("norm-0", e, (x,)))
     for i in range(n_layers):
         layer, inputs = layer_ops(i, x)
         ops += layer

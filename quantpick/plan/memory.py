@@ -560,8 +560,8 @@ def estimate(
         host_plain = not any(view.layers[s].recurrent for s in offloaded)
         host_ffn_up = gated_ffn_up(layout, offloaded)
         if fa:
-            kv_types = (config.cache_type_k, config.cache_type_v)
-            run = HostLayerConfig(ub, kv_size, *kv_types, max(n_stream, n_seq), len(all_kinds))
+            kv = (config.cache_type_k, config.cache_type_v, max(n_stream, n_seq))
+            run = HostLayerConfig(ub, kv_size, *kv, len(all_kinds), window_cells)
             align = rules[op_offload_pos].alignment
             host_layers_peak = replayed_host_layers_peak(layout, offloaded, run, op_cap, align)
     # routed experts in host memory that the offloading device refuses stay the host's to compute
