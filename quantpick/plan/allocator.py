@@ -1,8 +1,8 @@
 """llama.cpp's graph allocator, transcribed: `ggml_dyn_tallocr` of ggml/src/ggml-alloc.c (b11312,
-commit 0c1e57098) over one chunk, as pure state. quantpick replays short allocation sequences
-with it where a compute buffer's peak is a best-fit placement no phase rule carries
-(plan/compute.host_ffn_over_kv); scripts/replay_alloc_trace.py runs a whole recorded trace
-through it and checks every event against llama.cpp's.
+commit 0c1e57098) over one chunk, as pure state. quantpick replays the op sequences of the
+host layers a GPU runs by op offload with it (plan/host_replay.py), where a compute buffer's peak
+is a best-fit placement no phase rule carries; scripts/replay_alloc_trace.py runs a whole
+recorded trace through it and checks every event against llama.cpp's.
 
 - alloc, :202-304: the best fit among the blocks but the last (`block->size <= best_fit_size`:
   a tie goes to the later block), else the last block; the block's offset moves up by the size

@@ -61,7 +61,6 @@ from quantpick.arch.base import AttentionKind, LayerView
 from quantpick.arch.graph import ArchLive
 from quantpick.model.ggml import CPU_BUFFER, pad
 from quantpick.model.layout import ModelLayout
-from quantpick.plan.allocator import Allocator
 from quantpick.plan.graph_rules import GraphRule
 
 MiB = 1024**2
@@ -213,8 +212,6 @@ class DeviceGraph:
     offload_ffn_up: int = 0
     # every host layer is an attention layer (none recurrent: their own op sequences differ)
     offload_plain: bool = False
-    # its graph has one attention kind (one mask; iSWA has two)
-    offload_one_mask: bool = False
     copies: int = 1  # PIPELINE_COPIES with pipeline parallelism
     # K and V of another device's cache that layers here attend over (a shared KV cache, gemma3n
     # and gemma4): split inputs copied in (ggml-backend.cpp:1514-1531)
@@ -254,7 +251,7 @@ class DeviceGraph:
     # the high-water mark of the host layers it runs by op offload, where they fit one of the
     # templates of plan/host_layers.py and plan/hybrid_layers.py: their op sequence scheduled and
     # allocated as llama.cpp does (exact on the lavapipe oracle's 44 such rows). It replaces the
-    # fitted host-layer phases (offload_weight_share, offload_kv_e, host_ffn_over_kv), which
+    # fitted host-layer phases (offload_weight_share, offload_kv_e), which
     # describe the same sequence (0: none or not that template)
     host_layers_peak: int = 0
 
@@ -346,52 +343,6 @@ def layer_live(shape: GraphShape, experts: bool = True) -> float:
     return max(dense, moe)
 
 
-def host_ffn_over_kv(e: int, kv: int, mask: int, weight: int, ffn: int) -> int:
-    """A host layer's gated FFN on the device that runs it by op offload with flash attention
-    (-ngl partial offload, ComputeTraits.host_layer_weight_share), by a replay of the graph
-    allocator (plan/allocator.py, ggml-alloc.c's ggml_dyn_tallocr transcribed) over
-    the layer's FFN split: 3E of the residual stream and its norms (in the traces below the K
-    and V copies, or one of them between the mask and the FFN), the K and V copies of the
-    layer's attention (`kv`: split inputs, freed after the attention) and the f16 mask above
-    those (`mask`: a split input of the first host layer, alive to the last layer: it pins the
-    layout, and the FFN's freed blocks above it never merge with the copies' hole); then the
-    copied gate weight, the gate result, the gate weight freed and the up weight copied in its
-    place, the up result, the up weight freed, and the gated product. Returns the high-water
-    mark (allocator traces of the lavapipe build: llama-3.1-8b -ngl 16 -c 4096, 3E + 16 + 4 +
-    31.5 + 2 x 28 = 131.5 MiB; qwen2.5-7b -ngl 14 -c 32768 q8_0, 234.4 vs 234.52;
-    mistral-small-24b -ngl 20 -c 4096, 268 vs 261.25)."""
-    # alignment 1: the blocks are MiB-sized, the device's 16-256 B alignment moves nothing here
-    alloc = Allocator(1)
-    alloc.alloc(3 * e)
-    _, kv_at = alloc.alloc(kv)
-    alloc.alloc(mask)
-    alloc.free(kv_at, kv)
-    _, gate_w = alloc.alloc(weight)
-    alloc.alloc(ffn)  # the gate result
-    alloc.free(gate_w, weight)
-    _, up_w = alloc.alloc(weight)
-    alloc.alloc(ffn)  # the up result
-    alloc.free(up_w, weight)
-    alloc.alloc(ffn)  # the gated product
-    return alloc.max_size
-
-
-def host_ffn_over_mask(dev: DeviceGraph, shape: GraphShape) -> bool:
-    """Whether the host layers a device runs by op offload with flash attention follow the
-    sequence `host_ffn_over_kv` replays: their K and V copied in (`offload_kv`) below one f16
-    mask (a single attention kind: `offload_one_mask`; iSWA's two masks are split inputs of
-    different layers), dense gated FFNs (no routed experts) and no recurrent host layer."""
-    return (
-        dev.flash_attn
-        and dev.offload_kv > 0
-        and dev.offload_plain
-        and dev.offload_one_mask
-        and dev.offload_ffn_up > 0
-        and shape.ffn_gated
-        and not shape.moe_mid
-    )
-
-
 def host_ffn_alone(dev: DeviceGraph, shape: GraphShape) -> bool:
     """Whether the host layers a device runs by op offload (-ngl partial offload,
     ComputeTraits.host_layer_weight_share) leave only their FFN's sequence on it: no flash
@@ -464,13 +415,7 @@ def device_compute(dev: DeviceGraph, shape: GraphShape, rule: GraphRule) -> int:
             # layer's peak -- one block, ggml-alloc.c:22-46 -- and the fitted layer term
             # describes another sublayer (nemotron-h's Mamba-2), so its live set is the FFN's)
             base = live if shape.ffn_gated else layer_live(shape, dev.experts) + host_e
-            if host_ffn_over_mask(dev, shape):
-                # the mask pins the layout: the FFN replayed over the freed K and V copies
-                over_kv = host_ffn_over_kv(
-                    e, dev.offload_kv, dev.mask_f16, dev.offload_ffn_up, shape.ffn
-                )
-                phases.append((over_kv, False))
-            elif host_ffn_alone(dev, shape):
+            if host_ffn_alone(dev, shape):
                 # without flash attention and its KQ refused here, a host layer's attention runs
                 # on the host: no mask is copied in to pin the layout, and its FFN starts above
                 # the residual stream and its norm (2E): the up weight's copy and the gate and up

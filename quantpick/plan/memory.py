@@ -615,7 +615,6 @@ def estimate(
                 offload_ffn_up=host_ffn_up if pos == op_offload_pos else 0,
                 host_layers_peak=host_layers_peak if pos == op_offload_pos else 0,
                 offload_plain=host_plain,
-                offload_one_mask=len(all_kinds) == 1,
                 copies=copies,
                 remote_kv=sum(remote[pos].values()),
                 remote_kv_views=remote_views[pos],

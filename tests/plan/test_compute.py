@@ -24,7 +24,6 @@ from quantpick.plan.compute import (
     accuracy,
     device_compute,
     host_ffn_alone,
-    host_ffn_over_kv,
     layer_live,
     output_buffer,
 )
@@ -322,22 +321,24 @@ def test_host_layers_are_phases_of_their_own_on_a_backend_that_says_so(
     assert device_compute(cuda, shape, GENERIC) == own + max(weight, kv)
 
 
-def test_a_vulkan_host_layers_copies_are_not_charged_on_top_of_its_layer() -> None:
-    """-ngl partial offload on lavapipe (tests/data/vulkan-oracle.json.gz, Vulkan0): the host
-    layers' weight and K/V copies are phases of their own, not added to the device layer's live
-    set (before: 196 MiB for qwen3-30b-a3b, 377 MiB for mistral-small-24b, 204 MiB for
-    llama-3.1-8b with a q8_0 cache)."""
+def test_a_vulkan_devices_host_layers_are_replayed_where_a_template_fits() -> None:
+    """-ngl partial offload on lavapipe (tests/data/vulkan-oracle.json.gz, Vulkan0, -fa on): where
+    the host layers fit a template of plan/host_layers.py, the device's figure is their replayed
+    op sequence, llama.cpp's to 0.1 MiB (the fitted phases gave 196 MiB for qwen3-30b-a3b, 377
+    and then 283.5 for mistral-small-24b, 204 for llama-3.1-8b with a q8_0 cache, 207.4 for
+    qwen2.5-7b's q8_0 cache at 32768). plan/host_layers.py's own tests hold every row; this one
+    holds the estimate's wiring: which layers are the host's, the device's cap and alignment."""
     cases = (
         ("qwen3-30b-a3b", 24, 4096, "f16", 168.0),
-        ("mistral-small-24b", 20, 32768, "f16", 319.3),
-        ("llama-3.1-8b", 16, 32768, "q8_0", 166.1),
-        # a gated FFN whose up weight (36.4 MiB) is smaller than its intermediate (37 MiB): the
-        # gated product lands above the gate and up results (152.3 MiB before this term)
-        ("qwen2.5-7b", 14, 4096, "f16", 183.4),
+        ("mistral-small-24b", 20, 32768, "f16", 319.25),
+        ("mistral-small-24b", 20, 4096, "q8_0", 267.31),
+        ("llama-3.1-8b", 16, 32768, "q8_0", 166.06),
+        ("qwen2.5-7b", 14, 4096, "f16", 183.44),
+        ("qwen2.5-7b", 14, 32768, "q8_0", 234.52),
     )
     for name, ngl, ctx, kv, want in cases:
         got = vulkan_partial_mib(name, ngl, ctx, kv)
-        assert within_oracle_bound(got, want), (name, got, want)
+        assert abs(got - want) < 0.1, (name, ctx, kv, got, want)
 
 
 @given(
@@ -397,66 +398,6 @@ def test_a_vulkan_host_layers_ffn_without_flash_attention_is_the_traced_one() ->
         got = vulkan_partial_mib(name, ngl, ctx, fa="off")
         assert within_oracle_bound(got, want), (name, ctx, got, want)
         assert got <= want + 5, (name, ctx, got, want)
-
-
-@given(
-    e=st.integers(1, 64 * MiB),
-    kv=st.integers(0, 512 * MiB),
-    mask=st.integers(1, 64 * MiB),
-    weight=st.integers(1, 256 * MiB),
-    ffn=st.integers(1, 256 * MiB),
-)
-def test_a_host_layers_ffn_replayed_over_its_kv_copies_lands_in_their_hole_or_on_top(
-    e: int, kv: int, mask: int, weight: int, ffn: int
-) -> None:
-    """The replay of a host layer's FFN split (flash attention: the mask pins the layout above the
-    freed K and V copies): never below the layer's inputs, copies and mask, never above all of
-    the FFN's blocks stacked on them; where the weight and the gate and up results fit in the K
-    and V copies' hole (and the product too, or the weight's block takes it) nothing goes on
-    top; where none of them fits, the weight, the gate and up
-    results and (the weight smaller than the intermediate, so that its freed block cannot take
-    the product) the product are stacked above the mask."""
-    got = host_ffn_over_kv(e, kv, mask, weight, ffn)
-    base = 3 * e + kv + mask
-    assert base <= got <= base + weight + 3 * ffn
-    if weight + 2 * ffn + (ffn if weight < ffn else 0) <= kv:
-        assert got == base
-    if min(weight, ffn) > kv:
-        product = ffn if weight < ffn else 0
-        assert got == base + weight + 2 * ffn + product
-
-
-def test_a_host_layers_ffn_replay_gives_the_traced_figures() -> None:
-    """Allocator traces of the lavapipe build (ggml-alloc.c's AT_PRINTF to stderr), -fa on:
-    llama-3.1-8b -ngl 16 -c 4096, mask end + E + the copied ffn_up (31.5) + 2 x 28 = 131.5 MiB
-    (the mask at 32-36 MiB); qwen2.5-7b -ngl 14 -c 32768 q8_0, the mask at 55.09-87.09 MiB above
-    the freed K and V copies (2 x 17), the up weight (36.4) and the three intermediates (37 each:
-    the product fits neither the weight's block nor the copies' hole) above it: 234.52 MiB;
-    mistral-small-24b -ngl 20 -c 4096, 261.25 MiB (mask end 43.25 + 90 + 2 x 64; the replay
-    puts the mask's end at 3E + K + V + mask = 50)."""
-    llama = host_ffn_over_kv(8 * MiB, 16 * MiB, 4 * MiB, int(31.5 * MiB), 28 * MiB)
-    assert llama == int(131.5 * MiB)
-    qwen = host_ffn_over_kv(7 * MiB, 34 * MiB, 32 * MiB, int(36.421875 * MiB), 37 * MiB)
-    assert abs(qwen / MiB - 234.52) < 0.2
-    mistral = host_ffn_over_kv(10 * MiB, 16 * MiB, 4 * MiB, 90 * MiB, 64 * MiB)
-    assert abs(mistral / MiB - 261.25) <= 0.05 * 261.25
-    # -c 32768: the copies (128 MiB) take the FFN, the fitted K/V phase is the peak (248 MiB)
-    assert host_ffn_over_kv(8 * MiB, 128 * MiB, 32 * MiB, int(31.5 * MiB), 28 * MiB) == 184 * MiB
-
-
-def test_a_vulkan_host_layers_ffn_over_the_mask_is_the_traced_one() -> None:
-    """lavapipe (tests/data/vulkan-oracle.json.gz, Vulkan0, -fa on): the host layers' FFN lands
-    above the pinned mask (mistral-small-24b -ngl 20 -c 4096: 261.3 MiB f16, 267.3 q8_0; the
-    fitted share of the copy on top of a layer gave 283.5 for both; qwen2.5-7b -ngl 14 -c 32768
-    q8_0: 234.5, was 207.4)."""
-    cases = (
-        ("mistral-small-24b", 20, 4096, "f16", 261.3),
-        ("mistral-small-24b", 20, 4096, "q8_0", 267.3),
-        ("qwen2.5-7b", 14, 32768, "q8_0", 234.5),
-    )
-    for name, ngl, ctx, kv, want in cases:
-        mib = vulkan_partial_mib(name, ngl, ctx, kv)
-        assert within_oracle_bound(mib, want), (kv, mib, want)
 
 
 def test_a_vulkan_device_with_no_layer_still_holds_a_host_layers_kv() -> None:

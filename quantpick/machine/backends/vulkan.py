@@ -75,11 +75,8 @@ VULKAN_COMPUTE = ComputeTraits(
     # 0.625 gives as many rows within, but more under (20); 0.5, 0.875 and 1.0 fewer within.
     # Without flash attention, where the host runs a host layer's attention (its KQ over the
     # cap) and nothing else in it differs (plan/compute.py host_ffn_alone), the traced FFN phase
-    # replaces the fitted share: 2E + the up weight's copy + 2 x the intermediate (78 -> 81/96);
-    # with flash attention, one mask and dense gated host layers, a replay of the allocator's
-    # best fit over the FFN's split above the freed K and V copies, below the pinned mask, does
-    # (plan/compute.py host_ffn_over_kv: llama-3.1-8b 131.5 MiB, qwen2.5-7b 234.4 vs 234.52, the
-    # traces'; 81 -> 84/96). Where every host layer fits a template (dense attention layers:
+    # replaces the fitted share: 2E + the up weight's copy + 2 x the intermediate (78 -> 81/96).
+    # Where every host layer fits a template (dense attention layers:
     # llama, mistral3, qwen2, qwen3, gemma3; routed experts copied in or run on the host,
     # glm4moe's included; the gated delta-net families qwen3next, qwen35, qwen35moe) none of
     # these is used: the layers' whole op sequence is scheduled and allocated as llama.cpp does
