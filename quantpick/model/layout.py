@@ -11,9 +11,10 @@ the input (host memory) except the few llama.cpp creates on the first layer.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property, lru_cache
+from types import MappingProxyType
 from typing import NamedTuple, TypeVar, cast
 
 from quantpick.arch.base import Architecture, ModelView
@@ -157,6 +158,18 @@ class ModelLayout:
         at all; False for an up projection and an activation alone (nemotron-h's relu^2)."""
         stems = {t.name.rsplit(".", 2)[-2] for t in self.tensors if t.name.startswith("blk.")}
         return "ffn_up" not in stems or bool({"ffn_gate", "ffn_gate_up"} & stems)
+
+    @cached_property
+    def block_tensor_bytes(self) -> tuple[Mapping[str, int], ...]:
+        """Per block `blk.N`, its tensors' bytes by the name after `blk.N.` (the first of a name,
+        as the loader finds it): what the host-layer templates match a block against
+        (plan/host_layers.py, plan/hybrid_layers.py), read once per layout."""
+        blocks: list[dict[str, int]] = [{} for _ in range(self.architecture.block_count)]
+        for t in self.tensors:
+            index, _, rest = t.name.removeprefix("blk.").partition(".")
+            if t.name.startswith("blk.") and index.isdigit() and int(index) < len(blocks):
+                blocks[int(index)].setdefault(rest, t.n_bytes)
+        return tuple(MappingProxyType(b) for b in blocks)
 
     @cached_property
     def block_matrices(self) -> tuple[tuple[int, int, bool], ...]:

@@ -5,8 +5,9 @@ plan/hybrid_layers.py's."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 
 from quantpick.arch.base import AttentionKind
 from quantpick.model.ggml import row_size
@@ -251,6 +252,7 @@ def _routed_experts(n: str, s: DenseAttentionLayer, w: Callable[[str, int], str]
     ]
 
 
+@lru_cache(maxsize=256)  # pure; an offload search asks again for the same host layers
 def dense_host_layers_peak(s: DenseAttentionLayer, n_layers: int, alignment: int) -> int:
     """The device buffer's high-water mark over `n_layers` host layers of `s` run by op offload,
     from the first (its input, the token embeddings, copied in) on."""
@@ -295,7 +297,7 @@ _SHARED = frozenset({"ffn_gate_shexp.weight", "ffn_up_shexp.weight", "ffn_down_s
 _POST_NORMS = frozenset({"post_attention_norm.weight", "ffn_norm.weight", "post_ffw_norm.weight"})
 
 
-def _ffn_kind(own: dict[str, int]) -> str | None:
+def _ffn_kind(own: Mapping[str, int]) -> str | None:
     """ "dense", "experts" or None (a block the template does not describe)."""
     rest = own.keys() - _ATTENTION - _ATTENTION_OPTIONAL
     if _POST_NORMS <= rest:  # gemma3: the FFN's norm and both post-norms
@@ -332,10 +334,7 @@ def dense_attention_layer(
             return None
         if lv.attention is not view.layers[slots[0]].attention and not family.sliding:
             return None  # one attention kind (one mask and cache size), but for iSWA families
-        prefix = f"blk.{slot}."
-        own = {
-            t.name[len(prefix) :]: t.n_bytes for t in layout.tensors if t.name.startswith(prefix)
-        }
+        own = layout.block_tensor_bytes[slot]
         kind = _ffn_kind(own)
         if kind is None:
             return None

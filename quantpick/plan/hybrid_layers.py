@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 from quantpick.model.ggml import row_size
 from quantpick.model.layout import ModelLayout
@@ -227,6 +228,7 @@ def _hybrid_ops(i: int, s: HybridLayers, x: str) -> tuple[list[Op], dict[str, Co
     return ops, copied
 
 
+@lru_cache(maxsize=256)  # pure; an offload search asks again for the same host layers
 def hybrid_host_layers_peak(s: HybridLayers, alignment: int) -> int:
     """The device buffer's high-water mark over the host layers of `s` run by op offload."""
     return replay_layers(s.e, len(s.kinds), lambda i, x: _hybrid_ops(i, s, x), alignment)
@@ -294,10 +296,7 @@ def hybrid_layers(
     ffn_block = _SHARED_EXPERTS_BLOCK if family.experts else _DENSE_FFN_BLOCK
     blocks, kinds = [], []
     for slot in slots:
-        prefix = f"blk.{slot}."
-        own = {
-            t.name[len(prefix) :]: t.n_bytes for t in layout.tensors if t.name.startswith(prefix)
-        }
+        own = layout.block_tensor_bytes[slot]
         attention = own.keys() == _GATED_ATTENTION_BLOCK | ffn_block
         if not attention and own.keys() != _GDN_BLOCK | ab | ffn_block:
             return None
