@@ -44,9 +44,10 @@ DENSE_FAMILIES = {"gemma3": DenseFamily(embd_scale=True, q_scale=True, k_first=T
 
 @dataclass(frozen=True)
 class DenseAttentionLayer:
-    """The sizes of a dense attention layer with a gated FFN (bytes): llama and the families
-    whose layer only adds biases, Q/K norms, a rope frequency table or an attention temperature
-    (llama, mistral3, qwen2, qwen3)."""
+    """The sizes of a dense attention layer (bytes): llama and the families whose layer only adds
+    biases, Q/K norms, a rope frequency table, an attention temperature (mistral3), post-norms
+    and sliding-window layers (gemma3), with a dense gated FFN or routed experts (qwen3moe,
+    glm4moe)."""
 
     e: int  # n_ubatch x n_embd x 4: the residual stream
     q: int  # n_ubatch x n_head x head_dim_k x 4
@@ -75,10 +76,10 @@ class DenseAttentionLayer:
     # result), graph inputs (src/llama-kv-cache.cpp:1447-1486), one matmul each (0: none)
     k_rot: int = 0
     v_rot: int = 0
+    tokens: int = 0  # n_ubatch (the token positions' input; the routers' widths)
     # routed experts instead of the dense FFN (qwen3moe), copied in whole by op offload: the
-    # ubatch's tokens, the router's width (n_expert), the experts used per token and their FFN
-    # width; the expert and router weights (0: a dense FFN)
-    tokens: int = 0
+    # router's width (n_expert), the experts used per token and their FFN width; the expert and
+    # router weights (0: a dense FFN)
     n_expert: int = 0
     n_used: int = 0
     moe_ff: int = 0

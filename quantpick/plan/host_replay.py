@@ -176,15 +176,12 @@ def softmax_router(n: str, tokens: int, n_expert: int, k: int, weight: str, x: s
     """build_moe_ffn's softmax router: the logits, their softmax, the argsort (its first k
     columns, a view, are the choice), the chosen weights normalized by their sum. The logits are
     freed only after the normalization (the allocator trace's order)."""
-    topk = "argsort" + n
+    scores = tokens * n_expert * 4
     return [
-        Op("logits" + n, tokens * n_expert * 4, (weight, x)),
-        Op("probs" + n, tokens * n_expert * 4, ("logits" + n,)),
-        Op(topk, tokens * n_expert * 4, ("probs" + n,)),
-        Op("weights" + n, tokens * k * 4, ("probs" + n, topk)),
-        Op("weights_sum" + n, tokens * 4, ("weights" + n,)),
-        Op("weights_sum_c" + n, tokens * 4, ("weights_sum" + n,), True),
-        Op("weights_norm" + n, tokens * k * 4, ("weights" + n, "weights_sum_c" + n, "logits" + n)),
+        Op("logits" + n, scores, (weight, x)),
+        Op("probs" + n, scores, ("logits" + n,)),
+        Op("argsort" + n, scores, ("probs" + n,)),
+        *_chosen_weights(n, tokens, k, ("logits" + n,)),
     ]
 
 
@@ -195,16 +192,24 @@ def sigmoid_router(
     their sigmoid in place, the biased scores the argsort chooses by (a new block: the unbiased
     ones are read again for the weights), the chosen weights normalized by their sum (an
     allocator trace of glm-4.5-air -ngl 23)."""
-    topk = "argsort" + n
+    scores = tokens * n_expert * 4
     return [
-        Op("logits" + n, tokens * n_expert * 4, (weight, x)),
-        Op("probs" + n, tokens * n_expert * 4, ("logits" + n,), True),
-        Op("biased" + n, tokens * n_expert * 4, ("probs" + n, bias)),
-        Op(topk, tokens * n_expert * 4, ("biased" + n,)),
-        Op("weights" + n, tokens * k * 4, ("probs" + n, topk)),
+        Op("logits" + n, scores, (weight, x)),
+        Op("probs" + n, scores, ("logits" + n,), True),
+        Op("biased" + n, scores, ("probs" + n, bias)),
+        Op("argsort" + n, scores, ("biased" + n,)),
+        *_chosen_weights(n, tokens, k, ()),
+    ]
+
+
+def _chosen_weights(n: str, tokens: int, k: int, held: tuple[str, ...]) -> list[Op]:
+    """The chosen experts' weights gathered from the scores, normalized by their (clamped) sum;
+    `held`: what stays alive until the normalization."""
+    return [
+        Op("weights" + n, tokens * k * 4, ("probs" + n, "argsort" + n)),
         Op("weights_sum" + n, tokens * 4, ("weights" + n,)),
         Op("weights_sum_c" + n, tokens * 4, ("weights_sum" + n,), True),
-        Op("weights_norm" + n, tokens * k * 4, ("weights" + n, "weights_sum_c" + n)),
+        Op("weights_norm" + n, tokens * k * 4, ("weights" + n, "weights_sum_c" + n, *held)),
     ]
 
 
