@@ -11,7 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from quantpick.plan.host_layers import dense_attention_layer, dense_host_layers_peak
+from quantpick.plan.host_layers import (
+    dense_attention_layer,
+    dense_host_layers_peak,
+    replayed_host_layers_peak,
+)
 from quantpick.plan.host_replay import HostLayerConfig
 from quantpick.plan.hybrid_layers import hybrid_layers
 from quantpick.plan.kv_cache import swa_cells
@@ -82,3 +86,19 @@ def test_layers_outside_the_template_are_not_replayed(oracle: dict, name: str) -
     run = HostLayerConfig(512, 4096, "f16", "f16")
     assert dense_attention_layer(layout, host, run, LAVAPIPE_MAX_TENSOR) is None
     assert hybrid_layers(layout, host, run, LAVAPIPE_MAX_TENSOR) is None
+
+
+def test_only_one_sequence_and_at_most_two_masks_are_replayed(oracle: dict) -> None:
+    """The templates describe one sequence and one KV stream (-np 1) and a graph of one or two
+    attention kinds: anything else keeps the fitted phases (the entry point returns 0)."""
+    config = next(c for c in oracle["configs"] if c["config"] == "llama-3.1-8b")
+    layout = layout_of(config)
+    host = list(range(17))
+
+    def peak(streams: int, masks: int) -> int:
+        run = HostLayerConfig(512, 4096, "f16", "f16", streams, masks)
+        return replayed_host_layers_peak(layout, host, run, LAVAPIPE_MAX_TENSOR, 16)
+
+    assert abs(peak(1, 1) - 131.5 * MiB) < 4096
+    assert peak(2, 1) == 0
+    assert peak(1, 3) == 0
